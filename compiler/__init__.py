@@ -1,0 +1,1 @@
+"""gnnc: a compiler from GNN programs (.gnn) to distributed execution plans."""

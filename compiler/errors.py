@@ -1,0 +1,59 @@
+"""The one root of every error a user can cause.
+
+The CLI catches `GnncError`, prints `str(err)` and exits 2; anything else is an
+internal error (exit 1, with a traceback). Errors that point into a `.gnn`
+file carry a `Loc` and render as `file:line:col: message`, the source line and
+a caret under the offending column.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A position in a source file; lines and columns count from 1."""
+
+    file: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+class GnncError(Exception):
+    """A problem with the user's input: a message, and where it is if known."""
+
+    def __init__(self, message: str, loc: Loc | None = None, source: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.loc = loc
+        self.source = source
+
+    def __str__(self) -> str:
+        if self.loc is None:
+            return self.message
+        text = f"{self.loc}: {self.message}"
+        if self.source is not None:
+            lines = self.source.splitlines()
+            if 1 <= self.loc.line <= len(lines):
+                line = lines[self.loc.line - 1].replace("\t", " ")
+                text += f"\n  {line}\n  {' ' * (self.loc.col - 1)}^"
+        return text
+
+
+class GnncSyntaxError(GnncError):
+    """The text does not parse."""
+
+
+class GnncTypeError(GnncError):
+    """The program parses but is ill-typed: unknown names, dims, misplaced ops."""
+
+
+class GraphInputError(GnncError):
+    """A graph file or spec is malformed; the message names the field."""
+
+
+class PlanError(GnncError):
+    """A plan directory is missing, corrupt or does not match its checksums."""

@@ -1,0 +1,147 @@
+"""In-memory graph storage shared by the loaders, partitioners and executors.
+
+A `Graph` holds a directed edge list (messages flow src -> dst), vertex
+features, labels and split masks. Aggregation reads in-edges, so the main
+structure is a CSR over destinations (`CSR`: for each destination, its
+sources). Layers may ask for a *view* of the edges: `plain` (the edges as
+given, self-loops and duplicates kept, as PyG's SAGEConv/GINConv see them) or
+`self_loops` (every existing self-loop removed, then exactly one added per
+vertex, as PyG's GCNConv/GATConv/GCN2Conv see an unweighted graph). Views and
+their CSRs are built once per graph and cached.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+VIEWS = ("plain", "self_loops")
+
+
+def index_dtype(n: int) -> np.dtype:
+    """int32 where every index fits, else int64."""
+    return np.dtype(np.int32) if n < 2**31 - 1 else np.dtype(np.int64)
+
+
+@dataclass
+class CSR:
+    """Edges grouped by destination.
+
+    indptr[d]:indptr[d+1] are the in-edges of destination d; `indices` holds
+    their sources and `eids` their positions in the view's edge order (so
+    per-edge data stored in edge order can be permuted into CSR order).
+    `n_dst` x `n_src` allows bipartite blocks (distributed halos, bins).
+    """
+
+    indptr: torch.Tensor  # int64 [n_dst + 1]
+    indices: torch.Tensor  # int64 [nnz], source ids
+    eids: torch.Tensor  # int64 [nnz], edge ids in the view's order
+    n_dst: int
+    n_src: int
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.numel())
+
+    def dst_index(self) -> torch.Tensor:
+        """The destination of every CSR entry (row ids expanded)."""
+        if "dst" not in self._cache:
+            deg = self.indptr[1:] - self.indptr[:-1]
+            self._cache["dst"] = torch.repeat_interleave(torch.arange(self.n_dst), deg)
+        return self._cache["dst"]
+
+    def in_degree(self) -> torch.Tensor:
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def transpose(self) -> "CSR":
+        """The same edges grouped by source (CSC of this matrix), built once."""
+        if "t" not in self._cache:
+            dst = self.dst_index()
+            order = torch.argsort(self.indices, stable=True)
+            counts = torch.bincount(self.indices, minlength=self.n_src)
+            indptr = torch.zeros(self.n_src + 1, dtype=torch.int64)
+            indptr[1:] = torch.cumsum(counts, 0)
+            t = CSR(indptr, dst[order], self.eids[order], self.n_src, self.n_dst)
+            t._cache["perm_from"] = order  # t's entry k is this CSR's entry order[k]
+            self._cache["t"] = t
+        return self._cache["t"]
+
+    @staticmethod
+    def from_edges(src: np.ndarray | torch.Tensor, dst: np.ndarray | torch.Tensor,
+                   n_dst: int, n_src: int | None = None) -> "CSR":
+        src_t = torch.as_tensor(np.asarray(src), dtype=torch.int64)
+        dst_t = torch.as_tensor(np.asarray(dst), dtype=torch.int64)
+        order = torch.argsort(dst_t, stable=True)
+        counts = torch.bincount(dst_t, minlength=n_dst)
+        indptr = torch.zeros(n_dst + 1, dtype=torch.int64)
+        indptr[1:] = torch.cumsum(counts, 0)
+        return CSR(indptr, src_t[order], order, n_dst, n_src if n_src is not None else n_dst)
+
+
+@dataclass
+class Graph:
+    """A directed graph with vertex data; edges in the order they were given."""
+
+    num_nodes: int
+    src: np.ndarray  # [E] integer sources
+    dst: np.ndarray  # [E] integer destinations
+    x: torch.Tensor  # float32 [N, F]
+    y: torch.Tensor  # int64 [N]
+    train_mask: torch.Tensor  # bool [N]
+    val_mask: torch.Tensor
+    test_mask: torch.Tensor
+    name: str = "graph"
+    _views: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_edges(self) -> int:
+        return int(len(self.src))
+
+    @property
+    def num_features(self) -> int:
+        return int(self.x.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.y.max().item()) + 1 if self.y.numel() else 0
+
+    def edges(self, view: str = "plain") -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of the named edge view, in that view's edge order."""
+        if view == "plain":
+            return self.src, self.dst
+        if view == "self_loops":
+            if "self_loops_edges" not in self._views:
+                keep = self.src != self.dst
+                loop = np.arange(self.num_nodes, dtype=self.src.dtype)
+                self._views["self_loops_edges"] = (
+                    np.concatenate([self.src[keep], loop]),
+                    np.concatenate([self.dst[keep], loop]),
+                )
+            return self._views["self_loops_edges"]
+        raise ValueError(f"unknown edge view {view!r}; expected one of {VIEWS}")
+
+    def csr(self, view: str = "plain") -> CSR:
+        """In-edge CSR of a view, built once."""
+        key = ("csr", view)
+        if key not in self._views:
+            s, d = self.edges(view)
+            self._views[key] = CSR.from_edges(s, d, self.num_nodes)
+        return self._views[key]
+
+    def gcn_norm(self, view: str = "self_loops") -> torch.Tensor:
+        """deg^-1/2[src] * deg^-1/2[dst] per edge of the view, in edge order.
+
+        deg is the in-degree (PyG's gcn_norm: scatter over the target), so the
+        coefficients match GCNConv's on directed graphs too.
+        """
+        key = ("gcn_norm", view)
+        if key not in self._views:
+            s, d = self.edges(view)
+            deg = np.bincount(d, minlength=self.num_nodes).astype(np.float64)
+            inv = np.zeros_like(deg)
+            nz = deg > 0
+            inv[nz] = deg[nz] ** -0.5
+            self._views[key] = torch.as_tensor(inv[s] * inv[d], dtype=torch.float32)
+        return self._views[key]
