@@ -35,12 +35,22 @@ class GnncError(Exception):
         if self.loc is None:
             return self.message
         text = f"{self.loc}: {self.message}"
-        if self.source is not None:
-            lines = self.source.splitlines()
+        source = self.source if self.source is not None else _read(self.loc.file)
+        if source is not None:
+            lines = source.splitlines()
             if 1 <= self.loc.line <= len(lines):
                 line = lines[self.loc.line - 1].replace("\t", " ")
                 text += f"\n  {line}\n  {' ' * (self.loc.col - 1)}^"
         return text
+
+
+def _read(path: str) -> str | None:
+    """The file an error points into, when it is a readable file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
 
 
 class GnncSyntaxError(GnncError):

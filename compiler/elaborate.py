@@ -1,0 +1,696 @@
+"""Elaboration: a parsed .gnn module and a configuration -> an untyped IR Program.
+
+It binds model parameters (defaults, `--set` overrides, dims taken from the
+graph), unrolls `repeat` loops, instantiates each layer call as a graph
+`Layer` (its parameters bound, its statements turned into equations, in SSA
+form), groups the model-level statements between them into `dense` layers,
+and creates the learnable parameters each op needs. It reports unknown
+names, unknown ops, ops in the wrong primitive and neighbour access outside
+`scatter`, each at the user's file:line:col. Types are left for the
+`infer-shapes` pass.
+
+Dims stay symbolic: an integer model parameter `hidden` appears in types as
+the symbol `hidden`, with its value in the program's `config`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import sympy
+
+from gnnc import ops
+from gnnc.errors import GnncError, GnncTypeError, Loc
+from gnnc.ir import Eqn, Layer, Param, Program, Type, Value, attrs_of
+from gnnc.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, LayerDef, ModelDef, Module,
+                         Name, Neg, Num, Repeat, Stmt)
+from gnnc.runtime.graph import VIEWS
+
+GRAPH_INPUTS = {
+    "x": Type("vertex", (sympy.Symbol("features"),)),
+    "y": Type("vertex", (), "i64"),
+    "train": Type("vertex", (), "bool"),
+    "val": Type("vertex", (), "bool"),
+    "test": Type("vertex", (), "bool"),
+}
+TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float}
+MAX_UNROLL = 4096
+_CONST_FUNCS = {"log": sympy.log, "exp": sympy.exp, "abs": sympy.Abs, "tanh": sympy.tanh}
+
+
+@dataclass(frozen=True)
+class Const:
+    """A compile-time number or dim expression."""
+
+    expr: Any  # sympy expression or bool
+
+
+Bound = Union[Value, Const]
+
+
+def _num(v: int | float | bool) -> Any:
+    if isinstance(v, bool):
+        return v
+    return sympy.Integer(v) if isinstance(v, int) else sympy.Float(v)
+
+
+class _Names:
+    """SSA names: the first definition of `b` in scope `s` is `s.b`, later ones `s.b.1`, ...;
+    temporaries inside an expression are `s.b~1`, `s.b~2`."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, int] = {}
+        self.temps: dict[str, int] = {}
+
+    def version(self, base: str) -> str:
+        n = self.versions.get(base)
+        self.versions[base] = 0 if n is None else n + 1
+        return base if n is None else f"{base}.{n + 1}"
+
+    def temp(self, base: str) -> str:
+        n = self.temps.get(base, 0) + 1
+        self.temps[base] = n
+        return f"{base}~{n}"
+
+
+@dataclass
+class _Block:
+    """Equations being collected for one layer."""
+
+    name: str
+    kind: str  # graph | dense
+    prim: str = "model"
+    eqns: list[Eqn] = field(default_factory=list)
+    params: list[Param] = field(default_factory=list)
+    inputs: list[Value] = field(default_factory=list)
+    op_counts: dict[str, int] = field(default_factory=dict)
+    target: str = "t"  # base name for temporaries of the statement being elaborated
+
+    def param_name(self, op: str) -> str:
+        k = self.op_counts.get(op, 0)
+        self.op_counts[op] = k + 1
+        return f"{self.name}.{op}{k}"
+
+
+class Elaborator:
+    def __init__(self, module: Module, config: dict[str, Any]):
+        self.module = module
+        self.file = module.file
+        self.config = config
+        self.layer_defs = {d.name: d for d in module.layers}
+        self.names = _Names()
+        self.layers: list[Layer] = []
+        self.graph_count = 0
+        self.dense_count = 0
+        self.training: dict[str, Any] = {}
+
+    def err(self, msg: str, loc: Loc) -> GnncTypeError:
+        return GnncTypeError(msg, loc, self.module.source)
+
+    # ----- model level -------------------------------------------------------------------------
+    def model(self, m: ModelDef) -> Program:
+        env: dict[str, Bound] = {}
+        for name, t in GRAPH_INPUTS.items():
+            env[name] = Value(name, t)
+            self.names.versions[name] = 0
+        for p in m.params:
+            val = self.config[p.name]
+            if isinstance(val, bool):
+                env[p.name] = Const(val)
+            elif isinstance(val, float):
+                env[p.name] = Const(sympy.Float(val))
+            else:  # ints and unbound dims stay symbolic in types
+                env[p.name] = Const(sympy.Symbol(p.name))
+        self.block = self._new_dense()
+        self.loss: Value | None = None
+        self.logits: Value | None = None
+        self._stmts(m.stmts, env)
+        if self.loss is None:
+            raise self.err(f"model '{m.name}' defines no loss; add "
+                           f"`loss = cross_entropy(h, y, mask = train)`", m.loc)
+        self._flush_dense(final=True)
+        layers = _with_outputs(self.layers, self.logits, self.loss)
+        inputs = tuple(Value(n, t) for n, t in GRAPH_INPUTS.items())
+        cfg = tuple(sorted((k, v) for k, v in self.config.items()))
+        return Program(m.name, cfg, inputs, tuple(layers), self.logits, self.loss,
+                       tuple(sorted(self.training.items())), self.file)
+
+    def _stmts(self, stmts, env: dict[str, Bound]) -> None:
+        for s in stmts:
+            if isinstance(s, Assign):
+                self._assign(s, env)
+            elif isinstance(s, Repeat):
+                self._repeat(s, env)
+            elif isinstance(s, CallStmt):
+                self._call_stmt(s, env)
+
+    def _assign(self, s: Assign, env: dict[str, Bound]) -> None:
+        if s.target in GRAPH_INPUTS:
+            raise self.err(f"'{s.target}' is a graph input and cannot be assigned", s.loc)
+        if s.target == "loss":
+            self._loss(s, env)
+            return
+        self.block.target = s.target
+        val = self._expr(s.expr, env, "model")
+        if isinstance(val, Value):
+            val = self._name_result(val, s.target)
+        env[s.target] = val
+
+    def _loss(self, s: Assign, env: dict[str, Bound]) -> None:
+        e = s.expr
+        if not (isinstance(e, Call) and e.func == "cross_entropy" and e.inputs is None):
+            raise self.err("the loss must be cross_entropy(logits, y, mask = train)", s.loc)
+        if self.loss is not None:
+            raise self.err("the loss is defined twice", s.loc)
+        kw = {k.name: k for k in e.kwargs}
+        if len(e.args) != 2 or set(kw) - {"mask"}:
+            raise self.err("cross_entropy takes (logits, labels, mask = MASK)", e.loc)
+        logits = self._value(e.args[0], env, "model", "logits")
+        labels = self._value(e.args[1], env, "model", "labels")
+        mask = self._value(kw["mask"].value, env, "model", "mask") if "mask" in kw else env["train"]
+        self.block.target = "loss"
+        out = Value(self.names.version("loss"))
+        self._emit("cross_entropy", (logits, labels, mask), out, {}, e.loc)
+        self.loss, self.logits = out, logits
+
+    def _repeat(self, s: Repeat, env: dict[str, Bound]) -> None:
+        lo = self._int_const(s.start, env)
+        hi = self._int_const(s.stop, env)
+        if hi - lo + 1 > MAX_UNROLL:
+            raise self.err(f"repeat unrolls {hi - lo + 1} times; at most {MAX_UNROLL} are allowed", s.loc)
+        for i in range(lo, hi + 1):
+            env[s.var] = Const(sympy.Integer(i))
+            self._stmts(s.body, env)
+
+    def _int_const(self, e: Expr, env: dict[str, Bound]) -> int:
+        v = self._expr(e, env, "model")
+        if isinstance(v, Value):
+            raise self.err("a repeat bound must be a number", _loc(e))
+        value = _evaluate(v.expr, self.config)
+        if value is None or float(value) != int(value):
+            raise self.err("a repeat bound must be an integer with a known value; "
+                           "give its parameter a default or --set it", _loc(e))
+        return int(value)
+
+    def _call_stmt(self, s: CallStmt, env: dict[str, Bound]) -> None:
+        c = s.call
+        if c.func != "training" or c.inputs is not None:
+            raise self.err("only `training(...)` may stand alone as a statement; "
+                           "assign other calls to a name", s.loc)
+        if c.args:
+            raise self.err("training takes keyword arguments: "
+                           + ", ".join(f"{k}=..." for k in TRAINING_KEYS), c.loc)
+        for k in c.kwargs:
+            if k.name not in TRAINING_KEYS:
+                raise self.err(f"unknown training setting '{k.name}'{ops.suggest(k.name, TRAINING_KEYS)}",
+                               k.loc)
+            v = self._expr(k.value, env, "model")
+            value = None if isinstance(v, Value) else _evaluate(v.expr, self.config)
+            if value is None:
+                raise self.err(f"training setting '{k.name}' must be a number", k.loc)
+            self.training[k.name] = TRAINING_KEYS[k.name](value)
+
+    # ----- layers ------------------------------------------------------------------------------
+    def _new_dense(self) -> _Block:
+        b = _Block(f"d{self.dense_count}", "dense")
+        self.dense_count += 1
+        return b
+
+    def _flush_dense(self, final: bool = False) -> None:
+        b = self.block
+        if b.eqns:
+            self.layers.append(Layer(b.name, "dense", _free_inputs(b.eqns, b.params), (), tuple(b.eqns),
+                                     tuple(b.params)))
+            if not final:
+                self.block = self._new_dense()
+        elif b.params:  # pragma: no cover - params come with equations
+            raise AssertionError("dense block with params and no equations")
+
+    def _instantiate(self, c: Call, env: dict[str, Bound]) -> Value:
+        d = self.layer_defs[c.func]
+        bound = self._bind_layer_args(d, c, env)
+        if len(c.inputs or ()) != 1 or c.inputs_kwargs:
+            raise self.err(f"layer '{d.name}' takes one input: {d.name}(...)(h)", c.loc)
+        h_in = self._value(c.inputs[0], env, "model", "layer input")
+        self._flush_dense()
+        name = f"l{self.graph_count}"
+        self.graph_count += 1
+        edges = "plain"
+        for opt, loc in d.options:
+            if opt not in VIEWS or opt == "plain":
+                raise self.err(f"unknown layer option '{opt}' (known: self_loops)", loc)
+            edges = opt
+        outer = self.block
+        self.block = blk = _Block(name, "graph")
+        blk.inputs.append(h_in)
+        scope: dict[str, Bound] = {p: Const(v) for p, v in bound.items()}
+        scope["h"] = h_in
+        output: Value | None = None
+        for st in d.stmts:
+            output = self._layer_stmt(st, scope, env) or output
+        if output is None:
+            raise self.err(f"layer '{d.name}' has no apply statement; the last apply defines "
+                           f"the layer's output", d.loc)
+        args = tuple((p.name, _attr_value(bound[p.name])) for p in d.params)
+        inputs = (h_in,) + tuple(v for v in _free_inputs(blk.eqns, blk.params) if v != h_in)
+        self.layers.append(Layer(name, "graph", inputs, (output,), tuple(blk.eqns),
+                                 tuple(blk.params), d.name, args, edges, (), c.loc))
+        self.block = outer
+        return output
+
+    def _bind_layer_args(self, d: LayerDef, c: Call, env: dict[str, Bound]) -> dict[str, Any]:
+        names = [p.name for p in d.params]
+        if len(c.args) > len(names):
+            raise self.err(f"layer '{d.name}' takes {len(names)} parameters, got {len(c.args)}", c.loc)
+        given: dict[str, Any] = {}
+        for p, a in zip(names, c.args):
+            given[p] = (a, _loc(a))
+        for k in c.kwargs:
+            if k.name not in names:
+                raise self.err(f"layer '{d.name}' has no parameter '{k.name}'{ops.suggest(k.name, names)}",
+                               k.loc)
+            if k.name in given:
+                raise self.err(f"parameter '{k.name}' of layer '{d.name}' is given twice", k.loc)
+            given[k.name] = (k.value, k.loc)
+        bound: dict[str, Any] = {}
+        for p in d.params:
+            if p.name in given:
+                expr, loc = given[p.name]
+                v = self._expr(expr, env, "model")
+                if isinstance(v, Value):
+                    raise self.err(f"parameter '{p.name}' of layer '{d.name}' must be a number or dim, "
+                                   f"not a tensor; pass tensors as the layer's input", loc)
+                bound[p.name] = v.expr
+            elif p.default is not None:
+                bound[p.name] = _num(p.default)
+            else:
+                raise self.err(f"layer '{d.name}' needs a value for parameter '{p.name}'", c.loc)
+        return bound
+
+    def _layer_stmt(self, st: Stmt, scope: dict[str, Bound], env: dict[str, Bound]) -> Value | None:
+        blk = self.block
+        blk.prim = st.prim
+        blk.target = st.target
+        e = st.expr
+        if st.prim == "gather":
+            val = self._gather(st, scope, env)
+        elif st.prim == "sync":
+            if not (isinstance(e, Call) and e.func in ops.SYNC_REDUCERS and e.inputs is None
+                    and len(e.args) == 1 and not e.kwargs):
+                raise self.err("a sync statement must be sum(...), mean(...) or max(...) of one value", st.loc)
+            x = self._value(e.args[0], scope, "sync", "sync input", env)
+            val = self._emit("sync", (x,), None, {"reduce": e.func}, e.loc)
+        else:
+            v = self._expr(e, scope, st.prim, env)
+            if not isinstance(v, Value):
+                raise self.err(f"a {st.prim} statement must compute a tensor, not a constant", st.loc)
+            val = v
+        if st.target in ("src", "dst", "edge"):
+            raise self.err(f"'{st.target}' is reserved for neighbour access", st.target_loc)
+        val = self._name_result(val, st.target)
+        scope[st.target] = val
+        return val if st.prim == "apply" else None
+
+    def _gather(self, st: Stmt, scope: dict[str, Bound], env: dict[str, Bound]) -> Value:
+        e = st.expr
+        if not (isinstance(e, Call) and e.inputs is None):
+            raise self.err("a gather statement must be a reduction: "
+                           + ", ".join(f"{r}(...)" for r in ops.GATHER_REDUCERS), st.loc)
+        if e.func not in ops.GATHER_REDUCERS:
+            raise self.err(f"unknown reducer '{e.func}' (expected one of "
+                           f"{', '.join(ops.GATHER_REDUCERS)}){ops.suggest(e.func, ops.GATHER_REDUCERS)}",
+                           e.loc)
+        if len(e.args) != 1 or e.kwargs:
+            raise self.err(f"{e.func} takes one argument, the messages to reduce", e.loc)
+        m = self._value(e.args[0], scope, "gather", "messages", env)
+        if e.func == "softmax":
+            return self._emit("edge_softmax", (m,), None, {}, e.loc)
+        return self._emit("gather", (m,), None, {"reduce": e.func}, e.loc)
+
+    # ----- expressions -------------------------------------------------------------------------
+    def _value(self, e: Expr, scope, prim: str, what: str, env=None) -> Value:
+        v = self._expr(e, scope, prim, env)
+        if not isinstance(v, Value):
+            raise self.err(f"expected a tensor for the {what}, got a constant", _loc(e))
+        return v
+
+    def _lookup(self, name: str, loc: Loc, scope, env) -> Bound:
+        if name in scope:
+            return scope[name]
+        if env is not None and name in env:  # a model value read inside a layer (x0)
+            return env[name]
+        hint = ""
+        if name in ("src", "dst", "edge"):
+            hint = f"; write {name}.NAME"
+        raise self.err(f"unknown name '{name}'{hint or ops.suggest(name, list(scope) + list(env or {}))}", loc)
+
+    def _expr(self, e: Expr, scope, prim: str, env=None) -> Bound:
+        if isinstance(e, Num):
+            return Const(_num(e.value))
+        if isinstance(e, Name):
+            if e.id in ("true", "false"):
+                return Const(e.id == "true")
+            return self._lookup(e.id, e.loc, scope, env)
+        if isinstance(e, Attr):
+            return self._attr(e, scope, prim, env)
+        if isinstance(e, Neg):
+            v = self._expr(e.operand, scope, prim, env)
+            if isinstance(v, Const):
+                return Const(-_arith(v.expr, e.loc, self))
+            return self._emit("neg", (v,), None, {}, e.loc)
+        if isinstance(e, BinOp):
+            a = self._expr(e.lhs, scope, prim, env)
+            b = self._expr(e.rhs, scope, prim, env)
+            if isinstance(a, Const) and isinstance(b, Const):
+                x, y = _arith(a.expr, e.loc, self), _arith(b.expr, e.loc, self)
+                try:
+                    r = {"add": x + y, "sub": x - y, "mul": x * y}.get(e.op)
+                    if r is None:
+                        if e.op == "div":
+                            if y == 0:
+                                raise self.err("division by zero", e.loc)
+                            r = x / y
+                        else:
+                            r = x ** y if abs(_evaluate(y, self.config) or 0) < 64 else None
+                            if r is None:
+                                raise self.err("exponent too large", e.loc)
+                except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+                    raise self.err(f"cannot compute '{e.op}' of these constants", e.loc) from None
+                return Const(r)
+            return self._emit(e.op, (self._materialize(a, e.loc), self._materialize(b, e.loc)),
+                              None, {}, e.loc)
+        if isinstance(e, Call):
+            return self._call(e, scope, prim, env)
+        raise AssertionError(f"unknown expression node {e!r}")
+
+    def _attr(self, e: Attr, scope, prim: str, env) -> Value:
+        if e.base in ("src", "dst"):
+            if prim != "scatter":
+                raise self.err(f"{e.base}.{e.field} reads a neighbour: neighbour access is only allowed "
+                               f"in scatter statements", e.loc)
+            v = self._lookup(e.field, e.loc, scope, env)
+            if not isinstance(v, Value):
+                raise self.err(f"{e.base}.{e.field}: '{e.field}' is a constant, not a vertex tensor", e.loc)
+            return self._emit(e.base, (v,), None, {}, e.loc)
+        if e.base == "edge":
+            if prim not in ("scatter", "gather"):
+                raise self.err(f"edge.{e.field} reads edge data: only scatter and gather see edges", e.loc)
+            if e.field in scope and isinstance(scope[e.field], Value):
+                return scope[e.field]  # an edge value computed in this layer (attention weights)
+            if e.field not in ops.EDGE_DATA:
+                raise self.err(f"unknown edge data 'edge.{e.field}' (known: "
+                               f"{', '.join(ops.EDGE_DATA)}, or an edge value of this layer)"
+                               f"{ops.suggest(e.field, ops.EDGE_DATA)}", e.loc)
+            return self._emit("edata", (), None, {"name": e.field}, e.loc)
+        raise self.err(f"'{e.base}.{e.field}': only src., dst. and edge. can be used with a dot", e.loc)
+
+    def _materialize(self, b: Bound, loc: Loc) -> Value:
+        if isinstance(b, Value):
+            return b
+        value = b.expr
+        if isinstance(value, bool):
+            raise self.err("a boolean cannot be used in arithmetic", loc)
+        return self._emit("const", (), None, {"value": _attr_value(value)}, loc)
+
+    def _call(self, c: Call, scope, prim: str, env) -> Bound:
+        if c.inputs is not None or c.func in self.layer_defs:
+            if c.func not in self.layer_defs:
+                raise self.err(f"unknown layer '{c.func}'{ops.suggest(c.func, self.layer_defs)}", c.loc)
+            if prim != "model":
+                raise self.err(f"layer '{c.func}' can only be used in a model, not inside a layer", c.loc)
+            if c.inputs is None:
+                raise self.err(f"layer '{c.func}' needs its input: {c.func}(...)(h)", c.loc)
+            return self._instantiate(c, env if env is not None else scope)
+        f = c.func
+        if f in ops.GATHER_REDUCERS and f not in ops.CALLABLE:
+            raise self.err(f"reducer '{f}' can only be used in a gather statement"
+                           + (" (or sum/mean/max in sync)" if f in ops.SYNC_REDUCERS else ""), c.loc)
+        if f == "cross_entropy":
+            raise self.err("cross_entropy can only define the model's loss", c.loc)
+        if f == "training":
+            raise self.err("training(...) must stand alone as a model statement", c.loc)
+        if f not in ops.CALLABLE:
+            raise GnncTypeError(ops.unknown_op(f, c.loc).message, c.loc, self.module.source)
+        if prim not in ops.CALLABLE[f]:
+            where = "a model" if prim == "model" else f"a {prim} statement"
+            raise self.err(f"'{f}' cannot be used in {where}", c.loc)
+        kwargs = {k.name: k for k in c.kwargs}
+        if f in ops.ACTIVATIONS:
+            return self._activation(c, kwargs, scope, prim, env)
+        if f == "dropout":
+            self._check_args(c, 1, 2, {"p"})
+            x = self._value(c.args[0], scope, prim, "dropout input", env)
+            p_expr = c.args[1] if len(c.args) > 1 else (kwargs["p"].value if "p" in kwargs else None)
+            if p_expr is None:
+                raise self.err("dropout needs a probability: dropout(x, 0.5)", c.loc)
+            p = self._number(p_expr, scope, prim, env)
+            if not 0.0 <= p < 1.0:
+                raise self.err(f"dropout probability must be in [0, 1), got {p}", _loc(p_expr))
+            if p == 0.0:
+                return x
+            return self._emit("dropout", (x,), None, {"p": p}, c.loc)
+        if f in ("linear", "matmul"):
+            return self._linear(c, kwargs, scope, prim, env)
+        if f in ("bias", "dot", "layer_norm"):
+            self._check_args(c, 1, 1, set())
+            x = self._value(c.args[0], scope, prim, f"{f} input", env)
+            names = {"bias": ("bias",), "dot": ("att",), "layer_norm": ("weight", "bias")}[f]
+            inits = {"bias": ("zeros",), "dot": ("glorot",), "layer_norm": ("ones", "zeros")}[f]
+            base = self.block.param_name(f)
+            params = []
+            for n, init in zip(names, inits):
+                pv = Value(f"{base}.{n}")
+                self.block.params.append(Param(pv, init))
+                params.append(pv)
+            return self._emit(f, (x, *params), None, {}, c.loc)
+        if f == "concat":
+            if not c.args or c.kwargs:
+                raise self.err("concat takes one or more tensors", c.loc)
+            xs = tuple(self._value(a, scope, prim, "concat input", env) for a in c.args)
+            return self._emit("concat", xs, None, {}, c.loc)
+        if f in ("mean_heads", "l2_normalize"):
+            self._check_args(c, 1, 1, set())
+            x = self._value(c.args[0], scope, prim, f"{f} input", env)
+            return self._emit(f, (x,), None, {}, c.loc)
+        raise AssertionError(f"op {f} in CALLABLE without elaboration")
+
+    def _check_args(self, c: Call, lo: int, hi: int, kw: set[str]) -> None:
+        if not lo <= len(c.args) <= hi:
+            n = f"{lo}" if lo == hi else f"{lo} to {hi}"
+            raise self.err(f"{c.func} takes {n} positional argument{'s' if hi > 1 else ''}, got {len(c.args)}",
+                           c.loc)
+        for k in c.kwargs:
+            if k.name not in kw:
+                raise self.err(f"{c.func} has no argument '{k.name}'", k.loc)
+
+    def _number(self, e: Expr, scope, prim, env) -> float:
+        v = self._expr(e, scope, prim, env)
+        value = None if isinstance(v, Value) else _evaluate(v.expr, self.config)
+        if value is None or isinstance(value, bool):
+            raise self.err("expected a number", _loc(e))
+        return float(value)
+
+    def _activation(self, c: Call, kwargs, scope, prim, env) -> Value:
+        f = c.func
+        extra = ops.ACTIVATIONS[f]
+        self._check_args(c, 1, 1 + len(extra), set(extra))
+        arg = self._expr(c.args[0], scope, prim, env)
+        if isinstance(arg, Const):  # constant folding: log(theta / l + 1)
+            fold = _CONST_FUNCS.get(f)
+            if fold is None or isinstance(arg.expr, bool) or c.args[1:] or c.kwargs:
+                raise self.err(f"'{f}' of a constant is not supported; it applies to tensors", c.loc)
+            return Const(fold(arg.expr))
+        x = arg
+        attrs = dict(ops.ACTIVATION_DEFAULTS.get(f, {}))
+        for name, a in zip(extra, c.args[1:]):
+            attrs[name] = self._number(a, scope, prim, env)
+        for k in c.kwargs:
+            attrs[k.name] = self._number(k.value, scope, prim, env)
+        if f == "identity":
+            return x
+        return self._emit(f, (x,), None, attrs, c.loc)
+
+    def _linear(self, c: Call, kwargs, scope, prim, env) -> Value:
+        self._check_args(c, 2, 3, {"bias"})
+        x = self._value(c.args[0], scope, prim, "linear input", env)
+        dims = []
+        for a in c.args[1:]:
+            v = self._expr(a, scope, prim, env)
+            if isinstance(v, Value) or isinstance(v.expr, bool):
+                raise self.err(f"{c.func}'s output size must be a dim (a number or integer parameter)", _loc(a))
+            value = _evaluate(v.expr, self.config)
+            if value is not None and (float(value) != int(value) or int(value) <= 0):
+                raise self.err(f"{c.func}'s output size must be a positive integer, got {value}", _loc(a))
+            dims.append(sympy.sympify(v.expr))
+        use_bias = c.func == "linear"
+        if "bias" in kwargs:
+            b = self._expr(kwargs["bias"].value, scope, prim, env)
+            if not (isinstance(b, Const) and isinstance(b.expr, bool)):
+                raise self.err("bias must be true or false", kwargs["bias"].loc)
+            use_bias = b.expr
+        base = self.block.param_name("linear")
+        w = Value(f"{base}.weight")
+        self.block.params.append(Param(w, "glorot"))
+        ins = [x, w]
+        if use_bias:
+            b = Value(f"{base}.bias")
+            self.block.params.append(Param(b, "zeros"))
+            ins.append(b)
+        attrs: dict[str, Any] = {"out": dims[-1], "bias": use_bias}
+        if len(dims) == 2:
+            attrs["heads"] = dims[0]
+        return self._emit("linear", tuple(ins), None, attrs, c.loc)
+
+    def _emit(self, op: str, ins: tuple, out: Value | None, attrs: dict, loc: Loc) -> Value:
+        blk = self.block
+        if out is None:
+            out = Value(self.names.temp(f"{blk.name}.{blk.target}" if blk.kind == "graph" else blk.target))
+        blk.eqns.append(Eqn(op, tuple(ins), (out,), attrs_of(**attrs), blk.prim, loc))
+        return out
+
+    def _name_result(self, val: Value, target: str) -> Value:
+        """Give the statement's last temporary the statement's name (SSA versioned)."""
+        blk = self.block
+        if blk.eqns and blk.eqns[-1].outs[0] == val and "~" in val.name:
+            base = f"{blk.name}.{target}" if blk.kind == "graph" else target
+            named = Value(self.names.version(base))
+            blk.eqns[-1] = blk.eqns[-1].replace(outs=(named,))
+            return named
+        return val
+
+
+def _with_outputs(layers: list[Layer], logits: Value, loss: Value) -> list[Layer]:
+    """Each layer's outputs: the values it defines that later layers or the results read."""
+    out = []
+    later_reads: set[str] = {logits.name, loss.name}
+    for layer in reversed(layers):
+        defined = [o for e in layer.eqns for o in e.outs]
+        keep = [v for v in defined if v.name in later_reads]
+        if layer.kind == "graph":
+            keep = list(layer.outputs) + [v for v in keep if v not in layer.outputs]
+        out.append(layer.replace(outputs=tuple(keep)))
+        for v in layer.inputs:
+            later_reads.add(v.name)
+    return list(reversed(out))
+
+
+def _free_inputs(eqns: list[Eqn], params: list[Param]) -> tuple[Value, ...]:
+    """Values an equation list reads but does not define, in order of first use."""
+    defined = {p.value.name for p in params}
+    free: list[Value] = []
+    for e in eqns:
+        for v in e.ins:
+            if v.name not in defined and v not in free:
+                free.append(v)
+        defined.update(o.name for o in e.outs)
+    return tuple(free)
+
+
+def _loc(e: Expr) -> Loc:
+    return e.loc
+
+
+def _arith(x: Any, loc: Loc, elab: Elaborator) -> Any:
+    if isinstance(x, bool):
+        raise elab.err("a boolean cannot be used in arithmetic", loc)
+    return x
+
+
+def _evaluate(expr: Any, config: dict[str, Any]) -> float | int | bool | None:
+    """The numeric value of a constant under the configuration, or None if unbound."""
+    if isinstance(expr, bool):
+        return expr
+    expr = sympy.sympify(expr)
+    subs = {sympy.Symbol(k): v for k, v in config.items() if v is not None and not isinstance(v, bool)}
+    val = expr.subs(subs)
+    if val.free_symbols:
+        return None
+    if val.is_Integer:
+        return int(val)
+    try:
+        f = float(val)
+    except (TypeError, ValueError):
+        return None
+    return f
+
+
+def _attr_value(v: Any) -> Any:
+    """Constants as plain numbers where known, sympy expressions for symbolic dims."""
+    if isinstance(v, bool):
+        return v
+    v = sympy.sympify(v)
+    if v.is_Integer:
+        return int(v)
+    if v.is_Number:
+        return float(v)
+    return v
+
+
+def resolve_config(model: ModelDef, overrides: dict[str, str], graph_dims: dict[str, int],
+                   source: str) -> dict[str, Any]:
+    """Model parameter values: `--set` beats the graph's dims beats the default.
+
+    A parameter left without a value stays unbound (None): checking a model
+    works without a graph, running it reports the missing value.
+    """
+    names = {p.name: p for p in model.params}
+    for k in overrides:
+        if k not in names:
+            raise GnncError(f"--set {k}: model '{model.name}' has no parameter '{k}'"
+                            f"{ops.suggest(k, names)}")
+    cfg: dict[str, Any] = {}
+    for p in model.params:
+        if p.name in overrides:
+            cfg[p.name] = _parse_setting(p.name, overrides[p.name], p.default)
+        elif p.name in graph_dims:
+            cfg[p.name] = int(graph_dims[p.name])
+        else:
+            cfg[p.name] = p.default
+    return cfg
+
+
+def _parse_setting(name: str, text: str, default: Any) -> Any:
+    text = str(text).strip()
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise GnncError(f"--set {name}={text}: expected a number") from None
+    if isinstance(default, int) and not isinstance(default, bool) and value == int(value):
+        return int(value)
+    return value
+
+
+def elaborate(module: Module, overrides: dict[str, str] | None = None,
+              graph_dims: dict[str, int] | None = None, model_name: str | None = None) -> Program:
+    """Elaborate the module's model (the named one, or the only/last one) into IR."""
+    if not module.models:
+        from gnnc.errors import GnncTypeError as _E
+
+        raise _E("no model in this file; define one with `model NAME(...) { ... }`",
+                 Loc(module.file, 1, 1), module.source)
+    seen: dict[str, Loc] = {}
+    for d in list(module.layers) + list(module.models):
+        if d.name in seen:
+            raise GnncTypeError(f"'{d.name}' is defined twice (first at line {seen[d.name].line})", d.loc,
+                                module.source)
+        seen[d.name] = d.loc
+        pnames: set[str] = set()
+        for p in d.params:
+            if p.name in pnames:
+                raise GnncTypeError(f"parameter '{p.name}' is declared twice", p.loc, module.source)
+            pnames.add(p.name)
+    if model_name is None:
+        model = module.models[-1]
+    else:
+        found = [m for m in module.models if m.name == model_name]
+        if not found:
+            raise GnncError(f"no model named '{model_name}' in {module.file}")
+        model = found[0]
+    cfg = resolve_config(model, overrides or {}, graph_dims or {}, module.source)
+    return Elaborator(module, cfg).model(model)

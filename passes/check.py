@@ -1,0 +1,41 @@
+"""check: the rules a typed program must follow beyond its types.
+
+A scatter statement yields one message per edge (an edge value); transform,
+sync and apply statements yield vertex values; a graph layer's output is a
+vertex value with one feature dim, so layers compose. Statement results are
+the equations whose outputs carry the statement's name (temporaries have `~`).
+"""
+from __future__ import annotations
+
+from gnnc.errors import GnncTypeError
+from gnnc.ir import Program
+from gnnc.ops import fmt_shape
+from gnnc.pass_manager import PassContext, register_pass
+
+_STATEMENT_DOMAIN = {"scatter": "edge", "transform": "vertex", "sync": "vertex", "apply": "vertex"}
+
+
+@register_pass("check", "check statement domains and layer outputs (no rewrite)")
+def check(program: Program, ctx: PassContext) -> Program:
+    for layer in program.layers:
+        if layer.kind != "graph":
+            continue
+        for e in layer.eqns:
+            out = e.outs[0]
+            want = _STATEMENT_DOMAIN.get(e.prim)
+            if want is None or "~" in out.name or out.type is None:
+                continue
+            if out.type.domain != want:
+                if e.prim == "scatter":
+                    msg = ("a scatter statement must produce an edge value (one message per edge); "
+                           "read vertex values through src.X or dst.X")
+                else:
+                    msg = f"a {e.prim} statement must produce a vertex value, got a {out.type.domain} value"
+                raise GnncTypeError(msg, e.loc)
+        out = layer.outputs[0]
+        if out.type is not None and (out.type.domain != "vertex" or len(out.type.shape) != 1):
+            loc = next((e.loc for e in layer.eqns if out in e.outs), layer.loc)
+            raise GnncTypeError(f"layer '{layer.op}' must output a vertex value with one feature dim, "
+                                f"got {out.type.domain} {fmt_shape(out.type.shape)}; "
+                                f"use concat(...) or mean_heads(...) over heads", loc)
+    return program

@@ -1,0 +1,290 @@
+"""Interpret an IR program in one process with torch autograd.
+
+This is the reference every strategy is compared with, so it stays simple
+and exact. It runs both forms of the IR: graph ops before lowering (`src`,
+`gather`, `edge_softmax` over index tensors) and kernel ops after it
+(`spmm`, `sddmm`, through gnnc.runtime.kernels). Vertex tensors are
+[N, *shape]; edge tensors are [nnz, *shape] in the CSR order of the layer's
+edge view. Dropout masks come from the counter-based RNG keyed by global
+vertex / edge ids, so a distributed run draws the same masks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import sympy
+import torch
+import torch.nn.functional as F
+
+from gnnc.errors import GnncError
+from gnnc.ir import Eqn, Layer, Param, Program
+from gnnc.runtime import rng
+from gnnc.runtime.graph import CSR, Graph
+
+
+def eval_dim(d: Any, config: dict[str, Any]) -> int:
+    """A symbolic dim's value under the program's configuration."""
+    expr = sympy.sympify(d)
+    subs = {sympy.Symbol(k): v for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    val = expr.subs(subs)
+    if val.free_symbols:
+        names = ", ".join(sorted(str(s) for s in val.free_symbols))
+        raise GnncError(f"model parameter(s) {names} have no value: give a default or --set NAME=VALUE")
+    return int(val)
+
+
+def eval_number(v: Any, config: dict[str, Any]) -> float:
+    if isinstance(v, (int, float)):
+        return float(v)
+    expr = sympy.sympify(v).subs({sympy.Symbol(k): x for k, x in config.items()
+                                  if isinstance(x, (int, float)) and not isinstance(x, bool)})
+    return float(expr)
+
+
+@dataclass
+class GraphView:
+    """The tensors one edge view needs, built once: CSR, index vectors, edge data."""
+
+    csr: CSR
+    src: torch.Tensor  # [nnz] source of each CSR entry
+    dst: torch.Tensor  # [nnz] destination of each CSR entry
+    edge_ids: torch.Tensor  # [nnz] global edge id (for dropout on edges)
+    edge_data: dict[str, torch.Tensor]
+    deg: torch.Tensor  # in-degree, float [n_dst]
+
+    @staticmethod
+    def build(graph: Graph, view: str) -> "GraphView":
+        csr = graph.csr(view)
+        return GraphView(csr, csr.indices, csr.dst_index(), csr.eids,
+                         {"gcn_norm": graph.gcn_norm(view)[csr.eids]}, csr.in_degree().to(torch.float32))
+
+
+@dataclass
+class ExecContext:
+    """What one forward pass needs besides parameters and inputs."""
+
+    views: dict[str, GraphView]
+    vertex_ids: torch.Tensor  # global ids of the rows held here
+    config: dict[str, Any]
+    training: bool
+    dropout_key: Callable[[int], int]  # op index -> stream key for this step
+    loss_count: float  # the global number of labelled vertices the loss averages over
+    use_kernels: bool = True
+
+
+def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head broadcast: [R, H] with [R, H, D] -> append trailing unit dims to the shorter."""
+    if a.dim() == 0 or b.dim() == 0 or a.dim() == b.dim():
+        return a, b
+    while a.dim() < b.dim():
+        a = a.unsqueeze(-1)
+    while b.dim() < a.dim():
+        b = b.unsqueeze(-1)
+    return a, b
+
+
+def _segment_softmax(e: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
+    shape = (n,) + tuple(e.shape[1:])
+    idx = dst.view(-1, *([1] * (e.dim() - 1))).expand_as(e)
+    mx = torch.full(shape, -math.inf, dtype=e.dtype).scatter_reduce(0, idx, e.detach(), "amax", include_self=True)
+    ex = torch.exp(e - mx[dst])
+    den = torch.zeros(shape, dtype=e.dtype).index_add(0, dst, ex)
+    return ex / den[dst]
+
+
+def _segment_reduce(m: torch.Tensor, dst: torch.Tensor, n: int, reduce: str, deg: torch.Tensor) -> torch.Tensor:
+    shape = (n,) + tuple(m.shape[1:])
+    if reduce in ("sum", "mean"):
+        out = torch.zeros(shape, dtype=m.dtype).index_add(0, dst, m)
+        if reduce == "mean":
+            out = out / deg.clamp(min=1).view(-1, *([1] * (m.dim() - 1)))
+        return out
+    idx = dst.view(-1, *([1] * (m.dim() - 1))).expand_as(m)
+    red = {"max": "amax", "min": "amin"}[reduce]
+    # rows without in-edges stay 0, as PyG's max/min aggregation gives
+    return torch.zeros(shape, dtype=m.dtype).scatter_reduce(0, idx, m, red, include_self=False)
+
+
+def _activation(op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
+    if op == "relu":
+        return F.relu(x)
+    if op == "elu":
+        return F.elu(x, e.attr("alpha", 1.0))
+    if op == "leaky_relu":
+        return F.leaky_relu(x, e.attr("slope", 0.01))
+    if op == "sigmoid":
+        return torch.sigmoid(x)
+    if op == "tanh":
+        return torch.tanh(x)
+    if op == "exp":
+        return torch.exp(x)
+    if op == "log":
+        return torch.log(x)
+    if op == "softplus":
+        return F.softplus(x)
+    if op == "gelu":
+        return F.gelu(x)
+    if op == "abs":
+        return torch.abs(x)
+    raise KeyError(op)
+
+
+ACTIVATION_OPS = {"relu", "elu", "leaky_relu", "sigmoid", "tanh", "exp", "log", "softplus", "gelu", "abs"}
+
+
+class Interpreter:
+    """Runs the equations of a program; `run_layer` is the unit distributed executors reuse."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.config = program.config_dict()
+        # a stable index per equation, for dropout streams
+        self.eqn_index: dict[int, int] = {}
+        k = 0
+        for layer in program.layers:
+            for e in layer.eqns:
+                self.eqn_index[id(e)] = k
+                k += 1
+
+    def run_layer(self, layer: Layer, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
+                  ctx: ExecContext) -> None:
+        view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
+        for e in layer.eqns:
+            ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
+            env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
+
+    def eqn(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+        op = e.op
+        if op in ACTIVATION_OPS:
+            return _activation(op, ins[0], e)
+        if op in ("add", "sub", "mul", "div", "pow"):
+            a, b = _align(ins[0], ins[1])
+            return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+                    "pow": torch.pow}[op](a, b)
+        if op == "neg":
+            return -ins[0]
+        if op == "const":
+            return torch.tensor(eval_number(e.attr("value"), ctx.config), dtype=torch.float32)
+        if op == "dropout":
+            if not ctx.training:
+                return ins[0]
+            x = ins[0]
+            p = float(e.attr("p"))
+            rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids
+            mask = rng.dropout_mask(ctx.dropout_key(self.eqn_index[id(e)]), rows, tuple(x.shape[1:]), p)
+            return x * mask
+        if op == "src":
+            return ins[0][view.src]
+        if op == "dst":
+            return ins[0][view.dst]
+        if op == "edata":
+            return view.edge_data[e.attr("name")]
+        if op == "gather":
+            return _segment_reduce(ins[0], view.dst, view.csr.n_dst, e.attr("reduce"), view.deg)
+        if op == "edge_softmax":
+            if ctx.use_kernels:
+                from gnnc.runtime import kernels
+                return kernels.edge_softmax(view.csr, ins[0])
+            return _segment_softmax(ins[0], view.dst, view.csr.n_dst)
+        if op == "spmm":
+            x = ins[0]
+            w = ins[1] if len(ins) > 1 else None
+            if ctx.use_kernels:
+                from gnnc.runtime import kernels
+                return kernels.spmm(view.csr, x, w, reduce=e.attr("reduce"))
+            m = x[view.src]
+            if w is not None:
+                w, m = _align(w, m)
+                m = w * m
+            return _segment_reduce(m, view.dst, view.csr.n_dst, e.attr("reduce"), view.deg)
+        if op == "sddmm":
+            if ctx.use_kernels:
+                from gnnc.runtime import kernels
+                return kernels.sddmm(view.csr, ins[0], ins[1], op=e.attr("op"))
+            a, b = _align(ins[0][view.src], ins[1][view.dst])
+            return {"add": torch.add, "mul": torch.mul}[e.attr("op")](a, b)
+        if op == "linear":
+            x, w = ins[0], ins[1]
+            out = x @ w
+            if len(ins) > 2:
+                out = out + ins[2]
+            heads = e.attr("heads")
+            if heads is not None:
+                out = out.reshape(out.shape[0], eval_dim(heads, ctx.config), -1)
+            return out
+        if op == "bias":
+            return ins[0] + ins[1]
+        if op == "dot":
+            x, a = ins
+            return (x * a).sum(-1)
+        if op == "concat":
+            if len(ins) == 1:
+                return ins[0].reshape(ins[0].shape[0], -1)
+            return torch.cat(ins, dim=-1)
+        if op == "mean_heads":
+            return ins[0].mean(1)
+        if op == "layer_norm":
+            x, w, b = ins
+            return F.layer_norm(x, (x.shape[-1],), w, b)
+        if op == "l2_normalize":
+            return F.normalize(ins[0], dim=-1)
+        if op == "sync":
+            return ins[0]  # one process holds whole rows: nothing to reduce
+        if op == "cross_entropy":
+            logits, y, mask = ins
+            if not bool(mask.any()):
+                return logits.sum() * 0.0
+            return F.cross_entropy(logits[mask], y[mask], reduction="sum") / ctx.loss_count
+        raise GnncError(f"the runtime has no implementation of op '{op}'")
+
+
+def init_params(program: Program, seed: int) -> dict[str, torch.nn.Parameter]:
+    """Parameters in program order from one seeded generator (the same on every rank)."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = program.config_dict()
+    out: dict[str, torch.nn.Parameter] = {}
+    for p in program.params():
+        shape = tuple(eval_dim(d, cfg) for d in p.value.type.shape)
+        out[p.value.name] = torch.nn.Parameter(_init(p, shape, gen))
+    return out
+
+
+def _init(p: Param, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    if p.init == "zeros":
+        return torch.zeros(shape)
+    if p.init == "ones":
+        return torch.ones(shape)
+    if p.init == "glorot":
+        fan = (shape[-2] + shape[-1]) if len(shape) >= 2 else 2 * shape[-1] if shape else 2
+        a = math.sqrt(6.0 / fan)
+        return (torch.rand(shape, generator=gen) * 2 - 1) * a
+    raise GnncError(f"unknown initialiser '{p.init}'")
+
+
+def graph_inputs(graph: Graph) -> dict[str, torch.Tensor]:
+    return {"x": graph.x, "y": graph.y, "train": graph.train_mask, "val": graph.val_mask,
+            "test": graph.test_mask}
+
+
+def check_graph_fits(program: Program, graph: Graph) -> None:
+    """The program's bound dims must match the graph it runs on."""
+    cfg = program.config_dict()
+    feats = program.inputs[0].type.shape[0]
+    if eval_dim(feats, cfg) != graph.num_features:
+        raise GnncError(f"the model expects {eval_dim(feats, cfg)} input features but graph "
+                        f"'{graph.name}' has {graph.num_features}")
+    width = eval_dim(program.logits.type.shape[0], cfg)
+    if width < graph.num_classes:
+        raise GnncError(f"the model outputs {width} logits but graph '{graph.name}' has "
+                        f"{graph.num_classes} classes")
+
+
+def forward(interp: Interpreter, params: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],
+            ctx: ExecContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run every layer; return (logits, loss)."""
+    env = dict(inputs)
+    for layer in interp.program.layers:
+        interp.run_layer(layer, env, params, ctx)
+    return env[interp.program.logits.name], env[interp.program.loss.name]
