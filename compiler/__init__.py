@@ -1,1 +1,13 @@
-"""gnnc: a compiler from GNN programs (.gnn) to distributed execution plans."""
+"""gnnc: a compiler from GNN programs (.gnn) to distributed execution plans.
+
+The Python API mirrors the command line:
+
+    import gnnc
+    model = gnnc.load_model("examples/gcn.gnn", hidden=32)
+    graph = gnnc.load_graph("planetoid:cora")
+    plan = gnnc.compile(model, graph)
+    result = gnnc.run(plan, graph, epochs=200)
+"""
+from gnnc.api import Model, Plan, compile, load_graph, load_model, load_model_source, run  # noqa: F401
+from gnnc.errors import GnncError  # noqa: F401
+from gnnc.pass_manager import register_pass  # noqa: F401

@@ -110,7 +110,7 @@ def train(program: Program, graph: Graph, cfg: TrainConfig,
         times.append(time.perf_counter() - t0)
         with torch.no_grad():
             logits, _ = forward(interp, params, inputs, eval_ctx)
-        rec = {"epoch": epoch, "loss": float(loss), "train_acc": _accuracy(logits, graph.y, graph.train_mask),
+        rec = {"epoch": epoch, "loss": float(loss.detach()), "train_acc": _accuracy(logits, graph.y, graph.train_mask),
                "val_acc": _accuracy(logits, graph.y, graph.val_mask),
                "test_acc": _accuracy(logits, graph.y, graph.test_mask), "time_s": times[-1]}
         history.append(rec)

@@ -1,0 +1,197 @@
+"""The Python API: load a model, compile it for a graph, run it. The CLI calls these.
+
+    model = gnnc.load_model("examples/gcn.gnn", hidden=32)
+    graph = gnnc.load_graph("planetoid:cora")
+    plan = gnnc.compile(model, graph)
+    result = gnnc.run(plan, graph, epochs=200)
+
+A plan is a directory (`plan.json`) that holds the model's source, its
+configuration and the compiled IR, so `gnnc run PLAN` needs nothing else but
+the graph; loading a plan re-derives the IR and refuses a plan whose IR does
+not match what it states.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gnnc.elaborate import elaborate
+from gnnc.errors import GnncError, PlanError
+from gnnc.ir import Program
+from gnnc.pass_manager import DEFAULT_PIPELINE, PassContext, run_pipeline
+from gnnc.syntax import Module, parse
+
+PLAN_SCHEMA = "gnnc.plan/1"
+
+
+@dataclass(frozen=True)
+class Model:
+    """A parsed .gnn file plus the parameter overrides to elaborate it with."""
+
+    module: Module
+    overrides: tuple[tuple[str, str], ...] = ()
+    name: str | None = None
+
+    @property
+    def file(self) -> str:
+        return self.module.file
+
+    def program(self, graph: Any = None) -> Program:
+        """Elaborate (untyped IR), binding `features`/`classes` from the graph if given."""
+        return elaborate(self.module, dict(self.overrides), graph_dims(graph), self.name)
+
+
+def graph_dims(graph: Any) -> dict[str, int]:
+    if graph is None:
+        return {}
+    return {"features": graph.num_features, "classes": graph.num_classes, "nodes": graph.num_nodes}
+
+
+def load_model(path: str | os.PathLike, model: str | None = None, **params: Any) -> Model:
+    """Parse a .gnn file; `params` override model parameters (as `--set NAME=VALUE`)."""
+    p = Path(path)
+    try:
+        source = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GnncError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise GnncError(f"{path}: cannot read: {err}") from None
+    return Model(parse(source, str(path)), tuple(sorted((k, str(v)) for k, v in params.items())), model)
+
+
+def load_model_source(source: str, file: str = "<string>", model: str | None = None, **params: Any) -> Model:
+    return Model(parse(source, file), tuple(sorted((k, str(v)) for k, v in params.items())), model)
+
+
+def load_graph(spec: Any):
+    """A graph from a spec string (planetoid:cora, rmat:..., a file) or a PyG Data object."""
+    from gnnc.runtime.graph import Graph
+    from gnnc.runtime.graph_io import load_graph as _load
+
+    if isinstance(spec, Graph):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        from gnnc.runtime.graph_io import from_pyg
+
+        return from_pyg(spec)
+    return _load(str(spec))
+
+
+@dataclass
+class Plan:
+    """A compiled model: IR after the pipeline, and what produced it."""
+
+    program: Program
+    model: Model
+    graph_spec: str | None
+    passes: list[str]
+    workers: int = 1
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        ir = str(self.program)
+        return {
+            "schema": PLAN_SCHEMA,
+            "model": {"file": os.path.basename(self.model.file), "source": self.model.module.source,
+                      "name": self.program.name, "overrides": dict(self.model.overrides)},
+            "graph": self.graph_spec,
+            "config": {k: _jsonable(v) for k, v in self.program.config},
+            "training": dict(self.program.training),
+            "passes": self.passes,
+            "workers": self.workers,
+            "layers": [_layer_summary(layer) for layer in self.program.layers],
+            "ir": ir,
+            "ir_sha256": hashlib.sha256(ir.encode()).hexdigest(),
+            **self.meta,
+        }
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write `plan.json` atomically (a crash leaves the old plan or none)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+        atomic_write(d / "plan.json", text.encode())
+        return d
+
+    @staticmethod
+    def load(directory: str | os.PathLike, graph: Any = None) -> "Plan":
+        path = Path(directory) / "plan.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PlanError(f"{directory}: not a plan directory (no plan.json)") from None
+        except (OSError, ValueError) as err:
+            raise PlanError(f"{path}: unreadable plan: {err}") from None
+        if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+            raise PlanError(f"{path}: unknown plan schema {data.get('schema') if isinstance(data, dict) else None!r}"
+                            f" (expected {PLAN_SCHEMA})")
+        try:
+            m = data["model"]
+            model = load_model_source(m["source"], m["file"], m["name"], **m["overrides"])
+            cfg = {k: v for k, v in data["config"].items() if k in ("features", "classes", "nodes")}
+            program = elaborate(model.module, dict(model.overrides), cfg, m["name"])
+            program = run_pipeline(program, list(data["passes"]), PassContext(graph=graph))
+        except KeyError as err:
+            raise PlanError(f"{path}: missing field {err}") from None
+        if hashlib.sha256(str(program).encode()).hexdigest() != data.get("ir_sha256"):
+            raise PlanError(f"{path}: the plan's IR does not match its model (edited, or written by "
+                            f"another gnnc version); compile it again")
+        return Plan(program, model, data.get("graph"), list(data["passes"]), int(data.get("workers", 1)))
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    return str(v)
+
+
+def _layer_summary(layer) -> dict[str, Any]:
+    return {"name": layer.name, "kind": layer.kind, "op": layer.op, "edges": layer.edges,
+            "strategy": layer.attr("strategy", "local"),
+            "ops": [e.op for e in layer.eqns],
+            "params": {p.value.name: [str(d) for d in p.value.type.shape] if p.value.type else None
+                       for p in layer.params}}
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def compile(model: Model, graph: Any = None, workers: int = 1, passes: list[str] | None = None,
+            graph_spec: str | None = None, after=None) -> Plan:
+    """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output."""
+    if workers != 1:
+        raise GnncError("only --workers 1 is supported so far (the planner issue adds more)")
+    program = model.program(graph)
+    names = DEFAULT_PIPELINE if passes is None else passes
+    program = run_pipeline(program, names, PassContext(graph=graph), after=after)
+    return Plan(program, model, graph_spec, list(names), workers)
+
+
+def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int = 0, lr: float | None = None,
+        weight_decay: float | None = None, progress: bool = False, on_epoch=None):
+    """Train a plan (or a model, compiled first) on `graph` in this process."""
+    from gnnc.runtime.train import TrainConfig, train
+
+    plan = target if isinstance(target, Plan) else compile(target, graph)
+    cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
+                              progress=progress)
+    return train(plan.program, load_graph(graph), cfg, on_epoch=on_epoch)

@@ -1,0 +1,222 @@
+"""`gnnc`: the command line, a thin layer over gnnc.api.
+
+Exit codes: 0 success, 2 the user's input is wrong (a message, never a
+traceback), 1 an internal error. With `--json` the last line of stdout is one
+JSON object summarising the command (DESIGN.md section 9).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gnnc.errors import GnncError
+
+
+def _sets(values: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values or []:
+        if "=" not in item:
+            raise GnncError(f"--set {item}: expected NAME=VALUE")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _emit_json(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj, sort_keys=True))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from gnnc import api
+    from gnnc.pass_manager import run_pipeline
+
+    model = api.load_model(args.model, **_sets(args.set))
+    run_pipeline(model.program(), ["infer-shapes", "check"])
+    print(f"{args.model}: ok")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from gnnc import api
+    from gnnc.pass_manager import parse_pipeline
+
+    model = api.load_model(args.model, **_sets(args.set))
+    graph = api.load_graph(args.graph) if args.graph else None
+    names = parse_pipeline(args.passes) if args.passes else None
+    printed = set(parse_pipeline(args.print_after)) if args.print_after else set()
+
+    def after(name, program):
+        if name in printed:
+            print(f"// ----- IR after {name} -----")
+            print(program, end="")
+
+    plan = api.compile(model, graph, workers=args.workers, passes=names, graph_spec=args.graph, after=after)
+    if args.output:
+        plan.save(args.output)
+        if not args.json and not printed:
+            print(f"wrote {Path(args.output) / 'plan.json'}")
+    if args.json:
+        _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
+                    "workers": plan.workers, "exact": True, "passes": plan.passes})
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from gnnc import api
+    from gnnc.inspect_plan import render
+
+    plan = api.Plan.load(args.plan)
+    text = render(plan, args.format)
+    if args.output:
+        mode = "wb" if isinstance(text, bytes) else "w"
+        with open(args.output, mode) as f:
+            f.write(text)
+    else:
+        if isinstance(text, bytes):
+            raise GnncError(f"--format {args.format} writes binary output; give -o FILE")
+        print(text, end="" if text.endswith("\n") else "\n")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from gnnc import api
+    from gnnc.runtime.train import TrainConfig, train
+
+    target = Path(args.target)
+    if target.is_dir():
+        plan = api.Plan.load(target)
+        if args.set:
+            raise GnncError("--set applies to a .gnn model; recompile the plan to change parameters")
+        spec = args.graph or plan.graph_spec
+        if spec is None:
+            raise GnncError("the plan names no graph; pass --graph G")
+        graph = api.load_graph(spec)
+    else:
+        if not args.graph:
+            raise GnncError("gnnc run MODEL.gnn needs --graph G")
+        graph = api.load_graph(args.graph)
+        plan = api.compile(api.load_model(target, **_sets(args.set)), graph, graph_spec=args.graph)
+    if args.nproc != 1:
+        raise GnncError("--nproc > 1 needs the distributed runtime, which is not built yet")
+    cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
+                              seed=args.seed, progress=not args.no_progress and sys.stderr.isatty() or args.progress)
+    metrics = open(args.metrics, "w") if args.metrics else None
+    try:
+        def on_epoch(rec):
+            if metrics is not None:
+                metrics.write(json.dumps({"rank": 0, **rec}) + "\n")
+                metrics.flush()
+        result = train(plan.program, graph, cfg, on_epoch=on_epoch)
+    finally:
+        if metrics is not None:
+            metrics.close()
+    if args.dump_logits:
+        torch.save(result.logits, args.dump_logits)
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1, "peak_rss_bytes": peak,
+               "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
+               "epochs": cfg.epochs}
+    if args.json:
+        _emit_json(summary)
+    else:
+        print(f"{plan.program.name} on {graph.name}: test acc {result.test_acc:.4f} (at best val "
+              f"{result.val_acc:.4f}, epoch {result.best_epoch}); final test acc {result.final_test_acc:.4f}; "
+              f"train loss {result.train_loss:.4f}; {result.epoch_time_s * 1000:.1f} ms/epoch")
+    return 0
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from gnnc.runtime.graph_io import available_datasets
+
+    for name, desc in available_datasets():
+        print(f"{name:28s} {desc}")
+    return 0
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    from gnnc.pass_manager import passes
+
+    for name, info in sorted(passes().items()):
+        print(f"{name:16s} {info.summary}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gnnc", description="Compile GNN programs into distributed plans and run them.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("check", help="parse and type-check a .gnn file")
+    c.add_argument("model")
+    c.add_argument("--set", action="append", metavar="NAME=VALUE")
+    c.set_defaults(fn=cmd_check)
+
+    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory")
+    c.add_argument("model")
+    c.add_argument("--graph")
+    c.add_argument("-o", "--output")
+    c.add_argument("--workers", type=int, default=1)
+    c.add_argument("--set", action="append", metavar="NAME=VALUE")
+    c.add_argument("--passes", help="comma-separated pass pipeline (default: infer-shapes,check,lower)")
+    c.add_argument("--print-after", metavar="PASS[,PASS]")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_compile)
+
+    c = sub.add_parser("inspect", help="show a plan")
+    c.add_argument("plan")
+    c.add_argument("--format", default="table", choices=["table", "json", "ir", "dot"])
+    c.add_argument("-o", "--output")
+    c.set_defaults(fn=cmd_inspect)
+
+    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)")
+    c.add_argument("target")
+    c.add_argument("--graph")
+    c.add_argument("--nproc", type=int, default=1)
+    c.add_argument("--set", action="append", metavar="NAME=VALUE")
+    c.add_argument("--epochs", type=int)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--lr", type=float)
+    c.add_argument("--weight-decay", type=float)
+    c.add_argument("--metrics", metavar="FILE.jsonl")
+    c.add_argument("--dump-logits", metavar="FILE.pt")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(fn=cmd_run)
+
+    c = sub.add_parser("datasets", help="list the graphs gnnc can name")
+    c.set_defaults(fn=cmd_datasets)
+
+    c = sub.add_parser("passes", help="list the registered passes")
+    c.set_defaults(fn=cmd_passes)
+
+    try:
+        from gnnc import partition_cli
+    except ImportError:
+        partition_cli = None
+    if partition_cli is not None:
+        partition_cli.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except GnncError as err:
+        print(f"error: {err}" if err.loc is None else str(err), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Shared fixtures: small random graphs with the awkward cases (isolated vertices,
+self-loops, duplicate edges), and the example files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnc.runtime.graph import Graph
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def random_graph(n: int = 40, e: int = 160, f: int = 12, c: int = 4, seed: int = 0) -> Graph:
+    """Random directed graph; the last 3 vertices are isolated; includes self-loops and duplicates."""
+    rs = np.random.RandomState(seed)
+    live = n - 3
+    src = rs.randint(0, live, e)
+    dst = rs.randint(0, live, e)
+    loops = rs.randint(0, live, 5)
+    src = np.concatenate([src, loops, src[:7]])  # self-loops, then duplicate edges
+    dst = np.concatenate([dst, loops, dst[:7]])
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, f, generator=g)
+    y = torch.randint(0, c, (n,), generator=g)
+    train = torch.rand(n, generator=g) < 0.5
+    val = ~train & (torch.rand(n, generator=g) < 0.5)
+    test = ~train & ~val
+    return Graph(n, src.astype(np.int64), dst.astype(np.int64), x, y, train, val, test, f"random{seed}")
+
+
+@pytest.fixture
+def small_graph() -> Graph:
+    return random_graph()
