@@ -85,6 +85,7 @@ class _Block:
     inputs: list[Value] = field(default_factory=list)
     op_counts: dict[str, int] = field(default_factory=dict)
     target: str = "t"  # base name for temporaries of the statement being elaborated
+    edge_values: set[str] = field(default_factory=set)  # results of scatter / softmax statements
 
     def param_name(self, op: str) -> str:
         k = self.op_counts.get(op, 0)
@@ -301,14 +302,20 @@ class Elaborator:
             x = self._value(e.args[0], scope, "sync", "sync input", env)
             val = self._emit("sync", (x,), None, {"reduce": e.func}, e.loc)
         else:
+            start = len(blk.eqns)
             v = self._expr(e, scope, st.prim, env)
             if not isinstance(v, Value):
                 raise self.err(f"a {st.prim} statement must compute a tensor, not a constant", st.loc)
+            if st.prim == "scatter" and len(blk.eqns) == start and v.name not in blk.edge_values:
+                raise self.err("a scatter statement must produce an edge value (one message per edge); "
+                               "read vertex values through src.X or dst.X", st.loc)
             val = v
         if st.target in ("src", "dst", "edge"):
             raise self.err(f"'{st.target}' is reserved for neighbour access", st.target_loc)
         val = self._name_result(val, st.target)
         scope[st.target] = val
+        if st.prim == "scatter" or (st.prim == "gather" and e.func == "softmax"):
+            blk.edge_values.add(val.name)
         return val if st.prim == "apply" else None
 
     def _gather(self, st: Stmt, scope: dict[str, Bound], env: dict[str, Bound]) -> Value:

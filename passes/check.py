@@ -4,38 +4,52 @@ A scatter statement yields one message per edge (an edge value); transform,
 sync and apply statements yield vertex values; a graph layer's output is a
 vertex value with one feature dim, so layers compose. Statement results are
 the equations whose outputs carry the statement's name (temporaries have `~`).
+`infer-shapes` applies the same rules as it types each statement, so the
+user hears of the first broken one; this pass checks a whole typed program
+(one built by hand, say).
 """
 from __future__ import annotations
 
 from gnnc.errors import GnncTypeError
-from gnnc.ir import Program
+from gnnc.ir import Eqn, Layer, Program
 from gnnc.ops import fmt_shape
 from gnnc.pass_manager import PassContext, register_pass
 
 _STATEMENT_DOMAIN = {"scatter": "edge", "transform": "vertex", "sync": "vertex", "apply": "vertex"}
 
 
+def check_statement(e: Eqn) -> None:
+    """The result of a statement has the domain its primitive promises."""
+    out = e.outs[0]
+    want = _STATEMENT_DOMAIN.get(e.prim)
+    if want is None or "~" in out.name or "^" in out.name or out.type is None:
+        return
+    if out.type.domain != want:
+        if e.prim == "scatter":
+            msg = ("a scatter statement must produce an edge value (one message per edge); "
+                   "read vertex values through src.X or dst.X")
+        else:
+            msg = f"a {e.prim} statement must produce a vertex value, got a {out.type.domain} value"
+        raise GnncTypeError(msg, e.loc)
+
+
+def check_layer_output(layer: Layer) -> None:
+    """A graph layer outputs one vertex value with one feature dim."""
+    if layer.kind != "graph" or not layer.outputs:
+        return
+    out = layer.outputs[0]
+    if out.type is not None and (out.type.domain != "vertex" or len(out.type.shape) != 1):
+        loc = next((e.loc for e in layer.eqns if out in e.outs), layer.loc)
+        raise GnncTypeError(f"layer '{layer.op}' must output a vertex value with one feature dim, "
+                            f"got {out.type.domain} {fmt_shape(out.type.shape)}; "
+                            f"use concat(...) or mean_heads(...) over heads", loc)
+
+
 @register_pass("check", "check statement domains and layer outputs (no rewrite)")
 def check(program: Program, ctx: PassContext) -> Program:
     for layer in program.layers:
-        if layer.kind != "graph":
-            continue
-        for e in layer.eqns:
-            out = e.outs[0]
-            want = _STATEMENT_DOMAIN.get(e.prim)
-            if want is None or "~" in out.name or out.type is None:
-                continue
-            if out.type.domain != want:
-                if e.prim == "scatter":
-                    msg = ("a scatter statement must produce an edge value (one message per edge); "
-                           "read vertex values through src.X or dst.X")
-                else:
-                    msg = f"a {e.prim} statement must produce a vertex value, got a {out.type.domain} value"
-                raise GnncTypeError(msg, e.loc)
-        out = layer.outputs[0]
-        if out.type is not None and (out.type.domain != "vertex" or len(out.type.shape) != 1):
-            loc = next((e.loc for e in layer.eqns if out in e.outs), layer.loc)
-            raise GnncTypeError(f"layer '{layer.op}' must output a vertex value with one feature dim, "
-                                f"got {out.type.domain} {fmt_shape(out.type.shape)}; "
-                                f"use concat(...) or mean_heads(...) over heads", loc)
+        if layer.kind == "graph":
+            for e in layer.eqns:
+                check_statement(e)
+        check_layer_output(layer)
     return program

@@ -7,6 +7,7 @@ and reports dim and domain mismatches at the equation's source location.
 from __future__ import annotations
 
 from gnnc import ops
+from gnnc.passes.check import check_layer_output, check_statement
 from gnnc.ir import Eqn, Layer, Param, Program, Type, Value
 from gnnc.pass_manager import PassContext, register_pass
 
@@ -39,12 +40,17 @@ def infer_shapes(program: Program, ctx: PassContext) -> Program:
             out_types = ops.infer(e, in_types)
             for v, t in zip(e.outs, out_types):
                 types[v.name] = t
-            eqns.append(e.replace(ins=tuple(_retype(v, types) for v in e.ins),
-                                  outs=tuple(_retype(v, types) for v in e.outs)))
+            typed = e.replace(ins=tuple(_retype(v, types) for v in e.ins),
+                              outs=tuple(_retype(v, types) for v in e.outs))
+            if layer.kind == "graph":
+                check_statement(typed)
+            eqns.append(typed)
         params = tuple(Param(_retype(p.value, types), p.init) for p in layer.params)
-        layers.append(layer.replace(
+        typed_layer = layer.replace(
             eqns=tuple(eqns), params=params,
             inputs=tuple(_retype(v, types) for v in layer.inputs),
-            outputs=tuple(_retype(v, types) for v in layer.outputs)))
+            outputs=tuple(_retype(v, types) for v in layer.outputs))
+        check_layer_output(typed_layer)
+        layers.append(typed_layer)
     return program.replace(layers=tuple(layers), logits=_retype(program.logits, types),
                            loss=_retype(program.loss, types))

@@ -1,0 +1,55 @@
+"""Golden IR: the printed IR of every example after each pass, compared as text.
+
+Regenerate after an intended change with `GNNC_UPDATE_GOLDEN=1 pytest tests/test_golden_ir.py`
+and review the diff.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+
+import pytest
+
+from conftest import EXAMPLES, ROOT
+from gnnc import api
+from gnnc.elaborate import elaborate
+from gnnc.ir import verify
+from gnnc.pass_manager import run_pipeline
+
+GOLDEN = ROOT / "tests" / "golden"
+CORA = {"features": 1433, "classes": 7}
+PASSES = ["infer-shapes", "check", "lower"]
+EXAMPLE_NAMES = ["gcn", "sage", "gin", "gat", "gcnii"]
+
+
+def stages(name: str) -> dict[str, str]:
+    model = api.load_model(EXAMPLES / f"{name}.gnn")
+    program = elaborate(model.module, {}, CORA)
+    out = {"elaborate": str(program)}
+    run_pipeline(program, PASSES, verify_each=True, after=lambda n, p: out.__setitem__(n, str(p)))
+    return out
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_golden(name: str) -> None:
+    got = stages(name)
+    for stage, text in got.items():
+        path = GOLDEN / f"{name}.{stage}.ir"
+        if os.environ.get("GNNC_UPDATE_GOLDEN"):
+            path.write_text(text)
+            continue
+        want = path.read_text()
+        if text != want:
+            diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
+                                                str(path), "actual"))
+            pytest.fail(f"IR after {stage} differs from {path.name}:\n{diff[:4000]}")
+
+
+def test_printer_is_deterministic() -> None:
+    assert stages("gat") == stages("gat")
+
+
+def test_passes_verify_typed() -> None:
+    model = api.load_model(EXAMPLES / "gcn.gnn")
+    program = run_pipeline(elaborate(model.module, {}, CORA), PASSES)
+    verify(program, typed=True)
