@@ -133,7 +133,8 @@ class Plan:
         try:
             m = data["model"]
             model = load_model_source(m["source"], m["file"], m["name"], **m["overrides"])
-            cfg = {k: v for k, v in data["config"].items() if k in ("features", "classes", "nodes")}
+            cfg = {k: v for k, v in data["config"].items()
+                   if k in ("features", "classes", "nodes") and v is not None}
             program = elaborate(model.module, dict(model.overrides), cfg, m["name"])
             program = run_pipeline(program, list(data["passes"]), PassContext(graph=graph))
         except KeyError as err:

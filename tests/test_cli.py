@@ -1,0 +1,97 @@
+"""The command line as a user meets it: exit codes, messages without tracebacks, printed IR."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLES, ROOT
+
+
+def gnnc(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gnnc", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_check_ok() -> None:
+    r = gnnc("check", str(EXAMPLES / "gat.gnn"))
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
+
+
+def test_check_error_exit_2_with_caret(tmp_path) -> None:
+    bad = tmp_path / "bad.gnn"
+    bad.write_text("layer L(in, out) {\n  transform t = linear(h, out)\n  apply h = reluu(t)\n}\n"
+                   "model M(features, classes) {\n  h = L(features, classes)(x)\n"
+                   "  loss = cross_entropy(h, y, mask = train)\n}\n")
+    r = gnnc("check", str(bad))
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert lines[0] == f"{bad}:3:13: unknown op 'reluu'; did you mean 'relu'?"
+    assert lines[1] == "    apply h = reluu(t)"
+    assert lines[2] == "  " + " " * 12 + "^"
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_file_exit_2(tmp_path) -> None:
+    r = gnnc("check", str(tmp_path / "nope.gnn"))
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_set_exit_2() -> None:
+    r = gnnc("check", str(EXAMPLES / "gcn.gnn"), "--set", "hiden=3")
+    assert r.returncode == 2
+    assert "has no parameter 'hiden'; did you mean 'hidden'?" in r.stderr
+
+
+def test_compile_print_after_one_pass() -> None:
+    r = gnnc("compile", str(EXAMPLES / "sage.gnn"), "--passes", "infer-shapes,check,lower",
+             "--print-after", "lower")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("// ----- IR after lower -----\nprogram GraphSAGE(")
+    assert "spmm[reduce=mean]" in r.stdout
+    assert "gather[" not in r.stdout
+
+
+def test_compile_prefix_pipeline_keeps_graph_ops() -> None:
+    r = gnnc("compile", str(EXAMPLES / "sage.gnn"), "--passes", "infer-shapes", "--print-after", "infer-shapes")
+    assert r.returncode == 0, r.stderr
+    assert "gather[reduce=mean]" in r.stdout and "spmm" not in r.stdout
+
+
+def test_unknown_pass_exit_2() -> None:
+    r = gnnc("compile", str(EXAMPLES / "sage.gnn"), "--passes", "infer-shapes,lowr")
+    assert r.returncode == 2 and "unknown pass 'lowr'" in r.stderr
+
+
+def test_plan_round_trip_and_inspect(tmp_path) -> None:
+    out = tmp_path / "plan"
+    r = gnnc("compile", str(EXAMPLES / "gcn.gnn"), "-o", str(out), "--set", "hidden=32", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["strategies"] == ["local", "local"]
+    r = gnnc("inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "GCNConv" in r.stdout and "linear0.weight[features, hidden]" in r.stdout
+    r = gnnc("inspect", str(out), "--format", "dot")
+    assert r.stdout.startswith("digraph plan {")
+    plan = json.loads((out / "plan.json").read_text())
+    plan["ir_sha256"] = "0" * 64
+    (out / "plan.json").write_text(json.dumps(plan))
+    r = gnnc("inspect", str(out))
+    assert r.returncode == 2 and "does not match its model" in r.stderr
+
+
+def test_compile_is_deterministic(tmp_path) -> None:
+    for d in ("a", "b"):
+        assert gnnc("compile", str(EXAMPLES / "gat.gnn"), "-o", str(tmp_path / d)).returncode == 0
+    assert (tmp_path / "a" / "plan.json").read_bytes() == (tmp_path / "b" / "plan.json").read_bytes()
+
+
+def test_passes_listed() -> None:
+    r = gnnc("passes")
+    assert r.returncode == 0
+    for name in ("infer-shapes", "check", "lower"):
+        assert name in r.stdout
