@@ -35,7 +35,7 @@ class PassInfo:
 
 
 _REGISTRY: dict[str, PassInfo] = {}
-DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower"]
+DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm"]
 
 
 def register_pass(name: str, summary: str, typed_after: bool = True) -> Callable[[PassFn], PassFn]:
@@ -52,7 +52,7 @@ def register_pass(name: str, summary: str, typed_after: bool = True) -> Callable
 
 def _load_builtin() -> None:
     # Importing the modules registers their passes.
-    from gnnc.passes import check, infer_shapes, lower  # noqa: F401
+    from gnnc.passes import check, infer_shapes, lower, reorder_gemm  # noqa: F401
 
 
 def passes() -> dict[str, PassInfo]:

@@ -26,7 +26,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def build(example: str, test_model: str, graph, lowered: bool):
     source = (EXAMPLES / example).read_text() + "\n" + test_model
     model = api.load_model_source(source, example, "T")
-    passes = ["infer-shapes", "check", "lower"] if lowered else ["infer-shapes", "check"]
+    passes = ["infer-shapes", "check", "lower", "reorder-gemm"] if lowered else ["infer-shapes", "check"]
     return api.compile(model, graph, passes=passes).program
 
 
