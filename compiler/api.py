@@ -23,6 +23,7 @@ from typing import Any
 from gnnc.elaborate import elaborate
 from gnnc.errors import GnncError, PlanError
 from gnnc.ir import Program
+from gnnc.ir_text import parse_ir
 from gnnc.pass_manager import DEFAULT_PIPELINE, PassContext, run_pipeline
 from gnnc.syntax import Module, parse
 
@@ -133,15 +134,14 @@ class Plan:
         try:
             m = data["model"]
             model = load_model_source(m["source"], m["file"], m["name"], **m["overrides"])
-            cfg = {k: v for k, v in data["config"].items()
-                   if k in ("features", "classes", "nodes") and v is not None}
-            program = elaborate(model.module, dict(model.overrides), cfg, m["name"])
-            program = run_pipeline(program, list(data["passes"]), PassContext(graph=graph))
-        except KeyError as err:
-            raise PlanError(f"{path}: missing field {err}") from None
-        if hashlib.sha256(str(program).encode()).hexdigest() != data.get("ir_sha256"):
-            raise PlanError(f"{path}: the plan's IR does not match its model (edited, or written by "
-                            f"another gnnc version); compile it again")
+            ir = data["ir"]
+            passes = list(data["passes"])
+        except (KeyError, TypeError) as err:
+            raise PlanError(f"{path}: missing or malformed field {err}") from None
+        if not isinstance(ir, str) or hashlib.sha256(ir.encode()).hexdigest() != data.get("ir_sha256"):
+            raise PlanError(f"{path}: the plan's IR does not match its checksum (edited or truncated); "
+                            f"compile it again")
+        program = parse_ir(ir, f"{path}:ir")
         return Plan(program, model, data.get("graph"), list(data["passes"]), int(data.get("workers", 1)))
 
 

@@ -18,6 +18,7 @@ sorted attributes and no addresses, so tests compare it verbatim.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -96,6 +97,8 @@ class Value(_Record):
 
 
 def _fmt_attr(v: Any) -> str:
+    if v is None:
+        return "none"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
@@ -142,14 +145,8 @@ class Eqn(_Record):
         ins = ", ".join(str(v) for v in self.ins)
         where = f"  # {self.prim}"
         if self.loc is not None:
-            where += f" {_short(self.loc)}"
+            where += f" {self.loc.line}:{self.loc.col}"
         return f"{outs} = {self.op}{attrs}({ins}){where}"
-
-
-def _short(loc: Loc) -> str:
-    import os
-
-    return f"{os.path.basename(loc.file)}:{loc.line}:{loc.col}"
 
 
 @dataclass(frozen=True)
@@ -199,6 +196,8 @@ class Layer(_Record):
             head += f" {self.op}({args}) edges={self.edges}"
         if self.attrs:
             head += " [" + ", ".join(f"{k}={_fmt_attr(v)}" for k, v in self.attrs) + "]"
+        if self.loc is not None:
+            head += f" @{self.loc.line}:{self.loc.col}"
         lines = [head]
         for p in self.params:
             lines.append(f"  param {p}")
@@ -238,7 +237,7 @@ class Program(_Record):
 
     def __str__(self) -> str:
         cfg = ", ".join(f"{k}={_fmt_attr(v)}" for k, v in self.config)
-        lines = [f"program {self.name}({cfg})"]
+        lines = [f"program {self.name}({cfg})", f"  source {json.dumps(self.source_file)}"]
         if self.training:
             lines.append("  training " + ", ".join(f"{k}={_fmt_attr(v)}" for k, v in self.training))
         lines.append("  inputs " + ", ".join(v.typed() for v in self.inputs))

@@ -81,7 +81,7 @@ def test_plan_round_trip_and_inspect(tmp_path) -> None:
     plan["ir_sha256"] = "0" * 64
     (out / "plan.json").write_text(json.dumps(plan))
     r = gnnc("inspect", str(out))
-    assert r.returncode == 2 and "does not match its model" in r.stderr
+    assert r.returncode == 2 and "does not match its checksum" in r.stderr
 
 
 def test_compile_is_deterministic(tmp_path) -> None:

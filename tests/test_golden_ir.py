@@ -23,7 +23,8 @@ EXAMPLE_NAMES = ["gcn", "sage", "gin", "gat", "gcnii"]
 
 
 def stages(name: str) -> dict[str, str]:
-    model = api.load_model(EXAMPLES / f"{name}.gnn")
+    # a path relative to the repository, so the printed `source` line is the same on every machine
+    model = api.load_model_source((EXAMPLES / f"{name}.gnn").read_text(), f"examples/{name}.gnn")
     program = elaborate(model.module, {}, CORA)
     out = {"elaborate": str(program)}
     run_pipeline(program, PASSES, verify_each=True, after=lambda n, p: out.__setitem__(n, str(p)))

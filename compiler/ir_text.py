@@ -1,0 +1,252 @@
+"""Read the IR printer's text back into a Program: `parse_ir(str(p)) == p`.
+
+The printer is the one rendering of the IR; this parser inverts it so users
+can write an IR snippet by hand (to test one pass on it) and plans can store
+IR as text. The text is line-oriented:
+
+    program NAME(k=v, ...)
+      source "file.gnn"
+      training k=v, ...                       (optional)
+      inputs %x:vertex:f32[features], ...
+    layer NAME KIND [OP(k=v, ...) edges=VIEW] [[k=v, ...]] [@line:col]
+      param %p:param:f32[d1,d2] = INIT
+      in %v:TYPE, ...
+      %o:TYPE = op[k=v, ...](%a, %b)  # PRIM [line:col]
+      out %v, ...
+      result logits=%a loss=%b
+
+Attribute values are typed by key where the text alone is ambiguous: dims
+(`out`, `heads`) are sympy expressions, names (`reduce`, `name`, `op`,
+`strategy`, ...) are strings; anything else reads as a number, a boolean, a
+string, or a sympy expression, in that order.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import sympy
+
+from gnnc.errors import GnncError, Loc
+from gnnc.ir import Eqn, Layer, Param, Program, Type, Value, attrs_of
+
+DIM_ATTRS = {"out", "heads"}
+STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init"}
+_NAME = r"[A-Za-z0-9_.~^]+"
+_TYPE_RE = re.compile(r"^(vertex|edge|param|scalar):([a-z0-9]+)\[(.*)\]$")
+_EQN_RE = re.compile(r"^(?P<outs>.+?) = (?P<op>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<attrs>.*?)\])?"
+                     r"\((?P<ins>[^()]*)\)  # (?P<prim>[a-z]+)(?: (?P<line>\d+):(?P<col>\d+))?$")
+_HEAD_RE = re.compile(r"^layer (?P<name>\S+) (?P<kind>graph|dense)(?: (?P<op>[A-Za-z_][A-Za-z0-9_]*)"
+                      r"\((?P<args>.*?)\) edges=(?P<edges>\S+))?(?: \[(?P<attrs>.*)\])?"
+                      r"(?: @(?P<line>\d+):(?P<col>\d+))?$")
+
+
+class IRSyntaxError(GnncError):
+    """IR text that the printer could not have produced."""
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas that are not inside brackets or parentheses."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    tail = "".join(cur).strip()
+    if tail or parts:
+        parts.append(tail)
+    return [p for p in parts if p]
+
+
+def _sym(text: str) -> sympy.Expr:
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)
+    return sympy.sympify(text, locals={n: sympy.Symbol(n) for n in names})
+
+
+def _scalar(text: str, symbols: bool = False) -> Any:
+    if text == "none":
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if text.startswith("(") and text.endswith(")"):
+        return tuple(_scalar(p, symbols) for p in _split_top(text[1:-1]))
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) and not symbols:
+        return text
+    return _sym(text)
+
+
+def _attr(key: str, text: str) -> Any:
+    if key in DIM_ATTRS:
+        return _sym(text)
+    if key in STR_ATTRS:
+        return text
+    return _scalar(text, symbols=True)
+
+
+def _kv(text: str, typed: bool = True) -> dict[str, Any]:
+    out = {}
+    for part in _split_top(text):
+        if "=" not in part:
+            raise ValueError(f"expected key=value, got {part!r}")
+        k, v = part.split("=", 1)
+        k = k.strip()
+        out[k] = _attr(k, v.strip()) if typed else _scalar(v.strip())
+    return out
+
+
+def _type(text: str) -> Type | None:
+    if text == "?":
+        return None
+    m = _TYPE_RE.match(text)
+    if not m:
+        raise ValueError(f"bad type {text!r}")
+    dims = tuple(_sym(d) for d in _split_top(m.group(3)))
+    return Type(m.group(1), dims, m.group(2))
+
+
+def _typed_value(text: str) -> Value:
+    m = re.match(rf"^%({_NAME}):(.*)$", text.strip())
+    if not m:
+        raise ValueError(f"expected %name:type, got {text!r}")
+    return Value(m.group(1), _type(m.group(2)))
+
+
+def _ref(text: str) -> str:
+    m = re.fullmatch(rf"%({_NAME})", text.strip())
+    if not m:
+        raise ValueError(f"expected %name, got {text!r}")
+    return m.group(1)
+
+
+def _args_value(v: Any) -> Any:
+    """Layer arguments as elaboration stores them: numbers plain, dims symbolic."""
+    if isinstance(v, str):
+        return sympy.Symbol(v)
+    return v
+
+
+def parse_ir(text: str, file: str = "<ir>") -> Program:
+    """Parse printed IR; raise IRSyntaxError at the offending line."""
+    lines = text.splitlines()
+    n = 0
+
+    def fail(msg: str, i: int) -> IRSyntaxError:
+        return IRSyntaxError(msg, Loc(file, i + 1, 1), text)
+
+    try:
+        return _parse(lines, fail)
+    except IRSyntaxError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, sympy.SympifyError) as err:
+        raise IRSyntaxError(f"malformed IR: {err}", Loc(file, n + 1, 1), text) from None
+
+
+def _parse(lines: list[str], fail) -> Program:
+    i = 0
+
+    def next_line() -> tuple[int, str]:
+        nonlocal i
+        while i < len(lines) and not lines[i].strip():
+            i += 1
+        if i >= len(lines):
+            raise fail("unexpected end of IR", max(len(lines) - 1, 0))
+        i += 1
+        return i - 1, lines[i - 1]
+
+    k, line = next_line()
+    m = re.match(r"^program ([A-Za-z_][A-Za-z0-9_]*)\((.*)\)$", line)
+    if not m:
+        raise fail("expected 'program NAME(...)'", k)
+    name, config = m.group(1), tuple(sorted(_kv(m.group(2), typed=False).items()))
+    k, line = next_line()
+    m = re.match(r"^  source (\".*\")$", line)
+    if not m:
+        raise fail("expected '  source \"FILE\"'", k)
+    source_file = json.loads(m.group(1))
+    k, line = next_line()
+    training: tuple = ()
+    if line.startswith("  training "):
+        training = tuple(sorted(_kv(line[len("  training "):], typed=False).items()))
+        k, line = next_line()
+    if not line.startswith("  inputs "):
+        raise fail("expected '  inputs ...'", k)
+    inputs = tuple(_typed_value(p) for p in _split_top(line[len("  inputs "):]))
+    scope: dict[str, Value] = {v.name: v for v in inputs}
+    layers: list[Layer] = []
+    while True:
+        k, line = next_line()
+        if line.startswith("  result "):
+            m = re.match(rf"^  result logits=%({_NAME}) loss=%({_NAME})$", line)
+            if not m:
+                raise fail("expected '  result logits=%a loss=%b'", k)
+            if m.group(1) not in scope or m.group(2) not in scope:
+                raise fail("result names an undefined value", k)
+            return Program(name, config, inputs, tuple(layers), scope[m.group(1)], scope[m.group(2)],
+                           training, source_file)
+        layers.append(_layer(k, line, next_line, scope, source_file, fail))
+
+
+def _layer(k: int, line: str, next_line, scope: dict[str, Value], file: str, fail) -> Layer:
+    m = _HEAD_RE.match(line)
+    if not m:
+        raise fail("expected 'layer NAME KIND ...' or '  result ...'", k)
+    kind = m.group("kind")
+    op = m.group("op") or ""
+    args = tuple((a, _args_value(v)) for a, v in _kv(m.group("args") or "", typed=False).items())
+    edges = m.group("edges") or "plain"
+    attrs = tuple(sorted(_kv(m.group("attrs") or "").items()))
+    loc = Loc(file, int(m.group("line")), int(m.group("col"))) if m.group("line") else None
+    params: list[Param] = []
+    local = dict(scope)
+    k, line = next_line()
+    while line.startswith("  param "):
+        pm = re.match(r"^  param (.+) = ([a-z]+)$", line)
+        if not pm:
+            raise fail("expected '  param %name:TYPE = INIT'", k)
+        v = _typed_value(pm.group(1))
+        params.append(Param(v, pm.group(2)))
+        local[v.name] = v
+        k, line = next_line()
+    if not line.startswith("  in"):
+        raise fail("expected '  in ...'", k)
+    inputs = tuple(_typed_value(p) for p in _split_top(line[len("  in"):]))
+    eqns: list[Eqn] = []
+    while True:
+        k, line = next_line()
+        if line.startswith("  out"):
+            names = [_ref(p) for p in _split_top(line[len("  out"):])]
+            for nm in names:
+                if nm not in local:
+                    raise fail(f"layer output %{nm} is not defined", k)
+            outputs = tuple(local[nm] for nm in names)
+            for v in outputs:
+                scope[v.name] = v
+            return Layer(m.group("name"), kind, inputs, outputs, tuple(eqns), tuple(params), op, args, edges,
+                         attrs, loc)
+        em = _EQN_RE.match(line.strip())
+        if not em or not line.startswith("  %"):
+            raise fail("expected an equation '%out:TYPE = op[attrs](ins)  # prim line:col' or '  out ...'", k)
+        outs = tuple(_typed_value(p) for p in _split_top(em.group("outs")))
+        ins = []
+        for nm in (_ref(p) for p in _split_top(em.group("ins"))):
+            if nm not in local:
+                raise fail(f"%{nm} is used before it is defined", k)
+            ins.append(local[nm])
+        eattrs = attrs_of(**_kv(em.group("attrs") or ""))
+        eloc = Loc(file, int(em.group("line")), int(em.group("col"))) if em.group("line") else None
+        eqns.append(Eqn(em.group("op"), tuple(ins), outs, eattrs, em.group("prim"), eloc))
+        for v in outs:
+            local[v.name] = v
