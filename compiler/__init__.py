@@ -12,3 +12,4 @@ from gnnc.api import Model, Plan, compile, load_graph, load_model, load_model_so
 from gnnc.elaborate import elaborate  # noqa: F401
 from gnnc.errors import GnncError  # noqa: F401
 from gnnc.pass_manager import register_pass  # noqa: F401
+from gnnc.ir_text import parse_ir  # noqa: F401

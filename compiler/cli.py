@@ -148,16 +148,39 @@ def cmd_passes(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_plugins(names: list[str] | None) -> None:
+    """Import user modules (a module name or a .py path) so their passes register."""
+    import importlib
+    import importlib.util
+
+    for name in names or []:
+        try:
+            if name.endswith(".py"):
+                spec = importlib.util.spec_from_file_location(Path(name).stem, name)
+                if spec is None or spec.loader is None or not Path(name).is_file():
+                    raise GnncError(f"--plugin {name}: no such file")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(name)
+        except ImportError as err:
+            raise GnncError(f"--plugin {name}: cannot import: {err}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gnnc", description="Compile GNN programs into distributed plans and run them.")
     sub = p.add_subparsers(dest="command", required=True)
+    plugin = argparse.ArgumentParser(add_help=False)
+    plugin.add_argument("--plugin", action="append", metavar="MODULE",
+                        help="import a module (or .py file) that registers passes; repeatable")
 
-    c = sub.add_parser("check", help="parse and type-check a .gnn file")
+    c = sub.add_parser("check", help="parse and type-check a .gnn file", parents=[plugin])
     c.add_argument("model")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.set_defaults(fn=cmd_check)
 
-    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory")
+    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory", parents=[plugin])
     c.add_argument("model")
     c.add_argument("--graph")
     c.add_argument("-o", "--output")
@@ -174,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output")
     c.set_defaults(fn=cmd_inspect)
 
-    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)")
+    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)", parents=[plugin])
     c.add_argument("target")
     c.add_argument("--graph")
     c.add_argument("--nproc", type=int, default=1)
@@ -193,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("datasets", help="list the graphs gnnc can name")
     c.set_defaults(fn=cmd_datasets)
 
-    c = sub.add_parser("passes", help="list the registered passes")
+    c = sub.add_parser("passes", help="list the registered passes", parents=[plugin])
     c.set_defaults(fn=cmd_passes)
 
     try:
@@ -209,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        load_plugins(getattr(args, "plugin", None))
         return int(args.fn(args) or 0)
     except GnncError as err:
         print(f"error: {err}" if err.loc is None else str(err), file=sys.stderr)

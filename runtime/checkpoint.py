@@ -1,0 +1,298 @@
+"""Checkpoints of a training run, written so that a crash never costs the last good one.
+
+Why this module exists: `gnnc run --checkpoint DIR` saves the model, the
+optimizer, the epoch and every RNG state each K epochs, and `--resume`
+continues from the newest checkpoint that every rank finished writing. A
+checkpoint that cannot be trusted (truncated, altered, not ours) raises
+`CheckpointError` with the file and the reason, never a pickle traceback.
+
+Layout (each rank writes only its own files, so a directory shared by all
+ranks and one directory per machine both work):
+
+  DIR/epoch-000009/rank-0.ckpt     rank 0's state after epoch 9
+  DIR/latest-rank-0.json           {"epoch": 9, "world_size": 2}: rank 0's newest complete save
+
+A save is: write the rank's file atomically (a temporary file in the same
+directory, fsync, os.replace, fsync of the directory); a barrier, so that
+every rank's file exists; then each rank moves its own `latest` marker. A
+crash before the barrier leaves every marker on the previous save; a crash
+after it may leave the markers one save apart, so `resume` takes the oldest
+epoch named by any rank (an all-reduce MIN), and the `keep` >= 2 newest saves
+stay on disk. File format: MAGIC, the SHA-256 of the payload, the payload
+(torch.save of plain containers and tensors, loaded with weights_only=True).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gnnc.errors import GnncError
+
+MAGIC = b"GNNC-CHECKPOINT-1\n"
+_DIGEST = 32  # SHA-256
+_WRITE_CHUNK = 1 << 20
+_EPOCH_DIR = re.compile(r"^epoch-(\d{6,})$")
+
+
+class CheckpointError(GnncError):
+    """A checkpoint is missing, corrupt, or belongs to a different run shape."""
+
+
+# --- RNG state ---------------------------------------------------------------------------------
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from: torch (CPU and CUDA), Python's, NumPy's global one."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        # NumPy's tuple holds an ndarray, which weights_only loading refuses: store its parts.
+        "numpy": {"kind": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
+                  "cached_gaussian": float(np_state[4])},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    """random.setstate needs tuples; serialisation may have turned them into lists."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuple(v) for v in value)
+    return value
+
+
+# --- one file ----------------------------------------------------------------------------------
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that readers see the old file or the new one, never a part.
+
+    The temporary file lives in the same directory (os.replace is atomic only
+    within one file system) and is fsynced before the rename; the directory is
+    fsynced after it, so the rename itself survives a power cut.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view[:_WRITE_CHUNK])
+            view = view[written:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Write one checkpoint file: MAGIC, SHA-256 of the payload, payload."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    atomic_write_bytes(Path(path), MAGIC + hashlib.sha256(payload).digest() + payload)
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """Read a file written by `save_state`; CheckpointError says what is wrong with a bad one."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
+    if not data.startswith(MAGIC):
+        raise CheckpointError(f"{path} is not a gnnc checkpoint (it does not start with {MAGIC!r})")
+    head = len(MAGIC) + _DIGEST
+    if len(data) < head:
+        raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} bytes)")
+    digest, payload = data[len(MAGIC):head], data[head:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its checksum does not match its contents "
+                              "(truncated or altered); delete it to resume from an older one")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, ValueError, TypeError) as exc:
+        # Checksum fine but unreadable: written by an incompatible version.
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {exc}") from None
+    if not isinstance(state, dict) or "epoch" not in state:
+        raise CheckpointError(f"checkpoint {path} holds no training state")
+    return state
+
+
+# --- a run's checkpoints -----------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Saves every `every` epochs into `directory` and resumes from the newest complete save.
+
+    Rank and world size come from torch.distributed when it is initialised
+    (one process otherwise); saving and resuming are then collectives, called
+    by every rank.
+    """
+
+    def __init__(self, directory: str | Path, *, every: int = 1, keep: int = 2,
+                 group: dist.ProcessGroup | None = None):
+        if every < 1:
+            raise CheckpointError(f"checkpoints every {every} epochs: the interval must be at least 1")
+        if keep < 2:
+            # Markers of different ranks may be one save apart after a crash; the
+            # older save must still exist.
+            raise CheckpointError(f"keep must be at least 2, not {keep}")
+        self.directory = Path(directory)
+        self.every = every
+        self.keep = keep
+        self.group = group
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(group) if self.distributed else 0
+        self.world_size = dist.get_world_size(group) if self.distributed else 1
+
+    def due(self, epoch: int) -> bool:
+        """Whether the save after `epoch` (counted from 0) is one of the every-K ones."""
+        return (epoch + 1) % self.every == 0
+
+    def _file(self, epoch: int) -> Path:
+        return self.directory / f"epoch-{epoch:06d}" / f"rank-{self.rank}.ckpt"
+
+    def _marker(self) -> Path:
+        return self.directory / f"latest-rank-{self.rank}.json"
+
+    def _barrier(self) -> None:
+        if self.distributed and self.world_size > 1:
+            dist.barrier(group=self.group)
+
+    def save(self, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+             extra: dict[str, Any] | None = None) -> Path:
+        """Write this rank's state after `epoch`; returns the file. Every rank must call it."""
+        path = self._file(epoch)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a crash mid-write
+            stale.unlink(missing_ok=True)
+        save_state(path, {
+            "epoch": epoch, "rank": self.rank, "world_size": self.world_size,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "rng": capture_rng_state(), "extra": extra or {},
+        })
+        self._barrier()  # every rank's file of this epoch now exists
+        atomic_write_bytes(self._marker(), json.dumps(
+            {"epoch": epoch, "world_size": self.world_size}).encode())
+        self._prune()
+        return path
+
+    def maybe_save(self, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                   extra: dict[str, Any] | None = None) -> Path | None:
+        return self.save(epoch, model, optimizer, extra) if self.due(epoch) else None
+
+    def _prune(self) -> None:
+        """Delete this rank's files older than the `keep` newest saves."""
+        epochs = sorted(self._saved_epochs())
+        for epoch in epochs[:-self.keep]:
+            path = self._file(epoch)
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # other ranks' files may still be there
+                path.parent.rmdir()
+
+    def _saved_epochs(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        out = []
+        for entry in self.directory.iterdir():
+            m = _EPOCH_DIR.match(entry.name)
+            if m and (entry / f"rank-{self.rank}.ckpt").exists():
+                out.append(int(m.group(1)))
+        return out
+
+    def latest_epoch(self) -> int | None:
+        """The newest epoch every rank saved, or None (a collective when distributed)."""
+        marker = self._marker()
+        mine = -1
+        if marker.exists():
+            try:
+                info = json.loads(marker.read_text())
+                mine = int(info["epoch"])
+                saved_world = int(info["world_size"])
+            except (ValueError, KeyError, TypeError):
+                raise CheckpointError(f"checkpoint marker {marker} is corrupt; delete it to resume "
+                                      "from the newest epoch-* directory by hand") from None
+            if saved_world != self.world_size:
+                raise CheckpointError(f"the checkpoints in {self.directory} were written by {saved_world} "
+                                      f"ranks; this run has {self.world_size}")
+        if self.distributed and self.world_size > 1:
+            t = torch.tensor([mine], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+            mine = int(t.item())
+        return None if mine < 0 else mine
+
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[int, dict[str, Any]]:
+        """Restore the newest complete save; returns (the next epoch to run, the saved `extra`)."""
+        epoch = self.latest_epoch()
+        if epoch is None:
+            raise CheckpointError(f"no checkpoint to resume from in {self.directory}")
+        state = load_state(self._file(epoch))
+        if state.get("world_size") != self.world_size or state.get("rank") != self.rank:
+            raise CheckpointError(f"checkpoint {self._file(epoch)} belongs to rank {state.get('rank')} "
+                                  f"of {state.get('world_size')}, not rank {self.rank} of {self.world_size}")
+        try:
+            model.load_state_dict(state["model"])
+            if optimizer is not None:
+                if state["optimizer"] is None:
+                    raise CheckpointError(f"checkpoint {self._file(epoch)} holds no optimizer state")
+                optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {self._file(epoch)} does not fit this model: {exc}") from None
+        restore_rng_state(state["rng"])
+        return epoch + 1, state["extra"]
+
+
+def resume_or_start(checkpointer: Checkpointer | None, resume: bool, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None,
+                    on_resume: Callable[[int, dict[str, Any]], None] | None = None) -> int:
+    """The first epoch to run: 0, or after the newest checkpoint when `--resume` is given."""
+    if not resume:
+        return 0
+    if checkpointer is None:
+        raise CheckpointError("--resume needs --checkpoint DIR")
+    start, extra = checkpointer.resume(model, optimizer)
+    if on_resume is not None:
+        on_resume(start, extra)
+    return start

@@ -1,0 +1,198 @@
+"""Checkpoints: a crash mid-write keeps the old one, a round trip restores training exactly,
+and a damaged file is a clear CheckpointError."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from gnnc.errors import GnncError
+from gnnc.runtime.checkpoint import (MAGIC, Checkpointer, CheckpointError, atomic_write_bytes,
+                                     load_state, resume_or_start, save_state)
+from gnnc.runtime.launch import DistConfig, launch
+
+
+def _model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    x = torch.randn(5, 4)  # draws from the global RNG, as dropout would
+    opt.zero_grad()
+    model(x).pow(2).sum().backward()
+    opt.step()
+
+
+def test_resume_continues_exactly_where_the_run_stopped(tmp_path: Path) -> None:
+    # Reference: 4 uninterrupted steps. Interrupted: 2 steps, save, clobber, resume, 2 steps.
+    model, opt = _model_and_optimizer(0)
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    for _ in range(4):
+        _train_step(model, opt)
+    want = [p.detach().clone() for p in model.parameters()]
+    want_draws = (torch.rand(3), random.random(), np.random.rand())
+
+    model, opt = _model_and_optimizer(0)
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    ckpt = Checkpointer(tmp_path, every=2)
+    for epoch in range(2):
+        _train_step(model, opt)
+        ckpt.maybe_save(epoch, model, opt, extra={"best_val": 0.5})
+    assert [ckpt.due(e) for e in range(4)] == [False, True, False, True]
+
+    model, opt = _model_and_optimizer(99)  # a fresh process: other weights, other RNG
+    torch.manual_seed(123), random.seed(123), np.random.seed(123)
+    seen: dict = {}
+    start = resume_or_start(Checkpointer(tmp_path, every=2), True, model, opt,
+                            on_resume=lambda e, extra: seen.update(extra))
+    assert start == 2 and seen == {"best_val": 0.5}
+    for _ in range(2):
+        _train_step(model, opt)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), want))
+    draws = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(draws[0], want_draws[0]) and draws[1:] == want_draws[1:]
+
+
+def test_rng_streams_are_restored(tmp_path: Path) -> None:
+    model, opt = _model_and_optimizer(0)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(0, model, opt)
+    want = (torch.rand(4), random.random(), np.random.rand(2))
+    torch.manual_seed(5), random.seed(5), np.random.seed(5)
+    ckpt.resume(model, opt)
+    got = (torch.rand(4), random.random(), np.random.rand(2))
+    assert torch.equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2])
+
+
+def test_only_the_newest_saves_are_kept(tmp_path: Path) -> None:
+    model, opt = _model_and_optimizer(0)
+    ckpt = Checkpointer(tmp_path, keep=2)
+    for epoch in range(5):
+        ckpt.save(epoch, model, opt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-000003", "epoch-000004",
+                                                         "latest-rank-0.json"]
+    assert ckpt.latest_epoch() == 4
+
+
+_CRASH_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    from gnnc.runtime import checkpoint
+
+    directory = sys.argv[1]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 1024)  # 2 MiB of weights: the file takes several writes
+    ckpt = checkpoint.Checkpointer(directory)
+    ckpt.save(0, model, None)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    real_write = os.write
+    def write_then_die(fd, data):
+        real_write(fd, data[: len(data) // 2])  # half a chunk reaches the disk, then the crash
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.write = write_then_die
+    ckpt.save(1, model, None)
+""")
+
+
+def test_a_crash_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(_CRASH_SCRIPT)
+    run_dir = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr  # it really died inside the second save
+    partial = list((run_dir / "epoch-000001").glob(".rank-0.ckpt.*.tmp"))
+    assert len(partial) == 1 and 0 < partial[0].stat().st_size  # the torn temporary file
+    assert not (run_dir / "epoch-000001" / "rank-0.ckpt").exists()
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 1024)
+    want = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        model.weight.zero_()
+    ckpt = Checkpointer(run_dir)
+    start, _ = ckpt.resume(model, None)
+    assert start == 1
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), want))
+    ckpt.save(1, model, None)  # the next save of that epoch clears the torn file
+    assert not list((run_dir / "epoch-000001").glob("*.tmp"))
+
+
+def test_atomic_write_replaces_whole_files(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    atomic_write_bytes(path, b"old")
+    atomic_write_bytes(path, b"new contents")
+    assert path.read_bytes() == b"new contents"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda b: b[: len(b) // 2], "checksum does not match"),
+    (lambda b: b[:-1] + bytes([b[-1] ^ 0x01]), "checksum does not match"),
+    (lambda b: b[: len(MAGIC) + 5], "truncated"),
+    (lambda b: b"PK\x03\x04" + b[4:], "is not a gnnc checkpoint"),
+])
+def test_a_damaged_checkpoint_is_a_clear_error(tmp_path: Path, damage, message: str) -> None:
+    model, opt = _model_and_optimizer(0)
+    ckpt = Checkpointer(tmp_path)
+    path = ckpt.save(0, model, opt)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(CheckpointError, match=message) as info:
+        ckpt.resume(model, opt)
+    assert isinstance(info.value, GnncError) and str(path) in str(info.value)
+
+
+def test_missing_or_mismatched_checkpoints_are_clear_errors(tmp_path: Path) -> None:
+    model, opt = _model_and_optimizer(0)
+    with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
+        Checkpointer(tmp_path / "empty").resume(model, opt)
+    with pytest.raises(CheckpointError, match="needs --checkpoint"):
+        resume_or_start(None, True, model, opt)
+    Checkpointer(tmp_path).save(0, model, opt)
+    other, other_opt = torch.nn.Linear(2, 2), None
+    with pytest.raises(CheckpointError, match="does not fit this model"):
+        Checkpointer(tmp_path).resume(other, other_opt)
+    marker = tmp_path / "latest-rank-0.json"
+    marker.write_text(json.dumps({"epoch": 0, "world_size": 4}))
+    with pytest.raises(CheckpointError, match="written by 4 ranks; this run has 1"):
+        Checkpointer(tmp_path).resume(model, opt)
+    save_state(tmp_path / "x.ckpt", {"no_epoch": 1})
+    with pytest.raises(CheckpointError, match="holds no training state"):
+        load_state(tmp_path / "x.ckpt")
+
+
+def _distributed_checkpoints(cfg: DistConfig, directory: str) -> tuple[int | None, int, int]:
+    """Two ranks save three epochs; then rank 1's marker is set back one save, as a crash
+    between the barrier and its marker update would leave it."""
+    torch.manual_seed(cfg.rank)  # each rank holds its own shard of the state
+    model = torch.nn.Linear(3, 3)
+    ckpt = Checkpointer(directory, every=1, keep=2)
+    for epoch in range(3):
+        ckpt.save(epoch, model, None)
+    dist.barrier()
+    latest = ckpt.latest_epoch()
+    if cfg.rank == 1:
+        (Path(directory) / "latest-rank-1.json").write_text(json.dumps({"epoch": 1, "world_size": 2}))
+    dist.barrier()
+    with torch.no_grad():
+        model.weight.zero_()
+    start, _ = Checkpointer(directory).resume(model, None)
+    torch.manual_seed(cfg.rank)
+    return latest, start, int(torch.equal(model.weight, torch.nn.Linear(3, 3).weight))
+
+
+def test_ranks_resume_from_the_newest_save_all_of_them_finished(tmp_path: Path) -> None:
+    results = launch(_distributed_checkpoints, 2, str(tmp_path), timeout_s=60)
+    assert results == [(2, 2, 1), (2, 2, 1)]  # latest 2; after the marker rollback, epoch 1 -> start 2
+    assert sorted(p.name for p in (tmp_path / "epoch-000001").iterdir()) == ["rank-0.ckpt", "rank-1.ckpt"]
