@@ -24,7 +24,7 @@ from gnnc.elaborate import elaborate
 from gnnc.errors import GnncError, PlanError
 from gnnc.ir import Program
 from gnnc.ir_text import parse_ir
-from gnnc.pass_manager import DEFAULT_PIPELINE, PassContext, run_pipeline
+from gnnc.pass_manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, run_pipeline
 from gnnc.syntax import Module, parse
 
 PLAN_SCHEMA = "gnnc.plan/1"
@@ -93,6 +93,7 @@ class Plan:
     passes: list[str]
     workers: int = 1
     meta: dict[str, Any] = field(default_factory=dict)
+    parts: Any = None  # part of every vertex, when compiled for several workers
 
     def to_json(self) -> dict[str, Any]:
         ir = str(self.program)
@@ -177,22 +178,67 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def compile(model: Model, graph: Any = None, workers: int = 1, passes: list[str] | None = None,
-            graph_spec: str | None = None, after=None) -> Plan:
-    """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output."""
-    if workers != 1:
-        raise GnncError("only --workers 1 is supported so far (the planner issue adds more)")
+            graph_spec: str | None = None, after=None, strategy: str | None = None,
+            partition: str | None = None, seed: int = 0) -> Plan:
+    """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
+
+    With `workers > 1` the layers get their strategies (`strategy`, one name
+    or one per graph layer), communication is inserted, and the graph is
+    partitioned (`partition`: hash, chunk, metis, g3 or random; bcast1d
+    defaults to MG-GCN's random permutation, the others to metis).
+    """
+    if workers < 1:
+        raise GnncError(f"--workers must be at least 1, not {workers}")
     program = model.program(graph)
-    names = DEFAULT_PIPELINE if passes is None else passes
-    program = run_pipeline(program, names, PassContext(graph=graph), after=after)
-    return Plan(program, model, graph_spec, list(names), workers)
+    names = list(DEFAULT_PIPELINE if passes is None else passes)
+    if workers > 1 and passes is None:
+        names += DISTRIBUTED_PIPELINE
+    ctx = PassContext(graph=graph, options={"workers": workers, "strategy": strategy})
+    program = run_pipeline(program, names, ctx, after=after)
+    meta: dict[str, Any] = {}
+    parts = None
+    if workers > 1:
+        if graph is None:
+            raise GnncError("compiling for several workers needs the graph (--graph G)")
+        strategies = {layer.attr("strategy") for layer in program.graph_layers()}
+        method = partition or ("random" if strategies == {"bcast1d"} else "metis")
+        parts = partition_vertices(graph, workers, method, seed)
+        meta["partition"] = {"method": method, "parts": workers, "seed": seed}
+    plan = Plan(program, model, graph_spec, names, workers, meta)
+    plan.parts = parts
+    return plan
+
+
+def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
+    """The part of every vertex (numpy int array), from the partitioning passes."""
+    from gnnc.passes.partitioning import partition_graph
+
+    return partition_graph(graph, parts, method, seed=seed).assignment
 
 
 def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int = 0, lr: float | None = None,
-        weight_decay: float | None = None, progress: bool = False, on_epoch=None):
-    """Train a plan (or a model, compiled first) on `graph` in this process."""
+        weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
+        strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
+        want_logits: bool = True):
+    """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
+
+    Returns a RunResult (one process) or, with nproc > 1, the same summary as
+    a dict with `logits` in global vertex order.
+    """
     from gnnc.runtime.train import TrainConfig, train
 
-    plan = target if isinstance(target, Plan) else compile(target, graph)
+    g = load_graph(graph)
+    plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
+                                                             partition=partition, seed=seed,
+                                                             graph_spec=graph if isinstance(graph, str) else None)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
-    return train(plan.program, load_graph(graph), cfg, on_epoch=on_epoch)
+    if plan.workers == 1:
+        return train(plan.program, g, cfg, on_epoch=on_epoch)
+    from gnnc.runtime.distributed import DistJob, worker
+    from gnnc.runtime.launch import launch
+
+    if plan.parts is None:
+        plan.parts = partition_vertices(g, plan.workers, plan.meta["partition"]["method"], seed)
+    job = DistJob(str(plan.program), graph if isinstance(graph, str) else g, plan.parts, cfg, metrics, want_logits)
+    return launch(worker, plan.workers, job)[0]

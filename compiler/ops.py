@@ -241,6 +241,9 @@ TYPE_RULES: dict[str, TypeRule] = {
     "l2_normalize": _elementwise,
     "sync": _sync,
     "cross_entropy": _cross_entropy,
+    # communication, after insert-comm: same feature shape, more rows
+    "halo": _elementwise,
+    "bcast_rows": _elementwise,
     # kernel ops, after lowering
     "spmm": _spmm,
     "sddmm": _sddmm,

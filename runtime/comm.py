@@ -268,6 +268,9 @@ class HaloPlan:
 def check_halo_plan(plan: HaloPlan, n_local: int, group: Group = None) -> None:
     """Check a halo plan against the peers' plans (a collective: every rank calls it).
 
+    Call it once before the first exchange: besides catching bad plans, it is
+    a collective over the whole group, which NCCL wants before batched p2p.
+
     Raises PlanError when sizes disagree with the world, an index is out of
     range, a rank sends to itself, or a receive count differs from the
     peer's send count (which would otherwise hang or corrupt the exchange).
@@ -283,9 +286,12 @@ def check_halo_plan(plan: HaloPlan, n_local: int, group: Group = None) -> None:
             raise PlanError(f"rank {rank}: send list for rank {p} must be a 1-D int64 tensor")
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n_local):
             raise PlanError(f"rank {rank}: send list for rank {p} indexes outside its {n_local} rows")
-    sent = torch.tensor(plan.send_counts, dtype=torch.int64)
-    told = torch.empty(world, dtype=torch.int64)
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    sent = torch.tensor(plan.send_counts, dtype=torch.int64, device=device)
+    told = torch.empty(world, dtype=torch.int64, device=device)
     dist.all_to_all_single(told, sent, group=group)  # told[p] = rows p will send here
+    told = told.cpu()
     expected = torch.tensor(plan.recv_counts, dtype=torch.int64)
     if not torch.equal(told, expected):
         bad = [p for p in range(world) if int(told[p]) != int(expected[p])]
@@ -311,25 +317,29 @@ class _HaloExchange(_Op):
         self.keep: list[Tensor] = []  # send buffers must live until their sends complete
 
     def _exchange(self, send: list[Tensor], recv: list[Tensor]) -> None:
-        """Post sends of send[p] to p and receives of recv[p] from p; empty ones are skipped."""
-        self.keep = send
+        """Post sends of send[p] to p and receives of recv[p] from p (one entry per rank)."""
         if self.method == "all_to_all":
-            width = (send[0] if send else recv[0]).shape[1:]
-            dtype, device = (send[0] if send else recv[0]).dtype, (send[0] if send else recv[0]).device
-            flat_in = torch.cat(send) if send else torch.empty((0, *width), dtype=dtype, device=device)
-            self._a2a_out = torch.empty((sum(r.shape[0] for r in recv), *width), dtype=dtype, device=device)
+            flat_in = torch.cat(send)
+            self._a2a_out = flat_in.new_empty((sum(r.shape[0] for r in recv), *flat_in.shape[1:]))
             self.keep = [flat_in]
             self.works = [dist.all_to_all_single(
                 self._a2a_out, flat_in, output_split_sizes=[r.shape[0] for r in recv],
                 input_split_sizes=[s.shape[0] for s in send], group=self.group, async_op=True)]
             return
-        works = []
+        self.keep = send
+        ops = []
         for dst, src in ring_schedule(self.rank, self.world):
-            if send[dst].shape[0]:
-                works.append(dist.isend(send[dst], _global(self.group, dst), group=self.group))
+            if send[dst].shape[0]:  # empty chunks are not sent; the peer expects none
+                ops.append(dist.P2POp(dist.isend, send[dst], _global(self.group, dst), self.group))
             if recv[src].shape[0]:
-                works.append(dist.irecv(recv[src], _global(self.group, src), group=self.group))
-        self.works = works
+                ops.append(dist.P2POp(dist.irecv, recv[src], _global(self.group, src), self.group))
+        if dist.get_backend(self.group) == "nccl":
+            # NCCL runs p2p calls one after another on a stream, so a ring of
+            # plain isends would wait on each other; a batch posts them together.
+            self.works = dist.batch_isend_irecv(ops) if ops else []
+        else:
+            # gloo's isend/irecv are truly asynchronous: post them in ring order.
+            self.works = [op.op(op.tensor, op.peer, op.group) for op in ops]
 
     def _received(self, recv: list[Tensor]) -> list[Tensor]:
         _wait_all(self.works)
@@ -514,7 +524,7 @@ class _GatherScatter(_Op):
         self._count(direction, _nbytes(front.numel() * (self.world - 1), x.dtype))
         self.buf_in = padded
         self.buf_out = front.new_empty((big * self.world, *self.rest))
-        self.work = _all_gather_flat(self.buf_out, padded, self.group)
+        self.work = _all_gather_flat(self.buf_out, padded, self.group) if padded.numel() else None
         self.mode = "gather"
 
     def _post_scatter(self, x: Tensor, direction: str) -> None:
@@ -532,11 +542,12 @@ class _GatherScatter(_Op):
         self._count(direction, _nbytes((sum(self.sizes) - self.sizes[r]) * per, x.dtype))
         self.buf_in = padded
         self.buf_out = front.new_empty((big, *self.rest))
-        self.work = _reduce_scatter_flat(self.buf_out, padded, self.group)
+        self.work = _reduce_scatter_flat(self.buf_out, padded, self.group) if padded.numel() else None
         self.mode = "scatter"
 
     def _finish(self) -> Tensor:
-        self.work.wait()
+        if self.work is not None:  # None: every block is empty, nothing was sent
+            self.work.wait()
         big = max(self.sizes)
         if self.mode == "gather":
             blocks = [self.buf_out[k * big: k * big + self.sizes[k]] for k in range(self.world)]

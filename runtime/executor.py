@@ -11,6 +11,7 @@ vertex / edge ids, so a distributed run draws the same masks.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -69,9 +70,10 @@ class ExecContext:
     vertex_ids: torch.Tensor  # global ids of the rows held here
     config: dict[str, Any]
     training: bool
-    dropout_key: Callable[[int], int]  # op index -> stream key for this step
+    dropout_key: Callable[[int], int]  # dropout stream id -> key for this step
     loss_count: float  # the global number of labelled vertices the loss averages over
     use_kernels: bool = True
+    comm: Any = None  # the distributed runtime's communication (halo, bcast_rows); None in one process
 
 
 def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,13 +142,13 @@ class Interpreter:
     def __init__(self, program: Program):
         self.program = program
         self.config = program.config_dict()
-        # a stable index per equation, for dropout streams
-        self.eqn_index: dict[int, int] = {}
-        k = 0
+        # Dropout streams are keyed by the name of the value they produce, which
+        # passes that insert or move equations (communication, rewrites) keep.
+        self.stream: dict[int, int] = {}
         for layer in program.layers:
             for e in layer.eqns:
-                self.eqn_index[id(e)] = k
-                k += 1
+                if e.op == "dropout":
+                    self.stream[id(e)] = zlib.crc32(e.outs[0].name.encode())
 
     def run_layer(self, layer: Layer, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
                   ctx: ExecContext) -> None:
@@ -173,7 +175,7 @@ class Interpreter:
             x = ins[0]
             p = float(e.attr("p"))
             rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids
-            mask = rng.dropout_mask(ctx.dropout_key(self.eqn_index[id(e)]), rows, tuple(x.shape[1:]), p)
+            mask = rng.dropout_mask(ctx.dropout_key(self.stream[id(e)]), rows, tuple(x.shape[1:]), p)
             return x * mask
         if op == "src":
             return ins[0][view.src]
@@ -231,7 +233,11 @@ class Interpreter:
         if op == "l2_normalize":
             return F.normalize(ins[0], dim=-1)
         if op == "sync":
-            return ins[0]  # one process holds whole rows: nothing to reduce
+            return ins[0]  # whole rows are held where they are computed: nothing to reduce
+        if op in ("halo", "bcast_rows"):
+            if ctx.comm is None:
+                raise GnncError(f"op '{op}' needs the distributed runtime (gnnc run --nproc N)")
+            return ctx.comm.exchange(op, ins[0], e)
         if op == "cross_entropy":
             logits, y, mask = ins
             if not bool(mask.any()):

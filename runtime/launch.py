@@ -50,6 +50,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from gnnc.errors import GnncError
 
@@ -199,9 +200,11 @@ def join_torchrun(fn: Callable[Concatenate[DistConfig, P], T], *args: P.args,
 
     torchrun's agent supervises the processes; a failed rank makes it stop the
     others, and the process-group timeout bounds every collective meanwhile.
+    `record` writes the exception to the file torchrun names in
+    TORCHELASTIC_ERROR_FILE, so torchrun's failure summary shows it.
     """
     cfg = DistConfig.from_env(device=device, timeout_s=timeout_s)
-    return run_worker(fn, cfg, *args, **kwargs)
+    return record(run_worker)(fn, cfg, *args, **kwargs)
 
 
 def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",

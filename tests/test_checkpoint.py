@@ -1,5 +1,6 @@
 """Checkpoints: a crash mid-write keeps the old one, a round trip restores training exactly,
-and a damaged file is a clear CheckpointError."""
+and a damaged file is a clear CheckpointError. Also the metrics file, which makes the
+same promise (a crash leaves complete lines only)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,9 @@ import torch.distributed as dist
 from gnnc.errors import GnncError
 from gnnc.runtime.checkpoint import (MAGIC, Checkpointer, CheckpointError, atomic_write_bytes,
                                      load_state, resume_or_start, save_state)
+from gnnc.runtime.comm import CommStats
 from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.metrics import EpochRecord, MetricsLog, read_metrics, summarize
 
 
 def _model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -196,3 +199,46 @@ def test_ranks_resume_from_the_newest_save_all_of_them_finished(tmp_path: Path) 
     results = launch(_distributed_checkpoints, 2, str(tmp_path), timeout_s=60)
     assert results == [(2, 2, 1), (2, 2, 1)]  # latest 2; after the marker rollback, epoch 1 -> start 2
     assert sorted(p.name for p in (tmp_path / "epoch-000001").iterdir()) == ["rank-0.ckpt", "rank-1.ckpt"]
+
+
+# --- metrics files: the same promise, complete lines only --------------------------------------
+# (kept here with the other crash-safe run files; the brief lists no test module for metrics)
+
+
+def _log_two_epochs(cfg: DistConfig, path: str) -> list[dict] | None:
+    stats = CommStats()
+    out = None
+    with MetricsLog(path) as log:
+        for epoch in range(2):
+            stats.reset()
+            stats.add_bytes("layer0", "halo", "fwd", 100 * (cfg.rank + 1))
+            rec = EpochRecord.from_stats(epoch, cfg.rank, cfg.world_size, stats, epoch_s=0.5 + epoch,
+                                         loss=1.0 / (epoch + 1), val_acc=0.5, test_acc=0.25)
+            out = log.log(rec)
+    return out
+
+
+def test_rank_0_writes_one_line_per_rank_and_epoch(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    results = launch(_log_two_epochs, 2, str(path), timeout_s=60)
+    assert results[1] is None and [r["rank"] for r in results[0]] == [0, 1]
+    records = read_metrics(path)
+    assert [(r["epoch"], r["rank"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["bytes_by_op"] for r in records[:2]] == [{"layer0/halo/fwd": 100}, {"layer0/halo/fwd": 200}]
+    assert all(r["peak_rss_bytes"] > 1 << 20 for r in records)
+    summary = summarize(records)
+    assert summary["bytes_sent_per_epoch"] == 300 and summary["epoch_time_s"] == 1.5
+    assert summary["train_loss"] == 0.5 and summary["world_size"] == 2 and summary["epochs"] == 2
+
+
+def test_a_torn_metrics_line_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    with MetricsLog(path) as log:
+        log.log(EpochRecord(epoch=0, rank=0, world_size=1, loss=2.0))
+    with open(path, "ab") as fh:  # a crash inside the next write left half a line
+        fh.write(b'{"epoch": 1, "rank": 0, "lo')
+    assert [r["epoch"] for r in read_metrics(path)] == [0]
+    with MetricsLog(path) as log:  # reopening cuts the torn tail before appending
+        log.log(EpochRecord(epoch=1, rank=0, world_size=1, loss=1.0))
+    assert [(r["epoch"], r["loss"]) for r in read_metrics(path)] == [(0, 2.0), (1, 1.0)]
+    assert path.read_bytes().endswith(b"\n") and path.read_bytes().count(b"\n") == 2

@@ -261,6 +261,9 @@ _TORCHRUN_SCRIPT = textwrap.dedent("""
     from gnnc.runtime.launch import join_torchrun
 
     def work(cfg, out_dir):
+        if os.environ.get("FAIL_RANK") == str(cfg.rank):
+            dist.barrier()
+            raise ValueError(f"rank {cfg.rank} fails on purpose")
         t = torch.tensor([float(cfg.rank)])
         dist.all_reduce(t)
         return {"rank": cfg.rank, "world_size": cfg.world_size, "sum": t.item(),
@@ -273,8 +276,8 @@ _TORCHRUN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _torchrun(script: Path, out: Path, nnodes: int, port: int) -> subprocess.Popen:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+def _torchrun(script: Path, out: Path, nnodes: int, port: int, **extra_env: str) -> subprocess.Popen:
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **extra_env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
            "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
            "--rdzv-id", "gnnc-test", "--local-addr", "127.0.0.1", "--max-restarts", "0",
@@ -294,6 +297,19 @@ def test_join_a_torchrun_job_on_one_node(tmp_path: Path) -> None:
     assert proc.returncode == 0, log
     for r, res in enumerate(_results(tmp_path, 2)):
         assert res == {"rank": r, "world_size": 2, "sum": 1.0, "store_hosted": True, "dist_world": 2}
+
+
+def test_a_failing_rank_stops_a_torchrun_job(tmp_path: Path) -> None:
+    # torchrun's agent supervises joined jobs; join_torchrun records the exception for its summary.
+    script = tmp_path / "job.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    t0 = time.monotonic()
+    proc = _torchrun(script, tmp_path, 1, _free_port(), FAIL_RANK="1")
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < FAILURE_DEADLINE_S
+    assert "ValueError: rank 1 fails on purpose" in log
+    assert not list(tmp_path.glob("rank*.json"))  # the surviving rank did not finish either
 
 
 def test_two_torchrun_nodes_on_loopback_make_one_world_of_four(tmp_path: Path) -> None:

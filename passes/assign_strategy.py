@@ -1,0 +1,59 @@
+"""assign-strategy: annotate every graph layer with the strategy that runs it.
+
+Until the planner chooses by cost, the strategy comes from the user
+(`--strategy S` for every layer, or `S1,S2,...` one per graph layer). With
+one worker every layer is `local`. The runtime executes `depcomm` and
+`bcast1d` (vertex-partitioned, freely mixed per layer) and `depcache` (which
+replicates the L-hop neighbourhood of every owned vertex, so it spans the
+whole model). Asking for anything else is an error that names the layer.
+"""
+from __future__ import annotations
+
+from gnnc.errors import GnncError
+from gnnc.ir import Program
+from gnnc.pass_manager import PassContext, register_pass
+
+STRATEGIES = ("depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "pipeline", "local")
+RUNNABLE = ("depcomm", "depcache", "bcast1d", "local")
+VERTEX_PARTITIONED = ("depcomm", "bcast1d")
+
+
+def strategies_for(program: Program, spec: str | list[str] | None, workers: int) -> list[str]:
+    layers = program.graph_layers()
+    if workers == 1:
+        if spec not in (None, "local") and spec != ["local"] * len(layers):
+            raise GnncError(f"--strategy {spec}: one worker runs every layer locally; use --nproc N > 1")
+        return ["local"] * len(layers)
+    if spec is None:
+        spec = "depcomm"
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    if len(names) == 1:
+        names = names * len(layers)
+    if len(names) != len(layers):
+        raise GnncError(f"--strategy names {len(names)} strategies for {len(layers)} graph layers")
+    for layer, s in zip(layers, names):
+        if s not in STRATEGIES:
+            raise GnncError(f"unknown strategy '{s}' (known: {', '.join(STRATEGIES)})")
+        if s == "local":
+            raise GnncError(f"layer {layer.name} ({layer.op}): 'local' needs a single worker")
+        if s not in RUNNABLE:
+            raise GnncError(f"layer {layer.name} ({layer.op}): the runtime does not execute '{s}' yet "
+                            f"(it runs {', '.join(s for s in RUNNABLE if s != 'local')})")
+    if "depcache" in names and set(names) != {"depcache"}:
+        raise GnncError("depcache replicates the whole L-hop neighbourhood, so it must run every graph layer "
+                        "(mixing it with other strategies needs the planner's segments)")
+    return names
+
+
+@register_pass("assign-strategy", "annotate graph layers with their strategy (options: workers, strategy)")
+def assign_strategy(program: Program, ctx: PassContext) -> Program:
+    workers = int(ctx.options.get("workers", 1))
+    names = iter(strategies_for(program, ctx.options.get("strategy"), workers))
+    layers = []
+    for layer in program.layers:
+        if layer.kind == "graph":
+            attrs = dict(layer.attrs)
+            attrs["strategy"] = next(names)
+            layer = layer.replace(attrs=tuple(sorted(attrs.items())))
+        layers.append(layer)
+    return program.replace(layers=tuple(layers))

@@ -1,0 +1,52 @@
+"""insert-comm: make the communication each strategy needs explicit in the IR.
+
+In a vertex-partitioned layer a worker holds the rows of its own vertices;
+an op that reads neighbours' rows (`src`, `spmm`'s input, `sddmm`'s source
+side) needs remote rows too:
+
+* `depcomm` inserts `halo(v)`: the owned rows followed by the remote
+  in-neighbours' rows, fetched once per (vertex, remote worker) pair
+  (NeutronStar's DepComm; backward sums the gradients at the owner);
+* `bcast1d` inserts `bcast_rows(v)`: every worker's row block broadcast in P
+  stages (MG-GCN), giving all rows in block order.
+
+One communication per value and layer, placed just before its first use.
+`depcache` and `local` layers read only rows they hold: nothing is inserted.
+"""
+from __future__ import annotations
+
+from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
+from gnnc.pass_manager import PassContext, register_pass
+
+COMM_OP = {"depcomm": "halo", "bcast1d": "bcast_rows"}
+
+
+def _neighbour_operands(e: Eqn) -> tuple[int, ...]:
+    """Positions of the inputs whose rows are read through edges (source side)."""
+    if e.op in ("src", "spmm", "sddmm"):
+        return (0,)
+    return ()
+
+
+def _insert(layer: Layer) -> Layer:
+    op = COMM_OP.get(layer.attr("strategy"))
+    if op is None:
+        return layer
+    replaced: dict[str, Value] = {}
+    eqns: list[Eqn] = []
+    for e in layer.eqns:
+        ins = list(e.ins)
+        for k in _neighbour_operands(e):
+            v = ins[k]
+            if v.name not in replaced:
+                ext = Value(f"{v.name}^{op}", v.type)
+                eqns.append(Eqn(op, (v,), (ext,), attrs_of(), e.prim, e.loc))
+                replaced[v.name] = ext
+            ins[k] = replaced[v.name]
+        eqns.append(e.replace(ins=tuple(ins)))
+    return layer.replace(eqns=tuple(eqns))
+
+
+@register_pass("insert-comm", "insert halo exchanges (depcomm) and staged broadcasts (bcast1d)")
+def insert_comm(program: Program, ctx: PassContext) -> Program:
+    return program.replace(layers=tuple(_insert(layer) for layer in program.layers))

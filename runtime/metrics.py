@@ -1,0 +1,189 @@
+"""Per-epoch, per-rank metrics of a run, appended to a JSON-lines file.
+
+Why this module exists: `gnnc run --metrics FILE.jsonl` records, for every
+epoch and every rank, the loss, the accuracies, where the time went (compute,
+communication, gradient all-reduce), the bytes each op sent per layer and the
+peak RSS; `--json` and the benchmarks summarise those records, and the cost
+model's predictions are checked against them.
+
+The choice: rank 0 gathers every rank's record each epoch
+(`torch.distributed.gather_object`) and writes one line per rank, in rank
+order. One writer means lines of different ranks never interleave and the
+file is on rank 0's machine even when the ranks are on several. Each line is
+written by a single `os.write` on an O_APPEND descriptor and flushed to the
+OS before the next epoch starts, so a crashed run leaves complete lines; a
+line torn by a crash inside that write (or a full disk) is cut off when the
+file is opened again, and `read_metrics` ignores one at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from gnnc.runtime.comm import CommStats
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+@dataclass
+class EpochRecord:
+    """What one rank measured in one epoch; times in seconds, sizes in bytes."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    loss: float | None = None
+    train_acc: float | None = None
+    val_acc: float | None = None
+    test_acc: float | None = None
+    epoch_s: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0  # blocked in communication ops other than the gradient all-reduce
+    allreduce_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_by_op: dict[str, int] = field(default_factory=dict)  # "label/op/direction" -> bytes
+    peak_rss_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_stats(cls, epoch: int, rank: int, world_size: int, stats: CommStats, *,
+                   epoch_s: float, loss: float | None = None, train_acc: float | None = None,
+                   val_acc: float | None = None, test_acc: float | None = None,
+                   extra: dict[str, Any] | None = None) -> "EpochRecord":
+        """A record from this epoch's CommStats; compute time is what communication did not take."""
+        allreduce_s = stats.total_seconds("allreduce")
+        comm_s = stats.total_seconds() - allreduce_s
+        return cls(epoch=epoch, rank=rank, world_size=world_size, loss=loss, train_acc=train_acc,
+                   val_acc=val_acc, test_acc=test_acc, epoch_s=epoch_s,
+                   compute_s=max(0.0, epoch_s - comm_s - allreduce_s), comm_s=comm_s,
+                   allreduce_s=allreduce_s, bytes_sent=stats.total_bytes(),
+                   bytes_by_op={k: int(v["bytes"]) for k, v in stats.as_dict().items()},
+                   peak_rss_bytes=peak_rss_bytes(), extra=dict(extra or {}))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Truncate `path` after its last newline: a crash inside a write may have torn the last line."""
+    with open(path, "rb+") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        if size == 0:
+            return
+        pos = size
+        while pos > 0:
+            step = min(1 << 16, pos)
+            fh.seek(pos - step)
+            chunk = fh.read(step)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                end = pos - step + nl + 1
+                if end != size:
+                    fh.truncate(end)
+                return
+            pos -= step
+        fh.truncate(0)
+
+
+class MetricsLog:
+    """Gathers every rank's EpochRecord on rank 0 and appends them to `path`.
+
+    `log` is a collective when torch.distributed is initialised: every rank
+    calls it once per epoch, with the same `path`-or-None choice. Without a
+    path nothing is gathered or written.
+    """
+
+    def __init__(self, path: str | Path | None, *, group: dist.ProcessGroup | None = None):
+        self.path = Path(path) if path is not None else None
+        self.group = group
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(group) if self.distributed else 0
+        self.world_size = dist.get_world_size(group) if self.distributed else 1
+        self._fd: int | None = None
+        if self.path is not None and self.rank == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                _cut_torn_tail(self.path)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def log(self, record: EpochRecord) -> list[dict[str, Any]] | None:
+        """Append every rank's record for this epoch; rank 0 gets them back, the others None."""
+        if self.path is None:
+            return None
+        mine = record.to_json()
+        if self.distributed and self.world_size > 1:
+            gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+            dst = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+            dist.gather_object(mine, gathered, dst=dst, group=self.group)
+        else:
+            gathered = [mine]
+        if self.rank != 0 or gathered is None:
+            return None
+        if self._fd is None:
+            raise ValueError(f"metrics file {self.path} is closed")
+        for rec in gathered:
+            line = (json.dumps(rec, sort_keys=True, allow_nan=True) + "\n").encode()
+            # One write per line: a crash leaves whole lines before it.
+            os.write(self._fd, line)
+        return gathered
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics file; a torn last line (a crash inside its write) is ignored."""
+    lines = Path(path).read_bytes().split(b"\n")
+    # What follows the last newline is empty, or a line torn by a crash.
+    return [json.loads(line) for line in lines[:-1] if line.strip()]
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `gnnc run --json` numbers from a run's records.
+
+    epoch_time_s: median over epochs after the first of the slowest rank's
+    epoch time; bytes_sent_per_epoch: bytes of all ranks, median over epochs;
+    losses and accuracies: rank 0's last epoch; peak_rss_bytes: max over ranks.
+    """
+    if not records:
+        return {}
+    by_epoch: dict[int, list[dict[str, Any]]] = {}
+    for rec in records:
+        by_epoch.setdefault(rec["epoch"], []).append(rec)
+    epochs = sorted(by_epoch)
+    timed = epochs[1:] or epochs
+    last = min(by_epoch[epochs[-1]], key=lambda r: r["rank"])
+    return {
+        "epoch_time_s": statistics.median(max(r["epoch_s"] for r in by_epoch[e]) for e in timed),
+        "bytes_sent_per_epoch": int(statistics.median_low(sum(r["bytes_sent"] for r in by_epoch[e])
+                                                          for e in epochs)),
+        "train_loss": last.get("loss"),
+        "val_acc": last.get("val_acc"),
+        "test_acc": last.get("test_acc"),
+        "world_size": last.get("world_size"),
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in records),
+        "epochs": len(epochs),
+    }
