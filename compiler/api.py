@@ -116,7 +116,17 @@ class Plan:
         """Write `plan.json` atomically (a crash leaves the old plan or none)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+        data = self.to_json()
+        if self.parts is not None:
+            import io
+
+            import numpy as np
+
+            buf = io.BytesIO()
+            np.save(buf, np.asarray(self.parts, dtype=np.int64), allow_pickle=False)
+            atomic_write(d / "parts.npy", buf.getvalue())
+            data["shards"] = {"parts.npy": hashlib.sha256(buf.getvalue()).hexdigest()}
+        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         atomic_write(d / "plan.json", text.encode())
         return d
 
@@ -143,7 +153,23 @@ class Plan:
             raise PlanError(f"{path}: the plan's IR does not match its checksum (edited or truncated); "
                             f"compile it again")
         program = parse_ir(ir, f"{path}:ir")
-        return Plan(program, model, data.get("graph"), list(data["passes"]), int(data.get("workers", 1)))
+        parts = None
+        for name, digest in (data.get("shards") or {}).items():
+            blob_path = Path(directory) / name
+            try:
+                blob = blob_path.read_bytes()
+            except FileNotFoundError:
+                raise PlanError(f"{blob_path}: shard missing") from None
+            if hashlib.sha256(blob).hexdigest() != digest:
+                raise PlanError(f"{blob_path}: shard does not match its checksum (truncated or edited)")
+            if name == "parts.npy":
+                import io
+
+                import numpy as np
+
+                parts = np.load(io.BytesIO(blob), allow_pickle=False)
+        meta = {k: data[k] for k in ("partition",) if k in data}
+        return Plan(program, model, data.get("graph"), passes, int(data.get("workers", 1)), meta, parts)
 
 
 def _jsonable(v: Any) -> Any:

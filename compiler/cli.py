@@ -53,14 +53,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"// ----- IR after {name} -----")
             print(program, end="")
 
-    plan = api.compile(model, graph, workers=args.workers, passes=names, graph_spec=args.graph, after=after)
+    plan = api.compile(model, graph, workers=args.workers, passes=names, graph_spec=args.graph, after=after,
+                       strategy=args.strategy, partition=args.partition)
     if args.output:
         plan.save(args.output)
         if not args.json and not printed:
             print(f"wrote {Path(args.output) / 'plan.json'}")
     if args.json:
         _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
-                    "workers": plan.workers, "exact": True, "passes": plan.passes})
+                    "workers": plan.workers, "exact": True, "passes": plan.passes,
+                    "partition": plan.meta.get("partition")})
     return 0
 
 
@@ -82,6 +84,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import resource
+
     import torch
 
     from gnnc import api
@@ -96,39 +100,48 @@ def cmd_run(args: argparse.Namespace) -> int:
         if spec is None:
             raise GnncError("the plan names no graph; pass --graph G")
         graph = api.load_graph(spec)
+        if args.nproc != plan.workers and args.nproc != 1:
+            raise GnncError(f"the plan was compiled for {plan.workers} workers; recompile it for --nproc {args.nproc}")
     else:
         if not args.graph:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
-        graph = api.load_graph(args.graph)
-        plan = api.compile(api.load_model(target, **_sets(args.set)), graph, graph_spec=args.graph)
-    if args.nproc != 1:
-        raise GnncError("--nproc > 1 needs the distributed runtime, which is not built yet")
+        spec = args.graph
+        graph = api.load_graph(spec)
+        plan = api.compile(api.load_model(target, **_sets(args.set)), graph, workers=args.nproc,
+                           strategy=args.strategy, partition=args.partition, seed=args.seed, graph_spec=spec)
+    progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
-                              seed=args.seed, progress=not args.no_progress and sys.stderr.isatty() or args.progress)
-    metrics = open(args.metrics, "w") if args.metrics else None
-    try:
-        def on_epoch(rec):
+                              seed=args.seed, progress=progress)
+    if plan.workers > 1:
+        summary = api.run(plan, spec, epochs=cfg.epochs, seed=cfg.seed, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                          progress=progress, metrics=args.metrics, want_logits=bool(args.dump_logits))
+        logits = summary.pop("logits")
+        summary.pop("history", None)
+    else:
+        metrics = open(args.metrics, "w") if args.metrics else None
+        try:
+            def on_epoch(rec):
+                if metrics is not None:
+                    metrics.write(json.dumps({"rank": 0, **rec}) + "\n")
+                    metrics.flush()
+            result = train(plan.program, graph, cfg, on_epoch=on_epoch)
+        finally:
             if metrics is not None:
-                metrics.write(json.dumps({"rank": 0, **rec}) + "\n")
-                metrics.flush()
-        result = train(plan.program, graph, cfg, on_epoch=on_epoch)
-    finally:
-        if metrics is not None:
-            metrics.close()
+                metrics.close()
+        logits = result.logits
+        summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1,
+                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                   "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
+    summary["epochs"] = cfg.epochs
     if args.dump_logits:
-        torch.save(result.logits, args.dump_logits)
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1, "peak_rss_bytes": peak,
-               "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
-               "epochs": cfg.epochs}
+        torch.save(logits, args.dump_logits)
     if args.json:
         _emit_json(summary)
     else:
-        print(f"{plan.program.name} on {graph.name}: test acc {result.test_acc:.4f} (at best val "
-              f"{result.val_acc:.4f}, epoch {result.best_epoch}); final test acc {result.final_test_acc:.4f}; "
-              f"train loss {result.train_loss:.4f}; {result.epoch_time_s * 1000:.1f} ms/epoch")
+        print(f"{plan.program.name} on {graph.name} x{summary['world_size']} ({','.join(summary['strategies'])}): "
+              f"test acc {summary['test_acc']:.4f} (at best val {summary['val_acc']:.4f}, epoch "
+              f"{summary['best_epoch']}); final test acc {summary['final_test_acc']:.4f}; train loss "
+              f"{summary['train_loss']:.4f}; {summary['epoch_time_s'] * 1000:.1f} ms/epoch")
     return 0
 
 
@@ -185,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--graph")
     c.add_argument("-o", "--output")
     c.add_argument("--workers", type=int, default=1)
+    c.add_argument("--strategy", help="one strategy for every graph layer, or one per layer (S1,S2)")
+    c.add_argument("--partition", choices=["hash", "chunk", "metis", "g3", "random"])
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.add_argument("--passes", help="comma-separated pass pipeline (default: infer-shapes,check,lower)")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
@@ -200,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)", parents=[plugin])
     c.add_argument("target")
     c.add_argument("--graph")
-    c.add_argument("--nproc", type=int, default=1)
+    c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
+    c.add_argument("--strategy", help="one strategy for every graph layer, or one per layer (S1,S2)")
+    c.add_argument("--partition", choices=["hash", "chunk", "metis", "g3", "random"])
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.add_argument("--epochs", type=int)
     c.add_argument("--seed", type=int, default=0)
