@@ -8,7 +8,7 @@ The Python API mirrors the command line:
     plan = gnnc.compile(model, graph)
     result = gnnc.run(plan, graph, epochs=200)
 """
-from gnnc.api import Model, Plan, compile, load_graph, load_model, load_model_source, run  # noqa: F401
+from gnnc.api import Model, Plan, compile, load_graph, load_model, load_model_source, partition, run  # noqa: F401
 from gnnc.elaborate import elaborate  # noqa: F401
 from gnnc.errors import GnncError  # noqa: F401
 from gnnc.pass_manager import register_pass  # noqa: F401

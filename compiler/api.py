@@ -112,6 +112,18 @@ class Plan:
             **self.meta,
         }
 
+    def to_dot(self) -> str:
+        """The plan's dataflow as Graphviz DOT text."""
+        from gnnc.inspect_plan import dot
+
+        return dot(self.program)
+
+    def explain(self) -> str:
+        """Per graph layer: the strategy it runs with and why (the planner's alternatives when it chose)."""
+        from gnnc.inspect_plan import explain
+
+        return explain(self)
+
     def save(self, directory: str | os.PathLike) -> Path:
         """Write `plan.json` atomically (a crash leaves the old plan or none)."""
         d = Path(directory)
@@ -233,6 +245,13 @@ def compile(model: Model, graph: Any = None, workers: int = 1, passes: list[str]
     plan = Plan(program, model, graph_spec, names, workers, meta)
     plan.parts = parts
     return plan
+
+
+def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
+    """Partition a graph (spec, Graph or PyG Data) with one of the partitioning passes."""
+    from gnnc.passes.partitioning import partition_graph
+
+    return partition_graph(load_graph(graph), parts, method, seed=seed, **options)
 
 
 def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):

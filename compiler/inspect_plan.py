@@ -50,6 +50,22 @@ def dot(program: Program) -> str:
     return "\n".join(lines) + "\n"
 
 
+def explain(plan) -> str:
+    """Strategies per graph layer, with the planner's alternatives when it recorded them."""
+    lines = [f"plan for {plan.workers} worker(s)"]
+    part = plan.meta.get("partition")
+    if part:
+        lines[0] += f", {part['method']} partition"
+    for layer in plan.program.graph_layers():
+        lines.append(f"  {layer.name} {layer.op}: {layer.attr('strategy', 'local')}"
+                     + ("" if plan.workers > 1 else " (one worker)"))
+    alts = plan.meta.get("alternatives")
+    if alts:
+        lines.append("alternatives:")
+        lines.extend(f"  {a}" for a in alts)
+    return "\n".join(lines) + "\n"
+
+
 def render(plan, fmt: str) -> str | bytes:
     if fmt == "table":
         return table(plan.program)
@@ -59,4 +75,6 @@ def render(plan, fmt: str) -> str | bytes:
         return json.dumps(plan.to_json(), indent=1, sort_keys=True) + "\n"
     if fmt == "dot":
         return dot(plan.program)
+    if fmt == "explain":
+        return explain(plan)
     raise GnncError(f"unknown format '{fmt}'")

@@ -304,6 +304,7 @@ def _run_checks(cfg: DistConfig) -> dict[str, Any]:
     r, m = cfg.rank, cfg.world_size
     return {
         "halo_ring": _check_halo(r, m, "ring", overlap=False),
+        "halo_ring_paced": _check_halo(r, m, "ring_paced", overlap=False),
         "halo_all_to_all": _check_halo(r, m, "all_to_all", overlap=False),
         "halo_ring_overlap": _check_halo(r, m, "ring", overlap=True),
         "halo_a2a_overlap": _check_halo(r, m, "all_to_all", overlap=True),
@@ -339,7 +340,8 @@ def _assert_exact(reports: list[dict[str, Any]], name: str) -> None:
         assert r["bytes"] == r["want_bytes"], f"rank {rank}: counted {r['bytes']}, brute force {r['want_bytes']}"
 
 
-@pytest.mark.parametrize("name", ["halo_ring", "halo_all_to_all", "halo_ring_overlap", "halo_a2a_overlap"])
+@pytest.mark.parametrize("name", ["halo_ring", "halo_ring_paced", "halo_all_to_all", "halo_ring_overlap",
+                                  "halo_a2a_overlap"])
 def test_halo_exchange_matches_one_process(reports: list[dict[str, Any]], name: str) -> None:
     # Rows fetched equal the rows of the full matrix; mirror gradients are summed at the owner.
     _assert_exact(reports, name)

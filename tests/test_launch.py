@@ -118,6 +118,14 @@ def _sigkill_rank_2_mid_collective(cfg: DistConfig, stamp: str) -> None:
     dist.all_reduce(torch.ones(1 << 16))
 
 
+def _raise_with_an_operation_in_flight(cfg: DistConfig) -> None:
+    dist.barrier()
+    if cfg.rank == 1:
+        dist.all_reduce(torch.ones(10), async_op=True)  # rank 0 never joins this one
+        raise ValueError("failed while an all_reduce was in flight")
+    dist.recv(torch.zeros(1), src=1)  # never sent
+
+
 def _hang_on_rank_1(cfg: DistConfig) -> None:
     dist.barrier()
     if cfg.rank == 1:
@@ -167,6 +175,17 @@ def test_sigkill_mid_collective_stops_every_rank(tmp_path: Path) -> None:
     assert after_kill < FAILURE_DEADLINE_S, f"{after_kill:.1f} s from SIGKILL to the launcher's error"
     _assert_no_orphans(err)
     print(f"SIGKILL -> every worker exited and the launcher raised: {after_kill:.2f} s")
+
+
+def test_a_rank_that_raises_with_work_in_flight_exits_at_once() -> None:
+    # A graceful teardown would wait for the pending all_reduce until the timeout.
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        launch(_raise_with_an_operation_in_flight, 2, timeout_s=40)
+    elapsed = time.monotonic() - t0
+    assert info.value.rank == 1 and "in flight" in info.value.cause
+    assert elapsed < 30, f"took {elapsed:.1f} s: the failed rank waited for the process-group timeout"
+    _assert_no_orphans(info.value)
 
 
 def test_a_hung_rank_ends_in_a_timeout_not_a_hang() -> None:
@@ -238,6 +257,9 @@ def test_config_reads_torchrun_variables_once() -> None:
     assert (cfg.rank, cfg.world_size, cfg.local_rank, cfg.master_addr, cfg.master_port) == \
         (3, 4, 1, "127.0.0.1", 29511)
     assert cfg.store_hosted and cfg.backend == "gloo" and cfg.timeout.total_seconds() == 7
+    assert cfg.store_prefix == "/worker/attempt_0"  # torchrun's agent store outlives restarts
+    assert DistConfig.from_env(dict(env, TORCHELASTIC_RESTART_COUNT="2")).store_prefix == \
+        "/worker/attempt_2"
     assert DistConfig.from_env(env, device="cuda").backend == "nccl"
 
 
@@ -261,8 +283,8 @@ _TORCHRUN_SCRIPT = textwrap.dedent("""
     from gnnc.runtime.launch import join_torchrun
 
     def work(cfg, out_dir):
+        dist.barrier()
         if os.environ.get("FAIL_RANK") == str(cfg.rank):
-            dist.barrier()
             raise ValueError(f"rank {cfg.rank} fails on purpose")
         t = torch.tensor([float(cfg.rank)])
         dist.all_reduce(t)
