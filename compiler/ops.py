@@ -244,6 +244,7 @@ TYPE_RULES: dict[str, TypeRule] = {
     # communication, after insert-comm: same feature shape, more rows
     "halo": _elementwise,
     "bcast_rows": _elementwise,
+    "reduce_scatter": _elementwise,
     # kernel ops, after lowering
     "spmm": _spmm,
     "sddmm": _sddmm,

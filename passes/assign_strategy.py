@@ -5,7 +5,10 @@ Until the planner chooses by cost, the strategy comes from the user
 one worker every layer is `local`. The runtime executes `depcomm` and
 `bcast1d` (vertex-partitioned, freely mixed per layer) and `depcache` (which
 replicates the L-hop neighbourhood of every owned vertex, so it spans the
-whole model). Asking for anything else is an error that names the layer.
+whole model) and `pushpull` on the first graph layer (P3: that layer's
+input is split along the feature dim; the layers after it are
+vertex-partitioned). Asking for an illegal or unsupported assignment is an
+error that names the layer and the op that forbids it.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from gnnc.ir import Program
 from gnnc.pass_manager import PassContext, register_pass
 
 STRATEGIES = ("depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "pipeline", "local")
-RUNNABLE = ("depcomm", "depcache", "bcast1d", "local")
+RUNNABLE = ("depcomm", "depcache", "bcast1d", "pushpull", "local")
 VERTEX_PARTITIONED = ("depcomm", "bcast1d")
 
 
@@ -42,7 +45,31 @@ def strategies_for(program: Program, spec: str | list[str] | None, workers: int)
     if "depcache" in names and set(names) != {"depcache"}:
         raise GnncError("depcache replicates the whole L-hop neighbourhood, so it must run every graph layer "
                         "(mixing it with other strategies needs the planner's segments)")
+    for i, (layer, s) in enumerate(zip(layers, names)):
+        if s != "pushpull":
+            continue
+        if i != 0:
+            raise GnncError(f"layer {layer.name} ({layer.op}): pushpull runs the first graph layer only "
+                            f"(P3 splits the input features; later layers are vertex-partitioned)")
+        check_pushpull(program, layer)
     return names
+
+
+def check_pushpull(program: Program, layer) -> None:
+    """Raise, naming the op, unless `layer` may run pushpull and everything before it is feature-local."""
+    from gnnc.passes.legality import pushpull_blocker
+
+    blocked = pushpull_blocker(layer)
+    if blocked is not None:
+        eqn, why = blocked
+        raise GnncError(f"layer {layer.name} ({layer.op}) cannot run pushpull: {why}", eqn.loc if eqn else layer.loc)
+    for before in program.layers:
+        if before is layer:
+            break
+        for e in before.eqns:
+            if e.op in ("linear", "matmul", "bias", "dot", "layer_norm", "l2_normalize", "concat", "mean_heads"):
+                raise GnncError(f"pushpull splits the input features, but '{e.op}' before layer {layer.name} "
+                                f"needs whole rows", e.loc)
 
 
 @register_pass("assign-strategy", "annotate graph layers with their strategy (options: workers, strategy)")

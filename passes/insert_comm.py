@@ -11,6 +11,9 @@ side) needs remote rows too:
   stages (MG-GCN), giving all rows in block order.
 
 One communication per value and layer, placed just before its first use.
+In a `pushpull` layer (P3) the rows are all vertices, the features a slice;
+its `sync` becomes `reduce_scatter`: the partial results are summed at each
+vertex's owner (P3's pull; backward pushes the gradient to every worker).
 `depcache` and `local` layers read only rows they hold: nothing is inserted.
 """
 from __future__ import annotations
@@ -29,6 +32,10 @@ def _neighbour_operands(e: Eqn) -> tuple[int, ...]:
 
 
 def _insert(layer: Layer) -> Layer:
+    if layer.attr("strategy") == "pushpull":
+        return layer.replace(eqns=tuple(
+            Eqn("reduce_scatter", e.ins, e.outs, attrs_of(reduce="sum"), e.prim, e.loc) if e.op == "sync" else e
+            for e in layer.eqns))
     op = COMM_OP.get(layer.attr("strategy"))
     if op is None:
         return layer

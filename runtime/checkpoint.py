@@ -263,7 +263,8 @@ class Checkpointer:
             mine = int(t.item())
         return None if mine < 0 else mine
 
-    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[int, dict[str, Any]]:
+    def resume(self, model: torch.nn.Module,
+               optimizer: torch.optim.Optimizer | None) -> tuple[int, dict[str, Any]]:
         """Restore the newest complete save; returns (the next epoch to run, the saved `extra`)."""
         epoch = self.latest_epoch()
         if epoch is None:

@@ -27,9 +27,19 @@ traffic and can be compared exactly with the cost model:
                  (B - c_r) + (world - 1) c_r at rank r (reduce-scatter then all-gather);
                  over all ranks, 2 (world - 1) B, whatever the bucketing
   pipe_send:     the tensor;                    its backward: nothing (the receiver sends)
+  pipe_recv:     nothing;                       its backward: the gradient
 
 Times: `CommStats` also sums the seconds each op blocked the caller (posting
 plus waiting), i.e. the communication time not hidden behind computation.
+
+What gloo offers (measured, torch 2.13): all_to_all_single with uneven
+splits works (the halo exchange's `all_to_all` method and the layout
+transitions use it); the list form all_to_all and all_gather refuse blocks of
+different sizes, so uneven all_gather/reduce_scatter pad every block to the
+largest; isend/irecv are asynchronous, so the ring posts all its steps at
+once. A collective waiting on a peer raises after the process group's timeout
+("Timed out waiting 3000ms for recv operation") and one whose peer died
+raises at once ("Connection closed by peer").
 
 Ordering rule (gloo and NCCL both need it): every rank must run the same ops in
 the same order, forward and backward; with the same program on every rank
@@ -299,6 +309,9 @@ def check_halo_plan(plan: HaloPlan, n_local: int, group: Group = None) -> None:
                         f"ranks {bad}, which send {[int(told[p]) for p in bad]}")
 
 
+HALO_METHODS = ("ring", "ring_paced", "all_to_all")
+
+
 def ring_schedule(rank: int, world: int) -> list[tuple[int, int]]:
     """NeutronStar's ring order: at step j, send to (rank+j+1) mod m, receive from (rank-j-1) mod m."""
     return [((rank + j + 1) % world, (rank - j - 1) % world) for j in range(world - 1)]
@@ -309,8 +322,8 @@ class _HaloExchange(_Op):
 
     def __init__(self, plan: HaloPlan, stats: CommStats, label: str, group: Group, method: str):
         super().__init__(stats, label, group)
-        if method not in ("ring", "all_to_all"):
-            raise ValueError(f"halo exchange method must be 'ring' or 'all_to_all', not {method!r}")
+        if method not in HALO_METHODS:
+            raise ValueError(f"halo exchange method must be one of {HALO_METHODS}, not {method!r}")
         self.plan = plan
         self.method = method
         self.works: list[Any] = []
@@ -327,19 +340,32 @@ class _HaloExchange(_Op):
                 input_split_sizes=[s.shape[0] for s in send], group=self.group, async_op=True)]
             return
         self.keep = send
-        ops = []
+        steps = []
         for dst, src in ring_schedule(self.rank, self.world):
+            ops = []
             if send[dst].shape[0]:  # empty chunks are not sent; the peer expects none
                 ops.append(dist.P2POp(dist.isend, send[dst], _global(self.group, dst), self.group))
             if recv[src].shape[0]:
                 ops.append(dist.P2POp(dist.irecv, recv[src], _global(self.group, src), self.group))
+            steps.append(ops)
+        if self.method == "ring_paced":
+            # One step at a time: no rank has two chunks in flight, at the
+            # price of no overlap (the exchange completes inside start).
+            for ops in steps:
+                _wait_all(self._post_p2p(ops))
+            self.works = []
+        else:
+            self.works = self._post_p2p([op for ops in steps for op in ops])
+
+    def _post_p2p(self, ops: list[Any]) -> list[Any]:
+        if not ops:
+            return []
         if dist.get_backend(self.group) == "nccl":
             # NCCL runs p2p calls one after another on a stream, so a ring of
             # plain isends would wait on each other; a batch posts them together.
-            self.works = dist.batch_isend_irecv(ops) if ops else []
-        else:
-            # gloo's isend/irecv are truly asynchronous: post them in ring order.
-            self.works = [op.op(op.tensor, op.peer, op.group) for op in ops]
+            return list(dist.batch_isend_irecv(ops))
+        # gloo's isend/irecv are truly asynchronous: post them in ring order.
+        return [op.op(op.tensor, op.peer, op.group) for op in ops]
 
     def _received(self, recv: list[Tensor]) -> list[Tensor]:
         _wait_all(self.works)
@@ -387,10 +413,13 @@ def halo_exchange(x: Tensor, plan: HaloPlan, stats: CommStats, *, label: str = "
                   method: str = "ring", group: Group = None) -> Tensor:
     """Fetch the remote rows this rank needs: [plan.n_halo, *x.shape[1:]], ordered by (peer, position).
 
-    `method="ring"` posts isend/irecv in NeutronStar's ring order;
-    `method="all_to_all"` uses one all_to_all_single with uneven splits
-    (supported by gloo and NCCL). Backward sends the gradients of the received
-    rows back and sums them into the owner's rows (index_add).
+    `method="ring"` posts every isend/irecv at once, in NeutronStar's ring
+    order (step j: to rank+j+1, from rank-j-1), so the caller can overlap;
+    `"ring_paced"` waits for each step before the next, so each rank has one
+    chunk in flight, as NeutronStar schedules them, but nothing overlaps;
+    `"all_to_all"` uses one all_to_all_single with uneven splits (gloo and
+    NCCL both support it). Backward sends the gradients of the received rows
+    back the same way and sums them into the owner's rows (index_add).
     """
     return _run(_HaloExchange(plan, stats, label, group, method), x)
 
@@ -803,7 +832,9 @@ class GradAllReduce:
         def hook(_param: Tensor) -> None:
             b = self.bucket_of[i]
             self._ready[b] += 1
-            while self._next < len(self.buckets) and self._ready[self._next] == len(self.buckets[self._next]):
+            # Post in bucket order only, the same order on every rank.
+            while (self._next < len(self.buckets)
+                   and self._ready[self._next] == len(self.buckets[self._next])):
                 self._post(self._next)
                 self._next += 1
         return hook
@@ -815,8 +846,8 @@ class GradAllReduce:
                           for p in members])
         if any(p.grad is not None and p.grad.is_sparse for p in members):
             raise PlanError("bucketed all-reduce supports dense gradients only")
-        self.stats.add_bytes(self.label, "allreduce", "bwd",
-                             allreduce_payload_bytes(flat.numel(), flat.element_size(), self.rank, self.world))
+        nbytes = allreduce_payload_bytes(flat.numel(), flat.element_size(), self.rank, self.world)
+        self.stats.add_bytes(self.label, "allreduce", "bwd", nbytes)
         work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         self._inflight.append((b, flat, work))
         self.stats.add_time(self.label, "allreduce", "bwd", time.perf_counter() - t0)

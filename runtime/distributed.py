@@ -49,7 +49,7 @@ def strategy_of(program: Program) -> set[str]:
 
 def local_graph(program: Program, graph: Graph, parts: np.ndarray, rank: int, world: int) -> LocalGraph:
     views = sorted({layer.edges for layer in program.graph_layers()})
-    strategies = strategy_of(program)
+    strategies = strategy_of(program) - {"pushpull"}
     if strategies == {"depcache"}:
         return replicated_lhop(graph, parts, rank, len(program.graph_layers()), views)
     columns = "blocks" if strategies == {"bcast1d"} else "halo"
@@ -65,12 +65,17 @@ def local_graph(program: Program, graph: Graph, parts: np.ndarray, rank: int, wo
 class Exchange:
     """The communication ops of the IR, bound to this rank's LocalGraph and byte counters."""
 
-    def __init__(self, lg: LocalGraph, stats: comm.CommStats):
+    def __init__(self, lg: LocalGraph, stats: comm.CommStats, parts: np.ndarray, world: int):
         self.lg = lg
         self.stats = stats
+        # P3's pull: rows regrouped by owner (block order) so a reduce-scatter lands them at their owners
+        self.block_order = torch.as_tensor(np.argsort(parts, kind="stable"), dtype=torch.int64)
+        self.block_sizes = [int(c) for c in np.bincount(parts, minlength=world)]
 
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         label = e.outs[0].name.split(".")[0]
+        if op == "reduce_scatter":
+            return comm.reduce_scatter(x[self.block_order], self.block_sizes, self.stats, dim=0, label=label)
         if op == "halo":
             assert self.lg.halo is not None
             return torch.cat([x, comm.halo_exchange(x, self.lg.halo, self.stats, label=label)], dim=0)
@@ -78,18 +83,59 @@ class Exchange:
         return torch.cat(blocks, dim=0)
 
 
-class DistInterpreter(Interpreter):
-    """Picks the block-column view for bcast1d layers when depcomm and bcast1d are mixed."""
+@dataclass
+class FeaturePhase:
+    """P3's layout before its pull: every vertex's row, this worker's slice of the input features."""
 
-    def __init__(self, program: Program, lg: LocalGraph):
+    views: dict[str, Any]  # the whole graph's edge views (the layer-1 structure, replicated)
+    ids: torch.Tensor  # arange(N)
+    cols: tuple[int, int]  # this worker's feature slice [start, stop)
+    last_layer: str  # the pushpull layer; its reduce_scatter ends the phase
+
+
+def feature_slice(width: int, rank: int, world: int) -> tuple[int, int]:
+    """Near-equal contiguous slices; the first width % world get one more column."""
+    bounds = [width * k // world for k in range(world + 1)]
+    return bounds[rank], bounds[rank + 1]
+
+
+class DistInterpreter(Interpreter):
+    """Runs each layer in its strategy's layout: feature-sliced up to P3's pull, rows elsewhere."""
+
+    def __init__(self, program: Program, lg: LocalGraph, phase: FeaturePhase | None = None):
         super().__init__(program)
         self.lg = lg
+        self.phase = phase
+        self.in_phase = phase is not None
+        self.sliced: set[str] = {"x"} if phase is not None else set()
 
     def run_layer(self, layer, env, params, ctx):
+        if self.phase is not None and layer.name == self.program.layers[0].name:
+            self.in_phase = True  # a new forward pass starts in the feature layout
         if layer.kind == "graph" and layer.attr("strategy") == "bcast1d" and self.lg.block_views is not None:
-            ctx = ExecContext(self.lg.block_views, ctx.vertex_ids, ctx.config, ctx.training, ctx.dropout_key,
-                              ctx.loss_count, ctx.use_kernels, ctx.comm)
-        return super().run_layer(layer, env, params, ctx)
+            ctx = _with(ctx, views=self.lg.block_views)
+        if not self.in_phase:
+            return super().run_layer(layer, env, params, ctx)
+        p = self.phase
+        fctx = _with(ctx, views=p.views, vertex_ids=p.ids, col_offset=p.cols[0])
+        for e in layer.eqns:
+            ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
+            sliced_in = any(v.name in self.sliced for v in e.ins)
+            if e.op == "linear" and sliced_in:
+                ins[1] = ins[1][p.cols[0]:p.cols[1]]  # this slice's rows of W: a partial product
+            elif sliced_in:
+                self.sliced.update(o.name for o in e.outs)
+            view = fctx.views.get(layer.edges) if layer.kind == "graph" else None
+            env[e.outs[0].name] = self.eqn(e, ins, view, fctx if self.in_phase else ctx)
+            if e.op == "reduce_scatter":
+                self.in_phase = False  # the pull: owned rows from here on
+                fctx = ctx
+
+
+def _with(ctx: ExecContext, **changes: Any) -> ExecContext:
+    import dataclasses
+
+    return dataclasses.replace(ctx, **changes)
 
 
 def _local_inputs(graph: Graph, lg: LocalGraph) -> dict[str, torch.Tensor]:
@@ -139,8 +185,18 @@ def _setup(cfg: DistConfig, job: DistJob) -> _Rank:
     stats = comm.CommStats()
     if lg.halo is not None:
         comm.check_halo_plan(lg.halo, lg.n_owned)
-    return _Rank(program, graph, lg, stats, Exchange(lg, stats), DistInterpreter(program, lg),
-                 init_params(program, job.train.seed), _local_inputs(graph, lg),
+    inputs = _local_inputs(graph, lg)
+    phase = None
+    pushpull = [layer for layer in program.graph_layers() if layer.attr("strategy") == "pushpull"]
+    if pushpull:
+        from gnnc.runtime.executor import GraphView
+
+        cols = feature_slice(graph.num_features, cfg.rank, cfg.world_size)
+        phase = FeaturePhase({v: GraphView.build(graph, v) for v in {layer.edges for layer in pushpull}},
+                             torch.arange(graph.num_nodes), cols, pushpull[0].name)
+        inputs["x"] = graph.x[:, cols[0]:cols[1]]
+    return _Rank(program, graph, lg, stats, Exchange(lg, stats, job.parts, cfg.world_size),
+                 DistInterpreter(program, lg, phase), init_params(program, job.train.seed), inputs,
                  max(float(graph.train_mask.sum()), 1.0), program.config_dict())
 
 

@@ -74,6 +74,7 @@ class ExecContext:
     loss_count: float  # the global number of labelled vertices the loss averages over
     use_kernels: bool = True
     comm: Any = None  # the distributed runtime's communication (halo, bcast_rows); None in one process
+    col_offset: int = 0  # global column of this worker's first feature, when features are sliced (P3)
 
 
 def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,7 +176,8 @@ class Interpreter:
             x = ins[0]
             p = float(e.attr("p"))
             rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids
-            mask = rng.dropout_mask(ctx.dropout_key(self.stream[id(e)]), rows, tuple(x.shape[1:]), p)
+            mask = rng.dropout_mask(ctx.dropout_key(self.stream[id(e)]), rows, tuple(x.shape[1:]), p,
+                                    ctx.col_offset)
             return x * mask
         if op == "src":
             return ins[0][view.src]
@@ -234,7 +236,7 @@ class Interpreter:
             return F.normalize(ins[0], dim=-1)
         if op == "sync":
             return ins[0]  # whole rows are held where they are computed: nothing to reduce
-        if op in ("halo", "bcast_rows"):
+        if op in ("halo", "bcast_rows", "reduce_scatter"):
             if ctx.comm is None:
                 raise GnncError(f"op '{op}' needs the distributed runtime (gnnc run --nproc N)")
             return ctx.comm.exchange(op, ins[0], e)

@@ -28,6 +28,7 @@ every process group gets a finite timeout so no collective waits forever.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import datetime
@@ -45,7 +46,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -101,6 +102,8 @@ class DistConfig:
     TORCHELASTIC_USE_AGENT_STORE), so every rank connects as a client; when
     false, rank 0 serves it. `gloo_ifname` pins gloo to one network interface
     (the loopback one for local runs, so nothing leaves this machine).
+    `store_prefix` keeps each torchrun restart attempt's keys apart in the
+    agent's long-lived store, as torch's env:// rendezvous does.
     """
 
     rank: int
@@ -112,6 +115,7 @@ class DistConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     store_hosted: bool = False
     gloo_ifname: str | None = None
+    store_prefix: str = ""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -150,14 +154,15 @@ class DistConfig:
         world_size = need_int("WORLD_SIZE")
         port = need_int("MASTER_PORT")
         local_rank = need_int("LOCAL_RANK") if "LOCAL_RANK" in env else 0
+        hosted = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        attempt = need_int("TORCHELASTIC_RESTART_COUNT") if "TORCHELASTIC_RESTART_COUNT" in env else 0
         if "MASTER_ADDR" not in env:
             raise LaunchError("environment variable MASTER_ADDR is not set: this process was not "
                               "started by torchrun")
         return cls(rank=rank, world_size=world_size, local_rank=local_rank,
                    master_addr=env["MASTER_ADDR"], master_port=port, device=device,
-                   timeout_s=timeout_s,
-                   store_hosted=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
-                   gloo_ifname=None)
+                   timeout_s=timeout_s, store_hosted=hosted, gloo_ifname=None,
+                   store_prefix=f"/worker/attempt_{attempt}" if hosted else "")
 
 
 def init_distributed(cfg: DistConfig, store: dist.Store | None = None) -> None:
@@ -179,18 +184,35 @@ def init_distributed(cfg: DistConfig, store: dist.Store | None = None) -> None:
         torch.cuda.set_device(cfg.local_rank % torch.cuda.device_count())
     if store is None:
         store = _connect_store(cfg, serve=cfg.rank == 0 and not cfg.store_hosted)
+        if cfg.store_prefix:
+            store = dist.PrefixStore(cfg.store_prefix, store)
     dist.init_process_group(cfg.backend, store=store, rank=cfg.rank,
                             world_size=cfg.world_size, timeout=cfg.timeout)
 
 
 def run_worker(fn: Callable[Concatenate[DistConfig, P], T], cfg: DistConfig,
                *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run `fn(cfg, *args)` with the process group up, and tear it down after."""
+    """Run `fn(cfg, *args)` with the process group up, and tear it down after.
+
+    If `fn` raises, the group is left as it is: tearing it down (or letting
+    the interpreter's shutdown do it) waits for operations still in flight
+    with peers, up to the timeout. Measured: a rank that raised with an
+    async all_reduce posted took the whole 20 s timeout to exit. Callers end
+    the process with `_exit_after_failure` instead.
+    """
     init_distributed(cfg)
-    try:
-        return fn(cfg, *args, **kwargs)
-    finally:
-        dist.destroy_process_group()
+    result = fn(cfg, *args, **kwargs)
+    dist.destroy_process_group()
+    return result
+
+
+def _exit_after_failure(exc: BaseException) -> NoReturn:
+    """End this worker at once, with a non-zero status, skipping the teardown that may block."""
+    code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def join_torchrun(fn: Callable[Concatenate[DistConfig, P], T], *args: P.args,
@@ -204,7 +226,11 @@ def join_torchrun(fn: Callable[Concatenate[DistConfig, P], T], *args: P.args,
     TORCHELASTIC_ERROR_FILE, so torchrun's failure summary shows it.
     """
     cfg = DistConfig.from_env(device=device, timeout_s=timeout_s)
-    return record(run_worker)(fn, cfg, *args, **kwargs)
+    try:
+        return record(run_worker)(fn, cfg, *args, **kwargs)
+    except BaseException as exc:
+        traceback.print_exception(exc)
+        _exit_after_failure(exc)
 
 
 def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
@@ -268,12 +294,9 @@ def _worker_entry(local_rank: int, fn: Callable[..., Any], base: DistConfig, arg
         result = run_worker(fn, cfg, *args)
         _write_atomic(directory / f"result-{cfg.rank}.pkl", pickle.dumps(result))
     except BaseException as exc:
+        # The launcher prints the root cause's traceback; this report is how it learns it.
         _write_atomic(directory / f"failure-{cfg.rank}.json", json.dumps(_describe(exc)).encode())
-        if not isinstance(exc, Exception):
-            # torch.multiprocessing exits 0 after a KeyboardInterrupt; a worker
-            # stopped that way has not finished, so say so in its status.
-            raise SystemExit(130) from exc
-        raise
+        _exit_after_failure(exc)
 
 
 def _die_with_launcher(launcher_pid: int) -> None:

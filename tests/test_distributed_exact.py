@@ -19,7 +19,8 @@ from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 
 MODELS = ["gcn", "sage", "gin", "gat"]
-STRATEGIES = ["depcomm", "depcache", "bcast1d", "depcomm,bcast1d"]
+STRATEGIES = ["depcomm", "depcache", "bcast1d", "depcomm,bcast1d", "pushpull,depcomm", "pushpull,bcast1d"]
+PUSHPULL_LEGAL = {"gcn"}  # SAGE adds a bias, GIN a ReLU, GAT attention before the sync
 SEED = 3
 
 
@@ -59,6 +60,8 @@ def cases(graph, world: int):
         model = api.load_model(EXAMPLES / f"{name}.gnn")
         single = api.compile(model, graph).program
         for strategy in STRATEGIES:
+            if strategy.startswith("pushpull") and name not in PUSHPULL_LEGAL:
+                continue
             for method in ("hash", "metis", "random"):
                 plan = api.compile(model, graph, workers=world, strategy=strategy, partition=method)
                 tc = TrainConfig(seed=SEED, progress=False, use_kernels=False)
@@ -86,3 +89,13 @@ def test_strategies_match_one_process(world: int) -> None:
             if rel(got["grads"][k], g) > 1e-5:
                 failures.append(f"{key}: gradient of {k} differs by {rel(got['grads'][k], g):.2e}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name, op", [("sage", "linear"), ("gin", "relu"), ("gat", "dot")])
+def test_pushpull_illegal_names_the_op(name: str, op: str) -> None:
+    from gnnc.errors import GnncError
+
+    graph = random_graph(n=20, e=60, f=6, c=3)
+    model = api.load_model(EXAMPLES / f"{name}.gnn")
+    with pytest.raises(GnncError, match=f"cannot run pushpull: '{op}'"):
+        api.compile(model, graph, workers=2, strategy="pushpull,depcomm", partition="hash")
