@@ -279,11 +279,17 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
     if plan.workers == 1:
-        return train(plan.program, g, cfg, on_epoch=on_epoch)
+        return train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
+    return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
+
+
+def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True) -> dict[str, Any]:
+    """Train a plan compiled for several workers: start one process per worker on this machine."""
     from gnnc.runtime.distributed import DistJob, worker
     from gnnc.runtime.launch import launch
 
     if plan.parts is None:
-        plan.parts = partition_vertices(g, plan.workers, plan.meta["partition"]["method"], seed)
-    job = DistJob(str(plan.program), graph if isinstance(graph, str) else g, plan.parts, cfg, metrics, want_logits)
+        g = load_graph(graph)
+        plan.parts = partition_vertices(g, plan.workers, plan.meta["partition"]["method"], cfg.seed)
+    job = DistJob(str(plan.program), graph, plan.parts, cfg, metrics, want_logits)
     return launch(worker, plan.workers, job)[0]

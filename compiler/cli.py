@@ -110,24 +110,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         plan = api.compile(api.load_model(target, **_sets(args.set)), graph, workers=args.nproc,
                            strategy=args.strategy, partition=args.partition, seed=args.seed, graph_spec=spec)
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
+    if args.resume and not args.checkpoint:
+        raise GnncError("--resume needs --checkpoint DIR")
     cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
-                              seed=args.seed, progress=progress)
+                              seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
+                              checkpoint_every=args.checkpoint_every, resume=args.resume)
     if plan.workers > 1:
-        summary = api.run(plan, spec, epochs=cfg.epochs, seed=cfg.seed, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                          progress=progress, metrics=args.metrics, want_logits=bool(args.dump_logits))
+        summary = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits))
         logits = summary.pop("logits")
         summary.pop("history", None)
     else:
-        metrics = open(args.metrics, "w") if args.metrics else None
-        try:
-            def on_epoch(rec):
-                if metrics is not None:
-                    metrics.write(json.dumps({"rank": 0, **rec}) + "\n")
-                    metrics.flush()
-            result = train(plan.program, graph, cfg, on_epoch=on_epoch)
-        finally:
-            if metrics is not None:
-                metrics.close()
+        result = train(plan.program, graph, cfg, metrics_path=args.metrics)
         logits = result.logits
         summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1,
                    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -224,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lr", type=float)
     c.add_argument("--weight-decay", type=float)
     c.add_argument("--metrics", metavar="FILE.jsonl")
+    c.add_argument("--checkpoint", metavar="DIR", help="save model and optimizer state here every K epochs")
+    c.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
+    c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     c.add_argument("--dump-logits", metavar="FILE.pt")
     c.add_argument("--json", action="store_true")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")

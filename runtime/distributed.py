@@ -10,10 +10,6 @@ the single-process loss; parameter gradients are summed over ranks
 """
 from __future__ import annotations
 
-import json
-import resource
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +19,12 @@ import torch.distributed as dist
 
 from gnnc.ir import Eqn, Program
 from gnnc.ir_text import parse_ir
-from gnnc.runtime import comm, rng
-from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, forward, init_params
+from gnnc.runtime import comm
+from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, init_params
 from gnnc.runtime.graph import Graph
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.partitioned import LocalGraph, replicated_lhop, vertex_partitioned
-from gnnc.runtime.train import TrainConfig, make_optimizer
+from gnnc.runtime.train import TrainConfig, Worker, fit
 
 
 @dataclass(frozen=True)
@@ -146,58 +142,69 @@ def _local_inputs(graph: Graph, lg: LocalGraph) -> dict[str, torch.Tensor]:
             "val": graph.val_mask[rows] & owned, "test": graph.test_mask[rows] & owned}
 
 
-def _correct(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> list[float]:
-    return [float((logits[mask].argmax(-1) == y[mask]).sum()), float(mask.sum())]
+class DistWorker(Worker):
+    """One rank: its LocalGraph, the communication bound to it, and sums over ranks."""
 
+    def __init__(self, cfg: DistConfig, job: DistJob):
+        torch.set_num_threads(1)
+        program = parse_ir(job.ir)
+        if isinstance(job.graph_spec, Graph):
+            graph = job.graph_spec
+        else:
+            from gnnc.runtime.graph_io import load_graph
 
-@dataclass
-class _Rank:
-    """What one rank builds before it trains: its rows, comm, interpreter, params, inputs."""
+            graph = load_graph(job.graph_spec)
+        check_graph_fits(program, graph)
+        self.rank, self.world_size = cfg.rank, cfg.world_size
+        self.program = program
+        self.graph = graph
+        self.cfg = job.train
+        self.stats = comm.CommStats()
+        self.lg = lg = local_graph(program, graph, job.parts, cfg.rank, cfg.world_size)
+        if lg.halo is not None:
+            comm.check_halo_plan(lg.halo, lg.n_owned)
+        self.inputs = _local_inputs(graph, lg)
+        phase = None
+        pushpull = [layer for layer in program.graph_layers() if layer.attr("strategy") == "pushpull"]
+        if pushpull:
+            from gnnc.runtime.executor import GraphView
 
-    program: Program
-    graph: Graph
-    lg: LocalGraph
-    stats: comm.CommStats
-    exchange: Exchange
-    interp: DistInterpreter
-    params: dict[str, torch.nn.Parameter]
-    inputs: dict[str, torch.Tensor]
-    count: float
-    config: dict[str, Any]
+            cols = feature_slice(graph.num_features, cfg.rank, cfg.world_size)
+            phase = FeaturePhase({v: GraphView.build(graph, v) for v in {layer.edges for layer in pushpull}},
+                                 torch.arange(graph.num_nodes), cols, pushpull[0].name)
+            self.inputs["x"] = graph.x[:, cols[0]:cols[1]]
+        self.interp = DistInterpreter(program, lg, phase)
+        self.views = lg.views
+        self.ids = lg.rows
+        self.count = max(float(graph.train_mask.sum()), 1.0)
+        self.exchange = Exchange(lg, self.stats, job.parts, cfg.world_size)
+        self._reducer: comm.GradAllReduce | None = None
 
-    def context(self, training: bool, seed: int, epoch: int, use_kernels: bool) -> ExecContext:
-        key_base = rng.stream_key(seed, epoch)
-        return ExecContext(self.lg.views, self.lg.rows, self.config, training,
-                           lambda i, kb=key_base: rng.stream_key(kb, i), self.count, use_kernels, self.exchange)
+    def context(self, training: bool, epoch: int) -> ExecContext:
+        return _with(super().context(training, epoch), comm=self.exchange)
 
+    def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        n = self.lg.n_owned
+        return logits[:n], {k: v[:n] for k, v in self.inputs.items() if k != "x"}
 
-def _setup(cfg: DistConfig, job: DistJob) -> _Rank:
-    torch.set_num_threads(1)
-    program = parse_ir(job.ir)
-    if isinstance(job.graph_spec, Graph):
-        graph = job.graph_spec
-    else:
-        from gnnc.runtime.graph_io import load_graph
+    def reduce_grads(self, params) -> None:
+        if self._reducer is None:
+            self._reducer = comm.GradAllReduce(list(params.values()), self.stats)
+        self._reducer.finish()
 
-        graph = load_graph(job.graph_spec)
-    check_graph_fits(program, graph)
-    lg = local_graph(program, graph, job.parts, cfg.rank, cfg.world_size)
-    stats = comm.CommStats()
-    if lg.halo is not None:
-        comm.check_halo_plan(lg.halo, lg.n_owned)
-    inputs = _local_inputs(graph, lg)
-    phase = None
-    pushpull = [layer for layer in program.graph_layers() if layer.attr("strategy") == "pushpull"]
-    if pushpull:
-        from gnnc.runtime.executor import GraphView
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
 
-        cols = feature_slice(graph.num_features, cfg.rank, cfg.world_size)
-        phase = FeaturePhase({v: GraphView.build(graph, v) for v in {layer.edges for layer in pushpull}},
-                             torch.arange(graph.num_nodes), cols, pushpull[0].name)
-        inputs["x"] = graph.x[:, cols[0]:cols[1]]
-    return _Rank(program, graph, lg, stats, Exchange(lg, stats, job.parts, cfg.world_size),
-                 DistInterpreter(program, lg, phase), init_params(program, job.train.seed), inputs,
-                 max(float(graph.train_mask.sum()), 1.0), program.config_dict())
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
+    def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
+        return _gather_rows(logits.detach()[: self.lg.n_owned], self.lg.owned, self.graph.num_nodes,
+                            self.rank, self.world_size)
 
 
 def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
@@ -205,103 +212,31 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
     The exactness tests compare this with one process.
     """
-    r = _setup(cfg, job)
-    reducer = comm.GradAllReduce(list(r.params.values()), r.stats)
-    logits, loss = forward(r.interp, r.params, r.inputs, r.context(True, job.train.seed, 0, job.train.use_kernels))
+    w = DistWorker(cfg, job)
+    params = init_params(w.program, job.train.seed)
+    logits, loss = w.forward(params, True, 0)
     loss.backward()
-    reducer.finish()
-    total = loss.detach().clone()
-    dist.all_reduce(total)
-    gathered = _gather_rows(logits.detach()[: r.lg.n_owned], r.lg.owned, r.graph.num_nodes, cfg.rank,
-                            cfg.world_size)
+    w.reduce_grads(params)
+    total = w.sum(loss.detach())
+    gathered = w.gather_logits(logits)
     if cfg.rank != 0:
         return None
-    return {"logits": gathered, "loss": float(total),
-            "grads": {k: p.grad.detach().clone() for k, p in r.params.items()},
-            "bytes": r.stats.as_dict()}
+    return {"logits": gathered, "loss": float(total), "grads": {k: p.grad.detach().clone() for k, p in params.items()},
+            "bytes": w.stats.as_dict()}
 
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
-    r = _setup(cfg, job)
-    rank, world = cfg.rank, cfg.world_size
-    program, graph, lg, stats, exchange, interp, params, inputs, count, config = (
-        r.program, r.graph, r.lg, r.stats, r.exchange, r.interp, r.params, r.inputs, r.count, r.config)
-    tc = job.train
-    opt = make_optimizer(program, params, tc)
-    reducer = comm.GradAllReduce(list(params.values()), stats)
-    eval_ctx = r.context(False, tc.seed, 0, tc.use_kernels)
-    bar = None
-    if tc.progress and rank == 0:
-        from tqdm import tqdm
+    from gnnc.runtime.metrics import peak_rss_bytes
 
-        bar = tqdm(total=tc.epochs, desc=f"train x{world}", unit="epoch", leave=False)
-    metrics = open(job.metrics_path, "a") if job.metrics_path and rank == 0 else None
-    history: list[dict[str, float]] = []
-    times: list[float] = []
-    best_val, best = -1.0, None
-    logits = None
-    try:
-        for epoch in range(tc.epochs):
-            stats.reset()
-            ctx = r.context(True, tc.seed, epoch, tc.use_kernels)
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            _, loss = forward(interp, params, inputs, ctx)
-            loss.backward()
-            t_ar = time.perf_counter()
-            reducer.finish()
-            t_ar = time.perf_counter() - t_ar
-            opt.step()
-            elapsed = time.perf_counter() - t0
-            comm_s = stats.total_seconds() - stats.total_seconds("allreduce")
-            sent = stats.total_bytes()
-            with torch.no_grad():
-                logits, _ = forward(interp, params, inputs, eval_ctx)
-            local = logits[: lg.n_owned]
-            own = {k: v[: lg.n_owned] for k, v in inputs.items()}
-            counts = torch.tensor([float(loss.detach())] + _correct(local, own["y"], own["train"])
-                                  + _correct(local, own["y"], own["val"]) + _correct(local, own["y"], own["test"])
-                                  + [float(sent), elapsed])
-            totals = counts.clone()
-            dist.all_reduce(totals)
-            slowest = counts[-1:].clone()
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            rec = {"epoch": epoch, "loss": float(totals[0]),
-                   "train_acc": float(totals[1] / max(totals[2], 1)), "val_acc": float(totals[3] / max(totals[4], 1)),
-                   "test_acc": float(totals[5] / max(totals[6], 1)), "time_s": float(slowest[0]),
-                   "bytes_sent": int(totals[7])}
-            times.append(rec["time_s"])
-            history.append(rec)
-            if rec["val_acc"] > best_val:
-                best_val, best = rec["val_acc"], rec
-            if metrics is not None:
-                metrics.write(json.dumps({**rec, "rank": rank, "comm_s": comm_s, "allreduce_s": t_ar,
-                                          "compute_s": elapsed - comm_s - t_ar,
-                                          "bytes_by_op": stats.bytes_by("op")}) + "\n")
-                metrics.flush()
-            if bar is not None:
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-        if metrics is not None:
-            metrics.close()
-    peak = torch.tensor([float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)])
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    gathered = None
-    if job.want_logits:
-        gathered = _gather_rows(logits[: lg.n_owned], lg.owned, graph.num_nodes, rank, world)
-    if rank != 0:
+    w = DistWorker(cfg, job)
+    summary, logits, history = fit(w, job.train, job.metrics_path)
+    peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
+    gathered = w.gather_logits(logits) if job.want_logits else None
+    if cfg.rank != 0:
         return None
-    assert best is not None
-    steady = times[1:] or times
-    return {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "final_test_acc": history[-1]["test_acc"],
-            "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(steady),
-            "bytes_sent_per_epoch": history[-1]["bytes_sent"], "world_size": world,
-            "peak_rss_bytes": int(peak[0]), "best_epoch": int(best["epoch"]),
-            "strategies": [layer.attr("strategy") for layer in program.graph_layers()],
+    return {**summary, "world_size": cfg.world_size, "peak_rss_bytes": int(peak[0]),
+            "strategies": [layer.attr("strategy") for layer in w.program.graph_layers()],
             "logits": gathered, "history": history}
 
 

@@ -1,10 +1,14 @@
-"""Single-process training: Adam, per-epoch evaluation, model selection on validation.
+"""The training loop, shared by one process and by every rank of a distributed run.
 
-Reports what a PyG example prints: the loss, train/val/test accuracy per
-epoch, and the test accuracy at the epoch of best validation accuracy
-(`test_acc`, the usual model selection) beside the last epoch's
-(`final_test_acc`). Epoch time covers forward, backward and the optimizer
-step, not evaluation.
+Adam with L2 weight decay (graph layers may have their own, GCNII), an
+evaluation after every step, and model selection on validation: `test_acc`
+is the test accuracy at the epoch of best validation accuracy (what PyG's
+examples report), `final_test_acc` the last epoch's. Epoch time covers
+forward, backward, the gradient all-reduce and the optimizer step, not the
+evaluation. What differs between one process and a rank of many (which rows
+it holds, how gradients and counts are summed) sits behind `Worker`.
+Checkpoints hold parameters, optimizer state and the history; dropout masks
+are keyed by (seed, epoch, op), so a resumed run follows the same trajectory.
 """
 from __future__ import annotations
 
@@ -33,11 +37,13 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True
     use_kernels: bool = True
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
 
     @staticmethod
     def resolve(program: Program, **flags: Any) -> "TrainConfig":
-        stated = dict(program.training)
-        merged = {k: v for k, v in stated.items()}
+        merged = dict(program.training)
         merged.update({k: v for k, v in flags.items() if v is not None})
         return TrainConfig(**{k: v for k, v in merged.items() if k in TrainConfig.__dataclass_fields__})
 
@@ -58,11 +64,50 @@ class RunResult:
                 "train_loss": self.train_loss, "epoch_time_s": self.epoch_time_s, "best_epoch": self.best_epoch}
 
 
-def _accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
-    n = int(mask.sum())
-    if n == 0:
-        return 0.0
-    return float((logits[mask].argmax(-1) == y[mask]).sum()) / n
+class Worker:
+    """One process's part of a run: the rows it holds and how it combines with the others.
+
+    The single-process worker holds every row and combines with nobody; the
+    distributed runtime subclasses it.
+    """
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, program: Program, graph: Graph, cfg: TrainConfig):
+        from gnnc.runtime.comm import CommStats
+
+        check_graph_fits(program, graph)
+        self.stats = CommStats()
+        self.program = program
+        self.interp = Interpreter(program)
+        self.views = {v: GraphView.build(graph, v) for v in sorted({l.edges for l in program.graph_layers()})}
+        self.inputs = graph_inputs(graph)
+        self.ids = torch.arange(graph.num_nodes)
+        self.count = max(float(graph.train_mask.sum()), 1.0)
+        self.cfg = cfg
+
+    def context(self, training: bool, epoch: int) -> ExecContext:
+        kb = rng.stream_key(self.cfg.seed, epoch)
+        return ExecContext(self.views, self.ids, self.program.config_dict(), training,
+                           lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels)
+
+    def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return forward(self.interp, params, self.inputs, self.context(training, epoch))
+
+    def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The logits and inputs of the rows this worker owns (the ones it reports)."""
+        return logits, self.inputs
+
+    def reduce_grads(self, params) -> None:
+        """Sum parameter gradients over workers (nothing to do alone)."""
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
 
 
 def make_optimizer(program: Program, params: dict[str, torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -75,55 +120,104 @@ def make_optimizer(program: Program, params: dict[str, torch.nn.Parameter], cfg:
     return torch.optim.Adam([g for g in groups if g["params"]], lr=cfg.lr)
 
 
-def train(program: Program, graph: Graph, cfg: TrainConfig,
-          on_epoch: Callable[[dict[str, float]], None] | None = None) -> RunResult:
-    """Train `program` on `graph` in this process."""
-    check_graph_fits(program, graph)
-    views = {layer.edges: None for layer in program.graph_layers()}
-    views = {v: GraphView.build(graph, v) for v in views}
-    interp = Interpreter(program)
-    params = init_params(program, cfg.seed)
-    opt = make_optimizer(program, params, cfg)
-    inputs = graph_inputs(graph)
-    ids = torch.arange(graph.num_nodes)
-    count = float(graph.train_mask.sum())
-    eval_ctx = ExecContext(views, ids, program.config_dict(), False, lambda i: 0, max(count, 1.0),
-                           cfg.use_kernels)
+class _Params(torch.nn.Module):
+    """Parameters as a Module for checkpoints (IR names hold dots, which Module keys may not)."""
+
+    def __init__(self, params: dict[str, torch.nn.Parameter]):
+        super().__init__()
+        self.names = list(params)
+        for i, p in enumerate(params.values()):
+            self.register_parameter(f"p{i}", p)
+
+
+def _correct(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> list[float]:
+    return [float((logits[mask].argmax(-1) == y[mask]).sum()), float(mask.sum())]
+
+
+def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None,
+        ) -> tuple[dict[str, Any], torch.Tensor, list[dict[str, Any]]]:
+    """Train; returns (summary, the owned rows' logits after the last epoch, history).
+
+    With `metrics_path`, every rank's EpochRecord (loss, accuracies, compute /
+    communication / all-reduce time, bytes per op, peak RSS) is appended as
+    JSON lines by rank 0.
+    """
+    from gnnc.runtime.metrics import EpochRecord, MetricsLog
+
+    params = init_params(worker.program, cfg.seed)
+    opt = make_optimizer(worker.program, params, cfg)
+    ckpt = None
+    start = 0
+    history: list[dict[str, Any]] = []
+    if cfg.checkpoint_dir is not None:
+        from gnnc.runtime.checkpoint import Checkpointer, resume_or_start
+
+        ckpt = Checkpointer(cfg.checkpoint_dir, every=cfg.checkpoint_every)
+
+        def restored(_epoch: int, extra: dict[str, Any]) -> None:
+            history.extend(extra.get("history", []))
+
+        start = resume_or_start(ckpt, cfg.resume, _Params(params), opt, restored)
     bar = None
-    if cfg.progress:
+    if cfg.progress and worker.rank == 0:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.epochs, desc="train", unit="epoch", leave=False)
-    history: list[dict[str, float]] = []
-    times: list[float] = []
-    best_val, best = -1.0, None
-    logits = None
-    for epoch in range(cfg.epochs):
-        key_base = rng.stream_key(cfg.seed, epoch)
-        ctx = ExecContext(views, ids, program.config_dict(), True,
-                          lambda i, kb=key_base: rng.stream_key(kb, i), max(count, 1.0), cfg.use_kernels)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        _, loss = forward(interp, params, inputs, ctx)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        with torch.no_grad():
-            logits, _ = forward(interp, params, inputs, eval_ctx)
-        rec = {"epoch": epoch, "loss": float(loss.detach()), "train_acc": _accuracy(logits, graph.y, graph.train_mask),
-               "val_acc": _accuracy(logits, graph.y, graph.val_mask),
-               "test_acc": _accuracy(logits, graph.y, graph.test_mask), "time_s": times[-1]}
-        history.append(rec)
-        if rec["val_acc"] > best_val:
-            best_val, best = rec["val_acc"], rec
-        if on_epoch is not None:
-            on_epoch(rec)
+        bar = tqdm(total=cfg.epochs, initial=start, desc="train", unit="epoch", leave=False)
+    logits = torch.zeros(0)
+    log = MetricsLog(metrics_path)
+    try:
+        for epoch in range(start, cfg.epochs):
+            worker.stats.reset()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            _, loss = worker.forward(params, True, epoch)
+            loss.backward()
+            worker.reduce_grads(params)
+            opt.step()
+            elapsed = time.perf_counter() - t0
+            with torch.no_grad():
+                logits, _ = worker.forward(params, False, epoch)
+            own_logits, own = worker.owned(logits)
+            sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
+            record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
+                                            loss=float(loss.detach()))
+            counts = worker.sum(torch.tensor(
+                [float(loss.detach())] + _correct(own_logits, own["y"], own["train"])
+                + _correct(own_logits, own["y"], own["val"]) + _correct(own_logits, own["y"], own["test"])
+                + [float(sent)], dtype=torch.float64))
+            slowest = float(worker.max(torch.tensor([elapsed], dtype=torch.float64))[0])
+            rec = {"epoch": epoch, "loss": float(counts[0]), "train_acc": float(counts[1] / max(counts[2], 1)),
+                   "val_acc": float(counts[3] / max(counts[4], 1)), "test_acc": float(counts[5] / max(counts[6], 1)),
+                   "time_s": slowest, "bytes_sent": int(counts[7])}
+            history.append(rec)
+            record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
+            log.log(record)
+            if on_epoch is not None:
+                on_epoch(rec)
+            if ckpt is not None:
+                ckpt.maybe_save(epoch, _Params(params), opt, {"history": history})
+            if bar is not None:
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}", test=f"{rec['test_acc']:.3f}")
+                bar.update(1)
+    finally:
+        log.close()
         if bar is not None:
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}", test=f"{rec['test_acc']:.3f}")
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    assert best is not None and logits is not None, "training ran no epoch"
+            bar.close()
+    if not history:
+        raise ValueError("training ran no epoch")
+    best = max(history, key=lambda r: (r["val_acc"], -r["epoch"]))
+    times = [r["time_s"] for r in history]
     steady = times[1:] or times
-    return RunResult(best["test_acc"], best["val_acc"], history[-1]["test_acc"], history[-1]["loss"],
-                     statistics.median(steady), logits, history, int(best["epoch"]))
+    summary = {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "final_test_acc": history[-1]["test_acc"],
+               "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(steady),
+               "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"]}
+    return summary, logits, history
+
+
+def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
+          on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    """Train `program` on `graph` in this process."""
+    summary, logits, history = fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
+    return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
+                     summary["epoch_time_s"], logits, history, summary["best_epoch"])
