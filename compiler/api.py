@@ -286,10 +286,13 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True) -> dict[str, Any]:
     """Train a plan compiled for several workers: start one process per worker on this machine."""
     from gnnc.runtime.distributed import DistJob, worker
-    from gnnc.runtime.launch import launch
+    from gnnc.runtime.launch import join_torchrun, launch, started_by_torchrun
 
     if plan.parts is None:
         g = load_graph(graph)
         plan.parts = partition_vertices(g, plan.workers, plan.meta["partition"]["method"], cfg.seed)
     job = DistJob(str(plan.program), graph, plan.parts, cfg, metrics, want_logits)
+    if started_by_torchrun():
+        # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
+        return join_torchrun(worker, job)
     return launch(worker, plan.workers, job)[0]

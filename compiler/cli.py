@@ -117,6 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                               checkpoint_every=args.checkpoint_every, resume=args.resume)
     if plan.workers > 1:
         summary = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits))
+        if summary is None:
+            return 0  # a rank other than 0 of a torchrun job: rank 0 reports
         logits = summary.pop("logits")
         summary.pop("history", None)
     else:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gnnc.errors import PlanError
 from gnnc.ir import Eqn, Program
 from gnnc.ir_text import parse_ir
 from gnnc.runtime import comm
@@ -155,6 +156,10 @@ class DistWorker(Worker):
 
             graph = load_graph(job.graph_spec)
         check_graph_fits(program, graph)
+        n_parts = int(np.max(job.parts)) + 1 if len(job.parts) else 0
+        if n_parts != cfg.world_size or len(job.parts) != graph.num_nodes:
+            raise PlanError(f"the plan was partitioned for {n_parts} workers and {len(job.parts)} vertices; this "
+                            f"job has {cfg.world_size} ranks and graph '{graph.name}' {graph.num_nodes} vertices")
         self.rank, self.world_size = cfg.rank, cfg.world_size
         self.program = program
         self.graph = graph

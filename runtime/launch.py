@@ -165,6 +165,12 @@ class DistConfig:
                    store_prefix=f"/worker/attempt_{attempt}" if hosted else "")
 
 
+def started_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is one rank of a job torchrun (or another env:// launcher) started."""
+    env = os.environ if environ is None else environ
+    return all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def init_distributed(cfg: DistConfig, store: dist.Store | None = None) -> None:
     """Create the default process group described by `cfg`.
 

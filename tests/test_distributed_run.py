@@ -1,0 +1,140 @@
+"""`gnnc run --nproc N` as a user runs it: same logits as one process, faults, resume, torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import EXAMPLES, ROOT
+
+GCN = str(EXAMPLES / "gcn.gnn")
+
+
+def gnnc(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gnnc", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("strategy", ["depcomm", "depcache", "bcast1d", "pushpull,depcomm"])
+def test_nproc_logits_match_one_process(strategy: str, tmp_path: Path) -> None:
+    base = ["run", GCN, "--graph", "planetoid:cora", "--epochs", "20", "--seed", "0"]
+    one = gnnc(*base, "--dump-logits", str(tmp_path / "one.pt"))
+    assert one.returncode == 0, one.stderr
+    ref = torch.load(tmp_path / "one.pt")
+    for n in (2, 4):
+        r = gnnc(*base, "--nproc", str(n), "--strategy", strategy, "--dump-logits", str(tmp_path / f"{n}.pt"))
+        assert r.returncode == 0, r.stderr
+        assert rel(torch.load(tmp_path / f"{n}.pt"), ref) < 1e-4, f"{strategy} x{n}"
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigkill_of_one_rank_stops_every_process(tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "gnnc", "run", GCN, "--graph", "planetoid:cora", "--nproc", "2",
+                             "--strategy", "depcomm", "--epochs", "100000", "--metrics", str(metrics)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+        time.sleep(0.2)
+    assert metrics.exists(), "training did not start"
+    def cmdline(pid: int) -> str:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+    ranks = sorted(p for p in _children(proc.pid) if "spawn_main" in cmdline(p) and "tracker" not in cmdline(p))
+    assert len(ranks) >= 2, f"expected two worker processes, found {ranks}"
+    victim = ranks[-1]
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=90)
+    elapsed = time.time() - t0
+    assert proc.returncode != 0
+    assert elapsed < 60, f"took {elapsed:.1f} s to stop"
+    assert "rank" in err and ("SIGKILL" in err or "signal" in err), err
+    assert "Traceback" not in err.splitlines()[-1]
+    for pid in ranks:
+        assert not _alive(pid), f"worker {pid} is still running"
+
+
+def test_resume_reproduces_the_loss_curve(tmp_path: Path) -> None:
+    base = ["run", GCN, "--graph", "planetoid:cora", "--nproc", "2", "--strategy", "depcomm", "--seed", "2"]
+    full = gnnc(*base, "--epochs", "12", "--metrics", str(tmp_path / "full.jsonl"))
+    assert full.returncode == 0, full.stderr
+    ck = tmp_path / "ck"
+    first = gnnc(*base, "--epochs", "6", "--checkpoint", str(ck), "--checkpoint-every", "3",
+                 "--metrics", str(tmp_path / "a.jsonl"))
+    assert first.returncode == 0, first.stderr
+    second = gnnc(*base, "--epochs", "12", "--checkpoint", str(ck), "--checkpoint-every", "3", "--resume",
+                  "--metrics", str(tmp_path / "b.jsonl"))
+    assert second.returncode == 0, second.stderr
+
+    def losses(path: Path) -> dict[int, float]:
+        return {r["epoch"]: r["loss"] for r in map(json.loads, path.read_text().splitlines()) if r["rank"] == 0}
+
+    want = losses(tmp_path / "full.jsonl")
+    got = {**losses(tmp_path / "a.jsonl"), **losses(tmp_path / "b.jsonl")}
+    assert sorted(got) == list(range(12))
+    for epoch in range(12):
+        assert abs(got[epoch] - want[epoch]) <= 1e-6 * max(1.0, abs(want[epoch])), epoch
+
+
+def test_plan_with_corrupt_shard_is_refused(tmp_path: Path) -> None:
+    plan = tmp_path / "plan"
+    r = gnnc("compile", GCN, "--graph", "planetoid:cora", "--workers", "2", "--strategy", "depcomm", "-o", str(plan))
+    assert r.returncode == 0, r.stderr
+    data = (plan / "parts.npy").read_bytes()
+    (plan / "parts.npy").write_bytes(data[: len(data) // 2])
+    r = gnnc("run", str(plan), "--nproc", "2", "--epochs", "1")
+    assert r.returncode == 2 and "does not match its checksum" in r.stderr
+    (plan / "parts.npy").unlink()
+    r = gnnc("run", str(plan), "--nproc", "2", "--epochs", "1")
+    assert r.returncode == 2 and "shard missing" in r.stderr
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_match_nproc_4(tmp_path: Path) -> None:
+    plan = tmp_path / "plan"
+    r = gnnc("compile", GCN, "--graph", "planetoid:cora", "--workers", "4", "--strategy", "depcomm", "-o", str(plan))
+    assert r.returncode == 0, r.stderr
+    r = gnnc("run", str(plan), "--nproc", "4", "--epochs", "5", "--dump-logits", str(tmp_path / "ref.pt"))
+    assert r.returncode == 0, r.stderr
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "gnnc-test",
+           "--local-addr", "127.0.0.1", "-m", "gnnc", "run", str(plan), "--epochs", "5",
+           "--dump-logits", str(tmp_path / "tr.pt")]
+    nodes = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [n.communicate(timeout=600) for n in nodes]
+    for n, (out, err) in zip(nodes, outs):
+        assert n.returncode == 0, err
+    assert torch.equal(torch.load(tmp_path / "tr.pt"), torch.load(tmp_path / "ref.pt"))
