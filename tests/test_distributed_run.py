@@ -61,6 +61,8 @@ def test_sigkill_of_one_rank_stops_every_process(tmp_path: Path) -> None:
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before training started:\n{proc.stderr.read()}")
         time.sleep(0.2)
     assert metrics.exists(), "training did not start"
     def cmdline(pid: int) -> str:
