@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("inspect", help="show a plan")
     c.add_argument("plan")
-    c.add_argument("--format", default="table", choices=["table", "json", "ir", "dot", "explain"])
+    c.add_argument("--format", default="table", choices=["table", "json", "ir", "dot", "png", "explain"])
     c.add_argument("-o", "--output")
     c.set_defaults(fn=cmd_inspect)
 

@@ -50,6 +50,60 @@ def dot(program: Program) -> str:
     return "\n".join(lines) + "\n"
 
 
+def png(program: Program) -> bytes:
+    """The dataflow drawn with matplotlib: one column per layer, one box per equation, arrows for values."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    pos: dict[str, tuple[float, float]] = {}
+    boxes = []
+    colors = {"graph": "#dbe9f6", "dense": "#eeeeee"}
+    comm_ops = {"halo", "bcast_rows", "reduce_scatter"}
+    for col, layer in enumerate(program.layers):
+        for row, e in enumerate(layer.eqns):
+            xy = (col * 3.0, -row * 1.0)
+            color = "#f6d7c3" if e.op in comm_ops else colors[layer.kind]
+            boxes.append((xy, e.op, color))
+            for o in e.outs:
+                pos[o.name] = xy
+    for v in program.inputs:
+        pos.setdefault(v.name, (-3.0, -list(program.inputs).index(v) * 1.0))
+    height = max(1, max(len(layer.eqns) for layer in program.layers))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(program.layers) * 2.2), max(3, 0.55 * height + 1.5)))
+    for layer in program.layers:
+        for e in layer.eqns:
+            end = pos[e.outs[0].name]
+            for v in e.ins:
+                if v.name in pos:
+                    start = pos[v.name]
+                    ax.annotate("", xy=(end[0] - 0.9, end[1]), xytext=(start[0] + 0.9, start[1]),
+                                arrowprops={"arrowstyle": "->", "color": "#888888", "lw": 0.7})
+    for (x, y), label, color in boxes:
+        ax.add_patch(FancyBboxPatch((x - 0.9, y - 0.3), 1.8, 0.6, boxstyle="round,pad=0.05", fc=color, ec="#555555"))
+        ax.text(x, y, label, ha="center", va="center", fontsize=8)
+    for col, layer in enumerate(program.layers):
+        title = f"{layer.name} {layer.op}" if layer.kind == "graph" else f"{layer.name} (dense)"
+        strategy = layer.attr("strategy")
+        ax.text(col * 3.0, 0.8, title + (f"\n[{strategy}]" if strategy else ""), ha="center", fontsize=9,
+                weight="bold")
+    for v in program.inputs:
+        x, y = pos[v.name]
+        ax.text(x, y, v.name, ha="center", va="center", fontsize=8, style="italic")
+    ax.set_xlim(-4, 3.0 * len(program.layers))
+    ax.set_ylim(-height - 0.5, 1.6)
+    ax.axis("off")
+    ax.set_title(f"{program.name}: dataflow (orange: communication)", fontsize=10)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def explain(plan) -> str:
     """Strategies per graph layer, with the planner's alternatives when it recorded them."""
     lines = [f"plan for {plan.workers} worker(s)"]
@@ -77,4 +131,6 @@ def render(plan, fmt: str) -> str | bytes:
         return dot(plan.program)
     if fmt == "explain":
         return explain(plan)
+    if fmt == "png":
+        return png(plan.program)
     raise GnncError(f"unknown format '{fmt}'")
