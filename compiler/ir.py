@@ -42,6 +42,18 @@ class _Record:
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
+class _Attrs:
+    """Lookup in a sorted `attrs` tuple of (key, value) pairs."""
+
+    attrs: tuple[tuple[str, Any], ...]
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+
 def dim(value: Any) -> sympy.Expr:
     """A feature dim as a sympy expression (ints stay ints, names become symbols)."""
     if isinstance(value, sympy.Expr):
@@ -116,7 +128,7 @@ def attrs_of(**kw: Any) -> tuple[tuple[str, Any], ...]:
 
 
 @dataclass(frozen=True)
-class Eqn(_Record):
+class Eqn(_Record, _Attrs):
     """`outs = op[attrs](ins)`, from primitive `prim`, at source `loc`."""
 
     op: str
@@ -125,12 +137,6 @@ class Eqn(_Record):
     attrs: tuple[tuple[str, Any], ...] = ()
     prim: str = "model"
     loc: Loc | None = None
-
-    def attr(self, key: str, default: Any = None) -> Any:
-        for k, v in self.attrs:
-            if k == key:
-                return v
-        return default
 
     def with_attrs(self, **kw: Any) -> "Eqn":
         merged = dict(self.attrs)
@@ -161,7 +167,7 @@ class Param(_Record):
 
 
 @dataclass(frozen=True)
-class Layer(_Record):
+class Layer(_Record, _Attrs):
     """One unit the planner assigns a strategy to.
 
     kind `graph`: an instance of a `layer` definition (`op` is its name,
@@ -182,12 +188,6 @@ class Layer(_Record):
     edges: str = "plain"
     attrs: tuple[tuple[str, Any], ...] = ()
     loc: Loc | None = None
-
-    def attr(self, key: str, default: Any = None) -> Any:
-        for k, v in self.attrs:
-            if k == key:
-                return v
-        return default
 
     def __str__(self) -> str:
         head = f"layer {self.name} {self.kind}"
