@@ -174,13 +174,25 @@ def _distinct_pairs(draw: Callable[[int], tuple[np.ndarray, np.ndarray]], n: int
         a, b = draw(int(short * 1.1) + 16)
         keep = a != b
         a, b = a[keep], b[keep]
-        new = np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b)
-        new = np.unique(new)
-        new = new[~np.isin(new, keys, assume_unique=True)] if len(keys) else new
+        new = _sorted_unique(np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b))
+        if len(keys):
+            pos = np.minimum(np.searchsorted(keys, new), len(keys) - 1)
+            new = new[keys[pos] != new]
         if len(new) > short:
-            new = rng.choice(new, size=short, replace=False)
-        keys = np.union1d(keys, new)
+            new = np.sort(rng.choice(new, size=short, replace=False))
+        keys = np.sort(np.concatenate([keys, new]))
     return keys
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """np.unique by sorting: numpy's hash-based unique is several times slower on int64 keys."""
+    a = np.sort(a)
+    if len(a) == 0:
+        return a
+    keep = np.empty(len(a), dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
 
 
 def _graph_from_pairs(keys: np.ndarray, n: int, x: np.ndarray, y: np.ndarray, rng: np.random.Generator,

@@ -1,21 +1,447 @@
 """Graph inputs by name: `load_graph(spec)` turns a spec string into a Graph.
 
-Specs: `planetoid:cora`, `planetoid:citeseer` (shipped with gnnc).
+One entry point so that every command (`compile`, `run`, `partition`) and
+the Python API accept the same graphs, validate them the same way and share
+one on-disk cache. Specs:
+
+* `planetoid:cora`, `planetoid:citeseer` — shipped with gnnc (public split).
+* `rmat:n=..,deg=..,features=..,classes=..,seed=..`, `sbm:n=..,blocks=..,...`
+  — generators (`gnnc.runtime.generators`).
+* `FILE.npz` — arrays `edge_index` [2, E] (integer), `x` [N, F] (numeric),
+  `y` [N] (integer), optional `train_mask`/`val_mask`/`test_mask` (bool [N];
+  without them, a seeded 60/20/20 split).
+* `FILE.pt` / `FILE.pth` — a PyG `Data` saved with `torch.save`, or a dict
+  of tensors with the same field names; read with `torch.load(weights_only=True)`,
+  so the file cannot run code (PyG's classes are replaced by inert stand-ins).
+* an OGB-style directory: `raw/edge.csv(.gz)` (src,dst per line),
+  `raw/node-feat.csv(.gz)`, `raw/node-label.csv(.gz)`, optional
+  `raw/num-node-list.csv(.gz)` and `split/<name>/{train,valid,test}.csv(.gz)`
+  (the first split directory in name order).
+* any other file — a SNAP-style edge list: one `src dst` pair per line
+  (whitespace, tab or comma separated; lines starting with `#` or `%` are
+  comments; a third column such as a weight is ignored). It carries no vertex
+  data: N is the largest id + 1, x is one constant feature, y is all 0.
+
+Edges are kept exactly as given, directed src -> dst: self-loops and duplicate
+edges stay in the `plain` view (each duplicate is one more message, as in
+PyG's message passing) and the `self_loops` view replaces every self-loop by
+exactly one per vertex (see `gnnc.runtime.graph`). Undirected data must list
+both directions, as PyG's datasets do.
+
+Every problem with the input raises GraphInputError naming the field: ids out
+of range or negative, NaN/inf features, label/feature row mismatch, wrong
+dtype or shape, an empty graph. Parsed files and generated graphs are cached
+as `.npz` under `cache_dir`, keyed by the sha256 of the input's bytes (or of
+the generator spec), so loading the same input again does not re-parse it.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
+import os
+import pickle
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
 from gnnc.errors import GraphInputError
-from gnnc.runtime.graph import Graph
+from gnnc.runtime.generators import GENERATORS, generate, split_masks
+from gnnc.runtime.graph import Graph, index_dtype
+
+# Bump when a loader's output for the same input bytes changes: old cache entries are then ignored.
+CACHE_FORMAT = 1
+MASKS = ("train_mask", "val_mask", "test_mask")
+SPLIT_SEED = 0  # the 60/20/20 split of inputs without masks
+
+
+def default_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/gnnc` when that is set, else `.gnnc-cache` in the current directory.
+
+    The only place the environment is read; everything else takes the
+    directory as a parameter.
+    """
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "gnnc" if xdg else Path.cwd() / ".gnnc-cache"
 
 
 def available_datasets() -> list[tuple[str, str]]:
-    return [("planetoid:cora", "Cora citation graph: 2708 vertices, 1433 features, 7 classes (public split)"),
-            ("planetoid:citeseer", "CiteSeer citation graph: 3327 vertices, 3703 features, 6 classes (public split)")]
+    """(spec, one-line description) of the graphs gnnc can name, for `gnnc datasets`."""
+    return [
+        ("planetoid:cora", "Cora citation graph: 2708 vertices, 10556 edges, 1433 features, 7 classes "
+                           "(public split)"),
+        ("planetoid:citeseer", "CiteSeer citation graph: 3327 vertices, 9104 edges, 3703 features, 6 classes "
+                               "(public split)"),
+        ("rmat:n=N,deg=D,features=F,classes=C,seed=S", "R-MAT power-law graph (a=0.57, b=0.19, c=0.19), "
+                                                       "undirected, N*D edges"),
+        ("sbm:n=N,blocks=B,deg=D,intra=P,features=F,classes=C,seed=S",
+         "contextual stochastic block model: a fraction P of edges inside blocks, classes follow blocks"),
+        ("FILE.npz", "arrays edge_index, x, y, optional train_mask/val_mask/test_mask"),
+        ("FILE.pt", "a PyG Data (or dict of tensors) saved with torch.save"),
+        ("DIR", "an OGB-style dataset directory (raw/edge.csv.gz, raw/node-feat.csv.gz, ...)"),
+        ("FILE", "an edge list: one 'src dst' pair per line"),
+    ]
 
 
-def load_graph(spec: str) -> Graph:
+def load_graph(spec: str, cache_dir: str | os.PathLike | None = None, use_cache: bool = True) -> Graph:
+    """The graph a spec names (see the module docstring); GraphInputError if it is unusable."""
+    spec = str(spec)
     if spec.startswith("planetoid:"):
         from gnnc.runtime.planetoid import load_planetoid
 
         return load_planetoid(spec.split(":", 1)[1])
-    raise GraphInputError(f"unknown graph '{spec}' (see `gnnc datasets`)")
+    kind = spec.partition(":")[0]
+    if kind in GENERATORS:
+        key = hashlib.sha256(f"generator:{spec}".encode()).hexdigest()
+        return _cached(key, lambda: generate(spec), cache_dir, use_cache)
+    path = Path(spec)
+    if not path.exists():
+        raise GraphInputError(f"graph '{spec}': no such file or directory, and not a known spec "
+                              f"(planetoid:NAME, rmat:..., sbm:...; see `gnnc datasets`)")
+    if path.is_dir():
+        files = _ogb_files(path)
+        key = _hash_files(files, path, "ogb")
+        return _cached(key, lambda: load_ogb_dir(path), cache_dir, use_cache)
+    suffix = path.name.lower()
+    if suffix.endswith(".npz"):
+        loader = load_npz
+    elif suffix.endswith((".pt", ".pth")):
+        loader = load_torch
+    else:
+        loader = load_edge_list
+    key = _hash_files([path], path.parent, loader.__name__)
+    return _cached(key, lambda: loader(path), cache_dir, use_cache)
+
+
+# --- validation ------------------------------------------------------------------------------------
+
+
+def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None, name: str,
+                source: str) -> Graph:
+    """Validate raw arrays and make a Graph; `source` prefixes every message.
+
+    edge_index: integer [2, E]; x: numeric [N, F]; y: integer [N] (or [N, 1]);
+    masks: bool or 0/1 [N] each, all three or none (then a seeded 60/20/20
+    split). N comes from x.
+    """
+    ei = _array(edge_index, "edge_index", source)
+    xa = _array(x, "x", source)
+    ya = _array(y, "y", source)
+    if xa.ndim != 2:
+        raise GraphInputError(f"{source}: x: expected shape [N, F], got {list(xa.shape)}")
+    if xa.dtype.kind not in "fiub":
+        raise GraphInputError(f"{source}: x: expected a numeric dtype, got {xa.dtype}")
+    n = int(xa.shape[0])
+    if n == 0:
+        raise GraphInputError(f"{source}: empty graph: x has 0 rows (no vertices)")
+    if xa.shape[1] == 0:
+        raise GraphInputError(f"{source}: x: has 0 columns (no features)")
+    xf = np.ascontiguousarray(xa, dtype=np.float32)
+    bad = ~np.isfinite(xf)
+    if bad.any():
+        r, c = (int(v[0]) for v in np.nonzero(bad))
+        what = "NaN" if np.isnan(xf[r, c]) else "inf"
+        raise GraphInputError(f"{source}: x: holds {what} at row {r}, column {c} "
+                              f"({int(bad.sum())} non-finite values)")
+    if ei.ndim != 2 or ei.shape[0] != 2:
+        raise GraphInputError(f"{source}: edge_index: expected shape [2, E], got {list(ei.shape)}")
+    if ei.dtype.kind not in "iu":
+        raise GraphInputError(f"{source}: edge_index: expected an integer dtype, got {ei.dtype}")
+    if ei.shape[1] == 0:
+        raise GraphInputError(f"{source}: empty graph: edge_index has no edges")
+    _check_ids(ei, n, source)
+    if ya.ndim == 2 and ya.shape[1] == 1:
+        ya = ya[:, 0]
+    if ya.ndim != 1:
+        raise GraphInputError(f"{source}: y: expected shape [N], got {list(ya.shape)}")
+    if ya.dtype.kind not in "iu":
+        raise GraphInputError(f"{source}: y: expected integer class labels, got dtype {ya.dtype}")
+    if ya.shape[0] != n:
+        raise GraphInputError(f"{source}: y: has {ya.shape[0]} rows but x has {n} (one label per vertex)")
+    if len(ya) and int(ya.min()) < 0:
+        raise GraphInputError(f"{source}: y: holds negative label {int(ya.min())} at row {int(np.argmin(ya))}")
+    dt = index_dtype(n)
+    src, dst = ei[0].astype(dt), ei[1].astype(dt)
+    given = {k: v for k, v in (masks or {}).items() if v is not None}
+    if given and set(given) != set(MASKS):
+        missing = sorted(set(MASKS) - set(given))
+        raise GraphInputError(f"{source}: {missing[0]}: missing (give all of {', '.join(MASKS)} or none)")
+    if given:
+        mask_arrays = [_mask(given[k], k, n, source) for k in MASKS]
+    else:
+        mask_arrays = list(split_masks(n, np.random.default_rng(SPLIT_SEED)))
+    return Graph(n, src, dst, torch.from_numpy(xf), torch.from_numpy(ya.astype(np.int64)),
+                 *(torch.from_numpy(m) for m in mask_arrays), name=name)
+
+
+def _array(value: Any, field: str, source: str) -> np.ndarray:
+    if value is None:
+        raise GraphInputError(f"{source}: {field}: missing")
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as err:
+        raise GraphInputError(f"{source}: {field}: not an array ({err})") from None
+    if arr.dtype == object:
+        raise GraphInputError(f"{source}: {field}: expected a numeric array, got Python objects")
+    return arr
+
+
+def _check_ids(ei: np.ndarray, n: int, source: str) -> None:
+    lo, hi = int(ei.min()), int(ei.max())
+    if lo < 0:
+        row, col = (int(v[0]) for v in np.nonzero(ei == lo))
+        raise GraphInputError(f"{source}: edge_index: negative vertex id {lo} at [{row}, {col}]")
+    if hi >= n:
+        row, col = (int(v[0]) for v in np.nonzero(ei == hi))
+        raise GraphInputError(f"{source}: edge_index: vertex id {hi} at [{row}, {col}] is out of range: "
+                              f"x has {n} rows, so ids must be < {n}")
+
+
+def _mask(value: Any, field: str, n: int, source: str) -> np.ndarray:
+    m = _array(value, field, source)
+    if m.ndim != 1 or m.shape[0] != n:
+        raise GraphInputError(f"{source}: {field}: expected shape [{n}], got {list(m.shape)}")
+    if m.dtype == bool:
+        return np.ascontiguousarray(m)
+    if m.dtype.kind in "iu" and np.isin(m, (0, 1)).all():
+        return m.astype(bool)
+    raise GraphInputError(f"{source}: {field}: expected booleans (or 0/1), got dtype {m.dtype}")
+
+
+# --- loaders ---------------------------------------------------------------------------------------
+
+
+def load_npz(path: Path) -> Graph:
+    """`edge_index`, `x`, `y` and optional masks from an `.npz` (no pickled objects allowed)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except ValueError as err:  # object arrays need pickle: refused
+        raise GraphInputError(f"{path}: holds an array that needs pickle to read ({err})") from None
+    except (OSError, EOFError) as err:
+        raise GraphInputError(f"{path}: not a readable .npz file ({err})") from None
+    for field in ("edge_index", "x", "y"):
+        if field not in arrays:
+            raise GraphInputError(f"{path}: {field}: missing (the file has {', '.join(sorted(arrays)) or 'nothing'})")
+    return build_graph(arrays["edge_index"], arrays["x"], arrays["y"], {k: arrays.get(k) for k in MASKS},
+                       path.stem, str(path))
+
+
+def load_edge_list(path: Path) -> Graph:
+    """A SNAP-style edge list (see the module docstring): structure only."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError, EOFError) as err:
+        raise GraphInputError(f"{path}: not a readable edge list ({err})") from None
+    text = text.replace(",", " ")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "empty input" is reported below, naming the file
+            pairs = np.loadtxt(io.StringIO(text), dtype=np.int64, comments=("#", "%"), ndmin=2, usecols=(0, 1))
+    except ValueError as err:
+        raise GraphInputError(f"{path}: edge list: {err}") from None
+    if pairs.size == 0:
+        raise GraphInputError(f"{path}: empty graph: the edge list has no edges")
+    ei = pairs.T
+    if int(ei.min()) < 0:
+        _check_ids(ei, 1, str(path))
+    n = int(ei.max()) + 1
+    x = np.ones((n, 1), dtype=np.float32)
+    y = np.zeros(n, dtype=np.int64)
+    return build_graph(ei, x, y, None, path.stem, str(path))
+
+
+def _ogb_files(root: Path) -> list[Path]:
+    """The files of an OGB-style directory that a load reads (their bytes key the cache)."""
+    files = [_ogb_file(root / "raw", name, required=name != "num-node-list")
+             for name in ("edge", "node-feat", "node-label", "num-node-list")]
+    split = _ogb_split_dir(root)
+    if split is not None:
+        files += [_ogb_file(split, name, required=True) for name in ("train", "valid", "test")]
+    return [f for f in files if f is not None]
+
+
+def _ogb_file(folder: Path, name: str, required: bool) -> Path | None:
+    for candidate in (folder / f"{name}.csv.gz", folder / f"{name}.csv"):
+        if candidate.is_file():
+            return candidate
+    if required:
+        raise GraphInputError(f"{folder / name}.csv(.gz): missing (an OGB-style directory needs raw/edge, "
+                              f"raw/node-feat and raw/node-label; split/<name>/train, valid, test if split/ exists)")
+    return None
+
+
+def _ogb_split_dir(root: Path) -> Path | None:
+    split = root / "split"
+    if not split.is_dir():
+        return None
+    names = sorted(p for p in split.iterdir() if p.is_dir())
+    if not names:
+        raise GraphInputError(f"{split}: has no split directory (expected split/<name>/train.csv.gz ...)")
+    return names[0]
+
+
+def _read_csv(path: Path, dtype: type, field: str) -> np.ndarray:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return np.loadtxt(path, dtype=dtype, delimiter=",", ndmin=2)
+    except (ValueError, OSError, EOFError) as err:
+        raise GraphInputError(f"{path}: {field}: {err}") from None
+
+
+def load_ogb_dir(root: Path) -> Graph:
+    """An OGB node-property dataset directory, as OGB's raw CSV files lay it out."""
+    edge = _read_csv(_ogb_file(root / "raw", "edge", True), np.int64, "edge_index")
+    feat = _read_csv(_ogb_file(root / "raw", "node-feat", True), np.float32, "x")
+    label_path = _ogb_file(root / "raw", "node-label", True)
+    labels = _read_csv(label_path, np.float64, "y")  # OGB writes NaN for unlabelled vertices
+    if labels.size and not np.isfinite(labels).all():
+        row = int(np.nonzero(~np.isfinite(labels))[0][0])
+        raise GraphInputError(f"{label_path}: y: vertex {row} has no label (NaN); every vertex needs one")
+    if labels.size and not (labels == np.round(labels)).all():
+        raise GraphInputError(f"{label_path}: y: labels must be integers")
+    num_nodes_file = _ogb_file(root / "raw", "num-node-list", False)
+    if num_nodes_file is not None:
+        n = int(_read_csv(num_nodes_file, np.int64, "num-node-list").ravel()[0])
+        if feat.shape[0] != n:
+            raise GraphInputError(f"{root}: x: node-feat has {feat.shape[0]} rows but num-node-list says {n}")
+    if edge.shape[1] != 2:
+        raise GraphInputError(f"{root}: edge_index: raw/edge rows must be 'src,dst', got {edge.shape[1]} columns")
+    masks: dict[str, Any] = {}
+    split = _ogb_split_dir(root)
+    if split is not None:
+        n = feat.shape[0]
+        for field, name in zip(MASKS, ("train", "valid", "test")):
+            path = _ogb_file(split, name, True)
+            idx = _read_csv(path, np.int64, field).ravel()
+            if len(idx) and (idx.min() < 0 or idx.max() >= n):
+                bad = int(idx[(idx < 0) | (idx >= n)][0])
+                raise GraphInputError(f"{path}: {field}: vertex id {bad} is out of range (x has {n} rows)")
+            m = np.zeros(n, dtype=bool)
+            m[idx] = True
+            masks[field] = m
+    return build_graph(edge.T, feat, labels.astype(np.int64), masks, root.name, str(root))
+
+
+class _DataStandIn:
+    """Stands in for PyG's Data/GlobalStorage classes while `torch.load(weights_only=True)`
+    reads a saved Data: the unpickler may only create allowed classes, and these
+    ones just hold the attributes (no code of PyG's runs, none is imported)."""
+
+
+def _stand_in(module: str, name: str) -> type:
+    return type(name, (_DataStandIn,), {"__module__": module, "__qualname__": name})
+
+
+PYG_CLASSES = (("torch_geometric.data.data", "Data"), ("torch_geometric.data.data", "DataEdgeAttr"),
+               ("torch_geometric.data.data", "DataTensorAttr"), ("torch_geometric.data.storage", "GlobalStorage"),
+               ("torch_geometric.data.storage", "NodeStorage"), ("torch_geometric.data.storage", "EdgeStorage"))
+
+
+def load_torch(path: Path) -> Graph:
+    """A PyG Data (or a dict of tensors) saved with torch.save, read with weights_only=True."""
+    stand_ins = [_stand_in(m, n) for m, n in PYG_CLASSES]
+    try:
+        with torch.serialization.safe_globals(stand_ins):
+            obj = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, AttributeError, TypeError) as err:
+        # a refused global, a corrupt archive or a truncated file: all mean "not loadable safely"
+        raise GraphInputError(f"{path}: not a torch.save file gnnc can read safely "
+                              f"({type(err).__name__}: {str(err).splitlines()[0][:200]})") from None
+    fields = _pyg_fields(obj)
+    if fields is None:
+        raise GraphInputError(f"{path}: expected a PyG Data or a dict of tensors, got {type(obj).__name__}")
+    return _from_fields(fields, path.stem, str(path))
+
+
+def _pyg_fields(obj: Any) -> dict[str, Any] | None:
+    """The attribute dict of a (stand-in or real) Data, or a plain dict."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    store = getattr(obj, "_store", None)
+    if store is not None:
+        mapping = getattr(store, "_mapping", None)
+        if isinstance(mapping, Mapping):
+            return dict(mapping)
+    return None
+
+
+def _from_fields(fields: Mapping[str, Any], name: str, source: str) -> Graph:
+    for field in ("edge_index", "x", "y"):
+        if fields.get(field) is None:
+            raise GraphInputError(f"{source}: {field}: missing")
+    return build_graph(fields["edge_index"], fields["x"], fields["y"], {k: fields.get(k) for k in MASKS},
+                       name, source)
+
+
+def from_pyg(data: Any, name: str = "pyg") -> Graph:
+    """A Graph from an in-memory PyG `Data` (duck-typed: edge_index, x, y, optional masks)."""
+    fields = {k: getattr(data, k, None) for k in ("edge_index", "x", "y", *MASKS)}
+    return _from_fields(fields, name, "PyG Data")
+
+
+# --- cache -----------------------------------------------------------------------------------------
+
+
+def _hash_files(files: Iterable[Path], root: Path, kind: str) -> str:
+    h = hashlib.sha256(f"{kind}:{CACHE_FORMAT}".encode())
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _cached(key: str, build: Any, cache_dir: str | os.PathLike | None, use_cache: bool) -> Graph:
+    """The graph stored under `key`, or `build()` stored there (atomically) for next time."""
+    if not use_cache:
+        return build()
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = folder / f"graph-{key[:32]}.npz"
+    if path.is_file():
+        graph = _read_cached(path, key)
+        if graph is not None:
+            return graph
+    graph = build()
+    try:
+        _write_cached(graph, path, key)
+    except OSError as err:  # a read-only or full disk must not stop the load itself
+        warnings.warn(f"could not cache the converted graph in {folder}: {err}", stacklevel=3)
+    return graph
+
+
+def _write_cached(graph: Graph, path: Path, key: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
+                     src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=graph.y.numpy(),
+                     **{k: getattr(graph, k).numpy() for k in MASKS})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_cached(path: Path, key: str) -> Graph | None:
+    """None when the entry is unreadable or belongs to another key (then it is rebuilt)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if str(f["key"]) != key:
+                return None
+            return Graph(int(f["num_nodes"]), f["src"], f["dst"], torch.from_numpy(f["x"]),
+                         torch.from_numpy(f["y"]), *(torch.from_numpy(f[k]) for k in MASKS), name=str(f["name"]))
+    except (OSError, ValueError, KeyError, EOFError):
+        return None

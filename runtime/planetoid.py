@@ -5,8 +5,9 @@ and a defaultdict of adjacency lists. A restricted unpickler admits exactly
 those classes, so a tampered file cannot run code. The split is the standard
 public one (PyG's `Planetoid(split='public')`): the first 20 per class for
 training, the next 500 for validation, the 1000 listed test vertices; edges
-are the adjacency lists without self-loops or duplicates; features are
-row-normalised. CiteSeer's test indices skip some vertices, which get zero
+are the adjacency lists without self-loops or duplicates, ordered as PyG's
+processed `edge_index` (by destination, then source); features are
+row-normalised (PyG's NormalizeFeatures). CiteSeer's test indices skip some vertices, which get zero
 features and label 0, as in PyG.
 """
 from __future__ import annotations
@@ -88,9 +89,11 @@ def load_planetoid(name: str, root: Path = DATA_DIR) -> Graph:
         cols.extend(vs)
     e = np.array([rows, cols], dtype=np.int64)
     e = e[:, (e[0] != e[1]) & (e[0] < n) & (e[1] < n)]
-    e = np.unique(e[0] * n + e[1])  # coalesce: sorted by (src, dst), duplicates removed
-    src, dst = e // n, e % n
-    rowsum = x.sum(1, keepdims=True)
-    x = x / np.maximum(rowsum, 1.0)
+    # coalesce as PyG's processed edge_index: duplicates removed, sorted by (dst, src)
+    e = np.unique(e[1] * n + e[0])
+    src, dst = e % n, e // n
+    x = x - x.min()  # NormalizeFeatures shifts to a zero minimum (a no-op on these 0/1 features), then
+    rowsum = x.sum(1, keepdims=True)  # divides by the row sum clamped at 1
+    x = x / np.maximum(rowsum, np.float32(1.0))
     return Graph(n, src, dst, torch.from_numpy(x), torch.from_numpy(y), *(torch.from_numpy(m) for m in masks),
                  name=name)

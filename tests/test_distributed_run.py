@@ -68,7 +68,7 @@ def test_sigkill_of_one_rank_stops_every_process(tmp_path: Path) -> None:
     def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
 
-    ranks = sorted(p for p in _children(proc.pid) if "spawn_main" in cmdline(p) and "tracker" not in cmdline(p))
+    ranks = sorted(p for p in _children(proc.pid) if "spawn_main" in cmdline(p) and "resource_tracker" not in cmdline(p))
     assert len(ranks) >= 2, f"expected two worker processes, found {ranks}"
     victim = ranks[-1]
     t0 = time.time()

@@ -26,7 +26,7 @@ def test_matches_pyg(name: str, pyg_name: str, sizes, tmp_path) -> None:
     ref = Planetoid(str(tmp_path), pyg_name, transform=NormalizeFeatures())[0]
     g = load_planetoid(name)
     assert g.num_nodes == ref.num_nodes
-    assert torch.allclose(g.x, ref.x, atol=0, rtol=1e-6)
+    assert torch.equal(g.x, ref.x)  # bit-identical: 0/1 counts divide exactly in float32
     assert torch.equal(g.y, ref.y)
     for ours, theirs, size in zip((g.train_mask, g.val_mask, g.test_mask),
                                   (ref.train_mask, ref.val_mask, ref.test_mask), sizes):
@@ -34,6 +34,8 @@ def test_matches_pyg(name: str, pyg_name: str, sizes, tmp_path) -> None:
     ours_e = set(zip(g.src.tolist(), g.dst.tolist()))
     theirs_e = set(zip(ref.edge_index[0].tolist(), ref.edge_index[1].tolist()))
     assert ours_e == theirs_e and len(ours_e) == g.num_edges
+    # PyG removes self-loops and duplicates and sorts by (src, dst): same arrays, same order
+    assert np.array_equal(np.stack([g.src, g.dst]), ref.edge_index.numpy())
 
 
 def test_refuses_a_pickle_that_runs_code(tmp_path) -> None:
@@ -60,3 +62,12 @@ def test_no_vertex_feature_row_is_unnormalised() -> None:
     g = load_planetoid("cora")
     sums = g.x.sum(1)
     assert np.allclose(sums[sums > 0].numpy(), 1.0, atol=1e-5)
+
+
+def test_load_graph_names_planetoid() -> None:
+    from gnnc.runtime.graph_io import load_graph
+
+    g = load_graph("planetoid:citeseer")
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (3327, 9104, 3703, 6)
+    with pytest.raises(GraphInputError, match="unknown Planetoid dataset 'pubmed'"):
+        load_graph("planetoid:pubmed")

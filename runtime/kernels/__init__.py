@@ -1,0 +1,105 @@
+"""The graph kernels the lowered IR calls: spmm, sddmm, edge_softmax.
+
+One entry point per kernel checks its arguments (so a shape mistake in a pass
+surfaces here with the shapes named, not deep inside torch.sparse) and picks
+the implementation for the tensors' device: Triton kernels for CUDA tensors
+when `triton` imports, otherwise torch's sparse CSR paths (`cpu.py`, which also
+run on CUDA through cuSPARSE). All are differentiable with torch autograd.
+
+Edge-valued tensors (weights, scores, SDDMM outputs) are in CSR order: entry k
+belongs to the edge `csr.indices[k] -> d` with indptr[d] <= k < indptr[d+1].
+Data held in the graph's edge order is permuted once with `csr.eids`.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from gnnc.runtime.graph import CSR
+from gnnc.runtime.kernels import cpu
+from gnnc.runtime.kernels.cpu import REDUCES, SDDMM_OPS
+
+__all__ = ["spmm", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
+
+
+def _triton_for(*tensors: torch.Tensor) -> ModuleType | None:
+    """The Triton backend when every tensor is on a CUDA device and triton imports."""
+    if not all(t.is_cuda for t in tensors):
+        return None
+    try:
+        # Imported lazily: the project installs and runs on CPU without triton.
+        from gnnc.runtime.kernels import triton_kernels
+    except ImportError:
+        return None
+    return triton_kernels
+
+
+def _check_float(name: str, t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
+def spmm(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None = None, reduce: str = "sum") -> torch.Tensor:
+    """out[d] = reduce over the in-edges k of d of weight[k] * x[src_k]; shape [n_dst, *f].
+
+    x is [n_src, *f] (f may be (F,) or (heads, D)); weight is None, [nnz] or
+    [nnz, *W] with W the leading dims of f (per-head scalars times per-head
+    vectors), in CSR order. reduce: 'sum', 'mean' (divides by the in-degree,
+    duplicates counted), 'max', 'min'. Rows without in-edges are 0 for every
+    reduce. Differentiable in x and weight.
+    """
+    if reduce not in REDUCES:
+        raise ValueError(f"unknown reduce {reduce!r}; expected one of {REDUCES}")
+    _check_float("x", x)
+    if x.dim() < 1 or x.shape[0] != csr.n_src:
+        raise ValueError(f"x has shape {tuple(x.shape)} but the CSR has {csr.n_src} source rows")
+    if weight is not None:
+        _check_float("weight", weight)
+        if weight.shape[0] != csr.nnz:
+            raise ValueError(f"weight has shape {tuple(weight.shape)} but the CSR has {csr.nnz} edges")
+        if weight.dtype != x.dtype or weight.device != x.device:
+            raise TypeError(f"weight ({weight.dtype}, {weight.device}) and x ({x.dtype}, {x.device}) differ")
+        cpu.weight_heads(weight, tuple(x.shape[1:]))  # raises on a shape that does not broadcast per head
+    backend = _triton_for(x) if reduce in ("sum", "mean") else None
+    if backend is not None:
+        return backend.spmm(csr, x, weight, reduce)
+    return cpu.spmm(csr, x, weight, reduce)
+
+
+def sddmm(csr: CSR, a: torch.Tensor, b: torch.Tensor, op: str = "add") -> torch.Tensor:
+    """e[k] = a[src_k] op b[dst_k] for every CSR entry k; shape [nnz, ...].
+
+    a is [n_src, ...], b is [n_dst, ...]. 'add' and 'mul' broadcast per head
+    (the shorter operand gets trailing unit dims: [n, H] with [n, H, D]);
+    'dot' contracts the last dim of two equally shaped operands ([n, H, D] ->
+    [nnz, H]). Differentiable in a and b.
+    """
+    if op not in SDDMM_OPS:
+        raise ValueError(f"unknown sddmm op {op!r}; expected one of {SDDMM_OPS}")
+    _check_float("a", a)
+    _check_float("b", b)
+    if a.dim() < 1 or a.shape[0] != csr.n_src:
+        raise ValueError(f"a has shape {tuple(a.shape)} but the CSR has {csr.n_src} source rows")
+    if b.dim() < 1 or b.shape[0] != csr.n_dst:
+        raise ValueError(f"b has shape {tuple(b.shape)} but the CSR has {csr.n_dst} destination rows")
+    if a.dtype != b.dtype or a.device != b.device:
+        raise TypeError(f"a ({a.dtype}, {a.device}) and b ({b.dtype}, {b.device}) differ")
+    if op == "dot" and (a.dim() < 2 or a.shape[1:] != b.shape[1:]):
+        raise ValueError(f"sddmm 'dot' needs equal feature shapes with a last dim to contract, "
+                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
+    backend = _triton_for(a, b)
+    if backend is not None and (op == "dot" or a.shape[1:] == b.shape[1:]):
+        return backend.sddmm(csr, a, b, op)
+    return cpu.sddmm(csr, a, b, op)
+
+
+def edge_softmax(csr: CSR, e: torch.Tensor) -> torch.Tensor:
+    """Softmax of e [nnz, *h] over the in-edges of each destination (per head), numerically stable."""
+    _check_float("e", e)
+    if e.dim() < 1 or e.shape[0] != csr.nnz:
+        raise ValueError(f"edge scores have shape {tuple(e.shape)} but the CSR has {csr.nnz} edges")
+    backend = _triton_for(e)
+    if backend is not None:
+        return backend.edge_softmax(csr, e)
+    return cpu.edge_softmax(csr, e)

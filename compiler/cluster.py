@@ -1,0 +1,389 @@
+"""Cluster profiles: the hardware figures the cost model turns into seconds.
+
+Why this module exists: the planner predicts the time, bytes and memory of
+every strategy from graph statistics *and* the machines that will run it. A
+`ClusterProfile` holds those machine figures (workers, links, memory, compute
+rates) in one validated, immutable record; profiles come from the presets of
+DESIGN.md section 9 (`gnnc clusters` lists them), from a JSON file
+(`--cluster FILE`) or from `gnnc probe` (the `local` preset).
+
+Units, everywhere: bytes, bytes per second (one direction of a link; a
+full-duplex link moves that much each way), seconds, FLOP per second. The SpMM
+rate is in *edge-feature multiply-adds per second* (one source element times
+one edge weight added into one destination element); the presets derive it
+from the memory bandwidth because SpMM is memory-bound (see `_spmm_rate`).
+
+The preset figures are transcribed from the vendors' public specifications
+and the link speeds DESIGN.md states; each carries a comment naming its
+source. They are never adjusted to make a planner decision come out: a
+decision that needs a different figure is a bug in the cost model, not in a
+preset. Latencies are the exception the datasheets leave open: they are
+order-of-magnitude assumptions for the software stack over each link kind,
+marked as such where they are set.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from gnnc.errors import GnncError
+
+PROFILE_VERSION = 1
+
+GB = 1e9  # vendors' GB/s and GB of bandwidth are decimal
+GIB = 1 << 30  # GPU memory sizes are binary (a "16 GB" HBM2 stack holds 16 GiB)
+GBIT = 1e9 / 8  # one Gb/s in bytes/s
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    """The machines a plan runs on.
+
+    name: how presets and files call it.
+    workers: the number of workers (one per GPU, or per process on a CPU
+        machine) the cluster offers; a plan may use fewer.
+    devices_per_node: workers sharing one machine (and its network link).
+    intra_bandwidth: bytes/s one worker can send to another on its machine.
+    inter_bandwidth: bytes/s of one machine's network link (shared by the
+        machine's workers).
+    latency: seconds to start one message (the alpha of alpha-beta costs).
+    topology: the interconnect in words ("ethernet", "infiniband", "pcie",
+        "nvlink-hybrid-cube-mesh", "nvswitch", "shared-memory").
+    memory_per_worker: bytes of device memory one worker may fill.
+    memory_bandwidth: bytes/s of one worker's device memory.
+    gemm_rate: dense FP32 FLOP/s of one worker (a multiply-add is 2 FLOP).
+    spmm_rate: edge-feature multiply-adds per second of one worker.
+    t_v, t_e, t_c: NeutronStar's measured unit costs, when `gnnc probe`
+        measured them: seconds per vertex per d_in*d_out multiply-add of the
+        dense map, seconds per edge per feature of the aggregation, seconds
+        per byte of a communicated row. They override the rates above where
+        the cost model needs them (`effective_*`); None: derive from rates.
+    description: one line for `gnnc clusters`.
+    """
+
+    name: str
+    workers: int
+    devices_per_node: int
+    intra_bandwidth: float
+    inter_bandwidth: float
+    latency: float
+    topology: str
+    memory_per_worker: float
+    memory_bandwidth: float
+    gemm_rate: float
+    spmm_rate: float
+    t_v: float | None = None
+    t_e: float | None = None
+    t_c: float | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _validate({f.name: getattr(self, f.name) for f in fields(self)}, f"cluster profile '{self.name}'")
+
+    @property
+    def nodes(self) -> int:
+        """Machines the full cluster spans."""
+        return math.ceil(self.workers / self.devices_per_node)
+
+    def for_workers(self, workers: int) -> ClusterProfile:
+        """The same machines with `workers` of them in use; more than the cluster has is an error."""
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise GnncError(f"workers must be a positive integer, got {workers!r}")
+        if workers > self.workers:
+            raise GnncError(f"cluster '{self.name}' has {self.workers} workers; {workers} were asked for "
+                            f"(field 'workers')")
+        return replace(self, workers=workers)
+
+    def worker_bandwidth(self, workers: int | None = None) -> float:
+        """Bytes/s one worker moves to its peers when `workers` workers exchange data evenly.
+
+        Workers fill machines in order. A worker's traffic is spread evenly
+        over its peers: the share for the peers on its machine goes at
+        `intra_bandwidth`; the rest leaves through the machine's link, which
+        the machine's workers share. The result is the harmonic mix of the
+        two, the rate at which a worker's whole share completes.
+        """
+        p = self.workers if workers is None else workers
+        if p <= 1:
+            return self.intra_bandwidth
+        local = min(self.devices_per_node, p)
+        f_intra = (local - 1) / (p - 1)
+        if f_intra >= 1.0:
+            return self.intra_bandwidth
+        per_worker_inter = self.inter_bandwidth / local
+        return 1.0 / (f_intra / self.intra_bandwidth + (1.0 - f_intra) / per_worker_inter)
+
+    @property
+    def effective_gemm_rate(self) -> float:
+        """FLOP/s of the dense map: from the measured t_v when there is one."""
+        return 2.0 / self.t_v if self.t_v is not None else self.gemm_rate
+
+    @property
+    def effective_spmm_rate(self) -> float:
+        """Edge-feature multiply-adds per second: from the measured t_e when there is one."""
+        return 1.0 / self.t_e if self.t_e is not None else self.spmm_rate
+
+    def effective_bandwidth(self, workers: int | None = None) -> float:
+        """Bytes/s per worker for exchanges: from the measured t_c when there is one."""
+        return 1.0 / self.t_c if self.t_c is not None else self.worker_bandwidth(workers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": PROFILE_VERSION, **asdict(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the profile as JSON (atomically: a reader never sees half a file)."""
+        target = Path(path)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(self.to_json(), encoding="utf-8")
+        os.replace(tmp, target)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "cluster profile") -> ClusterProfile:
+        """Build a profile from parsed JSON; a missing, unknown or bad field is a GnncError naming it."""
+        if not isinstance(data, dict):
+            raise GnncError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        data = dict(data)
+        version = data.pop("version", PROFILE_VERSION)
+        if version != PROFILE_VERSION:
+            raise GnncError(f"{where}: field 'version' is {version!r}; this gnnc reads version {PROFILE_VERSION}")
+        known = {f.name: f for f in fields(cls)}
+        for key in sorted(data):
+            if key not in known:
+                raise GnncError(f"{where}: unknown field '{key}' (known: {', '.join(sorted(known))})")
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            if name in data:
+                values[name] = data[name]
+            elif f.default is MISSING:
+                raise GnncError(f"{where}: missing field '{name}'")
+            else:
+                values[name] = f.default
+        _validate(values, where)  # with the caller's `where` (the file), before __post_init__ repeats it
+        # JSON integers in float fields (e.g. "latency": 0) become floats, so equal profiles compare equal
+        return cls(**{k: float(v) if _FIELD_KIND[k].startswith("float") and v is not None else v
+                      for k, v in values.items()})
+
+
+_FIELD_KIND = MappingProxyType({
+    "name": "str", "workers": "int", "devices_per_node": "int", "intra_bandwidth": "float",
+    "inter_bandwidth": "float", "latency": "float", "topology": "str", "memory_per_worker": "float",
+    "memory_bandwidth": "float", "gemm_rate": "float", "spmm_rate": "float", "t_v": "float?",
+    "t_e": "float?", "t_c": "float?", "description": "str",
+})
+_UNITS = MappingProxyType({
+    "intra_bandwidth": "bytes/s", "inter_bandwidth": "bytes/s", "latency": "seconds",
+    "memory_per_worker": "bytes", "memory_bandwidth": "bytes/s", "gemm_rate": "FLOP/s",
+    "spmm_rate": "edge-feature multiply-adds/s", "t_v": "seconds", "t_e": "seconds", "t_c": "seconds/byte",
+})
+
+
+def _check_types(data: dict[str, Any], where: str) -> None:
+    for key, value in data.items():
+        kind = _FIELD_KIND[key]
+        if kind == "str":
+            ok = isinstance(value, str)
+        elif kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or (
+                kind == "float?" and value is None)
+        if not ok:
+            want = {"str": "a string", "int": "an integer", "float": "a number", "float?": "a number or null"}[kind]
+            raise GnncError(f"{where}: field '{key}' must be {want}, got {value!r}")
+
+
+def _validate(p: dict[str, Any], where: str) -> None:
+    """Every figure must be usable by the cost model: the right type, positive, finite."""
+    _check_types(p, where)
+    for key in ("name", "topology"):
+        if not p[key]:
+            raise GnncError(f"{where}: field '{key}' must not be empty")
+    for key in ("workers", "devices_per_node"):
+        if p[key] < 1:
+            raise GnncError(f"{where}: field '{key}' must be at least 1, got {p[key]}")
+    for key in ("intra_bandwidth", "inter_bandwidth", "memory_per_worker", "memory_bandwidth", "gemm_rate",
+                "spmm_rate", "t_v", "t_e", "t_c"):
+        value = p[key]
+        if value is None:
+            continue
+        if not math.isfinite(value) or value <= 0:
+            raise GnncError(f"{where}: field '{key}' must be a positive number ({_UNITS[key]}), got {value!r}")
+    if not math.isfinite(p["latency"]) or p["latency"] < 0:
+        raise GnncError(f"{where}: field 'latency' must be a non-negative number (seconds), got {p['latency']!r}")
+
+
+def load_profile(path: str | os.PathLike[str]) -> ClusterProfile:
+    """Read a profile written by `ClusterProfile.save` or `gnnc probe`."""
+    where = f"cluster profile {os.fspath(path)}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise GnncError(f"{where}: cannot read it ({err.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise GnncError(f"{where}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+    return ClusterProfile.from_dict(data, where)
+
+
+# --- presets -----------------------------------------------------------------------------------
+
+# Per-direction speeds of the links the presets use.
+PCIE3_X16 = 8e9 * 16 * (128 / 130) / 8  # PCI-SIG PCIe 3.0: 8 GT/s per lane, 128b/130b coding: 15.75 GB/s
+PCIE4_X16 = 16e9 * 16 * (128 / 130) / 8  # PCI-SIG PCIe 4.0: 16 GT/s per lane: 31.5 GB/s
+
+# Latency assumptions (no datasheet gives the start-up time a collective library sees):
+ETHERNET_LATENCY = 50e-6  # assumed: TCP sockets through the kernel, tens of microseconds per message
+INFINIBAND_LATENCY = 5e-6  # assumed: RDMA verbs plus library overhead, a few microseconds
+GPU_LINK_LATENCY = 10e-6  # assumed: NVLink/PCIe transfers launched as GPU work, ~10 us per message
+
+
+def _spmm_rate(memory_bandwidth: float, bytes_per_element: int = 4) -> float:
+    """Edge-feature multiply-adds/s of a memory-bound SpMM.
+
+    Each multiply-add reads one source element that, on a large sparse graph,
+    is not reused from cache (MG-GCN: SpMM is bandwidth-bound), so the rate is
+    the memory bandwidth over the bytes of one FP32 element. A derivation from
+    the datasheet's bandwidth, not a measurement.
+    """
+    return memory_bandwidth / bytes_per_element
+
+
+def _gpu(name: str, description: str, *, workers: int, devices_per_node: int, intra: float, inter: float,
+         latency: float, topology: str, memory: float, bandwidth: float, fp32: float) -> ClusterProfile:
+    return ClusterProfile(name=name, workers=workers, devices_per_node=devices_per_node, intra_bandwidth=intra,
+                          inter_bandwidth=inter, latency=latency, topology=topology, memory_per_worker=memory,
+                          memory_bandwidth=bandwidth, gemm_rate=fp32, spmm_rate=_spmm_rate(bandwidth),
+                          description=description)
+
+
+def _p3() -> ClusterProfile:
+    # P3 (OSDI'21) evaluation cluster, DESIGN.md section 9: 4 machines x 4 P100, 10 Gb/s Ethernet.
+    # NVIDIA Tesla P100 datasheet, PCIe 16 GB card: 9.3 TFLOPS FP32, 16 GB CoWoS HBM2 at 732 GB/s.
+    # (The SXM2 card would come with NVLink, which DESIGN.md does not mention, so the PCIe card
+    # and a PCIe 3.0 x16 path between a machine's GPUs are assumed.)
+    return _gpu("p3", "P3: 4 machines x 4 P100 (PCIe), 10 Gb/s Ethernet", workers=16, devices_per_node=4,
+                intra=PCIE3_X16, inter=10 * GBIT, latency=ETHERNET_LATENCY, topology="ethernet",
+                memory=16 * GIB, bandwidth=732 * GB, fp32=9.3 * TFLOPS)
+
+
+def _t4_ecs(name: str, workers: int) -> ClusterProfile:
+    # NeutronStar (SIGMOD'22) Aliyun ECS cluster, DESIGN.md section 1 and 9: one T4 per machine, 6 Gb/s.
+    # NVIDIA T4 datasheet: 8.1 TFLOPS FP32, 16 GB GDDR6 at 320 GB/s, PCIe 3.0 x16 host link.
+    return _gpu(name, f"NeutronStar ECS: {workers} machines x 1 T4, 6 Gb/s network", workers=workers,
+                devices_per_node=1, intra=PCIE3_X16, inter=6 * GBIT, latency=ETHERNET_LATENCY,
+                topology="ethernet", memory=16 * GIB, bandwidth=320 * GB, fp32=8.1 * TFLOPS)
+
+
+def _neutronstar_ibv() -> ClusterProfile:
+    # NeutronStar's InfiniBand cluster, DESIGN.md: 8 machines x 1 V100, 100 Gb/s InfiniBand.
+    # NVIDIA V100 datasheet, PCIe card (one GPU per machine, so no NVLink): 14 TFLOPS FP32,
+    # 16 GB HBM2 at 900 GB/s, PCIe 3.0 x16 host link.
+    return _gpu("neutronstar-ibv", "NeutronStar IB: 8 machines x 1 V100, 100 Gb/s InfiniBand", workers=8,
+                devices_per_node=1, intra=PCIE3_X16, inter=100 * GBIT, latency=INFINIBAND_LATENCY,
+                topology="infiniband", memory=16 * GIB, bandwidth=900 * GB, fp32=14 * TFLOPS)
+
+
+def _g3() -> ClusterProfile:
+    # G3 (SIGMOD'23) cluster, DESIGN.md: 16 machines x 1 RTX 3090, 10 Gb/s.
+    # NVIDIA GeForce RTX 3090 specifications / Ampere GA102 whitepaper: 35.6 TFLOPS peak FP32,
+    # 24 GB GDDR6X at 936 GB/s, PCIe 4.0 x16 host link.
+    return _gpu("g3", "G3: 16 machines x 1 RTX 3090, 10 Gb/s Ethernet", workers=16, devices_per_node=1,
+                intra=PCIE4_X16, inter=10 * GBIT, latency=ETHERNET_LATENCY, topology="ethernet",
+                memory=24 * GIB, bandwidth=936 * GB, fp32=35.6 * TFLOPS)
+
+
+def _gnnpipe() -> ClusterProfile:
+    # GNNPipe cluster, DESIGN.md: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between.
+    # NVIDIA RTX A5000 datasheet: 27.8 TFLOPS FP32, 24 GB GDDR6 at 768 GB/s, PCIe 4.0 x16.
+    return _gpu("gnnpipe", "GNNPipe: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between",
+                workers=8, devices_per_node=4, intra=PCIE4_X16, inter=200 * GBIT, latency=INFINIBAND_LATENCY,
+                topology="pcie+infiniband", memory=24 * GIB, bandwidth=768 * GB, fp32=27.8 * TFLOPS)
+
+
+def _dgx1() -> ClusterProfile:
+    # NVIDIA DGX-1 with Tesla V100 datasheet: 8 x V100 SXM2 (16 GB each, 128 GB total), NVLink
+    # hybrid cube-mesh. V100 SXM2 datasheet: 15.7 TFLOPS FP32, 900 GB/s HBM2, six NVLink2 links of
+    # 25 GB/s per direction (DESIGN.md: "6 links x 25 GB/s"; NVIDIA's "300 GB/s" counts both ways).
+    # A GPU's links reach only 4 of its 7 peers (some pairs have two links), so 150 GB/s is its
+    # total send rate, not what one pair gets: the profile keeps the aggregate and names the topology.
+    return _gpu("dgx1", "DGX-1: 8 V100 (SXM2), NVLink hybrid cube-mesh, 6 links x 25 GB/s", workers=8,
+                devices_per_node=8, intra=6 * 25 * GB, inter=6 * 25 * GB, latency=GPU_LINK_LATENCY,
+                topology="nvlink-hybrid-cube-mesh", memory=16 * GIB, bandwidth=900 * GB, fp32=15.7 * TFLOPS)
+
+
+def _dgx_a100() -> ClusterProfile:
+    # NVIDIA DGX A100 datasheet: 8 x A100 SXM4 40 GB (320 GB total), 6 NVSwitches.
+    # A100 datasheet (SXM4 40 GB): 19.5 TFLOPS FP32 (without tensor cores), 1,555 GB/s HBM2,
+    # NVLink "600 GB/s" (DESIGN.md: NVSwitch 600 GB/s) = 12 NVLink3 links x 25 GB/s per direction x 2
+    # directions, i.e. 300 GB/s each way; the profile records one direction, like every other link.
+    return _gpu("dgx-a100", "DGX A100: 8 A100 (40 GB), NVSwitch 600 GB/s (300 GB/s each way)", workers=8,
+                devices_per_node=8, intra=300 * GB, inter=300 * GB, latency=GPU_LINK_LATENCY,
+                topology="nvswitch", memory=40 * GIB, bandwidth=1555 * GB, fp32=19.5 * TFLOPS)
+
+
+# Read-only: presets are built on demand, so nothing here can be changed by a caller.
+_PRESETS = MappingProxyType({
+    "p3": _p3,
+    "neutronstar-ecs": lambda: _t4_ecs("neutronstar-ecs", 8),
+    "neutronstar-ecs16": lambda: _t4_ecs("neutronstar-ecs16", 16),
+    "neutronstar-ibv": _neutronstar_ibv,
+    "g3": _g3,
+    "gnnpipe": _gnnpipe,
+    "dgx1": _dgx1,
+    "dgx-a100": _dgx_a100,
+})
+PRESET_NAMES = (*_PRESETS, "local")
+
+
+def default_probe_file() -> Path:
+    """Where `gnnc probe` writes this machine's profile unless told otherwise."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "gnnc" / "probe.json"
+
+
+def preset(name: str, probe_file: str | os.PathLike[str] | None = None) -> ClusterProfile:
+    """A named preset; `local` is the profile `gnnc probe` wrote (to `probe_file` or the default place)."""
+    if name == "local":
+        path = Path(probe_file) if probe_file is not None else default_probe_file()
+        if not path.exists():
+            raise GnncError(f"cluster 'local' is measured by `gnnc probe`, and {path} does not exist yet; "
+                            f"run `gnnc probe` or name another cluster ({', '.join(_PRESETS)})")
+        return replace(load_profile(path), name="local")
+    make = _PRESETS.get(name)
+    if make is None:
+        raise GnncError(f"unknown cluster preset '{name}' (known: {', '.join(PRESET_NAMES)})")
+    return make()
+
+
+def list_presets(probe_file: str | os.PathLike[str] | None = None) -> list[tuple[str, str]]:
+    """(name, one-line description) of every preset, for `gnnc clusters`."""
+    out = [(name, make().description) for name, make in _PRESETS.items()]
+    path = Path(probe_file) if probe_file is not None else default_probe_file()
+    if path.exists():
+        try:
+            local = load_profile(path)
+            out.append(("local", f"this machine, measured by gnnc probe ({path}): {local.workers} workers"))
+        except GnncError as err:
+            out.append(("local", f"this machine: {path} is unusable ({err})"))
+    else:
+        out.append(("local", f"this machine, once `gnnc probe` has written {path}"))
+    return out
+
+
+def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None) -> ClusterProfile:
+    """`--cluster PRESET|FILE`: a preset name, else a JSON profile file."""
+    if spec in PRESET_NAMES:
+        return preset(spec, probe_file)
+    if os.path.exists(spec) or spec.endswith(".json"):
+        return load_profile(spec)
+    raise GnncError(f"--cluster {spec}: neither a preset ({', '.join(PRESET_NAMES)}) nor a profile file")

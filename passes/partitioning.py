@@ -1,0 +1,235 @@
+"""One interface over the graph partitioners: `partition_graph(graph, parts, method)`.
+
+Each strategy the planner weighs assumes some split of the vertices (P3
+hashes them, NeutronStar takes contiguous chunks, G3 refines METIS, MG-GCN
+permutes at random); the planner compares strategies on the statistics of
+these splits, so every method answers through the same `Partition` record
+and the same registry. The methods themselves live in one module each
+(`partition_<name>.py`, with `run(inp, parts, seed, **options)`), imported
+only when used. Feature slices (P3 splits the feature dimension, not the
+vertices) and GNNPipe's chunks come from here too, so that every split of a
+graph has one home.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from gnnc.errors import GnncError
+from gnnc.runtime.graph import Graph
+
+
+@dataclass
+class Partition:
+    """A split of the vertices into `parts` parts.
+
+    assignment: int64 [N], the part of every vertex (0 <= part < parts).
+    method: the registry name that produced it.
+    stats: what the method reports (time_s always; balance reached, edge cut,
+    stopping reason, ... per method), JSON-serialisable values only.
+    """
+
+    assignment: np.ndarray
+    parts: int
+    method: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def sizes(self) -> np.ndarray:
+        """Vertices per part."""
+        return np.bincount(self.assignment, minlength=self.parts)
+
+    def members(self, part: int) -> np.ndarray:
+        """Global ids of the vertices of `part`, increasing."""
+        return np.nonzero(self.assignment == part)[0]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered partitioner: its name, a one-line summary and the module that runs it."""
+
+    name: str
+    summary: str
+    module: str
+
+    def runner(self) -> Callable[..., tuple[np.ndarray, dict[str, Any]]]:
+        return importlib.import_module(self.module).run
+
+
+METHODS: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
+    Method("hash", "P3: vertex id hashed to a part, no preprocessing; edges stay with their destination",
+           "gnnc.passes.partition_hash"),
+    Method("chunk", "NeutronStar: contiguous id ranges balanced by vertices plus in-edges",
+           "gnnc.passes.partition_chunk"),
+    Method("metis", "METIS k-way (pymetis): edge-cut by default; G3's multi-constraint volume variant",
+           "gnnc.passes.partition_metis"),
+    Method("g3", "G3 Algorithm 1: multi-constraint METIS, then swaps that balance the remote sets |B_i|",
+           "gnnc.passes.partition_g3"),
+    Method("random", "MG-GCN: seeded symmetric random permutation, then uniform row blocks",
+           "gnnc.passes.partition_random"),
+)})
+
+
+class PartitionInput:
+    """The graph plus structures several methods share, built at most once per call.
+
+    `undirected` is the symmetric adjacency METIS and G3 work on: every edge in
+    both directions, self-loops and duplicates removed (CSR over vertices,
+    int64 `indptr` [N+1] and `indices`). For a graph whose edge set is already
+    symmetric (all built-in datasets and generators), a vertex's neighbours
+    there are exactly its in-neighbours.
+    """
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.num_nodes = graph.num_nodes
+
+    @cached_property
+    def undirected(self) -> tuple[np.ndarray, np.ndarray]:
+        return undirected_adjacency(self.graph)
+
+    @cached_property
+    def in_degree(self) -> np.ndarray:
+        return np.bincount(self.graph.dst, minlength=self.num_nodes).astype(np.int64)
+
+
+def undirected_adjacency(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr, indices) of the symmetrised simple graph (see PartitionInput)."""
+    n = graph.num_nodes
+    src = graph.src.astype(np.int64)
+    dst = graph.dst.astype(np.int64)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    keys = sorted_unique(np.concatenate([src * n + dst, dst * n + src]))
+    rows = keys // n
+    indices = keys - rows * n
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+    return indptr, indices
+
+
+def sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """np.unique for int64 keys, by an in-place sort (numpy's hash-based unique is slower here)."""
+    keys = np.sort(keys)
+    if len(keys) == 0:
+        return keys
+    first = np.empty(len(keys), dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    return keys[first]
+
+
+def partition_graph(graph: Graph, parts: int, method: str, seed: int = 0, **opts: Any) -> Partition:
+    """Split the vertices of `graph` into `parts` parts with a registered method.
+
+    `opts` are the method's own options (see its module); an unknown method,
+    an unknown option or a part count outside [1, N] raises GnncError.
+    """
+    if method not in METHODS:
+        raise GnncError(f"unknown partitioning method '{method}' (known: {', '.join(METHODS)})")
+    if isinstance(parts, bool) or not isinstance(parts, (int, np.integer)) or parts < 1:
+        raise GnncError(f"parts must be a positive integer, got {parts!r}")
+    parts = int(parts)
+    if parts > graph.num_nodes:
+        raise GnncError(f"parts ({parts}) exceeds the number of vertices ({graph.num_nodes})")
+    run = METHODS[method].runner()
+    accepted = [p for p in inspect.signature(run).parameters if p not in ("inp", "parts", "seed")]
+    for key in opts:
+        if key not in accepted:
+            raise GnncError(f"unknown option '{key}' for partitioning method '{method}' "
+                            f"(known: {', '.join(accepted) or 'none'})")
+    start = time.perf_counter()
+    assignment, stats = run(PartitionInput(graph), parts, int(seed), **opts)
+    elapsed = time.perf_counter() - start
+    assignment = np.ascontiguousarray(assignment, dtype=np.int64)
+    if assignment.shape != (graph.num_nodes,) or (len(assignment) and (assignment.min() < 0
+                                                                       or assignment.max() >= parts)):
+        raise AssertionError(f"partitioner '{method}' returned an invalid assignment")  # a bug, not user input
+    stats = {"time_s": elapsed, **stats}
+    return Partition(assignment, parts, method, stats)
+
+
+def feature_slices(num_features: int, parts: int) -> list[tuple[int, int]]:
+    """P3's split of the feature dimension: `parts` contiguous [start, stop) column ranges.
+
+    Bounds are F*k//parts, so widths differ by at most one and F need not
+    divide by the part count (the wider slices come where the rounding puts
+    them; with F < parts some slices are empty). The runtime's
+    `feature_slice(width, rank, world)` uses the same bounds.
+    """
+    if parts < 1:
+        raise GnncError(f"parts must be a positive integer, got {parts!r}")
+    if num_features < 0:
+        raise GnncError(f"the feature count must be non-negative, got {num_features}")
+    bounds = [num_features * k // parts for k in range(parts + 1)]
+    return [(bounds[k], bounds[k + 1]) for k in range(parts)]
+
+
+def tile_nnz(graph: Graph, assignment: np.ndarray, parts: int, view: str = "plain") -> np.ndarray:
+    """int64 [parts, parts]: tile (i, j) counts the edges into part i from part j.
+
+    With parts as row blocks of the adjacency matrix (rows = destinations),
+    this is the nnz of block A_ij that MG-GCN's stage j multiplies on GPU i.
+    """
+    src, dst = graph.edges(view)
+    a = np.asarray(assignment, dtype=np.int64)
+    return np.bincount(a[dst] * parts + a[src], minlength=parts * parts).reshape(parts, parts)
+
+
+def induced_subgraph(graph: Graph, vertices: np.ndarray) -> Graph:
+    """The subgraph on `vertices` (renumbered 0..len-1 in the given order) with its edges among them."""
+    vertices = np.asarray(vertices, dtype=np.int64)
+    local = np.full(graph.num_nodes, -1, dtype=np.int64)
+    local[vertices] = np.arange(len(vertices))
+    s, d = local[graph.src], local[graph.dst]
+    keep = (s >= 0) & (d >= 0)
+    idx = torch.as_tensor(vertices)
+    return Graph(len(vertices), s[keep], d[keep], graph.x[idx], graph.y[idx], graph.train_mask[idx],
+                 graph.val_mask[idx], graph.test_mask[idx], name=f"{graph.name}[sub]")
+
+
+def chunks_for_pipeline(graph: Graph, chunks: int, partition: Partition | None = None, part: int = 0,
+                        seed: int = 0) -> list[np.ndarray]:
+    """GNNPipe's K chunks: METIS on the vertices of one part (the whole graph without a partition).
+
+    Returns `chunks` arrays of global vertex ids, each increasing; together
+    they hold every vertex of the part exactly once.
+    """
+    vertices = np.arange(graph.num_nodes) if partition is None else partition.members(part)
+    if chunks < 1 or chunks > len(vertices):
+        raise GnncError(f"chunks ({chunks}) must be between 1 and the part's vertex count ({len(vertices)})")
+    sub = induced_subgraph(graph, vertices)
+    inner = partition_graph(sub, chunks, "metis", seed=seed)
+    return [vertices[inner.assignment == k] for k in range(chunks)]
+
+
+def estimate_peak_memory(graph: Graph, parts: int, method: str) -> int:
+    """Bytes the process will hold at its peak while partitioning `graph` (an estimate).
+
+    The loaded graph (edges, features, labels, masks), plus per method: the
+    symmetric adjacency and the sort that builds it (METIS, G3: 2E int64 keys,
+    sorted in place, then 2E indices), METIS's own copies and coarsening
+    levels (about five times its input), G3's per-part neighbour counts
+    (parts x N int32), and the statistics pass (a few int64 arrays per edge).
+    """
+    n, e, f = graph.num_nodes, graph.num_edges, graph.num_features
+    loaded = graph.src.nbytes + graph.dst.nbytes + n * f * 4 + n * 8 + 3 * n
+    per_vertex = 8 * 4 * n  # assignment, degrees, positions, masks
+    stats = 8 * 4 * e + 8 * n * 4
+    adjacency = 8 * (2 * e) * 2 + 8 * (n + 1)
+    metis = 5 * 8 * (2 * e + 3 * n)
+    extra = {
+        "hash": 0,
+        "chunk": 0,
+        "random": 8 * n,
+        "metis": adjacency + metis,
+        "g3": adjacency + metis + 4 * parts * n + 8 * (2 * e) // 4,
+    }.get(method, adjacency + metis)
+    return int(loaded + per_vertex + max(stats, extra))
