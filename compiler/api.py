@@ -180,7 +180,7 @@ class Plan:
                 import numpy as np
 
                 parts = np.load(io.BytesIO(blob), allow_pickle=False)
-        meta = {k: data[k] for k in ("partition",) if k in data}
+        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step") if k in data}
         return Plan(program, model, data.get("graph"), passes, int(data.get("workers", 1)), meta, parts)
 
 
@@ -231,17 +231,18 @@ def compile(model: Model, graph: Any = None, workers: int = 1, passes: list[str]
     names = list(DEFAULT_PIPELINE if passes is None else passes)
     if workers > 1 and passes is None:
         names += DISTRIBUTED_PIPELINE
-    ctx = PassContext(graph=graph, options={"workers": workers, "strategy": strategy})
-    program = run_pipeline(program, names, ctx, after=after)
     meta: dict[str, Any] = {}
     parts = None
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
-        strategies = {layer.attr("strategy") for layer in program.graph_layers()}
-        method = partition or ("random" if strategies == {"bcast1d"} else "metis")
+        method = partition or ("random" if strategy == "bcast1d" else "metis")
         parts = partition_vertices(graph, workers, method, seed)
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
+    ctx = PassContext(graph=graph, options={"workers": workers, "strategy": strategy, "parts": parts})
+    program = run_pipeline(program, names, ctx, after=after)
+    if "predicted_bytes" in ctx.options:
+        meta["predicted_bytes_per_step"] = ctx.options["predicted_bytes"]
     plan = Plan(program, model, graph_spec, names, workers, meta)
     plan.parts = parts
     return plan

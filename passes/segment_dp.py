@@ -28,7 +28,8 @@ Tie-breaking rule (deterministic, independent of dict order): the smallest
 time wins; among equal times, the smallest memory; then the assignment whose
 per-layer strategy list comes first when each strategy is replaced by its
 position in `strategies` (earlier strategies preferred, layer 0 first);
-then the one with fewer segments. Times are compared exactly, as floats
+then the one with fewer segments; then the one whose segment ends, read
+left to right, come first (shorter early segments). Times are compared exactly, as floats
 summed in the same left-to-right order by the DP and by any enumeration.
 """
 from __future__ import annotations
@@ -73,21 +74,24 @@ class Label:
     """One entry of a DP cell: a partial assignment of layers 0..end-1, by its last segment.
 
     time, memory: totals so far (the last segment's transition from its
-    predecessor included). order: the per-layer strategy positions so far
-    (the tie-breaking key). segments: how many. segment: the last segment
-    (start, end, strategy). prev: (cell, index) of the label it extends, or
-    None for the first segment.
+    predecessor included). order: the per-layer strategy positions so far.
+    segments: how many. ends: where each segment ends. segment: the last
+    segment (start, end, strategy). prev: (cell, index) of the label it
+    extends, or None for the first segment.
     """
 
     time: float
     memory: float
     order: tuple[int, ...]
     segments: int
+    ends: tuple[int, ...]
     segment: SegKey
     prev: tuple[tuple[int, str], int] | None
 
-    def key(self) -> tuple[float, float, tuple[int, ...], int]:
-        return (self.time, self.memory, self.order, self.segments)
+    def key(self) -> tuple[float, float, tuple[int, ...], int, tuple[int, ...]]:
+        """The tie-breaking order (module docstring); a prefix that comes first stays first when
+        both prefixes are extended by the same segments."""
+        return (self.time, self.memory, self.order, self.segments, self.ends)
 
 
 Table = dict[tuple[int, str], tuple[Label, ...]]
@@ -204,7 +208,8 @@ def fill_table(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[Seg
                 if memory_cap is not None and memory > memory_cap:
                     continue
                 order = (lab.order if lab else ()) + (rank[strategy],) * (end - start)
-                new = Label(time, memory, order, (lab.segments if lab else 0) + 1, (start, end, strategy),
+                new = Label(time, memory, order, (lab.segments if lab else 0) + 1,
+                            (lab.ends if lab else ()) + (end,), (start, end, strategy),
                             (cell, index) if cell is not None else None)
                 _insert(cells.setdefault((end, strategy), []), new)
         # freeze the cells ending at start+1 in tie-breaking order (`prev` indices refer to this order)
@@ -269,8 +274,14 @@ def _alternatives(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[
         except GnncError:
             continue
     rank = {s: i for i, s in enumerate(strategies)}
-    return tuple(sorted(found.values(), key=lambda a: (not a.fits(memory_cap), a.time, a.memory,
-                                                        tuple(rank[x] for x in a.strategies), len(a.segments))))
+    return tuple(sorted(found.values(), key=lambda a: (not a.fits(memory_cap), assignment_key(a, rank))))
+
+
+def assignment_key(a: Assignment, rank: Mapping[str, int]) -> tuple[float, float, tuple[int, ...], int,
+                                                                    tuple[int, ...]]:
+    """The tie-breaking order of whole assignments (`rank`: each strategy's position)."""
+    return (a.time, a.memory, tuple(rank[x] for x in a.strategies), len(a.segments),
+            tuple(s.end for s in a.segments))
 
 
 def _no_assignment(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[SegKey, tuple[float, float]],

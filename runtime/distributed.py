@@ -224,10 +224,16 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     w.reduce_grads(params)
     total = w.sum(loss.detach())
     gathered = w.gather_logits(logits)
+    every: list[Any] = [None] * cfg.world_size
+    dist.all_gather_object(every, w.stats.bytes_by("op"))
     if cfg.rank != 0:
         return None
+    sent: dict[str, int] = {}
+    for per_rank in every:
+        for op, nbytes in per_rank.items():
+            sent[op] = sent.get(op, 0) + nbytes
     return {"logits": gathered, "loss": float(total), "grads": {k: p.grad.detach().clone() for k, p in params.items()},
-            "bytes": w.stats.as_dict()}
+            "bytes_by_op": sent}
 
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:

@@ -57,6 +57,22 @@ def _view(graph: Graph, view: str, sel: np.ndarray, local_src: np.ndarray, local
                      csr.in_degree().to(torch.float32))
 
 
+def remote_in_neighbours(graph: Graph, parts: np.ndarray, world: int, views: list[str]) -> list[np.ndarray]:
+    """B_p for every part p: the distinct remote in-neighbours of its vertices over the views' edges,
+    ordered by (owner, global id), the order each owner sends its rows in."""
+    out: list[np.ndarray] = []
+    for p in range(world):
+        srcs = []
+        for v in views:
+            s, d = graph.edges(v)
+            m = (parts[d] == p) & (parts[s] != p)
+            srcs.append(s[m])
+        b = np.unique(np.concatenate(srcs)) if srcs else np.zeros(0, np.int64)
+        b = b[np.lexsort((b, parts[b]))]
+        out.append(b.astype(np.int64))
+    return out
+
+
 def vertex_partitioned(graph: Graph, parts: np.ndarray, rank: int, world: int, views: list[str],
                        columns: str) -> LocalGraph:
     """Owned rows and their in-edges; columns `halo` (depcomm) or `blocks` (bcast1d)."""
@@ -74,18 +90,7 @@ def vertex_partitioned(graph: Graph, parts: np.ndarray, rank: int, world: int, v
             sel = np.nonzero(parts[d] == rank)[0]
             out[v] = _view(graph, v, sel, col_of[s[sel]], pos[d[sel]], len(owned), graph.num_nodes)
         return LocalGraph(torch.as_tensor(owned), len(owned), out, block_rows=[int(c) for c in counts])
-    # halo columns: remote in-neighbours of every part, over the union of the views' edges
-    remote_of: list[np.ndarray] = []
-    for p in range(world):
-        srcs = []
-        for v in views:
-            s, d = graph.edges(v)
-            m = (parts[d] == p) & (parts[s] != p)
-            srcs.append(s[m])
-        b = np.unique(np.concatenate(srcs)) if srcs else np.zeros(0, np.int64)
-        # ordered by (owner, global id): the order each owner sends its rows in
-        b = b[np.lexsort((b, parts[b]))]
-        remote_of.append(b.astype(np.int64))
+    remote_of = remote_in_neighbours(graph, parts, world, views)
     halo_ids = remote_of[rank]
     col_of = np.full(graph.num_nodes, -1, dtype=np.int64)
     col_of[owned] = np.arange(len(owned))

@@ -1,4 +1,5 @@
-"""Exact strategies compute what one process computes: logits, loss and every parameter gradient.
+"""Exact strategies compute what one process computes: logits, loss and every parameter gradient,
+and the bytes each communication op sends equal the plan's prediction exactly.
 
 One launch per world size runs every (model, strategy, partition) case, so
 the test pays for starting processes twice. Training mode is on, so dropout
@@ -65,7 +66,8 @@ def cases(graph, world: int):
             for method in ("hash", "metis", "random"):
                 plan = api.compile(model, graph, workers=world, strategy=strategy, partition=method)
                 tc = TrainConfig(seed=SEED, progress=False, use_kernels=False)
-                out.append(((name, strategy, method), single, DistJob(str(plan.program), graph, plan.parts, tc)))
+                job = DistJob(str(plan.program), graph, plan.parts, tc)
+                out.append(((name, strategy, method), single, job, plan.meta["predicted_bytes_per_step"]))
     return out
 
 
@@ -73,10 +75,14 @@ def cases(graph, world: int):
 def test_strategies_match_one_process(world: int) -> None:
     graph = hub_graph()
     todo = cases(graph, world)
-    results = launch(one_step_each, world, [job for _, _, job in todo])[0]
+    results = launch(one_step_each, world, [job for _, _, job, _ in todo])[0]
     refs: dict[str, tuple] = {}
     failures = []
-    for (key, single, _), got in zip(todo, results):
+    op_names = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
+    for (key, single, _, predicted), got in zip(todo, results):
+        measured = {k: got["bytes_by_op"].get(op, 0) for k, op in op_names.items()}
+        if measured != predicted:
+            failures.append(f"{key}: measured bytes {measured} != predicted {predicted}")
         name = key[0]
         if name not in refs:
             refs[name] = reference(single, graph)

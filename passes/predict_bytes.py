@@ -1,0 +1,81 @@
+"""predict-bytes: the exact logical payload of every communication op of one training step.
+
+Counted on the partitioned graph with the runtime's conventions (see
+gnnc.runtime.comm: what a rank sends to other ranks, not what a ring
+relays), so a run's measured bytes must equal these numbers exactly:
+
+* `halo` of a width-w value: forward sum_p |B_p| rows (each owner sends each
+  remote in-neighbour once per needing part), backward the same rows back;
+* `bcast_rows`: every block to the P-1 other ranks, forward and backward;
+* `reduce_scatter` (P3's pull): each rank sends the N - |V_r| rows it does
+  not own, forward; backward all-gathers (P-1) N rows;
+* the gradient all-reduce: 2 (P-1) x the parameters' size.
+
+A backward message exists only when its input depends on a parameter
+(autograd skips the dual op otherwise). Each comm equation gets attributes
+`bytes_fwd` and `bytes_bwd`; the program's total is in `ctx.options`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from gnnc.ir import Program
+from gnnc.pass_manager import PassContext, register_pass
+
+BYTES_PER_ELEMENT = 4  # float32
+
+
+def _width(shape, config) -> int:
+    from gnnc.runtime.executor import eval_dim
+
+    w = 1
+    for d in shape:
+        w *= eval_dim(d, config)
+    return w
+
+
+def _param_dependent(program: Program) -> set[str]:
+    dep = {p.value.name for p in program.params()}
+    for layer in program.layers:
+        for e in layer.eqns:
+            if any(v.name in dep for v in e.ins):
+                dep.update(o.name for o in e.outs)
+    return dep
+
+
+def predict(program: Program, graph, parts: np.ndarray, world: int) -> tuple[Program, dict[str, int]]:
+    from gnnc.runtime.partitioned import remote_in_neighbours
+
+    config = program.config_dict()
+    views = sorted({layer.edges for layer in program.graph_layers()})
+    halo_rows = sum(len(b) for b in remote_in_neighbours(graph, parts, world, views))
+    n = graph.num_nodes
+    needs_grad = _param_dependent(program)
+    totals = {"halo": 0, "bcast_rows": 0, "reduce_scatter": 0, "allreduce": 0}
+    layers = []
+    for layer in program.layers:
+        eqns = []
+        for e in layer.eqns:
+            if e.op in ("halo", "bcast_rows", "reduce_scatter"):
+                w = _width(e.ins[0].type.shape, config) * BYTES_PER_ELEMENT
+                rows = {"halo": halo_rows, "bcast_rows": (world - 1) * n, "reduce_scatter": (world - 1) * n}[e.op]
+                fwd = rows * w
+                bwd = fwd if e.ins[0].name in needs_grad else 0
+                totals[e.op] += fwd + bwd
+                e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
+            eqns.append(e)
+        layers.append(layer.replace(eqns=tuple(eqns)))
+    numel = sum(_width(p.value.type.shape, config) for p in program.params())
+    totals["allreduce"] = 2 * (world - 1) * numel * BYTES_PER_ELEMENT
+    return program.replace(layers=tuple(layers)), totals
+
+
+@register_pass("predict-bytes", "annotate communication ops with their exact bytes per training step")
+def predict_bytes(program: Program, ctx: PassContext) -> Program:
+    parts = ctx.options.get("parts")
+    world = int(ctx.options.get("workers", 1))
+    if parts is None or world == 1 or ctx.graph is None:
+        return program
+    program, totals = predict(program, ctx.graph, parts, world)
+    ctx.options["predicted_bytes"] = totals
+    return program
