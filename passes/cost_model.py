@@ -784,16 +784,35 @@ class CostValue:
     worker_memory: np.ndarray = field(repr=False)  # [workers]
 
 
+class CompiledCost:
+    """A `Cost` with its expressions lambdified once; call it on inputs as often as needed."""
+
+    def __init__(self, cost: Cost):
+        self.cost = cost
+        self._stages = tuple(compile_expr(s) for s in cost.stages)
+        self._bytes = compile_expr(cost.bytes)
+        self._memory = compile_expr(cost.memory)
+
+    def __call__(self, inputs: CostInputs, extra: Values | None = None) -> CostValue:
+        return self.on_table(_table(inputs, extra), inputs.workers)
+
+    def on_table(self, table: Values, workers: int) -> CostValue:
+        stage_times = (np.stack([fn(table) for fn in self._stages]) if self._stages
+                       else np.zeros((0, workers)))
+        worker_bytes = self._bytes(table)
+        worker_memory = self._memory(table)
+        time = float(sum(float(row.max()) for row in stage_times))
+        return CostValue(self.cost.name, time, float(worker_bytes.sum()), float(worker_memory.max()),
+                         stage_times, worker_bytes, worker_memory)
+
+
+def compile_cost(cost: Cost) -> CompiledCost:
+    return CompiledCost(cost)
+
+
 def evaluate_cost(cost: Cost, inputs: CostInputs, extra: Values | None = None) -> CostValue:
-    table = _table(inputs, extra)
-    p = inputs.workers
-    stage_times = (np.stack([compile_expr(s)(table) for s in cost.stages]) if cost.stages
-                   else np.zeros((0, p)))
-    worker_bytes = compile_expr(cost.bytes)(table)
-    worker_memory = compile_expr(cost.memory)(table)
-    time = float(sum(float(row.max()) for row in stage_times))
-    return CostValue(cost.name, time, float(worker_bytes.sum()), float(worker_memory.max()),
-                     stage_times, worker_bytes, worker_memory)
+    """`cost` on `inputs`; compile it with `compile_cost` instead when evaluating it repeatedly."""
+    return CompiledCost(cost)(inputs, extra)
 
 
 def total_time(costs: Iterable[Cost], inputs: CostInputs, extra: Values | None = None) -> float:

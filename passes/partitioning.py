@@ -210,26 +210,29 @@ def chunks_for_pipeline(graph: Graph, chunks: int, partition: Partition | None =
     return [vertices[inner.assignment == k] for k in range(chunks)]
 
 
-def estimate_peak_memory(graph: Graph, parts: int, method: str) -> int:
+def estimate_peak_memory(graph: Graph, parts: int, method: str, baseline_bytes: int | None = None) -> int:
     """Bytes the process will hold at its peak while partitioning `graph` (an estimate).
 
-    The loaded graph (edges, features, labels, masks), plus per method: the
-    symmetric adjacency and the sort that builds it (METIS, G3: 2E int64 keys,
-    sorted in place, then 2E indices), METIS's own copies and coarsening
-    levels (about five times its input), G3's per-part neighbour counts
-    (parts x N int32), and the statistics pass (a few int64 arrays per edge).
+    `baseline_bytes`: what the process holds already, the loaded graph
+    included (the CLI passes its RSS so far); without it, the graph's own
+    arrays. On top of that, per method: the symmetric adjacency and the sort
+    that builds it (METIS, G3: 2E int64 keys sorted, then 2E indices), METIS's
+    copies and coarsening levels (about five times its input), G3's per-part
+    neighbour counts (parts x N int32), and the statistics pass that follows
+    (a few int64 arrays per edge, an N x parts depth table).
     """
     n, e, f = graph.num_nodes, graph.num_edges, graph.num_features
-    loaded = graph.src.nbytes + graph.dst.nbytes + n * f * 4 + n * 8 + 3 * n
+    if baseline_bytes is None:
+        baseline_bytes = graph.src.nbytes + graph.dst.nbytes + n * f * 4 + n * 8 + 3 * n
     per_vertex = 8 * 4 * n  # assignment, degrees, positions, masks
-    stats = 8 * 4 * e + 8 * n * 4
+    stats = 8 * 6 * e + (8 + 2 + 4) * n * parts
     adjacency = 8 * (2 * e) * 2 + 8 * (n + 1)
     metis = 5 * 8 * (2 * e + 3 * n)
     extra = {
         "hash": 0,
         "chunk": 0,
-        "random": 8 * n,
+        "random": 8 * n + 8 * e,
         "metis": adjacency + metis,
-        "g3": adjacency + metis + 4 * parts * n + 8 * (2 * e) // 4,
+        "g3": adjacency + metis + 4 * parts * n + 8 * (2 * e),
     }.get(method, adjacency + metis)
-    return int(loaded + per_vertex + max(stats, extra))
+    return int(baseline_bytes + per_vertex + max(stats, extra))

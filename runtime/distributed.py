@@ -21,7 +21,7 @@ from gnnc.errors import PlanError
 from gnnc.ir import Eqn, Program
 from gnnc.ir_text import parse_ir
 from gnnc.runtime import comm
-from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, init_params
+from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, init_params, sparse_if_sparse
 from gnnc.runtime.graph import Graph
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.partitioned import LocalGraph, replicated_lhop, vertex_partitioned
@@ -139,7 +139,7 @@ def _local_inputs(graph: Graph, lg: LocalGraph) -> dict[str, torch.Tensor]:
     rows = lg.rows
     owned = torch.zeros(len(rows), dtype=torch.bool)
     owned[: lg.n_owned] = True
-    return {"x": graph.x[rows], "y": graph.y[rows], "train": graph.train_mask[rows] & owned,
+    return {"x": sparse_if_sparse(graph.x[rows]), "y": graph.y[rows], "train": graph.train_mask[rows] & owned,
             "val": graph.val_mask[rows] & owned, "test": graph.test_mask[rows] & owned}
 
 
@@ -177,7 +177,7 @@ class DistWorker(Worker):
             cols = feature_slice(graph.num_features, cfg.rank, cfg.world_size)
             phase = FeaturePhase({v: GraphView.build(graph, v) for v in {layer.edges for layer in pushpull}},
                                  torch.arange(graph.num_nodes), cols, pushpull[0].name)
-            self.inputs["x"] = graph.x[:, cols[0]:cols[1]]
+            self.inputs["x"] = sparse_if_sparse(graph.x[:, cols[0]:cols[1]])
         self.interp = DistInterpreter(program, lg, phase)
         self.views = lg.views
         self.ids = lg.rows

@@ -160,6 +160,13 @@ class Interpreter:
 
     def eqn(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
         op = e.op
+        if any(t.is_sparse for t in ins):
+            if op == "dropout":
+                return self._sparse_dropout(e, ins[0], ctx)
+            if op == "linear":
+                out = torch.sparse.mm(ins[0], ins[1])
+                return out + ins[2] if len(ins) > 2 else out
+            ins = [t.to_dense() if t.is_sparse else t for t in ins]
         if op in ACTIVATION_OPS:
             return _activation(op, ins[0], e)
         if op in ("add", "sub", "mul", "div", "pow"):
@@ -248,6 +255,30 @@ class Interpreter:
         raise GnncError(f"the runtime has no implementation of op '{op}'")
 
 
+    def _sparse_dropout(self, e: Eqn, x: torch.Tensor, ctx: ExecContext) -> torch.Tensor:
+        """Dropout of a sparse input: draws only at the nonzeros (the mask elsewhere does not matter)."""
+        if not ctx.training:
+            return x
+        p = float(e.attr("p"))
+        idx = x.indices()
+        draws = rng.draws16_at(ctx.dropout_key(self.stream[id(e)]), ctx.vertex_ids[idx[0]], idx[1] + ctx.col_offset)
+        keep = (draws >= int(round(p * 65536))).to(x.dtype) * (1.0 / (1.0 - p))
+        return torch.sparse_coo_tensor(idx, x.values() * keep, x.shape, is_coalesced=True, check_invariants=False)
+
+
+SPARSE_INPUT_DENSITY = 0.05  # below this, input features are kept sparse (dropout at nonzeros, sparse matmul)
+
+
+def sparse_if_sparse(x: torch.Tensor) -> torch.Tensor:
+    """Input features as a coalesced sparse COO tensor when few of them are nonzero (bag-of-words graphs)."""
+    if x.dim() != 2 or x.numel() == 0:
+        return x
+    nnz = int(torch.count_nonzero(x))
+    if nnz > SPARSE_INPUT_DENSITY * x.numel():
+        return x
+    return x.to_sparse_coo().coalesce()
+
+
 def init_params(program: Program, seed: int) -> dict[str, torch.nn.Parameter]:
     """Parameters in program order from one seeded generator (the same on every rank)."""
     gen = torch.Generator().manual_seed(seed)
@@ -272,7 +303,7 @@ def _init(p: Param, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tenso
 
 
 def graph_inputs(graph: Graph) -> dict[str, torch.Tensor]:
-    return {"x": graph.x, "y": graph.y, "train": graph.train_mask, "val": graph.val_mask,
+    return {"x": sparse_if_sparse(graph.x), "y": graph.y, "train": graph.train_mask, "val": graph.val_mask,
             "test": graph.test_mask}
 
 

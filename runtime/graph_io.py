@@ -108,14 +108,9 @@ def load_graph(spec: str, cache_dir: str | os.PathLike | None = None, use_cache:
         key = _hash_files(files, path, "ogb")
         return _cached(key, lambda: load_ogb_dir(path), cache_dir, use_cache)
     suffix = path.name.lower()
-    if suffix.endswith(".npz"):
-        loader = load_npz
-    elif suffix.endswith((".pt", ".pth")):
-        loader = load_torch
-    else:
-        loader = load_edge_list
-    key = _hash_files([path], path.parent, loader.__name__)
-    return _cached(key, lambda: loader(path), cache_dir, use_cache)
+    kind = "npz" if suffix.endswith(".npz") else "torch" if suffix.endswith((".pt", ".pth")) else "edge-list"
+    key = _hash_files([path], path.parent, kind)
+    return _cached(key, lambda: _load_by_kind(kind)(path), cache_dir, use_cache)
 
 
 # --- validation ------------------------------------------------------------------------------------
@@ -388,6 +383,10 @@ def from_pyg(data: Any, name: str = "pyg") -> Graph:
     """A Graph from an in-memory PyG `Data` (duck-typed: edge_index, x, y, optional masks)."""
     fields = {k: getattr(data, k, None) for k in ("edge_index", "x", "y", *MASKS)}
     return _from_fields(fields, name, "PyG Data")
+
+
+def _load_by_kind(kind: str) -> Any:
+    return {"npz": load_npz, "torch": load_torch, "edge-list": load_edge_list}[kind]
 
 
 # --- cache -----------------------------------------------------------------------------------------

@@ -63,6 +63,15 @@ def draws16(key: int, rows: torch.Tensor, width: int, col_offset: int = 0) -> to
     return both[:, skip:skip + width]
 
 
+def draws16_at(key: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """`draws16` at given (row id, global column) pairs only: what a sparse input's nonzeros need."""
+    rk = _as_int32(_mix64(((rows.to(torch.int64) * 0x9E3779B1) ^ key) & _M32))
+    cols = cols.to(torch.int64)
+    ck = _as_int32(_mix64(((cols // 2) * 0x85EBCA77 + 0x165667B1) & _M32))
+    h = _mix32(rk ^ ck)
+    return (h >> (16 * (cols % 2)).to(torch.int32)) & 0xFFFF
+
+
 def uniform(key: int, rows: torch.Tensor, width: int, col_offset: int = 0) -> torch.Tensor:
     """U[0,1) float32 on the 1/65536 grid, shape [len(rows), width]."""
     return draws16(key, rows, width, col_offset).to(torch.float32) * (1.0 / 65536.0)

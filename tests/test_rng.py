@@ -31,3 +31,11 @@ def test_dropout_keeps_the_right_fraction_and_scales() -> None:
     m = rng.dropout_mask(rng.stream_key(5), torch.arange(1000), (300,), 0.6)
     assert abs(float((m > 0).float().mean()) - 0.4) < 0.005
     assert torch.allclose(m[m > 0], torch.tensor(2.5))
+
+
+def test_draws_at_pairs_equal_the_dense_draws() -> None:
+    key = rng.stream_key(1, 2)
+    full = rng.draws16(key, torch.arange(30), 17, 5)
+    r = torch.randint(0, 30, (200,))
+    c = torch.randint(0, 17, (200,))
+    assert torch.equal(rng.draws16_at(key, r, c + 5), full[r, c])

@@ -214,6 +214,11 @@ def weight_heads(weight: torch.Tensor | None, feat_shape: tuple[int, ...]) -> in
 # Primitives (no autograd): products over a pattern
 # ---------------------------------------------------------------------------
 
+def _blocks(t: torch.Tensor, n: int, heads: int) -> torch.Tensor:
+    """t [n, *f] as the dense [n * heads, F / heads] operand of a (block) pattern."""
+    return t.reshape(n * heads, math.prod(t.shape[1:]) // heads)
+
+
 def _mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu" and x.shape[1] >= _REDUCE_KERNEL_MIN_WIDTH:
         return torch.sparse.mm(a, x, "sum")
@@ -225,7 +230,7 @@ def spmm_sum(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, transposed:
     rows, cols = (csr.n_src, csr.n_dst) if transposed else (csr.n_dst, csr.n_src)
     heads = weight_heads(weight, tuple(x.shape[1:]))
     pat = pattern(csr, transposed, heads, x.device)
-    xb = x.reshape(cols * heads, -1)
+    xb = _blocks(x, cols, heads)
     if pat.nnz == 0 or xb.shape[1] == 0:
         return x.new_zeros((rows,) + tuple(x.shape[1:]))
     out = _mm(pat.matrix(weight, x.dtype), xb)
@@ -241,8 +246,8 @@ def sampled_dot(csr: CSR, a: torch.Tensor, b: torch.Tensor, heads: int) -> torch
     pat = pattern(csr, False, heads, a.device)
     if pat.nnz == 0:
         return a.new_zeros(0)
-    bb = b.reshape(csr.n_dst * heads, -1)
-    ab = a.reshape(csr.n_src * heads, -1)
+    bb = _blocks(b, csr.n_dst, heads)
+    ab = _blocks(a, csr.n_src, heads)
     s = torch.sparse.sampled_addmm(pat.matrix(None, a.dtype), bb, ab.t(), beta=0.0)
     return pat.to_edges(s.values())
 
@@ -272,7 +277,7 @@ class SpMM(torch.autograd.Function):
             ctx.save_for_backward(x if need_w else None, weight if need_x else None)
             return out
         out, arg = _spmm_extreme(csr, x, weight, reduce, need_x or need_w)
-        ctx.save_for_backward(x if need_w else None, weight, arg)
+        ctx.save_for_backward(x, weight, arg)
         return out
 
     @staticmethod
@@ -289,7 +294,7 @@ class SpMM(torch.autograd.Function):
             gw = sampled_dot(csr, x, grad, ctx.heads).view(ctx.w_shape) if need_w else None
             return None, gx, gw, None
         x, weight, arg = ctx.saved_tensors
-        gx, gw = _spmm_extreme_backward(csr, grad, x, weight, arg, ctx.heads, ctx.x_shape, ctx.w_shape,
+        gx, gw = _spmm_extreme_backward(csr, grad, x, weight, arg, ctx.heads, ctx.reduce, ctx.w_shape,
                                         need_x, need_w)
         return None, gx, gw, None
 
@@ -299,7 +304,7 @@ def _spmm_extreme(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, reduce
     """max/min through torch's spmm_reduce kernel; `arg` [rows*heads, D] is the winning block entry."""
     heads = weight_heads(weight, tuple(x.shape[1:]))
     pat = pattern(csr, False, heads, x.device)
-    xb = x.reshape(csr.n_src * heads, -1)
+    xb = _blocks(x, csr.n_src, heads)
     shape = (csr.n_dst,) + tuple(x.shape[1:])
     if pat.nnz == 0 or xb.shape[1] == 0:
         return x.new_zeros(shape), None
@@ -314,31 +319,22 @@ def _spmm_extreme(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, reduce
     if arg.numel() != out.numel():
         raise RuntimeError("torch's _sparse_mm_reduce_impl returned no argmax; this torch version "
                            "needs gnnc.runtime.kernels.cpu.generic_spmm for max/min")
-    return out.detach().view(shape), arg.to(torch.int64)
+    return out.detach().view(shape), arg
 
 
-def _spmm_extreme_backward(csr: CSR, grad: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor | None,
-                           arg: torch.Tensor | None, heads: int, x_shape: tuple, w_shape: tuple | None,
+def _spmm_extreme_backward(csr: CSR, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                           arg: torch.Tensor | None, heads: int, reduce: str, w_shape: tuple | None,
                            need_x: bool, need_w: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    pat = pattern(csr, False, heads, grad.device)
-    gx = grad.new_zeros(x_shape) if need_x else None
-    gw = grad.new_zeros(w_shape) if need_w else None
+    """Route each output element's gradient to the edge that won it (torch's own backward kernel)."""
     if arg is None:  # no edges (or no features): every output was 0 and constant
-        return gx, gw
-    width = arg.shape[1]
-    won = arg < pat.nnz  # rows without in-edges have arg == nnz
-    k = torch.where(won, arg, torch.zeros((), dtype=arg.dtype, device=arg.device))
-    g = grad.reshape(arg.shape) * won
-    # flat index into x.view(-1) of the source element each output read
-    src_elem = pat.col.to(torch.int64)[k] * width + torch.arange(width, device=arg.device)
-    if need_x:
-        gsrc = g if weight is None else g * pat.values(weight)[k]
-        gx.view(-1).index_add_(0, src_elem.view(-1), gsrc.reshape(-1))
-    if need_w:
-        contrib = g * x.reshape(-1)[src_elem]
-        per_entry = grad.new_zeros(pat.nnz).index_add_(0, k.view(-1), contrib.reshape(-1))
-        gw = pat.to_edges(per_entry).view(w_shape)
-    return gx, gw
+        return (torch.zeros_like(x) if need_x else None,
+                grad.new_zeros(w_shape) if need_w else None)
+    pat = pattern(csr, False, heads, grad.device)
+    gvals, gx = torch.ops.aten._sparse_mm_reduce_impl_backward(
+        pat.matrix(weight, grad.dtype), _blocks(grad, csr.n_dst, heads), _blocks(x, csr.n_src, heads),
+        "amax" if reduce == "max" else "amin", arg, [need_w, need_x])
+    return (gx.view(x.shape) if need_x else None,
+            pat.to_edges(gvals.values()).view(w_shape) if need_w else None)
 
 
 def generic_spmm(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, reduce: str) -> torch.Tensor:

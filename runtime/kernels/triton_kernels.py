@@ -270,6 +270,11 @@ def _edge_sum(csr: CSR, values: torch.Tensor, by_source: bool) -> torch.Tensor:
     return launch_spmm(structure(csr, "indptr", dev), structure(csr, "edge_ids", dev), values, None)
 
 
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t as a 2-D [n, everything else] tensor (reshape(n, -1) fails when n is 0)."""
+    return t.reshape(n, math.prod(t.shape[1:]))
+
+
 def _transposed_weight(csr: CSR, weight: torch.Tensor) -> torch.Tensor:
     return weight.index_select(0, structure(csr, "t_perm", weight.device)).contiguous()
 
@@ -278,7 +283,7 @@ class SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, reduce: str) -> torch.Tensor:
         heads = weight_heads(weight, tuple(x.shape[1:]))
-        x2 = x.reshape(csr.n_src, -1)
+        x2 = _rows(x, csr.n_src)
         w2 = None if weight is None else weight.reshape(csr.nnz, heads)
         dev = x.device
         out = launch_spmm(structure(csr, "indptr", dev), structure(csr, "indices", dev), x2, w2, reduce == "mean")
@@ -293,7 +298,7 @@ class SpMM(torch.autograd.Function):
         csr: CSR = ctx.csr
         x2, w2 = ctx.saved_tensors
         dev = grad.device
-        g2 = grad.reshape(csr.n_dst, -1)
+        g2 = _rows(grad, csr.n_dst)
         if ctx.mean:
             g2 = g2 * inv_degree(csr, dev, g2.dtype).unsqueeze(1)
         g2 = g2.contiguous()
@@ -305,7 +310,8 @@ class SpMM(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             h = ctx.heads
             gw = launch_sddmm_dot(structure(csr, "indices", dev), structure(csr, "dst", dev),
-                                  x2.view(csr.n_src, h, -1), g2.view(csr.n_dst, h, -1)).view(ctx.w_shape)
+                                  x2.view(csr.n_src, h, x2.shape[1] // h),
+                                  g2.view(csr.n_dst, h, g2.shape[1] // h)).view(ctx.w_shape)
         return None, gx, gw, None
 
 
@@ -319,9 +325,10 @@ class SDDMM(torch.autograd.Function):
         if op == "dot":
             lead = tuple(a.shape[1:-1])
             heads = math.prod(lead)
-            out = launch_sddmm_dot(src, dst, a.reshape(csr.n_src, heads, -1), b.reshape(csr.n_dst, heads, -1))
+            depth = a.shape[-1]
+            out = launch_sddmm_dot(src, dst, a.reshape(csr.n_src, heads, depth), b.reshape(csr.n_dst, heads, depth))
             return out.view((csr.nnz,) + lead)
-        out = launch_sddmm(src, dst, a.reshape(csr.n_src, -1), b.reshape(csr.n_dst, -1), op)
+        out = launch_sddmm(src, dst, _rows(a, csr.n_src), _rows(b, csr.n_dst), op)
         return out.view((csr.nnz,) + tuple(a.shape[1:]))
 
     @staticmethod
@@ -337,17 +344,17 @@ class SDDMM(torch.autograd.Function):
             g2 = grad.reshape(csr.nnz, heads).contiguous()
             if need_a:  # grad_a[s] = sum over out-edges of g[k] * b[dst_k]
                 ga = launch_spmm(structure(csr, "t_indptr", dev), structure(csr, "t_indices", dev),
-                                 b.reshape(csr.n_dst, -1), _transposed_weight(csr, g2)).view(ctx.a_shape)
+                                 _rows(b, csr.n_dst), _transposed_weight(csr, g2)).view(ctx.a_shape)
             if need_b:
                 gb = launch_spmm(structure(csr, "indptr", dev), structure(csr, "indices", dev),
-                                 a.reshape(csr.n_src, -1), g2).view(ctx.b_shape)
+                                 _rows(a, csr.n_src), g2).view(ctx.b_shape)
             return None, ga, gb, None
-        g2 = grad.reshape(csr.nnz, -1).contiguous()
+        g2 = _rows(grad, csr.nnz).contiguous()
         if need_a:
-            ea = g2 if ctx.op == "add" else g2 * b.reshape(csr.n_dst, -1).index_select(0, structure(csr, "dst", dev))
+            ea = g2 if ctx.op == "add" else g2 * _rows(b, csr.n_dst).index_select(0, structure(csr, "dst", dev))
             ga = _edge_sum(csr, ea.contiguous(), by_source=True).view(ctx.a_shape)
         if need_b:
-            eb = g2 if ctx.op == "add" else g2 * a.reshape(csr.n_src, -1).index_select(0, structure(csr, "indices", dev))
+            eb = g2 if ctx.op == "add" else g2 * _rows(a, csr.n_src).index_select(0, structure(csr, "indices", dev))
             gb = _edge_sum(csr, eb.contiguous(), by_source=False).view(ctx.b_shape)
         return None, ga, gb, None
 
@@ -355,7 +362,7 @@ class SDDMM(torch.autograd.Function):
 class EdgeSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, csr: CSR, e: torch.Tensor) -> torch.Tensor:
-        e2 = e.reshape(csr.nnz, -1)
+        e2 = _rows(e, csr.nnz)
         out = launch_softmax(structure(csr, "indptr", e.device), e2)
         ctx.csr = csr
         ctx.save_for_backward(out)

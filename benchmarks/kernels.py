@@ -1,0 +1,156 @@
+"""SpMM: gnnc's kernel against torch.sparse and PyG's message passing, side by side in one run.
+
+The aggregation of a GCN layer, out[d] = sum over in-edges k of w[k] * x[src_k],
+timed on a uniform random graph (default 200K vertices, 2M edges) at several
+feature widths, forward alone and forward + backward (d/dx), for
+
+* gnnc:         `gnnc.runtime.kernels.spmm` (CSR kernels, cached transpose);
+* torch.sparse: `torch.sparse.mm` on a CSR tensor built once (autograd's own
+                backward, which transposes the matrix on every call);
+* PyG:          a `MessagePassing` layer whose message is `w * x_j`, as
+                GCNConv's (one gathered row per edge, then a scatter-sum).
+
+A last row times the GAT shape: 8 heads of 16 features with one weight per
+edge and head (gnnc's block CSR product against PyG's [nnz, heads, D] path).
+Each figure is the median of `--repeat` runs after one warm-up run; ratios
+are PyG / gnnc and torch.sparse / gnnc (above 1: gnnc is faster).
+
+    python benchmarks/kernels.py                       # CPU; CUDA too where present
+    python benchmarks/kernels.py --n 20000 --m 200000  # a quick look
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from typing import Callable
+
+import torch
+
+
+def median_time(fn: Callable[[], object], repeat: int, sync: Callable[[], None]) -> float:
+    fn()  # warm-up: caches, allocator, thread pools
+    sync()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def make_pyg_layer() -> torch.nn.Module:
+    from torch_geometric.nn import MessagePassing
+
+    class WeightedSum(MessagePassing):
+        """GCNConv's propagation without its linear map and normalisation."""
+
+        def __init__(self) -> None:
+            super().__init__(aggr="add", node_dim=0)  # x may be [n, heads, D], as in GATConv
+
+        def forward(self, x: torch.Tensor, edge_index: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return self.propagate(edge_index, x=x, w=w)
+
+        def message(self, x_j: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return w.view(w.shape + (1,) * (x_j.dim() - w.dim())) * x_j
+
+    return WeightedSum()
+
+
+def bench_device(device: torch.device, args: argparse.Namespace) -> list[dict]:
+    from gnnc.runtime import kernels
+    from gnnc.runtime.graph import CSR
+
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, args.n, (args.m,), generator=gen)
+    dst = torch.randint(0, args.n, (args.m,), generator=gen)
+    csr = CSR.from_edges(src, dst, args.n)
+    # The same edges in CSR order for every system, so the sums match term by term.
+    edge_index = torch.stack([csr.indices, csr.dst_index()]).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "sparse CSR is beta" notice
+        w = torch.rand(args.m, generator=gen).to(device)
+        a_csr = torch.sparse_csr_tensor(csr.indptr.to(device), csr.indices.to(device), w, (args.n, args.n))
+    pyg = make_pyg_layer().to(device) if not args.no_pyg else None
+
+    rows = []
+    shapes = [(f"{f}", (f,), w) for f in args.widths]
+    heads, depth = 8, 16
+    w_heads = torch.rand(args.m, heads, generator=gen).to(device)
+    shapes.append((f"{heads}x{depth} heads", (heads, depth), w_heads))
+    for label, feat, weight in shapes:
+        x = torch.randn((args.n,) + feat, generator=gen).to(device)
+        xg = x.clone().requires_grad_(True)
+        grad = torch.randn((args.n,) + feat, generator=gen).to(device)
+        row = {"width": label}
+        systems: dict[str, tuple[Callable, Callable]] = {
+            "gnnc": (lambda: kernels.spmm(csr, x, weight),
+                     lambda: kernels.spmm(csr, xg, weight).backward(grad)),
+        }
+        if len(feat) == 1:
+            systems["torch.sparse"] = (lambda: torch.sparse.mm(a_csr, x),
+                                       lambda: torch.sparse.mm(a_csr, xg).backward(grad))
+        if pyg is not None:
+            systems["pyg"] = (lambda: pyg(x, edge_index, weight), lambda: pyg(xg, edge_index, weight).backward(grad))
+        for name, (fwd, fwd_bwd) in systems.items():
+            with torch.no_grad():
+                row[f"{name} fwd"] = median_time(fwd, args.repeat, sync)
+            row[f"{name} fwd+bwd"] = median_time(fwd_bwd, args.repeat, sync)
+            xg.grad = None
+        rows.append(row)
+        print_row(row, device, header=len(rows) == 1)
+    return rows
+
+
+COLUMNS = ["gnnc", "torch.sparse", "pyg"]
+
+
+def print_row(row: dict, device: torch.device, header: bool) -> None:
+    if header:
+        print(f"\nSpMM on {device} ({torch.get_num_threads()} threads): seconds, median; "
+              "x = other / gnnc", flush=True)
+        head = f"{'width':>14}"
+        for phase in ("fwd", "fwd+bwd"):
+            for name in COLUMNS:
+                head += f" {name + ' ' + phase:>18}"
+        print(head, flush=True)
+    line = f"{row['width']:>14}"
+    for phase in ("fwd", "fwd+bwd"):
+        ours = row[f"gnnc {phase}"]
+        for name in COLUMNS:
+            t = row.get(f"{name} {phase}")
+            if t is None:
+                line += f" {'-':>18}"
+            elif name == "gnnc":
+                line += f" {t:>18.4f}"
+            else:
+                line += f" {f'{t:.4f} ({t / ours:.1f}x)':>18}"
+    print(line, flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=200_000, help="vertices")
+    p.add_argument("--m", type=int, default=2_000_000, help="edges (uniform random)")
+    p.add_argument("--widths", type=lambda s: [int(v) for v in s.split(",")], default=[32, 64, 128, 256])
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per figure (after one warm-up)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
+                   help="'all': CPU, and CUDA when present")
+    p.add_argument("--no-pyg", action="store_true", help="skip PyG (its per-edge rows need nnz x F memory)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    devices = [torch.device("cpu")] if args.device in ("cpu", "all") else []
+    if args.device == "cuda" or (args.device == "all" and torch.cuda.is_available()):
+        devices.append(torch.device("cuda"))
+    print(f"uniform random graph: {args.n} vertices, {args.m} edges", flush=True)
+    for device in devices:
+        bench_device(device, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The partitioners side by side on one R-MAT graph, and MG-GCN's permutation measured.
+
+For each method (hash, chunk, metis, g3, random) on
+`rmat:n=1000000,deg=10,features=16,classes=4,seed=0` with 8 parts: the time
+of the partitioning call, the edge cut, sum |B_i|, max |B_i|, max/min |B_i|,
+the vertex and degree (in-edge) balance (max/mean), and the peak RSS. Each
+method runs in a fresh subprocess so its peak RSS is its own (the graph
+comes from the gnnc cache, generated once). Then the nnz per tile of the
+8 x 8 block grid, max/mean, for uniform row blocks in the identity order
+and after `random`'s permutation. The issue's targets are checked and
+printed beside the figures.
+
+    python benchmarks/partition.py
+    python benchmarks/partition.py --spec rmat:n=100000,deg=10,features=16,classes=4,seed=0 --parts 4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = "rmat:n=1000000,deg=10,features=16,classes=4,seed=0"
+METHODS = ("hash", "chunk", "metis", "g3", "random")
+
+
+def one(spec: str, parts: int, method: str) -> dict[str, Any]:
+    """Partition in this process and measure; the child's side of the benchmark."""
+    from gnnc.passes.graph_stats import compute_stats
+    from gnnc.passes.partitioning import partition_graph
+    from gnnc.runtime.graph_io import load_graph
+    from gnnc.runtime.metrics import peak_rss_bytes
+
+    graph = load_graph(spec)
+    start = time.perf_counter()
+    p = partition_graph(graph, parts, method, seed=0)
+    elapsed = time.perf_counter() - start
+    s = compute_stats(graph, p, layers=1)
+    remote = s.remote
+    row = {
+        "method": method, "time_s": elapsed, "edge_cut": s.edge_cut, "sum_remote": int(remote.sum()),
+        "max_remote": int(remote.max()), "ratio_remote": float(remote.max() / max(int(remote.min()), 1)),
+        "min_remote": int(remote.min()), "vertex_balance": s.vertex_balance, "degree_balance": s.edge_balance,
+        "peak_rss_bytes": peak_rss_bytes(), "remote": remote.tolist(),
+    }
+    if method == "g3":
+        row["g3"] = {k: p.stats[k] for k in ("metis_time_s", "swaps", "stop", "remote_ratio_start",
+                                             "remote_sum_start", "rejected")}
+    if method == "random":
+        from gnnc.passes.partitioning import partition_graph as pg
+
+        row["tiles_identity"] = pg(graph, parts, "random", permute=False).stats["max_mean_tile_nnz"]
+        row["tiles_random"] = p.stats["max_mean_tile_nnz"]
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default=SPEC)
+    ap.add_argument("--parts", type=int, default=8)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # child mode: one method, JSON on stdout
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.spec, args.parts, args.one)))
+        return 0
+
+    from gnnc.runtime.graph_io import load_graph
+
+    t = time.perf_counter()
+    graph = load_graph(args.spec)  # generate once; the children read the cache
+    print(f"{args.spec}: {graph.num_nodes} vertices, {graph.num_edges} edges, {args.parts} parts "
+          f"(loaded in {time.perf_counter() - t:.1f} s)", flush=True)
+    del graph
+    rows = []
+    for method in args.methods.split(","):
+        proc = subprocess.run([sys.executable, __file__, "--spec", args.spec, "--parts", str(args.parts),
+                               "--one", method], capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            print(f"{method}: failed\n{proc.stderr}", file=sys.stderr)
+            return 1
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"  {method} done in {rows[-1]['time_s']:.1f} s", file=sys.stderr, flush=True)
+
+    head = (f"{'method':8} {'time s':>8} {'edge cut':>10} {'sum |B|':>9} {'max |B|':>9} {'max/min':>9} "
+            f"{'V bal':>6} {'deg bal':>7} {'peak RSS':>9}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['method']:8} {r['time_s']:8.2f} {r['edge_cut']:10d} {r['sum_remote']:9d} {r['max_remote']:9d} "
+              f"{r['ratio_remote']:9.3f} {r['vertex_balance']:6.3f} {r['degree_balance']:7.3f} "
+              f"{r['peak_rss_bytes'] / 2**30:7.2f}Gi")
+    by = {r["method"]: r for r in rows}
+    if "g3" in by:
+        print(f"g3 detail: {json.dumps(by['g3']['g3'])}")
+    if "random" in by:
+        r = by["random"]
+        print(f"nnz per tile, max/mean over the {args.parts}x{args.parts} grid: identity order "
+              f"{r['tiles_identity']:.3f}, random permutation {r['tiles_random']:.3f}")
+    print("targets:")
+    checks = []
+    if "metis" in by:
+        checks.append(("metis under 60 s", by["metis"]["time_s"] < 60))
+    if "hash" in by:
+        checks.append(("hash under 2 s", by["hash"]["time_s"] < 2))
+    if "g3" in by and "metis" in by:
+        g, m = by["g3"], by["metis"]
+        checks += [("g3 max/min |B_i| <= 1.10", g["ratio_remote"] <= 1.10),
+                   ("g3 max |B_i| below metis's", g["max_remote"] < m["max_remote"]),
+                   (f"g3 sum |B_i| <= 1.20 x metis's ({g['sum_remote'] / m['sum_remote']:.2f}x)",
+                    g["sum_remote"] <= 1.2 * m["sum_remote"]),
+                   ("g3 within 120 s", g["time_s"] < 120)]
+    if "random" in by:
+        checks.append(("random lowers max/mean nnz per tile", by["random"]["tiles_random"]
+                       < by["random"]["tiles_identity"]))
+    for name, ok in checks:
+        print(f"  [{'ok' if ok else 'MISSED'}] {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Per-part shards of a partitioned graph on disk, with checksums.
+
+A worker of a distributed run should load only its own part: its vertices'
+rows, their in-edges, and the table of which rows it receives from and sends
+to each other part. `write_shards` writes one `.npz` per part and a
+`manifest.json` holding every shard's sha256; `read_shard` checks the
+manifest and the shard's size and checksum before it reads a single array,
+so a missing, truncated or altered shard fails with PlanError up front
+instead of as a wrong answer later. Every file is written to a temporary
+name and moved into place (os.replace), so a crash never leaves a half
+shard under the real name.
+
+Shard arrays (part i, n_i owned vertices, r_i remote ones):
+  global_ids [n_i]      owned vertices, increasing global id (local rows 0..n_i-1)
+  remote_ids [r_i]      B_i ordered by (owner, global id): local columns n_i.. (the order owners send in)
+  remote_owner [r_i]    the part owning each remote row
+  indptr [n_i+1], indices [nnz]  in-edges of the owned vertices grouped by destination; indices are
+                        local columns (owned rows first, then remote rows)
+  edge_ids [nnz]        each edge's position in the graph's edge order (per-edge data lookups)
+  send_ptr [P+1], send_idx  rows sent to part j: local rows send_idx[send_ptr[j]:send_ptr[j+1]],
+                        ordered by global id (the order j expects them in)
+  x, y, train_mask, val_mask, test_mask   the owned vertices' data
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gnnc.errors import PlanError
+from gnnc.runtime.graph import Graph
+
+SHARD_FORMAT = 1
+MANIFEST = "manifest.json"
+ARRAYS = ("global_ids", "remote_ids", "remote_owner", "indptr", "indices", "edge_ids", "send_ptr", "send_idx",
+          "x", "y", "train_mask", "val_mask", "test_mask")
+
+
+@dataclass(frozen=True, eq=False)
+class Shard:
+    """One part's slice of the graph (see the module docstring for each array)."""
+
+    part: int
+    parts: int
+    num_nodes: int
+    global_ids: np.ndarray
+    remote_ids: np.ndarray
+    remote_owner: np.ndarray
+    indptr: np.ndarray
+    indices: np.ndarray
+    edge_ids: np.ndarray
+    send_ptr: np.ndarray
+    send_idx: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+
+    def sends_to(self, part: int) -> np.ndarray:
+        """Local rows this part sends to `part` each layer."""
+        return self.send_idx[self.send_ptr[part]:self.send_ptr[part + 1]]
+
+    def global_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of this shard's edges in global ids."""
+        columns = np.concatenate([self.global_ids, self.remote_ids])
+        dst = np.repeat(self.global_ids, np.diff(self.indptr))
+        return columns[self.indices], dst
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_shards(graph: Graph, assignment: np.ndarray, parts: int, out_dir: str | os.PathLike,
+                 method: str = "", meta: dict[str, Any] | None = None,
+                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Write one shard per part and the manifest into `out_dir`; returns the manifest.
+
+    `meta` (JSON-serialisable) is stored in the manifest as is (partition
+    stats, for instance); `progress(i)` is called after shard i is written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n = graph.num_nodes
+    part = np.asarray(assignment, dtype=np.int64)
+    src, dst = graph.src.astype(np.int64), graph.dst.astype(np.int64)
+    by_part = np.argsort(part[dst], kind="stable")  # edges grouped by the owner of their destination
+    bounds = np.searchsorted(part[dst][by_part], np.arange(parts + 1))
+    remote: list[np.ndarray] = []
+    for i in range(parts):
+        sel = by_part[bounds[i]:bounds[i + 1]]
+        s = src[sel]
+        b = np.sort(s[part[s] != i])
+        b = b[np.concatenate([[True], b[1:] != b[:-1]])] if len(b) else b  # unique, by sorting
+        remote.append(b[np.lexsort((b, part[b]))])
+    x, y = graph.x.numpy(), graph.y.numpy()
+    masks = [m.numpy() for m in (graph.train_mask, graph.val_mask, graph.test_mask)]
+    local = np.full(n, -1, dtype=np.int64)
+    entries = []
+    for i in range(parts):
+        owned = np.nonzero(part == i)[0]
+        sel = by_part[bounds[i]:bounds[i + 1]]
+        sel = sel[np.lexsort((sel, dst[sel]))]  # by destination, then edge order
+        local[owned] = np.arange(len(owned))
+        local[remote[i]] = len(owned) + np.arange(len(remote[i]))
+        counts = np.bincount(local[dst[sel]], minlength=len(owned))
+        indptr = np.zeros(len(owned) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        indices = local[src[sel]]
+        send = [np.zeros(0, dtype=np.int64) if j == i else local[remote[j][part[remote[j]] == i]]
+                for j in range(parts)]
+        send = [np.sort(s) for s in send]  # remote[j] restricted to owner i is already by global id
+        send_ptr = np.zeros(parts + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in send], out=send_ptr[1:])
+        arrays = {
+            "global_ids": owned, "remote_ids": remote[i], "remote_owner": part[remote[i]],
+            "indptr": indptr, "indices": indices, "edge_ids": sel.astype(np.int64),
+            "send_ptr": send_ptr, "send_idx": np.concatenate(send) if send else np.zeros(0, np.int64),
+            "x": x[owned], "y": y[owned], "train_mask": masks[0][owned], "val_mask": masks[1][owned],
+            "test_mask": masks[2][owned],
+        }
+        local[owned] = -1
+        local[remote[i]] = -1
+        path = out / f"part-{i:05d}.npz"
+        _atomic_write(path, lambda f: np.savez(f, **arrays))
+        entries.append({"part": i, "file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)})
+        if progress is not None:
+            progress(i)
+    manifest = {
+        "format": SHARD_FORMAT, "graph": graph.name, "num_nodes": n, "num_edges": graph.num_edges,
+        "num_features": graph.num_features, "parts": parts, "method": method, "meta": meta or {},
+        "shards": entries,
+    }
+    _atomic_write(out / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1, sort_keys=True).encode()))
+    return manifest
+
+
+def read_manifest(shard_dir: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a shard directory; PlanError if it is missing or malformed."""
+    path = Path(shard_dir) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"{path}: missing shard manifest (is {shard_dir} a `gnnc partition` output?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PlanError(f"{path}: unreadable shard manifest ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != SHARD_FORMAT:
+        raise PlanError(f"{path}: not a shard manifest of format {SHARD_FORMAT}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or len(shards) != manifest.get("parts"):
+        raise PlanError(f"{path}: the manifest lists {len(shards) if isinstance(shards, list) else 'no'} shards "
+                        f"for {manifest.get('parts')} parts")
+    return manifest
+
+
+def verify_shard(shard_dir: str | os.PathLike, manifest: dict[str, Any], part: int) -> Path:
+    """The path of part's shard after checking it exists with the manifest's size and sha256."""
+    parts = manifest["parts"]
+    if not 0 <= part < parts:
+        raise PlanError(f"{shard_dir}: no shard for part {part} (the manifest has parts 0..{parts - 1})")
+    entry = manifest["shards"][part]
+    path = Path(shard_dir) / str(entry.get("file", ""))
+    if not path.is_file():
+        raise PlanError(f"{path}: shard of part {part} is missing")
+    size = path.stat().st_size
+    if size != entry.get("bytes"):
+        raise PlanError(f"{path}: shard of part {part} is truncated or altered: {size} bytes, "
+                        f"the manifest says {entry.get('bytes')}")
+    digest = _sha256(path)
+    if digest != entry.get("sha256"):
+        raise PlanError(f"{path}: shard of part {part} does not match its checksum "
+                        f"(sha256 {digest[:12]}..., the manifest says {str(entry.get('sha256'))[:12]}...)")
+    return path
+
+
+def verify_shards(shard_dir: str | os.PathLike) -> dict[str, Any]:
+    """Check every shard against the manifest; returns the manifest."""
+    manifest = read_manifest(shard_dir)
+    for part in range(manifest["parts"]):
+        verify_shard(shard_dir, manifest, part)
+    return manifest
+
+
+def read_shard(shard_dir: str | os.PathLike, part: int) -> Shard:
+    """Part's shard, read only after its size and checksum match the manifest."""
+    manifest = read_manifest(shard_dir)
+    path = verify_shard(shard_dir, manifest, part)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in ARRAYS}
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
+        raise PlanError(f"{path}: shard of part {part} is unreadable ({err})") from None
+    return Shard(part=part, parts=manifest["parts"], num_nodes=manifest["num_nodes"], **arrays)
+
+
+def assemble(shard_dir: str | os.PathLike) -> Graph:
+    """The whole graph back from its shards (edges in the original order); checks every shard first."""
+    manifest = verify_shards(shard_dir)
+    shards = [read_shard(shard_dir, i) for i in range(manifest["parts"])]
+    n, e = manifest["num_nodes"], manifest["num_edges"]
+    src = np.empty(e, dtype=np.int64)
+    dst = np.empty(e, dtype=np.int64)
+    f = manifest["num_features"]
+    x = np.empty((n, f), dtype=np.float32)
+    y = np.empty(n, dtype=np.int64)
+    masks = [np.empty(n, dtype=bool) for _ in range(3)]
+    for sh in shards:
+        s, d = sh.global_edges()
+        src[sh.edge_ids], dst[sh.edge_ids] = s, d
+        x[sh.global_ids], y[sh.global_ids] = sh.x, sh.y
+        for m, own in zip(masks, (sh.train_mask, sh.val_mask, sh.test_mask)):
+            m[sh.global_ids] = own
+    return Graph(n, src, dst, torch.from_numpy(x), torch.from_numpy(y), *(torch.from_numpy(m) for m in masks),
+                 name=manifest["graph"])

@@ -1,0 +1,476 @@
+"""Cost formulas: each checked with .subs on hand-computed numbers, against the runtime's byte counts,
+and for the monotonicity a planner relies on (hypothesis)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import sympy
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from conftest import random_graph
+from gnnc.cluster import PRESET_NAMES, preset
+from gnnc.passes import cost_model as cm
+from gnnc.passes.cost_model import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S, V, V_max, LayerShape, alpha, b, bw,
+                                    d, hop_edges, hop_vertices)
+from gnnc.runtime import comm
+from gnnc.runtime.graph import Graph
+from gnnc.runtime.partitioned import vertex_partitioned
+
+
+def num(expr, values: dict) -> float:
+    return float(sympy.sympify(expr).subs(values))
+
+
+# --- building blocks ---------------------------------------------------------------------------
+
+
+def test_compute_and_collectives_by_hand() -> None:
+    assert num(cm.gemm_time(100, 64, 16, gemms=2), {R_gemm: 1e8}) == pytest.approx(4 * 100 * 64 * 16 / 1e8)
+    assert num(cm.spmm_time(600, 16), {R_spmm: 1e7}) == pytest.approx(9.6e-4)
+    vals = {P: 4, bw: 1e6, alpha: 1e-3}
+    assert num(cm.all_reduce_time(4000), vals) == pytest.approx(2 * 3 / 4 * 4000 / 1e6 + 6e-3)
+    assert num(cm.reduce_scatter_time(3000), vals) == pytest.approx(3e-3 + 3e-3)
+    assert num(cm.all_gather_time(3000), vals) == pytest.approx(3e-3 + 3e-3)
+    assert num(cm.all_to_all_time(1000, 3000), vals) == pytest.approx(3e-3 + 3e-3)  # the larger side
+    assert num(cm.broadcast_time(1000), {**vals, P: 5}) == pytest.approx(1e-3 + 3e-3)  # ceil(log2 5) = 3
+
+
+def test_grad_allreduce_time_and_bytes() -> None:
+    c = cm.grad_allreduce(1000)
+    vals = {P: 4, b: 4, bw: 1e6, alpha: 1e-3}
+    assert num(c.stages[0], vals) == pytest.approx(0.006 + 0.006)
+    assert num(c.bytes, vals) * 4 == pytest.approx(2 * 3 * 1000 * 4)  # the job's payload: 2(P-1)·n·b
+    assert num(cm.grad_allreduce(1000, buckets=3).stages[0], vals) == pytest.approx(0.006 + 0.018)
+
+
+@pytest.mark.parametrize("buckets,world", [([10], 4), ([7, 1, 1000], 3), ([5], 1), ([0, 9], 2)])
+def test_allreduce_payload_matches_the_runtime_count(buckets: list[int], world: int) -> None:
+    ours = cm.allreduce_payload(buckets, world)
+    theirs = [sum(comm.allreduce_payload_bytes(n, 1, r, world) for n in buckets) if world > 1 else 0
+              for r in range(world)]
+    assert ours.tolist() == theirs
+    if world > 1:
+        assert ours.sum() == 2 * (world - 1) * sum(buckets)
+
+
+def test_shape_widths() -> None:
+    assert LayerShape(gemm_first=True).width(0) == d(1)
+    assert LayerShape(gemm_first=False).width(0) == d(0)
+    gat_out = LayerShape(attention=True, mean_heads=True)
+    assert gat_out.width(1) == d(2) * cm.heads(1)
+    assert LayerShape(gemm_first=False, input_grad=False).exchange_grad is False
+    assert LayerShape(gemm_first=True, input_grad=False).exchange_grad is True
+
+
+# --- strategies by hand ------------------------------------------------------------------------
+
+DEPCOMM_VALUES = {V: 100, E: 600, B: 40, S: 30, E_r: 200, d(0): 64, d(1): 16, b: 4, cm.b_idx: 8, bw: 1e6, alpha: 1e-3,
+                  P: 2, R_gemm: 1e8, R_spmm: 1e7}
+
+
+def test_depcomm_by_hand() -> None:
+    c = cm.depcomm(0, LayerShape(gemm_first=True, input_grad=False))
+    gemm = 2 * 100 * 64 * 16 / 1e8
+    exch = 40 * 16 * 4 / 1e6 + 1e-3  # max(S, B) rows, one latency per peer
+    local, remote = 400 * 16 / 1e7, 200 * 16 / 1e7
+    assert num(c.stages[0], DEPCOMM_VALUES) == pytest.approx(gemm + max(exch, local) + remote)
+    assert num(c.stages[1], DEPCOMM_VALUES) == pytest.approx(gemm + max(exch, local) + remote)  # dW only
+    assert num(c.bytes, DEPCOMM_VALUES) == 30 * 16 * 4 + 40 * 16 * 4
+    mem = 4 * (100 * 64 + 140 * 16 + 100 * 16) + 600 * 12
+    assert num(c.memory, DEPCOMM_VALUES) == mem
+
+
+def test_depcomm_overlap_takes_the_max_not_the_sum() -> None:
+    c = cm.depcomm(0, LayerShape(gemm_first=True, input_grad=False))
+    fast = {**DEPCOMM_VALUES, bw: 1e9, alpha: 0.0}  # the exchange now hides behind the local edges
+    gemm, exch, local, remote = 2 * 100 * 64 * 16 / 1e8, 40 * 16 * 4 / 1e9, 400 * 16 / 1e7, 200 * 16 / 1e7
+    t = num(c.stages[0], fast)
+    assert t == pytest.approx(gemm + local + remote)
+    assert t < gemm + exch + local + remote
+    slow = {**fast, bw: 1e5}  # now the exchange is the longer branch
+    assert num(c.stages[0], slow) == pytest.approx(gemm + 40 * 16 * 4 / 1e5 + remote)
+    # without the split (Er = E) nothing overlaps
+    assert num(c.stages[0], {**slow, E_r: 600}) == pytest.approx(gemm + 40 * 16 * 4 / 1e5 + 600 * 16 / 1e7)
+
+
+def test_depcomm_on_the_input_sends_nothing_back() -> None:
+    spmm_first = cm.depcomm(0, LayerShape(gemm_first=False, input_grad=False))  # exchanges x, which has no grad
+    assert num(spmm_first.bytes, DEPCOMM_VALUES) == 30 * 64 * 4
+    assert num(spmm_first.stages[1], DEPCOMM_VALUES) == pytest.approx(2 * 100 * 64 * 16 / 1e8)  # dW only
+
+
+TOY_PARTS = np.array([0, 0, 1, 1])
+TOY_EDGES = np.array([[2, 0], [0, 2], [1, 2], [1, 3], [3, 3], [0, 1]])  # (src, dst)
+
+
+def _toy_graph() -> Graph:
+    n = 4
+    return Graph(n, TOY_EDGES[:, 0].copy(), TOY_EDGES[:, 1].copy(), torch.zeros(n, 16), torch.zeros(n, dtype=torch.long),
+                 torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool),
+                 "toy")
+
+
+def _halo_stats(src: np.ndarray, dst: np.ndarray, parts: np.ndarray, world: int) -> tuple[np.ndarray, ...]:
+    """|V_i|, |E_i|, |B_i| and rows sent, straight from the definitions."""
+    vertices = np.bincount(parts, minlength=world)
+    edges = np.bincount(parts[dst], minlength=world)
+    remote = np.zeros(world, np.int64)
+    send = np.zeros(world, np.int64)
+    for i in range(world):
+        needed = np.unique(src[(parts[dst] == i) & (parts[src] != i)])
+        remote[i] = len(needed)
+        np.add.at(send, parts[needed], 1)
+    return vertices, edges, remote, send
+
+
+def _inputs(vertices, edges, remote, send, dims, profile_name="neutronstar-ecs", hops=1, **kw) -> cm.CostInputs:
+    v = np.asarray(vertices, float)
+    hv = np.tile(v[:, None], (1, hops + 1))
+    he = np.tile(np.asarray(edges, float)[:, None], (1, hops + 1))
+    return cm.CostInputs(v, np.asarray(edges, float), np.asarray(remote, float), np.asarray(send, float), hv, he,
+                         dims, preset(profile_name), **kw)
+
+
+def test_depcomm_bytes_for_a_two_part_toy_graph_equal_the_hand_count() -> None:
+    vertices, edges, remote, send = _halo_stats(TOY_EDGES[:, 0], TOY_EDGES[:, 1], TOY_PARTS, 2)
+    # part 0 = {0, 1}: in-edges 2->0, 0->1, remote {2}; part 1 = {2, 3}: remote {0, 1}
+    assert vertices.tolist() == [2, 2] and edges.tolist() == [2, 4]
+    assert remote.tolist() == [1, 2] and send.tolist() == [2, 1]
+    inp = _inputs(vertices, edges, remote, send, (16, 16))
+    layer = cm.evaluate_cost(cm.depcomm(0, LayerShape(input_grad=True)), inp)
+    assert layer.bytes == 3 * 16 * 4 + 3 * 16 * 4  # three rows out, three gradients back
+    assert layer.worker_bytes.tolist() == [(2 + 1) * 64, (1 + 2) * 64]
+
+
+@pytest.mark.parametrize("graph_fn,world", [(_toy_graph, 2), (lambda: random_graph(60, 300, seed=3), 3)])
+def test_depcomm_bytes_equal_what_the_runtime_halo_plan_sends(graph_fn, world: int) -> None:
+    g = graph_fn()
+    parts = TOY_PARTS if g.num_nodes == 4 else np.random.default_rng(0).integers(0, world, g.num_nodes)
+    src, dst = g.edges("plain")
+    vertices, edges, remote, send = _halo_stats(src, dst, parts, world)
+    width = 16
+    runtime_bytes = 0
+    for rank in range(world):
+        plan = vertex_partitioned(g, parts, rank, world, ["plain"], "halo").halo
+        assert plan.n_halo == remote[rank] and sum(plan.send_counts) == send[rank]
+        runtime_bytes += (sum(plan.send_counts) + plan.n_halo) * width * 4  # as _HaloExchange counts
+    inp = _inputs(vertices, edges, remote, send, (width, width))
+    assert cm.evaluate_cost(cm.depcomm(0, LayerShape()), inp).bytes == runtime_bytes
+
+
+DEPCACHE_VALUES = {V: 10, hop_vertices(0): 10, hop_vertices(1): 15, hop_vertices(2): 30, hop_edges(0): 20,
+                   hop_edges(1): 40, d(0): 8, d(1): 4, d(2): 2, b: 4, cm.b_idx: 8, R_gemm: 1e3, R_spmm: 1e2, P: 4, bw: 1e3,
+                   alpha: 0.0}
+
+
+def test_depcache_two_layers_by_hand() -> None:
+    shapes = [LayerShape(input_grad=False), LayerShape()]
+    c = cm.depcache(0, 2, shapes)
+    # layer 0: dense map on the 2-hop rows (30) first, aggregate 40 edges into the 1-hop rows
+    f0, b0 = 2 * 30 * 8 * 4 / 1e3 + 40 * 4 / 1e2, 2 * 30 * 8 * 4 / 1e3 + 40 * 4 / 1e2
+    # layer 1: dense map on the 15 1-hop rows, aggregate 20 edges into the 10 owned rows
+    f1, b1 = 2 * 15 * 4 * 2 / 1e3 + 20 * 2 / 1e2, 2 * (2 * 15 * 4 * 2 / 1e3) + 20 * 2 / 1e2
+    assert len(c.stages) == 2  # no exchange inside the segment: one forward and one backward stage
+    assert num(c.stages[0], DEPCACHE_VALUES) == pytest.approx(f0 + f1)
+    assert num(c.stages[1], DEPCACHE_VALUES) == pytest.approx(b0 + b1)
+    assert num(c.bytes, DEPCACHE_VALUES) == 0  # only the weight all-reduce, costed separately
+    mem = 4 * (30 * 8 + 30 * 4 + 15 * 4) + 40 * 12 + 4 * (15 * 4 + 15 * 2 + 10 * 2) + 20 * 12
+    assert num(c.memory, DEPCACHE_VALUES) == mem
+
+
+def test_depcache_after_layer_zero_fetches_its_neighbourhood() -> None:
+    c = cm.depcache(1, 2, [LayerShape()])
+    vals = {**DEPCACHE_VALUES, d(1): 4, d(2): 2}
+    fetched = (15 - 10) * 4 * 4  # HV_1 - V rows of h^1
+    assert num(c.bytes, vals) == 2 * fetched  # rows in, gradients back
+    compute = 2 * 15 * 4 * 2 / 1e3 + 20 * 2 / 1e2
+    assert num(c.stages[0], vals) == pytest.approx(fetched / 1e3 + compute)
+    assert num(cm.depcache(1, 2, [LayerShape()], fetch_input=False).bytes, vals) == 0
+    with pytest.raises(ValueError):
+        cm.depcache(0, 2, [LayerShape()])
+
+
+def test_pushpull_by_hand() -> None:
+    sage = LayerShape(gemms=2, gemm_first=False, input_grad=False)
+    c = cm.pushpull(0, sage)
+    vals = {N: 1000, E_tot: 5000, V: 250, E: 1250, P: 4, d(0): 100, d(1): 32, b: 4, bw: 1e6, alpha: 0.0,
+            R_gemm: 1e9, R_spmm: 1e8}
+    gemm = 2 * 2 * 1000 * 25 * 32 / 1e9  # every vertex, a 25-wide slice
+    spmm = 5000 * 25 / 1e8  # every edge, on the slice
+    pull = 750 * 32 * 4 / 1e6  # reduce-scatter: the partials of the other workers' vertices
+    assert num(c.stages[0], vals) == pytest.approx(gemm + spmm + pull)
+    assert num(c.stages[1], vals) == pytest.approx(750 * 32 * 4 / 1e6 + gemm)  # push the gradient; dW slice
+    assert num(c.bytes, vals) == 750 * 32 * 4 + 250 * 32 * 3 * 4
+    pushed = cm.pushpull(0, sage, structure_push=True)
+    assert num(pushed.bytes - c.bytes, {**vals, cm.b_idx: 8}) == 1250 * 3 * 8
+    assert num(pushed.stages[0] - c.stages[0], {**vals, cm.b_idx: 8}) == pytest.approx(3750 * 8 / 1e6)
+
+
+def test_bcast1d_by_hand() -> None:
+    c = cm.bcast1d(0, LayerShape())
+    vals = {N: 400, V: 100, V_max: 120, E: 500, P: 4, d(0): 16, d(1): 8, b: 4, bw: 1e5, alpha: 0.0,
+            R_gemm: 1e9, R_spmm: 1e6}
+    stages, first = 400 * 8 * 4 / 1e5, 120 * 8 * 4 / 1e5
+    gemm, spmm = 2 * 100 * 16 * 8 / 1e9, 500 * 8 / 1e6
+    assert num(c.stages[0], vals) == pytest.approx(gemm + first + max(stages - first, spmm))
+    assert num(c.stages[1], vals) == pytest.approx(2 * gemm + first + max(stages - first, spmm))
+    assert num(c.bytes, vals) == 100 * 8 * 3 * 4 + 300 * 8 * 4
+    slow_spmm = {**vals, R_spmm: 1e4}  # the multiply stream is now the longer one
+    assert num(c.stages[0], slow_spmm) == pytest.approx(gemm + first + 500 * 8 / 1e4)
+
+
+def test_local_by_hand() -> None:
+    c = cm.local(0, LayerShape(input_grad=False))
+    vals = {N: 400, E_tot: 2000, d(0): 16, d(1): 8, R_gemm: 1e9, R_spmm: 1e6, b: 4, cm.b_idx: 8}
+    t = 2 * 400 * 16 * 8 / 1e9 + 2000 * 8 / 1e6
+    assert num(c.stages[0], vals) == pytest.approx(t)
+    assert num(c.stages[1], vals) == pytest.approx(t)  # dW and the aggregation's backward (W ran first)
+    assert c.bytes == 0
+
+
+def test_transitions_by_hand_and_as_the_runtime_counts() -> None:
+    vals = {N: 100, V: 25, P: 4, d(1): 40, b: 4, bw: 1e3, alpha: 0.0}
+    to_f = cm.transition("vertex", "feature", d(1))
+    # runtime: rank r sends rows[r] x (F - cols[r]) elements; backward the mirror
+    assert num(to_f.bytes, vals) == 25 * 30 * 4 + 75 * 10 * 4
+    assert num(to_f.stages[0], vals) == pytest.approx(3.0)
+    to_v = cm.transition("feature", "vertex", d(1), needs_grad=False)
+    assert num(to_v.bytes, vals) == 75 * 10 * 4 and num(to_v.stages[1], vals) == 0
+    gather = cm.transition("vertex", "replicated", d(1))
+    assert num(gather.bytes, vals) == 25 * 40 * 3 * 4 + 75 * 40 * 4
+    assert num(cm.transition("replicated", "vertex", d(1)).stages[0], vals) == 0
+    assert cm.transition("vertex", "vertex", d(1)).stages == ()
+    assert num(cm.transition("feature", "replicated", d(1)).bytes, vals) == 100 * 10 * 3 * 4 + 100 * 30 * 4
+    with pytest.raises(ValueError):
+        cm.transition("vertex", "diagonal", d(1))
+    assert num(cm.boundary("depcomm", "pushpull", 1).bytes, vals) == num(to_f.bytes, vals)
+    assert cm.boundary(None, "pushpull", 0).stages == ()  # x is loaded in the layout the first segment wants
+
+
+def _rand_inputs(seed: int, workers: int = 4, layers: int = 2, profile: str = "neutronstar-ecs") -> cm.CostInputs:
+    rng = np.random.default_rng(seed)
+    v = rng.integers(50, 200, workers).astype(float)
+    e = v * rng.uniform(2, 10, workers)
+    remote = rng.integers(10, 100, workers).astype(float)
+    steps = rng.integers(0, 100, (workers, layers)).astype(float)
+    hv = np.concatenate([v[:, None], v[:, None] + np.cumsum(steps, axis=1)], axis=1)
+    he = hv * rng.uniform(2, 10, (workers, 1))
+    dims = tuple(float(x) for x in rng.integers(4, 300, layers + 1))
+    return cm.CostInputs(v, e, remote, rng.permutation(remote), hv, he, dims, preset(profile),
+                         remote_edges=e * rng.uniform(0, 1, workers))
+
+
+def test_evaluate_matches_subs_worker_by_worker() -> None:
+    inp = _rand_inputs(0)
+    cost = cm.depcomm(1, LayerShape(gemms=2))
+    table = inp.values()
+    got = cm.evaluate(cost.stages[0], inp)
+    for i in range(inp.workers):
+        sub = {s: (v[i] if np.ndim(v) else v) for s, v in table.items()}
+        assert got[i] == pytest.approx(num(cost.stages[0], sub))
+    value = cm.evaluate_cost(cost, inp)
+    assert value.time == pytest.approx(cm.evaluate(cost.stages[0], inp).max() + cm.evaluate(cost.stages[1], inp).max())
+    with pytest.raises(KeyError, match="CR_0_i"):
+        cm.evaluate(cm.comm_rows(0), inp)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hybrid_with_nothing_cached_is_depcomm(seed: int) -> None:
+    inp = _rand_inputs(seed)
+    shapes = [LayerShape(input_grad=False), LayerShape(gemm_first=False)]
+    p = inp.workers
+    none = cm.hybrid_values(0, np.stack([inp.remote] * 2, 1), np.stack([inp.send] * 2, 1), np.zeros((p, 2)),
+                            np.zeros((p, 2)), np.zeros(p))
+    hyb = cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, none)
+    comm0 = cm.evaluate_cost(cm.depcomm(0, shapes[0]), inp)
+    comm1 = cm.evaluate_cost(cm.depcomm(1, shapes[1]), inp)
+    assert hyb.time == pytest.approx(comm0.time + comm1.time, rel=1e-12)
+    assert hyb.bytes == pytest.approx(comm0.bytes + comm1.bytes)
+    np.testing.assert_allclose(hyb.worker_memory, comm0.worker_memory + comm1.worker_memory)
+
+
+def test_hybrid_caching_trades_communication_for_recompute() -> None:
+    inp = _rand_inputs(5)
+    shapes = [LayerShape(input_grad=False), LayerShape()]
+    p = inp.workers
+    half = cm.hybrid_values(0, np.stack([inp.remote / 2] * 2, 1), np.stack([inp.send / 2] * 2, 1),
+                            np.full((p, 2), 7.0), np.full((p, 2), 30.0), np.full(p, 11.0))
+    none = cm.hybrid_values(0, np.stack([inp.remote] * 2, 1), np.stack([inp.send] * 2, 1), np.zeros((p, 2)),
+                            np.zeros((p, 2)), np.zeros(p))
+    a = cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, half)
+    z = cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, none)
+    assert a.bytes == pytest.approx(z.bytes / 2)
+    # memory: half the received rows fewer, plus the recomputed rows and edges and the replicated inputs
+    d0, d1, d2 = inp.dims
+    widths = [d1, d2]  # both shapes run their dense map first: exchanged and recomputed rows are d_out wide
+    delta = sum(-inp.remote / 2 * w * 4 + 7 * w * 4 + 30 * 12 for w in widths) + 11 * d0 * 4
+    np.testing.assert_allclose(a.worker_memory - z.worker_memory, delta)
+    entry = cm.evaluate_cost(cm.hybrid(1, 2, shapes[1:]), inp, cm.hybrid_values(
+        1, np.zeros((p, 1)), np.zeros((p, 1)), np.zeros((p, 1)), np.zeros((p, 1)), np.full(p, 10.0)))
+    assert entry.bytes == pytest.approx(p * 10 * inp.dims[1] * 4 * 2)  # RX rows fetched, gradients back
+
+
+def test_segment_cost_dispatch() -> None:
+    sh = LayerShape()
+    assert cm.segment_cost("depcomm", 1, 2, [sh]).name == "depcomm[1]"
+    assert cm.segment_cost("depcache", 0, 2, [sh, sh]).name == "depcache[0:2]"
+    with pytest.raises(ValueError, match="one layer at a time"):
+        cm.segment_cost("bcast1d", 0, 2, [sh, sh])
+    with pytest.raises(ValueError, match="no cost formula"):
+        cm.segment_cost("pipeline", 0, 1, [sh])
+
+
+def test_from_stats_sums_per_level_hops() -> None:
+    stats = SimpleNamespace(vertices=np.array([3, 4]), edges=np.array([6, 8]), remote=np.array([1, 2]),
+                            send=np.array([2, 1]), lhop_vertices=np.array([[3, 2, 1], [4, 1, 0]]),
+                            lhop_edges=np.array([[6, 4, 2], [8, 2, 0]]))
+    inp = cm.CostInputs.from_stats(stats, (8, 4, 2), preset("g3"))
+    assert inp.hop_vertices.tolist() == [[3, 5, 6], [4, 5, 5]]
+    assert inp.hop_edges.tolist() == [[6, 10, 12], [8, 10, 10]]
+    same = cm.CostInputs.from_stats(stats, (8, 4, 2), preset("g3"), hop_levels="cumulative")
+    assert same.hop_vertices.tolist() == [[3, 2, 1], [4, 1, 0]]
+    with pytest.raises(ValueError, match="one entry per worker"):
+        replace(inp, remote=np.array([1.0]))
+
+
+def test_inputs_map_the_profile() -> None:
+    inp = _rand_inputs(1, workers=8, profile="p3")
+    vals = inp.values()
+    p3 = preset("p3")
+    assert vals[bw] == pytest.approx(p3.worker_bandwidth(8)) and vals[alpha] == p3.latency
+    assert vals[R_gemm] == p3.gemm_rate and vals[R_spmm] == p3.spmm_rate
+    assert vals[N] == inp.vertices.sum() and vals[V_max] == inp.vertices.max() and vals[P] == 8
+
+
+# --- crossovers --------------------------------------------------------------------------------
+
+
+def test_crossover_is_solved_exactly_on_the_active_piece() -> None:
+    x = d(1)
+    inp = _inputs([1, 2], [1, 1], [0, 0], [0, 0], (8, 100))
+    first = [cm.Cost("a", (sympy.Max(V * x, 50),), 0, 0)]  # V = 1, 2: the slowest worker's is Max(2x, 50)
+    second = [cm.Cost("b", (x + 60,), 0, 0)]
+    [cross] = cm.crossover(first, second, x, inp, 1.0, 1000.0)
+    assert cross.value == pytest.approx(60.0, rel=1e-12)
+    assert cross.first_faster_above is False  # above 60, 2x > x + 60
+    assert sympy.simplify(cross.equation.lhs.subs(x, 60)) == 0
+    assert cm.crossover(first, [cm.Cost("c", (x + 1e6,), 0, 0)], x, inp, 1.0, 1000.0) == []
+
+
+def _expected_stats(n: float, deg: float, workers: int, hops: int) -> tuple[np.ndarray, ...]:
+    """Expected statistics of a hash-partitioned random digraph (every in-edge's source uniform)."""
+    v = n / workers
+    e = v * deg
+    remote = (n - v) * (1 - np.exp(-e / n))  # distinct remote sources among e uniform picks
+    reach = [v]
+    for _ in range(hops):
+        r = reach[-1]
+        reach.append(r + (n - r) * (1 - np.exp(-deg * r / n)))  # sources of the in-edges of the reached set
+    hv = np.tile(np.array(reach), (workers, 1))
+    full = np.full(workers, 1.0)
+    return v * full, e * full, remote * full, remote * full, hv, hv * deg, e * (workers - 1) / workers * full
+
+
+def _model_inputs(n, deg, workers, dims, profile) -> cm.CostInputs:
+    v, e, r, s, hv, he, er = _expected_stats(n, deg, workers, len(dims) - 1)
+    return cm.CostInputs(v, e, r, s, hv, he, dims, profile, remote_edges=er)
+
+
+def _gcn_shapes(dims) -> tuple[LayerShape, ...]:
+    return tuple(LayerShape(gemm_first=dims[k + 1] <= dims[k], input_grad=k > 0) for k in range(len(dims) - 1))
+
+
+@lru_cache(maxsize=None)
+def _compiled(shapes: tuple[LayerShape, ...]) -> tuple[list[cm.CompiledCost], list[cm.CompiledCost]]:
+    """(DepComm per layer + all-reduce, DepCache over the model + all-reduce), compiled once per shape."""
+    params = sum(cm.layer_parameters(k, s) for k, s in enumerate(shapes))
+    allreduce = cm.grad_allreduce(params)
+    comm_costs = [cm.depcomm(k, s) for k, s in enumerate(shapes)] + [allreduce]
+    cache_costs = [cm.depcache(0, len(shapes), list(shapes)), allreduce]
+    return [cm.compile_cost(c) for c in comm_costs], [cm.compile_cost(c) for c in cache_costs]
+
+
+def _times(inp: cm.CostInputs, extra=None) -> tuple[float, float]:
+    comm_fns, cache_fns = _compiled(_gcn_shapes(inp.dims))
+    return sum(f(inp, extra).time for f in comm_fns), sum(f(inp, extra).time for f in cache_fns)
+
+
+def test_bandwidth_crossover_where_depcomm_takes_over() -> None:
+    """NeutronStar's shape of decision: on a slow network DepCache, on a fast one DepComm; --explain
+    prints the bandwidth in between."""
+    inp = _model_inputs(200_000, 40.0, 8, (128.0, 128.0, 16.0), preset("neutronstar-ecs"))
+    comm_fns, cache_fns = _compiled(_gcn_shapes(inp.dims))
+    crosses = cm.crossover([f.cost for f in comm_fns], [f.cost for f in cache_fns], bw, inp, 1e6, 1e13)
+    assert len(crosses) == 1
+    cross = crosses[0]
+    at = lambda value: _times(inp, {bw: value})  # noqa: E731
+    comm_t, cache_t = at(cross.value)
+    assert comm_t == pytest.approx(cache_t, rel=1e-9)
+    assert cross.first_faster_above is True
+    below, above = at(cross.value * 0.9), at(cross.value * 1.1)
+    assert below[0] > below[1] and above[0] < above[1]
+    assert cross.equation.lhs.free_symbols == {bw}
+
+
+# --- monotonicity ------------------------------------------------------------------------------
+
+NAMED = [n for n in PRESET_NAMES if n != "local"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2_000, 2_000_000), deg=st.floats(0.5, 200), workers=st.sampled_from([2, 4, 8, 16]),
+       dims=st.tuples(st.integers(8, 1024), st.integers(4, 512), st.integers(2, 64)),
+       bw1=st.floats(1e7, 1e12), factor=st.floats(1.0, 1e3), profile=st.sampled_from(NAMED))
+def test_raising_bandwidth_never_favours_depcache(n, deg, workers, dims, bw1, factor, profile) -> None:
+    prof = preset(profile)
+    workers = min(workers, prof.workers)
+    inp = _model_inputs(float(n), deg, workers, tuple(float(x) for x in dims), prof)
+    comm1, cache1 = _times(inp, {bw: bw1})
+    comm2, cache2 = _times(inp, {bw: bw1 * factor})
+    # the gap DepComm - DepCache can only shrink as bandwidth grows (DepCache exchanges nothing here)
+    assert comm2 - cache2 <= comm1 - cache1 + 1e-12 * max(comm1, cache1)
+    if comm1 <= cache1:
+        assert comm2 <= cache2
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2_000, 2_000_000), deg=st.floats(0.5, 100), more=st.floats(1.0, 20.0),
+       workers=st.sampled_from([2, 4, 8, 16]),
+       dims=st.tuples(st.integers(8, 1024), st.integers(4, 512), st.integers(2, 64)),
+       profile=st.sampled_from(NAMED))
+def test_raising_degree_never_moves_depcomm_to_depcache(n, deg, more, workers, dims, profile) -> None:
+    """At fixed n, a denser graph never turns a DepComm choice into DepCache.
+
+    Checked where the exchange crosses the network (more workers than one
+    machine holds), the regime NeutronStar's decisions come from. On a fast
+    single-machine link the model can flip once at low degree (found: P = 4
+    on one p3 machine, dims 769/245/15, degree 1.9 -> 9.1; P = 2 on one
+    gnnpipe machine, dims 974/138/16, degree 0.7 -> 1.7): when a row costs
+    about as much to send as to recompute, and the L-hop set DepCache
+    recomputes saturates (it cannot outgrow the graph) sooner than |B_i|,
+    DepComm's exchange grows faster than DepCache's recomputation.
+    """
+    prof = preset(profile)
+    workers = min(workers, prof.workers)
+    assume(workers > prof.devices_per_node)
+    dims_f = tuple(float(x) for x in dims)
+    comm1, cache1 = _times(_model_inputs(float(n), deg, workers, dims_f, prof))
+    comm2, cache2 = _times(_model_inputs(float(n), deg * more, workers, dims_f, prof))
+    if comm1 <= cache1:
+        assert comm2 <= cache2
+
+
+def test_denser_graphs_eventually_choose_depcomm() -> None:
+    """The monotonicity above is not vacuous: on NeutronStar's ECS cluster the choice does flip."""
+    prof = preset("neutronstar-ecs")
+    dims = (512.0, 256.0, 16.0)
+    sparse = _times(_model_inputs(500_000, 5.9, 8, dims, prof))
+    dense = _times(_model_inputs(500_000, 1000.0, 8, dims, prof))
+    assert sparse[1] < sparse[0]  # DepCache on the sparse graph
+    assert dense[0] < dense[1]  # DepComm on the dense one

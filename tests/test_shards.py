@@ -1,0 +1,120 @@
+"""Shards: they reassemble into the graph, agree on who sends what, and refuse to load when damaged."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gnnc.errors import PlanError
+from gnnc.passes.graph_stats import compute_stats
+from gnnc.runtime import shards as shards_mod
+from gnnc.runtime.shards import assemble, read_shard, verify_shards, write_shards
+from tests.conftest import random_graph
+
+
+def _same_graph(a, b) -> None:
+    assert a.num_nodes == b.num_nodes
+    assert np.array_equal(a.src, b.src) and np.array_equal(a.dst, b.dst)  # same edges, same order
+    for field in ("x", "y", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(4, 40), st.integers(0, 120), st.integers(1, 5), st.integers(0, 10_000))
+def test_shards_reassemble_into_the_graph(tmp_path_factory, n: int, e: int, parts: int, seed: int) -> None:
+    g = random_graph(n=n, e=e, f=3, seed=seed)
+    part = np.random.default_rng(seed).integers(0, parts, n)
+    out = tmp_path_factory.mktemp("shards")
+    write_shards(g, part, parts, out, "test")
+    _same_graph(assemble(out), g)
+
+
+def test_send_and_receive_tables_agree(tmp_path) -> None:
+    g = random_graph(n=60, e=300, seed=3)
+    part = np.random.default_rng(0).integers(0, 4, 60)
+    write_shards(g, part, 4, tmp_path)
+    shards = [read_shard(tmp_path, i) for i in range(4)]
+    stats = compute_stats(g, part, 1)
+    for j, sh in enumerate(shards):
+        assert np.array_equal(sh.remote_ids, stats.deps(j)[0])  # the rows j needs, in sending order
+        for i in range(4):
+            if i == j:
+                continue
+            expected = sh.remote_ids[sh.remote_owner == i]  # what j receives from i, in order
+            sent = shards[i].global_ids[shards[i].sends_to(j)]
+            assert np.array_equal(sent, expected)
+        assert all(len(sh.sends_to(k)) == stats.send_matrix[j, k] for k in range(4))
+
+
+def _written(tmp_path):
+    g = random_graph(n=30, e=100, seed=1)
+    write_shards(g, np.arange(30) % 3, 3, tmp_path, "hash")
+    return tmp_path
+
+
+def test_no_temporary_files_are_left(tmp_path) -> None:
+    out = _written(tmp_path)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000.npz", "part-00001.npz",
+                                                    "part-00002.npz"]
+
+
+def _no_array_reads(monkeypatch) -> None:
+    def refuse(*a, **k):
+        raise AssertionError("read an array before checking the shard")
+
+    monkeypatch.setattr(shards_mod.np, "load", refuse)
+
+
+def test_altered_shard_is_refused_before_reading(tmp_path, monkeypatch) -> None:
+    out = _written(tmp_path)
+    path = out / "part-00001.npz"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    read_shard(out, 0)  # the other shards are fine
+    _no_array_reads(monkeypatch)
+    with pytest.raises(PlanError, match="part-00001.npz: shard of part 1 does not match its checksum"):
+        read_shard(out, 1)
+    with pytest.raises(PlanError, match="does not match its checksum"):
+        verify_shards(out)
+
+
+def test_truncated_shard(tmp_path, monkeypatch) -> None:
+    out = _written(tmp_path)
+    path = out / "part-00002.npz"
+    path.write_bytes(path.read_bytes()[:100])
+    _no_array_reads(monkeypatch)
+    with pytest.raises(PlanError, match="shard of part 2 is truncated or altered: 100 bytes"):
+        read_shard(out, 2)
+
+
+def test_missing_shard_and_manifest(tmp_path) -> None:
+    out = _written(tmp_path)
+    (out / "part-00000.npz").unlink()
+    with pytest.raises(PlanError, match="shard of part 0 is missing"):
+        read_shard(out, 0)
+    with pytest.raises(PlanError, match="no shard for part 3"):
+        read_shard(out, 3)
+    (out / "manifest.json").unlink()
+    with pytest.raises(PlanError, match="missing shard manifest"):
+        read_shard(out, 1)
+
+
+def test_mismatched_manifest(tmp_path) -> None:
+    out = _written(tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][1]["sha256"] = "0" * 64
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PlanError, match="part 1 does not match its checksum"):
+        read_shard(out, 1)
+    manifest["parts"] = 5
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PlanError, match="lists 3 shards for 5 parts"):
+        read_shard(out, 0)
+    (out / "manifest.json").write_text("{not json")
+    with pytest.raises(PlanError, match="unreadable shard manifest"):
+        read_shard(out, 0)
