@@ -12,8 +12,9 @@ feature widths, forward alone and forward + backward (d/dx), for
 
 A last row times the GAT shape: 8 heads of 16 features with one weight per
 edge and head (gnnc's block CSR product against PyG's [nnz, heads, D] path).
-Each figure is the median of `--repeat` runs after one warm-up run; ratios
-are PyG / gnnc and torch.sparse / gnnc (above 1: gnnc is faster).
+Each figure is the median of `--repeat` runs (forward and forward + backward
+read off the same runs; one warm-up run per system first); ratios are
+PyG / gnnc and torch.sparse / gnnc (above 1: gnnc is faster).
 
     python benchmarks/kernels.py                       # CPU; CUDA too where present
     python benchmarks/kernels.py --n 20000 --m 200000  # a quick look
@@ -29,16 +30,23 @@ from typing import Callable
 import torch
 
 
-def median_time(fn: Callable[[], object], repeat: int, sync: Callable[[], None]) -> float:
-    fn()  # warm-up: caches, allocator, thread pools
-    sync()
-    times = []
+def time_fwd_bwd(forward: Callable[[], torch.Tensor], grad: torch.Tensor, repeat: int, warmup: bool,
+                 sync: Callable[[], None]) -> tuple[float, float]:
+    """Medians of (forward, forward + backward), both read off the same runs."""
+    if warmup:  # caches, generated code, allocator, thread pools
+        forward().backward(grad)
+        sync()
+    fwd, total = [], []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
+        out = forward()
         sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        t1 = time.perf_counter()
+        out.backward(grad)
+        sync()
+        fwd.append(t1 - t0)
+        total.append(time.perf_counter() - t0)
+    return statistics.median(fwd), statistics.median(total)
 
 
 def make_pyg_layer() -> torch.nn.Module:
@@ -82,24 +90,17 @@ def bench_device(device: torch.device, args: argparse.Namespace) -> list[dict]:
     w_heads = torch.rand(args.m, heads, generator=gen).to(device)
     shapes.append((f"{heads}x{depth} heads", (heads, depth), w_heads))
     for label, feat, weight in shapes:
-        x = torch.randn((args.n,) + feat, generator=gen).to(device)
-        xg = x.clone().requires_grad_(True)
+        x = torch.randn((args.n,) + feat, generator=gen).to(device).requires_grad_(True)
         grad = torch.randn((args.n,) + feat, generator=gen).to(device)
         row = {"width": label}
-        systems: dict[str, tuple[Callable, Callable]] = {
-            "gnnc": (lambda: kernels.spmm(csr, x, weight),
-                     lambda: kernels.spmm(csr, xg, weight).backward(grad)),
-        }
+        systems: dict[str, Callable[[], torch.Tensor]] = {"gnnc": lambda: kernels.spmm(csr, x, weight)}
         if len(feat) == 1:
-            systems["torch.sparse"] = (lambda: torch.sparse.mm(a_csr, x),
-                                       lambda: torch.sparse.mm(a_csr, xg).backward(grad))
+            systems["torch.sparse"] = lambda: torch.sparse.mm(a_csr, x)
         if pyg is not None:
-            systems["pyg"] = (lambda: pyg(x, edge_index, weight), lambda: pyg(xg, edge_index, weight).backward(grad))
-        for name, (fwd, fwd_bwd) in systems.items():
-            with torch.no_grad():
-                row[f"{name} fwd"] = median_time(fwd, args.repeat, sync)
-            row[f"{name} fwd+bwd"] = median_time(fwd_bwd, args.repeat, sync)
-            xg.grad = None
+            systems["pyg"] = lambda: pyg(x, edge_index, weight)
+        for name, forward in systems.items():
+            row[f"{name} fwd"], row[f"{name} fwd+bwd"] = time_fwd_bwd(forward, grad, args.repeat, not rows, sync)
+            x.grad = None
         rows.append(row)
         print_row(row, device, header=len(rows) == 1)
     return rows

@@ -215,9 +215,10 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def compile(model: Model, graph: Any = None, workers: int = 1, passes: list[str] | None = None,
+def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | None = None,
             graph_spec: str | None = None, after=None, strategy: str | None = None,
-            partition: str | None = None, seed: int = 0) -> Plan:
+            partition: str | None = None, seed: int = 0, cluster: Any = None,
+            allow: list[str] | None = None) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -225,6 +226,9 @@ def compile(model: Model, graph: Any = None, workers: int = 1, passes: list[str]
     partitioned (`partition`: hash, chunk, metis, g3 or random; bcast1d
     defaults to MG-GCN's random permutation, the others to metis).
     """
+    if workers == "auto":
+        return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow)
+    workers = int(workers)
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
     program = model.program(graph)
@@ -239,13 +243,57 @@ def compile(model: Model, graph: Any = None, workers: int = 1, passes: list[str]
         method = partition or ("random" if strategy == "bcast1d" else "metis")
         parts = partition_vertices(graph, workers, method, seed)
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
-    ctx = PassContext(graph=graph, options={"workers": workers, "strategy": strategy, "parts": parts})
+    ctx = PassContext(graph=graph, options={"workers": workers, "strategy": strategy, "parts": parts,
+                                            "cluster": cluster, "allow": allow})
     program = run_pipeline(program, names, ctx, after=after)
     if "predicted_bytes" in ctx.options:
         meta["predicted_bytes_per_step"] = ctx.options["predicted_bytes"]
+    report = ctx.options.get("planner")
+    if report is not None:
+        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
+                           "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
+                           "predicted_memory_bytes": report.predicted_memory_bytes,
+                           "alternatives": report.alternatives, "crossovers": report.crossovers}
     plan = Plan(program, model, graph_spec, names, workers, meta)
     plan.parts = parts
     return plan
+
+
+def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow) -> Plan:
+    """--workers auto: the worker count (1, 2, 4, ... up to the cluster's) with the least predicted time."""
+    from gnnc.cluster import load_cluster, preset
+
+    profile = (load_cluster(cluster) if isinstance(cluster, str) else cluster) if cluster else preset("neutronstar-ecs")
+    best = compile(model, graph, 1, passes, graph_spec, after)
+    best_time = _single_time(best, graph, profile)
+    considered = [{"workers": 1, "time_s": best_time}]
+    n = 2
+    while n <= profile.workers:
+        plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow)
+        t = plan.meta.get("planner", {}).get("predicted_time_s")
+        considered.append({"workers": n, "time_s": t})
+        if t is not None and t < best_time:
+            best, best_time = plan, t
+        n *= 2
+    best.meta["workers_considered"] = considered
+    return best
+
+
+def _single_time(plan: Plan, graph: Any, profile) -> float:
+    """Predicted epoch time on one worker of `profile` (the `local` formula of every graph layer)."""
+    import numpy as np
+
+    from gnnc.passes import cost_model as cm
+    from gnnc.passes.choose_strategy import layer_dims, layer_shape
+    from gnnc.passes.graph_stats import compute_stats
+    from gnnc.passes.predict_bytes import param_dependent
+
+    layers = plan.program.graph_layers()
+    stats = compute_stats(graph, np.zeros(graph.num_nodes, dtype=np.int64), len(layers), "self_loops")
+    dims, heads = layer_dims(plan.program)
+    inputs = cm.CostInputs.from_stats(stats, dims, profile.for_workers(1), heads=heads)
+    needs = param_dependent(plan.program)
+    return sum(cm.evaluate_cost(cm.local(i, layer_shape(layer, needs)), inputs).time for i, layer in enumerate(layers))
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):

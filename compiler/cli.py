@@ -53,16 +53,26 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"// ----- IR after {name} -----")
             print(program, end="")
 
-    plan = api.compile(model, graph, workers=args.workers, passes=names, graph_spec=args.graph, after=after,
-                       strategy=args.strategy, partition=args.partition)
+    workers = args.workers if args.workers == "auto" else int(args.workers)
+    allow = args.allow.split(",") if args.allow else None
+    plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
+                       strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow)
+    if args.explain:
+        print(plan.explain(), end="")
     if args.output:
         plan.save(args.output)
         if not args.json and not printed:
             print(f"wrote {Path(args.output) / 'plan.json'}")
     if args.json:
+        planner = plan.meta.get("planner") or {}
         _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
                     "workers": plan.workers, "exact": True, "passes": plan.passes,
-                    "partition": plan.meta.get("partition")})
+                    "partition": plan.meta.get("partition"),
+                    "predicted": {"epoch_time_s": planner.get("predicted_time_s"),
+                                  "bytes_per_epoch": sum((plan.meta.get("predicted_bytes_per_step") or {}).values()),
+                                  "peak_memory_bytes": planner.get("predicted_memory_bytes")},
+                    "alternatives": [{k: v for k, v in a.items() if k != "formulas"}
+                                     for a in planner.get("alternatives", [])]})
     return 0
 
 
@@ -148,6 +158,14 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_clusters(args: argparse.Namespace) -> int:
+    from gnnc.cluster import list_presets
+
+    for name, desc in list_presets():
+        print(f"{name:20s} {desc}")
+    return 0
+
+
 def cmd_passes(args: argparse.Namespace) -> int:
     from gnnc.pass_manager import passes
 
@@ -192,7 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("model")
     c.add_argument("--graph")
     c.add_argument("-o", "--output")
-    c.add_argument("--workers", type=int, default=1)
+    c.add_argument("--workers", default="1", help="worker count, or 'auto' (up to the cluster's size)")
+    c.add_argument("--cluster", help="a preset (gnnc clusters) or a profile JSON file")
+    c.add_argument("--allow", help="strategies the planner may choose, comma-separated")
+    c.add_argument("--explain", action="store_true", help="print the planner's alternatives and crossovers")
     c.add_argument("--strategy", help="one strategy for every graph layer, or one per layer (S1,S2)")
     c.add_argument("--partition", choices=["hash", "chunk", "metis", "g3", "random"])
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
@@ -230,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("datasets", help="list the graphs gnnc can name")
     c.set_defaults(fn=cmd_datasets)
+
+    c = sub.add_parser("clusters", help="list the cluster presets")
+    c.set_defaults(fn=cmd_clusters)
 
     c = sub.add_parser("passes", help="list the registered passes", parents=[plugin])
     c.set_defaults(fn=cmd_passes)

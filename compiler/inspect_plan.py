@@ -113,10 +113,23 @@ def explain(plan) -> str:
     for layer in plan.program.graph_layers():
         lines.append(f"  {layer.name} {layer.op}: {layer.attr('strategy', 'local')}"
                      + ("" if plan.workers > 1 else " (one worker)"))
-    alts = plan.meta.get("alternatives")
-    if alts:
-        lines.append("alternatives:")
-        lines.extend(f"  {a}" for a in alts)
+    planner = plan.meta.get("planner")
+    if planner:
+        lines.append(f"chosen by the planner on cluster '{planner.get('cluster')}': predicted "
+                     f"{planner['predicted_time_s'] * 1000:.3f} ms/epoch, {planner['predicted_memory_bytes'] / 2**20:.1f} "
+                     f"MiB/worker")
+        lines.append(f"  {'strategies':32s} {'time ms':>10s} {'MB/epoch':>10s} {'MiB/worker':>11s}")
+        for a in sorted(planner.get("alternatives", []), key=lambda a: a["time_s"]):
+            mark = " <- chosen" if a["strategies"] == planner["strategies"] else ""
+            lines.append(f"  {','.join(a['strategies']):32s} {a['time_s'] * 1000:10.3f} {a['bytes'] / 1e6:10.3f} "
+                         f"{a['memory_bytes'] / 2**20:11.1f}{mark}")
+        for c in planner.get("crossovers", []):
+            lines.append(f"  crossover: {c}")
+    considered = plan.meta.get("workers_considered")
+    if considered:
+        lines.append("workers considered: " + ", ".join(
+            f"{c['workers']}: {c['time_s'] * 1000:.3f} ms" if c["time_s"] is not None else f"{c['workers']}: -"
+            for c in considered))
     return "\n".join(lines) + "\n"
 
 

@@ -735,23 +735,26 @@ def segment_cost(strategy: str, start: int, end: int, shapes: Sequence[LayerShap
 Values = Mapping[Symbol, Any]
 
 
-def compile_expr(expr: sympy.Expr) -> Callable[[Values], np.ndarray]:
+def compile_expr(expr: sympy.Expr) -> Callable[..., np.ndarray]:
     """Lambdify `expr` once; the result maps a symbol->value table to one value per worker.
 
     Keep the compiled function when the same formula is evaluated on many
     inputs (the planner's loops): lambdify is the slow part, numpy the fast one.
+    The worker count comes from the table's arrays (or `workers=`), so a
+    formula that is constant still yields one value per worker.
     """
     expr = sympy.sympify(expr)
     syms = sorted(expr.free_symbols, key=lambda s: s.name)
     fn = sympy.lambdify(syms, expr, modules="numpy")
 
-    def run(values: Values) -> np.ndarray:
+    def run(values: Values, workers: int | None = None) -> np.ndarray:
         missing = [s.name for s in syms if s not in values]
         if missing:
             raise KeyError(f"no value for {', '.join(missing)}")
-        args = [np.asarray(values[s], dtype=np.float64) for s in syms]
-        workers = max((a.shape[0] for a in args if a.ndim == 1), default=1)
-        out = fn(*[np.broadcast_to(a, (workers,)) if a.ndim == 0 else a for a in args])
+        if workers is None:
+            workers = max((np.shape(v)[0] for v in values.values() if np.ndim(v) == 1), default=1)
+        args = [np.broadcast_to(np.asarray(values[s], dtype=np.float64), (workers,)) for s in syms]
+        out = fn(*args)
         return np.array(np.broadcast_to(np.asarray(out, dtype=np.float64), (workers,)))
 
     return run
@@ -768,7 +771,7 @@ def _table(inputs: CostInputs, extra: Values | None) -> dict[Symbol, Any]:
 
 def evaluate(expr: sympy.Expr, inputs: CostInputs, extra: Values | None = None) -> np.ndarray:
     """`expr` on `inputs` (plus `extra` symbol values, e.g. a Hybrid selection): one value per worker."""
-    return compile_expr(expr)(_table(inputs, extra))
+    return compile_expr(expr)(_table(inputs, extra), inputs.workers)
 
 
 @dataclass(frozen=True)
@@ -797,10 +800,10 @@ class CompiledCost:
         return self.on_table(_table(inputs, extra), inputs.workers)
 
     def on_table(self, table: Values, workers: int) -> CostValue:
-        stage_times = (np.stack([fn(table) for fn in self._stages]) if self._stages
+        stage_times = (np.stack([fn(table, workers) for fn in self._stages]) if self._stages
                        else np.zeros((0, workers)))
-        worker_bytes = self._bytes(table)
-        worker_memory = self._memory(table)
+        worker_bytes = self._bytes(table, workers)
+        worker_memory = self._memory(table, workers)
         time = float(sum(float(row.max()) for row in stage_times))
         return CostValue(self.cost.name, time, float(worker_bytes.sum()), float(worker_memory.max()),
                          stage_times, worker_bytes, worker_memory)
@@ -961,7 +964,7 @@ def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShap
     table = _table(inputs, None)
 
     def scalar(expr: sympy.Expr) -> float:
-        return float(compile_expr(expr)(table)[0])
+        return float(compile_expr(expr)(table, inputs.workers)[0])
 
     k = len(shapes)
     t_v, t_e, t_c, own = [], [], [], []
@@ -970,7 +973,8 @@ def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShap
         t_v.append(scalar(compute_forward(layer, shape, 1, 0) + compute_backward(layer, shape, 1, 0)))
         t_e.append(scalar(compute_forward(layer, shape, 0, 1) + compute_backward(layer, shape, 0, 1)))
         t_c.append(scalar(shape.width(layer) * b / bw * (2 if shape.exchange_grad else 1)))
-        own.append(compile_expr(compute_forward(layer, shape, V, E) + compute_backward(layer, shape, V, E))(table))
+        own.append(compile_expr(compute_forward(layer, shape, V, E)
+                                + compute_backward(layer, shape, V, E))(table, inputs.workers))
     fetch = fetch_input if fetch_input is not None else start > 0
     t_x = scalar(d(start) * b / bw * (2 if shapes[0].input_grad else 1)) if fetch else 0.0
     row_bytes = [scalar(d(start) * b)] + [scalar(shapes[m].out_width(start + m) * b) for m in range(k)]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,45 @@ class Dependencies:
 
     def __len__(self) -> int:
         return len(self.layer)
+
+
+def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
+    """Part `part`'s dependencies for a segment of `layers` layers, from `graph_stats.PartStats`.
+
+    Every remote in-neighbour v of the part is a dependency at each layer m
+    of the segment (m = 0..layers-1, relative to the segment's first layer).
+    PartStats gives, per dependency, the edges of v's unfolded in-tree of
+    depth k (`dep_subtree_edges[:, k]`, walks of length 1..k ending at v), so
+    the walks of length exactly j are its differences, w_0 = 1. Caching
+    (m, v) computes the tree level by level: at layer k < m the rows at
+    distance m-1-k from v (w_{m-1-k}), aggregating the edges into them
+    (w_{m-k}), from w_m input rows. Owners follow PartStats' order (by owner,
+    then id), so they are read off `send_matrix[:, part]`. Like PartStats'
+    trees, rows the part owns anyway are counted too.
+    """
+    lo, hi = int(stats.dep_ptr[part]), int(stats.dep_ptr[part + 1])
+    ids = np.asarray(stats.dep_ids[lo:hi], dtype=np.int64)
+    tree = np.asarray(stats.dep_subtree_edges[lo:hi], dtype=np.float64)
+    if tree.shape[1] < layers:
+        raise ValueError(f"PartStats holds in-trees of depth < {tree.shape[1]}; a {layers}-layer segment "
+                         f"needs depth {layers - 1}: compute the statistics for at least {layers} layers")
+    n = len(ids)
+    walks = np.ones((n, layers))  # w_0 .. w_{layers-1}: the deepest dependency reads h^{layers-1}
+    walks[:, 1:] = np.diff(tree[:, :layers], axis=1)
+    owner_counts = np.asarray(stats.send_matrix, dtype=np.int64)[:, part]
+    owners = np.repeat(np.arange(len(owner_counts)), owner_counts)
+    layer = np.repeat(np.arange(layers), n)
+    rows = np.zeros((layers * n, layers))
+    edges = np.zeros((layers * n, layers))
+    inputs = np.zeros(layers * n)
+    for m in range(layers):
+        block = slice(m * n, (m + 1) * n)
+        for k in range(m):
+            rows[block, k] = walks[:, m - 1 - k]
+            edges[block, k] = walks[:, m - k]
+        inputs[block] = walks[:, m]
+    return Dependencies(layer, np.tile(ids, layers), rows, edges, inputs,
+                        owner=np.tile(owners, layers) if len(owners) == n else None)
 
 
 @dataclass(frozen=True)

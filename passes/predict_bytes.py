@@ -34,7 +34,7 @@ def _width(shape, config) -> int:
     return w
 
 
-def _param_dependent(program: Program) -> set[str]:
+def param_dependent(program: Program) -> set[str]:
     dep = {p.value.name for p in program.params()}
     for layer in program.layers:
         for e in layer.eqns:
@@ -50,7 +50,7 @@ def predict(program: Program, graph, parts: np.ndarray, world: int) -> tuple[Pro
     views = sorted({layer.edges for layer in program.graph_layers()})
     halo_rows = sum(len(b) for b in remote_in_neighbours(graph, parts, world, views))
     n = graph.num_nodes
-    needs_grad = _param_dependent(program)
+    needs_grad = param_dependent(program)
     totals = {"halo": 0, "bcast_rows": 0, "reduce_scatter": 0, "allreduce": 0}
     layers = []
     for layer in program.layers:

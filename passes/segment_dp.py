@@ -108,10 +108,11 @@ class DPResult:
     Keeping every non-dominated (time, memory) pair, not just the fastest,
     is what makes the memory cap exact: a slower prefix may be the only one
     that leaves room for the rest.
-    alternatives: the best assignment ending with each strategy, and the
-    best using a single strategy throughout, each with its prediction
-    (`fits` says whether it respects the cap); sorted by the tie-breaking
-    order, best first, without duplicates.
+    alternatives: the best assignment ending with each strategy, the best
+    using a single strategy throughout, and the fastest ignoring the cap,
+    each with its prediction (`fits` says whether it respects the cap);
+    those that fit first, each group in the tie-breaking order, without
+    duplicates.
     """
 
     best: Assignment
@@ -264,6 +265,11 @@ def _alternatives(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[
         found.setdefault(tuple((s.start, s.end, s.strategy) for s in a.segments), a)
 
     keep(best)
+    if memory_cap is not None:  # the fastest regardless of memory, to say what the cap costs
+        free = fill_table(num_layers, strategies, seg_cost, trans, None, memory_combine)
+        pick = best_label(free, num_layers, strategies)
+        if pick is not None:
+            keep(backtrack(free, pick[0], pick[1], seg_cost))
     for s in strategies:
         if table.get((num_layers, s)):
             keep(backtrack(table, (num_layers, s), 0, seg_cost))

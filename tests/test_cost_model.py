@@ -20,7 +20,8 @@ from gnnc.passes.cost_model import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S, V
                                     d, hop_edges, hop_vertices)
 from gnnc.runtime import comm
 from gnnc.runtime.graph import Graph
-from gnnc.runtime.partitioned import vertex_partitioned
+from gnnc.passes.graph_stats import compute_stats
+from gnnc.runtime.partitioned import replicated_lhop, vertex_partitioned
 
 
 def num(expr, values: dict) -> float:
@@ -111,9 +112,9 @@ TOY_EDGES = np.array([[2, 0], [0, 2], [1, 2], [1, 3], [3, 3], [0, 1]])  # (src, 
 
 def _toy_graph() -> Graph:
     n = 4
-    return Graph(n, TOY_EDGES[:, 0].copy(), TOY_EDGES[:, 1].copy(), torch.zeros(n, 16), torch.zeros(n, dtype=torch.long),
-                 torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool),
-                 "toy")
+    no = torch.zeros(n, dtype=torch.bool)
+    return Graph(n, TOY_EDGES[:, 0].copy(), TOY_EDGES[:, 1].copy(), torch.zeros(n, 16),
+                 torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.bool), no, no.clone(), "toy")
 
 
 def _halo_stats(src: np.ndarray, dst: np.ndarray, parts: np.ndarray, world: int) -> tuple[np.ndarray, ...]:
@@ -165,8 +166,8 @@ def test_depcomm_bytes_equal_what_the_runtime_halo_plan_sends(graph_fn, world: i
 
 
 DEPCACHE_VALUES = {V: 10, hop_vertices(0): 10, hop_vertices(1): 15, hop_vertices(2): 30, hop_edges(0): 20,
-                   hop_edges(1): 40, d(0): 8, d(1): 4, d(2): 2, b: 4, cm.b_idx: 8, R_gemm: 1e3, R_spmm: 1e2, P: 4, bw: 1e3,
-                   alpha: 0.0}
+                   hop_edges(1): 40, d(0): 8, d(1): 4, d(2): 2, b: 4, cm.b_idx: 8, R_gemm: 1e3, R_spmm: 1e2,
+                   P: 4, bw: 1e3, alpha: 0.0}
 
 
 def test_depcache_two_layers_by_hand() -> None:
@@ -251,6 +252,9 @@ def test_transitions_by_hand_and_as_the_runtime_counts() -> None:
         cm.transition("vertex", "diagonal", d(1))
     assert num(cm.boundary("depcomm", "pushpull", 1).bytes, vals) == num(to_f.bytes, vals)
     assert cm.boundary(None, "pushpull", 0).stages == ()  # x is loaded in the layout the first segment wants
+    inp = _inputs([25, 25, 25, 25], [50] * 4, [0] * 4, [0] * 4, (40, 40))
+    free = cm.evaluate_cost(cm.transition("replicated", "vertex", d(1), needs_grad=False), inp)
+    assert free.stage_times.shape == (2, 4) and free.time == 0 and free.worker_bytes.tolist() == [0] * 4
 
 
 def _rand_inputs(seed: int, workers: int = 4, layers: int = 2, profile: str = "neutronstar-ecs") -> cm.CostInputs:
@@ -337,6 +341,23 @@ def test_from_stats_sums_per_level_hops() -> None:
     assert same.hop_vertices.tolist() == [[3, 2, 1], [4, 1, 0]]
     with pytest.raises(ValueError, match="one entry per worker"):
         replace(inp, remote=np.array([1.0]))
+
+
+def test_from_graph_stats_matches_what_the_runtime_replicates() -> None:
+    """HV_k and HE_{k-1} are the rows and edges the runtime's DepCache LocalGraph holds for k layers."""
+    g = random_graph(80, 240, seed=5)
+    parts = np.random.default_rng(1).integers(0, 4, g.num_nodes)
+    stats = compute_stats(g, parts, 2)
+    inp = cm.CostInputs.from_stats(stats, (12.0, 8.0, 4.0), preset("neutronstar-ecs"))
+    for rank in range(4):
+        assert inp.hop_vertices[rank, 0] == inp.vertices[rank] and inp.hop_edges[rank, 0] == inp.edges[rank]
+        for k in (1, 2):
+            lg = replicated_lhop(g, parts, rank, k, ["plain"])
+            assert len(lg.rows) == inp.hop_vertices[rank, k]
+            assert lg.views["plain"].csr.indices.numel() == inp.hop_edges[rank, k - 1]
+    src, dst = g.edges("plain")
+    np.testing.assert_array_equal(np.c_[inp.vertices, inp.edges, inp.remote, inp.send],
+                                  np.c_[_halo_stats(src, dst, parts, 4)])
 
 
 def test_inputs_map_the_profile() -> None:

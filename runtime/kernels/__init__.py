@@ -24,8 +24,8 @@ __all__ = ["spmm", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
 
 
 def _triton_for(*tensors: torch.Tensor) -> ModuleType | None:
-    """The Triton backend when every tensor is on a CUDA device and triton imports."""
-    if not all(t.is_cuda for t in tensors):
+    """The Triton backend when every tensor is a float32/float64 CUDA tensor and triton imports."""
+    if not all(t.is_cuda and t.dtype in (torch.float32, torch.float64) for t in tensors):
         return None
     try:
         # Imported lazily: the project installs and runs on CPU without triton.

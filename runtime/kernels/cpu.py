@@ -17,8 +17,11 @@ tensor (MKL's `mkl_sparse_?_mm` behind `torch.sparse.mm`, the vectorised
   with one row per (vertex, head) and one column per (vertex, head), so x and
   the output are free reshapes to [n*H, D] and one CSR product handles every
   head; nothing of shape [nnz, H, D] is ever built.
+* mean is a sum whose edge weights are divided by the destination's degree
+  (an [nnz] product, not a pass over the [n, F] output).
 * max/min use the `spmm_reduce` kernel, which also returns, per output element,
-  the edge that won; the backward scatters the gradient through that index.
+  the edge that won; torch's matching backward kernel routes the gradient
+  through that index.
 * edge_softmax uses segment reductions over the CSR's contiguous rows.
 
 Everything cached lives in `csr._cache` under keys starting with `KEY`, so it is
@@ -270,12 +273,13 @@ class SpMM(torch.autograd.Function):
         ctx.w_shape = None if weight is None else tuple(weight.shape)
         ctx.heads = weight_heads(weight, tuple(x.shape[1:]))
         if reduce in ("sum", "mean"):
-            out = spmm_sum(csr, x, weight)
-            if reduce == "mean":
-                out.mul_(_unsqueeze_to(inv_degree(csr, x.device, x.dtype), out.dim()))
+            # mean is a sum with every weight divided by its row's degree: an
+            # [nnz] product instead of a pass over the [n_dst, F] output, and the
+            # backward over the transpose takes the same scaled weights.
+            scaled = _mean_weight(csr, weight, x) if reduce == "mean" else weight
             # Each gradient needs only the other operand.
-            ctx.save_for_backward(x if need_w else None, weight if need_x else None)
-            return out
+            ctx.save_for_backward(x if need_w else None, scaled if need_x else None)
+            return spmm_sum(csr, x, scaled)
         out, arg = _spmm_extreme(csr, x, weight, reduce, need_x or need_w)
         ctx.save_for_backward(x, weight, arg)
         return out
@@ -287,16 +291,32 @@ class SpMM(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad = grad.contiguous()
         if ctx.reduce in ("sum", "mean"):
-            x, weight = ctx.saved_tensors
-            if ctx.reduce == "mean":
-                grad = grad * _unsqueeze_to(inv_degree(csr, grad.device, grad.dtype), grad.dim())
-            gx = spmm_sum(csr, grad, weight, transposed=True) if need_x else None
-            gw = sampled_dot(csr, x, grad, ctx.heads).view(ctx.w_shape) if need_w else None
+            x, scaled = ctx.saved_tensors
+            gx = spmm_sum(csr, grad, scaled, transposed=True) if need_x else None
+            gw = None
+            if need_w:
+                gw = sampled_dot(csr, x, grad, ctx.heads)
+                if ctx.reduce == "mean":
+                    gw = (gw.view(csr.nnz, ctx.heads) * _edge_inv_degree(csr, gw.device, gw.dtype).unsqueeze(1))
+                gw = gw.reshape(ctx.w_shape)
             return None, gx, gw, None
         x, weight, arg = ctx.saved_tensors
         gx, gw = _spmm_extreme_backward(csr, grad, x, weight, arg, ctx.heads, ctx.reduce, ctx.w_shape,
                                         need_x, need_w)
         return None, gx, gw, None
+
+
+def _edge_inv_degree(csr: CSR, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """1 / in-degree of each CSR entry's destination, [nnz]."""
+    return cached(csr, ("edge_inv_degree", str(device), dtype),
+                  lambda: inv_degree(csr, device, dtype).index_select(0, structure(csr, "dst", device)))
+
+
+def _mean_weight(csr: CSR, weight: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    scale = _edge_inv_degree(csr, x.device, x.dtype)
+    if weight is None:
+        return scale
+    return weight * _unsqueeze_to(scale, weight.dim())
 
 
 def _spmm_extreme(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, reduce: str,

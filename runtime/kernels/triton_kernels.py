@@ -280,6 +280,8 @@ def _transposed_weight(csr: CSR, weight: torch.Tensor) -> torch.Tensor:
 
 
 class SpMM(torch.autograd.Function):
+    """Sum/mean SpMM; d/dx is the same kernel over the transpose, d/dweight the SDDMM-dot kernel."""
+
     @staticmethod
     def forward(ctx: Any, csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, reduce: str) -> torch.Tensor:
         heads = weight_heads(weight, tuple(x.shape[1:]))
@@ -316,6 +318,8 @@ class SpMM(torch.autograd.Function):
 
 
 class SDDMM(torch.autograd.Function):
+    """add/mul/dot SDDMM; the gradients are row sums of edge data (SpMM kernel) or weighted SpMMs."""
+
     @staticmethod
     def forward(ctx: Any, csr: CSR, a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
         dev = a.device
@@ -360,6 +364,8 @@ class SDDMM(torch.autograd.Function):
 
 
 class EdgeSoftmax(torch.autograd.Function):
+    """Fused row softmax; saves only its output for the fused backward."""
+
     @staticmethod
     def forward(ctx: Any, csr: CSR, e: torch.Tensor) -> torch.Tensor:
         e2 = _rows(e, csr.nnz)

@@ -1,0 +1,84 @@
+"""The planner's decisions on graphs with the seed papers' statistics, and its contract.
+
+Presets come from datasheets (compiler/cluster.py); nothing here tunes them.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import EXAMPLES, ROOT
+from gnnc import api
+
+GOOGLE_LIKE = "sbm:n=200000,blocks=64,deg=6,intra=0.9,features=512,classes=16,seed=0"
+
+
+def test_mg_gcn_cora_on_dgx_a100_is_not_distributed() -> None:
+    graph = api.load_graph("planetoid:cora")
+    plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph, workers="auto", cluster="dgx-a100")
+    assert plan.workers == 1
+    considered = plan.meta["workers_considered"]
+    assert [c["workers"] for c in considered] == [1, 2, 4, 8]
+    assert considered[0]["time_s"] == min(c["time_s"] for c in considered)
+
+
+def test_neutronstar_google_like_graph_gets_depcache_and_a_bandwidth_crossover() -> None:
+    graph = api.load_graph(GOOGLE_LIKE)
+    assert 5.5 < graph.num_edges / graph.num_nodes < 6.5
+    plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=256), graph, workers=8, partition="metis",
+                       cluster="neutronstar-ecs", allow=["depcache", "depcomm"])
+    assert [layer.attr("strategy") for layer in plan.program.graph_layers()] == ["depcache", "depcache"]
+    planner = plan.meta["planner"]
+    times = {tuple(a["strategies"]): a["time_s"] for a in planner["alternatives"]}
+    assert times[("depcache", "depcache")] < times[("depcomm", "depcomm")]
+    assert planner["crossovers"] and planner["crossovers"][0].startswith("depcomm overtakes depcache above")
+    # the crossover is where the two predictions meet: above it depcomm must win
+    gbps = float(planner["crossovers"][0].split("above ")[1].split(" Gb/s")[0])
+    from gnnc.cluster import preset
+
+    import dataclasses
+
+    twice = gbps * 2 * 1e9 / 8  # bytes/s, twice the crossover
+    fast = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=twice, intra_bandwidth=twice)
+    faster = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=256), graph, workers=8, partition="metis",
+                         cluster=fast, allow=["depcache", "depcomm"])
+    assert [layer.attr("strategy") for layer in faster.program.graph_layers()] == ["depcomm", "depcomm"]
+
+
+def test_explain_and_json_list_every_alternative(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "gnnc", "compile", str(EXAMPLES / "gcn.gnn"), "--graph",
+                        "planetoid:cora", "--workers", "4", "--cluster", "neutronstar-ecs", "--explain", "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "<- chosen" in r.stdout and "depcomm,depcomm" in r.stdout
+    import json
+
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["predicted"]["epoch_time_s"] > 0
+    assert {tuple(a["strategies"]) for a in summary["alternatives"]} >= {("depcomm", "depcomm")}
+
+
+def test_illegal_strategy_on_the_cli_exits_2_naming_the_op() -> None:
+    r = subprocess.run([sys.executable, "-m", "gnnc", "compile", str(EXAMPLES / "gat.gnn"), "--graph",
+                        "planetoid:cora", "--workers", "2", "--strategy", "pushpull,depcomm"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2
+    assert "cannot run pushpull: 'dot' computes attention" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_planning_a_10m_edge_graph_for_8_workers_is_fast() -> None:
+    graph = api.load_graph("rmat:n=1000000,deg=10,features=16,classes=4,seed=0")
+    parts = api.partition_vertices(graph, 8, "hash")
+    from gnnc.passes.choose_strategy import choose
+    from gnnc.cluster import preset
+
+    model = api.load_model(EXAMPLES / "gcn.gnn")
+    program = api.compile(model, graph).program
+    t0 = time.perf_counter()
+    report = choose(program, graph, parts, preset("neutronstar-ecs"), None)
+    elapsed = time.perf_counter() - t0
+    print(f"planning took {elapsed:.2f} s: {report.strategies}")
+    assert elapsed < 10
