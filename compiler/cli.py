@@ -166,6 +166,19 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from gnnc.cluster import ClusterProfile, default_probe_file
+    from gnnc.runtime.probe import probe
+
+    profile = ClusterProfile.from_dict(probe(args.threads), "probe")
+    path = Path(args.output) if args.output else default_probe_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    print(profile.to_json(), end="")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def cmd_passes(args: argparse.Namespace) -> int:
     from gnnc.pass_manager import passes
 
@@ -251,6 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("datasets", help="list the graphs gnnc can name")
     c.set_defaults(fn=cmd_datasets)
+
+    c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
+    c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
+    c.add_argument("--threads", type=int)
+    c.set_defaults(fn=cmd_probe)
 
     c = sub.add_parser("clusters", help="list the cluster presets")
     c.set_defaults(fn=cmd_clusters)
