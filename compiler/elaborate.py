@@ -33,7 +33,7 @@ GRAPH_INPUTS = {
     "val": Type("vertex", (), "bool"),
     "test": Type("vertex", (), "bool"),
 }
-TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float}
+TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float, "patience": int}
 MAX_UNROLL = 4096
 _CONST_FUNCS = {"log": sympy.log, "exp": sympy.exp, "abs": sympy.Abs, "tanh": sympy.tanh}
 

@@ -37,6 +37,7 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True
     use_kernels: bool = True
+    patience: int | None = None  # stop when validation accuracy has not improved for this many epochs
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
     resume: bool = False
@@ -200,6 +201,10 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             if bar is not None:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}", test=f"{rec['test_acc']:.3f}")
                 bar.update(1)
+            if cfg.patience is not None:
+                best_epoch = max(history, key=lambda r: (r["val_acc"], -r["epoch"]))["epoch"]
+                if epoch - best_epoch >= cfg.patience:
+                    break  # every rank sees the same (all-reduced) accuracies, so all stop together
     finally:
         log.close()
         if bar is not None:
