@@ -121,8 +121,9 @@ def explain(plan) -> str:
         lines.append(f"  {'strategies':32s} {'time ms':>10s} {'MB/epoch':>10s} {'MiB/worker':>11s}")
         for a in sorted(planner.get("alternatives", []), key=lambda a: a["time_s"]):
             mark = " <- chosen" if a["strategies"] == planner["strategies"] else ""
+            user = f" (user cost: {'; '.join(a['user_costs'])})" if a.get("user_costs") else ""
             lines.append(f"  {','.join(a['strategies']):32s} {a['time_s'] * 1000:10.3f} {a['bytes'] / 1e6:10.3f} "
-                         f"{a['memory_bytes'] / 2**20:11.1f}{mark}")
+                         f"{a['memory_bytes'] / 2**20:11.1f}{mark}{user}")
         for c in planner.get("crossovers", []):
             lines.append(f"  crossover: {c}")
     considered = plan.meta.get("workers_considered")

@@ -24,6 +24,33 @@ from gnnc.ir import Layer, Program
 from gnnc.pass_manager import PassContext, register_pass
 
 PLANNABLE = ("depcomm", "depcache", "bcast1d", "pushpull")
+# User cost functions (gnnc.register_cost), used instead of the built-in formula of their strategy.
+_USER_COSTS: dict[str, Any] = {}
+
+
+def register_cost(strategy: str):
+    """Decorator: `fn(start, end, shapes) -> cost_model.Cost` prices `strategy` for the planner.
+
+    It replaces the built-in formula of that strategy (one of the plannable
+    ones) wherever the planner evaluates it; `--explain` names the function.
+    """
+    if strategy not in PLANNABLE:
+        raise GnncError(f"register_cost: '{strategy}' is not a strategy the planner chooses ({', '.join(PLANNABLE)})")
+
+    def deco(fn):
+        _USER_COSTS[strategy] = fn
+        return fn
+
+    return deco
+
+
+def _segment_cost(strategy: str, start: int, end: int, shapes):
+    from gnnc.passes import cost_model as cm
+
+    user = _USER_COSTS.get(strategy)
+    if user is not None:
+        return user(start, end, shapes)
+    return cm.segment_cost(strategy, start, end, shapes)
 
 
 @dataclass
@@ -104,7 +131,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
         else:
             spans = [(i, i + 1) for i in range(L)]
         for start, end in spans:
-            cost = cm.segment_cost(s, start, end, shapes[start:end])
+            cost = _segment_cost(s, start, end, shapes[start:end])
             value = cm.evaluate_cost(cost, inputs)
             seg_cost[(start, end, s)] = (value.time, value.memory)
             formulas[(start, end, s)] = cost
@@ -143,6 +170,8 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
             "bytes": sum(values[k].bytes for k in segs) + allreduce.bytes,
             "memory_bytes": alt.memory,
             "formulas": {f"{k[2]}[{k[0]}:{k[1]}]": formulas[k].describe() for k in segs},
+            "user_costs": sorted({f"{k[2]}: {_USER_COSTS[k[2]].__module__}.{_USER_COSTS[k[2]].__name__}"
+                                  for k in segs if k[2] in _USER_COSTS}),
         })
     crossovers = []
     pure = {s: [formulas[k] for k in formulas if k[2] == s] for s in allowed}
