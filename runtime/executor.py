@@ -163,10 +163,8 @@ class Interpreter:
         if any(t.is_sparse for t in ins):
             if op == "dropout":
                 return self._sparse_dropout(e, ins[0], ctx)
-            if op == "linear":
-                out = torch.sparse.mm(ins[0], ins[1])
-                return out + ins[2] if len(ins) > 2 else out
-            ins = [t.to_dense() if t.is_sparse else t for t in ins]
+            if op != "linear":  # linear multiplies the sparse input itself, below
+                ins = [t.to_dense() if t.is_sparse else t for t in ins]
         if op in ACTIVATION_OPS:
             return _activation(op, ins[0], e)
         if op in ("add", "sub", "mul", "div", "pow"):
@@ -218,7 +216,7 @@ class Interpreter:
             return {"add": torch.add, "mul": torch.mul}[e.attr("op")](a, b)
         if op == "linear":
             x, w = ins[0], ins[1]
-            out = x @ w
+            out = torch.sparse.mm(x, w) if x.is_sparse else x @ w
             if len(ins) > 2:
                 out = out + ins[2]
             heads = e.attr("heads")
