@@ -82,7 +82,6 @@ class _Block:
     prim: str = "model"
     eqns: list[Eqn] = field(default_factory=list)
     params: list[Param] = field(default_factory=list)
-    inputs: list[Value] = field(default_factory=list)
     op_counts: dict[str, int] = field(default_factory=dict)
     target: str = "t"  # base name for temporaries of the statement being elaborated
     edge_values: set[str] = field(default_factory=set)  # results of scatter / softmax statements
@@ -243,7 +242,6 @@ class Elaborator:
             edges = opt
         outer = self.block
         self.block = blk = _Block(name, "graph")
-        blk.inputs.append(h_in)
         scope: dict[str, Bound] = {p: Const(v) for p, v in bound.items()}
         scope["h"] = h_in
         output: Value | None = None

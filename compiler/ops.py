@@ -7,7 +7,6 @@ format). Keeping all of it here means a new op is added in one place.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import sympy
