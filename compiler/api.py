@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from gnnc.elaborate import elaborate
 from gnnc.errors import GnncError, PlanError
 from gnnc.ir import Program
 from gnnc.ir_text import parse_ir
+from gnnc.runtime.files import atomic_write
 from gnnc.pass_manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, run_pipeline
 from gnnc.syntax import Module, parse
 
@@ -196,23 +196,6 @@ def _layer_summary(layer) -> dict[str, Any]:
             "ops": [e.op for e in layer.eqns],
             "params": {p.value.name: [str(d) for d in p.value.type.shape] if p.value.type else None
                        for p in layer.params}}
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | None = None,

@@ -141,10 +141,9 @@ class ClusterProfile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the profile as JSON (atomically: a reader never sees half a file)."""
-        target = Path(path)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(self.to_json(), encoding="utf-8")
-        os.replace(tmp, target)
+        from gnnc.runtime.files import atomic_write
+
+        atomic_write(Path(path), self.to_json().encode("utf-8"))
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "cluster profile") -> ClusterProfile:

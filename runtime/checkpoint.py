@@ -27,10 +27,8 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import random
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,11 +37,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gnnc.runtime.files import atomic_write
 from gnnc.errors import GnncError
 
 MAGIC = b"GNNC-CHECKPOINT-1\n"
 _DIGEST = 32  # SHA-256
-_WRITE_CHUNK = 1 << 20
 _EPOCH_DIR = re.compile(r"^epoch-(\d{6,})$")
 
 
@@ -90,45 +88,12 @@ def _as_tuple(value: Any) -> Any:
 # --- one file ----------------------------------------------------------------------------------
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that readers see the old file or the new one, never a part.
-
-    The temporary file lives in the same directory (os.replace is atomic only
-    within one file system) and is fsynced before the rename; the directory is
-    fsynced after it, so the rename itself survives a power cut.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view[:_WRITE_CHUNK])
-            view = view[written:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_state(path: Path, state: dict[str, Any]) -> None:
     """Write one checkpoint file: MAGIC, SHA-256 of the payload, payload."""
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
-    atomic_write_bytes(Path(path), MAGIC + hashlib.sha256(payload).digest() + payload)
+    atomic_write(Path(path), MAGIC + hashlib.sha256(payload).digest() + payload)
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -214,7 +179,7 @@ class Checkpointer:
             "rng": capture_rng_state(), "extra": extra or {},
         })
         self._barrier()  # every rank's file of this epoch now exists
-        atomic_write_bytes(self._marker(), json.dumps(
+        atomic_write(self._marker(), json.dumps(
             {"epoch": epoch, "world_size": self.world_size}).encode())
         self._prune()
         return path

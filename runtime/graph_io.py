@@ -41,7 +41,6 @@ import hashlib
 import io
 import os
 import pickle
-import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -421,17 +420,13 @@ def _cached(key: str, build: Any, cache_dir: str | os.PathLike | None, use_cache
 
 
 def _write_cached(graph: Graph, path: Path, key: str) -> None:
+    from gnnc.runtime.files import atomic_writer
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
-                     src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=graph.y.numpy(),
-                     **{k: getattr(graph, k).numpy() for k in MASKS})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as f:
+        np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
+                 src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=graph.y.numpy(),
+                 **{k: getattr(graph, k).numpy() for k in MASKS})
 
 
 def _read_cached(path: Path, key: str) -> Graph | None:

@@ -53,6 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from gnnc.runtime.files import atomic_write
 from gnnc.errors import GnncError
 
 P = ParamSpec("P")
@@ -298,10 +299,10 @@ def _worker_entry(local_rank: int, fn: Callable[..., Any], base: DistConfig, arg
     directory = Path(run_dir)
     try:
         result = run_worker(fn, cfg, *args)
-        _write_atomic(directory / f"result-{cfg.rank}.pkl", pickle.dumps(result))
+        atomic_write(directory / f"result-{cfg.rank}.pkl", pickle.dumps(result))
     except BaseException as exc:
         # The launcher prints the root cause's traceback; this report is how it learns it.
-        _write_atomic(directory / f"failure-{cfg.rank}.json", json.dumps(_describe(exc)).encode())
+        atomic_write(directory / f"failure-{cfg.rank}.json", json.dumps(_describe(exc)).encode())
         _exit_after_failure(exc)
 
 
@@ -343,12 +344,6 @@ def _is_communication_error(exc: BaseException) -> bool:
     markers = ("gloo/transport", "Connection closed by peer", "Connection reset by peer",
                "Timed out waiting", "NCCL", "ProcessGroup")
     return isinstance(exc, RuntimeError) and any(m in text for m in markers)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 # --- the launcher side ---------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gnnc.runtime.files import atomic_writer
 from gnnc.errors import PlanError
 from gnnc.runtime.graph import Graph
 
@@ -86,16 +86,8 @@ def _sha256(path: Path) -> str:
 
 
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as f:
+        write(f)
 
 
 def write_shards(graph: Graph, assignment: np.ndarray, parts: int, out_dir: str | os.PathLike,

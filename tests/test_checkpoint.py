@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from gnnc.errors import GnncError
-from gnnc.runtime.checkpoint import (MAGIC, Checkpointer, CheckpointError, atomic_write_bytes,
+from gnnc.runtime.files import atomic_write
+from gnnc.runtime.checkpoint import (MAGIC, Checkpointer, CheckpointError,
                                      load_state, resume_or_start, save_state)
 from gnnc.runtime.comm import CommStats
 from gnnc.runtime.launch import DistConfig, launch
@@ -134,8 +135,8 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> Non
 
 def test_atomic_write_replaces_whole_files(tmp_path: Path) -> None:
     path = tmp_path / "f.bin"
-    atomic_write_bytes(path, b"old")
-    atomic_write_bytes(path, b"new contents")
+    atomic_write(path, b"old")
+    atomic_write(path, b"new contents")
     assert path.read_bytes() == b"new contents"
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
 
