@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from gnnc.passes.partitioning import Partition, sorted_unique
+from gnnc.passes.partitioning import Partition
+from gnnc.runtime.graph import sorted_unique
 from gnnc.runtime.graph import Graph
 
 

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from gnnc.errors import GnncError
-from gnnc.passes.partitioning import PartitionInput, sorted_unique
+from gnnc.passes.partitioning import PartitionInput
+from gnnc.runtime.graph import sorted_unique
 
 OBJECTIVES = ("cut", "vol")
 CONSTRAINTS = ("vertices", "vertices+degree")

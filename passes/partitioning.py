@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError
-from gnnc.runtime.graph import Graph
+from gnnc.runtime.graph import Graph, sorted_unique
 
 
 @dataclass
@@ -113,17 +113,6 @@ def undirected_adjacency(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
     return indptr, indices
-
-
-def sorted_unique(keys: np.ndarray) -> np.ndarray:
-    """np.unique for int64 keys, by an in-place sort (numpy's hash-based unique is slower here)."""
-    keys = np.sort(keys)
-    if len(keys) == 0:
-        return keys
-    first = np.empty(len(keys), dtype=bool)
-    first[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=first[1:])
-    return keys[first]
 
 
 def partition_graph(graph: Graph, parts: int, method: str, seed: int = 0, **opts: Any) -> Partition:

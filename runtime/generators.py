@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GraphInputError
-from gnnc.runtime.graph import Graph, index_dtype
+from gnnc.runtime.graph import Graph, index_dtype, sorted_unique
 
 # R-MAT quadrant probabilities (a: top-left, b: top-right, c: bottom-left, d = 1-a-b-c).
 RMAT_A, RMAT_B, RMAT_C = 0.57, 0.19, 0.19
@@ -174,7 +174,7 @@ def _distinct_pairs(draw: Callable[[int], tuple[np.ndarray, np.ndarray]], n: int
         a, b = draw(int(short * 1.1) + 16)
         keep = a != b
         a, b = a[keep], b[keep]
-        new = _sorted_unique(np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b))
+        new = sorted_unique(np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b))
         if len(keys):
             pos = np.minimum(np.searchsorted(keys, new), len(keys) - 1)
             new = new[keys[pos] != new]
@@ -182,17 +182,6 @@ def _distinct_pairs(draw: Callable[[int], tuple[np.ndarray, np.ndarray]], n: int
             new = np.sort(rng.choice(new, size=short, replace=False))
         keys = np.sort(np.concatenate([keys, new]))
     return keys
-
-
-def _sorted_unique(a: np.ndarray) -> np.ndarray:
-    """np.unique by sorting: numpy's hash-based unique is several times slower on int64 keys."""
-    a = np.sort(a)
-    if len(a) == 0:
-        return a
-    keep = np.empty(len(a), dtype=bool)
-    keep[0] = True
-    np.not_equal(a[1:], a[:-1], out=keep[1:])
-    return a[keep]
 
 
 def _graph_from_pairs(keys: np.ndarray, n: int, x: np.ndarray, y: np.ndarray, rng: np.random.Generator,

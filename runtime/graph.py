@@ -19,6 +19,17 @@ import torch
 VIEWS = ("plain", "self_loops")
 
 
+def sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """np.unique for int64 keys, by sorting (numpy's hash-based unique is several times slower here)."""
+    keys = np.sort(keys)
+    if len(keys) == 0:
+        return keys
+    first = np.empty(len(keys), dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    return keys[first]
+
+
 def index_dtype(n: int) -> np.dtype:
     """int32 where every index fits, else int64."""
     return np.dtype(np.int32) if n < 2**31 - 1 else np.dtype(np.int64)
