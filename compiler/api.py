@@ -143,7 +143,7 @@ class Plan:
         return d
 
     @staticmethod
-    def load(directory: str | os.PathLike, graph: Any = None) -> "Plan":
+    def load(directory: str | os.PathLike) -> "Plan":
         path = Path(directory) / "plan.json"
         try:
             data = json.loads(path.read_text())

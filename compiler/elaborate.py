@@ -631,8 +631,7 @@ def _attr_value(v: Any) -> Any:
     return v
 
 
-def resolve_config(model: ModelDef, overrides: dict[str, str], graph_dims: dict[str, int],
-                   source: str) -> dict[str, Any]:
+def resolve_config(model: ModelDef, overrides: dict[str, str], graph_dims: dict[str, int]) -> dict[str, Any]:
     """Model parameter values: `--set` beats the graph's dims beats the default.
 
     A parameter left without a value stays unbound (None): checking a model
@@ -697,5 +696,5 @@ def elaborate(module: Module, overrides: dict[str, str] | None = None,
         if not found:
             raise GnncError(f"no model named '{model_name}' in {module.file}")
         model = found[0]
-    cfg = resolve_config(model, overrides or {}, graph_dims or {}, module.source)
+    cfg = resolve_config(model, overrides or {}, graph_dims or {})
     return Elaborator(module, cfg).model(model)

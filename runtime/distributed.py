@@ -87,7 +87,6 @@ class FeaturePhase:
     views: dict[str, Any]  # the whole graph's edge views (the layer-1 structure, replicated)
     ids: torch.Tensor  # arange(N)
     cols: tuple[int, int]  # this worker's feature slice [start, stop)
-    last_layer: str  # the pushpull layer; its reduce_scatter ends the phase
 
 
 def feature_slice(width: int, rank: int, world: int) -> tuple[int, int]:
@@ -176,7 +175,7 @@ class DistWorker(Worker):
 
             cols = feature_slice(graph.num_features, cfg.rank, cfg.world_size)
             phase = FeaturePhase({v: GraphView.build(graph, v) for v in {layer.edges for layer in pushpull}},
-                                 torch.arange(graph.num_nodes), cols, pushpull[0].name)
+                                 torch.arange(graph.num_nodes), cols)
             self.inputs["x"] = sparse_if_sparse(graph.x[:, cols[0]:cols[1]])
         self.interp = DistInterpreter(program, lg, phase)
         self.views = lg.views

@@ -14,6 +14,12 @@
 
 Edge data (gcn_norm) and dropout ids are global, so every worker computes
 what one process computes for the rows it owns.
+
+Not built yet, NeutronStar's hybrid generalises both: per graph layer k a row
+set C_k (owned rows first, C_L = owned, C_{k-1} = C_k plus the dependencies
+cached at layer k, so the sets nest) and a halo H_{k-1} = (C_k and its
+in-neighbours) minus C_{k-1}, fetched from the owners. depcomm is C_k = owned,
+depcache the k-hop closures; vertex-wise ops take the first |C_k| rows.
 """
 from __future__ import annotations
 
