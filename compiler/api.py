@@ -94,6 +94,9 @@ class Plan:
     workers: int = 1
     meta: dict[str, Any] = field(default_factory=dict)
     parts: Any = None  # part of every vertex, when compiled for several workers
+    cached: Any = None  # hybrid: per graph layer, per rank, the dependencies cached (global ids)
+    graph: Any = field(default=None, repr=False, compare=False)  # what it was compiled on (not saved)
+    shard_dir: Path | None = None  # per-rank shards, once written (`save`) or found (`load`)
 
     def to_json(self) -> dict[str, Any]:
         ir = str(self.program)
@@ -124,8 +127,12 @@ class Plan:
 
         return explain(self)
 
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write `plan.json` atomically (a crash leaves the old plan or none)."""
+    def save(self, directory: str | os.PathLike, progress: Any = None) -> Path:
+        """Write the plan: per-rank shards (when compiled for several workers), then `plan.json`.
+
+        Every file is written atomically and `plan.json`, which holds the
+        others' checksums, comes last: a crash leaves the old plan or none.
+        """
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         data = self.to_json()
@@ -138,9 +145,23 @@ class Plan:
             np.save(buf, np.asarray(self.parts, dtype=np.int64), allow_pickle=False)
             atomic_write(d / "parts.npy", buf.getvalue())
             data["shards"] = {"parts.npy": hashlib.sha256(buf.getvalue()).hexdigest()}
+            if self.graph is not None:
+                self.shard_dir = self.write_shards(d / "shards", progress)
+                manifest = (self.shard_dir / "manifest.json").read_bytes()
+                data["shards"]["shards/manifest.json"] = hashlib.sha256(manifest).hexdigest()
         text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         atomic_write(d / "plan.json", text.encode())
         return d
+
+    def write_shards(self, directory: str | os.PathLike, progress: Any = None) -> Path:
+        """Every rank's shard of this plan (gnnc.runtime.plan_shards) into `directory`."""
+        from gnnc.runtime.plan_shards import write_plan_shards
+
+        if self.graph is None or self.parts is None:
+            raise PlanError("writing a plan's shards needs the graph it was compiled for and its partition")
+        write_plan_shards(self.program, load_graph(self.graph), self.parts, self.workers, directory,
+                          self.cached, progress)
+        return Path(directory)
 
     @staticmethod
     def load(directory: str | os.PathLike) -> "Plan":
@@ -180,8 +201,10 @@ class Plan:
                 import numpy as np
 
                 parts = np.load(io.BytesIO(blob), allow_pickle=False)
-        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step") if k in data}
-        return Plan(program, model, data.get("graph"), passes, int(data.get("workers", 1)), meta, parts)
+        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid") if k in data}
+        shard_dir = Path(directory) / "shards" if "shards/manifest.json" in (data.get("shards") or {}) else None
+        return Plan(program, model, data.get("graph"), passes, int(data.get("workers", 1)), meta, parts,
+                    shard_dir=shard_dir)
 
 
 def _jsonable(v: Any) -> Any:
@@ -201,13 +224,15 @@ def _layer_summary(layer) -> dict[str, Any]:
 def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | None = None,
             graph_spec: str | None = None, after=None, strategy: str | None = None,
             partition: str | None = None, seed: int = 0, cluster: Any = None,
-            allow: list[str] | None = None) -> Plan:
+            allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
     or one per graph layer), communication is inserted, and the graph is
     partitioned (`partition`: hash, chunk, metis, g3 or random; bcast1d
     defaults to MG-GCN's random permutation, the others to metis).
+    `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
+    Algorithm 4's choice of the dependencies a hybrid segment caches.
     """
     if workers == "auto":
         return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow)
@@ -228,18 +253,21 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
     ctx = PassContext(graph=graph, options={"workers": workers, "strategy": strategy, "parts": parts,
                                             "cluster": cluster, "allow": allow})
+    if hybrid_cached is not None:
+        ctx.options["hybrid_cached"] = hybrid_cached
     program = run_pipeline(program, names, ctx, after=after)
     if "predicted_bytes" in ctx.options:
         meta["predicted_bytes_per_step"] = ctx.options["predicted_bytes"]
+    if "hybrid_selection" in ctx.options:
+        meta["hybrid"] = ctx.options["hybrid_selection"]
     report = ctx.options.get("planner")
     if report is not None:
         meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
                            "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
                            "predicted_memory_bytes": report.predicted_memory_bytes,
                            "alternatives": report.alternatives, "crossovers": report.crossovers}
-    plan = Plan(program, model, graph_spec, names, workers, meta)
-    plan.parts = parts
-    return plan
+    return Plan(program, model, graph_spec, names, workers, meta, parts, ctx.options.get("hybrid_cached"),
+                graph if workers > 1 else None)
 
 
 def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow) -> Plan:
@@ -316,15 +344,41 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
 
 
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True) -> dict[str, Any]:
-    """Train a plan compiled for several workers: start one process per worker on this machine."""
+    """Train a plan compiled for several workers: one process per worker, each loading its own shard.
+
+    A saved plan brings its shards; otherwise they are written to a
+    temporary directory first, from `graph` (or the graph the plan was
+    compiled on), and the graph is dropped before the workers start.
+    """
+    import tempfile
+
     from gnnc.runtime.distributed import DistJob, worker
     from gnnc.runtime.launch import join_torchrun, launch, started_by_torchrun
 
-    if plan.parts is None:
-        g = load_graph(graph)
-        plan.parts = partition_vertices(g, plan.workers, plan.meta["partition"]["method"], cfg.seed)
-    job = DistJob(str(plan.program), graph, plan.parts, cfg, metrics, want_logits)
+    if plan.shard_dir is not None:
+        if not started_by_torchrun():
+            from gnnc.runtime.shards import verify_shards
+
+            verify_shards(plan.shard_dir)  # refuse a damaged plan before any process starts
+        job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
+        if started_by_torchrun():
+            # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
+            return join_torchrun(worker, job)
+        return launch(worker, plan.workers, job)[0]
     if started_by_torchrun():
-        # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-        return join_torchrun(worker, job)
-    return launch(worker, plan.workers, job)[0]
+        raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
+                        "`gnnc compile ... --workers N -o PLAN` and run PLAN")
+    if plan.graph is None:
+        if graph is None:
+            raise PlanError("the plan has no shards and no graph was given to write them from")
+        plan.graph = load_graph(graph)
+    if plan.parts is None:
+        plan.parts = partition_vertices(plan.graph, plan.workers, plan.meta["partition"]["method"], cfg.seed)
+    with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
+        plan.write_shards(tmp)
+        plan.graph = None  # the workers read their shards; this process lets go of the whole graph
+        job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
+        try:
+            return launch(worker, plan.workers, job)[0]
+        finally:
+            plan.shard_dir = None

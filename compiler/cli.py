@@ -107,9 +107,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.set:
             raise GnncError("--set applies to a .gnn model; recompile the plan to change parameters")
         spec = args.graph or plan.graph_spec
-        if spec is None:
-            raise GnncError("the plan names no graph; pass --graph G")
-        graph = api.load_graph(spec)
+        graph = None
+        if plan.shard_dir is None or plan.workers == 1:
+            if spec is None:
+                raise GnncError("the plan names no graph; pass --graph G")
+            graph = api.load_graph(spec)
         if args.nproc != plan.workers and args.nproc != 1:
             raise GnncError(f"the plan was compiled for {plan.workers} workers; recompile it for --nproc {args.nproc}")
     else:
@@ -143,7 +145,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(summary)
     else:
-        print(f"{plan.program.name} on {graph.name} x{summary['world_size']} ({','.join(summary['strategies'])}): "
+        name = graph.name if graph is not None else summary.get("graph", spec)
+        print(f"{plan.program.name} on {name} x{summary['world_size']} ({','.join(summary['strategies'])}): "
               f"test acc {summary['test_acc']:.4f} (at best val {summary['val_acc']:.4f}, epoch "
               f"{summary['best_epoch']}); final test acc {summary['final_test_acc']:.4f}; train loss "
               f"{summary['train_loss']:.4f}; {summary['epoch_time_s'] * 1000:.1f} ms/epoch")

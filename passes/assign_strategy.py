@@ -1,11 +1,12 @@
 """assign-strategy: annotate every graph layer with the strategy that runs it.
 
-Until the planner chooses by cost, the strategy comes from the user
+The strategy comes from the planner (choose-strategy) or from the user
 (`--strategy S` for every layer, or `S1,S2,...` one per graph layer). With
 one worker every layer is `local`. The runtime executes `depcomm` and
-`bcast1d` (vertex-partitioned, freely mixed per layer) and `depcache` (which
-replicates the L-hop neighbourhood of every owned vertex, so it spans the
-whole model) and `pushpull` on the first graph layer (P3: that layer's
+`bcast1d` (vertex-partitioned, freely mixed per layer); `depcache` and
+`hybrid` as one segment that starts at the first graph layer (their row
+sets replicate the static input's neighbourhood; vertex-partitioned layers
+may follow); and `pushpull` on the first graph layer (P3: that layer's
 input is split along the feature dim; the layers after it are
 vertex-partitioned). Asking for an illegal or unsupported assignment is an
 error that names the layer and the op that forbids it.
@@ -17,7 +18,8 @@ from gnnc.ir import Program
 from gnnc.pass_manager import PassContext, register_pass
 
 STRATEGIES = ("depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "pipeline", "local")
-RUNNABLE = ("depcomm", "depcache", "bcast1d", "pushpull", "local")
+RUNNABLE = ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull", "local")
+SEGMENT = ("depcache", "hybrid")  # strategies that span several layers as one segment
 VERTEX_PARTITIONED = ("depcomm", "bcast1d")
 
 
@@ -42,9 +44,11 @@ def strategies_for(program: Program, spec: str | list[str] | None, workers: int)
         if s not in RUNNABLE:
             raise GnncError(f"layer {layer.name} ({layer.op}): the runtime does not execute '{s}' yet "
                             f"(it runs {', '.join(s for s in RUNNABLE if s != 'local')})")
-    if "depcache" in names and set(names) != {"depcache"}:
-        raise GnncError("depcache replicates the whole L-hop neighbourhood, so it must run every graph layer "
-                        "(mixing it with other strategies needs the planner's segments)")
+    for i, (layer, s) in enumerate(zip(layers, names)):
+        if s in SEGMENT and names[: i + 1] != [s] * (i + 1):
+            raise GnncError(f"layer {layer.name}: a {s} segment must start at the first graph layer and run "
+                            f"without a break (it replicates the neighbourhood of the input, which is static "
+                            f"only there); got --strategy {','.join(names)}")
     for i, (layer, s) in enumerate(zip(layers, names)):
         if s != "pushpull":
             continue

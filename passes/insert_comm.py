@@ -7,6 +7,8 @@ side) needs remote rows too:
 * `depcomm` inserts `halo(v)`: the owned rows followed by the remote
   in-neighbours' rows, fetched once per (vertex, remote worker) pair
   (NeutronStar's DepComm; backward sums the gradients at the owner);
+* `hybrid` inserts `halo(v)` too: the rows held (owned and cached) followed
+  by the remote dependencies the selection communicates;
 * `bcast1d` inserts `bcast_rows(v)`: every worker's row block broadcast in P
   stages (MG-GCN), giving all rows in block order.
 
@@ -15,13 +17,15 @@ In a `pushpull` layer (P3) the rows are all vertices, the features a slice;
 its `sync` becomes `reduce_scatter`: the partial results are summed at each
 vertex's owner (P3's pull; backward pushes the gradient to every worker).
 `depcache` and `local` layers read only rows they hold: nothing is inserted.
+Which rows a halo carries is decided per worker and layer by the row sets
+of gnnc.runtime.partitioned, from the partition and the hybrid selection.
 """
 from __future__ import annotations
 
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
 from gnnc.pass_manager import PassContext, register_pass
 
-COMM_OP = {"depcomm": "halo", "bcast1d": "bcast_rows"}
+COMM_OP = {"depcomm": "halo", "hybrid": "halo", "bcast1d": "bcast_rows"}
 
 
 def _neighbour_operands(e: Eqn) -> tuple[int, ...]:
@@ -54,6 +58,6 @@ def _insert(layer: Layer) -> Layer:
     return layer.replace(eqns=tuple(eqns))
 
 
-@register_pass("insert-comm", "insert halo exchanges (depcomm) and staged broadcasts (bcast1d)")
+@register_pass("insert-comm", "insert halo exchanges (depcomm, hybrid), staged broadcasts (bcast1d), P3's pull")
 def insert_comm(program: Program, ctx: PassContext) -> Program:
     return program.replace(layers=tuple(_insert(layer) for layer in program.layers))

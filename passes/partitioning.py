@@ -150,8 +150,8 @@ def feature_slices(num_features: int, parts: int) -> list[tuple[int, int]]:
 
     Bounds are F*k//parts, so widths differ by at most one and F need not
     divide by the part count (the wider slices come where the rounding puts
-    them; with F < parts some slices are empty). The runtime's
-    `feature_slice(width, rank, world)` uses the same bounds.
+    them; with F < parts some slices are empty). The runtime's shards
+    (gnnc.runtime.plan_shards) slice the features with it.
     """
     if parts < 1:
         raise GnncError(f"parts must be a positive integer, got {parts!r}")

@@ -4,8 +4,10 @@ Counted on the partitioned graph with the runtime's conventions (see
 gnnc.runtime.comm: what a rank sends to other ranks, not what a ring
 relays), so a run's measured bytes must equal these numbers exactly:
 
-* `halo` of a width-w value: forward sum_p |B_p| rows (each owner sends each
-  remote in-neighbour once per needing part), backward the same rows back;
+* `halo` of a width-w value in layer l: forward sum_p |H_p^l| rows (each
+  owner sends each row once per needing part: the remote in-neighbours B_p
+  under depcomm, those a hybrid selection does not cache under hybrid; see
+  gnnc.runtime.partitioned), backward the same rows back;
 * `bcast_rows`: every block to the P-1 other ranks, forward and backward;
 * `reduce_scatter` (P3's pull): each rank sends the N - |V_r| rows it does
   not own, forward; backward all-gathers (P-1) N rows;
@@ -43,12 +45,13 @@ def param_dependent(program: Program) -> set[str]:
     return dep
 
 
-def predict(program: Program, graph, parts: np.ndarray, world: int) -> tuple[Program, dict[str, int]]:
-    from gnnc.runtime.partitioned import remote_in_neighbours
+def predict(program: Program, graph, parts: np.ndarray, world: int,
+            cached: dict[int, list[np.ndarray]] | None = None) -> tuple[Program, dict[str, int]]:
+    from gnnc.runtime.partitioned import all_row_sets, halo_rows, layer_specs
 
     config = program.config_dict()
-    views = sorted({layer.edges for layer in program.graph_layers()})
-    halo_rows = sum(len(b) for b in remote_in_neighbours(graph, parts, world, views))
+    sets = all_row_sets(graph, parts, world, layer_specs(program), cached)
+    graph_index = {layer.name: k for k, layer in enumerate(program.graph_layers())}
     n = graph.num_nodes
     needs_grad = param_dependent(program)
     totals = {"halo": 0, "bcast_rows": 0, "reduce_scatter": 0, "allreduce": 0}
@@ -58,7 +61,7 @@ def predict(program: Program, graph, parts: np.ndarray, world: int) -> tuple[Pro
         for e in layer.eqns:
             if e.op in ("halo", "bcast_rows", "reduce_scatter"):
                 w = _width(e.ins[0].type.shape, config) * BYTES_PER_ELEMENT
-                rows = {"halo": halo_rows, "bcast_rows": (world - 1) * n, "reduce_scatter": (world - 1) * n}[e.op]
+                rows = (halo_rows(sets, graph_index[layer.name]) if e.op == "halo" else (world - 1) * n)
                 fwd = rows * w
                 bwd = fwd if e.ins[0].name in needs_grad else 0
                 totals[e.op] += fwd + bwd
@@ -76,6 +79,6 @@ def predict_bytes(program: Program, ctx: PassContext) -> Program:
     world = int(ctx.options.get("workers", 1))
     if parts is None or world == 1 or ctx.graph is None:
         return program
-    program, totals = predict(program, ctx.graph, parts, world)
+    program, totals = predict(program, ctx.graph, parts, world, ctx.options.get("hybrid_cached"))
     ctx.options["predicted_bytes"] = totals
     return program

@@ -17,24 +17,22 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gnnc.errors import PlanError
 from gnnc.ir import Eqn, Program
 from gnnc.ir_text import parse_ir
 from gnnc.runtime import comm
-from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, init_params, sparse_if_sparse
-from gnnc.runtime.graph import Graph
+from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
 from gnnc.runtime.launch import DistConfig
-from gnnc.runtime.partitioned import LocalGraph, replicated_lhop, vertex_partitioned
+from gnnc.runtime.partitioned import LayerGraph, LocalGraph
+from gnnc.runtime.plan_shards import RankData, load_rank
 from gnnc.runtime.train import TrainConfig, Worker, fit
 
 
 @dataclass(frozen=True)
 class DistJob:
-    """Everything a rank needs, decided before any process starts (picklable)."""
+    """Everything a rank needs, decided before any process starts (picklable, small)."""
 
     ir: str  # the plan's IR text, strategies annotated and communication inserted
-    graph_spec: Any  # a spec string each rank loads, or a Graph (pickled to every rank)
-    parts: np.ndarray  # part of every vertex (the partition the plan was compiled for)
+    shard_dir: str  # the plan's per-rank shards (gnnc.runtime.plan_shards); a rank reads only its own
     train: TrainConfig
     metrics_path: str | None = None
     want_logits: bool = False
@@ -44,39 +42,28 @@ def strategy_of(program: Program) -> set[str]:
     return {layer.attr("strategy") for layer in program.graph_layers()}
 
 
-def local_graph(program: Program, graph: Graph, parts: np.ndarray, rank: int, world: int) -> LocalGraph:
-    views = sorted({layer.edges for layer in program.graph_layers()})
-    strategies = strategy_of(program) - {"pushpull"}
-    if strategies == {"depcache"}:
-        return replicated_lhop(graph, parts, rank, len(program.graph_layers()), views)
-    columns = "blocks" if strategies == {"bcast1d"} else "halo"
-    lg = vertex_partitioned(graph, parts, rank, world, views, columns)
-    if "bcast1d" in strategies and columns == "halo":
-        # mixed depcomm/bcast1d: bcast1d layers need block columns of their own
-        blocks = vertex_partitioned(graph, parts, rank, world, views, "blocks")
-        lg.block_rows = blocks.block_rows
-        lg.block_views = blocks.views
-    return lg
-
-
 class Exchange:
-    """The communication ops of the IR, bound to this rank's LocalGraph and byte counters."""
+    """The communication ops of the IR, bound to this rank's layers and byte counters."""
 
-    def __init__(self, lg: LocalGraph, stats: comm.CommStats, parts: np.ndarray, world: int):
-        self.lg = lg
+    def __init__(self, data: RankData, stats: comm.CommStats, world: int):
+        self.lg = data.lg
         self.stats = stats
-        # P3's pull: rows regrouped by owner (block order) so a reduce-scatter lands them at their owners
-        self.block_order = torch.as_tensor(np.argsort(parts, kind="stable"), dtype=torch.int64)
-        self.block_sizes = [int(c) for c in np.bincount(parts, minlength=world)]
+        self.layer: LayerGraph | None = None  # the graph layer running now (DistInterpreter sets it)
+        self.block_order = data.block_order
+        self.block_sizes = data.lg.block_rows
 
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         label = e.outs[0].name.split(".")[0]
         if op == "reduce_scatter":
             return comm.reduce_scatter(x[self.block_order], self.block_sizes, self.stats, dim=0, label=label)
+        layer = self.layer
+        assert layer is not None
         if op == "halo":
-            assert self.lg.halo is not None
-            return torch.cat([x, comm.halo_exchange(x, self.lg.halo, self.stats, label=label)], dim=0)
-        blocks = [h for _, h in comm.staged_broadcast(x, self.lg.block_rows, self.stats, label=label)]
+            assert layer.halo is not None
+            held = x[: layer.n_in]
+            return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=label)], dim=0)
+        own = x[: self.lg.n_owned]
+        blocks = [h for _, h in comm.staged_broadcast(own, self.lg.block_rows, self.stats, label=label)]
         return torch.cat(blocks, dim=0)
 
 
@@ -89,14 +76,15 @@ class FeaturePhase:
     cols: tuple[int, int]  # this worker's feature slice [start, stop)
 
 
-def feature_slice(width: int, rank: int, world: int) -> tuple[int, int]:
-    """Near-equal contiguous slices; the first width % world get one more column."""
-    bounds = [width * k // world for k in range(world + 1)]
-    return bounds[rank], bounds[rank + 1]
+ROW_WISE = ("add", "sub", "mul", "div", "pow", "concat", "cross_entropy")
 
 
 class DistInterpreter(Interpreter):
-    """Runs each layer in its strategy's layout: feature-sliced up to P3's pull, rows elsewhere."""
+    """Runs each layer in its strategy's layout: feature-sliced up to P3's pull, rows elsewhere.
+
+    Rows of different layers are prefixes of one order (gnnc.runtime.partitioned),
+    so a vertex-wise op meeting two of them keeps the shorter prefix.
+    """
 
     def __init__(self, program: Program, lg: LocalGraph, phase: FeaturePhase | None = None):
         super().__init__(program)
@@ -108,8 +96,10 @@ class DistInterpreter(Interpreter):
     def run_layer(self, layer, env, params, ctx):
         if self.phase is not None and layer.name == self.program.layers[0].name:
             self.in_phase = True  # a new forward pass starts in the feature layout
-        if layer.kind == "graph" and layer.attr("strategy") == "bcast1d" and self.lg.block_views is not None:
-            ctx = _with(ctx, views=self.lg.block_views)
+        if layer.kind == "graph":
+            lgl = self.lg.layers[layer.name]
+            ctx.comm.layer = lgl
+            ctx = _with(ctx, views=lgl.views)
         if not self.in_phase:
             return super().run_layer(layer, env, params, ctx)
         p = self.phase
@@ -127,6 +117,15 @@ class DistInterpreter(Interpreter):
                 self.in_phase = False  # the pull: owned rows from here on
                 fctx = ctx
 
+    def eqn(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
+        if e.op in ROW_WISE:
+            vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
+            n = min((ins[k].shape[0] for k in vertex), default=0)
+            ins = [t[:n] if k in vertex else t for k, t in enumerate(ins)]
+        elif e.op == "sddmm" and view is not None:
+            ins = [ins[0], ins[1][: view.csr.n_dst]]  # destination side: the layer's output rows
+        return super().eqn(e, ins, view, ctx)
+
 
 def _with(ctx: ExecContext, **changes: Any) -> ExecContext:
     import dataclasses
@@ -134,54 +133,35 @@ def _with(ctx: ExecContext, **changes: Any) -> ExecContext:
     return dataclasses.replace(ctx, **changes)
 
 
-def _local_inputs(graph: Graph, lg: LocalGraph) -> dict[str, torch.Tensor]:
-    rows = lg.rows
-    owned = torch.zeros(len(rows), dtype=torch.bool)
-    owned[: lg.n_owned] = True
-    return {"x": sparse_if_sparse(graph.x[rows]), "y": graph.y[rows], "train": graph.train_mask[rows] & owned,
-            "val": graph.val_mask[rows] & owned, "test": graph.test_mask[rows] & owned}
-
-
 class DistWorker(Worker):
-    """One rank: its LocalGraph, the communication bound to it, and sums over ranks."""
+    """One rank: its shard, the communication bound to it, and sums over ranks."""
 
     def __init__(self, cfg: DistConfig, job: DistJob):
         torch.set_num_threads(1)
         program = parse_ir(job.ir)
-        if isinstance(job.graph_spec, Graph):
-            graph = job.graph_spec
-        else:
-            from gnnc.runtime.graph_io import load_graph
-
-            graph = load_graph(job.graph_spec)
-        check_graph_fits(program, graph)
-        n_parts = int(np.max(job.parts)) + 1 if len(job.parts) else 0
-        if n_parts != cfg.world_size or len(job.parts) != graph.num_nodes:
-            raise PlanError(f"the plan was partitioned for {n_parts} workers and {len(job.parts)} vertices; this "
-                            f"job has {cfg.world_size} ranks and graph '{graph.name}' {graph.num_nodes} vertices")
+        data = load_rank(job.shard_dir, cfg.rank, cfg.world_size)
+        check_dims_fit(program, data.num_features, data.num_classes, data.graph_name)
         self.rank, self.world_size = cfg.rank, cfg.world_size
         self.program = program
-        self.graph = graph
+        self.num_nodes = data.num_nodes
+        self.graph_name = data.graph_name
         self.cfg = job.train
         self.stats = comm.CommStats()
-        self.lg = lg = local_graph(program, graph, job.parts, cfg.rank, cfg.world_size)
-        if lg.halo is not None:
-            comm.check_halo_plan(lg.halo, lg.n_owned)
-        self.inputs = _local_inputs(graph, lg)
+        self.lg = lg = data.lg
+        checked: set[int] = set()
+        for layer in lg.layers.values():
+            if layer.halo is not None and id(layer) not in checked:
+                comm.check_halo_plan(layer.halo, layer.n_in)
+                checked.add(id(layer))
+        self.inputs = data.inputs
         phase = None
-        pushpull = [layer for layer in program.graph_layers() if layer.attr("strategy") == "pushpull"]
-        if pushpull:
-            from gnnc.runtime.executor import GraphView
-
-            cols = feature_slice(graph.num_features, cfg.rank, cfg.world_size)
-            phase = FeaturePhase({v: GraphView.build(graph, v) for v in {layer.edges for layer in pushpull}},
-                                 torch.arange(graph.num_nodes), cols)
-            self.inputs["x"] = sparse_if_sparse(graph.x[:, cols[0]:cols[1]])
+        if data.full_views is not None:
+            phase = FeaturePhase(data.full_views, torch.arange(data.num_nodes), data.cols)
         self.interp = DistInterpreter(program, lg, phase)
-        self.views = lg.views
+        self.views: dict[str, Any] = {}
         self.ids = lg.rows
-        self.count = max(float(graph.train_mask.sum()), 1.0)
-        self.exchange = Exchange(lg, self.stats, job.parts, cfg.world_size)
+        self.count = data.train_count
+        self.exchange = Exchange(data, self.stats, cfg.world_size)
         self._reducer: comm.GradAllReduce | None = None
 
     def context(self, training: bool, epoch: int) -> ExecContext:
@@ -207,7 +187,7 @@ class DistWorker(Worker):
         return t
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
-        return _gather_rows(logits.detach()[: self.lg.n_owned], self.lg.owned, self.graph.num_nodes,
+        return _gather_rows(logits.detach()[: self.lg.n_owned], self.lg.owned, self.num_nodes,
                             self.rank, self.world_size)
 
 
@@ -245,7 +225,7 @@ def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     gathered = w.gather_logits(logits) if job.want_logits else None
     if cfg.rank != 0:
         return None
-    return {**summary, "world_size": cfg.world_size, "peak_rss_bytes": int(peak[0]),
+    return {**summary, "graph": w.graph_name, "world_size": cfg.world_size, "peak_rss_bytes": int(peak[0]),
             "strategies": [layer.attr("strategy") for layer in w.program.graph_layers()],
             "logits": gathered, "history": history}
 

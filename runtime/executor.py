@@ -180,7 +180,9 @@ class Interpreter:
                 return ins[0]
             x = ins[0]
             p = float(e.attr("p"))
-            rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids
+            rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids[: x.shape[0]]
+            if rows.shape[0] != x.shape[0]:
+                raise AssertionError(f"dropout of {x.shape[0]} rows with ids for {rows.shape[0]}")
             mask = rng.dropout_mask(ctx.dropout_key(self.stream[id(e)]), rows, tuple(x.shape[1:]), p,
                                     ctx.col_offset)
             return x * mask
@@ -307,15 +309,18 @@ def graph_inputs(graph: Graph) -> dict[str, torch.Tensor]:
 
 def check_graph_fits(program: Program, graph: Graph) -> None:
     """The program's bound dims must match the graph it runs on."""
+    check_dims_fit(program, graph.num_features, graph.num_classes, graph.name)
+
+
+def check_dims_fit(program: Program, num_features: int, num_classes: int, name: str) -> None:
     cfg = program.config_dict()
     feats = program.inputs[0].type.shape[0]
-    if eval_dim(feats, cfg) != graph.num_features:
+    if eval_dim(feats, cfg) != num_features:
         raise GnncError(f"the model expects {eval_dim(feats, cfg)} input features but graph "
-                        f"'{graph.name}' has {graph.num_features}")
+                        f"'{name}' has {num_features}")
     width = eval_dim(program.logits.type.shape[0], cfg)
-    if width < graph.num_classes:
-        raise GnncError(f"the model outputs {width} logits but graph '{graph.name}' has "
-                        f"{graph.num_classes} classes")
+    if width < num_classes:
+        raise GnncError(f"the model outputs {width} logits but graph '{name}' has {num_classes} classes")
 
 
 def forward(interp: Interpreter, params: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],

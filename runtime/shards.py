@@ -90,6 +90,29 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
         write(f)
 
 
+def write_npz(path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> dict[str, Any]:
+    """Write one shard atomically; returns its manifest entry (size, sha256 and `extra`)."""
+    _atomic_write(path, lambda f: np.savez(f, **arrays))
+    return {"part": part, "file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path), **extra}
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """The manifest, written last: a directory without one holds no usable shards."""
+    manifest = {"format": SHARD_FORMAT, **manifest}
+    _atomic_write(out / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1, sort_keys=True).encode()))
+
+
+def load_npz(shard_dir: str | os.PathLike, manifest: dict[str, Any], part: int,
+             names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of part's shard (all, or `names`), read only after its size and checksum match."""
+    path = verify_shard(shard_dir, manifest, part)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in (names if names is not None else f.files)}
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
+        raise PlanError(f"{path}: shard of part {part} is unreadable ({err})") from None
+
+
 def write_shards(graph: Graph, assignment: np.ndarray, parts: int, out_dir: str | os.PathLike,
                  method: str = "", meta: dict[str, Any] | None = None,
                  progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -140,18 +163,16 @@ def write_shards(graph: Graph, assignment: np.ndarray, parts: int, out_dir: str 
         }
         local[owned] = -1
         local[remote[i]] = -1
-        path = out / f"part-{i:05d}.npz"
-        _atomic_write(path, lambda f: np.savez(f, **arrays))
-        entries.append({"part": i, "file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)})
+        entries.append(write_npz(out / f"part-{i:05d}.npz", i, arrays))
         if progress is not None:
             progress(i)
     manifest = {
-        "format": SHARD_FORMAT, "graph": graph.name, "num_nodes": n, "num_edges": graph.num_edges,
+        "kind": "partition", "graph": graph.name, "num_nodes": n, "num_edges": graph.num_edges,
         "num_features": graph.num_features, "parts": parts, "method": method, "meta": meta or {},
         "shards": entries,
     }
-    _atomic_write(out / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1, sort_keys=True).encode()))
-    return manifest
+    write_manifest(out, manifest)
+    return read_manifest(out)
 
 
 def read_manifest(shard_dir: str | os.PathLike) -> dict[str, Any]:
@@ -160,7 +181,7 @@ def read_manifest(shard_dir: str | os.PathLike) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PlanError(f"{path}: missing shard manifest (is {shard_dir} a `gnnc partition` output?)") from None
+        raise PlanError(f"{path}: missing shard manifest (is {shard_dir} the output of `gnnc partition` or a plan's shards?)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise PlanError(f"{path}: unreadable shard manifest ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != SHARD_FORMAT:
@@ -203,12 +224,7 @@ def verify_shards(shard_dir: str | os.PathLike) -> dict[str, Any]:
 def read_shard(shard_dir: str | os.PathLike, part: int) -> Shard:
     """Part's shard, read only after its size and checksum match the manifest."""
     manifest = read_manifest(shard_dir)
-    path = verify_shard(shard_dir, manifest, part)
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in ARRAYS}
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
-        raise PlanError(f"{path}: shard of part {part} is unreadable ({err})") from None
+    arrays = load_npz(shard_dir, manifest, part, ARRAYS)
     return Shard(part=part, parts=manifest["parts"], num_nodes=manifest["num_nodes"], **arrays)
 
 

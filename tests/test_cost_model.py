@@ -21,7 +21,7 @@ from gnnc.passes.cost_model import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S, V
 from gnnc.runtime import comm
 from gnnc.runtime.graph import Graph
 from gnnc.passes.graph_stats import compute_stats
-from gnnc.runtime.partitioned import replicated_lhop, vertex_partitioned
+from gnnc.runtime.partitioned import LayerSpec, all_row_sets, build_local_graph
 
 
 def num(expr, values: dict) -> float:
@@ -157,8 +157,10 @@ def test_depcomm_bytes_equal_what_the_runtime_halo_plan_sends(graph_fn, world: i
     vertices, edges, remote, send = _halo_stats(src, dst, parts, world)
     width = 16
     runtime_bytes = 0
+    specs = [LayerSpec("l0", "plain", "depcomm")]
+    sets = all_row_sets(g, parts, world, specs)
     for rank in range(world):
-        plan = vertex_partitioned(g, parts, rank, world, ["plain"], "halo").halo
+        plan = build_local_graph(g, parts, rank, world, specs, sets).layers["l0"].halo
         assert plan.n_halo == remote[rank] and sum(plan.send_counts) == send[rank]
         runtime_bytes += (sum(plan.send_counts) + plan.n_halo) * width * 4  # as _HaloExchange counts
     inp = _inputs(vertices, edges, remote, send, (width, width))
@@ -352,9 +354,10 @@ def test_from_graph_stats_matches_what_the_runtime_replicates() -> None:
     for rank in range(4):
         assert inp.hop_vertices[rank, 0] == inp.vertices[rank] and inp.hop_edges[rank, 0] == inp.edges[rank]
         for k in (1, 2):
-            lg = replicated_lhop(g, parts, rank, k, ["plain"])
+            specs = [LayerSpec(f"l{i}", "plain", "depcache") for i in range(k)]
+            lg = build_local_graph(g, parts, rank, 4, specs, all_row_sets(g, parts, 4, specs))
             assert len(lg.rows) == inp.hop_vertices[rank, k]
-            assert lg.views["plain"].csr.indices.numel() == inp.hop_edges[rank, k - 1]
+            assert lg.layers["l0"].views["plain"].csr.nnz == inp.hop_edges[rank, k - 1]
     src, dst = g.edges("plain")
     np.testing.assert_array_equal(np.c_[inp.vertices, inp.edges, inp.remote, inp.send],
                                   np.c_[_halo_stats(src, dst, parts, 4)])

@@ -20,7 +20,8 @@ from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 
 MODELS = ["gcn", "sage", "gin", "gat"]
-STRATEGIES = ["depcomm", "depcache", "bcast1d", "depcomm,bcast1d", "pushpull,depcomm", "pushpull,bcast1d"]
+STRATEGIES = ["depcomm", "depcache", "hybrid", "bcast1d", "depcomm,bcast1d", "depcache,depcomm", "hybrid,bcast1d",
+              "pushpull,depcomm", "pushpull,bcast1d"]
 PUSHPULL_LEGAL = {"gcn"}  # SAGE adds a bias, GIN a ReLU, GAT attention before the sync
 SEED = 3
 
@@ -55,7 +56,16 @@ def parts_for(graph, world: int, method: str) -> np.ndarray:
     return api.partition_vertices(graph, world, method, seed=0)
 
 
-def cases(graph, world: int):
+def half_of_the_dependencies(graph, parts: np.ndarray, world: int, layers: int) -> dict[int, list[np.ndarray]]:
+    """A hybrid selection that caches a random half of each worker's remote in-neighbours per layer."""
+    from gnnc.runtime.partitioned import remote_in_neighbours
+
+    rng_ = np.random.default_rng(world + layers)
+    deps = remote_in_neighbours(graph, parts, world, ["plain", "self_loops"])
+    return {m: [np.sort(b[rng_.random(len(b)) < 0.5]) for b in deps] for m in range(layers)}
+
+
+def cases(graph, world: int, tmp):
     out = []
     for name in MODELS:
         model = api.load_model(EXAMPLES / f"{name}.gnn")
@@ -64,22 +74,33 @@ def cases(graph, world: int):
             if strategy.startswith("pushpull") and name not in PUSHPULL_LEGAL:
                 continue
             for method in ("hash", "metis", "random"):
-                plan = api.compile(model, graph, workers=world, strategy=strategy, partition=method)
+                cached = None
+                if strategy.startswith("hybrid"):
+                    cached = half_of_the_dependencies(graph, parts_for(graph, world, method), world,
+                                                      strategy.split(",").count("hybrid"))
+                plan = api.compile(model, graph, workers=world, strategy=strategy, partition=method,
+                                   hybrid_cached=cached)
                 tc = TrainConfig(seed=SEED, progress=False, use_kernels=False)
-                job = DistJob(str(plan.program), graph, plan.parts, tc)
+                shards = plan.write_shards(tmp / f"{name}-{strategy}-{method}")
+                job = DistJob(str(plan.program), str(shards), tc)
                 out.append(((name, strategy, method), single, job, plan.meta["predicted_bytes_per_step"]))
     return out
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_strategies_match_one_process(world: int) -> None:
+def test_strategies_match_one_process(world: int, tmp_path) -> None:
     graph = hub_graph()
-    todo = cases(graph, world)
+    todo = cases(graph, world, tmp_path)
     results = launch(one_step_each, world, [job for _, _, job, _ in todo])[0]
     refs: dict[str, tuple] = {}
     failures = []
     op_names = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
+    halo_bytes = {key: predicted["halo"] for key, _, _, predicted in todo}
     for (key, single, _, predicted), got in zip(todo, results):
+        if key[1].startswith("hybrid"):  # half the dependencies cached: a real mix, not depcomm nor depcache
+            assert 0 < predicted["halo"], key
+            if key[1] == "hybrid":
+                assert predicted["halo"] < halo_bytes[(key[0], "depcomm", key[2])], key
         measured = {k: got["bytes_by_op"].get(op, 0) for k, op in op_names.items()}
         if measured != predicted:
             failures.append(f"{key}: measured bytes {measured} != predicted {predicted}")

@@ -118,6 +118,33 @@ def test_plan_with_corrupt_shard_is_refused(tmp_path: Path) -> None:
     assert r.returncode == 2 and "shard missing" in r.stderr
 
 
+def test_ranks_read_only_their_shards(tmp_path: Path) -> None:
+    """A compiled plan runs after its graph file is gone; a damaged rank shard is refused with exit 2."""
+    from conftest import random_graph
+
+    g = random_graph(n=300, e=1500, f=8, c=3, seed=1)
+    npz = tmp_path / "g.npz"
+    import numpy as np
+
+    np.savez(npz, edge_index=np.stack([g.src, g.dst]), x=g.x.numpy(), y=g.y.numpy(),
+             train_mask=g.train_mask.numpy(), val_mask=g.val_mask.numpy(), test_mask=g.test_mask.numpy())
+    plan = tmp_path / "plan"
+    r = gnnc("compile", GCN, "--graph", str(npz), "--workers", "2", "--strategy", "depcomm", "-o", str(plan))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (plan / "shards").iterdir()) == ["manifest.json", "rank-00000.npz",
+                                                                   "rank-00001.npz"]
+    ref = gnnc("run", str(plan), "--nproc", "2", "--epochs", "3", "--dump-logits", str(tmp_path / "a.pt"))
+    assert ref.returncode == 0, ref.stderr
+    npz.unlink()
+    r = gnnc("run", str(plan), "--nproc", "2", "--epochs", "3", "--dump-logits", str(tmp_path / "b.pt"))
+    assert r.returncode == 0, r.stderr
+    assert torch.equal(torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt"))
+    shard = plan / "shards" / "rank-00001.npz"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    r = gnnc("run", str(plan), "--nproc", "2", "--epochs", "1")
+    assert r.returncode == 2 and "rank-00001.npz" in r.stderr and "truncated" in r.stderr, r.stderr
+
+
 @pytest.mark.slow
 def test_two_torchrun_nodes_match_nproc_4(tmp_path: Path) -> None:
     plan = tmp_path / "plan"

@@ -1,0 +1,167 @@
+"""What each rank of a plan loads: its rows, their inputs and every graph layer's local structure.
+
+The launcher (or `gnnc compile -o PLAN`) holds the whole graph once, works
+out every rank's row sets (gnnc.runtime.partitioned) and writes one shard
+per rank; a rank then reads only its own file, so its memory is its share
+of the graph, never the whole of it. A shard holds, as plain arrays (no
+pickle), with the manifest of gnnc.runtime.shards (sizes, sha256, written
+last and atomically):
+
+  rows, n_owned            global ids of the held rows in prefix order
+  x                        input features of C^0 (pushpull: every row, this rank's feature slice)
+  y, train, val, test      labels and split masks of the owned rows
+  g<k>.indptr/indices/eids/norm    local CSR of distinct layer structure k (global edge ids, gcn_norm)
+  g<k>.send_ptr/send_idx/recv      its halo plan, when it has one
+  full.<view>.*, block_order       pushpull: the whole first-layer structure and the owners' block order
+
+The manifest entry of each shard says which structure each graph layer
+uses and its row counts. Everything a rank checks before a collective
+(manifest, size, checksum) fails with PlanError, exit 2.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from gnnc.errors import PlanError
+from gnnc.passes.partitioning import feature_slices
+from gnnc.runtime.comm import HaloPlan
+from gnnc.runtime.executor import GraphView, sparse_if_sparse
+from gnnc.runtime.graph import CSR, Graph
+from gnnc.runtime.partitioned import (LayerGraph, LayerSpec, LocalGraph, all_row_sets, build_local_graph,
+                                      layer_specs)
+from gnnc.runtime.shards import load_npz, read_manifest, write_manifest, write_npz
+
+
+@dataclass
+class RankData:
+    """One rank's shard, loaded: its LocalGraph, its inputs and what P3's first layer needs."""
+
+    lg: LocalGraph
+    inputs: dict[str, torch.Tensor]
+    num_nodes: int
+    num_features: int
+    num_classes: int
+    train_count: float
+    graph_name: str
+    full_views: dict[str, GraphView] | None = None  # pushpull: the first layer's whole structure
+    block_order: torch.Tensor | None = None  # pushpull: vertices by owner, the order P3's pull scatters in
+    cols: tuple[int, int] | None = None  # pushpull: this rank's feature slice
+
+
+def _csr_arrays(prefix: str, view: GraphView) -> dict[str, np.ndarray]:
+    return {f"{prefix}.indptr": view.csr.indptr.numpy(), f"{prefix}.indices": view.csr.indices.numpy(),
+            f"{prefix}.eids": view.edge_ids.numpy(), f"{prefix}.norm": view.edge_data["gcn_norm"].numpy()}
+
+
+def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphView:
+    indptr = torch.from_numpy(arrays[f"{prefix}.indptr"].astype(np.int64))
+    indices = torch.from_numpy(arrays[f"{prefix}.indices"].astype(np.int64))
+    eids = torch.from_numpy(arrays[f"{prefix}.eids"].astype(np.int64))
+    csr = CSR(indptr, indices, torch.arange(len(indices)), len(indptr) - 1, n_src)
+    return GraphView(csr, csr.indices, csr.dst_index(), eids, {"gcn_norm": torch.from_numpy(arrays[f"{prefix}.norm"])},
+                     csr.in_degree().to(torch.float32))
+
+
+def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets) -> \
+        tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """One rank's shard arrays and its layout (the manifest entry's extra fields)."""
+    lg = build_local_graph(graph, parts, rank, world, specs, sets)
+    rows = lg.rows.numpy()
+    owned = rows[: lg.n_owned]
+    arrays: dict[str, np.ndarray] = {"rows": rows, "n_owned": np.array(lg.n_owned)}
+    layout: dict[str, Any] = {"layers": {}, "block_rows": lg.block_rows}
+    ids: dict[int, int] = {}
+    for s in specs:
+        g = lg.layers[s.name]
+        k = ids.setdefault(id(g), len(ids))
+        if f"g{k}.indptr" not in arrays and s.view in g.views:
+            arrays.update(_csr_arrays(f"g{k}", g.views[s.view]))
+            if g.halo is not None:
+                counts = g.halo.send_counts
+                arrays[f"g{k}.send_ptr"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+                arrays[f"g{k}.send_idx"] = (torch.cat(g.halo.send_idx).numpy() if counts else np.zeros(0, np.int64))
+                arrays[f"g{k}.recv"] = np.asarray(g.halo.recv_counts, dtype=np.int64)
+        layout["layers"][s.name] = {"structure": k, "view": s.view, "n_in": g.n_in, "n_out": g.n_out,
+                                    "n_src": g.views[s.view].csr.n_src if s.view in g.views else None,
+                                    "halo": g.halo is not None, "blocks": g.blocks}
+    first = specs[0] if specs else None
+    if first is not None and first.strategy == "pushpull":
+        lo, hi = feature_slices(graph.num_features, world)[rank]
+        arrays["x"] = graph.x[:, lo:hi].numpy()
+        arrays.update(_csr_arrays(f"full.{first.view}", GraphView.build(graph, first.view)))
+        arrays["block_order"] = np.argsort(parts, kind="stable").astype(np.int64)
+        layout["pushpull"] = {"view": first.view, "cols": [lo, hi]}
+    else:
+        n_in = lg.layers[first.name].n_in if first is not None else lg.n_owned
+        arrays["x"] = graph.x[torch.as_tensor(rows[:n_in])].numpy()
+    arrays["y"] = graph.y[torch.as_tensor(owned)].numpy()
+    for name, mask in (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask)):
+        arrays[name] = mask[torch.as_tensor(owned)].numpy()
+    return arrays, layout
+
+
+def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_dir: str | os.PathLike,
+                      cached: dict[int, list[np.ndarray]] | None = None,
+                      progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Every rank's shard of `program` (strategies annotated) on `graph` split by `parts`; the manifest."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    specs = layer_specs(program)
+    sets = all_row_sets(graph, parts, world, specs, cached)
+    entries = []
+    for rank in range(world):
+        arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets)
+        entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout))
+        del arrays
+        if progress is not None:
+            progress(rank)
+    write_manifest(out, {"kind": "plan", "graph": graph.name, "num_nodes": graph.num_nodes,
+                         "num_edges": graph.num_edges, "num_features": graph.num_features,
+                         "num_classes": graph.num_classes, "train_count": int(graph.train_mask.sum()),
+                         "parts": world, "shards": entries})
+    return read_manifest(out)
+
+
+def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
+    """Rank `rank`'s shard, checked against the manifest before anything is read."""
+    manifest = read_manifest(shard_dir)
+    if manifest.get("kind") != "plan":
+        raise PlanError(f"{shard_dir}: these are a partition's shards, not a plan's (compile a plan)")
+    if manifest["parts"] != world:
+        raise PlanError(f"{shard_dir}: the shards are for {manifest['parts']} ranks; this job has {world}")
+    arrays = load_npz(shard_dir, manifest, rank)
+    layout = manifest["shards"][rank]["layout"]
+    structures: dict[int, LayerGraph] = {}
+    layers: dict[str, LayerGraph] = {}
+    for name, info in layout["layers"].items():
+        k = int(info["structure"])
+        if k not in structures:
+            halo = None
+            if info["halo"]:
+                ptr = arrays[f"g{k}.send_ptr"]
+                idx = torch.from_numpy(arrays[f"g{k}.send_idx"].astype(np.int64))
+                halo = HaloPlan(tuple(idx[ptr[p]:ptr[p + 1]] for p in range(world)),
+                                tuple(int(c) for c in arrays[f"g{k}.recv"]))
+            views = {} if info["n_src"] is None else {info["view"]: _view_from(arrays, f"g{k}", int(info["n_src"]))}
+            structures[k] = LayerGraph(int(info["n_in"]), int(info["n_out"]), views, halo, bool(info["blocks"]))
+        layers[name] = structures[k]
+    n_owned = int(arrays["n_owned"])
+    lg = LocalGraph(torch.from_numpy(arrays["rows"].astype(np.int64)), n_owned, layers, layout.get("block_rows"))
+    inputs = {"x": sparse_if_sparse(torch.from_numpy(arrays["x"])), "y": torch.from_numpy(arrays["y"]),
+              "train": torch.from_numpy(arrays["train"]), "val": torch.from_numpy(arrays["val"]),
+              "test": torch.from_numpy(arrays["test"])}
+    data = RankData(lg, inputs, int(manifest["num_nodes"]), int(manifest["num_features"]),
+                    int(manifest["num_classes"]), float(max(manifest["train_count"], 1)), str(manifest["graph"]))
+    pp = layout.get("pushpull")
+    if pp is not None:
+        n = data.num_nodes
+        data.full_views = {pp["view"]: _view_from(arrays, f"full.{pp['view']}", n)}
+        data.block_order = torch.from_numpy(arrays["block_order"])
+        data.cols = (int(pp["cols"][0]), int(pp["cols"][1]))
+    return data
