@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--strategies", default="depcomm,depcache,bcast1d,pushpull+depcomm")
+    ap.add_argument("--strategies", default="depcomm,depcache,hybrid,bcast1d,pushpull+depcomm")
     args = ap.parse_args()
     print(f"{args.graph}, {Path(args.model).name}, {args.nproc} processes x {args.threads} thread(s), "
           f"{args.epochs} epochs")

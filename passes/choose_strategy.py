@@ -8,7 +8,9 @@ price every candidate segment on the cluster profile, and the segment DP
 (passes/segment_dp.py) picks the cheapest assignment under the memory cap,
 transitions between layouts included. The planner only offers what the
 runtime executes: depcomm and bcast1d per layer, pushpull on the first layer
-where it is legal, depcache over the whole model; `--allow` narrows that.
+where it is legal, depcache and hybrid as a segment over the first k layers
+(hybrid priced with the selection select-hybrid will make: Algorithm 4's,
+or communicate-all / cache-all when they predict less); `--allow` narrows that.
 The choice and every alternative's predicted time, bytes and memory go into
 `ctx.options["planner"]` for the plan and `--explain`.
 """
@@ -23,7 +25,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Layer, Program
 from gnnc.pass_manager import PassContext, register_pass
 
-PLANNABLE = ("depcomm", "depcache", "bcast1d", "pushpull")
+PLANNABLE = ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull")
 # User cost functions (gnnc.register_cost), used instead of the built-in formula of their strategy.
 _USER_COSTS: dict[str, Any] = {}
 
@@ -105,34 +107,46 @@ def candidates(program: Program, allow: list[str] | None) -> list[str]:
     return allowed
 
 
-def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None):
-    """Segment costs (time, memory) for the DP, and the compiled formulas behind them."""
+def planning_inputs(program: Program, graph, parts: np.ndarray, profile):
+    """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape."""
     from gnnc.passes import cost_model as cm
     from gnnc.passes.graph_stats import compute_stats
     from gnnc.passes.predict_bytes import param_dependent
 
     layers = program.graph_layers()
-    L = len(layers)
     view = "self_loops" if any(layer.edges == "self_loops" for layer in layers) else "plain"
-    stats = compute_stats(graph, parts, L, view)
+    stats = compute_stats(graph, parts, len(layers), view)
     dims, heads = layer_dims(program)
     inputs = cm.CostInputs.from_stats(stats, dims, profile.for_workers(int(parts.max()) + 1), heads=heads)
     needs_grad = param_dependent(program)
-    shapes = [layer_shape(layer, needs_grad) for layer in layers]
+    return stats, inputs, [layer_shape(layer, needs_grad) for layer in layers]
+
+
+def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None):
+    """Segment costs (time, memory) for the DP, and the compiled formulas behind them."""
+    from gnnc.passes import cost_model as cm
+
+    L = len(program.graph_layers())
+    stats, inputs, shapes = planning_inputs(program, graph, parts, profile)
     allowed = candidates(program, allow)
     seg_cost: dict[tuple[int, int, str], tuple[float, float]] = {}
     formulas: dict[tuple[int, int, str], Any] = {}
     values: dict[tuple[int, int, str], Any] = {}
     for s in allowed:
-        if s == "depcache":
-            spans = [(0, L)]  # the runtime replicates the whole model's L-hop neighbourhood
+        if s in ("depcache", "hybrid"):
+            spans = [(0, end) for end in range(1, L + 1)]  # the runtime's segments start at the static input
         elif s == "pushpull":
             spans = [(0, 1)]
         else:
             spans = [(i, i + 1) for i in range(L)]
         for start, end in spans:
             cost = _segment_cost(s, start, end, shapes[start:end])
-            value = cm.evaluate_cost(cost, inputs)
+            extra = None
+            if s == "hybrid" and s not in _USER_COSTS:
+                from gnnc.passes.select_hybrid import select
+
+                extra = select(stats, inputs, shapes, profile.memory_per_worker, end).values
+            value = cm.evaluate_cost(cost, inputs, extra)
             seg_cost[(start, end, s)] = (value.time, value.memory)
             formulas[(start, end, s)] = cost
             values[(start, end, s)] = value
@@ -174,7 +188,9 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
                                   for k in segs if k[2] in _USER_COSTS}),
         })
     crossovers = []
-    pure = {s: [formulas[k] for k in formulas if k[2] == s] for s in allowed}
+    # whole-model formulas: a segment strategy's span over every layer, a per-layer one's every layer
+    pure = {s: [formulas[k] for k in formulas if k[2] == s and (k[2] not in ("depcache", "hybrid") or k[:2] == (0, L))]
+            for s in allowed}
     if "depcomm" in pure and "depcache" in pure and pure["depcomm"] and pure["depcache"]:
         for c in cm.crossover(pure["depcomm"], pure["depcache"], cm.bw, inputs, 1e6, 1e12):
             faster = "depcomm" if c.first_faster_above else "depcache"

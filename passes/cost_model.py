@@ -529,13 +529,16 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
         layer = start + m
         w = shape.width(layer)
         cr, cs, rv, re = comm_rows(layer), comm_sent(layer), recompute_rows(layer), recompute_edges(layer)
+        # a dense map that runs before the aggregation runs on the recomputed rows' inputs: the rows
+        # recomputed one layer down, or the replicated input rows at the segment's first layer
+        rg = (recompute_rows(layer - 1) if m > 0 else RX) if shape.gemm_first else rv
         exch = all_to_all_time(cs * w * b, cr * w * b)
-        local_f = spmm_time(E - E_r, w) + compute_forward(layer, shape, rv, re)
+        local_f = spmm_time(E - E_r, w) + compute_forward(layer, shape, rg, re)
         fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
                + (attention_time(E, heads(layer)) if shape.attention else ZERO)
                + Max(exch, local_f) + spmm_time(E_r, w))
         bwd = compute_backward(layer, shape, V, ZERO)
-        local_b = compute_backward(layer, shape, rv, re)
+        local_b = compute_backward(layer, shape, rg, re)
         nbytes += cs * w * b
         if shape.exchange_grad:
             bwd += Max(exch, spmm_time(E - E_r, w) + local_b) + spmm_time(E_r, w)

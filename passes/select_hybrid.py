@@ -14,6 +14,7 @@ layer-0 dependency only replicates its input row.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,32 +33,50 @@ def hybrid_segment(program: Program) -> int:
     return k
 
 
-def select(program: Program, graph, parts: np.ndarray, profile, end: int) -> tuple[Any, dict[int, list[np.ndarray]]]:
-    """Algorithm 4 over graph layers [0, end): the HybridResult and the cached ids per layer and worker."""
+@dataclass
+class Selection:
+    """A hybrid segment's selection: the cached ids per layer and worker, and its predicted cost."""
+
+    cached: dict[int, list[np.ndarray]]
+    source: str  # "greedy" (Algorithm 4), "communicate-all" or "cache-all"
+    values: dict[Any, np.ndarray]  # the cost model's hybrid symbols (cost_model.hybrid_values)
+    time: float
+    received: np.ndarray  # [workers, layers] rows communicated
+
+
+def select(stats, inputs, shapes, memory_cap: float | None, end: int) -> Selection:
+    """Algorithm 4 over graph layers [0, end), unless communicating or caching everything predicts less.
+
+    Every candidate is priced by the planner's own `cost_model.hybrid`
+    formula (communicate-all is exactly depcomm there), so the segment the
+    planner prices is the one the runtime executes. Ties keep the greedy's.
+    """
     from gnnc.passes import cost_model as cm
     from gnnc.passes import hybrid_greedy as hg
-    from gnnc.passes.choose_strategy import layer_dims, layer_shape
-    from gnnc.passes.graph_stats import compute_stats
-    from gnnc.passes.predict_bytes import param_dependent
 
-    layers = program.graph_layers()
-    world = int(parts.max()) + 1
-    view = "self_loops" if any(layer.edges == "self_loops" for layer in layers[:end]) else "plain"
-    stats = compute_stats(graph, parts, max(end, 1), view)
-    dims, heads = layer_dims(program)
-    inputs = cm.CostInputs.from_stats(stats, dims, profile.for_workers(world), heads=heads)
-    needs_grad = param_dependent(program)
-    shapes = [layer_shape(layer, needs_grad) for layer in layers[:end]]
-    unit = cm.hybrid_unit_costs(inputs, 0, shapes)
+    world = inputs.workers
+    unit = cm.hybrid_unit_costs(inputs, 0, shapes[:end])
     costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"], unit["edge_bytes"])
     deps = [hg.dependencies_from_stats(stats, r, end) for r in range(world)]
-    cap = profile.memory_per_worker if profile.memory_per_worker else float("inf")
-    result = hg.choose(deps, costs, unit["own_time"], memory_cap=cap)
-    cached: dict[int, list[np.ndarray]] = {}
-    for m in range(end):
-        cached[m] = [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)]).astype(np.int64)
-                     for dep, mask in zip(deps, result.cached)]
-    return result, cached
+    cap = memory_cap if memory_cap else float("inf")
+    formula = cm.hybrid(0, end, shapes[:end])
+    candidates = [hg.select(deps, costs, unit["own_time"], cap),
+                  hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
+                             source="communicate-all")]
+    every = hg.predict(deps, costs, unit["own_time"], [np.ones(len(d), bool) for d in deps], source="cache-all")
+    if bool(np.all(every.memory <= cap)):
+        candidates.append(every)
+    best: Selection | None = None
+    for cand in candidates:
+        values = cm.hybrid_values(0, cand.comm_received, cand.comm_sent, cand.recompute_rows, cand.recompute_edges,
+                                  cand.replicated_inputs)
+        t = cm.evaluate_cost(formula, inputs, values).time
+        if best is None or t < best.time:
+            cached = {m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])
+                          .astype(np.int64) for dep, mask in zip(deps, cand.cached)] for m in range(end)}
+            best = Selection(cached, cand.source, values, t, cand.comm_received)
+    assert best is not None
+    return best
 
 
 def _check_given(cached: Any, end: int, world: int, n: int) -> None:
@@ -87,11 +106,14 @@ def select_hybrid(program: Program, ctx: PassContext) -> Program:
 
     spec = ctx.options.get("cluster")
     profile = (load_cluster(spec) if isinstance(spec, str) else spec) if spec else preset("neutronstar-ecs")
-    result, cached = select(program, ctx.graph, parts, profile, end)
-    ctx.options["hybrid_cached"] = cached
+    from gnnc.passes.choose_strategy import planning_inputs
+
+    stats, inputs, shapes = planning_inputs(program, ctx.graph, parts, profile)
+    sel = select(stats, inputs, shapes, profile.memory_per_worker, end)
+    ctx.options["hybrid_cached"] = sel.cached
     ctx.options["hybrid_selection"] = {
-        "source": result.source, "predicted_time_s": result.time,
-        "cached_per_layer": [[int(len(ids)) for ids in cached[m]] for m in range(end)],
-        "communicated_per_layer": [[int(x) for x in result.comm_received[:, m]] for m in range(end)],
+        "source": sel.source, "predicted_time_s": sel.time,
+        "cached_per_layer": [[int(len(ids)) for ids in sel.cached[m]] for m in range(end)],
+        "communicated_per_layer": [[int(x) for x in sel.received[:, m]] for m in range(end)],
     }
     return program

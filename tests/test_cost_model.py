@@ -322,6 +322,29 @@ def test_hybrid_caching_trades_communication_for_recompute() -> None:
     assert entry.bytes == pytest.approx(p * 10 * inp.dims[1] * 4 * 2)  # RX rows fetched, gradients back
 
 
+def test_hybrid_dense_map_first_runs_on_the_recomputed_rows_inputs() -> None:
+    """GeMM before the aggregation: recomputing layer 0 multiplies the replicated input rows (RX), layer 1
+    the rows recomputed at layer 0; with the aggregation first, the recomputed rows themselves."""
+    inp = _rand_inputs(2)
+    p = inp.workers
+
+    def t(shapes, rows, inputs):
+        # recomputed edges keep the local work above the (empty) exchange's latency, so differences are exact
+        values = cm.hybrid_values(0, np.zeros((p, 2)), np.zeros((p, 2)), np.array([rows] * p, float),
+                                  np.full((p, 2), 1e6), np.full(p, float(inputs)))
+        return cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, values).time
+
+    first = [LayerShape(gemm_first=True, input_grad=False), LayerShape(gemm_first=True)]
+
+    def gemm(rows, layer):  # one forward dense map of `rows` rows at layer `layer`
+        return float(cm.evaluate(cm.gemm_time(rows, cm.d(layer), cm.d(layer + 1)), inp)[0])
+    # forward + backward (dW; dX too at layer 1, whose input needs a gradient)
+    assert t(first, [0, 0], 1e6) - t(first, [0, 0], 0) == pytest.approx(2 * gemm(1e6, 0), rel=1e-6)
+    assert t(first, [1e6, 0], 0) - t(first, [0, 0], 0) == pytest.approx(3 * gemm(1e6, 1), rel=1e-6)
+    after = [LayerShape(gemm_first=False, input_grad=False), LayerShape(gemm_first=False)]
+    assert t(after, [1e6, 0], 0) - t(after, [0, 0], 0) == pytest.approx(2 * gemm(1e6, 0), rel=1e-6)
+
+
 def test_segment_cost_dispatch() -> None:
     sh = LayerShape()
     assert cm.segment_cost("depcomm", 1, 2, [sh]).name == "depcomm[1]"

@@ -26,7 +26,7 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("strategy", ["depcomm", "depcache", "bcast1d", "pushpull,depcomm"])
+@pytest.mark.parametrize("strategy", ["depcomm", "depcache", "hybrid", "bcast1d", "pushpull,depcomm"])
 def test_nproc_logits_match_one_process(strategy: str, tmp_path: Path) -> None:
     base = ["run", GCN, "--graph", "planetoid:cora", "--epochs", "20", "--seed", "0"]
     one = gnnc(*base, "--dump-logits", str(tmp_path / "one.pt"))

@@ -30,10 +30,13 @@ def test_neutronstar_google_like_graph_gets_depcache_and_a_bandwidth_crossover()
     assert 5.5 < graph.num_edges / graph.num_nodes < 6.5
     plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=256), graph, workers=8, partition="metis",
                        cluster="neutronstar-ecs", allow=["depcache", "depcomm"])
-    assert [layer.attr("strategy") for layer in plan.program.graph_layers()] == ["depcache", "depcache"]
+    # NeutronStar compares whole-model strategies: DepCache wins. The DP also finds that caching the first
+    # layer and exchanging the narrow (16 classes wide, GeMM first) rows of the second is cheaper still.
+    assert [layer.attr("strategy") for layer in plan.program.graph_layers()] == ["depcache", "depcomm"]
     planner = plan.meta["planner"]
     times = {tuple(a["strategies"]): a["time_s"] for a in planner["alternatives"]}
     assert times[("depcache", "depcache")] < times[("depcomm", "depcomm")]
+    assert times[("depcache", "depcomm")] < times[("depcache", "depcache")]
     assert planner["crossovers"] and planner["crossovers"][0].startswith("depcomm overtakes depcache above")
     # the crossover is where the two predictions meet: above it depcomm must win
     gbps = float(planner["crossovers"][0].split("above ")[1].split(" Gb/s")[0])
@@ -45,7 +48,37 @@ def test_neutronstar_google_like_graph_gets_depcache_and_a_bandwidth_crossover()
     fast = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=twice, intra_bandwidth=twice)
     faster = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=256), graph, workers=8, partition="metis",
                          cluster=fast, allow=["depcache", "depcomm"])
-    assert [layer.attr("strategy") for layer in faster.program.graph_layers()] == ["depcomm", "depcomm"]
+    times = {tuple(a["strategies"]): a["time_s"] for a in faster.meta["planner"]["alternatives"]}
+    assert times[("depcomm", "depcomm")] < times[("depcache", "depcache")]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hybrid_allowed_is_never_predicted_slower_than_the_best_pure_strategy(seed: int) -> None:
+    """Random graphs, widths, worker counts and bandwidths: allowing hybrid never makes the plan slower."""
+    import dataclasses
+
+    import numpy as np
+
+    from gnnc.cluster import preset
+
+    rs = np.random.default_rng(seed)
+    n, deg = int(rs.integers(300, 1500)), int(rs.integers(2, 20))
+    graph = api.load_graph(f"sbm:n={n},blocks=8,deg={deg},intra={rs.uniform(0.3, 0.95):.2f},features="
+                           f"{int(rs.integers(8, 300))},classes=4,seed={seed}")
+    model = api.load_model(EXAMPLES / "gcn.gnn", hidden=int(rs.integers(8, 300)))
+    bw = float(rs.uniform(1e8, 2e10))
+    cluster = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=bw, intra_bandwidth=bw)
+    workers = int(rs.choice([2, 4, 8]))
+
+    def predicted(allow):
+        plan = api.compile(model, graph, workers=workers, partition="metis", cluster=cluster, allow=allow)
+        return plan.meta["planner"]["predicted_time_s"], plan
+
+    pure = min(predicted([s])[0] for s in ("depcomm", "depcache"))
+    with_hybrid, plan = predicted(["depcomm", "depcache", "hybrid"])
+    assert with_hybrid <= pure * (1 + 1e-12)
+    only_hybrid, _ = predicted(["hybrid"])
+    assert only_hybrid <= predicted(["depcomm"])[0] * (1 + 1e-12)  # communicate-all is depcomm
 
 
 def test_explain_and_json_list_every_alternative(tmp_path) -> None:
