@@ -5,6 +5,7 @@ single-process run beside it, in one invocation, and prints one table:
 
     python benchmarks/distributed.py
     python benchmarks/distributed.py --graph rmat:n=100000,deg=10,features=128,classes=16,seed=0 --epochs 3
+    python benchmarks/distributed.py --strategies depcomm@hash,hybrid
 
 Epoch time is the median over epochs after the first (the slowest rank's);
 bytes are the logical payload all ranks sent in one training step; the
@@ -24,13 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(model: str, graph: str, nproc: int, strategy: str | None, epochs: int, threads: int) -> dict:
+def run(model: str, graph: str, nproc: int, strategy: str | None, epochs: int, threads: int,
+        partition: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as d:
         metrics = Path(d) / "m.jsonl"
         cmd = [sys.executable, "-m", "gnnc", "run", model, "--graph", graph, "--epochs", str(epochs),
                "--nproc", str(nproc), "--metrics", str(metrics), "--json", "--no-progress"]
         if strategy:
             cmd += ["--strategy", strategy]
+        if partition:
+            cmd += ["--partition", partition]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         if r.returncode != 0:
@@ -53,14 +57,18 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--strategies", default="depcomm,depcache,hybrid,bcast1d,pushpull+depcomm")
+    ap.add_argument("--strategies", default="depcomm,depcomm@hash,depcache,hybrid,bcast1d,pushpull+depcomm",
+                    help="comma-separated; + joins per-layer strategies, @ names a partition (default: metis, "
+                         "random for bcast1d)")
     args = ap.parse_args()
     print(f"{args.graph}, {Path(args.model).name}, {args.nproc} processes x {args.threads} thread(s), "
           f"{args.epochs} epochs")
     base = run(args.model, args.graph, 1, None, args.epochs, args.threads)
     rows = [("single process", base)]
     for s in args.strategies.split(","):
-        rows.append((s, run(args.model, args.graph, args.nproc, s.replace("+", ","), args.epochs, args.threads)))
+        strategy, _, partition = s.partition("@")  # "depcomm@hash": a partition other than the default
+        rows.append((s, run(args.model, args.graph, args.nproc, strategy.replace("+", ","), args.epochs,
+                            args.threads, partition or None)))
     print(f"{'strategy':18s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} {'allred s':>8s} "
           f"{'MB/epoch':>9s} {'peak RSS/rank MiB':>18s} {'vs single':>9s} {'test acc':>8s}")
     for name, r in rows:

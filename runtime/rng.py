@@ -79,9 +79,22 @@ def uniform(key: int, rows: torch.Tensor, width: int, col_offset: int = 0) -> to
 
 def dropout_mask(key: int, rows: torch.Tensor, shape: tuple[int, ...], p: float,
                  col_offset: int = 0) -> torch.Tensor:
-    """The keep-mask scaled by 1/(1-p), shape [len(rows), *shape]."""
+    """The keep-mask scaled by 1/(1-p), shape [len(rows), *shape].
+
+    Drawn in blocks of rows: the hash's int64/int32 temporaries are several
+    times the mask's size, and a mask of a large input would otherwise
+    multiply the peak memory of the step that draws it.
+    """
     width = 1
     for s in shape:
         width *= int(s)
-    keep = draws16(key, rows, width, col_offset) >= int(round(p * 65536))
-    return (keep.to(torch.float32) * (1.0 / (1.0 - p))).reshape(len(rows), *shape)
+    out = torch.empty(len(rows), width, dtype=torch.float32)
+    threshold, scale = int(round(p * 65536)), 1.0 / (1.0 - p)
+    step = max(1, MASK_BLOCK // max(width, 1))
+    for i in range(0, len(rows), step):
+        keep = draws16(key, rows[i:i + step], width, col_offset) >= threshold
+        torch.mul(keep, scale, out=out[i:i + step])
+    return out.reshape(len(rows), *shape)
+
+
+MASK_BLOCK = 1 << 20  # elements per block of a dropout mask (a few MiB of temporaries)

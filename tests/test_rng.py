@@ -39,3 +39,13 @@ def test_draws_at_pairs_equal_the_dense_draws() -> None:
     r = torch.randint(0, 30, (200,))
     c = torch.randint(0, 17, (200,))
     assert torch.equal(rng.draws16_at(key, r, c + 5), full[r, c])
+
+
+def test_dropout_mask_drawn_in_blocks_equals_one_draw(monkeypatch) -> None:
+    """Blocks of rows (bounded temporaries) give the mask one draw over every row gives."""
+    rows = torch.randperm(1000)[:300]
+    whole = rng.dropout_mask(123, rows, (7, 3), 0.4, col_offset=5)
+    monkeypatch.setattr(rng, "MASK_BLOCK", 50)  # 2 rows of 21 columns per block, the last block short
+    assert torch.equal(rng.dropout_mask(123, rows, (7, 3), 0.4, col_offset=5), whole)
+    keep = rng.draws16(123, rows, 21, 5) >= round(0.4 * 65536)
+    assert torch.equal(whole.reshape(300, 21), keep.float() / 0.6)
