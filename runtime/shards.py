@@ -90,9 +90,18 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
         write(f)
 
 
+def _savez(f: Any, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez with fixed entry timestamps, so the same arrays give the same bytes (plans are deterministic)."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, arr in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with zf.open(info, "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(arr), allow_pickle=False)
+
+
 def write_npz(path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> dict[str, Any]:
     """Write one shard atomically; returns its manifest entry (size, sha256 and `extra`)."""
-    _atomic_write(path, lambda f: np.savez(f, **arrays))
+    _atomic_write(path, lambda f: _savez(f, arrays))
     return {"part": part, "file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path), **extra}
 
 

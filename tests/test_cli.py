@@ -88,6 +88,14 @@ def test_compile_is_deterministic(tmp_path) -> None:
     for d in ("a", "b"):
         assert gnnc("compile", str(EXAMPLES / "gat.gnn"), "-o", str(tmp_path / d)).returncode == 0
     assert (tmp_path / "a" / "plan.json").read_bytes() == (tmp_path / "b" / "plan.json").read_bytes()
+    for d in ("c", "d"):  # a distributed plan: its partition and every rank's shard too
+        r = gnnc("compile", str(EXAMPLES / "gcn.gnn"), "--graph", "planetoid:cora", "--workers", "2",
+                 "--strategy", "hybrid", "-o", str(tmp_path / d))
+        assert r.returncode == 0, r.stderr
+    files = sorted(p.relative_to(tmp_path / "c") for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert len(files) == 5  # plan.json, parts.npy, the manifest and two shards
+    for f in files:
+        assert (tmp_path / "c" / f).read_bytes() == (tmp_path / "d" / f).read_bytes(), f
 
 
 def test_passes_listed() -> None:
