@@ -51,12 +51,20 @@ class Exchange:
         self.block_order = data.block_order
         self.block_sizes = data.lg.block_rows
 
+    def start_halo(self, x: torch.Tensor, e: Eqn) -> "InFlight":
+        """Post this layer's halo exchange of `x`; the caller works on the held rows meanwhile."""
+        layer = self.layer
+        assert layer is not None and layer.halo is not None
+        held = _dense(x)[: layer.n_in]
+        return InFlight(held, comm.start_halo_exchange(held, layer.halo, self.stats, label=e.outs[0].name.split(".")[0]))
+
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         label = e.outs[0].name.split(".")[0]
         if op == "reduce_scatter":
             return comm.reduce_scatter(x[self.block_order], self.block_sizes, self.stats, dim=0, label=label)
         layer = self.layer
         assert layer is not None
+        x = _dense(x)  # a sparse input (bag of words) travels as dense rows
         if op == "halo":
             assert layer.halo is not None
             held = x[: layer.n_in]
@@ -91,6 +99,7 @@ class DistInterpreter(Interpreter):
         self.phase = phase
         self.in_phase = phase is not None
         self.sliced: set[str] = {"x"} if phase is not None else set()
+        self._overlapped: dict[str, set[str]] = {}
 
     def run_layer(self, layer, env, params, ctx):
         if self.phase is not None and layer.name == self.program.layers[0].name:
@@ -100,7 +109,7 @@ class DistInterpreter(Interpreter):
             ctx.comm.layer = lgl
             ctx = _with(ctx, views=lgl.views)
         if not self.in_phase:
-            return super().run_layer(layer, env, params, ctx)
+            return self._run_rows(layer, env, params, ctx)
         p = self.phase
         fctx = _with(ctx, views=p.views, vertex_ids=p.ids, col_offset=p.cols[0])
         for e in layer.eqns:
@@ -116,14 +125,68 @@ class DistInterpreter(Interpreter):
                 self.in_phase = False  # the pull: owned rows from here on
                 fctx = ctx
 
+    def _run_rows(self, layer, env, params, ctx: ExecContext) -> None:
+        """A layer on rows; a halo read only by a sum aggregation overlaps with the held rows' share of it.
+
+        NeutronStar's DepComm: the remote chunks are posted in ring order and
+        the edges from held rows are aggregated while they are in flight; the
+        edges from halo rows are added once the chunks have arrived. Backward
+        overlaps the same way (gnnc.runtime.comm's split ops).
+        """
+        overlap = self._overlapped.get(layer.name)
+        if overlap is None:
+            overlap = self._overlapped[layer.name] = _overlappable(layer)
+        view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
+        for e in layer.eqns:
+            ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
+            if e.op == "halo" and e.outs[0].name in overlap:
+                env[e.outs[0].name] = ctx.comm.start_halo(ins[0], e)
+                continue
+            if ins and isinstance(ins[0], InFlight):
+                split = ctx.comm.layer.split(layer.edges)
+                w = ins[1:]
+                local = self.eqn(e, [ins[0].held, *(t[split.local_pos] for t in w)], split.local, ctx)
+                remote = self.eqn(e, [ins[0].handle.wait(), *(t[split.remote_pos] for t in w)], split.remote, ctx)
+                env[e.outs[0].name] = local + remote
+                continue
+            env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
+
     def eqn(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
         if e.op in ROW_WISE:
             vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
             n = min((ins[k].shape[0] for k in vertex), default=0)
-            ins = [t[:n] if k in vertex else t for k, t in enumerate(ins)]
+            ins = [_dense(t)[:n] if k in vertex and t.shape[0] != n else t for k, t in enumerate(ins)]
         elif e.op == "sddmm" and view is not None:
             ins = [ins[0], ins[1][: view.csr.n_dst]]  # destination side: the layer's output rows
         return super().eqn(e, ins, view, ctx)
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    return x.to_dense() if x.is_sparse else x
+
+
+@dataclass
+class InFlight:
+    """A halo exchange posted but not waited for: the held rows, and the handle of the remote ones."""
+
+    held: torch.Tensor
+    handle: comm.CommHandle
+
+
+def _overlappable(layer) -> set[str]:
+    """Halo values whose only reader is a sum aggregation (`spmm`, reduce=sum): their sum splits by source."""
+    readers: dict[str, list[Eqn]] = {}
+    for e in layer.eqns:
+        for v in e.ins:
+            readers.setdefault(v.name, []).append(e)
+    out = set()
+    for e in layer.eqns:
+        if e.op != "halo":
+            continue
+        r = readers.get(e.outs[0].name, [])
+        if len(r) == 1 and r[0].op == "spmm" and r[0].attr("reduce") == "sum" and r[0].ins[0].name == e.outs[0].name:
+            out.add(e.outs[0].name)
+    return out
 
 
 def _with(ctx: ExecContext, **changes: Any) -> ExecContext:

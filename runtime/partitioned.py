@@ -145,6 +145,29 @@ def halo_rows(sets: list[RowSets], layer: int) -> int:
 
 
 @dataclass
+class SplitView:
+    """A halo layer's edges split by source: held rows (computed while the halo is in flight) and halo rows.
+
+    `local_pos` / `remote_pos` are the positions of each part's edges in the
+    whole view's CSR order, to split per-edge data the same way.
+    """
+
+    local: GraphView
+    remote: GraphView
+    local_pos: torch.Tensor
+    remote_pos: torch.Tensor
+
+
+def _sub_view(view: GraphView, pos: torch.Tensor, cols: torch.Tensor, n_src: int) -> GraphView:
+    counts = torch.bincount(view.dst[pos], minlength=view.csr.n_dst)
+    indptr = torch.zeros(view.csr.n_dst + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(counts, 0)
+    csr = CSR(indptr, cols, torch.arange(len(pos)), view.csr.n_dst, n_src)
+    return GraphView(csr, csr.indices, csr.dst_index(), view.edge_ids[pos],
+                     {k: v[pos] for k, v in view.edge_data.items()}, view.deg)
+
+
+@dataclass
 class LayerGraph:
     """One graph layer as a worker runs it: |C^l| input rows, |C^{l+1}| output rows, its edges, its halo."""
 
@@ -153,6 +176,20 @@ class LayerGraph:
     views: dict[str, GraphView]
     halo: HaloPlan | None = None
     blocks: bool = False  # bcast1d: sources are every row in block order
+    _split: dict[str, SplitView] = field(default_factory=dict, repr=False)
+
+    def split(self, view: str) -> SplitView:
+        """The view's edges from held rows and from halo rows (built once)."""
+        if view not in self._split:
+            v = self.views[view]
+            is_local = v.src < self.n_in
+            local_pos = torch.nonzero(is_local).flatten()
+            remote_pos = torch.nonzero(~is_local).flatten()
+            self._split[view] = SplitView(_sub_view(v, local_pos, v.src[local_pos], self.n_in),
+                                          _sub_view(v, remote_pos, v.src[remote_pos] - self.n_in,
+                                                    v.csr.n_src - self.n_in),
+                                          local_pos, remote_pos)
+        return self._split[view]
 
 
 @dataclass

@@ -65,14 +65,27 @@ def half_of_the_dependencies(graph, parts: np.ndarray, world: int, layers: int) 
     return {m: [np.sort(b[rng_.random(len(b)) < 0.5]) for b in deps] for m in range(layers)}
 
 
-def cases(graph, world: int, tmp):
-    out = []
+def sparse_features(graph):
+    """The same graph with bag-of-words-like inputs (3% nonzero): they stay sparse on every rank."""
+    g = hub_graph()
+    g.x = graph.x * (torch.rand(graph.x.shape, generator=torch.Generator().manual_seed(5)) < 0.03)
+    return g
+
+
+def cases(world: int, tmp):
+    """(key, single-process program, graph, job, predicted bytes) for every case run in one launch."""
+    graph = hub_graph()
+    runs = [(name, name, {}, STRATEGIES, ("hash", "metis", "random"), graph) for name in MODELS]
     # GCNII (4 layers here) reads its first layer's output h0 in every layer: rows of several layers meet
-    runs = [(name, {}, STRATEGIES, ("hash", "metis", "random")) for name in MODELS]
-    runs.append(("gcnii", {"layers": 4}, ["hybrid", "depcache,depcache,depcomm,bcast1d"], ("metis",)))
-    for name, params, strategies, methods in runs:
+    runs.append(("gcnii", "gcnii", {"layers": 4}, ["hybrid", "depcache,depcache,depcomm,bcast1d"], ("metis",),
+                 graph))
+    # GIN aggregates its input itself: a sparse (bag-of-words) input crosses the halo and the broadcast
+    runs.append(("gin-sparse", "gin", {}, ["depcomm", "hybrid", "bcast1d", "depcache"], ("metis",),
+                 sparse_features(graph)))
+    out = []
+    for key, name, params, strategies, methods, g in runs:
         model = api.load_model(EXAMPLES / f"{name}.gnn", **params)
-        single = api.compile(model, graph).program
+        single = api.compile(model, g).program
         n_layers = len(single.graph_layers())
         for strategy in strategies:
             if strategy.startswith("pushpull") and name not in PUSHPULL_LEGAL:
@@ -81,27 +94,25 @@ def cases(graph, world: int, tmp):
             for method in methods:
                 cached = None
                 if strategy.startswith("hybrid"):
-                    cached = half_of_the_dependencies(graph, parts_for(graph, world, method), world,
-                                                      names.count("hybrid"))
-                plan = api.compile(model, graph, workers=world, strategy=strategy, partition=method,
+                    cached = half_of_the_dependencies(g, parts_for(g, world, method), world, names.count("hybrid"))
+                plan = api.compile(model, g, workers=world, strategy=strategy, partition=method,
                                    hybrid_cached=cached)
                 tc = TrainConfig(seed=SEED, progress=False, use_kernels=False)
-                shards = plan.write_shards(tmp / f"{name}-{strategy}-{method}")
+                shards = plan.write_shards(tmp / f"{key}-{strategy}-{method}")
                 job = DistJob(str(plan.program), str(shards), tc)
-                out.append(((name, strategy, method), single, job, plan.meta["predicted_bytes_per_step"]))
+                out.append(((key, strategy, method), single, g, job, plan.meta["predicted_bytes_per_step"]))
     return out
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_strategies_match_one_process(world: int, tmp_path) -> None:
-    graph = hub_graph()
-    todo = cases(graph, world, tmp_path)
-    results = launch(one_step_each, world, [job for _, _, job, _ in todo])[0]
+    todo = cases(world, tmp_path)
+    results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
     refs: dict[str, tuple] = {}
     failures = []
     op_names = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
-    halo_bytes = {key: predicted["halo"] for key, _, _, predicted in todo}
-    for (key, single, _, predicted), got in zip(todo, results):
+    halo_bytes = {key: predicted["halo"] for key, _, _, _, predicted in todo}
+    for (key, single, graph, _, predicted), got in zip(todo, results):
         if key[1].startswith("hybrid"):  # half the dependencies cached: a real mix, not depcomm nor depcache
             assert 0 < predicted["halo"], key
             if key[1] == "hybrid" and (key[0], "depcomm", key[2]) in halo_bytes:
