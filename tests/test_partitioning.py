@@ -134,7 +134,7 @@ def test_remote_sets_stay_exact_under_random_moves(n: int, e: int, parts: int, s
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(3, 40), st.integers(0, 150), st.integers(1, 4), st.sampled_from(sorted(METHODS)),
+@given(st.integers(4, 40), st.integers(0, 150), st.integers(1, 4), st.sampled_from(sorted(METHODS)),
        st.integers(0, 1000))
 def test_every_vertex_in_exactly_one_part(n: int, e: int, parts: int, method: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
