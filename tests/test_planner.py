@@ -102,6 +102,7 @@ def test_illegal_strategy_on_the_cli_exits_2_naming_the_op() -> None:
     assert "cannot run pushpull: 'dot' computes attention" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # a speed goal: runs with the benchmarks (make bench), not in the unit suite
 def test_planning_a_10m_edge_graph_for_8_workers_is_fast() -> None:
     graph = api.load_graph("rmat:n=1000000,deg=10,features=16,classes=4,seed=0")
     parts = api.partition_vertices(graph, 8, "hash")
