@@ -199,6 +199,9 @@ class DistWorker(Worker):
     """One rank: its shard, the communication bound to it, and sums over ranks."""
 
     def __init__(self, cfg: DistConfig, job: DistJob):
+        from gnnc.runtime.memory import return_freed_memory
+
+        return_freed_memory()
         torch.set_num_threads(1)
         program = parse_ir(job.ir)
         data = load_rank(job.shard_dir, cfg.rank, cfg.world_size)

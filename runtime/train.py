@@ -77,6 +77,9 @@ class Worker:
 
     def __init__(self, program: Program, graph: Graph, cfg: TrainConfig):
         from gnnc.runtime.comm import CommStats
+        from gnnc.runtime.memory import return_freed_memory
+
+        return_freed_memory()
 
         check_graph_fits(program, graph)
         self.stats = CommStats()

@@ -1,0 +1,31 @@
+"""Give freed tensor memory back to the operating system, epoch after epoch.
+
+glibc serves large allocations with mmap and returns them on free, but the
+first time such a block is freed it raises its mmap threshold to that size
+(the "dynamic threshold"). From then on tensors of up to that size come
+from the heap, whose freed pages stay with the process: a training loop
+that allocates and frees the same large activations every epoch sees its
+resident memory grow epoch after epoch (measured: a rank of a 1M-vertex
+GCN went from 1.8 to 2.7 GiB over four epochs; with a fixed threshold it
+stays at 1.8). Fixing the threshold (mallopt M_MMAP_THRESHOLD) turns the
+dynamic adjustment off. Elsewhere (no glibc) this does nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more are mmapped, and unmapped when freed
+
+
+def return_freed_memory() -> bool:
+    """Fix glibc's mmap threshold in this process; True if it took effect."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    except (OSError, AttributeError):
+        return False
