@@ -183,9 +183,7 @@ class Interpreter:
             rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids[: x.shape[0]]
             if rows.shape[0] != x.shape[0]:
                 raise AssertionError(f"dropout of {x.shape[0]} rows with ids for {rows.shape[0]}")
-            mask = rng.dropout_mask(ctx.dropout_key(self.stream[id(e)]), rows, tuple(x.shape[1:]), p,
-                                    ctx.col_offset)
-            return x * mask
+            return rng.dropout(x, ctx.dropout_key(self.stream[id(e)]), rows, p, ctx.col_offset)
         if op == "src":
             return ins[0][view.src]
         if op == "dst":

@@ -11,6 +11,8 @@ acts as round(65536 p) / 65536, within 8e-6 of p.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 _M32 = 0xFFFFFFFF
@@ -77,24 +79,64 @@ def uniform(key: int, rows: torch.Tensor, width: int, col_offset: int = 0) -> to
     return draws16(key, rows, width, col_offset).to(torch.float32) * (1.0 / 65536.0)
 
 
-def dropout_mask(key: int, rows: torch.Tensor, shape: tuple[int, ...], p: float,
-                 col_offset: int = 0) -> torch.Tensor:
-    """The keep-mask scaled by 1/(1-p), shape [len(rows), *shape].
+def keep_mask(key: int, rows: torch.Tensor, width: int, p: float, col_offset: int = 0) -> torch.Tensor:
+    """Which entries dropout keeps, bool [len(rows), width].
 
     Drawn in blocks of rows: the hash's int64/int32 temporaries are several
     times the mask's size, and a mask of a large input would otherwise
     multiply the peak memory of the step that draws it.
     """
-    width = 1
-    for s in shape:
-        width *= int(s)
-    out = torch.empty(len(rows), width, dtype=torch.float32)
-    threshold, scale = int(round(p * 65536)), 1.0 / (1.0 - p)
+    keep = torch.empty(len(rows), width, dtype=torch.bool)
+    threshold = int(round(p * 65536))
+    for b in _blocks(len(rows), width):
+        torch.ge(draws16(key, rows[b], width, col_offset), threshold, out=keep[b])
+    return keep
+
+
+def _blocks(n: int, width: int) -> list[slice]:
     step = max(1, MASK_BLOCK // max(width, 1))
-    for i in range(0, len(rows), step):
-        keep = draws16(key, rows[i:i + step], width, col_offset) >= threshold
-        torch.mul(keep, scale, out=out[i:i + step])
-    return out.reshape(len(rows), *shape)
+    return [slice(i, i + step) for i in range(0, n, step)]
+
+
+def dropout_mask(key: int, rows: torch.Tensor, shape: tuple[int, ...], p: float,
+                 col_offset: int = 0) -> torch.Tensor:
+    """The keep-mask scaled by 1/(1-p), float [len(rows), *shape]."""
+    width = math.prod(int(s) for s in shape)
+    return (keep_mask(key, rows, width, p, col_offset) * (1.0 / (1.0 - p))).reshape(len(rows), *shape)
+
+
+def dropout(x: torch.Tensor, key: int, rows: torch.Tensor, p: float, col_offset: int = 0) -> torch.Tensor:
+    """x times its dropout mask (row r's draws keyed by rows[r]); equal to `x * dropout_mask(...)`.
+
+    The mask is kept as bool (a quarter of a float mask) and only when x
+    needs a gradient; the product is formed block by block, so dropping out
+    a large input costs its output and little else.
+    """
+    keep = keep_mask(key, rows, x[0].numel() if len(x) else 0, p, col_offset).reshape(x.shape)
+    return _Dropout.apply(x, keep, 1.0 / (1.0 - p))
+
+
+def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    out = torch.empty_like(x)
+    x2, k2, o2 = x.reshape(len(x), -1), keep.reshape(len(x), -1), out.view(len(x), -1)
+    for b in _blocks(len(x), x2.shape[1] if len(x) else 0):
+        torch.mul(x2[b], k2[b], out=o2[b])
+        o2[b].mul_(scale)
+    return out
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(keep)
+        return _masked_scale(x.contiguous(), keep, scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return _masked_scale(grad.contiguous(), keep, ctx.scale), None, None
 
 
 MASK_BLOCK = 1 << 20  # elements per block of a dropout mask (a few MiB of temporaries)

@@ -49,3 +49,14 @@ def test_dropout_mask_drawn_in_blocks_equals_one_draw(monkeypatch) -> None:
     assert torch.equal(rng.dropout_mask(123, rows, (7, 3), 0.4, col_offset=5), whole)
     keep = rng.draws16(123, rows, 21, 5) >= round(0.4 * 65536)
     assert torch.equal(whole.reshape(300, 21), keep.float() / 0.6)
+
+
+def test_dropout_equals_x_times_its_mask_forward_and_backward() -> None:
+    x = torch.randn(257, 5, 3, dtype=torch.float32, requires_grad=True)
+    rows = torch.arange(1000, 1257)
+    out = rng.dropout(x, 77, rows, 0.3, col_offset=2)
+    mask = rng.dropout_mask(77, rows, (5, 3), 0.3, col_offset=2)
+    assert torch.equal(out, x * mask)
+    g = torch.randn_like(out)
+    out.backward(g)
+    assert torch.equal(x.grad, g * mask)
