@@ -163,8 +163,8 @@ def _sub_view(view: GraphView, pos: torch.Tensor, cols: torch.Tensor, n_src: int
     indptr = torch.zeros(view.csr.n_dst + 1, dtype=torch.int64)
     indptr[1:] = torch.cumsum(counts, 0)
     csr = CSR(indptr, cols, torch.arange(len(pos)), view.csr.n_dst, n_src)
-    return GraphView(csr, csr.indices, csr.dst_index(), view.edge_ids[pos],
-                     {k: v[pos] for k, v in view.edge_data.items()}, view.deg)
+    # only a sum aggregation reads a split view, its weights sliced by the caller: no edge data of its own
+    return GraphView(csr, csr.indices, csr.dst_index(), view.edge_ids[pos], {}, view.deg)
 
 
 @dataclass
