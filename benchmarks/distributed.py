@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--strategies", default="depcomm,depcomm@hash,depcache,hybrid,bcast1d,pushpull+depcomm",
+    ap.add_argument("--strategies", default="depcomm,depcomm@hash,depcomm@g3,depcache,hybrid,bcast1d,pushpull+depcomm",
                     help="comma-separated; + joins per-layer strategies, @ names a partition (default: metis, "
                          "random for bcast1d)")
     args = ap.parse_args()
