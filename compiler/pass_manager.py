@@ -35,7 +35,8 @@ class PassInfo:
 
 
 _REGISTRY: dict[str, PassInfo] = {}
-DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm"]
+# sink-bias after reorder-gemm: reorder-gemm leaves the bias of a moved map as a `bias` op, which it then sinks
+DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias"]
 # after the default pipeline when compiling for several workers
 DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm",
                                    "predict-bytes"]
@@ -56,7 +57,7 @@ def register_pass(name: str, summary: str, typed_after: bool = True) -> Callable
 def _load_builtin() -> None:
     # Importing the modules registers their passes.
     from gnnc.passes import (assign_strategy, check, choose_strategy, infer_shapes,  # noqa: F401
-                             insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid)
+                             insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid, sink_bias)
 
 
 def passes() -> dict[str, PassInfo]:

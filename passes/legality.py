@@ -7,7 +7,9 @@ the sync is linear in the input: linear maps without bias, aggregations by
 sum or mean with weights that do not depend on the input, scaling by
 constants or edge data, sums of such terms. A bias, a non-linearity, an
 attention softmax or a max before the sync forbids it; this module names the
-equation that does.
+equation that does. The default pipeline's `sink-bias` pass runs first and
+moves a bias past sums and the sync wherever that is exact (SAGE's lin_l
+bias), so a bias found here is one that cannot move.
 """
 from __future__ import annotations
 
@@ -46,7 +48,9 @@ def pushpull_blocker(layer: Layer) -> tuple[Eqn | None, str] | None:
             if e.op == "dropout":
                 why = "inside the layer before the sync is not supported with pushpull"
             elif e.op in ("linear", "bias"):
-                why = "adds a bias before the sync (the bias must come once, after it)"
+                # sink-bias already moved every bias it could prove exact to move; this one it could not
+                why = ("adds a bias before the sync (the bias must come once, after it; sink-bias moves it there "
+                       "only across sums, not across an aggregation, a product or a non-linearity)")
             elif e.op in _SUM_LIKE:
                 why = "adds a term that does not depend on the input before the sync (it would be added once per worker)"
             else:

@@ -18,7 +18,7 @@ from gnnc.pass_manager import run_pipeline
 
 GOLDEN = ROOT / "tests" / "golden"
 CORA = {"features": 1433, "classes": 7}
-PASSES = ["infer-shapes", "check", "lower", "reorder-gemm"]
+PASSES = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias"]
 EXAMPLE_NAMES = ["gcn", "sage", "gin", "gat", "gcnii"]
 
 
