@@ -173,6 +173,34 @@ class InFlight:
     handle: comm.CommHandle
 
 
+def hold_split_views(program: Program, lg: LocalGraph) -> None:
+    """Hold a layer structure split (LayerGraph.hold_split) when every layer using it overlaps its halo.
+
+    A layer qualifies when its halo is read only by the sum aggregation and its
+    other graph ops read no structure (GCN, GIN: `edata` and that `spmm`).
+    """
+    users: dict[int, list[bool]] = {}
+    for layer in program.graph_layers():
+        lgl = lg.layers[layer.name]
+        if lgl.halo is None:
+            continue
+        overlapped = _overlappable(layer)
+        ok = bool(overlapped) and all(not _reads_structure(e) or (e.op == "spmm" and e.ins[0].name in overlapped)
+                                      for e in layer.eqns)
+        users.setdefault(id(lgl), []).append(ok)
+    for layer in program.graph_layers():
+        lgl = lg.layers[layer.name]
+        if lgl.halo is not None and all(users[id(lgl)]) and layer.edges in lgl.views \
+                and lgl.views[layer.edges].csr is not None:
+            lgl.hold_split(layer.edges)
+
+
+def _reads_structure(e: Eqn) -> bool:
+    """Whether an op needs the layer view's CSR (`edata` reads only its per-edge data)."""
+    return e.op in ("src", "dst", "gather", "spmm", "sddmm", "edge_softmax") or (
+        e.op == "dropout" and e.outs[0].type is not None and e.outs[0].type.domain == "edge")
+
+
 def _overlappable(layer) -> set[str]:
     """Halo values whose only reader is a sum aggregation (`spmm`, reduce=sum): their sum splits by source."""
     readers: dict[str, list[Eqn]] = {}
@@ -222,6 +250,7 @@ class DistWorker(Worker):
         phase = None
         if data.full_views is not None:
             phase = FeaturePhase(data.full_views, torch.arange(data.num_nodes), data.cols)
+        hold_split_views(program, lg)
         self.interp = DistInterpreter(program, lg, phase)
         self.views: dict[str, Any] = {}
         self.ids = lg.rows

@@ -148,23 +148,25 @@ def halo_rows(sets: list[RowSets], layer: int) -> int:
 class SplitView:
     """A halo layer's edges split by source: held rows (computed while the halo is in flight) and halo rows.
 
-    `local_pos` / `remote_pos` are the positions of each part's edges in the
-    whole view's CSR order, to split per-edge data the same way.
+    `local_pos` / `remote_pos` select each part's edges in the order per-edge
+    data of the layer's view is held in (index tensors; slices once the
+    view is held split, see `LayerGraph.hold_split`).
     """
 
     local: GraphView
     remote: GraphView
-    local_pos: torch.Tensor
-    remote_pos: torch.Tensor
+    local_pos: torch.Tensor | slice
+    remote_pos: torch.Tensor | slice
 
 
 def _sub_view(view: GraphView, pos: torch.Tensor, cols: torch.Tensor, n_src: int) -> GraphView:
     counts = torch.bincount(view.dst[pos], minlength=view.csr.n_dst)
     indptr = torch.zeros(view.csr.n_dst + 1, dtype=torch.int64)
     indptr[1:] = torch.cumsum(counts, 0)
-    csr = CSR(indptr, cols, torch.arange(len(pos)), view.csr.n_dst, n_src)
+    edge_ids = view.edge_ids[pos]
+    csr = CSR(indptr, cols, edge_ids, view.csr.n_dst, n_src)
     # only a sum aggregation reads a split view, its weights sliced by the caller: no edge data of its own
-    return GraphView(csr, csr.indices, csr.dst_index(), view.edge_ids[pos], {}, view.deg)
+    return GraphView(csr, csr.indices, csr.dst_index(), edge_ids, {}, view.deg)
 
 
 @dataclass
@@ -190,6 +192,21 @@ class LayerGraph:
                                                     v.csr.n_src - self.n_in),
                                           local_pos, remote_pos)
         return self._split[view]
+
+    def hold_split(self, view: str) -> None:
+        """Keep only the split: the view's per-edge data reordered held-row edges first, its CSR dropped.
+
+        For layers where nothing but the overlapped sum reads the view's
+        structure (the rest reads only its edge data): the whole CSR next to
+        its two halves would be the rank's largest duplicate.
+        """
+        sp = self.split(view)
+        full = self.views[view]
+        order = torch.cat([sp.local_pos, sp.remote_pos])
+        n_local = len(sp.local_pos)
+        self.views[view] = GraphView(None, None, None, full.edge_ids[order],  # type: ignore[arg-type]
+                                     {k: v[order] for k, v in full.edge_data.items()}, full.deg)
+        self._split[view] = SplitView(sp.local, sp.remote, slice(0, n_local), slice(n_local, None))
 
 
 @dataclass
