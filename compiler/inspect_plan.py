@@ -63,7 +63,9 @@ def png(program: Program) -> bytes:
     pos: dict[str, tuple[float, float]] = {}
     boxes = []
     colors = {"graph": "#dbe9f6", "dense": "#eeeeee"}
-    comm_ops = {"halo", "bcast_rows", "reduce_scatter"}
+    from gnnc.ops import COMM_OPS
+
+    comm_ops = set(COMM_OPS)
     for col, layer in enumerate(program.layers):
         for row, e in enumerate(layer.eqns):
             xy = (col * 3.0, -row * 1.0)

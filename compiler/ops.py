@@ -242,6 +242,7 @@ TYPE_RULES: dict[str, TypeRule] = {
     "cross_entropy": _cross_entropy,
     # communication, after insert-comm: same feature shape, more rows
     "halo": _elementwise,
+    "fetch": _elementwise,
     "bcast_rows": _elementwise,
     "reduce_scatter": _elementwise,
     # kernel ops, after lowering
@@ -284,3 +285,7 @@ def suggest(name: str, choices) -> str:
 def unknown_op(name: str, loc: Loc) -> GnncTypeError:
     known = list(CALLABLE) + list(GATHER_REDUCERS)
     return GnncTypeError(f"unknown op '{name}'{suggest(name, known)}", loc)
+
+
+# the communication ops insert-comm inserts (see passes/insert_comm.py for what each carries)
+COMM_OPS = ("halo", "fetch", "bcast_rows", "reduce_scatter")

@@ -4,9 +4,9 @@ The strategy comes from the planner (choose-strategy) or from the user
 (`--strategy S` for every layer, or `S1,S2,...` one per graph layer). With
 one worker every layer is `local`. The runtime executes `depcomm` and
 `bcast1d` (vertex-partitioned, freely mixed per layer); `depcache` and
-`hybrid` as one segment that starts at the first graph layer (their row
-sets replicate the static input's neighbourhood; vertex-partitioned layers
-may follow); and `pushpull` on the first graph layer (P3: that layer's
+`hybrid` as segments of consecutive layers (attribute `segment`: the
+segment's first graph layer; a segment after layer 0 fetches the
+neighbourhood of its input on entry); and `pushpull` on the first graph layer (P3: that layer's
 input is split along the feature dim; the layers after it are
 vertex-partitioned). Asking for an illegal or unsupported assignment is an
 error that names the layer and the op that forbids it.
@@ -45,11 +45,6 @@ def strategies_for(program: Program, spec: str | list[str] | None, workers: int)
             raise GnncError(f"layer {layer.name} ({layer.op}): the runtime does not execute '{s}' yet "
                             f"(it runs {', '.join(s for s in RUNNABLE if s != 'local')})")
     for i, (layer, s) in enumerate(zip(layers, names)):
-        if s in SEGMENT and names[: i + 1] != [s] * (i + 1):
-            raise GnncError(f"layer {layer.name}: a {s} segment must start at the first graph layer and run "
-                            f"without a break (it replicates the neighbourhood of the input, which is static "
-                            f"only there); got --strategy {','.join(names)}")
-    for i, (layer, s) in enumerate(zip(layers, names)):
         if s != "pushpull":
             continue
         if i != 0:
@@ -76,15 +71,47 @@ def check_pushpull(program: Program, layer) -> None:
                                 f"needs whole rows", e.loc)
 
 
+def segment_starts(names: list[str], planned: list[tuple[int, int, str]] | None = None) -> list[int]:
+    """The first graph layer of each layer's segment: the planner's segments, else runs of one
+    depcache/hybrid strategy (a per-layer strategy is a segment of its own)."""
+    if planned:
+        return [next(a for a, b, _ in planned if a <= k < b) for k in range(len(names))]
+    starts: list[int] = []
+    for k, s in enumerate(names):
+        starts.append(starts[-1] if s in SEGMENT and k and names[k - 1] == s else k)
+    return starts
+
+
+def check_segment_inputs(program: Program, names: list[str], starts: list[int]) -> None:
+    """A segment entered after layer 0 fetches its input's rows on entry, and only those: its layers
+    may read no other vertex value from before it (GCNII's h0 would be held for the owned rows only)."""
+    layers = program.graph_layers()
+    for k, (layer, s) in enumerate(zip(layers, names)):
+        if s not in SEGMENT or starts[k] == 0:
+            continue
+        outside = [v for v in layer.inputs if v.type is not None and v.type.domain == "vertex"]
+        if len(outside) > 1:
+            raise GnncError(f"layer {layer.name}: a {s} segment that starts after the first graph layer fetches "
+                            f"one input's rows on entry, but this layer reads {len(outside)} vertex values "
+                            f"({', '.join('%' + v.name for v in outside)}); start the segment at the first layer",
+                            layer.loc)
+
+
 @register_pass("assign-strategy", "annotate graph layers with their strategy (options: workers, strategy)")
 def assign_strategy(program: Program, ctx: PassContext) -> Program:
     workers = int(ctx.options.get("workers", 1))
-    names = iter(strategies_for(program, ctx.options.get("strategy"), workers))
+    names = strategies_for(program, ctx.options.get("strategy"), workers)
+    starts = segment_starts(names, ctx.options.get("segments"))
+    check_segment_inputs(program, names, starts)
+    it = iter(zip(names, starts))
     layers = []
     for layer in program.layers:
         if layer.kind == "graph":
+            strategy, start = next(it)
             attrs = dict(layer.attrs)
-            attrs["strategy"] = next(names)
+            attrs["strategy"] = strategy
+            if strategy in SEGMENT:
+                attrs["segment"] = start
             layer = layer.replace(attrs=tuple(sorted(attrs.items())))
         layers.append(layer)
     return program.replace(layers=tuple(layers))

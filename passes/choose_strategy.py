@@ -8,9 +8,10 @@ price every candidate segment on the cluster profile, and the segment DP
 (passes/segment_dp.py) picks the cheapest assignment under the memory cap,
 transitions between layouts included. The planner only offers what the
 runtime executes: depcomm and bcast1d per layer, pushpull on the first layer
-where it is legal, depcache and hybrid as a segment over the first k layers
+where it is legal, depcache and hybrid as segments of consecutive layers
 (hybrid priced with the selection select-hybrid will make: Algorithm 4's,
-or communicate-all / cache-all when they predict less); `--allow` narrows that.
+or communicate-all / cache-all when they predict less); `--allow` narrows
+that. The chosen segments go to assign-strategy in `ctx.options["segments"]`.
 The choice and every alternative's predicted time, bytes and memory go into
 `ctx.options["planner"]` for the plan and `--explain`.
 """
@@ -64,6 +65,7 @@ class PlannerReport:
     predicted_memory_bytes: float
     alternatives: list[dict[str, Any]] = field(default_factory=list)
     crossovers: list[str] = field(default_factory=list)
+    segments: list[tuple[int, int, str]] = field(default_factory=list)  # the chosen (start, end, strategy)
 
 
 def layer_shape(layer: Layer, needs_grad: set[str]):
@@ -134,7 +136,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     values: dict[tuple[int, int, str], Any] = {}
     for s in allowed:
         if s in ("depcache", "hybrid"):
-            spans = [(0, end) for end in range(1, L + 1)]  # the runtime's segments start at the static input
+            spans = [(start, end) for start in range(L) for end in range(start + 1, L + 1)]
         elif s == "pushpull":
             spans = [(0, 1)]
         else:
@@ -145,7 +147,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             if s == "hybrid" and s not in _USER_COSTS:
                 from gnnc.passes.select_hybrid import select
 
-                extra = select(stats, inputs, shapes, profile.memory_per_worker, end).values
+                extra = select(stats, inputs, shapes, profile.memory_per_worker, start, end).values
             value = cm.evaluate_cost(cost, inputs, extra)
             seg_cost[(start, end, s)] = (value.time, value.memory)
             formulas[(start, end, s)] = cost
@@ -196,7 +198,8 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
             faster = "depcomm" if c.first_faster_above else "depcache"
             crossovers.append(f"{faster} overtakes {'depcache' if faster == 'depcomm' else 'depcomm'} "
                               f"above {c.value * 8 / 1e9:.3g} Gb/s of bandwidth per worker")
-    return PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers)
+    return PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers,
+                         [(seg.start, seg.end, seg.strategy) for seg in best.segments])
 
 
 @register_pass("choose-strategy", "pick per-layer strategies by predicted cost: segment DP over the cost model")
@@ -210,5 +213,6 @@ def choose_strategy(program: Program, ctx: PassContext) -> Program:
     profile = (load_cluster(spec) if isinstance(spec, str) else spec) if spec else preset("neutronstar-ecs")
     report = choose(program, ctx.graph, ctx.options["parts"], profile, ctx.options.get("allow"))
     ctx.options["strategy"] = ",".join(report.strategies)
+    ctx.options["segments"] = report.segments
     ctx.options["planner"] = report
     return program

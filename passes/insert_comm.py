@@ -16,7 +16,11 @@ One communication per value and layer, placed just before its first use.
 In a `pushpull` layer (P3) the rows are all vertices, the features a slice;
 its `sync` becomes `reduce_scatter`: the partial results are summed at each
 vertex's owner (P3's pull; backward pushes the gradient to every worker).
-`depcache` and `local` layers read only rows they hold: nothing is inserted.
+`depcache` and `local` layers read only rows they hold: nothing is inserted,
+except where a depcache or hybrid segment starts after the first graph
+layer: `fetch(v)` on its input brings the rows of its replicated
+neighbourhood from their owners (the vertex-partitioned -> replicated
+transition; backward sums the gradients at the owners).
 Which rows a halo carries is decided per worker and layer by the row sets
 of gnnc.runtime.partitioned, from the partition and the hybrid selection.
 """
@@ -33,6 +37,18 @@ def _neighbour_operands(e: Eqn) -> tuple[int, ...]:
     if e.op in ("src", "spmm", "sddmm"):
         return (0,)
     return ()
+
+
+def _fetch_on_entry(layer: Layer, index: int) -> Layer:
+    """A depcache/hybrid segment entered after layer 0: fetch its input's rows of C^s first."""
+    if layer.attr("strategy") not in ("depcache", "hybrid") or layer.attr("segment") != index or index == 0:
+        return layer
+    v = next(v for v in layer.inputs if v.type is not None and v.type.domain == "vertex")
+    ext = Value(f"{v.name}^fetch", v.type)
+    first = layer.eqns[0]
+    eqns = [Eqn("fetch", (v,), (ext,), attrs_of(), first.prim, first.loc)]
+    eqns += [e.replace(ins=tuple(ext if i.name == v.name else i for i in e.ins)) for e in layer.eqns]
+    return layer.replace(eqns=tuple(eqns))
 
 
 def _insert(layer: Layer) -> Layer:
@@ -60,4 +76,6 @@ def _insert(layer: Layer) -> Layer:
 
 @register_pass("insert-comm", "insert halo exchanges (depcomm, hybrid), staged broadcasts (bcast1d), P3's pull")
 def insert_comm(program: Program, ctx: PassContext) -> Program:
-    return program.replace(layers=tuple(_insert(layer) for layer in program.layers))
+    index = {layer.name: k for k, layer in enumerate(program.graph_layers())}
+    return program.replace(layers=tuple(_insert(_fetch_on_entry(layer, index.get(layer.name, -1)))
+                                         for layer in program.layers))

@@ -8,6 +8,9 @@ relays), so a run's measured bytes must equal these numbers exactly:
   owner sends each row once per needing part: the remote in-neighbours B_p
   under depcomm, those a hybrid selection does not cache under hybrid; see
   gnnc.runtime.partitioned), backward the same rows back;
+* `fetch` on entering a depcache/hybrid segment after layer 0: the rows of
+  its replicated neighbourhood each worker does not own, there and (for a
+  gradient) back; counted with `halo`, whose exchange it is;
 * `bcast_rows`: every block to the P-1 other ranks, forward and backward;
 * `reduce_scatter` (P3's pull): each rank sends the N - |V_r| rows it does
   not own, forward; backward all-gathers (P-1) N rows;
@@ -47,7 +50,8 @@ def param_dependent(program: Program) -> set[str]:
 
 def predict(program: Program, graph, parts: np.ndarray, world: int,
             cached: dict[int, list[np.ndarray]] | None = None) -> tuple[Program, dict[str, int]]:
-    from gnnc.runtime.partitioned import all_row_sets, halo_rows, layer_specs
+    from gnnc.ops import COMM_OPS
+    from gnnc.runtime.partitioned import all_row_sets, entry_rows, halo_rows, layer_specs
 
     config = program.config_dict()
     sets = all_row_sets(graph, parts, world, layer_specs(program), cached)
@@ -59,12 +63,13 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
     for layer in program.layers:
         eqns = []
         for e in layer.eqns:
-            if e.op in ("halo", "bcast_rows", "reduce_scatter"):
+            if e.op in COMM_OPS:
                 w = _width(e.ins[0].type.shape, config) * BYTES_PER_ELEMENT
-                rows = (halo_rows(sets, graph_index[layer.name]) if e.op == "halo" else (world - 1) * n)
+                rows = {"halo": lambda: halo_rows(sets, graph_index[layer.name]),
+                        "fetch": lambda: entry_rows(sets, graph_index[layer.name])}.get(e.op, lambda: (world - 1) * n)()
                 fwd = rows * w
                 bwd = fwd if e.ins[0].name in needs_grad else 0
-                totals[e.op] += fwd + bwd
+                totals["halo" if e.op == "fetch" else e.op] += fwd + bwd  # a fetch is a halo exchange
                 e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
             eqns.append(e)
         layers.append(layer.replace(eqns=tuple(eqns)))

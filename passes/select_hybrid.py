@@ -8,9 +8,10 @@ profile (gnnc.passes.cost_model.hybrid_unit_costs); the caches of a worker
 share its memory (`memory_per_worker`). The selection is data, not IR: it
 goes to `ctx.options["hybrid_cached"]` ({layer: [global ids per worker]}),
 where predict-bytes and the plan's shards read it, and its prediction to
-`ctx.options["hybrid_selection"]`. The segment starts at the first graph
-layer (see gnnc.runtime.partitioned), so its input is static and caching a
-layer-0 dependency only replicates its input row.
+`ctx.options["hybrid_selection"]`, one entry per hybrid segment. At layer 0
+the input is static, so caching a layer-0 dependency only replicates its
+input row; a segment that starts later fetches its cached rows' inputs on
+entry (gnnc.runtime.partitioned).
 """
 from __future__ import annotations
 
@@ -23,14 +24,12 @@ from gnnc.ir import Program
 from gnnc.pass_manager import PassContext, register_pass
 
 
-def hybrid_segment(program: Program) -> int:
-    """Number of leading graph layers that run `hybrid` (0 when none)."""
-    k = 0
-    for layer in program.graph_layers():
-        if layer.attr("strategy") != "hybrid":
-            break
-        k += 1
-    return k
+def hybrid_segments(program: Program) -> list[tuple[int, int]]:
+    """(start, end) of every hybrid segment, from the layers' `segment` attributes (assign-strategy)."""
+    from gnnc.runtime.partitioned import layer_specs, segments
+
+    specs = layer_specs(program)
+    return [(a, b) for a, b in segments(specs) if specs[a].strategy == "hybrid"]
 
 
 @dataclass
@@ -44,8 +43,8 @@ class Selection:
     received: np.ndarray  # [workers, layers] rows communicated
 
 
-def select(stats, inputs, shapes, memory_cap: float | None, end: int) -> Selection:
-    """Algorithm 4 over graph layers [0, end), unless communicating or caching everything predicts less.
+def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int) -> Selection:
+    """Algorithm 4 over graph layers [start, end), unless communicating or caching everything predicts less.
 
     Every candidate is priced by the planner's own `cost_model.hybrid`
     formula (communicate-all is exactly depcomm there), so the segment the
@@ -55,11 +54,11 @@ def select(stats, inputs, shapes, memory_cap: float | None, end: int) -> Selecti
     from gnnc.passes import hybrid_greedy as hg
 
     world = inputs.workers
-    unit = cm.hybrid_unit_costs(inputs, 0, shapes[:end])
+    unit = cm.hybrid_unit_costs(inputs, start, shapes[start:end])
     costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"], unit["edge_bytes"])
-    deps = [hg.dependencies_from_stats(stats, r, end) for r in range(world)]
+    deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
     cap = memory_cap if memory_cap else float("inf")
-    formula = cm.hybrid(0, end, shapes[:end])
+    formula = cm.hybrid(start, end, shapes[start:end])
     candidates = [hg.select(deps, costs, unit["own_time"], cap),
                   hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
                              source="communicate-all")]
@@ -68,22 +67,23 @@ def select(stats, inputs, shapes, memory_cap: float | None, end: int) -> Selecti
         candidates.append(every)
     best: Selection | None = None
     for cand in candidates:
-        values = cm.hybrid_values(0, cand.comm_received, cand.comm_sent, cand.recompute_rows, cand.recompute_edges,
+        values = cm.hybrid_values(start, cand.comm_received, cand.comm_sent, cand.recompute_rows, cand.recompute_edges,
                                   cand.replicated_inputs)
         t = cm.evaluate_cost(formula, inputs, values).time
         if best is None or t < best.time:
-            cached = {m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])
-                          .astype(np.int64) for dep, mask in zip(deps, cand.cached)] for m in range(end)}
+            cached = {start + m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])
+                                  .astype(np.int64) for dep, mask in zip(deps, cand.cached)]
+                      for m in range(end - start)}
             best = Selection(cached, cand.source, values, t, cand.comm_received)
     assert best is not None
     return best
 
 
-def _check_given(cached: Any, end: int, world: int, n: int) -> None:
+def _check_given(cached: Any, layers: list[int], world: int, n: int) -> None:
     from gnnc.errors import GnncError
 
-    if not isinstance(cached, dict) or any(not 0 <= int(m) < end for m in cached):
-        raise GnncError(f"hybrid_cached: expected {{layer: [ids per worker]}} for graph layers 0..{end - 1}")
+    if not isinstance(cached, dict) or any(int(m) not in layers for m in cached):
+        raise GnncError(f"hybrid_cached: expected {{graph layer: [ids per worker]}} for the hybrid layers {layers}")
     for m, per_worker in cached.items():
         if len(per_worker) != world:
             raise GnncError(f"hybrid_cached[{m}]: {len(per_worker)} workers' selections for {world} workers")
@@ -95,25 +95,29 @@ def _check_given(cached: Any, end: int, world: int, n: int) -> None:
 
 @register_pass("select-hybrid", "choose the dependencies a hybrid segment caches (NeutronStar's Algorithm 4)")
 def select_hybrid(program: Program, ctx: PassContext) -> Program:
-    end = hybrid_segment(program)
+    spans = hybrid_segments(program)
     parts = ctx.options.get("parts")
-    if end == 0 or parts is None or ctx.graph is None:
+    if not spans or parts is None or ctx.graph is None:
         return program
+    world = int(ctx.options.get("workers", 1))
+    hybrid_layers = [k for a, b in spans for k in range(a, b)]
     if "hybrid_cached" in ctx.options:  # a selection given by the caller (gnnc.compile(hybrid_cached=...))
-        _check_given(ctx.options["hybrid_cached"], end, int(ctx.options.get("workers", 1)), ctx.graph.num_nodes)
+        _check_given(ctx.options["hybrid_cached"], hybrid_layers, world, ctx.graph.num_nodes)
         return program
     from gnnc.cluster import load_cluster, preset
+    from gnnc.passes.choose_strategy import planning_inputs
 
     spec = ctx.options.get("cluster")
     profile = (load_cluster(spec) if isinstance(spec, str) else spec) if spec else preset("neutronstar-ecs")
-    from gnnc.passes.choose_strategy import planning_inputs
-
     stats, inputs, shapes = planning_inputs(program, ctx.graph, parts, profile)
-    sel = select(stats, inputs, shapes, profile.memory_per_worker, end)
-    ctx.options["hybrid_cached"] = sel.cached
-    ctx.options["hybrid_selection"] = {
-        "source": sel.source, "predicted_time_s": sel.time,
-        "cached_per_layer": [[int(len(ids)) for ids in sel.cached[m]] for m in range(end)],
-        "communicated_per_layer": [[int(x) for x in sel.received[:, m]] for m in range(end)],
-    }
+    cached: dict[int, list[np.ndarray]] = {}
+    report = []
+    for start, end in spans:
+        sel = select(stats, inputs, shapes, profile.memory_per_worker, start, end)
+        cached.update(sel.cached)
+        report.append({"layers": [start, end], "source": sel.source, "predicted_time_s": sel.time,
+                       "cached_per_layer": [[int(len(ids)) for ids in sel.cached[k]] for k in range(start, end)],
+                       "communicated_per_layer": [[int(x) for x in sel.received[:, m]] for m in range(end - start)]})
+    ctx.options["hybrid_cached"] = cached
+    ctx.options["hybrid_selection"] = report
     return program

@@ -69,6 +69,11 @@ class Exchange:
             assert layer.halo is not None
             held = x[: layer.n_in]
             return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=label)], dim=0)
+        if op == "fetch":  # entering a depcache/hybrid segment: the rows of C^s it does not own, in its order
+            assert layer.entry is not None and layer.entry_perm is not None
+            own = x[: self.lg.n_owned]
+            got = comm.halo_exchange(own, layer.entry, self.stats, label=label)
+            return torch.cat([own, got], dim=0)[layer.entry_perm]
         own = x[: self.lg.n_owned]
         blocks = [h for _, h in comm.staged_broadcast(own, self.lg.block_rows, self.stats, label=label)]
         return torch.cat(blocks, dim=0)
@@ -100,14 +105,18 @@ class DistInterpreter(Interpreter):
         self.in_phase = phase is not None
         self.sliced: set[str] = {"x"} if phase is not None else set()
         self._overlapped: dict[str, set[str]] = {}
+        self._ids = lg.rows  # ids of the rows the values of the running layer hold
 
     def run_layer(self, layer, env, params, ctx):
-        if self.phase is not None and layer.name == self.program.layers[0].name:
-            self.in_phase = True  # a new forward pass starts in the feature layout
+        if layer.name == self.program.layers[0].name:
+            self.in_phase = self.phase is not None  # a new forward pass starts in the feature layout
+            self._ids = self.lg.rows
         if layer.kind == "graph":
             lgl = self.lg.layers[layer.name]
             ctx.comm.layer = lgl
-            ctx = _with(ctx, views=lgl.views)
+            self._ids = lgl.ids  # the layer's rows, in its segment's order
+        ctx = _with(ctx, views=lgl.views, vertex_ids=self._ids) if layer.kind == "graph" else \
+            _with(ctx, vertex_ids=self._ids)
         if not self.in_phase:
             return self._run_rows(layer, env, params, ctx)
         p = self.phase
@@ -243,8 +252,11 @@ class DistWorker(Worker):
         self.lg = lg = data.lg
         checked: set[int] = set()
         for layer in lg.layers.values():
-            if layer.halo is not None and id(layer) not in checked:
-                comm.check_halo_plan(layer.halo, layer.n_in)
+            if id(layer) not in checked:
+                if layer.halo is not None:
+                    comm.check_halo_plan(layer.halo, layer.n_in)
+                if layer.entry is not None:
+                    comm.check_halo_plan(layer.entry, lg.n_owned)
                 checked.add(id(layer))
         self.inputs = data.inputs
         phase = None

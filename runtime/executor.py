@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Param, Program
+from gnnc.ops import COMM_OPS
 from gnnc.runtime import rng
 from gnnc.runtime.graph import CSR, Graph
 
@@ -241,7 +242,7 @@ class Interpreter:
             return F.normalize(ins[0], dim=-1)
         if op == "sync":
             return ins[0]  # whole rows are held where they are computed: nothing to reduce
-        if op in ("halo", "bcast_rows", "reduce_scatter"):
+        if op in COMM_OPS:
             if ctx.comm is None:
                 raise GnncError(f"op '{op}' needs the distributed runtime (gnnc run --nproc N)")
             return ctx.comm.exchange(op, ins[0], e)

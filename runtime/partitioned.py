@@ -1,11 +1,12 @@
 """The rows one worker holds, layer by layer, under each strategy.
 
 Graph layer l (0..L-1) reads h^l and writes h^{l+1}; h^0 is the input. A
-worker holds the rows C^l of h^l, and the sets nest, C^0 ⊇ C^1 ⊇ ... ⊇ C^L =
-its owned vertices, so one row order serves every layer: owned rows first,
-then the others by decreasing depth (the last l with the row in C^l), then
-global id. Every C^l is a prefix of that order, and a vertex-wise op that
-meets values of two layers takes the shorter prefix.
+worker holds the rows C^l of h^l. Inside a depcache or hybrid segment the
+sets nest, C^s ⊇ C^{s+1} ⊇ ... ⊇ C^e = its owned vertices, so one row
+order serves the segment: owned rows first, then the others by decreasing
+depth (the last l with the row in C^l), then global id. Every C^l is a
+prefix of that order, and a vertex-wise op that meets values of two
+layers takes the shorter prefix.
 
 Layer l computes the rows C^{l+1} from their in-neighbours. Those it holds
 are the first |C^l| columns; the others, the halo H^l = (N_in(C^{l+1}) ∪
@@ -24,11 +25,14 @@ id), the order each owner sends them in. Per strategy:
 * `pushpull` (first layer): every row, a slice of the features; P3's pull
   leaves the owned rows.
 
-A depcache or hybrid segment starts at the first graph layer, whose input
-is static and loaded with the shard; a segment starting later would first
-have to fetch a replicated neighbourhood of h^s, which the runtime does not
-do yet. Edge data (gcn_norm) and dropout ids are global, so every worker
-computes what one process computes for the rows it holds.
+A depcache or hybrid segment [s, e) computes the owned rows at its end;
+inside it the rows grow towards its start. At s = 0 the input is static
+and C^0 is loaded with the shard; a segment that starts later first
+fetches the rows of C^s it does not own (the replicate transition: one
+row per (vertex, needing worker), gradients summed back at the owner).
+Each segment has its own row order; values pass between segments as owned
+rows, a prefix of every order. Edge data (gcn_norm) and dropout ids are
+global, so every worker computes what one process computes for its rows.
 """
 from __future__ import annotations
 
@@ -37,7 +41,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gnnc.errors import GnncError
 from gnnc.runtime.comm import HaloPlan
 from gnnc.runtime.executor import GraphView
 from gnnc.runtime.graph import CSR, Graph
@@ -53,28 +56,37 @@ class LayerSpec:
     name: str
     view: str  # edge view: plain or self_loops
     strategy: str
+    segment: int  # first graph layer of the segment it runs in (its own index for a per-layer strategy)
 
 
 def layer_specs(program) -> list[LayerSpec]:
-    """The graph layers of an annotated program; raises unless its nested segment starts at layer 0."""
-    specs = [LayerSpec(layer.name, layer.edges, layer.attr("strategy", "local")) for layer in program.graph_layers()]
-    nested_end = nested_segment_end(specs)
-    for k, s in enumerate(specs):
-        if s.strategy in NESTED and k >= nested_end:
-            raise GnncError(f"layer {s.name}: a {s.strategy} segment must start at the first graph layer and run "
-                            f"without a break (it replicates the input's neighbourhood, which is static only "
-                            f"there)")
+    """The graph layers of an annotated program, with their segments.
+
+    A layer's `segment` attribute (set by assign-strategy) names the first
+    layer of its segment; without it, a run of equal depcache/hybrid layers
+    is one segment.
+    """
+    layers = program.graph_layers()
+    specs: list[LayerSpec] = []
+    for k, layer in enumerate(layers):
+        strategy = layer.attr("strategy", "local")
+        seg = layer.attr("segment")
+        if seg is None:
+            seg = specs[-1].segment if strategy in NESTED and specs and specs[-1].strategy == strategy else k
+        specs.append(LayerSpec(layer.name, layer.edges, strategy, int(seg)))
     return specs
 
 
-def nested_segment_end(specs: list[LayerSpec]) -> int:
-    """End (exclusive) of the depcache/hybrid segment that starts at layer 0; 0 when there is none."""
-    if not specs or specs[0].strategy not in NESTED:
-        return 0
-    end = 1
-    while end < len(specs) and specs[end].strategy == specs[0].strategy:
-        end += 1
-    return end
+def segments(specs: list[LayerSpec]) -> list[tuple[int, int]]:
+    """(start, end) of every depcache/hybrid segment."""
+    out: list[tuple[int, int]] = []
+    for k, s in enumerate(specs):
+        if s.strategy in NESTED:
+            if out and out[-1][0] == s.segment:
+                out[-1] = (s.segment, k + 1)
+            else:
+                out.append((s.segment, k + 1))
+    return out
 
 
 def _sources(src: np.ndarray, dst: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -86,50 +98,61 @@ def _sources(src: np.ndarray, dst: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 @dataclass
 class RowSets:
-    """One worker's C^0..C^L (as depth: v in C^l iff depth[v] >= l) and its halos H^l."""
+    """One worker's rows per graph layer: held on input (C^l) and computed (the layer's output rows).
 
-    depth: np.ndarray  # int16 [n]: last layer index l with v in C^l, -1 if never held
+    Within a depcache/hybrid segment [s, e) the layers' output rows are the
+    next layers' inputs and the last one's are the owned rows; C^s of a
+    segment that starts after layer 0 is fetched on entry (`entries[s]`,
+    C^s minus the owned rows, by (owner, global id)). `orders[s]` is the
+    segment's row order (owned rows first, then by decreasing depth, then
+    global id), in which every set of the segment is a prefix.
+    """
+
+    held_in: list[np.ndarray]  # per graph layer: mask of C^l
+    held_out: list[np.ndarray]  # per graph layer: mask of the rows it computes
     halos: list[np.ndarray | None]  # per graph layer: H^l by (owner, global id), None without a halo
-    order: np.ndarray = field(init=False)  # global ids of the held rows, the prefix order
-
-    def __post_init__(self) -> None:
-        held = np.nonzero(self.depth >= 0)[0]
-        self.order = held[np.lexsort((held, -self.depth[held]))]
-
-    def count(self, level: int) -> int:
-        """|C^level|."""
-        return int(np.count_nonzero(self.depth >= level))
+    entries: dict[int, np.ndarray]  # segment start > 0 -> rows fetched on entry
+    orders: dict[int, np.ndarray]  # segment start -> its row order; key -1: the owned rows
 
 
 def rank_row_sets(graph: Graph, parts: np.ndarray, rank: int, specs: list[LayerSpec],
                   cached: dict[int, np.ndarray] | None = None) -> RowSets:
-    """C^l and H^l of worker `rank`; `cached[l]` are the hybrid selection's R_l (global ids)."""
-    L = len(specs)
+    """C^l, output rows and H^l of worker `rank`; `cached[l]` are the hybrid selection's R_l (global ids)."""
     owned = parts == rank
-    held = [owned] * (L + 1)
-    for lyr in reversed(range(nested_segment_end(specs))):
-        src, dst = graph.edges(specs[lyr].view)
-        nxt = held[lyr + 1]
-        if specs[lyr].strategy == "depcache":
-            cur = nxt | _sources(src, dst, nxt)
-        else:
-            cur = nxt | _sources(src, dst, nxt & ~owned)
-            if cached and lyr in cached:
-                cur[np.asarray(cached[lyr], dtype=np.int64)] = True
-        held[lyr] = cur
-    depth = np.full(graph.num_nodes, -1, dtype=np.int16)
-    for lyr in range(L + 1):
-        depth[held[lyr]] = lyr
+    held_in = [owned] * len(specs)
+    held_out = [owned] * len(specs)
+    entries: dict[int, np.ndarray] = {}
+    orders: dict[int, np.ndarray] = {-1: np.nonzero(owned)[0]}
+    for start, end in segments(specs):
+        depth = np.where(owned, end - start, -1).astype(np.int32)
+        for lyr in reversed(range(start, end)):
+            src, dst = graph.edges(specs[lyr].view)
+            out = held_out[lyr]
+            if specs[lyr].strategy == "depcache":
+                cur = out | _sources(src, dst, out)
+            else:
+                cur = out | _sources(src, dst, out & ~owned)
+                if cached and lyr in cached:
+                    cur[np.asarray(cached[lyr], dtype=np.int64)] = True
+            held_in[lyr] = cur
+            depth[cur & (depth < 0)] = lyr - start
+            if lyr > start:
+                held_out[lyr - 1] = cur
+        held = np.nonzero(depth >= 0)[0]
+        orders[start] = held[np.lexsort((held, -depth[held]))]
+        if start > 0:
+            e = np.nonzero(held_in[start] & ~owned)[0]
+            entries[start] = e[np.lexsort((e, parts[e]))]
     halos: list[np.ndarray | None] = []
     for lyr, s in enumerate(specs):
         if s.strategy not in HALO:
             halos.append(None)
             continue
         src, dst = graph.edges(s.view)
-        need = (_sources(src, dst, held[lyr + 1]) | held[lyr + 1]) & ~held[lyr]
+        need = (_sources(src, dst, held_out[lyr]) | held_out[lyr]) & ~held_in[lyr]
         h = np.nonzero(need)[0]
         halos.append(h[np.lexsort((h, parts[h]))])
-    return RowSets(depth, halos)
+    return RowSets(held_in, held_out, halos, entries, orders)
 
 
 def all_row_sets(graph: Graph, parts: np.ndarray, world: int, specs: list[LayerSpec],
@@ -142,6 +165,11 @@ def all_row_sets(graph: Graph, parts: np.ndarray, world: int, specs: list[LayerS
 def halo_rows(sets: list[RowSets], layer: int) -> int:
     """Rows all workers receive in layer `layer`'s halo (each owner sends each row once per needing worker)."""
     return sum(len(s.halos[layer]) for s in sets if s.halos[layer] is not None)
+
+
+def entry_rows(sets: list[RowSets], start: int) -> int:
+    """Rows all workers fetch on entering the segment that starts at graph layer `start`."""
+    return sum(len(s.entries.get(start, ())) for s in sets)
 
 
 @dataclass
@@ -171,13 +199,22 @@ def _sub_view(view: GraphView, pos: torch.Tensor, cols: torch.Tensor, n_src: int
 
 @dataclass
 class LayerGraph:
-    """One graph layer as a worker runs it: |C^l| input rows, |C^{l+1}| output rows, its edges, its halo."""
+    """One graph layer as a worker runs it: |C^l| input rows, its output rows, its edges, its halo.
+
+    `ids` are the global ids of the rows in the order the layer holds them
+    (its segment's order); a layer that starts a segment after layer 0
+    first fetches C^l (`entry`, then `entry_perm` puts [owned, fetched] into
+    that order).
+    """
 
     n_in: int
     n_out: int
     views: dict[str, GraphView]
     halo: HaloPlan | None = None
     blocks: bool = False  # bcast1d: sources are every row in block order
+    ids: torch.Tensor | None = None
+    entry: HaloPlan | None = None
+    entry_perm: torch.Tensor | None = None
     _split: dict[str, SplitView] = field(default_factory=dict, repr=False)
 
     def split(self, view: str) -> SplitView:
@@ -237,58 +274,73 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
     """Worker `rank`'s LocalGraph from every worker's row sets."""
     mine = sets[rank]
     n = graph.num_nodes
-    pos = np.full(n, -1, dtype=np.int64)
-    pos[mine.order] = np.arange(len(mine.order))
-    n_owned = int(np.count_nonzero(parts == rank))
+    owned_ids = mine.orders[-1]
+    n_owned = len(owned_ids)
     block_col = None
     layers: dict[str, LayerGraph] = {}
     built: dict[tuple, LayerGraph] = {}
+    positions: dict[int, np.ndarray] = {}
     for lyr, s in enumerate(specs):
-        n_in, n_out = mine.count(lyr), mine.count(lyr + 1)
-        flat = lyr >= nested_segment_end(specs)  # owned rows in and out: the same for every such layer
-        key = (s.view, s.strategy) if flat else None
+        seg = s.segment if s.strategy in NESTED else -1
+        order = mine.orders[seg]
+        if seg not in positions:
+            positions[seg] = np.full(n, -1, dtype=np.int64)
+            positions[seg][order] = np.arange(len(order))
+        pos = positions[seg]
+        n_in, n_out = int(np.count_nonzero(mine.held_in[lyr])), int(np.count_nonzero(mine.held_out[lyr]))
+        key = (s.view, s.strategy) if seg < 0 else None  # owned rows in and out: the same for every such layer
         if key is not None and key in built:
             layers[s.name] = built[key]
             continue
         src, dst = graph.edges(s.view)
-        sel = np.nonzero(mine.depth[dst] >= lyr + 1)[0]  # in-edges of C^{l+1}
-        halo = None
+        sel = np.nonzero(mine.held_out[lyr][dst])[0]  # in-edges of the rows it computes
+        ids = torch.as_tensor(order, dtype=torch.int64)
         if s.strategy == "pushpull":  # runs on the whole first-layer structure (plan_shards' full views)
-            lg = LayerGraph(n_in, n_out, {}, None)
+            lg = LayerGraph(n_in, n_out, {}, None, ids=ids)
         elif s.strategy == "bcast1d":
             if block_col is None:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
             views = {s.view: _view(graph, s.view, sel, block_col[src[sel]], pos[dst[sel]], n_out, n)}
-            lg = LayerGraph(n_in, n_out, views, None, True)
+            lg = LayerGraph(n_in, n_out, views, None, True, ids=ids)
         else:
-            col = np.where(mine.depth >= lyr, pos, -1)
+            col = np.where(mine.held_in[lyr], pos, -1)
             h = mine.halos[lyr]
+            halo = None
             if h is not None:
                 col[h] = n_in + np.arange(len(h))
-                halo = _halo_plan(parts, rank, world, lyr, sets, pos, h)
+                halo = _halo_plan(parts, rank, world, [st.halos[lyr] for st in sets], pos, h)
             local_src = col[src[sel]]
             if len(local_src) and local_src.min() < 0:
                 raise AssertionError(f"layer {s.name}: an in-neighbour of a held row is neither held nor fetched")
             n_src = n_in + (len(h) if h is not None else 0)
             lg = LayerGraph(n_in, n_out, {s.view: _view(graph, s.view, sel, local_src, pos[dst[sel]], n_out, n_src)},
-                            halo)
+                            halo, ids=ids)
+        if lyr in mine.entries:
+            fetched = mine.entries[lyr]
+            lg.entry = _halo_plan(parts, rank, world, [st.entries[lyr] for st in sets], pos, fetched)
+            perm = np.empty(n_in, dtype=np.int64)
+            perm[pos[owned_ids]] = np.arange(n_owned)
+            perm[pos[fetched]] = n_owned + np.arange(len(fetched))
+            lg.entry_perm = torch.as_tensor(perm)
         layers[s.name] = lg
         if key is not None:
             built[key] = lg
+    first = mine.orders[specs[0].segment if specs and specs[0].strategy in NESTED else -1] if specs else owned_ids
     block_rows = [int(c) for c in np.bincount(parts, minlength=world)]
-    return LocalGraph(torch.as_tensor(mine.order, dtype=torch.int64), n_owned, layers, block_rows)
+    return LocalGraph(torch.as_tensor(first, dtype=torch.int64), n_owned, layers, block_rows)
 
 
-def _halo_plan(parts: np.ndarray, rank: int, world: int, lyr: int, sets: list[RowSets], pos: np.ndarray,
+def _halo_plan(parts: np.ndarray, rank: int, world: int, wanted_by: list[np.ndarray | None], pos: np.ndarray,
                mine: np.ndarray) -> HaloPlan:
+    """Rows this rank sends each peer (theirs of `wanted_by[p]` it owns) and receives (`mine`, by owner)."""
     send_idx, recv_counts = [], []
     for p in range(world):
         if p == rank:
             send_idx.append(torch.zeros(0, dtype=torch.int64))
             recv_counts.append(0)
             continue
-        theirs = sets[p].halos[lyr]
+        theirs = wanted_by[p]
         wanted = theirs[parts[theirs] == rank]  # already by global id
         send_idx.append(torch.as_tensor(pos[wanted], dtype=torch.int64))
         recv_counts.append(int(np.count_nonzero(parts[mine] == p)))

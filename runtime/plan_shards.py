@@ -11,7 +11,9 @@ last and atomically):
   x                        input features of C^0 (pushpull: every row, this rank's feature slice)
   y, train, val, test      labels and split masks of the owned rows
   g<k>.indptr/indices/eids/norm    local CSR of distinct layer structure k (global edge ids, gcn_norm)
+  g<k>.ids                 global ids of its rows, in its segment's order
   g<k>.send_ptr/send_idx/recv      its halo plan, when it has one
+  g<k>.entry.*             the rows fetched on entering a depcache/hybrid segment after layer 0
   full.<view>.*, block_order       pushpull: the whole first-layer structure and the owners' block order
 
 The manifest entry of each shard says which structure each graph layer
@@ -80,16 +82,18 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
     for s in specs:
         g = lg.layers[s.name]
         k = ids.setdefault(id(g), len(ids))
-        if f"g{k}.indptr" not in arrays and s.view in g.views:
-            arrays.update(_csr_arrays(f"g{k}", g.views[s.view]))
+        if f"g{k}.ids" not in arrays:
+            arrays[f"g{k}.ids"] = g.ids.numpy()
+            if s.view in g.views:
+                arrays.update(_csr_arrays(f"g{k}", g.views[s.view]))
             if g.halo is not None:
-                counts = g.halo.send_counts
-                arrays[f"g{k}.send_ptr"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-                arrays[f"g{k}.send_idx"] = (torch.cat(g.halo.send_idx).numpy() if counts else np.zeros(0, np.int64))
-                arrays[f"g{k}.recv"] = np.asarray(g.halo.recv_counts, dtype=np.int64)
+                arrays.update(_plan_arrays(f"g{k}", g.halo))
+            if g.entry is not None:
+                arrays.update(_plan_arrays(f"g{k}.entry", g.entry))
+                arrays[f"g{k}.entry.perm"] = g.entry_perm.numpy()
         layout["layers"][s.name] = {"structure": k, "view": s.view, "n_in": g.n_in, "n_out": g.n_out,
                                     "n_src": g.views[s.view].csr.n_src if s.view in g.views else None,
-                                    "halo": g.halo is not None, "blocks": g.blocks}
+                                    "halo": g.halo is not None, "entry": g.entry is not None, "blocks": g.blocks}
     first = specs[0] if specs else None
     if first is not None and first.strategy == "pushpull":
         lo, hi = feature_slices(graph.num_features, world)[rank]
@@ -104,6 +108,20 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
     for name, mask in (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask)):
         arrays[name] = mask[torch.as_tensor(owned)].numpy()
     return arrays, layout
+
+
+def _plan_arrays(prefix: str, plan: HaloPlan) -> dict[str, np.ndarray]:
+    counts = plan.send_counts
+    return {f"{prefix}.send_ptr": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            f"{prefix}.send_idx": torch.cat(plan.send_idx).numpy() if counts else np.zeros(0, np.int64),
+            f"{prefix}.recv": np.asarray(plan.recv_counts, dtype=np.int64)}
+
+
+def _plan_from(arrays: dict[str, np.ndarray], prefix: str, world: int) -> HaloPlan:
+    ptr = arrays[f"{prefix}.send_ptr"]
+    idx = torch.from_numpy(arrays[f"{prefix}.send_idx"].astype(np.int64))
+    return HaloPlan(tuple(idx[ptr[p]:ptr[p + 1]] for p in range(world)),
+                    tuple(int(c) for c in arrays[f"{prefix}.recv"]))
 
 
 def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_dir: str | os.PathLike,
@@ -142,14 +160,14 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
     for name, info in layout["layers"].items():
         k = int(info["structure"])
         if k not in structures:
-            halo = None
-            if info["halo"]:
-                ptr = arrays[f"g{k}.send_ptr"]
-                idx = torch.from_numpy(arrays[f"g{k}.send_idx"].astype(np.int64))
-                halo = HaloPlan(tuple(idx[ptr[p]:ptr[p + 1]] for p in range(world)),
-                                tuple(int(c) for c in arrays[f"g{k}.recv"]))
+            halo = _plan_from(arrays, f"g{k}", world) if info["halo"] else None
             views = {} if info["n_src"] is None else {info["view"]: _view_from(arrays, f"g{k}", int(info["n_src"]))}
-            structures[k] = LayerGraph(int(info["n_in"]), int(info["n_out"]), views, halo, bool(info["blocks"]))
+            g = LayerGraph(int(info["n_in"]), int(info["n_out"]), views, halo, bool(info["blocks"]),
+                           ids=torch.from_numpy(arrays[f"g{k}.ids"]))
+            if info["entry"]:
+                g.entry = _plan_from(arrays, f"g{k}.entry", world)
+                g.entry_perm = torch.from_numpy(arrays[f"g{k}.entry.perm"])
+            structures[k] = g
         layers[name] = structures[k]
     n_owned = int(arrays["n_owned"])
     lg = LocalGraph(torch.from_numpy(arrays["rows"].astype(np.int64)), n_owned, layers, layout.get("block_rows"))

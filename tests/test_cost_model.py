@@ -157,7 +157,7 @@ def test_depcomm_bytes_equal_what_the_runtime_halo_plan_sends(graph_fn, world: i
     vertices, edges, remote, send = _halo_stats(src, dst, parts, world)
     width = 16
     runtime_bytes = 0
-    specs = [LayerSpec("l0", "plain", "depcomm")]
+    specs = [LayerSpec("l0", "plain", "depcomm", 0)]
     sets = all_row_sets(g, parts, world, specs)
     for rank in range(world):
         plan = build_local_graph(g, parts, rank, world, specs, sets).layers["l0"].halo
@@ -377,7 +377,7 @@ def test_from_graph_stats_matches_what_the_runtime_replicates() -> None:
     for rank in range(4):
         assert inp.hop_vertices[rank, 0] == inp.vertices[rank] and inp.hop_edges[rank, 0] == inp.edges[rank]
         for k in (1, 2):
-            specs = [LayerSpec(f"l{i}", "plain", "depcache") for i in range(k)]
+            specs = [LayerSpec(f"l{i}", "plain", "depcache", 0) for i in range(k)]
             lg = build_local_graph(g, parts, rank, 4, specs, all_row_sets(g, parts, 4, specs))
             assert len(lg.rows) == inp.hop_vertices[rank, k]
             assert lg.layers["l0"].views["plain"].csr.nnz == inp.hop_edges[rank, k - 1]
