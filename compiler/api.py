@@ -265,7 +265,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
                            "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
                            "predicted_memory_bytes": report.predicted_memory_bytes,
-                           "alternatives": report.alternatives, "crossovers": report.crossovers}
+                           "alternatives": report.alternatives, "crossovers": report.crossovers,
+                           "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs}
     return Plan(program, model, graph_spec, names, workers, meta, parts, ctx.options.get("hybrid_cached"),
                 graph if workers > 1 else None)
 

@@ -128,12 +128,30 @@ def explain(plan) -> str:
                          f"{a['memory_bytes'] / 2**20:11.1f}{mark}{user}")
         for c in planner.get("crossovers", []):
             lines.append(f"  crossover: {c}")
+        lines += _segment_table(planner, [layer.name for layer in plan.program.graph_layers()])
     considered = plan.meta.get("workers_considered")
     if considered:
         lines.append("workers considered: " + ", ".join(
             f"{c['workers']}: {c['time_s'] * 1000:.3f} ms" if c["time_s"] is not None else f"{c['workers']}: -"
             for c in considered))
     return "\n".join(lines) + "\n"
+
+
+def _segment_table(planner: dict, names: list[str]) -> list[str]:
+    """Every strategy the planner priced for each layer (single-layer segments) and for each longer span."""
+    costs = planner.get("segment_costs") or []
+    if not costs:
+        return []
+    chosen = {(a, b, s) for a, b, s in planner.get("segments", [])}
+    lines = ["per layer and segment (before the gradient all-reduce and layout transitions):",
+             f"  {'layers':14s} {'strategy':10s} {'time ms':>10s} {'MB/epoch':>10s} {'MiB/worker':>11s}"]
+    for c in sorted(costs, key=lambda c: (c["layers"][1] - c["layers"][0], c["layers"][0], c["time_s"])):
+        a, b = c["layers"]
+        span = names[a] if b == a + 1 else f"{names[a]}..{names[b - 1]}"
+        mark = " <- chosen" if (a, b, c["strategy"]) in chosen else ""
+        lines.append(f"  {span:14s} {c['strategy']:10s} {c['time_s'] * 1000:10.3f} {c['bytes'] / 1e6:10.3f} "
+                     f"{c['memory_bytes'] / 2**20:11.1f}{mark}")
+    return lines
 
 
 def render(plan, fmt: str) -> str | bytes:

@@ -66,6 +66,8 @@ class PlannerReport:
     alternatives: list[dict[str, Any]] = field(default_factory=list)
     crossovers: list[str] = field(default_factory=list)
     segments: list[tuple[int, int, str]] = field(default_factory=list)  # the chosen (start, end, strategy)
+    # every segment priced: {"layers": [start, end], "strategy", "time_s", "bytes", "memory_bytes"}
+    segment_costs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def layer_shape(layer: Layer, needs_grad: set[str]):
@@ -198,8 +200,10 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
             faster = "depcomm" if c.first_faster_above else "depcache"
             crossovers.append(f"{faster} overtakes {'depcache' if faster == 'depcomm' else 'depcomm'} "
                               f"above {c.value * 8 / 1e9:.3g} Gb/s of bandwidth per worker")
+    priced = [{"layers": [k[0], k[1]], "strategy": k[2], "time_s": v.time, "bytes": v.bytes,
+               "memory_bytes": v.memory} for k, v in sorted(values.items())]
     return PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers,
-                         [(seg.start, seg.end, seg.strategy) for seg in best.segments])
+                         [(seg.start, seg.end, seg.strategy) for seg in best.segments], priced)
 
 
 @register_pass("choose-strategy", "pick per-layer strategies by predicted cost: segment DP over the cost model")

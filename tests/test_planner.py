@@ -87,6 +87,13 @@ def test_explain_and_json_list_every_alternative(tmp_path) -> None:
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "<- chosen" in r.stdout and "depcomm,depcomm" in r.stdout
+    # the per-layer table prices every legal strategy of every layer, pushpull included for GCN's first
+    import re
+
+    table = r.stdout.split("per layer and segment")[1]
+    for strategy in ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull"):
+        assert re.search(rf"^  l0 +{strategy} ", table, re.M), strategy
+    assert not re.search(r"^  l1 +pushpull ", table, re.M)  # P3's layer is the first only
     import json
 
     summary = json.loads(r.stdout.strip().splitlines()[-1])
