@@ -18,11 +18,13 @@ only, O(deg). Beyond the paper:
 * candidates are ranked by their exact effect on |B_max| and |B_min|
   (`select='gain'`, the default; `select='paper'` ranks by the paper's
   criteria), evaluated for a batch of candidates at once;
-* a swap is applied tentatively and rejected (undone) if it breaks the
-  degree balance (max/mean degree sum above the start's or 1 + degree_tolerance,
-  whichever is larger), pushes sum |B_i| above (1 + max_sum_growth) x the
-  start's, or does not bring |B_max| and |B_min| closer together without
-  overshooting; the stats count the rejections by reason;
+* a swap is applied tentatively and rejected (undone) if it does not bring
+  |B_max| and |B_min| closer together without overshooting ('no_progress'),
+  pushes sum |B_i| above sum_factor x the start's ('sum'; default 1.20: the
+  swaps trade some total traffic for a lower maximum, but only so much), or
+  breaks the degree balance (max/mean degree sum above the start's or
+  1 + degree_tolerance, whichever is larger: 'degree'); the stats report the
+  bounds, the final sum and the rejections by reason (`Swapper`);
 * a batch with no accepted swap tries the next pair of parts, and the
   search stops when no pair has an acceptable swap ('stalled').
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -135,91 +138,100 @@ def _zobrist(v: int, p: int, parts: int, salt: int) -> int:
     return x ^ (x >> 31)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What an accepted swap must respect beyond the paper.
+
+    degree: the largest max/mean degree load allowed. remote_sum: the largest
+    sum |B_i| allowed (the start's sum times `sum_factor`).
+    """
+
+    degree: float
+    remote_sum: float
+
+
+class Swapper:
+    """Applies swaps to `rs` under `limits`, counts rejections by reason and detects cycles.
+
+    A swap is applied tentatively (two O(deg) moves) and undone when it fails
+    a check, so the sizes tested are the exact incremental ones and a
+    rejected swap leaves `rs` as it was.
+    """
+
+    REASONS = ("no_progress", "sum", "degree")
+
+    def __init__(self, rs: RemoteSets, limits: Limits, salt: int,
+                 on_swap: Callable[[RemoteSets], None] | None = None):
+        self.rs, self.limits, self.salt, self.on_swap = rs, limits, salt, on_swap
+        self.rejected = {why: 0 for why in self.REASONS}
+        self.swaps = 0
+        self.cycled = False
+        # the XOR of per-(vertex, part) keys relative to the start: equal hashes mean a repeated assignment
+        self.state_hash = 0
+        self.seen = {self.state_hash}
+
+    def check(self, a: int, b: int, before_a: int, before_b: int) -> str | None:
+        """Why the swap just applied between a (the larger |B|) and b must be undone, or None."""
+        rs = self.rs
+        after_a, after_b = int(rs.size[a]), int(rs.size[b])
+        hi, lo = max(after_a, after_b), min(after_a, after_b)
+        # closer together without overshooting: the larger does not grow, the smaller does not shrink
+        if not (hi < before_a and lo >= before_b or hi <= before_a and lo > before_b):
+            return "no_progress"
+        if int(rs.size.sum()) > self.limits.remote_sum:
+            return "sum"
+        if _balance(rs.load) > self.limits.degree + 1e-12:
+            return "degree"
+        return None
+
+    def try_swap(self, v: int, w: int, a: int, b: int) -> bool:
+        """Swap v (in a) and w (in b) if the result passes every check; undo it otherwise."""
+        rs = self.rs
+        before_a, before_b = int(rs.size[a]), int(rs.size[b])
+        rs.move(v, b)
+        rs.move(w, a)
+        why = self.check(a, b, before_a, before_b)
+        if why is not None:
+            rs.move(w, b)
+            rs.move(v, a)
+            self.rejected[why] += 1
+            return False
+        self._record(v, w, a, b)
+        return True
+
+    def _record(self, v: int, w: int, a: int, b: int) -> None:
+        parts, salt = self.rs.parts, self.salt
+        self.state_hash ^= (_zobrist(v, a, parts, salt) ^ _zobrist(v, b, parts, salt)
+                            ^ _zobrist(w, b, parts, salt) ^ _zobrist(w, a, parts, salt))
+        self.swaps += 1
+        if self.state_hash in self.seen:
+            self.cycled = True
+        self.seen.add(self.state_hash)
+        if self.on_swap is not None:
+            self.on_swap(self.rs)
+
+
 def run(inp: PartitionInput, parts: int, seed: int, start: str = "metis-mc", select: str = "gain",
         tolerance: float = 0.005, time_limit: float = 90.0, degree_tolerance: float = 0.05,
-        max_sum_growth: float = 0.10, batch: int = 512, max_swaps: int | None = None,
+        sum_factor: float = 1.20, batch: int = 512, max_swaps: int | None = None,
         on_swap: Callable[[RemoteSets], None] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-    """Algorithm 1 from a METIS start; see the module docstring for every option's role."""
-    if start not in STARTS:
-        raise GnncError(f"g3: start must be one of {', '.join(STARTS)}, got '{start}'")
-    if select not in SELECTS:
-        raise GnncError(f"g3: select must be one of {', '.join(SELECTS)}, got '{select}'")
+    """Algorithm 1 from a METIS start; see the module docstring for every option's role.
+
+    time_limit counts from the call, METIS included: METIS and the count
+    setup always finish, and the swaps stop at the limit (within one batch).
+    """
+    _check_options(start, select, sum_factor)
     t0 = time.perf_counter()
-    if start == "metis-mc":
-        initial, metis_stats = partition_metis.run(inp, parts, seed, objective="vol", constraints="vertices+degree")
-    else:
-        initial, metis_stats = partition_metis.run(inp, parts, seed)
+    initial, metis_stats = _start(inp, parts, seed, start)
     t_metis = time.perf_counter() - t0
     indptr, indices = inp.undirected
     weights = inp.in_degree.astype(np.float64)
     rs = RemoteSets(indptr, indices, initial, parts, weights)
     start_sizes = rs.size.copy()
-    degree_limit = max(_balance(rs.load), 1.0 + degree_tolerance)
-    sum_limit = (1.0 + max_sum_growth) * float(start_sizes.sum())
-    rejected = {"degree": 0, "sum": 0, "no_progress": 0}
-    salt = seed + 1
-    # the XOR of per-(vertex, part) keys relative to the start: equal hashes mean a repeated assignment
-    state_hash = 0
-    seen = {state_hash}
-    cycled = False
-    swaps = 0
-    deadline = t0 + time_limit
-    reason = "balanced"
-
-    def try_swap(v: int, w: int, a: int, b: int) -> bool:
-        """Swap v (in a) and w (in b) if the result passes every check; undo it otherwise."""
-        nonlocal state_hash, swaps, cycled
-        before_a, before_b = rs.size[a], rs.size[b]
-        rs.move(v, b)
-        rs.move(w, a)
-        after_a, after_b = rs.size[a], rs.size[b]
-        why = None
-        if not (max(after_a, after_b) < before_a and min(after_a, after_b) >= before_b
-                or max(after_a, after_b) <= before_a and min(after_a, after_b) > before_b):
-            why = "no_progress"
-        elif rs.size.sum() > sum_limit:
-            why = "sum"
-        elif _balance(rs.load) > degree_limit + 1e-12:
-            why = "degree"
-        if why is not None:
-            rs.move(w, b)
-            rs.move(v, a)
-            rejected[why] += 1
-            return False
-        state_hash ^= (_zobrist(v, a, parts, salt) ^ _zobrist(v, b, parts, salt)
-                       ^ _zobrist(w, b, parts, salt) ^ _zobrist(w, a, parts, salt))
-        swaps += 1
-        if state_hash in seen:
-            cycled = True
-        seen.add(state_hash)
-        if on_swap is not None:
-            on_swap(rs)
-        return True
-
-    while True:
-        if parts < 2:
-            break
-        hi, lo = int(rs.size.max()), int(rs.size.min())
-        if hi == 0 or 1.0 - lo / hi < tolerance:
-            reason = "balanced"
-            break
-        if time.perf_counter() > deadline:
-            reason = "time limit"
-            break
-        if max_swaps is not None and swaps >= max_swaps:
-            reason = "max_swaps"
-            break
-        accepted = 0
-        for a, b in _pairs(rs.size):
-            accepted = _batch(rs, a, b, select, batch, try_swap, deadline, tolerance)
-            if accepted:
-                break
-        if cycled:
-            reason = "cycle"
-            break
-        if not accepted:
-            reason = "stalled: no acceptable swap between any pair of parts"
-            break
+    limits = Limits(degree=max(_balance(rs.load), 1.0 + degree_tolerance),
+                    remote_sum=sum_factor * float(start_sizes.sum()))
+    swapper = Swapper(rs, limits, salt=seed + 1, on_swap=on_swap)
+    reason = _search(rs, swapper, select, batch, tolerance, t0 + time_limit, max_swaps)
 
     final = rs.size
     sizes = np.bincount(rs.part, minlength=parts)
@@ -234,16 +246,60 @@ def run(inp: PartitionInput, parts: int, seed: int, start: str = "metis-mc", sel
         "remote_ratio": _ratio(final),
         "remote_sum_start": int(start_sizes.sum()),
         "remote_sum": int(final.sum()),
-        "swaps": swaps,
-        "rejected": rejected,
+        "remote_sum_bound": int(limits.remote_sum),  # sums are integers: floor keeps the same test
+        "sum_factor": sum_factor,
+        "degree_limit": limits.degree,
+        "swaps": swapper.swaps,
+        "rejected": dict(swapper.rejected),
         "stop": reason,
         "vertex_balance": float(sizes.max() / sizes.mean()),
         "degree_balance_start": _balance(np.bincount(initial, weights=weights, minlength=parts)),
         "degree_balance": _balance(rs.load),
         "beyond_paper": (f"swaps ranked by exact gain ({select}); rejected if the degree balance exceeds "
-                         f"{degree_limit:.4f}, if sum |B_i| exceeds {sum_limit:.0f} "
-                         f"(start x {1 + max_sum_growth:.2f}), or if |B_max|, |B_min| do not get closer"),
+                         f"{limits.degree:.4f}, if sum |B_i| exceeds {int(limits.remote_sum)} "
+                         f"(start {int(start_sizes.sum())} x {sum_factor:.2f}), or if |B_max|, |B_min| do not "
+                         f"get closer; rejections {swapper.rejected}"),
     }
+
+
+def _check_options(start: str, select: str, sum_factor: float) -> None:
+    if start not in STARTS:
+        raise GnncError(f"g3: start must be one of {', '.join(STARTS)}, got '{start}'")
+    if select not in SELECTS:
+        raise GnncError(f"g3: select must be one of {', '.join(SELECTS)}, got '{select}'")
+    if not sum_factor >= 1.0:  # below 1 the start itself breaks the bound (and NaN fails too)
+        raise GnncError(f"g3: sum_factor must be at least 1.0 (a multiple of the start's sum |B_i|), got {sum_factor}")
+
+
+def _start(inp: PartitionInput, parts: int, seed: int, start: str) -> tuple[np.ndarray, dict[str, Any]]:
+    """The partition the swaps start from: G3's multi-constraint METIS, or the edge-cut one."""
+    if start == "metis-mc":
+        return partition_metis.run(inp, parts, seed, objective="vol", constraints="vertices+degree")
+    return partition_metis.run(inp, parts, seed)
+
+
+def _search(rs: RemoteSets, swapper: Swapper, select: str, batch: int, tolerance: float, deadline: float,
+            max_swaps: int | None) -> str:
+    """Swap until balanced, a cycle, the deadline, max_swaps or no acceptable swap; the reason it stopped."""
+    if rs.parts < 2:
+        return "balanced"
+    while True:
+        hi, lo = int(rs.size.max()), int(rs.size.min())
+        if hi == 0 or 1.0 - lo / hi < tolerance:
+            return "balanced"
+        if time.perf_counter() > deadline:
+            return "time limit"
+        if max_swaps is not None and swapper.swaps >= max_swaps:
+            return "max_swaps"
+        accepted = 0
+        for a, b in _pairs(rs.size):
+            accepted = _batch(rs, a, b, select, batch, swapper.try_swap, deadline, tolerance)
+            if accepted:
+                break
+        if swapper.cycled:
+            return "cycle"
+        if not accepted:
+            return "stalled: no acceptable swap between any pair of parts"
 
 
 def _balance(load: np.ndarray) -> float:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gnnc.errors import GnncError
 from gnnc.passes.graph_stats import compute_stats
-from gnnc.passes.partition_g3 import RemoteSets
+from gnnc.passes.partition_g3 import Limits, RemoteSets, Swapper
 from gnnc.passes.partition_hash import hash_parts
 from gnnc.passes.partitioning import (METHODS, PartitionInput, chunks_for_pipeline, estimate_peak_memory,
                                       feature_slices, partition_graph, tile_nnz)
@@ -108,7 +108,7 @@ def test_g3_incremental_counts_equal_a_recount_after_every_swap() -> None:
         s = compute_stats(g, p, 1)
         assert s.remote.tolist() == p.stats["remote"]  # symmetric graph: same B_i as the stats pass
         assert p.stats["remote_ratio"] <= p.stats["remote_ratio_start"]
-        assert p.stats["remote_sum"] <= 1.1 * p.stats["remote_sum_start"]  # the sum bound held
+        assert p.stats["remote_sum"] <= p.stats["remote_sum_bound"] == int(1.2 * p.stats["remote_sum_start"])
         assert p.stats["stop"].split(":")[0] in ("balanced", "cycle", "time limit", "max_swaps", "stalled")
 
 
@@ -118,6 +118,49 @@ def test_g3_from_multi_constraint_metis_balances_remote_sets() -> None:
     assert p.stats["remote_ratio"] <= 1.10
     assert p.stats["degree_balance"] <= 1.05 + 1e-9  # the default degree tolerance
     assert "degree balance" in p.stats["beyond_paper"]
+
+
+def test_g3_sum_bound_holds_and_rejections_are_counted() -> None:
+    g = rmat(3000, deg=5, seed=2)
+    sums = []
+    # from edge-cut METIS the swaps must grow sum |B_i| to balance it, so a tight bound binds
+    p = partition_graph(g, 4, "g3", start="metis", sum_factor=1.05,
+                        on_swap=lambda rs: sums.append(int(rs.size.sum())))
+    bound = p.stats["remote_sum_bound"]
+    assert bound == int(1.05 * p.stats["remote_sum_start"])
+    assert sums and max(sums) <= bound  # after every accepted swap, not only at the end
+    assert p.stats["remote_sum"] == int(compute_stats(g, p, 1).remote.sum()) <= bound
+    assert p.stats["rejected"]["sum"] > 0 and set(p.stats["rejected"]) == {"no_progress", "sum", "degree"}
+    loose = partition_graph(g, 4, "g3", start="metis", sum_factor=3.0).stats
+    assert loose["remote_ratio"] < p.stats["remote_ratio"]  # the bound is what held it back
+    with pytest.raises(GnncError, match="sum_factor must be at least 1.0"):
+        partition_graph(g, 4, "g3", sum_factor=0.9)
+
+
+def _state(rs: RemoteSets) -> tuple[list[int], list[int], list[float], bytes]:
+    return rs.part.tolist(), rs.size.tolist(), rs.load.tolist(), rs.cnt.tobytes()
+
+
+@pytest.mark.parametrize("limits", [Limits(degree=float("inf"), remote_sum=0.0),  # every sum too large
+                                    Limits(degree=1.0, remote_sum=float("inf"))])  # every imbalance too large
+def test_g3_rejected_swap_leaves_the_state_unchanged(limits: Limits) -> None:
+    g = rmat(2000, deg=5, seed=3)
+    indptr, indices = PartitionInput(g).undirected
+    rng = np.random.default_rng(0)
+    weights = PartitionInput(g).in_degree.astype(np.float64)
+    rs = RemoteSets(indptr, indices, rng.integers(0, 4, g.num_nodes), 4, weights)
+    swapper = Swapper(rs, limits, salt=1)
+    for _ in range(300):
+        a, b = int(np.argmax(rs.size)), int(np.argmin(rs.size))
+        v = int(rng.choice(np.nonzero(rs.part == a)[0]))
+        w = int(rng.choice(np.nonzero(rs.part == b)[0]))
+        before = _state(rs)
+        assert not swapper.try_swap(v, w, a, b)  # the limits admit no swap at all
+        assert _state(rs) == before
+    assert rs.size.tolist() == rs.recount().tolist() and swapper.swaps == 0
+    reason = "sum" if limits.remote_sum == 0.0 else "degree"
+    assert swapper.rejected[reason] > 0 and sum(swapper.rejected.values()) == 300
+    assert swapper.rejected["no_progress"] > 0  # checked first: random pairs rarely help
 
 
 @settings(max_examples=30, deadline=None)
