@@ -81,7 +81,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from gnnc.inspect_plan import render
 
     plan = api.Plan.load(args.plan)
-    text = render(plan, args.format)
+    text = render(plan, args.format, args.metrics)
     if args.output:
         mode = "wb" if isinstance(text, bytes) else "w"
         with open(args.output, mode) as f:
@@ -94,11 +94,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import resource
-
     import torch
 
     from gnnc import api
+    from gnnc.runtime.metrics import peak_rss_bytes
     from gnnc.runtime.train import TrainConfig, train
 
     target = Path(args.target)
@@ -137,7 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = train(plan.program, graph, cfg, metrics_path=args.metrics)
         logits = result.logits
         summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1,
-                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                   "peak_rss_bytes": peak_rss_bytes(),
                    "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
     summary["epochs"] = cfg.epochs
     if args.dump_logits:
@@ -240,8 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("inspect", help="show a plan")
     c.add_argument("plan")
-    c.add_argument("--format", default="table", choices=["table", "json", "ir", "dot", "png", "explain"])
+    c.add_argument("--format", default="table",
+                   choices=["table", "json", "ir", "dot", "png", "explain", "gantt", "trace"],
+                   help="gantt: the predicted schedule as a PNG (needs -o); trace: the same as Chrome/Perfetto "
+                        "trace JSON")
     c.add_argument("-o", "--output")
+    c.add_argument("--metrics", metavar="RUN.jsonl",
+                   help="with --format trace: lay the measured run (`gnnc run --metrics`) beside the prediction")
     c.set_defaults(fn=cmd_inspect)
 
     c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)", parents=[plugin])

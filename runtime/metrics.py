@@ -32,7 +32,22 @@ from gnnc.runtime.comm import CommStats
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far."""
+    """This process's peak resident set size so far.
+
+    On Linux it is VmHWM, the high-water mark of this process's own memory
+    since it was exec'd. getrusage's ru_maxrss is not: it keeps the peak of
+    the image exec replaced, and a worker spawned by fork + exec starts as a
+    copy of its launcher, so ru_maxrss would report the launcher's size
+    (measured: 2.4 GiB for a rank whose own peak was 1.5 GiB, when the
+    launcher had partitioned the graph).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes.
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024

@@ -243,3 +243,18 @@ def test_a_torn_metrics_line_is_dropped(tmp_path: Path) -> None:
         log.log(EpochRecord(epoch=1, rank=0, world_size=1, loss=1.0))
     assert [(r["epoch"], r["loss"]) for r in read_metrics(path)] == [(0, 2.0), (1, 1.0)]
     assert path.read_bytes().endswith(b"\n") and path.read_bytes().count(b"\n") == 2
+
+
+def test_peak_rss_is_this_process_not_the_image_it_replaced() -> None:
+    """A process exec'd from a large one reports its own peak, not its parent's (ru_maxrss would)."""
+    import subprocess
+    import sys
+
+    from gnnc.runtime.metrics import peak_rss_bytes
+
+    code = ("import os, sys\nbuf = bytearray(600 << 20)\nfor i in range(0, len(buf), 4096): buf[i] = 1\n"
+            "os.execv(sys.executable, [sys.executable, '-c', "
+            "'from gnnc.runtime.metrics import peak_rss_bytes; print(peak_rss_bytes())'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) < 400 << 20, int(out) / 2**20  # the 600 MiB buffer belonged to the replaced image
+    assert peak_rss_bytes() > 1 << 20
