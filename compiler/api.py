@@ -266,7 +266,9 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
                            "predicted_memory_bytes": report.predicted_memory_bytes,
                            "alternatives": report.alternatives, "crossovers": report.crossovers,
-                           "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs}
+                           "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
+                           # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
+                           "schedule": report.schedule}
     return Plan(program, model, graph_spec, names, workers, meta, parts, ctx.options.get("hybrid_cached"),
                 graph if workers > 1 else None)
 

@@ -81,14 +81,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from gnnc.inspect_plan import render
 
     plan = api.Plan.load(args.plan)
+    if args.format in ("png", "gantt") and not args.output:  # before drawing: a terminal takes no PNG
+        raise GnncError(f"--format {args.format} writes binary output; give -o FILE")
     text = render(plan, args.format, args.metrics)
     if args.output:
         mode = "wb" if isinstance(text, bytes) else "w"
         with open(args.output, mode) as f:
             f.write(text)
     else:
-        if isinstance(text, bytes):
-            raise GnncError(f"--format {args.format} writes binary output; give -o FILE")
         print(text, end="" if text.endswith("\n") else "\n")
     return 0
 
@@ -170,13 +170,14 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from gnnc.cluster import ClusterProfile, default_probe_file
-    from gnnc.runtime.probe import probe
+    from gnnc.runtime.probe import describe_unit_costs, probe
 
     profile = ClusterProfile.from_dict(probe(args.threads), "probe")
     path = Path(args.output) if args.output else default_probe_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(path)
-    print(profile.to_json(), end="")
+    print(profile.to_json(), end="")  # stdout stays the profile's JSON, for scripts
+    print(describe_unit_costs(profile), end="", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

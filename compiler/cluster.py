@@ -20,6 +20,11 @@ decision that needs a different figure is a bug in the cost model, not in a
 preset. Latencies are the exception the datasheets leave open: they are
 order-of-magnitude assumptions for the software stack over each link kind,
 marked as such where they are set.
+
+The JSON format (`version` 1) holds every field of `ClusterProfile` by name. `gnnc probe` also
+writes `unit_costs`, NeutronStar's T_v, T_e, T_c per layer width as it fitted them (a list of
+`LayerUnitCosts` objects); the field is optional, left out when empty, so files without it (and
+every older profile) still load, and a profile without a fit is written exactly as before.
 """
 from __future__ import annotations
 
@@ -39,6 +44,27 @@ GB = 1e9  # vendors' GB/s and GB of bandwidth are decimal
 GIB = 1 << 30  # GPU memory sizes are binary (a "16 GB" HBM2 stack holds 16 GiB)
 GBIT = 1e9 / 8  # one Gb/s in bytes/s
 TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class LayerUnitCosts:
+    """NeutronStar's unit costs at one layer width (its Algorithm 4 and Eq. 1-3), as `gnnc probe` fits them.
+
+    d_in, d_out: the layer's input and output widths; row_width: the width of the rows the layer
+        exchanges (d_out when its dense map runs first, as in GCN).
+    T_v: seconds per vertex computed (forward plus backward: the dense map and what runs per row).
+    T_e: seconds per edge aggregated (forward plus backward).
+    T_c: seconds per row of row_width elements communicated, one way, at the measured bandwidth.
+    const: seconds per layer call that neither count explains (the fit's intercept).
+    """
+
+    d_in: int
+    d_out: int
+    row_width: int
+    T_v: float
+    T_e: float
+    T_c: float
+    const: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,7 +90,10 @@ class ClusterProfile:
         dense map, seconds per edge per feature of the aggregation, seconds
         per byte of a communicated row. They override the rates above where
         the cost model needs them (`effective_*`); None: derive from rates.
+        `gnnc probe` fits them to gnnc's own executor (runtime/probe.py).
     description: one line for `gnnc clusters`.
+    unit_costs: the per-layer-width T_v, T_e, T_c behind t_v, t_e, t_c, in NeutronStar's units
+        (`LayerUnitCosts`); empty unless `gnnc probe` fitted them.
     """
 
     name: str
@@ -82,6 +111,7 @@ class ClusterProfile:
     t_e: float | None = None
     t_c: float | None = None
     description: str = ""
+    unit_costs: tuple[LayerUnitCosts, ...] = ()
 
     def __post_init__(self) -> None:
         _validate({f.name: getattr(self, f.name) for f in fields(self)}, f"cluster profile '{self.name}'")
@@ -134,7 +164,11 @@ class ClusterProfile:
         return 1.0 / self.t_c if self.t_c is not None else self.worker_bandwidth(workers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": PROFILE_VERSION, **asdict(self)}
+        data = {"version": PROFILE_VERSION, **asdict(self)}
+        data["unit_costs"] = [dict(u) for u in data["unit_costs"]]
+        if not data["unit_costs"]:
+            del data["unit_costs"]  # optional: a profile without a fit reads as it always did
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -166,6 +200,7 @@ class ClusterProfile:
                 raise GnncError(f"{where}: missing field '{name}'")
             else:
                 values[name] = f.default
+        values["unit_costs"] = _unit_costs_from_json(values["unit_costs"], where)
         _validate(values, where)  # with the caller's `where` (the file), before __post_init__ repeats it
         # JSON integers in float fields (e.g. "latency": 0) become floats, so equal profiles compare equal
         return cls(**{k: float(v) if _FIELD_KIND[k].startswith("float") and v is not None else v
@@ -176,7 +211,7 @@ _FIELD_KIND = MappingProxyType({
     "name": "str", "workers": "int", "devices_per_node": "int", "intra_bandwidth": "float",
     "inter_bandwidth": "float", "latency": "float", "topology": "str", "memory_per_worker": "float",
     "memory_bandwidth": "float", "gemm_rate": "float", "spmm_rate": "float", "t_v": "float?",
-    "t_e": "float?", "t_c": "float?", "description": "str",
+    "t_e": "float?", "t_c": "float?", "description": "str", "unit_costs": "unit_costs",
 })
 _UNITS = MappingProxyType({
     "intra_bandwidth": "bytes/s", "inter_bandwidth": "bytes/s", "latency": "seconds",
@@ -185,9 +220,49 @@ _UNITS = MappingProxyType({
 })
 
 
+def _unit_costs_from_json(value: Any, where: str) -> tuple[LayerUnitCosts, ...]:
+    """`unit_costs` from JSON (a list of objects) or as built in Python; a bad entry is named."""
+    if not isinstance(value, (list, tuple)):
+        raise GnncError(f"{where}: field 'unit_costs' must be a list, got {value!r}")
+    known = {f.name for f in fields(LayerUnitCosts)}
+    out = []
+    for i, entry in enumerate(value):
+        if isinstance(entry, LayerUnitCosts):
+            out.append(entry)
+            continue
+        if not isinstance(entry, dict) or set(entry) - known or {"d_in", "d_out", "row_width", "T_v", "T_e",
+                                                                  "T_c"} - set(entry):
+            raise GnncError(f"{where}: field 'unit_costs' entry {i} must be an object with the fields "
+                            f"{', '.join(sorted(known))} (const optional), got {entry!r}")
+        out.append(LayerUnitCosts(**entry))
+    return tuple(out)
+
+
+def _check_unit_costs(value: Any, where: str) -> None:
+    """Each entry: positive integer widths, non-negative finite T_v, T_e and const, positive T_c."""
+    if not isinstance(value, tuple) or not all(isinstance(u, LayerUnitCosts) for u in value):
+        raise GnncError(f"{where}: field 'unit_costs' must be a tuple of LayerUnitCosts, got {value!r}")
+    for i, u in enumerate(value):
+        for name in ("d_in", "d_out", "row_width"):
+            v = getattr(u, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise GnncError(f"{where}: field 'unit_costs' entry {i}: '{name}' must be a positive integer, "
+                                f"got {v!r}")
+        for name in ("T_v", "T_e", "T_c", "const"):
+            v = getattr(u, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+                v > 0 if name == "T_c" else v >= 0)
+            if not ok:
+                raise GnncError(f"{where}: field 'unit_costs' entry {i}: '{name}' must be a "
+                                f"{'positive' if name == 'T_c' else 'non-negative'} number (seconds), got {v!r}")
+
+
 def _check_types(data: dict[str, Any], where: str) -> None:
     for key, value in data.items():
         kind = _FIELD_KIND[key]
+        if kind == "unit_costs":
+            _check_unit_costs(value, where)
+            continue
         if kind == "str":
             ok = isinstance(value, str)
         elif kind == "int":

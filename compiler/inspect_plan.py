@@ -1,7 +1,17 @@
-"""Renderings of a plan for people: a table of layers, the IR, JSON, DOT of the dataflow."""
+"""Renderings of a plan for people: a table of layers, the IR, JSON, DOT of the dataflow, and the
+predicted schedule as a Gantt chart (PNG) or a Chrome/Perfetto trace.
+
+The schedule views draw what the planner stored in the plan (`planner.schedule`, written by
+`passes/choose_strategy.predicted_schedule`), never a re-estimate: a chart that recomputed the
+costs could silently disagree with the prediction the plan was chosen on. A trace can carry a
+measured run beside the prediction (`--metrics RUN.jsonl` from `gnnc run --metrics`), on other
+process ids, so Perfetto shows both on one time axis.
+"""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from gnnc.errors import GnncError
 from gnnc.ir import Program
@@ -154,7 +164,346 @@ def _segment_table(planner: dict, names: list[str]) -> list[str]:
     return lines
 
 
-def render(plan, fmt: str) -> str | bytes:
+# --- the predicted schedule: Gantt chart and trace ---------------------------------------------------
+
+PREDICTED_PID = 1  # worker w of the prediction is process PREDICTED_PID + w in a trace
+MEASURED_PID = 1001  # rank r of a measured run is process MEASURED_PID + r
+# trace threads of each process: a row of spans per layer and direction, then the two resources
+TID_LAYERS, TID_COMPUTE, TID_COMM = 1, 2, 3
+_TIDS = {"compute": TID_COMPUTE, "mixed": TID_COMPUTE, "communication": TID_COMM}
+
+
+def schedule_of(plan) -> dict[str, Any]:
+    """The predicted schedule the plan stores; a GnncError (exit 2) when it has none."""
+    schedule = (plan.meta.get("planner") or {}).get("schedule")
+    if not schedule:
+        why = ("the planner did not run for it (one worker, or --strategy fixed every layer)"
+               if not plan.meta.get("planner") else "it was compiled by a gnnc that did not record one")
+        raise GnncError(f"this plan has no predicted schedule: {why}; compile it with --workers N and without "
+                        f"--strategy to let the planner predict one")
+    return schedule
+
+
+def _layer_names(plan) -> list[str]:
+    return [layer.name for layer in plan.program.graph_layers()]
+
+
+def _piece_name(piece: dict[str, Any], stage: dict[str, Any], names: list[str]) -> str:
+    if stage["kind"] == "allreduce":
+        return "gradient all-reduce"
+    if stage["kind"] == "transition":
+        return f"layout {stage['strategy']}"
+    where = names[piece["layer"]] if piece["layer"] is not None else \
+        f"{names[stage['segment'][0]]}..{names[stage['segment'][1] - 1]}"
+    op = "compute and communication (not split)" if piece["op"] == "mixed" else piece["op"]
+    return f"{where} {op}"
+
+
+def _span_name(stage: dict[str, Any], layer: int | None, names: list[str]) -> str:
+    if stage["kind"] == "allreduce":
+        return "gradient all-reduce"
+    if stage["kind"] == "transition":
+        return f"layout {stage['strategy']} ({stage['direction']})"
+    where = names[layer] if layer is not None else "segment"
+    return f"{where} {stage['direction']} [{stage['strategy']}]"
+
+
+def _layer_spans(stage: dict[str, Any], worker: int) -> list[tuple[int | None, float, float]]:
+    """(layer, start, end) of each layer's work in a stage on one worker, in the order they run."""
+    spans: dict[int | None, list[float]] = {}
+    for piece in stage["pieces"]:
+        t0 = piece["start_s"][worker]
+        t1 = t0 + piece["time_s"][worker]
+        lo, hi = spans.setdefault(piece["layer"], [t0, t1])
+        spans[piece["layer"]] = [min(lo, t0), max(hi, t1)]
+    return sorted(((k, v[0], v[1]) for k, v in spans.items()), key=lambda s: s[1])
+
+
+def _x(name: str, cat: str, pid: int, tid: int, start_s: float, dur_s: float, args: dict[str, Any]) -> dict:
+    """A complete ("X") trace event; trace times are microseconds."""
+    return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start_s * 1e6, "dur": dur_s * 1e6,
+            "args": args}
+
+
+def _meta(pid: int, name: str, sort: int, threads: dict[int, str]) -> list[dict[str, Any]]:
+    out = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}},
+           {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": sort}}]
+    for tid, label in threads.items():
+        out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
+        out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    return out
+
+
+def predicted_events(plan) -> list[dict[str, Any]]:
+    """Trace events of the predicted epoch: per worker, its layer spans, compute and communication.
+
+    Pieces the cost model overlaps (a max, not a sum) sit on the compute and communication threads
+    at the same time; a worker that finishes a stage before the slowest one waits (a "wait" span).
+    """
+    schedule = schedule_of(plan)
+    names = _layer_names(plan)
+    events: list[dict[str, Any]] = []
+    for w in range(schedule["workers"]):
+        pid = PREDICTED_PID + w
+        events += _meta(pid, f"predicted: worker {w}", w, {TID_LAYERS: "layers (predicted)",
+                                                           TID_COMPUTE: "compute", TID_COMM: "communication"})
+        for k, stage in enumerate(schedule["stages"]):
+            base = {"stage": k, "direction": stage["direction"], "strategy": stage["strategy"]}
+            for piece in stage["pieces"]:
+                if piece["time_s"][w] > 0:
+                    events.append(_x(_piece_name(piece, stage, names), stage["direction"], pid, _TIDS[piece["track"]],
+                                     piece["start_s"][w], piece["time_s"][w],
+                                     {**base, "op": piece["op"], "overlapped": piece["overlap"] is not None}))
+            end = stage["start_s"]
+            for layer, t0, t1 in _layer_spans(stage, w):
+                events.append(_x(_span_name(stage, layer, names), stage["direction"], pid, TID_LAYERS, t0, t1 - t0,
+                                 {**base, "layer": names[layer] if layer is not None else None}))
+                end = max(end, t1)
+            stage_end = stage["start_s"] + stage["time_s"]
+            if stage_end - end > 1e-9 * stage["time_s"]:  # not a rounding difference
+                events.append(_x("wait (for the slowest worker)", "wait", pid, TID_LAYERS, end, stage_end - end, base))
+    return events
+
+
+def _epoch_blocks(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The records of each epoch, in file order (a file appended to by several runs repeats epochs)."""
+    blocks: list[list[dict[str, Any]]] = []
+    for rec in records:
+        if not blocks or blocks[-1][0]["epoch"] != rec["epoch"]:
+            blocks.append([])
+        blocks[-1].append(rec)
+    return blocks
+
+
+def read_run(path: str) -> list[dict[str, Any]]:
+    """The records of `gnnc run --metrics PATH`, checked for the fields a trace needs."""
+    from gnnc.runtime.metrics import read_metrics
+
+    try:
+        records = read_metrics(path)
+    except FileNotFoundError:
+        raise GnncError(f"--metrics {path}: no such file") from None
+    except (OSError, ValueError) as err:
+        raise GnncError(f"--metrics {path}: not a metrics file written by `gnnc run --metrics` ({err})") from None
+    need = ("epoch", "rank", "epoch_s", "compute_s", "comm_s", "allreduce_s")
+    for n, rec in enumerate(records, 1):
+        missing = [k for k in need if not isinstance(rec, dict) or k not in rec]
+        if missing:
+            raise GnncError(f"--metrics {path}: record {n} lacks {', '.join(missing)}")
+    if not records:
+        raise GnncError(f"--metrics {path}: no records")
+    return records
+
+
+def measured_events(records: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+    """Trace events of a measured run: per rank, each epoch's compute, communication and all-reduce.
+
+    The metrics hold per-epoch totals, not when each op ran, so an epoch is drawn as its compute,
+    then its communication, then its all-reduce, end to end. Epochs follow each other; each starts
+    when the slowest rank finished the previous one (the all-reduce synchronises them).
+    """
+    events: list[dict[str, Any]] = []
+    for rank in sorted({rec["rank"] for rec in records}):
+        events += _meta(MEASURED_PID + rank, f"measured: rank {rank} ({label})", 10_000 + rank,
+                        {TID_LAYERS: "epochs (measured)", TID_COMPUTE: "compute", TID_COMM: "communication"})
+    clock = 0.0
+    for block in _epoch_blocks(records):
+        for rec in block:
+            pid, epoch = MEASURED_PID + rec["rank"], rec["epoch"]
+            args = {"epoch": epoch, "loss": rec.get("loss"), "bytes_sent": rec.get("bytes_sent"),
+                    "note": "totals of the epoch; their order inside it is not measured"}
+            events.append(_x(f"epoch {epoch}", "measured", pid, TID_LAYERS, clock, rec["epoch_s"], args))
+            events.append(_x("compute", "measured", pid, TID_COMPUTE, clock, rec["compute_s"], args))
+            events.append(_x("communication", "measured", pid, TID_COMM, clock + rec["compute_s"], rec["comm_s"], args))
+            events.append(_x("gradient all-reduce", "measured", pid, TID_COMM, clock + rec["compute_s"] + rec["comm_s"],
+                             rec["allreduce_s"], args))
+        clock += max(rec["epoch_s"] for rec in block)
+    return [e for e in events if e["ph"] == "M" or e["dur"] > 0]
+
+
+def trace(plan, metrics: str | None = None) -> str:
+    """The predicted epoch (and a measured run) as Chrome trace JSON: Perfetto and chrome://tracing read it."""
+    schedule = schedule_of(plan)
+    planner = plan.meta["planner"]
+    events = predicted_events(plan)
+    other = {"predicted_epoch_s": planner["predicted_time_s"], "strategies": planner["strategies"],
+             "cluster": schedule.get("cluster") or planner.get("cluster"), "schedule_per": schedule["per"],
+             "workers": schedule["workers"]}
+    if metrics is not None:
+        events += measured_events(read_run(metrics), Path(metrics).name)
+        other["measured"] = str(metrics)
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}, sort_keys=True) + "\n"
+
+
+def _time_unit(seconds: float) -> tuple[str, float]:
+    """A readable unit for an axis spanning `seconds`."""
+    for unit, scale in (("s", 1.0), ("ms", 1e3), ("µs", 1e6)):
+        if seconds * scale >= 1.0:
+            return unit, scale
+    return "ns", 1e9
+
+
+def gantt(plan) -> bytes:
+    """The predicted epoch as a Gantt chart (PNG): per worker a compute row and a communication row.
+
+    Colour says the layer; forward bars are solid, backward bars lighter and hatched; bars of an
+    overlap window (compute and communication the cost model overlaps) have a dashed outline, on
+    both rows at once. The top row shows the synchronised stages (each as long as its slowest
+    worker). When the gradient all-reduce or another stage dwarfs the rest, a second panel repeats
+    the chart up to that stage so the short stages stay readable.
+    """
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    schedule = schedule_of(plan)
+    total = schedule["time_s"]
+    zoom_end = _zoom_end(schedule)
+    panels = [(0.0, total)] + ([(0.0, zoom_end)] if zoom_end is not None else [])
+    workers = schedule["workers"]
+    height = 1.2 + 0.42 * (2 * workers + 1)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, height * len(panels) + 0.9), squeeze=False)
+    for ax, (lo, hi) in zip(axes[:, 0], panels):
+        _draw_gantt(ax, plan, schedule, lo, hi)
+    if zoom_end is not None:
+        axes[1, 0].set_title("zoom: the stages before the long one", fontsize=9, loc="left")
+    planner = plan.meta["planner"]
+    unit, scale = _time_unit(total)
+    fig.suptitle(f"{plan.program.name}, predicted epoch: {total * scale:.3g} {unit} on {workers} workers "
+                 f"({_runs(planner['strategies'])}; cluster {schedule.get('cluster') or planner.get('cluster')})",
+                 fontsize=10)
+    legend_rows = _legend(fig, plan, schedule)
+    fig.tight_layout(rect=(0, (0.2 + 0.25 * legend_rows) / fig.get_figheight(), 1, 1))  # room for the legend
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _runs(strategies: list[str]) -> str:
+    """Per-layer strategies, repeats counted ("depcache x16"), so a deep model's title stays one line."""
+    runs: list[list] = []
+    for s in strategies:
+        if runs and runs[-1][0] == s:
+            runs[-1][1] += 1
+        else:
+            runs.append([s, 1])
+    return ", ".join(s if n == 1 else f"{s} x{n}" for s, n in runs)
+
+
+def _zoom_end(schedule: dict[str, Any]) -> float | None:
+    """Where a zoomed panel should end: before the first stage longer than 60% of the epoch, when the
+    stages before it are too short to read (under a quarter of the epoch)."""
+    for stage in schedule["stages"]:
+        if stage["time_s"] > 0.6 * schedule["time_s"]:
+            start = stage["start_s"]
+            return start if 0 < start < 0.25 * schedule["time_s"] else None
+    return None
+
+
+_LAYER_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+                 "#9c755f", "#bab0ac")
+_OTHER_COLOR = "#8c8c8c"
+
+
+def _color(piece: dict[str, Any]) -> str:
+    return _OTHER_COLOR if piece["layer"] is None else _LAYER_COLORS[piece["layer"] % len(_LAYER_COLORS)]
+
+
+def _draw_gantt(ax, plan, schedule: dict[str, Any], lo: float, hi: float) -> None:
+    names = _layer_names(plan)
+    unit, scale = _time_unit(hi - lo)
+    workers = schedule["workers"]
+    rows = {("stages", None): 0}
+    for w in range(workers):
+        rows[("compute", w)] = 1 + 2 * w
+        rows[("communication", w)] = 2 + 2 * w
+    width = (hi - lo) * scale
+    for stage in schedule["stages"]:
+        s0, s1 = stage["start_s"], stage["start_s"] + stage["time_s"]
+        if s0 >= hi:
+            continue
+        _bar(ax, 0, s0 * scale, stage["time_s"] * scale, "#d9d9d9" if stage["direction"] == "forward" else "#efefef",
+             stage["direction"] == "backward", False, _stage_label(stage, names), width)
+        ax.axvline(s0 * scale, color="#bbbbbb", lw=0.6, ls=":", zorder=0)
+        for piece in stage["pieces"]:
+            for w in range(workers):
+                t = piece["time_s"][w]
+                if t <= 0:
+                    continue
+                row = rows[("communication" if piece["track"] == "communication" else "compute", w)]
+                label = _piece_name(piece, stage, names).replace("gradient ", "")
+                label = label.replace("aggregation", "agg").replace("communication", "comm")
+                _bar(ax, row, piece["start_s"][w] * scale, t * scale, _color(piece), stage["direction"] == "backward",
+                     piece["overlap"] is not None, label, width)
+        ax.axvline(s1 * scale, color="#bbbbbb", lw=0.6, ls=":", zorder=0)
+    labels = ["stages (slowest worker)"] + [f"worker {w} {kind}" for w in range(workers)
+                                            for kind in ("compute", "communication")]
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlim(lo * scale, hi * scale)
+    ax.set_xlabel(f"time ({unit})", fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    for w in range(1, workers):
+        ax.axhline(2 * w + 0.5, color="#999999", lw=0.5)
+    ax.axhline(0.5, color="#666666", lw=0.8)
+
+
+def _stage_label(stage: dict[str, Any], names: list[str]) -> str:
+    if stage["kind"] == "allreduce":
+        return "all-reduce"
+    if stage["kind"] == "transition":
+        return f"{stage['strategy']}"
+    layers = stage["layers"]
+    where = names[layers[0]] if len(layers) == 1 else f"{names[layers[0]]}..{names[layers[-1]]}"
+    short = {"forward": "fwd", "backward": "bwd"}.get(stage["direction"], stage["direction"])
+    return f"{where} {short} {stage['strategy']}"
+
+
+def _bar(ax, row: int, x: float, w: float, color: str, backward: bool, overlapped: bool, label: str,
+         axis_width: float) -> None:
+    """One bar; its label inside when it fits (about 7 pixels per character at this size)."""
+    # a white edge keeps neighbouring pieces of one layer apart (and draws the backward hatch in white)
+    ax.barh(row, w, left=x, height=0.72, color=color, alpha=0.6 if backward else 0.95,
+            hatch="//" if backward else None, edgecolor="#222222" if overlapped else "#ffffff",
+            linestyle="--" if overlapped else "-", linewidth=1.0 if overlapped else 0.6)
+    if w / max(axis_width, 1e-30) * 1000 > 7 * len(label) + 10:
+        ax.text(x + w / 2, row, label, ha="center", va="center", fontsize=7, clip_on=True,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+
+
+def _legend(fig, plan, schedule: dict[str, Any]) -> int:
+    """The legend below the chart; returns its number of rows."""
+    import math
+
+    from matplotlib.patches import Patch
+
+    names = _layer_names(plan)
+    used = sorted({p["layer"] for st in schedule["stages"] for p in st["pieces"] if p["layer"] is not None})
+    cycle = len(_LAYER_COLORS)
+    # one entry per colour: with more layers than colours, the layers sharing it ("l0, l10, ...")
+    handles = [Patch(color=_LAYER_COLORS[i % cycle], label=names[i] if i + cycle not in used
+                     else f"{names[i]}, {names[i + cycle]}{', ...' if i + 2 * cycle in used else ''}")
+               for i in used if i < cycle]
+    handles.append(Patch(color=_OTHER_COLOR, label="all-reduce, layout changes"))
+    handles.append(Patch(facecolor="#ffffff", edgecolor="#555555", hatch="///", label="backward"))
+    if any(p["overlap"] is not None for st in schedule["stages"] for p in st["pieces"]):
+        handles.append(Patch(facecolor="#ffffff", edgecolor="#333333", linestyle="--", label="overlapped (max)"))
+    columns = min(len(handles), 7)
+    fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    return math.ceil(len(handles) / columns)
+
+
+def render(plan, fmt: str, metrics: str | None = None) -> str | bytes:
+    if metrics is not None and fmt != "trace":
+        raise GnncError("--metrics lays a measured run beside the prediction in --format trace only")
+    if fmt == "gantt":
+        return gantt(plan)
+    if fmt == "trace":
+        return trace(plan, metrics)
     if fmt == "table":
         return table(plan.program)
     if fmt == "ir":

@@ -1,20 +1,101 @@
-"""`gnnc probe` measures this machine and writes a profile the planner can load."""
+"""`gnnc probe` measures this machine and writes a profile the planner can load, NeutronStar's
+T_v, T_e, T_c included (fitted to a short test training through gnnc's own executor)."""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
 from conftest import ROOT
-from gnnc.cluster import load_cluster
+from gnnc.cluster import ClusterProfile, LayerUnitCosts, load_cluster, preset
+from gnnc.runtime.probe import PROBE_WIDTHS, fit_unit_costs
 
 
 def test_probe_writes_a_loadable_profile(tmp_path) -> None:
     out = tmp_path / "probe.json"
-    r = subprocess.run([sys.executable, "-m", "gnnc", "probe", "-o", str(out)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300)
+    # one thread: the fit's timings are then not at the mercy of other jobs sharing the cores
+    r = subprocess.run([sys.executable, "-m", "gnnc", "probe", "-o", str(out), "--threads", "1"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     profile = load_cluster(str(out))
     assert profile.name == "local"
     for field in ("gemm_rate", "spmm_rate", "memory_bandwidth", "intra_bandwidth"):
         assert getattr(profile, field) > 1e6, field
     assert 0 < profile.latency < 1.0
+    # NeutronStar's constants, one entry per layer width of the probe's 2-layer GCN
+    features, hidden, classes = PROBE_WIDTHS
+    assert [(u.d_in, u.d_out, u.row_width) for u in profile.unit_costs] == [(features, hidden, hidden),
+                                                                         (hidden, classes, classes)]
+    for u in profile.unit_costs:
+        assert u.T_c == pytest.approx(u.row_width * 4 / profile.intra_bandwidth)
+        assert 0 < u.T_v + u.T_e and u.T_v < 1e-3 and u.T_e < 1e-3  # some work per row, far below a ms
+    assert profile.t_c == pytest.approx(1 / profile.intra_bandwidth)
+    assert "NeutronStar unit costs" in r.stderr and f"{features}->{hidden}" in r.stderr
+    assert json.loads(r.stdout) == json.loads(out.read_text())  # stdout stays the profile's JSON
+    # the planner prices a plan for several local processes with the fitted figures
+    from gnnc import api
+
+    graph = api.load_graph("rmat:n=300,deg=5,features=16,classes=3,seed=0")
+    plan = api.compile(api.load_model(ROOT / "examples" / "gcn.gnn"), graph, workers=2, cluster=profile)
+    assert profile.workers == os.cpu_count() and plan.meta["planner"]["predicted_time_s"] > 0
+
+
+def test_the_fit_recovers_known_constants() -> None:
+    t_v, t_e, const = 7.5e-7, 2.0e-8, 1.2e-4
+    vertices = [2000, 2000, 6000, 6000, 9000]
+    edges = [10_000, 50_000, 30_000, 78_000, 40_000]
+    seconds = [t_v * v + t_e * e + const for v, e in zip(vertices, edges)]
+    fit = fit_unit_costs(vertices, edges, seconds)
+    assert (fit.T_v, fit.T_e, fit.const) == pytest.approx((t_v, t_e, const), rel=1e-6)
+    assert fit.rms < 1e-12
+
+    # 1% noise moves them by little
+    rng = np.random.default_rng(0)
+    noisy = [s * (1 + 0.01 * rng.standard_normal()) for s in seconds]
+    fit = fit_unit_costs(vertices, edges, noisy)
+    assert fit.T_v == pytest.approx(t_v, rel=0.15) and fit.T_e == pytest.approx(t_e, rel=0.15)
+
+
+def test_the_fit_keeps_every_constant_non_negative() -> None:
+    # times that an unconstrained fit explains with a negative intercept
+    vertices, edges = [1000, 2000, 4000, 8000], [5000, 10_000, 20_000, 40_000]
+    seconds = [1e-6 * v + 1e-8 * e - 1e-4 for v, e in zip(vertices, edges)]
+    unconstrained = np.linalg.lstsq(np.stack([vertices, edges, np.ones(4)], 1), seconds, rcond=None)[0]
+    assert unconstrained[2] < 0
+    fit = fit_unit_costs(vertices, edges, seconds)
+    assert min(fit.T_v, fit.T_e, fit.const) >= 0 and fit.T_v + fit.T_e > 0
+    with pytest.raises(ValueError):
+        fit_unit_costs([1, 2], [3, 4], [5, 6])
+
+
+def test_the_cost_model_rates_reproduce_the_timings_they_are_fitted_to() -> None:
+    """t_v, t_e (per unit of work) from per-layer timings made with known values, through the model's work."""
+    from gnnc.runtime.probe import _joint_rates
+
+    work = [(16384.0, 128.0, 64), (3072.0, 32.0, 16)]  # the probe GCN's per-vertex and per-edge work units
+    t_v, t_e, consts = 4.6e-11, 1.5e-10, (0.0, 1e-4)
+    samples = []
+    for n, e in ((2000, 10_000), (2000, 50_000), (6000, 30_000), (6000, 78_000)):
+        samples.append((n, [e, e], [t_v * wv * n + t_e * we * e + c for (wv, we, _), c in zip(work, consts)]))
+    assert _joint_rates(samples, work) == pytest.approx((t_v, t_e), rel=1e-6)
+
+
+def test_profiles_with_and_without_unit_costs_load() -> None:
+    old = preset("g3").to_dict()
+    assert "unit_costs" not in old  # a profile without a fit is written as before this field existed
+    assert ClusterProfile.from_dict(old) == preset("g3")
+    fitted = ClusterProfile.from_dict({**old, "unit_costs": [
+        {"d_in": 128, "d_out": 64, "row_width": 64, "T_v": 7e-7, "T_e": 2e-8, "T_c": 1e-7, "const": 0}]})
+    assert fitted.unit_costs == (LayerUnitCosts(128, 64, 64, 7e-7, 2e-8, 1e-7, 0.0),)
+    assert ClusterProfile.from_dict(json.loads(fitted.to_json())) == fitted
+    from gnnc.errors import GnncError
+
+    with pytest.raises(GnncError, match="unit_costs"):
+        ClusterProfile.from_dict({**old, "unit_costs": [{"d_in": 128, "T_v": -1}]})
+    with pytest.raises(GnncError, match="'T_e' must be a non-negative"):
+        ClusterProfile.from_dict({**old, "unit_costs": [
+            {"d_in": 1, "d_out": 1, "row_width": 1, "T_v": 1e-7, "T_e": -1e-9, "T_c": 1e-7}]})
