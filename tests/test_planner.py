@@ -52,6 +52,40 @@ def test_neutronstar_google_like_graph_gets_depcache_and_a_bandwidth_crossover()
     assert times[("depcomm", "depcomm")] < times[("depcache", "depcache")]
 
 
+
+P3_GRAPH = "sbm:n=20000,blocks=16,deg=50,intra=0.5,features={F},classes=4,seed=0"  # avg degree 50, as P3's
+
+
+def _p3_plan(features: int, hidden: int, passes: list[str] | None, allow: list[str] | None):
+    graph = api.load_graph(P3_GRAPH.format(F=features))
+    return api.compile(api.load_model(EXAMPLES / "sage.gnn", hidden=hidden), graph, workers=16, partition="hash",
+                       cluster="p3", passes=passes, allow=allow)
+
+
+@pytest.mark.parametrize("features", [100, 128, 256])
+def test_p3_pushes_and_pulls_layer_1_in_its_own_setting(features: int) -> None:
+    """P3 (section 3.2) weighs its feature-sliced first layer against data parallelism that pulls the raw
+    F-wide features of remote neighbours, with graphs too large to replicate. That is depcomm with the
+    aggregation before the dense map (no `reorder-gemm`), and no depcache: the decision P3 reports comes out.
+    """
+    from gnnc.pass_manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+
+    p3_baseline = [p for p in DEFAULT_PIPELINE if p != "reorder-gemm"] + DISTRIBUTED_PIPELINE
+    allow = ["depcomm", "pushpull", "bcast1d"]
+    assert _p3_plan(features, 32, p3_baseline, allow).meta["planner"]["strategies"] == ["pushpull", "depcomm"]
+    if features == 100:  # the hidden layer as wide as the features: pulling features is cheaper again
+        assert _p3_plan(features, 256, p3_baseline, allow).meta["planner"]["strategies"][0] != "pushpull"
+
+
+def test_with_gemm_first_depcomm_never_moves_more_than_pushpull() -> None:
+    """Why the default pipeline does not choose pushpull for P3's layer: with the dense map first, depcomm
+    exchanges hidden-wide rows of the |B_i| <= N - |V_i| remote vertices a worker reads, while pushpull
+    reduces hidden-wide partials of all N - |V_i| vertices it does not own (forward and backward alike)."""
+    planner = _p3_plan(100, 32, None, ["depcomm", "pushpull"]).meta["planner"]
+    layer1 = {c["strategy"]: c for c in planner["segment_costs"] if c["layers"] == [0, 1]}
+    assert 0 < layer1["depcomm"]["bytes"] <= layer1["pushpull"]["bytes"]
+    assert planner["strategies"][0] == "depcomm"
+
 @pytest.mark.parametrize("seed", range(6))
 def test_hybrid_allowed_is_never_predicted_slower_than_the_best_pure_strategy(seed: int) -> None:
     """Random graphs, widths, worker counts and bandwidths: allowing hybrid never makes the plan slower."""
