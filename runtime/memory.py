@@ -10,12 +10,11 @@ GCN went from 1.8 to 2.7 GiB over four epochs; with a fixed threshold it
 stays at 1.8). Fixing the threshold (mallopt M_MMAP_THRESHOLD) turns the
 dynamic adjustment off. Elsewhere (no glibc) this does nothing.
 
-The threshold is glibc's largest (32 MiB), not its default 128 KiB or 1 MiB:
-every mmapped block is page-faulted in and zeroed again on each use, and
-the many temporaries of 1-32 MiB (blocks of a dropout mask, narrow hidden
-activations) paid that every epoch. With 1 MiB, a GCN epoch on a
-100,000-vertex R-MAT graph took 477 ms; with 32 MiB, 178 ms, for 11% more
-peak RSS. The activations whose growth this is about are far larger.
+The price: a block of 1 MiB or more is page-faulted in and zeroed again at
+every use, so code that loops over blocks of a large tensor keeps its
+temporaries below the threshold (`rng.MASK_BLOCK`). A 32 MiB threshold
+(glibc's largest) was tried: a 1M-vertex depcomm rank then peaked at 2.4
+GiB instead of 1.6.
 """
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ import ctypes
 import ctypes.util
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD_BYTES = 32 << 20  # blocks of 32 MiB and more are mmapped, and unmapped when freed
+MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more are mmapped, and unmapped when freed
 
 
 def return_freed_memory() -> bool:
