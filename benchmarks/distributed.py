@@ -27,14 +27,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run(model: str, graph: str, nproc: int, strategy: str | None, epochs: int, threads: int,
         partition: str | None = None) -> dict:
+    args = [model, "--graph", graph, "--nproc", str(nproc)]
+    if strategy:
+        args += ["--strategy", strategy]
+    if partition:
+        args += ["--partition", partition]
+    return run_gnnc(args, epochs, threads)
+
+
+def run_gnnc(args: list[str], epochs: int, threads: int) -> dict:
+    """`gnnc run ARGS` with metrics: its --json summary, the median split of the epochs after the first,
+    and the largest rank's peak RSS; {"error": last line of stderr} when it fails."""
     with tempfile.TemporaryDirectory() as d:
         metrics = Path(d) / "m.jsonl"
-        cmd = [sys.executable, "-m", "gnnc", "run", model, "--graph", graph, "--epochs", str(epochs),
-               "--nproc", str(nproc), "--metrics", str(metrics), "--json", "--no-progress"]
-        if strategy:
-            cmd += ["--strategy", strategy]
-        if partition:
-            cmd += ["--partition", partition]
+        cmd = [sys.executable, "-m", "gnnc", "run", *args, "--epochs", str(epochs), "--metrics", str(metrics),
+               "--json", "--no-progress"]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         if r.returncode != 0:

@@ -111,25 +111,21 @@ def run_one(system: str, model: str, args) -> dict:
             loss.backward()
             opt.step()
     elif system == "floor":
-        from gnnc.runtime.graph import CSR
-
         csr = graph.csr("self_loops")
         a = torch.sparse_csr_tensor(csr.indptr, csr.indices, torch.rand(csr.nnz), (csr.n_dst, csr.n_src))
         at = a.to_sparse_coo().t().to_sparse_csr()
         n, f, h, c = args.n, args.features, args.hidden, args.classes
         xs, w1, w2 = torch.randn(n, f), torch.randn(f, h), torch.randn(h, c)
-        g1, g2 = torch.randn(n, h), torch.randn(n, c)
+        g2 = torch.randn(n, c)
 
         def step():
             # GCN's work: forward X W1, A (X W1), H W2, A (H W2); backward A^T G2, G2 W2^T, H^T G2', A^T G1, X^T G1'
             t1 = a @ (xs @ w1)
-            t2 = a @ (t1 @ w2)
+            _ = a @ (t1 @ w2)
             b2 = at @ g2
             _ = t1.t() @ b2
             b1 = at @ (b2 @ w2.t())
             _ = xs.t() @ b1
-            del t2
-        del CSR
     else:
         raise ValueError(system)
     times = _time_epochs(step, args.epochs, args.warmup, sync)

@@ -1,0 +1,75 @@
+"""The planner's predicted epoch beside the measured one, on this machine, per strategy.
+
+A cost model earns its keep by ranking strategies as runs do, so this
+benchmark probes this machine (`gnnc probe`, or a profile given with
+--profile), compiles one plan per strategy for that profile (the planner
+restricted to the strategy with --allow, so the plan carries its prediction),
+runs each plan on local gloo processes, and prints, in one table, the
+predicted and the measured epoch, their ratio, and both rankings:
+
+    python benchmarks/prediction.py
+    python benchmarks/prediction.py --graph rmat:n=100000,deg=10,features=128,classes=16,seed=0 --epochs 4
+
+The measured epoch (median after the first, slowest rank) also holds what
+the cost model does not price: the evaluation forward pass, dropout, the
+loss and the optimizer step. The compute and communication columns are the
+runtime's own split of it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from distributed import ROOT, run_gnnc
+
+
+def gnnc(*args: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "gnnc", *args], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit(f"gnnc {' '.join(args)} failed:\n{r.stderr}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ROOT / "examples" / "gcn.gnn"))
+    ap.add_argument("--graph", default="rmat:n=200000,deg=10,features=128,classes=16,seed=0")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--partition", default="hash")
+    ap.add_argument("--profile", help="a cluster profile JSON (default: measure this machine with gnnc probe)")
+    ap.add_argument("--strategies", default="depcomm,depcache,hybrid,bcast1d")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        profile = args.profile
+        if profile is None:
+            profile = str(Path(d) / "probe.json")
+            # one thread: each rank of `gnnc run` computes with one
+            gnnc("probe", "--threads", "1", "-o", profile)
+        print(f"{args.graph}, {Path(args.model).name}, {args.nproc} processes, {args.partition} partition, "
+              f"{args.epochs} epochs, profile {Path(profile).name}")
+        rows = []
+        for strategy in args.strategies.split(","):
+            plan = Path(d) / f"plan-{strategy}"
+            gnnc("compile", args.model, "--graph", args.graph, "--workers", str(args.nproc), "--partition",
+                 args.partition, "--cluster", profile, "--allow", strategy, "-o", str(plan))
+            predicted = json.loads((plan / "plan.json").read_text())["planner"]["predicted_time_s"]
+            rows.append((strategy, predicted, run_gnnc([str(plan), "--nproc", str(args.nproc)], args.epochs, 1)))
+    print(f"{'strategy':10s} {'predicted s':>11s} {'measured s':>10s} {'measured/predicted':>18s} "
+          f"{'compute s':>9s} {'comm s':>7s}")
+    for name, predicted, r in rows:
+        if "error" in r:
+            print(f"{name:10s} {predicted:11.4f} error: {r['error']}")
+            continue
+        print(f"{name:10s} {predicted:11.4f} {r['epoch_time_s']:10.4f} {r['epoch_time_s'] / predicted:18.2f} "
+              f"{r['compute_s']:9.4f} {r['comm_s']:7.4f}")
+    ok = [(name, predicted, r["epoch_time_s"]) for name, predicted, r in rows if "error" not in r]
+    print("ranking, predicted:", " < ".join(n for n, _, _ in sorted(ok, key=lambda x: x[1])))
+    print("ranking, measured: ", " < ".join(n for n, _, _ in sorted(ok, key=lambda x: x[2])))
+
+
+if __name__ == "__main__":
+    main()
