@@ -82,6 +82,16 @@ def segment_starts(names: list[str], planned: list[tuple[int, int, str]] | None 
     return starts
 
 
+def vertex_inputs(layer) -> list:
+    """The vertex values a graph layer reads."""
+    return [v for v in layer.inputs if v.type is not None and v.type.domain == "vertex"]
+
+
+def segment_can_start_at(program: Program, start: int, end: int) -> bool:
+    """Whether a depcache/hybrid segment may hold graph layers [start, end) (`check_segment_inputs`)."""
+    return start == 0 or all(len(vertex_inputs(layer)) <= 1 for layer in program.graph_layers()[start:end])
+
+
 def check_segment_inputs(program: Program, names: list[str], starts: list[int]) -> None:
     """A segment entered after layer 0 fetches its input's rows on entry, and only those: its layers
     may read no other vertex value from before it (GCNII's h0 would be held for the owned rows only)."""
@@ -89,7 +99,7 @@ def check_segment_inputs(program: Program, names: list[str], starts: list[int]) 
     for k, (layer, s) in enumerate(zip(layers, names)):
         if s not in SEGMENT or starts[k] == 0:
             continue
-        outside = [v for v in layer.inputs if v.type is not None and v.type.domain == "vertex"]
+        outside = vertex_inputs(layer)
         if len(outside) > 1:
             raise GnncError(f"layer {layer.name}: a {s} segment that starts after the first graph layer fetches "
                             f"one input's rows on entry, but this layer reads {len(outside)} vertex values "

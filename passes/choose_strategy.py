@@ -155,6 +155,7 @@ class PricedPlan:
 def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None) -> PricedPlan:
     """Segment costs (time, memory) for the DP, and the compiled formulas behind them."""
     from gnnc.passes import cost_model as cm
+    from gnnc.passes.assign_strategy import segment_can_start_at
 
     L = len(program.graph_layers())
     stats, inputs, shapes = planning_inputs(program, graph, parts, profile)
@@ -164,8 +165,9 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     values: dict[tuple[int, int, str], Any] = {}
     extras: dict[tuple[int, int, str], Any] = {}
     for s in allowed:
-        if s in ("depcache", "hybrid"):
-            spans = [(start, end) for start in range(L) for end in range(start + 1, L + 1)]
+        if s in ("depcache", "hybrid"):  # every span a segment may hold (GCNII's only from layer 0)
+            spans = [(start, end) for start in range(L) for end in range(start + 1, L + 1)
+                     if segment_can_start_at(program, start, end)]
         elif s == "pushpull":
             spans = [(0, 1)]
         else:
@@ -176,8 +178,10 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             if s == "hybrid" and s not in _USER_COSTS:
                 from gnnc.passes.select_hybrid import select
 
-                extra = select(stats, inputs, shapes, profile.memory_per_worker, start, end).values
-            value = cm.evaluate_cost(cost, inputs, extra)
+                chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost)
+                extra, value = chosen.values, chosen.value
+            else:
+                value = cm.evaluate_cost(cost, inputs, extra)
             seg_cost[(start, end, s)] = (value.time, value.memory)
             formulas[(start, end, s)] = cost
             values[(start, end, s)] = value

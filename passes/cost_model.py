@@ -5,7 +5,7 @@ by comparing predictions, and `--explain` must be able to say *why* — print
 the formula behind a number and the point (a bandwidth, a hidden size) where
 the choice would flip. So every cost is a sympy expression over named symbols
 (graph statistics per worker, dims, the cluster's rates), built by a function
-named after the strategy, evaluated on numpy arrays with `lambdify`, and
+named after the strategy, evaluated on numpy arrays (`compile_expr`), and
 solvable for crossovers with sympy.
 
 The shape of a cost. A `Cost` holds, per worker i (the part-indexed symbols
@@ -38,6 +38,7 @@ the aggregation, attention, whether its input needs a gradient).
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,9 +47,16 @@ from typing import Any
 
 import numpy as np
 import sympy
-from sympy import Max, Symbol
+from sympy import Symbol
 
 from gnnc.cluster import ClusterProfile
+
+
+def Max(*args: sympy.Expr) -> sympy.Expr:
+    """max of cost terms, left as written: sympy's evaluating Max compares its arguments symbolically
+    to drop dominated ones, which took most of the planning time of deep models and changes no value."""
+    return sympy.Max(*args, evaluate=False)
+
 
 # --- symbols -----------------------------------------------------------------------------------
 # Scalars of the job (the same for every worker).
@@ -220,6 +228,12 @@ class CostInputs:
                    np.asarray(stats.remote, np.float64), np.asarray(stats.send, np.float64), hv, he,
                    tuple(float(x) for x in dims), profile, tuple(float(h) for h in heads),
                    None if remote_edges is None else np.asarray(remote_edges, np.float64), bytes_per_element)
+
+    @functools.cached_property
+    def table(self) -> Mapping[Symbol, np.ndarray]:
+        """`values()` with every value one float64 entry per worker: what compiled formulas read
+        (made once: the planner evaluates thousands of formulas on the same inputs)."""
+        return MappingProxyType(_per_worker(self.values(), self.workers))
 
     def values(self) -> dict[Symbol, np.ndarray | float]:
         """Every symbol the formulas use, mapped to its value (arrays for per-worker symbols)."""
@@ -488,14 +502,15 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
     k = end - start
     if k < 1 or len(shapes) != k:
         raise ValueError(f"depcache[{start}:{end}] needs {max(k, 0)} layer shapes, got {len(shapes)}")
-    fwd, bwd, memory = ZERO, ZERO, ZERO
+    fwd_terms, bwd_terms, memory_terms = [], [], []  # summed once: sympy re-sorts a sum at every +=
     for m, shape in enumerate(shapes):
         layer = start + m
         in_rows, out_rows, edges = hop_vertices(k - m), hop_vertices(k - 1 - m), hop_edges(k - 1 - m)
         gemm_rows = in_rows if shape.gemm_first else out_rows
-        fwd += compute_forward(layer, shape, gemm_rows, edges)
-        bwd += compute_backward(layer, shape, gemm_rows, edges)
-        memory += layer_memory(layer, shape, in_rows, ZERO, out_rows, edges)
+        fwd_terms.append(compute_forward(layer, shape, gemm_rows, edges))
+        bwd_terms.append(compute_backward(layer, shape, gemm_rows, edges))
+        memory_terms.append(layer_memory(layer, shape, in_rows, ZERO, out_rows, edges))
+    fwd, bwd, memory = sympy.Add(*fwd_terms), sympy.Add(*bwd_terms), sympy.Add(*memory_terms)
     nbytes = ZERO
     if fetch_input if fetch_input is not None else start > 0:
         t_f, t_b, nbytes = _fetch_rows(hop_vertices(k) - V, d(start), shapes[0].input_grad)
@@ -524,38 +539,51 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
         raise ValueError(f"hybrid[{start}:{end}] needs {max(k, 0)} layer shapes, got {len(shapes)}")
     stages_f: list[sympy.Expr] = []
     stages_b: list[sympy.Expr] = []
-    nbytes, memory = ZERO, ZERO
+    byte_terms: list[sympy.Expr] = []  # summed once: sympy re-sorts a sum at every +=
+    memory_terms: list[sympy.Expr] = []
     for m, shape in enumerate(shapes):
-        layer = start + m
-        w = shape.width(layer)
-        cr, cs, rv, re = comm_rows(layer), comm_sent(layer), recompute_rows(layer), recompute_edges(layer)
-        # a dense map that runs before the aggregation runs on the recomputed rows' inputs: the rows
-        # recomputed one layer down, or the replicated input rows at the segment's first layer
-        rg = (recompute_rows(layer - 1) if m > 0 else RX) if shape.gemm_first else rv
-        exch = all_to_all_time(cs * w * b, cr * w * b)
-        local_f = spmm_time(E - E_r, w) + compute_forward(layer, shape, rg, re)
-        fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
-               + (attention_time(E, heads(layer)) if shape.attention else ZERO)
-               + Max(exch, local_f) + spmm_time(E_r, w))
-        bwd = compute_backward(layer, shape, V, ZERO)
-        local_b = compute_backward(layer, shape, rg, re)
-        nbytes += cs * w * b
-        if shape.exchange_grad:
-            bwd += Max(exch, spmm_time(E - E_r, w) + local_b) + spmm_time(E_r, w)
-            nbytes += cr * w * b
-        else:
-            bwd += local_b
+        fwd, bwd, nbytes, memory = _hybrid_layer(start + m, shape, m == 0)
         stages_f.append(fwd)
         stages_b.append(bwd)
-        # the recomputed rows come with their own inputs and structure
-        memory += layer_memory(layer, shape, V, cr, V, E) + layer_memory(layer, shape, ZERO, ZERO, rv, re)
-    memory += RX * d(start) * b
+        byte_terms.append(nbytes)
+        memory_terms.append(memory)
+    nbytes, memory = sympy.Add(*byte_terms), sympy.Add(*memory_terms, RX * d(start) * b)
     if fetch_input if fetch_input is not None else start > 0:
         t_f, t_b, fetch_bytes = _fetch_rows(RX, d(start), shapes[0].input_grad)
         stages_f[0] = t_f + stages_f[0]
         stages_b[0] = stages_b[0] + t_b
         nbytes += fetch_bytes
     return Cost(f"hybrid[{start}:{end}]", tuple(stages_f) + tuple(reversed(stages_b)), nbytes, memory)
+
+
+@functools.lru_cache(maxsize=4096)
+def _hybrid_layer(layer: int, shape: LayerShape, first: bool) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+    """One layer of a Hybrid segment: forward and backward stage, bytes, memory (see `hybrid`).
+
+    They depend on the segment only through whether the layer is its first, so a
+    deep model's many spans share them (cached: the planner prices every span).
+    """
+    w = shape.width(layer)
+    cr, cs, rv, re = comm_rows(layer), comm_sent(layer), recompute_rows(layer), recompute_edges(layer)
+    # a dense map that runs before the aggregation runs on the recomputed rows' inputs: the rows
+    # recomputed one layer down, or the replicated input rows at the segment's first layer
+    rg = (RX if first else recompute_rows(layer - 1)) if shape.gemm_first else rv
+    exch = all_to_all_time(cs * w * b, cr * w * b)
+    local_f = spmm_time(E - E_r, w) + compute_forward(layer, shape, rg, re)
+    fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
+           + (attention_time(E, heads(layer)) if shape.attention else ZERO)
+           + Max(exch, local_f) + spmm_time(E_r, w))
+    bwd = compute_backward(layer, shape, V, ZERO)
+    local_b = compute_backward(layer, shape, rg, re)
+    nbytes = cs * w * b
+    if shape.exchange_grad:
+        bwd += Max(exch, spmm_time(E - E_r, w) + local_b) + spmm_time(E_r, w)
+        nbytes += cr * w * b
+    else:
+        bwd += local_b
+    # the recomputed rows come with their own inputs and structure
+    memory = layer_memory(layer, shape, V, cr, V, E) + layer_memory(layer, shape, ZERO, ZERO, rv, re)
+    return fwd, bwd, nbytes, memory
 
 
 def pushpull(layer: int, shape: LayerShape, structure_push: bool = False) -> Cost:
@@ -739,16 +767,20 @@ Values = Mapping[Symbol, Any]
 
 
 def compile_expr(expr: sympy.Expr) -> Callable[..., np.ndarray]:
-    """Lambdify `expr` once; the result maps a symbol->value table to one value per worker.
+    """`expr` as a function from a symbol->value table to one value per worker.
 
-    Keep the compiled function when the same formula is evaluated on many
-    inputs (the planner's loops): lambdify is the slow part, numpy the fast one.
-    The worker count comes from the table's arrays (or `workers=`), so a
-    formula that is constant still yields one value per worker.
+    The formula is turned into nested numpy calls once (`_numeric`) and kept
+    (the planner meets the same layer terms in many segments). The worker
+    count comes from the table's arrays (or `workers=`), so a formula that is
+    constant still yields one value per worker.
     """
-    expr = sympy.sympify(expr)
+    return _compiled(sympy.sympify(expr))
+
+
+@functools.lru_cache(maxsize=8192)
+def _compiled(expr: sympy.Expr) -> Callable[..., np.ndarray]:
     syms = sorted(expr.free_symbols, key=lambda s: s.name)
-    fn = sympy.lambdify(syms, expr, modules="numpy")
+    fn = _numeric(expr)
 
     def run(values: Values, workers: int | None = None) -> np.ndarray:
         missing = [s.name for s in syms if s not in values]
@@ -756,20 +788,75 @@ def compile_expr(expr: sympy.Expr) -> Callable[..., np.ndarray]:
             raise KeyError(f"no value for {', '.join(missing)}")
         if workers is None:
             workers = max((np.shape(v)[0] for v in values.values() if np.ndim(v) == 1), default=1)
-        args = [np.broadcast_to(np.asarray(values[s], dtype=np.float64), (workers,)) for s in syms]
-        out = fn(*args)
+        table = {s: _row(values[s], workers) for s in syms}
+        out = fn(table)
         return np.array(np.broadcast_to(np.asarray(out, dtype=np.float64), (workers,)))
 
     return run
 
 
-def _table(inputs: CostInputs, extra: Values | None) -> dict[Symbol, Any]:
-    values: dict[Symbol, Any] = dict(inputs.values())
-    if extra:
-        values.update(extra)
-    p = inputs.workers
+def _row(value: Any, workers: int) -> np.ndarray:
+    """`value` as one float64 entry per worker (as it comes, when it already is)."""
+    if isinstance(value, np.ndarray) and value.shape == (workers,) and value.dtype == np.float64:
+        return value
+    return np.broadcast_to(np.asarray(value, dtype=np.float64), (workers,))
+
+
+_NARY = {sympy.Add: np.add, sympy.Mul: np.multiply, sympy.Max: np.maximum, sympy.Min: np.minimum}
+_UNARY = {sympy.log: np.log, sympy.exp: np.exp, sympy.ceiling: np.ceil, sympy.floor: np.floor}
+
+
+def _numeric(expr: sympy.Expr) -> Callable[[Mapping[Symbol, np.ndarray]], Any]:
+    """`expr` as nested numpy calls on a table of values.
+
+    The formulas are sums, products, powers and maxima of symbols (plus the
+    odd log and ceiling): walking them is far cheaper than `sympy.lambdify`,
+    which prints and compiles Python source per formula, and the planner
+    evaluates thousands of formulas once each.
+    """
+    if expr.is_Symbol:
+        return lambda t: t[expr]
+    if expr.is_Number:
+        value = float(expr)
+        return lambda t: value
+    for kind, op in _NARY.items():
+        if isinstance(expr, kind):
+            parts = [_numeric(a) for a in expr.args]
+
+            def nary(t, parts=parts, op=op):
+                acc = parts[0](t)
+                for f in parts[1:]:
+                    acc = op(acc, f(t))
+                return acc
+
+            return nary
+    if isinstance(expr, sympy.Pow):
+        base, exp = _numeric(expr.base), _numeric(expr.exp)
+        return lambda t: np.power(np.asarray(base(t), dtype=np.float64), exp(t))
+    for kind, op in _UNARY.items():
+        if isinstance(expr, kind) and len(expr.args) == 1:
+            arg = _numeric(expr.args[0])
+            return lambda t, op=op: op(arg(t))
+    if isinstance(expr, sympy.log) and len(expr.args) == 2:  # log(x, base)
+        x, base = (_numeric(a) for a in expr.args)
+        return lambda t: np.log(x(t)) / np.log(base(t))
+    # anything else (a user cost function's exotic term): sympy compiles it
+    syms = sorted(expr.free_symbols, key=lambda s: s.name)
+    fn = sympy.lambdify(syms, expr, modules="numpy")
+    return lambda t: fn(*[t[s] for s in syms])
+
+
+def _per_worker(values: Values, p: int) -> dict[Symbol, np.ndarray]:
     return {k: (np.broadcast_to(np.asarray(v, np.float64), (p,)) if np.ndim(v) == 0 else np.asarray(v, np.float64))
             for k, v in values.items()}
+
+
+def _table(inputs: CostInputs, extra: Values | None) -> dict[Symbol, Any]:
+    """Every symbol's value per worker: the inputs' (`CostInputs.table`), then `extra`'s."""
+    table = dict(inputs.table)
+    if extra:
+        table.update(_per_worker(extra, inputs.workers))
+    return table
 
 
 def evaluate(expr: sympy.Expr, inputs: CostInputs, extra: Values | None = None) -> np.ndarray:
@@ -857,7 +944,7 @@ def total_time_expr(costs: Iterable[Cost], inputs: CostInputs, keep: Symbol,
     for cost in costs:
         for stage in cost.stages:
             stage = sympy.sympify(stage)
-            total += Max(*[stage.xreplace(sub) for sub in subs_per_worker])
+            total += sympy.Max(*[stage.xreplace(sub) for sub in subs_per_worker])
     return total
 
 
@@ -972,15 +1059,24 @@ def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShap
     k = len(shapes)
     t_v, t_e, t_c, own = [], [], [], []
     for m, shape in enumerate(shapes):
-        layer = start + m
-        t_v.append(scalar(compute_forward(layer, shape, 1, 0) + compute_backward(layer, shape, 1, 0)))
-        t_e.append(scalar(compute_forward(layer, shape, 0, 1) + compute_backward(layer, shape, 0, 1)))
-        t_c.append(scalar(shape.width(layer) * b / bw * (2 if shape.exchange_grad else 1)))
-        own.append(compile_expr(compute_forward(layer, shape, V, E)
-                                + compute_backward(layer, shape, V, E))(table, inputs.workers))
+        per_vertex, per_edge, per_row, own_rows = _unit_formulas(start + m, shape)
+        t_v.append(scalar(per_vertex))
+        t_e.append(scalar(per_edge))
+        t_c.append(scalar(per_row))
+        own.append(compile_expr(own_rows)(table, inputs.workers))
     fetch = fetch_input if fetch_input is not None else start > 0
     t_x = scalar(d(start) * b / bw * (2 if shapes[0].input_grad else 1)) if fetch else 0.0
     row_bytes = [scalar(d(start) * b)] + [scalar(shapes[m].out_width(start + m) * b) for m in range(k)]
     edge_bytes = float(inputs.index_bytes + inputs.bytes_per_element)
     return {"t_v": np.array(t_v), "t_e": np.array(t_e), "t_c": np.array(t_c), "t_x": t_x,
             "row_bytes": np.array(row_bytes), "edge_bytes": edge_bytes, "own_time": np.stack(own, axis=1)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _unit_formulas(layer: int, shape: LayerShape) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+    """`hybrid_unit_costs`' formulas for one layer: seconds per recomputed row, per recomputed edge and
+    per communicated row, and the worker's time on its own rows (cached: every span shares them)."""
+    return (compute_forward(layer, shape, 1, 0) + compute_backward(layer, shape, 1, 0),
+            compute_forward(layer, shape, 0, 1) + compute_backward(layer, shape, 0, 1),
+            shape.width(layer) * b / bw * (2 if shape.exchange_grad else 1),
+            compute_forward(layer, shape, V, E) + compute_backward(layer, shape, V, E))

@@ -41,14 +41,16 @@ class Selection:
     values: dict[Any, np.ndarray]  # the cost model's hybrid symbols (cost_model.hybrid_values)
     time: float
     received: np.ndarray  # [workers, layers] rows communicated
+    value: Any = None  # the formula's cost_model.CostValue with this selection
 
 
-def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int) -> Selection:
+def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int, formula=None) -> Selection:
     """Algorithm 4 over graph layers [start, end), unless communicating or caching everything predicts less.
 
     Every candidate is priced by the planner's own `cost_model.hybrid`
     formula (communicate-all is exactly depcomm there), so the segment the
     planner prices is the one the runtime executes. Ties keep the greedy's.
+    `formula`: that formula when the caller has built it already.
     """
     from gnnc.passes import cost_model as cm
     from gnnc.passes import hybrid_greedy as hg
@@ -58,7 +60,7 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"], unit["edge_bytes"])
     deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
     cap = memory_cap if memory_cap else float("inf")
-    formula = cm.hybrid(start, end, shapes[start:end])
+    priced = cm.compile_cost(formula if formula is not None else cm.hybrid(start, end, shapes[start:end]))
     candidates = [hg.select(deps, costs, unit["own_time"], cap),
                   hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
                              source="communicate-all")]
@@ -69,12 +71,12 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     for cand in candidates:
         values = cm.hybrid_values(start, cand.comm_received, cand.comm_sent, cand.recompute_rows, cand.recompute_edges,
                                   cand.replicated_inputs)
-        t = cm.evaluate_cost(formula, inputs, values).time
-        if best is None or t < best.time:
+        value = priced(inputs, values)
+        if best is None or value.time < best.time:
             cached = {start + m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])
                                   .astype(np.int64) for dep, mask in zip(deps, cand.cached)]
                       for m in range(end - start)}
-            best = Selection(cached, cand.source, values, t, cand.comm_received)
+            best = Selection(cached, cand.source, values, value.time, cand.comm_received, value)
     assert best is not None
     return best
 

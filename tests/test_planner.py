@@ -157,3 +157,18 @@ def test_planning_a_10m_edge_graph_for_8_workers_is_fast() -> None:
     elapsed = time.perf_counter() - t0
     print(f"planning took {elapsed:.2f} s: {report.strategies}")
     assert elapsed < 10
+
+
+def test_segments_that_would_drop_gcniis_initial_residual_are_never_priced() -> None:
+    """A depcache or hybrid segment entered after layer 0 fetches one input's rows on entry; GCNII's
+    layers also read x0, so only segments from layer 0 are legal for it, while GCN may enter anywhere."""
+    graph = api.load_graph("rmat:n=300,deg=5,features=16,classes=3,seed=2")
+
+    def entries(model: str, **params) -> set[int]:
+        plan = api.compile(api.load_model(EXAMPLES / model, **params), graph, workers=4, partition="metis",
+                           allow=["depcomm", "depcache", "hybrid"])
+        return {c["layers"][0] for c in plan.meta["planner"]["segment_costs"]
+                if c["strategy"] in ("depcache", "hybrid")}
+
+    assert entries("gcnii.gnn", layers=4) == {0}
+    assert entries("gcn.gnn") == {0, 1}
