@@ -235,11 +235,31 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
             faster = "depcomm" if c.first_faster_above else "depcache"
             crossovers.append(f"{faster} overtakes {'depcache' if faster == 'depcomm' else 'depcomm'} "
                               f"above {c.value * 8 / 1e9:.3g} Gb/s of bandwidth per worker")
+    crossovers += _pushpull_crossovers(priced)
     segment_costs = [{"layers": [k[0], k[1]], "strategy": k[2], "time_s": v.time, "bytes": v.bytes,
                       "memory_bytes": v.memory} for k, v in sorted(values.items())]
     return PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers,
                          [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
                          predicted_schedule(best.segments, priced))
+
+
+def _pushpull_crossovers(priced: PricedPlan) -> list[str]:
+    """P3's question: up to which output width of the first layer (d_1, the hidden size) push-pull beats
+    the best other way to run that layer. Layer against layer, as P3 section 3.2 weighs them."""
+    from gnnc.passes import cost_model as cm
+
+    key = (0, 1, "pushpull")
+    rivals = [k for k in priced.formulas if k[:2] == (0, 1) and k[2] != "pushpull"]
+    if key not in priced.formulas or not rivals:
+        return []
+    rival = min(rivals, key=lambda k: (priced.values[k].time, k[2]))
+    out = []
+    for c in cm.crossover([priced.formulas[key]], [priced.formulas[rival]], cm.d(1), priced.inputs, 1.0, 65536.0,
+                          extra_second=priced.extras.get(rival)):
+        side = "once" if c.first_faster_above else "while"
+        sign = ">" if c.first_faster_above else "<"
+        out.append(f"pushpull beats {rival[2]} on layer 1 {side} its output width (hidden) {sign} {c.value:.4g}")
+    return out
 
 
 # --- the predicted schedule ---------------------------------------------------------------------

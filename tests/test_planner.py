@@ -72,9 +72,13 @@ def test_p3_pushes_and_pulls_layer_1_in_its_own_setting(features: int) -> None:
 
     p3_baseline = [p for p in DEFAULT_PIPELINE if p != "reorder-gemm"] + DISTRIBUTED_PIPELINE
     allow = ["depcomm", "pushpull", "bcast1d"]
-    assert _p3_plan(features, 32, p3_baseline, allow).meta["planner"]["strategies"] == ["pushpull", "depcomm"]
+    planner = _p3_plan(features, 32, p3_baseline, allow).meta["planner"]
+    assert planner["strategies"] == ["pushpull", "depcomm"]
     if features == 100:  # the hidden layer as wide as the features: pulling features is cheaper again
         assert _p3_plan(features, 256, p3_baseline, allow).meta["planner"]["strategies"][0] != "pushpull"
+        # --explain says where between the two: the width at which layer 1's two formulas meet
+        [line] = [c for c in planner["crossovers"] if c.startswith("pushpull beats depcomm on layer 1 while")]
+        assert 32 < float(line.rsplit("< ", 1)[1]) < 256
 
 
 def test_with_gemm_first_depcomm_never_moves_more_than_pushpull() -> None:
