@@ -101,3 +101,11 @@ def test_passes_listed() -> None:
     assert r.returncode == 0
     for name in ("infer-shapes", "check", "lower"):
         assert name in r.stdout
+
+
+def test_run_summary_folds_repeated_strategies() -> None:
+    from gnnc.cli import _runs
+
+    assert _runs(["depcache"] * 64) == "depcache x64"
+    assert _runs(["pushpull", "depcomm", "depcomm"]) == "pushpull,depcomm x2"
+    assert _runs(["depcomm", "bcast1d", "depcomm"]) == "depcomm,bcast1d,depcomm"
