@@ -34,8 +34,8 @@ def main() -> None:
     graph = api.load_graph(args.spec)
     n = graph.num_nodes
     indptr, indices = PartitionInput(graph).undirected
-    core = np.flatnonzero(np.diff(indptr) > 0)
-    isolated = np.flatnonzero(np.diff(indptr) == 0)
+    degree = np.diff(indptr)
+    core, isolated = np.flatnonzero(degree > 0), np.flatnonzero(degree == 0)
     sub = sp.csr_matrix((np.ones(len(indices)), indices, indptr), shape=(n, n))[core][:, core].tocsr()
     in_degree = np.bincount(graph.dst, minlength=n).astype(np.int64)[core]
 
@@ -52,9 +52,11 @@ def main() -> None:
     t0 = time.perf_counter()
     whole = np.asarray(api.partition_vertices(graph, args.parts, "metis"))
     base = row("metis (cut), whole graph", whole, time.perf_counter() - t0, None)
+    ones = np.ones(len(core), np.int64)
+    weight_sets = {"vertices": ones[:, None], "degree": (in_degree + 1)[:, None],
+                   "vertices+degree": np.stack([ones, in_degree], axis=1)}
     for objective, weights in VARIANTS:
-        w = {"vertices": np.ones((len(core), 1), np.int64), "degree": (in_degree + 1).reshape(-1, 1),
-             "vertices+degree": np.stack([np.ones(len(core), np.int64), in_degree], axis=1)}[weights]
+        w = weight_sets[weights]
         t0 = time.perf_counter()
         part, _ = metis_kway(sub.indptr.astype(np.int64), sub.indices.astype(np.int64), args.parts, w, objective, 0, 30)
         assignment = np.empty(n, np.int64)

@@ -155,8 +155,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _runs(strategies: list[str]) -> str:
     """Per-layer strategies with repeats folded: a 64-layer GCNII reads `depcache x64`, not 64 names."""
-    return ",".join(name if n == 1 else f"{name} x{n}"
-                    for name, n in ((k, len(list(g))) for k, g in itertools.groupby(strategies)))
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(strategies)]
+    return ",".join(name if n == 1 else f"{name} x{n}" for name, n in runs)
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:

@@ -810,7 +810,7 @@ def _numeric(expr: sympy.Expr) -> Callable[[Mapping[Symbol, np.ndarray]], Any]:
     """`expr` as nested numpy calls on a table of values.
 
     The formulas are sums, products, powers and maxima of symbols (plus the
-    odd log and ceiling): walking them is far cheaper than `sympy.lambdify`,
+    odd log and ceiling; sympy writes log(x, b) as a product): walking them is far cheaper than `sympy.lambdify`,
     which prints and compiles Python source per formula, and the planner
     evaluates thousands of formulas once each.
     """
@@ -837,9 +837,6 @@ def _numeric(expr: sympy.Expr) -> Callable[[Mapping[Symbol, np.ndarray]], Any]:
         if isinstance(expr, kind) and len(expr.args) == 1:
             arg = _numeric(expr.args[0])
             return lambda t, op=op: op(arg(t))
-    if isinstance(expr, sympy.log) and len(expr.args) == 2:  # log(x, base)
-        x, base = (_numeric(a) for a in expr.args)
-        return lambda t: np.log(x(t)) / np.log(base(t))
     # anything else (a user cost function's exotic term): sympy compiles it
     syms = sorted(expr.free_symbols, key=lambda s: s.name)
     fn = sympy.lambdify(syms, expr, modules="numpy")
@@ -851,12 +848,11 @@ def _per_worker(values: Values, p: int) -> dict[Symbol, np.ndarray]:
             for k, v in values.items()}
 
 
-def _table(inputs: CostInputs, extra: Values | None) -> dict[Symbol, Any]:
-    """Every symbol's value per worker: the inputs' (`CostInputs.table`), then `extra`'s."""
-    table = dict(inputs.table)
-    if extra:
-        table.update(_per_worker(extra, inputs.workers))
-    return table
+def _table(inputs: CostInputs, extra: Values | None) -> Mapping[Symbol, Any]:
+    """Every symbol's value per worker: the inputs' (`CostInputs.table`, shared, read-only), then `extra`'s."""
+    if not extra:
+        return inputs.table
+    return {**inputs.table, **_per_worker(extra, inputs.workers)}
 
 
 def evaluate(expr: sympy.Expr, inputs: CostInputs, extra: Values | None = None) -> np.ndarray:
@@ -936,14 +932,15 @@ def total_time_expr(costs: Iterable[Cost], inputs: CostInputs, keep: Symbol,
                     extra: Values | None = None) -> sympy.Expr:
     """The time of `costs` as an expression in `keep` alone: every other symbol takes its value,
     worker by worker, and each stage becomes the max over workers."""
-    table = _table(inputs, extra)
-    table.pop(keep, None)
+    table = {s: v for s, v in _table(inputs, extra).items() if s != keep}
     p = inputs.workers
     subs_per_worker = [{s: sympy.Float(float(v[i])) for s, v in table.items()} for i in range(p)]
     total = ZERO
     for cost in costs:
         for stage in cost.stages:
             stage = sympy.sympify(stage)
+            # evaluating Max here: with the numbers in, sympy drops the workers that cannot be the slowest,
+            # which leaves the piecewise difference `crossover` solves small
             total += sympy.Max(*[stage.xreplace(sub) for sub in subs_per_worker])
     return total
 
