@@ -31,6 +31,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     c.add_argument("--method", required=True, choices=list(METHODS))
     c.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the shards")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the method (see its module under passes/), repeatable: "
+                        "--option start=hubs for g3's hub start")
     c.add_argument("--layers", type=int, default=2, help="layers for the L-hop statistics (default 2)")
     c.add_argument("--stats", action="store_true", help="print the dependency statistics of every part")
     c.add_argument("--json", action="store_true", help="end stdout with one JSON summary line")
@@ -48,6 +51,24 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def method_options(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings as keyword options; a value that reads as an int or a float becomes one."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise GnncError(f"--option must be KEY=VALUE, got '{pair}'")
+        value: Any = text
+        for kind in (int, float):
+            try:
+                value = kind(text)
+                break
+            except ValueError:
+                pass
+        options[key] = value
+    return options
 
 
 def _gib(n: float) -> str:
@@ -68,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise GnncError(f"--parts must be a positive integer, got {args.parts}")
     if args.layers < 0:
         raise GnncError(f"--layers must be >= 0, got {args.layers}")
+    options = method_options(args.option)
     bar = tqdm(total=3 + args.parts, desc="load graph", unit="step", file=sys.stderr,
                disable=args.no_progress or None, leave=False)
     try:
@@ -78,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
               f"{args.parts} parts with {args.method}; estimated peak memory {_gib(estimate)}", flush=True)
         bar.set_description(f"partition ({args.method})")
         start = time.perf_counter()
-        partition = partition_graph(graph, args.parts, args.method, seed=args.seed)
+        partition = partition_graph(graph, args.parts, args.method, seed=args.seed, **options)
         elapsed = time.perf_counter() - start
         bar.update(1)
         bar.set_description("statistics")
@@ -86,13 +108,14 @@ def run(args: argparse.Namespace) -> int:
         bar.update(1)
         bar.set_description("write shards")
         write_shards(graph, partition.assignment, args.parts, args.output, args.method,
-                     meta=_finite({"seed": args.seed, "partition_stats": partition.stats,
+                     meta=_finite({"seed": args.seed, "options": options, "partition_stats": partition.stats,
                                    "stats": stats.summary()}),
                      progress=lambda i: bar.update(1))
     finally:
         bar.close()
     summary = {
-        "method": args.method, "parts": args.parts, "time_s": elapsed, "edge_cut": stats.edge_cut,
+        "method": args.method, "options": options, "parts": args.parts, "time_s": elapsed,
+        "edge_cut": stats.edge_cut,
         "vertices": stats.vertices.tolist(), "edges": stats.edges.tolist(), "remote": stats.remote.tolist(),
         "peak_rss_bytes": peak_rss_bytes(), "estimated_peak_bytes": estimate, "output": str(args.output),
     }

@@ -87,20 +87,26 @@ def vertex_inputs(layer) -> list:
     return [v for v in layer.inputs if v.type is not None and v.type.domain == "vertex"]
 
 
+def fetchable(layer) -> bool:
+    """Whether `layer` may sit in a depcache/hybrid segment entered after graph layer 0.
+
+    Such a segment fetches its input's rows on entry, and only those, so its
+    layers may read no other vertex value from before it (GCNII's h0 would be
+    held for the owned rows only).
+    """
+    return len(vertex_inputs(layer)) <= 1
+
+
 def segment_can_start_at(program: Program, start: int, end: int) -> bool:
-    """Whether a depcache/hybrid segment may hold graph layers [start, end) (`check_segment_inputs`)."""
-    return start == 0 or all(len(vertex_inputs(layer)) <= 1 for layer in program.graph_layers()[start:end])
+    """Whether a depcache/hybrid segment may hold graph layers [start, end)."""
+    return start == 0 or all(fetchable(layer) for layer in program.graph_layers()[start:end])
 
 
 def check_segment_inputs(program: Program, names: list[str], starts: list[int]) -> None:
-    """A segment entered after layer 0 fetches its input's rows on entry, and only those: its layers
-    may read no other vertex value from before it (GCNII's h0 would be held for the owned rows only)."""
-    layers = program.graph_layers()
-    for k, (layer, s) in enumerate(zip(layers, names)):
-        if s not in SEGMENT or starts[k] == 0:
-            continue
-        outside = vertex_inputs(layer)
-        if len(outside) > 1:
+    """Refuse a segment entered after layer 0 that holds a layer that is not `fetchable`."""
+    for k, (layer, s) in enumerate(zip(program.graph_layers(), names)):
+        if s in SEGMENT and starts[k] != 0 and not fetchable(layer):
+            outside = vertex_inputs(layer)
             raise GnncError(f"layer {layer.name}: a {s} segment that starts after the first graph layer fetches "
                             f"one input's rows on entry, but this layer reads {len(outside)} vertex values "
                             f"({', '.join('%' + v.name for v in outside)}); start the segment at the first layer",

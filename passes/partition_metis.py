@@ -77,13 +77,19 @@ def run(inp: PartitionInput, parts: int, seed: int, objective: str = "cut", cons
 
 def cut_and_volume(indptr: np.ndarray, indices: np.ndarray, assignment: np.ndarray) -> tuple[int, int]:
     """Undirected edges between parts, and sum over vertices of the other parts among their neighbours."""
+    rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
+    cut = int(np.count_nonzero(assignment[rows] != assignment[indices])) // 2
+    return cut, int(remote_sizes(indptr, indices, assignment, int(assignment.max()) + 1).sum())
+
+
+def remote_sizes(indptr: np.ndarray, indices: np.ndarray, assignment: np.ndarray, parts: int) -> np.ndarray:
+    """|B_i| per part over the symmetric graph: the distinct neighbours of part i's vertices outside i."""
     n = len(indptr) - 1
     rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
     cross = assignment[rows] != assignment[indices]
-    cut = int(np.count_nonzero(cross)) // 2
-    # vertex u counts once per other part holding one of its neighbours: distinct (part, u) pairs
-    keys = assignment[rows[cross]] * n + indices[cross]
-    return cut, len(sorted_unique(keys))
+    # row u (a neighbour of indices' vertex v) is remote to v's part: distinct (part, u) pairs
+    keys = sorted_unique(assignment[indices[cross]] * n + rows[cross])
+    return np.bincount(keys // n, minlength=parts).astype(np.int64)
 
 
 def _idx_dtype() -> np.dtype:

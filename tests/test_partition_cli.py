@@ -39,6 +39,22 @@ def test_json_summary_matches_the_statistics(method, tmp_path, capsys, monkeypat
     assert np.array_equal(rebuilt.src, graph.src) and np.array_equal(rebuilt.dst, graph.dst)
 
 
+def test_method_options_reach_the_partitioner(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = "rmat:n=3000,deg=6,features=4,classes=2,seed=0"
+    code = cli.main(["partition", "--graph", spec, "--parts", "4", "--method", "g3", "--option", "start=hubs",
+                     "--option", "core_parts=2", "--option", "sum_factor=1.5", "-o", str(tmp_path / "o"),
+                     "--json", "--stats", "--no-progress"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["options"] == {"start": "hubs", "core_parts": 2, "sum_factor": 1.5}
+    stats = summary["partition_stats"]
+    assert stats["start"] == "hubs" and stats["sum_factor"] == 1.5 and stats["start_stats"]["core_parts"] == 2
+    graph = load_graph(spec)
+    expected = partition_graph(graph, 4, "g3", start="hubs", sum_factor=1.5)
+    assert summary["remote"] == compute_stats(graph, expected, layers=2).remote.tolist()
+
+
 def test_stats_table_through_run(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     parser = argparse.ArgumentParser()
@@ -55,6 +71,11 @@ def test_stats_table_through_run(tmp_path, capsys, monkeypatch) -> None:
     (["--graph", "planetoid:cora", "--parts", "3000", "--method", "hash"], "parts (3000) exceeds"),
     (["--graph", "no-such-graph.npz", "--parts", "2", "--method", "hash"], "no such file"),
     (["--graph", "rmat:n=100,deg=3,speed=2", "--parts", "2", "--method", "hash"], "unknown key 'speed'"),
+    (["--graph", "planetoid:cora", "--parts", "2", "--method", "g3", "--option", "start"], "--option must be KEY=VALUE"),
+    (["--graph", "planetoid:cora", "--parts", "2", "--method", "hash", "--option", "start=hubs"],
+     "unknown option 'start' for partitioning method 'hash'"),
+    (["--graph", "planetoid:cora", "--parts", "2", "--method", "g3", "--option", "start=wheel"],
+     "g3: start must be one of"),
 ])
 def test_bad_input_exits_2(argv, message, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)

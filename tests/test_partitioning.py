@@ -92,7 +92,8 @@ def test_metis_multi_constraint_balances_degree() -> None:
     assert p.stats["volume"] == int(compute_stats(g, p, 1).remote.sum()) == p.stats["objective_value"]
 
 
-def test_g3_incremental_counts_equal_a_recount_after_every_swap() -> None:
+@pytest.mark.parametrize("start", ["metis", "hubs"])
+def test_g3_incremental_counts_equal_a_recount_after_every_swap(start: str) -> None:
     g = rmat(3000, deg=5, seed=2)
     for select in ("gain", "paper"):
         checked = []
@@ -103,7 +104,7 @@ def test_g3_incremental_counts_equal_a_recount_after_every_swap() -> None:
                 assert rs.size.tolist() == [len(b) for b in rs.brute_force()]
             checked.append(int(rs.size.max()))
 
-        p = partition_graph(g, 4, "g3", start="metis", select=select, on_swap=check, max_swaps=300)
+        p = partition_graph(g, 4, "g3", start=start, select=select, on_swap=check, max_swaps=300)
         assert len(checked) == p.stats["swaps"] > 0
         s = compute_stats(g, p, 1)
         assert s.remote.tolist() == p.stats["remote"]  # symmetric graph: same B_i as the stats pass
