@@ -51,9 +51,9 @@ def hub_split(inp: PartitionInput, parts: int, seed: int, core_parts: int = 2,
     _fill_evenly(start, core_parts)
     target = float(remote_sizes(indptr, indices, start, core_parts).mean())
     order = np.argsort(-np.diff(indptr), kind="stable")[:len(linked)]  # non-isolated, highest degree first
-    best: tuple[tuple[int, int], np.ndarray, float, int] | None = None
+    best: tuple[tuple[int, int], np.ndarray, float, int] = ((0, 0), start, 0.0, 0)  # no hub parts: the start
     history = []
-    for _ in range(rounds if hub_parts else 1):
+    for k in range(rounds if hub_parts else 0):
         assignment, hubs = _deal_hubs(indptr, indices, order, hub_parts, target)
         rest = linked[assignment[linked] < 0]
         assignment[rest] = hub_parts + _metis(indptr, indices, rest, core_parts, weight, seed)
@@ -62,10 +62,9 @@ def hub_split(inp: PartitionInput, parts: int, seed: int, core_parts: int = 2,
         history.append({"target": round(target), "hubs": hubs, "max_remote": int(sizes.max()),
                         "sum_remote": int(sizes.sum())})
         key = (int(sizes.max()), int(sizes.sum()))
-        if best is None or key < best[0]:
+        if k == 0 or key < best[0]:
             best = (key, assignment, target, hubs)
         target = float(sizes[hub_parts:].mean())
-    assert best is not None
     _, assignment, target, hubs = best
     load = np.bincount(assignment, weights=inp.in_degree, minlength=parts)
     return assignment, {

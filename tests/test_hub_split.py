@@ -120,3 +120,10 @@ def test_g3_from_the_hub_start_beats_the_metis_starts_on_rmat(parts: int) -> Non
 def test_core_parts_must_be_a_positive_integer() -> None:
     with pytest.raises(GnncError, match="core_parts must be a positive integer"):
         partition_graph(rmat(500, deg=4, seed=0), 4, "g3", start="hubs", core_parts=0)
+
+
+def test_without_hub_parts_the_start_is_the_metis_split() -> None:
+    g = rmat(2000, deg=6, seed=1)
+    assignment, stats = hub_split(PartitionInput(g), 3, seed=0, core_parts=3)
+    assert stats["hub_parts"] == 0 and stats["rounds"] == [] and stats["hubs"] == 0
+    assert sorted(np.unique(assignment).tolist()) == [0, 1, 2]
