@@ -46,8 +46,9 @@ def hub_split(inp: PartitionInput, parts: int, seed: int, core_parts: int = 2,
     hub_parts = parts - core_parts
     weight = inp.in_degree + 1
     linked = np.flatnonzero(np.diff(indptr) > 0)
+    adj = sp.csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr), shape=(n, n))  # built once
     start = np.full(n, -1, dtype=np.int64)
-    start[linked] = _metis(indptr, indices, linked, core_parts, weight, seed)
+    start[linked] = _metis(adj, linked, core_parts, weight, seed)
     _fill_evenly(start, core_parts)
     target = float(remote_sizes(indptr, indices, start, core_parts).mean())
     order = np.argsort(-np.diff(indptr), kind="stable")[:len(linked)]  # non-isolated, highest degree first
@@ -56,7 +57,7 @@ def hub_split(inp: PartitionInput, parts: int, seed: int, core_parts: int = 2,
     for k in range(rounds if hub_parts else 0):
         assignment, hubs = _deal_hubs(indptr, indices, order, hub_parts, target)
         rest = linked[assignment[linked] < 0]
-        assignment[rest] = hub_parts + _metis(indptr, indices, rest, core_parts, weight, seed)
+        assignment[rest] = hub_parts + _metis(adj, rest, core_parts, weight, seed)
         _fill_evenly(assignment, parts)
         sizes = remote_sizes(indptr, indices, assignment, parts)
         history.append({"target": round(target), "hubs": hubs, "max_remote": int(sizes.max()),
@@ -106,13 +107,10 @@ def _deal_hubs(indptr: np.ndarray, indices: np.ndarray, order: np.ndarray, group
     return assignment, dealt
 
 
-def _metis(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray, parts: int, weight: np.ndarray,
-           seed: int) -> np.ndarray:
+def _metis(adj: sp.csr_matrix, vertices: np.ndarray, parts: int, weight: np.ndarray, seed: int) -> np.ndarray:
     """METIS (volume objective, weights `weight`) on the subgraph induced by `vertices`; part per vertex."""
     if parts == 1 or len(vertices) <= parts:
         return np.arange(len(vertices), dtype=np.int64) % parts
-    n = len(indptr) - 1
-    adj = sp.csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr), shape=(n, n))
     sub = adj[vertices][:, vertices].tocsr()
     if sub.nnz == 0:
         return np.arange(len(vertices), dtype=np.int64) % parts
