@@ -1,0 +1,94 @@
+"""Plans, logits and predicted bytes stay byte-identical across refactors.
+
+`tests/reference/` holds what the compiler produced for every example on
+Cora before the architecture refactor (issue 14): each plan's `plan.json`
+(IR, per-layer strategies, the planner's predictions and predicted bytes,
+and the checksums of every rank's shard) and the logits after two epochs of
+training in one process. A change that alters any of them fails here; an
+intended change regenerates them with `GNNC_UPDATE_REFERENCE=1` and says so
+in its commit.
+
+The logits are computed with one intra-op thread: float sums in a different
+order would differ in the last bit, and this test compares bytes.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXAMPLES, ROOT
+
+import gnnc
+
+REFERENCE = ROOT / "tests" / "reference"
+UPDATE = bool(os.environ.get("GNNC_UPDATE_REFERENCE"))
+EXAMPLE_NAMES = ["gcn", "sage", "gin", "gat", "gcnii"]
+# (example, workers, strategy or None for the planner's choice, overrides)
+PLANS = [(name, 1, None, {}) for name in EXAMPLE_NAMES] + [
+    (name, 4, strategy, {"layers": 4} if name == "gcnii" else {})
+    for name in EXAMPLE_NAMES
+    for strategy in (None, "depcomm", "depcache", "hybrid", "bcast1d")
+] + [
+    ("gcn", 4, "pushpull,depcomm", {}),
+    ("sage", 2, "pushpull,bcast1d", {}),
+    ("gcn", 4, "depcomm,depcache", {}),
+    ("gat", 2, "bcast1d,hybrid", {}),
+]
+
+
+def _case_id(case) -> str:
+    name, workers, strategy, overrides = case
+    sets = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+    return f"{name}-w{workers}-{(strategy or 'planner').replace(',', '+')}{sets}"
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return gnnc.load_graph("planetoid:cora")
+
+
+def _model(name: str, overrides: dict):
+    # a path relative to the repository, so the plan's `source` line is the same on every machine
+    return gnnc.load_model_source((EXAMPLES / f"{name}.gnn").read_text(), f"examples/{name}.gnn", **overrides)
+
+
+@pytest.mark.parametrize("case", PLANS, ids=_case_id)
+def test_plan_is_unchanged(case, cora, tmp_path: Path) -> None:
+    name, workers, strategy, overrides = case
+    plan = gnnc.compile(_model(name, overrides), cora, workers=workers, strategy=strategy,
+                        graph_spec="planetoid:cora", cluster="neutronstar-ecs" if workers > 1 else None)
+    plan.save(tmp_path / "plan")
+    got = (tmp_path / "plan" / "plan.json").read_text()
+    path = REFERENCE / f"{_case_id(case)}.plan.json"
+    if UPDATE:
+        path.write_text(got)
+        return
+    want = path.read_text()
+    if got != want:
+        g, w = json.loads(got), json.loads(want)
+        differing = sorted(k for k in set(g) | set(w) if g.get(k) != w.get(k))
+        pytest.fail(f"{path.name}: the plan differs from the reference in {differing}")
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_logits_are_unchanged(name: str, cora) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = _model(name, {"layers": 4} if name == "gcnii" else {})
+        result = gnnc.run(gnnc.compile(model, cora), cora, epochs=2, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+    got = result.logits.detach().numpy()
+    path = REFERENCE / f"{name}.logits.npy"
+    if UPDATE:
+        np.save(path, got, allow_pickle=False)
+        return
+    want = np.load(path, allow_pickle=False)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes(), f"{name}: logits differ (max abs {np.abs(got - want).max():.3g})"
