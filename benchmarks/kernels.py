@@ -69,7 +69,7 @@ def make_pyg_layer() -> torch.nn.Module:
 
 def bench_device(device: torch.device, args: argparse.Namespace) -> list[dict]:
     from gnnc.runtime import kernels
-    from gnnc.runtime.graph import CSR
+    from gnnc.graph import CSR
 
     gen = torch.Generator().manual_seed(0)
     src = torch.randint(0, args.n, (args.m,), generator=gen)

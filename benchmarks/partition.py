@@ -55,7 +55,7 @@ def one(spec: str, parts: int, method: str, g3_opts: dict[str, Any]) -> dict[str
     """Partition in this process and measure; the child's side of the benchmark."""
     from gnnc.passes.graph_stats import compute_stats
     from gnnc.passes.partitioning import partition_graph
-    from gnnc.runtime.graph_io import load_graph
+    from gnnc.graph.loaders import load_graph
     from gnnc.runtime.metrics import peak_rss_bytes
 
     graph = load_graph(spec)
@@ -147,7 +147,7 @@ def main() -> int:
         print(json.dumps(one(args.spec, args.parts, args.one, g3_opts)))
         return 0
 
-    from gnnc.runtime.graph_io import load_graph
+    from gnnc.graph.loaders import load_graph
 
     t = time.perf_counter()
     graph = load_graph(args.spec)  # generate once; the children read the cache

@@ -29,7 +29,7 @@ def uniform_graph(n: int, m: int, features: int, classes: int, seed: int = 0):
     import numpy as np
     import torch
 
-    from gnnc.runtime.graph import Graph
+    from gnnc.graph import Graph
 
     rs = np.random.RandomState(seed)
     src = rs.randint(0, n, m).astype(np.int64)

@@ -7,10 +7,37 @@ The Python API mirrors the command line:
     graph = gnnc.load_graph("planetoid:cora")
     plan = gnnc.compile(model, graph)
     result = gnnc.run(plan, graph, epochs=200)
+
+`import gnnc` loads nothing heavy: each name below is imported from its
+module the first time it is used, so `import gnnc.ir` (or `gnnc check`)
+does not pull in the planner, torch.distributed or the runtime.
 """
-from gnnc.api import Model, Plan, compile, load_graph, load_model, load_model_source, partition, run  # noqa: F401
-from gnnc.elaborate import elaborate  # noqa: F401
-from gnnc.errors import GnncError  # noqa: F401
-from gnnc.pass_manager import register_pass  # noqa: F401
-from gnnc.ir_text import parse_ir  # noqa: F401
-from gnnc.passes.choose_strategy import register_cost  # noqa: F401
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("Model", "Plan", "compile", "load_graph", "load_model", "load_model_source", "partition", "run"),
+                    "gnnc.api"),
+    "elaborate": "gnnc.frontend.elaborate",
+    "GnncError": "gnnc.errors",
+    "register_pass": "gnnc.passes.manager",
+    "parse_ir": "gnnc.ir.text",
+    "register_cost": "gnnc.passes.choose_strategy",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gnnc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -12,22 +12,17 @@ not match what it states.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gnnc.elaborate import elaborate
 from gnnc.errors import GnncError, PlanError
+from gnnc.frontend.elaborate import elaborate
+from gnnc.frontend.syntax import Module, parse
 from gnnc.ir import Program
-from gnnc.ir_text import parse_ir
-from gnnc.runtime.files import atomic_write
-from gnnc.pass_manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, run_pipeline
-from gnnc.syntax import Module, parse
-
-PLAN_SCHEMA = "gnnc.plan/1"
+from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, run_pipeline
+from gnnc.plan.plan_file import ModelSource, Plan
 
 
 @dataclass(frozen=True)
@@ -45,6 +40,10 @@ class Model:
     def program(self, graph: Any = None) -> Program:
         """Elaborate (untyped IR), binding `features`/`classes` from the graph if given."""
         return elaborate(self.module, dict(self.overrides), graph_dims(graph), self.name)
+
+    def source(self) -> ModelSource:
+        """What a plan records of the model it was compiled from."""
+        return ModelSource(self.module.file, self.module.source, self.name, self.overrides)
 
 
 def graph_dims(graph: Any) -> dict[str, int]:
@@ -71,154 +70,16 @@ def load_model_source(source: str, file: str = "<string>", model: str | None = N
 
 def load_graph(spec: Any):
     """A graph from a spec string (planetoid:cora, rmat:..., a file) or a PyG Data object."""
-    from gnnc.runtime.graph import Graph
-    from gnnc.runtime.graph_io import load_graph as _load
+    from gnnc.graph import Graph
+    from gnnc.graph.loaders import load_graph as _load
 
     if isinstance(spec, Graph):
         return spec
     if not isinstance(spec, (str, os.PathLike)):
-        from gnnc.runtime.graph_io import from_pyg
+        from gnnc.graph.loaders import from_pyg
 
         return from_pyg(spec)
     return _load(str(spec))
-
-
-@dataclass
-class Plan:
-    """A compiled model: IR after the pipeline, and what produced it."""
-
-    program: Program
-    model: Model
-    graph_spec: str | None
-    passes: list[str]
-    workers: int = 1
-    meta: dict[str, Any] = field(default_factory=dict)
-    parts: Any = None  # part of every vertex, when compiled for several workers
-    cached: Any = None  # hybrid: per graph layer, per rank, the dependencies cached (global ids)
-    graph: Any = field(default=None, repr=False, compare=False)  # what it was compiled on (not saved)
-    shard_dir: Path | None = None  # per-rank shards, once written (`save`) or found (`load`)
-
-    def to_json(self) -> dict[str, Any]:
-        ir = str(self.program)
-        return {
-            "schema": PLAN_SCHEMA,
-            "model": {"file": os.path.basename(self.model.file), "source": self.model.module.source,
-                      "name": self.program.name, "overrides": dict(self.model.overrides)},
-            "graph": self.graph_spec,
-            "config": {k: _jsonable(v) for k, v in self.program.config},
-            "training": dict(self.program.training),
-            "passes": self.passes,
-            "workers": self.workers,
-            "layers": [_layer_summary(layer) for layer in self.program.layers],
-            "ir": ir,
-            "ir_sha256": hashlib.sha256(ir.encode()).hexdigest(),
-            **self.meta,
-        }
-
-    def to_dot(self) -> str:
-        """The plan's dataflow as Graphviz DOT text."""
-        from gnnc.inspect_plan import dot
-
-        return dot(self.program)
-
-    def explain(self) -> str:
-        """Per graph layer: the strategy it runs with and why (the planner's alternatives when it chose)."""
-        from gnnc.inspect_plan import explain
-
-        return explain(self)
-
-    def save(self, directory: str | os.PathLike, progress: Any = None) -> Path:
-        """Write the plan: per-rank shards (when compiled for several workers), then `plan.json`.
-
-        Every file is written atomically and `plan.json`, which holds the
-        others' checksums, comes last: a crash leaves the old plan or none.
-        """
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        data = self.to_json()
-        if self.parts is not None:
-            import io
-
-            import numpy as np
-
-            buf = io.BytesIO()
-            np.save(buf, np.asarray(self.parts, dtype=np.int64), allow_pickle=False)
-            atomic_write(d / "parts.npy", buf.getvalue())
-            data["shards"] = {"parts.npy": hashlib.sha256(buf.getvalue()).hexdigest()}
-            if self.graph is not None:
-                self.shard_dir = self.write_shards(d / "shards", progress)
-                manifest = (self.shard_dir / "manifest.json").read_bytes()
-                data["shards"]["shards/manifest.json"] = hashlib.sha256(manifest).hexdigest()
-        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
-        atomic_write(d / "plan.json", text.encode())
-        return d
-
-    def write_shards(self, directory: str | os.PathLike, progress: Any = None) -> Path:
-        """Every rank's shard of this plan (gnnc.runtime.plan_shards) into `directory`."""
-        from gnnc.runtime.plan_shards import write_plan_shards
-
-        if self.graph is None or self.parts is None:
-            raise PlanError("writing a plan's shards needs the graph it was compiled for and its partition")
-        write_plan_shards(self.program, load_graph(self.graph), self.parts, self.workers, directory,
-                          self.cached, progress)
-        return Path(directory)
-
-    @staticmethod
-    def load(directory: str | os.PathLike) -> "Plan":
-        path = Path(directory) / "plan.json"
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PlanError(f"{directory}: not a plan directory (no plan.json)") from None
-        except (OSError, ValueError) as err:
-            raise PlanError(f"{path}: unreadable plan: {err}") from None
-        if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
-            raise PlanError(f"{path}: unknown plan schema {data.get('schema') if isinstance(data, dict) else None!r}"
-                            f" (expected {PLAN_SCHEMA})")
-        try:
-            m = data["model"]
-            model = load_model_source(m["source"], m["file"], m["name"], **m["overrides"])
-            ir = data["ir"]
-            passes = list(data["passes"])
-        except (KeyError, TypeError) as err:
-            raise PlanError(f"{path}: missing or malformed field {err}") from None
-        if not isinstance(ir, str) or hashlib.sha256(ir.encode()).hexdigest() != data.get("ir_sha256"):
-            raise PlanError(f"{path}: the plan's IR does not match its checksum (edited or truncated); "
-                            f"compile it again")
-        program = parse_ir(ir, f"{path}:ir")
-        parts = None
-        for name, digest in (data.get("shards") or {}).items():
-            blob_path = Path(directory) / name
-            try:
-                blob = blob_path.read_bytes()
-            except FileNotFoundError:
-                raise PlanError(f"{blob_path}: shard missing") from None
-            if hashlib.sha256(blob).hexdigest() != digest:
-                raise PlanError(f"{blob_path}: shard does not match its checksum (truncated or edited)")
-            if name == "parts.npy":
-                import io
-
-                import numpy as np
-
-                parts = np.load(io.BytesIO(blob), allow_pickle=False)
-        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid") if k in data}
-        shard_dir = Path(directory) / "shards" if "shards/manifest.json" in (data.get("shards") or {}) else None
-        return Plan(program, model, data.get("graph"), passes, int(data.get("workers", 1)), meta, parts,
-                    shard_dir=shard_dir)
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (bool, int, float, str)) or v is None:
-        return v
-    return str(v)
-
-
-def _layer_summary(layer) -> dict[str, Any]:
-    return {"name": layer.name, "kind": layer.kind, "op": layer.op, "edges": layer.edges,
-            "strategy": layer.attr("strategy", "local"),
-            "ops": [e.op for e in layer.eqns],
-            "params": {p.value.name: [str(d) for d in p.value.type.shape] if p.value.type else None
-                       for p in layer.params}}
 
 
 def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | None = None,
@@ -269,7 +130,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
                            # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
                            "schedule": report.schedule}
-    return Plan(program, model, graph_spec, names, workers, meta, parts, ctx.options.get("hybrid_cached"),
+    return Plan(program, model.source(), graph_spec, names, workers, meta, parts, ctx.options.get("hybrid_cached"),
                 graph if workers > 1 else None)
 
 
@@ -360,7 +221,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
     if plan.shard_dir is not None:
         if not started_by_torchrun():
-            from gnnc.runtime.shards import verify_shards
+            from gnnc.plan.shard_files import verify_shards
 
             verify_shards(plan.shard_dir)  # refuse a damaged plan before any process starts
         job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)

@@ -32,7 +32,7 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from gnnc import api
-    from gnnc.pass_manager import run_pipeline
+    from gnnc.passes.manager import run_pipeline
 
     model = api.load_model(args.model, **_sets(args.set))
     run_pipeline(model.program(), ["infer-shapes", "check"])
@@ -41,8 +41,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from gnnc import api
-    from gnnc.pass_manager import parse_pipeline
+    from gnnc import api, inspect_plan
+    from gnnc.passes.manager import parse_pipeline
 
     model = api.load_model(args.model, **_sets(args.set))
     graph = api.load_graph(args.graph) if args.graph else None
@@ -59,7 +59,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow)
     if args.explain:
-        print(plan.explain(), end="")
+        print(inspect_plan.explain(plan), end="")
     if args.output:
         plan.save(args.output)
         if not args.json and not printed:
@@ -160,7 +160,7 @@ def _runs(strategies: list[str]) -> str:
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
-    from gnnc.runtime.graph_io import available_datasets
+    from gnnc.graph.loaders import available_datasets
 
     for name, desc in available_datasets():
         print(f"{name:28s} {desc}")
@@ -190,7 +190,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    from gnnc.pass_manager import passes
+    from gnnc.passes.manager import passes
 
     for name, info in sorted(passes().items()):
         print(f"{name:16s} {info.summary}")

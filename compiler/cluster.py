@@ -175,7 +175,7 @@ class ClusterProfile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the profile as JSON (atomically: a reader never sees half a file)."""
-        from gnnc.runtime.files import atomic_write
+        from gnnc.files import atomic_write
 
         atomic_write(Path(path), self.to_json().encode("utf-8"))
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from gnnc.errors import GnncError
 from gnnc.ir import Program
-from gnnc.ops import fmt_shape
+from gnnc.ir.ops import fmt_shape
 
 
 def table(program: Program) -> str:
@@ -73,7 +73,7 @@ def png(program: Program) -> bytes:
     pos: dict[str, tuple[float, float]] = {}
     boxes = []
     colors = {"graph": "#dbe9f6", "dense": "#eeeeee"}
-    from gnnc.ops import COMM_OPS
+    from gnnc.ir.ops import COMM_OPS
 
     comm_ops = set(COMM_OPS)
     for col, layer in enumerate(program.layers):

@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
     from gnnc.passes.graph_stats import compute_stats
     from gnnc.passes.partitioning import estimate_peak_memory, partition_graph
-    from gnnc.runtime.graph_io import load_graph
+    from gnnc.graph.loaders import load_graph
     from gnnc.runtime.metrics import peak_rss_bytes
-    from gnnc.runtime.shards import write_shards
+    from gnnc.plan.shard_files import write_shards
 
     if args.parts < 1:
         raise GnncError(f"--parts must be a positive integer, got {args.parts}")

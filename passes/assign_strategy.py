@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from gnnc.errors import GnncError
 from gnnc.ir import Program
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.passes.manager import PassContext, register_pass
 
 STRATEGIES = ("depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "pipeline", "local")
 RUNNABLE = ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull", "local")

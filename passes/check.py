@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from gnnc.errors import GnncTypeError
 from gnnc.ir import Eqn, Layer, Program
-from gnnc.ops import fmt_shape
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.ir.ops import fmt_shape
+from gnnc.passes.manager import PassContext, register_pass
 
 _STATEMENT_DOMAIN = {"scatter": "edge", "transform": "vertex", "sync": "vertex", "apply": "vertex"}
 

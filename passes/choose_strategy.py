@@ -26,7 +26,8 @@ import numpy as np
 
 from gnnc.errors import GnncError
 from gnnc.ir import Layer, Program
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.ir.dims import eval_dim
+from gnnc.passes.manager import PassContext, register_pass
 
 PLANNABLE = ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull")
 # User cost functions (gnnc.register_cost), used instead of the built-in formula of their strategy.
@@ -89,7 +90,6 @@ def layer_shape(layer: Layer, needs_grad: set[str]):
 
 def layer_dims(program: Program) -> tuple[list[float], list[float]]:
     """d_0..d_L (input width of each graph layer, then the last output) and heads per layer."""
-    from gnnc.runtime.executor import eval_dim
 
     cfg = program.config_dict()
     layers = program.graph_layers()
@@ -199,7 +199,6 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
 
 
 def _shape(param, program: Program) -> list[int]:
-    from gnnc.runtime.executor import eval_dim
 
     return [eval_dim(d, program.config_dict()) for d in param.value.type.shape]
 

@@ -16,8 +16,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from gnnc.passes.partitioning import Partition
-from gnnc.runtime.graph import sorted_unique
-from gnnc.runtime.graph import Graph
+from gnnc.graph import sorted_unique
+from gnnc.graph import Graph
 
 
 @dataclass(frozen=True, eq=False)

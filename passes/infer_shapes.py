@@ -6,10 +6,10 @@ and reports dim and domain mismatches at the equation's source location.
 """
 from __future__ import annotations
 
-from gnnc import ops
+from gnnc.ir import ops
 from gnnc.passes.check import check_layer_output, check_statement
 from gnnc.ir import Eqn, Layer, Param, Program, Type, Value
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.passes.manager import PassContext, register_pass
 
 
 def _retype(v: Value, types: dict[str, Type]) -> Value:

@@ -22,12 +22,12 @@ layer: `fetch(v)` on its input brings the rows of its replicated
 neighbourhood from their owners (the vertex-partitioned -> replicated
 transition; backward sums the gradients at the owners).
 Which rows a halo carries is decided per worker and layer by the row sets
-of gnnc.runtime.partitioned, from the partition and the hybrid selection.
+of gnnc.plan.rows, from the partition and the hybrid selection.
 """
 from __future__ import annotations
 
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.passes.manager import PassContext, register_pass
 
 COMM_OP = {"depcomm": "halo", "hybrid": "halo", "bcast1d": "bcast_rows"}
 

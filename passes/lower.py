@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.passes.manager import PassContext, register_pass
 
 
 def _uses(layer: Layer) -> Counter:

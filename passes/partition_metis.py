@@ -24,7 +24,7 @@ import numpy as np
 
 from gnnc.errors import GnncError
 from gnnc.passes.partitioning import PartitionInput
-from gnnc.runtime.graph import sorted_unique
+from gnnc.graph import sorted_unique
 
 OBJECTIVES = ("cut", "vol")
 CONSTRAINTS = ("vertices", "vertices+degree")

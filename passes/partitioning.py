@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError
-from gnnc.runtime.graph import Graph, sorted_unique
+from gnnc.graph import Graph, sorted_unique
 
 
 @dataclass
@@ -143,22 +143,6 @@ def partition_graph(graph: Graph, parts: int, method: str, seed: int = 0, **opts
         raise AssertionError(f"partitioner '{method}' returned an invalid assignment")  # a bug, not user input
     stats = {"time_s": elapsed, **stats}
     return Partition(assignment, parts, method, stats)
-
-
-def feature_slices(num_features: int, parts: int) -> list[tuple[int, int]]:
-    """P3's split of the feature dimension: `parts` contiguous [start, stop) column ranges.
-
-    Bounds are F*k//parts, so widths differ by at most one and F need not
-    divide by the part count (the wider slices come where the rounding puts
-    them; with F < parts some slices are empty). The runtime's shards
-    (gnnc.runtime.plan_shards) slice the features with it.
-    """
-    if parts < 1:
-        raise GnncError(f"parts must be a positive integer, got {parts!r}")
-    if num_features < 0:
-        raise GnncError(f"the feature count must be non-negative, got {num_features}")
-    bounds = [num_features * k // parts for k in range(parts + 1)]
-    return [(bounds[k], bounds[k + 1]) for k in range(parts)]
 
 
 def tile_nnz(graph: Graph, assignment: np.ndarray, parts: int, view: str = "plain") -> np.ndarray:

@@ -7,7 +7,7 @@ relays), so a run's measured bytes must equal these numbers exactly:
 * `halo` of a width-w value in layer l: forward sum_p |H_p^l| rows (each
   owner sends each row once per needing part: the remote in-neighbours B_p
   under depcomm, those a hybrid selection does not cache under hybrid; see
-  gnnc.runtime.partitioned), backward the same rows back;
+  gnnc.plan.rows), backward the same rows back;
 * `fetch` on entering a depcache/hybrid segment after layer 0: the rows of
   its replicated neighbourhood each worker does not own, there and (for a
   gradient) back; counted with `halo`, whose exchange it is;
@@ -25,13 +25,13 @@ from __future__ import annotations
 import numpy as np
 
 from gnnc.ir import Program
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.ir.dims import eval_dim
+from gnnc.passes.manager import PassContext, register_pass
 
 BYTES_PER_ELEMENT = 4  # float32
 
 
 def _width(shape, config) -> int:
-    from gnnc.runtime.executor import eval_dim
 
     w = 1
     for d in shape:
@@ -50,8 +50,8 @@ def param_dependent(program: Program) -> set[str]:
 
 def predict(program: Program, graph, parts: np.ndarray, world: int,
             cached: dict[int, list[np.ndarray]] | None = None) -> tuple[Program, dict[str, int]]:
-    from gnnc.ops import COMM_OPS
-    from gnnc.runtime.partitioned import all_row_sets, entry_rows, halo_rows, layer_specs
+    from gnnc.ir.ops import COMM_OPS
+    from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
 
     config = program.config_dict()
     sets = all_row_sets(graph, parts, world, layer_specs(program), cached)

@@ -15,7 +15,7 @@ from collections import Counter
 import sympy
 
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.passes.manager import PassContext, register_pass
 
 
 def _value(d, config: dict) -> float | None:

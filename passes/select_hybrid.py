@@ -11,7 +11,7 @@ where predict-bytes and the plan's shards read it, and its prediction to
 `ctx.options["hybrid_selection"]`, one entry per hybrid segment. At layer 0
 the input is static, so caching a layer-0 dependency only replicates its
 input row; a segment that starts later fetches its cached rows' inputs on
-entry (gnnc.runtime.partitioned).
+entry (gnnc.plan.rows).
 """
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from gnnc.ir import Program
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.passes.manager import PassContext, register_pass
 
 
 def hybrid_segments(program: Program) -> list[tuple[int, int]]:
     """(start, end) of every hybrid segment, from the layers' `segment` attributes (assign-strategy)."""
-    from gnnc.runtime.partitioned import layer_specs, segments
+    from gnnc.plan.rows import layer_specs, segments
 
     specs = layer_specs(program)
     return [(a, b) for a, b in segments(specs) if specs[a].strategy == "hybrid"]

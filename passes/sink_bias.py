@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gnnc.ir import Eqn, Layer, Program, Value, all_values, attrs_of
-from gnnc.pass_manager import PassContext, register_pass
+from gnnc.passes.manager import PassContext, register_pass
 
 
 def _is_biased(e: Eqn) -> bool:

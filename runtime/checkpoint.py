@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gnnc.runtime.files import atomic_write
+from gnnc.files import atomic_write
 from gnnc.errors import GnncError
 
 MAGIC = b"GNNC-CHECKPOINT-1\n"

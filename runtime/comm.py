@@ -59,6 +59,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gnnc.errors import PlanError
+from gnnc.plan.halo import HaloPlan
 
 Group = dist.ProcessGroup | None
 
@@ -244,35 +245,6 @@ def _run(op: _Op, x: Tensor) -> Tensor:
 
 
 # --- halo exchange -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HaloPlan:
-    """Which local rows this rank sends to each peer, and how many rows it receives from each.
-
-    `send_idx[p]` holds local row indices sent to rank p (one row per
-    (vertex, remote rank) pair); `recv_counts[p]` is the number of rows p
-    sends here, which must equal `len(send_idx[here])` on p
-    (`check_halo_plan` verifies it). The received rows are ordered by
-    (peer, position in the peer's send list). Entries for this rank are empty.
-    """
-
-    send_idx: tuple[Tensor, ...]
-    recv_counts: tuple[int, ...]
-
-    @property
-    def send_counts(self) -> list[int]:
-        return [int(i.numel()) for i in self.send_idx]
-
-    @property
-    def n_halo(self) -> int:
-        return int(sum(self.recv_counts))
-
-    def recv_offsets(self) -> list[int]:
-        out = [0]
-        for c in self.recv_counts:
-            out.append(out[-1] + int(c))
-        return out
 
 
 def check_halo_plan(plan: HaloPlan, n_local: int, group: Group = None) -> None:
@@ -510,7 +482,7 @@ def vertex_to_feature(x: Tensor, row_counts: Sequence[int], col_sizes: Sequence[
 
     Rows come grouped by rank (rank 0's n_0 rows first); slice k is
     col_sizes[k] wide (F need not divide by the world size; see
-    gnnc.passes.partitioning.feature_slices). Backward is feature_to_vertex.
+    gnnc.plan.slices.feature_slices). Backward is feature_to_vertex.
     """
     return _run(_VertexFeature(row_counts, col_sizes, True, stats, label, group), x)
 

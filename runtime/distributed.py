@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 
 from gnnc.ir import Eqn, Program
-from gnnc.ir_text import parse_ir
+from gnnc.ir.text import parse_ir
 from gnnc.runtime import comm
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
 from gnnc.runtime.launch import DistConfig
-from gnnc.runtime.partitioned import LayerGraph, LocalGraph
-from gnnc.runtime.plan_shards import RankData, load_rank
+from gnnc.plan.rows import LayerGraph, LocalGraph
+from gnnc.plan.shards import RankData, load_rank
 from gnnc.runtime.train import TrainConfig, Worker, fit
 
 
@@ -31,7 +31,7 @@ class DistJob:
     """Everything a rank needs, decided before any process starts (picklable, small)."""
 
     ir: str  # the plan's IR text, strategies annotated and communication inserted
-    shard_dir: str  # the plan's per-rank shards (gnnc.runtime.plan_shards); a rank reads only its own
+    shard_dir: str  # the plan's per-rank shards (gnnc.plan.shards); a rank reads only its own
     train: TrainConfig
     metrics_path: str | None = None
     want_logits: bool = False
@@ -94,7 +94,7 @@ ROW_WISE = ("add", "sub", "mul", "div", "pow", "concat", "cross_entropy")
 class DistInterpreter(Interpreter):
     """Runs each layer in its strategy's layout: feature-sliced up to P3's pull, rows elsewhere.
 
-    Rows of different layers are prefixes of one order (gnnc.runtime.partitioned),
+    Rows of different layers are prefixes of one order (gnnc.plan.rows),
     so a vertex-wise op meeting two of them keeps the shorter prefix.
     """
 

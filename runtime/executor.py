@@ -21,46 +21,10 @@ import torch.nn.functional as F
 
 from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Param, Program
-from gnnc.ops import COMM_OPS
+from gnnc.ir.ops import COMM_OPS
 from gnnc.runtime import rng
-from gnnc.runtime.graph import CSR, Graph
-
-
-def eval_dim(d: Any, config: dict[str, Any]) -> int:
-    """A symbolic dim's value under the program's configuration."""
-    expr = sympy.sympify(d)
-    subs = {sympy.Symbol(k): v for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    val = expr.subs(subs)
-    if val.free_symbols:
-        names = ", ".join(sorted(str(s) for s in val.free_symbols))
-        raise GnncError(f"model parameter(s) {names} have no value: give a default or --set NAME=VALUE")
-    return int(val)
-
-
-def eval_number(v: Any, config: dict[str, Any]) -> float:
-    if isinstance(v, (int, float)):
-        return float(v)
-    expr = sympy.sympify(v).subs({sympy.Symbol(k): x for k, x in config.items()
-                                  if isinstance(x, (int, float)) and not isinstance(x, bool)})
-    return float(expr)
-
-
-@dataclass
-class GraphView:
-    """The tensors one edge view needs, built once: CSR, index vectors, edge data."""
-
-    csr: CSR
-    src: torch.Tensor  # [nnz] source of each CSR entry
-    dst: torch.Tensor  # [nnz] destination of each CSR entry
-    edge_ids: torch.Tensor  # [nnz] global edge id (for dropout on edges)
-    edge_data: dict[str, torch.Tensor]
-    deg: torch.Tensor  # in-degree, float [n_dst]
-
-    @staticmethod
-    def build(graph: Graph, view: str) -> "GraphView":
-        csr = graph.csr(view)
-        return GraphView(csr, csr.indices, csr.dst_index(), csr.eids,
-                         {"gcn_norm": graph.gcn_norm(view)[csr.eids]}, csr.in_degree().to(torch.float32))
+from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
+from gnnc.ir.dims import eval_dim, eval_number
 
 
 @dataclass
@@ -263,19 +227,6 @@ class Interpreter:
         draws = rng.draws16_at(ctx.dropout_key(self.stream[id(e)]), ctx.vertex_ids[idx[0]], idx[1] + ctx.col_offset)
         keep = (draws >= int(round(p * 65536))).to(x.dtype) * (1.0 / (1.0 - p))
         return torch.sparse_coo_tensor(idx, x.values() * keep, x.shape, is_coalesced=True, check_invariants=False)
-
-
-SPARSE_INPUT_DENSITY = 0.05  # below this, input features are kept sparse (dropout at nonzeros, sparse matmul)
-
-
-def sparse_if_sparse(x: torch.Tensor) -> torch.Tensor:
-    """Input features as a coalesced sparse COO tensor when few of them are nonzero (bag-of-words graphs)."""
-    if x.dim() != 2 or x.numel() == 0:
-        return x
-    nnz = int(torch.count_nonzero(x))
-    if nnz > SPARSE_INPUT_DENSITY * x.numel():
-        return x
-    return x.to_sparse_coo().coalesce()
 
 
 def init_params(program: Program, seed: int) -> dict[str, torch.nn.Parameter]:

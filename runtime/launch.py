@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from gnnc.runtime.files import atomic_write
+from gnnc.files import atomic_write
 from gnnc.errors import GnncError
 
 P = ParamSpec("P")

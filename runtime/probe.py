@@ -58,7 +58,7 @@ def gemm_rate(threads: int, n: int = 1024) -> float:
 
 
 def spmm_rate(threads: int, n: int = 100_000, deg: int = 10, width: int = 64) -> float:
-    from gnnc.runtime.graph import CSR
+    from gnnc.graph import CSR
     from gnnc.runtime.kernels import spmm
 
     torch.set_num_threads(threads)
@@ -241,7 +241,7 @@ def unit_costs(bandwidth: float, threads: int, graphs: Sequence[tuple[int, float
                widths: tuple[int, int, int] = PROBE_WIDTHS, repeats: int = 3) -> dict:
     """NeutronStar's T_v, T_e, T_c per layer width (`unit_costs`) and the cost model's t_v, t_e, t_c."""
     from gnnc import api
-    from gnnc.runtime.generators import rmat
+    from gnnc.graph.generators import rmat
 
     torch.set_num_threads(threads)
     features, hidden, classes = widths

@@ -21,9 +21,9 @@ import torch
 
 from gnnc.ir import Program
 from gnnc.runtime import rng
-from gnnc.runtime.executor import (ExecContext, GraphView, Interpreter, check_graph_fits, forward,
-                                   graph_inputs, init_params)
-from gnnc.runtime.graph import Graph
+from gnnc.graph import GraphView
+from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params
+from gnnc.graph import Graph
 
 
 @dataclass(frozen=True)

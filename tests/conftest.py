@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gnnc.runtime.graph import Graph
+from gnnc.graph import Graph
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

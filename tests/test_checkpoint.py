@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from gnnc.errors import GnncError
-from gnnc.runtime.files import atomic_write
+from gnnc.files import atomic_write
 from gnnc.runtime.checkpoint import (MAGIC, Checkpointer, CheckpointError,
                                      load_state, resume_or_start, save_state)
 from gnnc.runtime.comm import CommStats

@@ -17,7 +17,8 @@ import torch
 
 from gnnc.errors import PlanError
 from gnnc.runtime import comm
-from gnnc.runtime.comm import CommStats, HaloPlan
+from gnnc.plan.halo import HaloPlan
+from gnnc.runtime.comm import CommStats
 from gnnc.runtime.launch import DistConfig, launch
 
 SEED = 1234

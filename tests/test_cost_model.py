@@ -19,9 +19,9 @@ from gnnc.passes import cost_model as cm
 from gnnc.passes.cost_model import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S, V, V_max, LayerShape, alpha, b, bw,
                                     d, hop_edges, hop_vertices)
 from gnnc.runtime import comm
-from gnnc.runtime.graph import Graph
+from gnnc.graph import Graph
 from gnnc.passes.graph_stats import compute_stats
-from gnnc.runtime.partitioned import LayerSpec, all_row_sets, build_local_graph
+from gnnc.plan.rows import LayerSpec, all_row_sets, build_local_graph
 
 
 def num(expr, values: dict) -> float:

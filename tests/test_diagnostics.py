@@ -5,7 +5,7 @@ import pytest
 
 from gnnc import api
 from gnnc.errors import GnncError
-from gnnc.pass_manager import run_pipeline
+from gnnc.passes.manager import run_pipeline
 
 CASES = [
     ('layer L(in, out) {\n  scater m = src.h\n  apply h = relu(m)\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',

@@ -15,7 +15,8 @@ from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.runtime import rng
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.runtime.executor import ExecContext, GraphView, Interpreter, forward, graph_inputs, init_params
+from gnnc.graph import GraphView
+from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 
@@ -59,7 +60,7 @@ def parts_for(graph, world: int, method: str) -> np.ndarray:
 
 def half_of_the_dependencies(graph, parts: np.ndarray, world: int, layers: list[int]) -> dict[int, list[np.ndarray]]:
     """A hybrid selection that caches a random half of each worker's remote in-neighbours in each layer."""
-    from gnnc.runtime.partitioned import remote_in_neighbours
+    from gnnc.plan.rows import remote_in_neighbours
 
     rng_ = np.random.default_rng(world + len(layers))
     deps = remote_in_neighbours(graph, parts, world, ["plain", "self_loops"])

@@ -34,7 +34,7 @@ def test_docs_exist() -> None:
 @pytest.mark.parametrize("page", DOCS, ids=[p.stem for p in DOCS])
 def test_every_block_runs(page: Path, tmp_path: Path, monkeypatch) -> None:
     from gnnc import api
-    from gnnc.pass_manager import run_pipeline
+    from gnnc.passes.manager import run_pipeline
 
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)

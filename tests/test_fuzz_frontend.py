@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conftest import EXAMPLES
 from gnnc import api
 from gnnc.errors import GnncError
-from gnnc.pass_manager import DEFAULT_PIPELINE, run_pipeline
+from gnnc.passes.manager import DEFAULT_PIPELINE, run_pipeline
 
 SOURCES = [(EXAMPLES / f"{n}.gnn").read_text() for n in ("gcn", "sage", "gin", "gat", "gcnii")]
 TOKENS = ["layer", "model", "scatter", "gather", "transform", "sync", "apply", "repeat", "in", "with",
@@ -40,8 +40,8 @@ def compile_text(text: str) -> None:
 
 
 def _elaborate_with_dims(text: str) -> None:
-    from gnnc.elaborate import elaborate
-    from gnnc.syntax import parse
+    from gnnc.frontend.elaborate import elaborate
+    from gnnc.frontend.syntax import parse
 
     try:
         program = elaborate(parse(text, "fuzz.gnn"), {}, DIMS)

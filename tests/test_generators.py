@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gnnc.errors import GraphInputError
-from gnnc.runtime.generators import generate, parse_spec, rmat, sbm
+from gnnc.graph.generators import generate, parse_spec, rmat, sbm
 
 
 def test_spec_defaults_and_conversions() -> None:

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import EXAMPLES, ROOT
 from gnnc import api
-from gnnc.elaborate import elaborate
+from gnnc.frontend.elaborate import elaborate
 from gnnc.ir import verify
-from gnnc.pass_manager import run_pipeline
+from gnnc.passes.manager import run_pipeline
 
 GOLDEN = ROOT / "tests" / "golden"
 CORA = {"features": 1433, "classes": 7}

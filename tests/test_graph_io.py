@@ -11,8 +11,8 @@ import torch
 
 from gnnc import cli
 from gnnc.errors import GraphInputError
-from gnnc.runtime import graph_io
-from gnnc.runtime.graph_io import available_datasets, from_pyg, load_graph
+from gnnc.graph import loaders as graph_io
+from gnnc.graph.loaders import available_datasets, from_pyg, load_graph
 
 EDGE_INDEX = np.array([[0, 1, 1, 2, 3, 3], [1, 0, 2, 1, 3, 0]])  # includes a self-loop (3, 3)
 X = np.arange(12, dtype=np.float32).reshape(4, 3)

@@ -10,7 +10,7 @@ from gnnc.errors import GnncError
 from gnnc.passes.graph_stats import compute_stats
 from gnnc.passes.hub_split import _deal_hubs, _fill_evenly, hub_split
 from gnnc.passes.partitioning import PartitionInput, partition_graph
-from gnnc.runtime.generators import rmat
+from gnnc.graph.generators import rmat
 
 from tests.test_partitioning import make_graph
 

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from conftest import EXAMPLES
 from gnnc import api
-from gnnc.elaborate import elaborate
-from gnnc.ir_text import IRSyntaxError, parse_ir
-from gnnc.pass_manager import DEFAULT_PIPELINE, run_pipeline
+from gnnc.frontend.elaborate import elaborate
+from gnnc.ir.text import IRSyntaxError, parse_ir
+from gnnc.passes.manager import DEFAULT_PIPELINE, run_pipeline
 
 NAMES = ["gcn", "sage", "gin", "gat", "gcnii"]
 SOURCES = {n: (EXAMPLES / f"{n}.gnn").read_text() for n in NAMES}

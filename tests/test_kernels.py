@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from gnnc.runtime import kernels
-from gnnc.runtime.graph import CSR
+from gnnc.graph import CSR
 from gnnc.runtime.kernels import cpu
 from gnnc.runtime.kernels import reference as ref
 

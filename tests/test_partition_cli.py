@@ -10,8 +10,8 @@ import pytest
 from gnnc import cli, partition_cli
 from gnnc.passes.graph_stats import compute_stats
 from gnnc.passes.partitioning import partition_graph
-from gnnc.runtime.graph_io import load_graph
-from gnnc.runtime.shards import assemble, verify_shards
+from gnnc.graph.loaders import load_graph
+from gnnc.plan.shard_files import assemble, verify_shards
 
 SPEC = "sbm:n=600,blocks=4,deg=5,intra=0.9,features=6,classes=4,seed=1"
 

@@ -12,9 +12,10 @@ from gnnc.passes.graph_stats import compute_stats
 from gnnc.passes.partition_g3 import Limits, RemoteSets, Swapper
 from gnnc.passes.partition_hash import hash_parts
 from gnnc.passes.partitioning import (METHODS, PartitionInput, chunks_for_pipeline, estimate_peak_memory,
-                                      feature_slices, partition_graph, tile_nnz)
-from gnnc.runtime.generators import rmat
-from gnnc.runtime.graph import Graph
+                                      partition_graph, tile_nnz)
+from gnnc.plan.slices import feature_slices
+from gnnc.graph.generators import rmat
+from gnnc.graph import Graph
 
 
 def make_graph(n: int, edges: list[tuple[int, int]], undirected: bool = False, f: int = 3) -> Graph:

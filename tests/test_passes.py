@@ -5,7 +5,7 @@ import pytest
 
 from conftest import EXAMPLES
 from gnnc.ir import Eqn, Value, VerifyError, verify
-from gnnc.pass_manager import PassContext, register_pass, run_pipeline
+from gnnc.passes.manager import PassContext, register_pass, run_pipeline
 from gnnc.testing import FileCheckError, as_program, assert_rewrite_exact, filecheck, run_pass
 
 DIMS = {"features": 8, "classes": 3}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gnnc.errors import GraphInputError
-from gnnc.runtime.planetoid import DATA_DIR, load_planetoid
+from gnnc.graph.planetoid import DATA_DIR, load_planetoid
 
 tg = pytest.importorskip("torch_geometric")
 
@@ -65,7 +65,7 @@ def test_no_vertex_feature_row_is_unnormalised() -> None:
 
 
 def test_load_graph_names_planetoid() -> None:
-    from gnnc.runtime.graph_io import load_graph
+    from gnnc.graph.loaders import load_graph
 
     g = load_graph("planetoid:citeseer")
     assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (3327, 9104, 3703, 6)

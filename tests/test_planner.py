@@ -68,7 +68,7 @@ def test_p3_pushes_and_pulls_layer_1_in_its_own_setting(features: int) -> None:
     F-wide features of remote neighbours, with graphs too large to replicate. That is depcomm with the
     aggregation before the dense map (no `reorder-gemm`), and no depcache: the decision P3 reports comes out.
     """
-    from gnnc.pass_manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+    from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 
     p3_baseline = [p for p in DEFAULT_PIPELINE if p != "reorder-gemm"] + DISTRIBUTED_PIPELINE
     allow = ["depcomm", "pushpull", "bcast1d"]

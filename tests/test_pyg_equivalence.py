@@ -13,7 +13,8 @@ import torch
 
 from conftest import EXAMPLES, random_graph
 from gnnc import api
-from gnnc.runtime.executor import ExecContext, GraphView, Interpreter, forward, graph_inputs
+from gnnc.graph import GraphView
+from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs
 
 tg = pytest.importorskip("torch_geometric")
 from torch_geometric import nn as pyg  # noqa: E402

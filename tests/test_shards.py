@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from gnnc.errors import PlanError
 from gnnc.passes.graph_stats import compute_stats
-from gnnc.runtime import shards as shards_mod
-from gnnc.runtime.shards import assemble, read_shard, verify_shards, write_shards
+from gnnc.plan import shard_files as shards_mod
+from gnnc.plan.shard_files import assemble, read_shard, verify_shards, write_shards
 from tests.conftest import random_graph
 
 

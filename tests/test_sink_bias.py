@@ -14,7 +14,7 @@ import torch
 from conftest import EXAMPLES, random_graph
 from gnnc.ir import Program
 from gnnc.passes.legality import pushpull_blocker
-from gnnc.pass_manager import run_pipeline
+from gnnc.passes.manager import run_pipeline
 from gnnc.testing import as_program, filecheck, run_pass
 
 SAGE = EXAMPLES / "sage.gnn"
@@ -52,7 +52,8 @@ BEFORE_MEAN = ("layer L(in, out) {\n  transform u = linear(h, out)\n  scatter m 
 
 def outputs_f64(program: Program, graph) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Logits and every parameter gradient in float64, with every parameter drawn at random by its name."""
-    from gnnc.runtime.executor import ExecContext, GraphView, Interpreter, forward, graph_inputs, init_params
+    from gnnc.graph import GraphView
+    from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 
     params = {}
     for name, p in init_params(program, 0).items():

@@ -7,8 +7,8 @@ import torch
 from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.runtime import rng
-from gnnc.runtime.executor import (ExecContext, GraphView, Interpreter, forward, graph_inputs, init_params,
-                                   sparse_if_sparse)
+from gnnc.graph import GraphView, sparse_if_sparse
+from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 
 
 @pytest.mark.parametrize("name", ["gcn", "sage", "gin", "gat", "gcnii"])

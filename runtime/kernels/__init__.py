@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from gnnc.runtime.graph import CSR
+from gnnc.graph import CSR
 from gnnc.runtime.kernels import cpu
 from gnnc.runtime.kernels.cpu import REDUCES, SDDMM_OPS
 

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from gnnc.runtime.graph import CSR
+from gnnc.graph import CSR
 
 KEY = "gnnc.kernels"
 REDUCES = ("sum", "mean", "max", "min")

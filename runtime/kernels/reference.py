@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from gnnc.runtime.graph import CSR
+from gnnc.graph import CSR
 
 
 def _per_head(w: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

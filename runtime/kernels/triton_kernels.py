@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from gnnc.runtime.graph import CSR
+from gnnc.graph import CSR
 from gnnc.runtime.kernels.cpu import inv_degree, structure, weight_heads
 
 

@@ -1,10 +1,10 @@
 """What each rank of a plan loads: its rows, their inputs and every graph layer's local structure.
 
 The launcher (or `gnnc compile -o PLAN`) holds the whole graph once, works
-out every rank's row sets (gnnc.runtime.partitioned) and writes one shard
+out every rank's row sets (gnnc.plan.rows) and writes one shard
 per rank; a rank then reads only its own file, so its memory is its share
 of the graph, never the whole of it. A shard holds, as plain arrays (no
-pickle), with the manifest of gnnc.runtime.shards (sizes, sha256, written
+pickle), with the manifest of gnnc.plan.shard_files (sizes, sha256, written
 last and atomically):
 
   rows, n_owned            global ids of the held rows in prefix order
@@ -31,13 +31,12 @@ import numpy as np
 import torch
 
 from gnnc.errors import PlanError
-from gnnc.passes.partitioning import feature_slices
-from gnnc.runtime.comm import HaloPlan
-from gnnc.runtime.executor import GraphView, sparse_if_sparse
-from gnnc.runtime.graph import CSR, Graph
-from gnnc.runtime.partitioned import (LayerGraph, LayerSpec, LocalGraph, all_row_sets, build_local_graph,
+from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
+from gnnc.plan.halo import HaloPlan
+from gnnc.plan.slices import feature_slices
+from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, all_row_sets, build_local_graph,
                                       layer_specs)
-from gnnc.runtime.shards import load_npz, read_manifest, write_manifest, write_npz
+from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
 
 
 @dataclass

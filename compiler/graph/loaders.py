@@ -6,7 +6,7 @@ one on-disk cache. Specs:
 
 * `planetoid:cora`, `planetoid:citeseer` — shipped with gnnc (public split).
 * `rmat:n=..,deg=..,features=..,classes=..,seed=..`, `sbm:n=..,blocks=..,...`
-  — generators (`gnnc.runtime.generators`).
+  — generators (`gnnc.graph.generators`).
 * `FILE.npz` — arrays `edge_index` [2, E] (integer), `x` [N, F] (numeric),
   `y` [N] (integer), optional `train_mask`/`val_mask`/`test_mask` (bool [N];
   without them, a seeded 60/20/20 split).
@@ -25,7 +25,7 @@ one on-disk cache. Specs:
 Edges are kept exactly as given, directed src -> dst: self-loops and duplicate
 edges stay in the `plain` view (each duplicate is one more message, as in
 PyG's message passing) and the `self_loops` view replaces every self-loop by
-exactly one per vertex (see `gnnc.runtime.graph`). Undirected data must list
+exactly one per vertex (see `gnnc.graph`). Undirected data must list
 both directions, as PyG's datasets do.
 
 Every problem with the input raises GraphInputError naming the field: ids out
@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from gnnc.errors import GraphInputError
-from gnnc.runtime.generators import GENERATORS, generate, split_masks
-from gnnc.runtime.graph import Graph, index_dtype
+from gnnc.graph.generators import GENERATORS, generate, split_masks
+from gnnc.graph import Graph, index_dtype
 
 # Bump when a loader's output for the same input bytes changes: old cache entries are then ignored.
 CACHE_FORMAT = 1
@@ -91,7 +91,7 @@ def load_graph(spec: str, cache_dir: str | os.PathLike | None = None, use_cache:
     """The graph a spec names (see the module docstring); GraphInputError if it is unusable."""
     spec = str(spec)
     if spec.startswith("planetoid:"):
-        from gnnc.runtime.planetoid import load_planetoid
+        from gnnc.graph.planetoid import load_planetoid
 
         return load_planetoid(spec.split(":", 1)[1])
     kind = spec.partition(":")[0]
@@ -420,7 +420,7 @@ def _cached(key: str, build: Any, cache_dir: str | os.PathLike | None, use_cache
 
 
 def _write_cached(graph: Graph, path: Path, key: str) -> None:
-    from gnnc.runtime.files import atomic_writer
+    from gnnc.files import atomic_writer
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path) as f:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GraphInputError
-from gnnc.runtime.graph import Graph, index_dtype, sorted_unique
+from gnnc.graph import Graph, index_dtype, sorted_unique
 
 # R-MAT quadrant probabilities (a: top-left, b: top-right, c: bottom-left, d = 1-a-b-c).
 RMAT_A, RMAT_B, RMAT_C = 0.57, 0.19, 0.19

@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gnnc.runtime.comm import HaloPlan
-from gnnc.runtime.executor import GraphView
-from gnnc.runtime.graph import CSR, Graph
+from gnnc.graph import CSR, Graph, GraphView
+from gnnc.plan.halo import HaloPlan
 
 NESTED = ("depcache", "hybrid")  # strategies whose row sets grow below the last layer of their segment
 HALO = ("depcomm", "hybrid", "depcache")  # strategies that read remote rows through a halo (empty for depcache)

@@ -20,7 +20,7 @@ PassFn = Callable[[Program, "PassContext"], Program]
 class PassContext:
     """What passes may consult besides the IR: graph statistics, cluster, options."""
 
-    graph: Any = None  # gnnc.runtime.graph.Graph, when compiling for one
+    graph: Any = None  # gnnc.graph.Graph, when compiling for one
     stats: Any = None  # partition statistics, when planning
     cluster: Any = None  # cluster profile, when planning
     options: dict[str, Any] = field(default_factory=dict)

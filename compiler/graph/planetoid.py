@@ -20,7 +20,7 @@ import scipy.sparse as sp
 import torch
 
 from gnnc.errors import GraphInputError
-from gnnc.runtime.graph import Graph
+from gnnc.graph import Graph
 
 DATA_DIR = Path(__file__).resolve().parent / "datasets" / "planetoid"
 NAMES = ("cora", "citeseer")

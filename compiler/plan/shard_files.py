@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.runtime.files import atomic_writer
+from gnnc.files import atomic_writer
 from gnnc.errors import PlanError
-from gnnc.runtime.graph import Graph
+from gnnc.graph import Graph
 
 SHARD_FORMAT = 1
 MANIFEST = "manifest.json"

@@ -19,12 +19,12 @@ from typing import Any, Union
 
 import sympy
 
-from gnnc import ops
+from gnnc.ir import ops
 from gnnc.errors import GnncError, GnncTypeError, Loc
 from gnnc.ir import Eqn, Layer, Param, Program, Type, Value, attrs_of
-from gnnc.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, LayerDef, ModelDef, Module,
+from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, LayerDef, ModelDef, Module,
                          Name, Neg, Num, Repeat, Stmt)
-from gnnc.runtime.graph import VIEWS
+from gnnc.ir import VIEWS
 
 GRAPH_INPUTS = {
     "x": Type("vertex", (sympy.Symbol("features"),)),

@@ -29,6 +29,8 @@ from gnnc.errors import GnncError, Loc
 DOMAINS = ("vertex", "edge", "param", "scalar")
 PRIMITIVES = ("scatter", "gather", "transform", "sync", "apply", "model")
 LAYER_KINDS = ("graph", "dense")
+# the edge views a graph layer may read (see gnnc.graph.storage for what each holds)
+VIEWS = ("plain", "self_loops")
 
 
 class _Record:
@@ -265,8 +267,6 @@ def verify(program: Program, typed: bool = False) -> None:
     6. With `typed=True`: every value has a type, and a value's type is the
        same at its definition and at every use.
     """
-    from gnnc.runtime.graph import VIEWS
-
     defined: dict[str, Value] = {}
 
     def define(v: Value, where: str) -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-VIEWS = ("plain", "self_loops")
+from gnnc.ir import VIEWS
+
 
 
 def sorted_unique(keys: np.ndarray) -> np.ndarray:
@@ -156,3 +157,34 @@ class Graph:
             inv[nz] = deg[nz] ** -0.5
             self._views[key] = torch.as_tensor(inv[s] * inv[d], dtype=torch.float32)
         return self._views[key]
+
+
+@dataclass
+class GraphView:
+    """The tensors one edge view needs, built once: CSR, index vectors, edge data."""
+
+    csr: CSR
+    src: torch.Tensor  # [nnz] source of each CSR entry
+    dst: torch.Tensor  # [nnz] destination of each CSR entry
+    edge_ids: torch.Tensor  # [nnz] global edge id (for dropout on edges)
+    edge_data: dict[str, torch.Tensor]
+    deg: torch.Tensor  # in-degree, float [n_dst]
+
+    @staticmethod
+    def build(graph: Graph, view: str) -> "GraphView":
+        csr = graph.csr(view)
+        return GraphView(csr, csr.indices, csr.dst_index(), csr.eids,
+                         {"gcn_norm": graph.gcn_norm(view)[csr.eids]}, csr.in_degree().to(torch.float32))
+
+
+SPARSE_INPUT_DENSITY = 0.05  # below this, input features are kept sparse (dropout at nonzeros, sparse matmul)
+
+
+def sparse_if_sparse(x: torch.Tensor) -> torch.Tensor:
+    """Input features as a coalesced sparse COO tensor when few of them are nonzero (bag-of-words graphs)."""
+    if x.dim() != 2 or x.numel() == 0:
+        return x
+    nnz = int(torch.count_nonzero(x))
+    if nnz > SPARSE_INPUT_DENSITY * x.numel():
+        return x
+    return x.to_sparse_coo().coalesce()

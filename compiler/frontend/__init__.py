@@ -1,0 +1,1 @@
+"""gnnc.frontend: `.gnn` text to IR: the parser's syntax tree (`syntax`) and elaboration (`elaborate`)."""

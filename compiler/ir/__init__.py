@@ -1,0 +1,7 @@
+"""gnnc.ir: the IR (`core`), its one text form (`text`), its ops (`ops`) and dim helpers (`dims`).
+
+The bottom layer of gnnc with the graph (`gnnc.graph`) and the plan
+(`gnnc.plan`): it imports nothing of the front end, the passes or the runtime.
+"""
+from gnnc.ir.core import (DOMAINS, LAYER_KINDS, PRIMITIVES, VIEWS, Eqn, Layer, Param, Program, Type, Value,  # noqa: F401
+                          VerifyError, all_values, attrs_of, dim, fmt_dim, verify)

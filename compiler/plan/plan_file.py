@@ -1,0 +1,154 @@
+"""A compiled plan on disk: `plan.json` (versioned schema) beside `parts.npy` and every rank's shard.
+
+`plan.json` holds the model's source and configuration for the record, the
+compiled IR (what runs: `gnnc run PLAN` re-parses it and refuses an IR that
+does not match its checksum), the per-layer strategies, the planner's
+predictions and the checksums of the other files, so a plan is data that
+a later process loads without the compiler that wrote it.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gnnc.errors import PlanError
+from gnnc.files import atomic_write
+from gnnc.ir import Program
+from gnnc.ir.text import parse_ir
+from gnnc.plan.shards import write_plan_shards
+
+PLAN_SCHEMA = "gnnc.plan/1"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The .gnn text a plan was compiled from and the overrides it was elaborated with."""
+
+    file: str
+    source: str
+    name: str | None = None
+    overrides: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class Plan:
+    """A compiled model: IR after the pipeline, and what produced it."""
+
+    program: Program
+    model: ModelSource
+    graph_spec: str | None
+    passes: list[str]
+    workers: int = 1
+    meta: dict[str, Any] = field(default_factory=dict)
+    parts: Any = None  # part of every vertex, when compiled for several workers
+    cached: Any = None  # hybrid: per graph layer, per rank, the dependencies cached (global ids)
+    graph: Any = field(default=None, repr=False, compare=False)  # what it was compiled on (not saved)
+    shard_dir: Path | None = None  # per-rank shards, once written (`save`) or found (`load`)
+
+    def to_json(self) -> dict[str, Any]:
+        ir = str(self.program)
+        return {
+            "schema": PLAN_SCHEMA,
+            "model": {"file": os.path.basename(self.model.file), "source": self.model.source,
+                      "name": self.program.name, "overrides": dict(self.model.overrides)},
+            "graph": self.graph_spec,
+            "config": {k: _jsonable(v) for k, v in self.program.config},
+            "training": dict(self.program.training),
+            "passes": self.passes,
+            "workers": self.workers,
+            "layers": [_layer_summary(layer) for layer in self.program.layers],
+            "ir": ir,
+            "ir_sha256": hashlib.sha256(ir.encode()).hexdigest(),
+            **self.meta,
+        }
+
+    def save(self, directory: str | os.PathLike, progress: Any = None) -> Path:
+        """Write the plan: per-rank shards (when compiled for several workers), then `plan.json`.
+
+        Every file is written atomically and `plan.json`, which holds the
+        others' checksums, comes last: a crash leaves the old plan or none.
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        data = self.to_json()
+        if self.parts is not None:
+            buf = io.BytesIO()
+            np.save(buf, np.asarray(self.parts, dtype=np.int64), allow_pickle=False)
+            atomic_write(d / "parts.npy", buf.getvalue())
+            data["shards"] = {"parts.npy": hashlib.sha256(buf.getvalue()).hexdigest()}
+            if self.graph is not None:
+                self.shard_dir = self.write_shards(d / "shards", progress)
+                manifest = (self.shard_dir / "manifest.json").read_bytes()
+                data["shards"]["shards/manifest.json"] = hashlib.sha256(manifest).hexdigest()
+        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+        atomic_write(d / "plan.json", text.encode())
+        return d
+
+    def write_shards(self, directory: str | os.PathLike, progress: Any = None) -> Path:
+        """Every rank's shard of this plan (gnnc.plan.shards) into `directory`."""
+        if self.graph is None or self.parts is None:
+            raise PlanError("writing a plan's shards needs the graph it was compiled for and its partition")
+        write_plan_shards(self.program, self.graph, self.parts, self.workers, directory,
+                          self.cached, progress)
+        return Path(directory)
+
+    @staticmethod
+    def load(directory: str | os.PathLike) -> "Plan":
+        path = Path(directory) / "plan.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PlanError(f"{directory}: not a plan directory (no plan.json)") from None
+        except (OSError, ValueError) as err:
+            raise PlanError(f"{path}: unreadable plan: {err}") from None
+        if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+            raise PlanError(f"{path}: unknown plan schema {data.get('schema') if isinstance(data, dict) else None!r}"
+                            f" (expected {PLAN_SCHEMA})")
+        try:
+            m = data["model"]
+            model = ModelSource(str(m["file"]), str(m["source"]), str(m["name"]),
+                                tuple(sorted((str(k), str(v)) for k, v in dict(m["overrides"]).items())))
+            ir = data["ir"]
+            passes = list(data["passes"])
+        except (KeyError, TypeError) as err:
+            raise PlanError(f"{path}: missing or malformed field {err}") from None
+        if not isinstance(ir, str) or hashlib.sha256(ir.encode()).hexdigest() != data.get("ir_sha256"):
+            raise PlanError(f"{path}: the plan's IR does not match its checksum (edited or truncated); "
+                            f"compile it again")
+        program = parse_ir(ir, f"{path}:ir")
+        parts = None
+        for name, digest in (data.get("shards") or {}).items():
+            blob_path = Path(directory) / name
+            try:
+                blob = blob_path.read_bytes()
+            except FileNotFoundError:
+                raise PlanError(f"{blob_path}: shard missing") from None
+            if hashlib.sha256(blob).hexdigest() != digest:
+                raise PlanError(f"{blob_path}: shard does not match its checksum (truncated or edited)")
+            if name == "parts.npy":
+                parts = np.load(io.BytesIO(blob), allow_pickle=False)
+        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid") if k in data}
+        shard_dir = Path(directory) / "shards" if "shards/manifest.json" in (data.get("shards") or {}) else None
+        return Plan(program, model, data.get("graph"), passes, int(data.get("workers", 1)), meta, parts,
+                    shard_dir=shard_dir)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    return str(v)
+
+
+def _layer_summary(layer) -> dict[str, Any]:
+    return {"name": layer.name, "kind": layer.kind, "op": layer.op, "edges": layer.edges,
+            "strategy": layer.attr("strategy", "local"),
+            "ops": [e.op for e in layer.eqns],
+            "params": {p.value.name: [str(d) for d in p.value.type.shape] if p.value.type else None
+                       for p in layer.params}}

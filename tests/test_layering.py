@@ -1,0 +1,174 @@
+"""The layers of gnnc, enforced: every import, including those inside functions, goes down.
+
+    gnnc (api, cli, inspect, testing)        may import anything
+    gnnc.passes        gnnc.runtime          never each other
+    gnnc.frontend, gnnc.grammar              the front end: .gnn text to IR
+    gnnc.plan > gnnc.graph > gnnc.ir         the core, plus gnnc.errors, gnnc.files, gnnc.cluster
+
+Within the core, `ir` imports neither `graph` nor `plan`, and `graph` does
+not import `plan`. docs/architecture.md draws the same picture.
+
+An import inside a function is allowed only to break a real import cycle or
+to defer a heavy or optional dependency, and says which with a comment on
+its line or the line above.
+"""
+from __future__ import annotations
+
+import ast
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+CORE_BASE = ("gnnc.errors", "gnnc.files", "gnnc.cluster")
+# layer name -> module prefixes in it (a module is in the layer of its longest matching prefix)
+LAYERS: dict[str, tuple[str, ...]] = {
+    "base": CORE_BASE,
+    "ir": ("gnnc.ir",),
+    "graph": ("gnnc.graph",),
+    "plan": ("gnnc.plan",),
+    "frontend": ("gnnc.frontend", "gnnc.grammar"),
+    "passes": ("gnnc.passes",),
+    "runtime": ("gnnc.runtime",),
+    "top": ("gnnc",),
+}
+# layer -> the layers it may import (itself included)
+MAY_IMPORT: dict[str, set[str]] = {
+    "base": {"base"},
+    "ir": {"base", "ir"},
+    "graph": {"base", "ir", "graph"},
+    "plan": {"base", "ir", "graph", "plan"},
+    "frontend": {"base", "ir", "graph", "frontend"},
+    "passes": {"base", "ir", "graph", "plan", "passes"},
+    "runtime": {"base", "ir", "graph", "plan", "runtime"},
+    "top": set(LAYERS),
+}
+
+
+def layer_of(module: str) -> str:
+    best, best_len = "top", 0
+    for layer, prefixes in LAYERS.items():
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best_len:
+                best, best_len = layer, len(p)
+    return best
+
+
+def package_dirs() -> dict[str, Path]:
+    """Import package -> source folder, from pyproject's package-dir (gnnc = compiler, ...)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {pkg: ROOT / folder for pkg, folder in config["package-dir"].items()}
+
+
+def source_modules() -> dict[str, Path]:
+    """Every gnnc module and the file it is read from."""
+    dirs = package_dirs()
+    out: dict[str, Path] = {}
+    for pkg, folder in dirs.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = path  # runtime/kernels is found twice, as the same module
+    return out
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    target: str
+    line: int
+    nested: bool  # inside a function
+    reason: bool  # a comment on its line or the line above
+
+
+def imports_of(module: str, path: Path) -> list[Import]:
+    text = path.read_text()
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, nested: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                if isinstance(child, ast.Import):
+                    targets = [a.name for a in child.names]
+                elif child.level:
+                    base = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    targets = [".".join(base + ([child.module] if child.module else []))]
+                else:
+                    mod = child.module or ""
+                    # `from gnnc.ir import ops` imports a module: count the module, not the package
+                    targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod for a in child.names]
+                here = lines[child.lineno - 1]
+                above = lines[child.lineno - 2].strip() if child.lineno > 1 else ""
+                reason = "#" in here or above.startswith("#")
+                for t in dict.fromkeys(targets):  # once per statement and module
+                    if t == "gnnc" or t.startswith("gnnc."):
+                        found.append(Import(module, t, child.lineno, nested, reason))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+MODULES = source_modules()
+ALL_IMPORTS = [imp for name, path in sorted(MODULES.items()) for imp in imports_of(name, path)]
+
+
+def where(imp: Import) -> str:
+    path = MODULES.get(imp.importer)
+    return f"{path.relative_to(ROOT) if path else imp.importer}:{imp.line}"
+
+
+def violations(imports: list[Import]) -> list[str]:
+    bad = []
+    for imp in imports:
+        src, dst = layer_of(imp.importer), layer_of(imp.target)
+        if dst not in MAY_IMPORT[src]:
+            bad.append(f"{where(imp)}: {imp.importer} ({src}) imports "
+                       f"{imp.target} ({dst})")
+    return bad
+
+
+def test_every_source_file_is_a_known_module() -> None:
+    assert "gnnc.ir.core" in MODULES and "gnnc.passes.manager" in MODULES and "gnnc.runtime.executor" in MODULES
+    assert len(ALL_IMPORTS) > 100  # the walk found the imports (a walk that finds none would pass anything)
+
+
+def test_imports_go_down() -> None:
+    bad = violations(ALL_IMPORTS)
+    assert not bad, "imports against the layers (see docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_imports_inside_functions_say_why() -> None:
+    bad = [f"{where(i)}: import of {i.target} inside a function"
+           for i in ALL_IMPORTS if i.nested and not i.reason]
+    assert not bad, ("an import inside a function breaks a cycle or defers a heavy dependency, and says which "
+                     "in a comment:\n" + "\n".join(bad))
+
+
+@pytest.mark.parametrize("importer,target", [
+    ("gnnc.runtime.executor", "gnnc.passes.cost_model"),
+    ("gnnc.passes.lower", "gnnc.runtime.comm"),
+    ("gnnc.ir.core", "gnnc.graph.storage"),
+    ("gnnc.graph.storage", "gnnc.plan.rows"),
+    ("gnnc.plan.rows", "gnnc.runtime.comm"),
+    ("gnnc.plan.shards", "gnnc.passes.manager"),
+    ("gnnc.frontend.elaborate", "gnnc.passes.manager"),
+    ("gnnc.ir.ops", "gnnc.api"),
+])
+def test_an_upward_import_is_caught(importer: str, target: str) -> None:
+    assert violations([Import(importer, target, 1, True, True)])
+
+
+def test_a_nested_import_inside_a_function_is_seen(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from gnnc.runtime import comm\n    return comm\n")
+    [imp] = imports_of("gnnc.passes.m", path)
+    assert imp.nested and not imp.reason and imp.target == "gnnc.runtime.comm"
+    assert violations([imp])
