@@ -355,6 +355,7 @@ _activation("softplus")
 _activation("gelu")
 _activation("abs", fold=sympy.Abs)
 _activation("identity", elide=_always)
+_activation("silu")
 define_op(OpDef("dropout", _elementwise, NOT_GATHER,
                 args=(Arg("p", "probability", required=True, missing="dropout needs a probability: dropout(x, 0.5)"),),
                 elide=lambda attrs: attrs["p"] == 0.0, elementwise=True, reads_structure=_on_edges,

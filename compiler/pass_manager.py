@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gnnc.errors import GnncError
-from gnnc.ir import Program, VerifyError, verify
+from gnnc.ir import Program
+from gnnc.ir_verify import VerifyError, verify
 
 PassFn = Callable[[Program, "PassContext"], Program]
 

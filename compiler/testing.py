@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from gnnc.elaborate import elaborate
-from gnnc.ir import Program, verify
+from gnnc.ir import Program
+from gnnc.ir_verify import verify
 from gnnc.ir_text import parse_ir
 from gnnc.pass_manager import DEFAULT_PIPELINE, PassContext, parse_pipeline, passes, run_pipeline
 from gnnc.syntax import parse

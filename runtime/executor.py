@@ -154,6 +154,7 @@ _UNARY: dict[str, Callable[[torch.Tensor, Eqn], torch.Tensor]] = {
     "gelu": lambda x, e: F.gelu(x),
     "abs": lambda x, e: torch.abs(x),
     "identity": lambda x, e: x,
+    "silu": lambda x, e: F.silu(x),
     "neg": lambda x, e: -x,
     "l2_normalize": lambda x, e: F.normalize(x, dim=-1),
     "mean_heads": lambda x, e: x.mean(1),

@@ -13,7 +13,7 @@ import pytest
 from conftest import EXAMPLES, ROOT
 from gnnc import api
 from gnnc.elaborate import elaborate
-from gnnc.ir import verify
+from gnnc.ir_verify import verify
 from gnnc.pass_manager import run_pipeline
 
 GOLDEN = ROOT / "tests" / "golden"

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import EXAMPLES
-from gnnc.ir import Eqn, Value, VerifyError, verify
+from gnnc.ir import Eqn, Value
+from gnnc.ir_verify import VerifyError, verify
 from gnnc.pass_manager import PassContext, register_pass, run_pipeline
 from gnnc.testing import FileCheckError, as_program, assert_rewrite_exact, filecheck, run_pass
 
