@@ -116,7 +116,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                                             "cluster": cluster, "allow": allow})
     if hybrid_cached is not None:
         ctx.options["hybrid_cached"] = hybrid_cached
-    program = run_pipeline(program, names, ctx, after=after)
+    program = run_pipeline(program, names, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
     if "predicted_bytes" in ctx.options:
         meta["predicted_bytes_per_step"] = ctx.options["predicted_bytes"]
     if "hybrid_selection" in ctx.options:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gnnc.errors import GnncError
+from gnnc.errors import GnncError, InternalError
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -309,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     except GnncError as err:
         print(f"error: {err}" if err.loc is None else str(err), file=sys.stderr)
         return 2
+    except InternalError as err:  # a pass broke the IR: a bug in gnnc, not bad input
+        print(f"internal error (a bug in gnnc, please report it): {err.message}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,7 +1,8 @@
 """The one root of every error a user can cause.
 
-The CLI catches `GnncError`, prints `str(err)` and exits 2; anything else is an
-internal error (exit 1, with a traceback). Errors that point into a `.gnn`
+The CLI catches `GnncError`, prints `str(err)` and exits 2. `InternalError` (an
+IR invariant broken by a pass) is a bug in gnnc: the CLI says so and exits 1;
+anything else is an internal error too (exit 1, with a traceback). Errors that point into a `.gnn`
 file carry a `Loc` and render as `file:line:col: message`, the source line and
 a caret under the offending column.
 """
@@ -51,6 +52,14 @@ def _read(path: str) -> str | None:
             return f.read()
     except (OSError, UnicodeDecodeError, ValueError):
         return None
+
+
+class InternalError(Exception):
+    """A bug in gnnc, not in the user's input (never reported as bad input)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
 
 
 class GnncSyntaxError(GnncError):

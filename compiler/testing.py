@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from gnnc.frontend.elaborate import elaborate
+from gnnc.frontend.syntax import parse
 from gnnc.ir import Program, verify
 from gnnc.ir.text import parse_ir
 from gnnc.passes.manager import DEFAULT_PIPELINE, PassContext, parse_pipeline, passes, run_pipeline
-from gnnc.frontend.syntax import parse
 
 
 class FileCheckError(AssertionError):

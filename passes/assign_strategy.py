@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from gnnc.errors import GnncError
 from gnnc.ir import Program
+from gnnc.ir.ops import op_def
 from gnnc.passes.manager import PassContext, register_pass
 
 STRATEGIES = ("depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "pipeline", "local")
@@ -66,7 +67,7 @@ def check_pushpull(program: Program, layer) -> None:
         if before is layer:
             break
         for e in before.eqns:
-            if e.op in ("linear", "matmul", "bias", "dot", "layer_norm", "l2_normalize", "concat", "mean_heads"):
+            if op_def(e.op).needs_whole_rows:
                 raise GnncError(f"pushpull splits the input features, but '{e.op}' before layer {layer.name} "
                                 f"needs whole rows", e.loc)
 

@@ -1,8 +1,8 @@
 """insert-comm: make the communication each strategy needs explicit in the IR.
 
 In a vertex-partitioned layer a worker holds the rows of its own vertices;
-an op that reads neighbours' rows (`src`, `spmm`'s input, `sddmm`'s source
-side) needs remote rows too:
+an op that reads neighbours' rows (its OpDef's `reads_neighbours` operands:
+`src`, `spmm`'s input, `sddmm`'s source side) needs remote rows too:
 
 * `depcomm` inserts `halo(v)`: the owned rows followed by the remote
   in-neighbours' rows, fetched once per (vertex, remote worker) pair
@@ -27,16 +27,10 @@ of gnnc.plan.rows, from the partition and the hybrid selection.
 from __future__ import annotations
 
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
+from gnnc.ir.ops import reads_neighbours
 from gnnc.passes.manager import PassContext, register_pass
 
 COMM_OP = {"depcomm": "halo", "hybrid": "halo", "bcast1d": "bcast_rows"}
-
-
-def _neighbour_operands(e: Eqn) -> tuple[int, ...]:
-    """Positions of the inputs whose rows are read through edges (source side)."""
-    if e.op in ("src", "spmm", "sddmm"):
-        return (0,)
-    return ()
 
 
 def _fetch_on_entry(layer: Layer, index: int) -> Layer:
@@ -63,7 +57,7 @@ def _insert(layer: Layer) -> Layer:
     eqns: list[Eqn] = []
     for e in layer.eqns:
         ins = list(e.ins)
-        for k in _neighbour_operands(e):
+        for k in reads_neighbours(e):  # the inputs whose rows are read through edges
             v = ins[k]
             if v.name not in replaced:
                 ext = Value(f"{v.name}^{op}", v.type)

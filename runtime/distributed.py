@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from gnnc.ir import Eqn, Program
+from gnnc.ir.ops import op_def, reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.runtime import comm
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
@@ -86,9 +87,6 @@ class FeaturePhase:
     views: dict[str, Any]  # the whole graph's edge views (the layer-1 structure, replicated)
     ids: torch.Tensor  # arange(N)
     cols: tuple[int, int]  # this worker's feature slice [start, stop)
-
-
-ROW_WISE = ("add", "sub", "mul", "div", "pow", "concat", "cross_entropy")
 
 
 class DistInterpreter(Interpreter):
@@ -161,7 +159,7 @@ class DistInterpreter(Interpreter):
             env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
 
     def eqn(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
-        if e.op in ROW_WISE:
+        if op_def(e.op).row_wise:
             vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
             n = min((ins[k].shape[0] for k in vertex), default=0)
             ins = [_dense(t)[:n] if k in vertex and t.shape[0] != n else t for k, t in enumerate(ins)]
@@ -194,7 +192,7 @@ def hold_split_views(program: Program, lg: LocalGraph) -> None:
         if lgl.halo is None:
             continue
         overlapped = _overlappable(layer)
-        ok = bool(overlapped) and all(not _reads_structure(e) or (e.op == "spmm" and e.ins[0].name in overlapped)
+        ok = bool(overlapped) and all(not reads_structure(e) or (e.op == "spmm" and e.ins[0].name in overlapped)
                                       for e in layer.eqns)
         users.setdefault(id(lgl), []).append(ok)
     for layer in program.graph_layers():
@@ -202,12 +200,6 @@ def hold_split_views(program: Program, lg: LocalGraph) -> None:
         if lgl.halo is not None and all(users[id(lgl)]) and layer.edges in lgl.views \
                 and lgl.views[layer.edges].csr is not None:
             lgl.hold_split(layer.edges)
-
-
-def _reads_structure(e: Eqn) -> bool:
-    """Whether an op needs the layer view's CSR (`edata` reads only its per-edge data)."""
-    return e.op in ("src", "dst", "gather", "spmm", "sddmm", "edge_softmax") or (
-        e.op == "dropout" and e.outs[0].type is not None and e.outs[0].type.domain == "edge")
 
 
 def _overlappable(layer) -> set[str]:

@@ -15,16 +15,17 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import sympy
 import torch
 import torch.nn.functional as F
 
 from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Param, Program
-from gnnc.ir.ops import COMM_OPS
-from gnnc.runtime import rng
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.ir.dims import eval_dim, eval_number
+from gnnc.ir.ops import COMM_OPS
+from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
+from gnnc.runtime import rng
+from gnnc.runtime.implementations import implementation, implements
 
 
 @dataclass
@@ -75,31 +76,10 @@ def _segment_reduce(m: torch.Tensor, dst: torch.Tensor, n: int, reduce: str, deg
     return torch.zeros(shape, dtype=m.dtype).scatter_reduce(0, idx, m, red, include_self=False)
 
 
-def _activation(op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
-    if op == "relu":
-        return F.relu(x)
-    if op == "elu":
-        return F.elu(x, e.attr("alpha", 1.0))
-    if op == "leaky_relu":
-        return F.leaky_relu(x, e.attr("slope", 0.01))
-    if op == "sigmoid":
-        return torch.sigmoid(x)
-    if op == "tanh":
-        return torch.tanh(x)
-    if op == "exp":
-        return torch.exp(x)
-    if op == "log":
-        return torch.log(x)
-    if op == "softplus":
-        return F.softplus(x)
-    if op == "gelu":
-        return F.gelu(x)
-    if op == "abs":
-        return torch.abs(x)
-    raise KeyError(op)
-
-
-ACTIVATION_OPS = {"relu", "elu", "leaky_relu", "sigmoid", "tanh", "exp", "log", "softplus", "gelu", "abs"}
+def dropout_stream(e: Eqn) -> int:
+    """A dropout's RNG stream: keyed by the name of the value it produces, which passes that
+    insert or move equations (communication, rewrites) keep."""
+    return zlib.crc32(e.outs[0].name.encode())
 
 
 class Interpreter:
@@ -108,13 +88,6 @@ class Interpreter:
     def __init__(self, program: Program):
         self.program = program
         self.config = program.config_dict()
-        # Dropout streams are keyed by the name of the value they produce, which
-        # passes that insert or move equations (communication, rewrites) keep.
-        self.stream: dict[int, int] = {}
-        for layer in program.layers:
-            for e in layer.eqns:
-                if e.op == "dropout":
-                    self.stream[id(e)] = zlib.crc32(e.outs[0].name.encode())
 
     def run_layer(self, layer: Layer, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
                   ctx: ExecContext) -> None:
@@ -124,109 +97,159 @@ class Interpreter:
             env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
 
     def eqn(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
-        op = e.op
-        if any(t.is_sparse for t in ins):
-            if op == "dropout":
-                return self._sparse_dropout(e, ins[0], ctx)
-            if op != "linear":  # linear multiplies the sparse input itself, below
-                ins = [t.to_dense() if t.is_sparse else t for t in ins]
-        if op in ACTIVATION_OPS:
-            return _activation(op, ins[0], e)
-        if op in ("add", "sub", "mul", "div", "pow"):
-            a, b = _align(ins[0], ins[1])
-            return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-                    "pow": torch.pow}[op](a, b)
-        if op == "neg":
-            return -ins[0]
-        if op == "const":
-            return torch.tensor(eval_number(e.attr("value"), ctx.config), dtype=torch.float32)
-        if op == "dropout":
-            if not ctx.training:
-                return ins[0]
-            x = ins[0]
-            p = float(e.attr("p"))
-            rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids[: x.shape[0]]
-            if rows.shape[0] != x.shape[0]:
-                raise AssertionError(f"dropout of {x.shape[0]} rows with ids for {rows.shape[0]}")
-            return rng.dropout(x, ctx.dropout_key(self.stream[id(e)]), rows, p, ctx.col_offset)
-        if op == "src":
-            return ins[0][view.src]
-        if op == "dst":
-            return ins[0][view.dst]
-        if op == "edata":
-            return view.edge_data[e.attr("name")]
-        if op == "gather":
-            return _segment_reduce(ins[0], view.dst, view.csr.n_dst, e.attr("reduce"), view.deg)
-        if op == "edge_softmax":
-            if ctx.use_kernels:
-                from gnnc.runtime import kernels
-                return kernels.edge_softmax(view.csr, ins[0])
-            return _segment_softmax(ins[0], view.dst, view.csr.n_dst)
-        if op == "spmm":
-            x = ins[0]
-            w = ins[1] if len(ins) > 1 else None
-            if ctx.use_kernels:
-                from gnnc.runtime import kernels
-                return kernels.spmm(view.csr, x, w, reduce=e.attr("reduce"))
-            m = x[view.src]
-            if w is not None:
-                w, m = _align(w, m)
-                m = w * m
-            return _segment_reduce(m, view.dst, view.csr.n_dst, e.attr("reduce"), view.deg)
-        if op == "sddmm":
-            if ctx.use_kernels:
-                from gnnc.runtime import kernels
-                return kernels.sddmm(view.csr, ins[0], ins[1], op=e.attr("op"))
-            a, b = _align(ins[0][view.src], ins[1][view.dst])
-            return {"add": torch.add, "mul": torch.mul}[e.attr("op")](a, b)
-        if op == "linear":
-            x, w = ins[0], ins[1]
-            out = torch.sparse.mm(x, w) if x.is_sparse else x @ w
-            if len(ins) > 2:
-                out = out + ins[2]
-            heads = e.attr("heads")
-            if heads is not None:
-                out = out.reshape(out.shape[0], eval_dim(heads, ctx.config), -1)
-            return out
-        if op == "bias":
-            return ins[0] + ins[1]
-        if op == "dot":
-            x, a = ins
-            return (x * a).sum(-1)
-        if op == "concat":
-            if len(ins) == 1:
-                return ins[0].reshape(ins[0].shape[0], -1)
-            return torch.cat(ins, dim=-1)
-        if op == "mean_heads":
-            return ins[0].mean(1)
-        if op == "layer_norm":
-            x, w, b = ins
-            return F.layer_norm(x, (x.shape[-1],), w, b)
-        if op == "l2_normalize":
-            return F.normalize(ins[0], dim=-1)
-        if op == "sync":
-            return ins[0]  # whole rows are held where they are computed: nothing to reduce
-        if op in COMM_OPS:
-            if ctx.comm is None:
-                raise GnncError(f"op '{op}' needs the distributed runtime (gnnc run --nproc N)")
-            return ctx.comm.exchange(op, ins[0], e)
-        if op == "cross_entropy":
-            logits, y, mask = ins
-            if not bool(mask.any()):
-                return logits.sum() * 0.0
-            return F.cross_entropy(logits[mask], y[mask], reduction="sum") / ctx.loss_count
-        raise GnncError(f"the runtime has no implementation of op '{op}'")
+        impl = implementation(e.op, ctx.use_kernels)
+        if not impl.sparse_input and any(t.is_sparse for t in ins):
+            ins = [t.to_dense() if t.is_sparse else t for t in ins]
+        return impl.fn(e, ins, view, ctx)
 
 
-    def _sparse_dropout(self, e: Eqn, x: torch.Tensor, ctx: ExecContext) -> torch.Tensor:
-        """Dropout of a sparse input: draws only at the nonzeros (the mask elsewhere does not matter)."""
-        if not ctx.training:
-            return x
-        p = float(e.attr("p"))
+# ----- the reference implementation of every op (gnnc.runtime.kernels registers the kernel ops' others)
+
+_UNARY: dict[str, Callable[[torch.Tensor, Eqn], torch.Tensor]] = {
+    "relu": lambda x, e: F.relu(x),
+    "elu": lambda x, e: F.elu(x, e.attr("alpha", 1.0)),
+    "leaky_relu": lambda x, e: F.leaky_relu(x, e.attr("slope", 0.01)),
+    "sigmoid": lambda x, e: torch.sigmoid(x),
+    "tanh": lambda x, e: torch.tanh(x),
+    "exp": lambda x, e: torch.exp(x),
+    "log": lambda x, e: torch.log(x),
+    "softplus": lambda x, e: F.softplus(x),
+    "gelu": lambda x, e: F.gelu(x),
+    "abs": lambda x, e: torch.abs(x),
+    "identity": lambda x, e: x,
+    "silu": lambda x, e: F.silu(x),
+    "neg": lambda x, e: -x,
+    "l2_normalize": lambda x, e: F.normalize(x, dim=-1),
+    "mean_heads": lambda x, e: x.mean(1),
+    "sync": lambda x, e: x,  # whole rows are held where they are computed: nothing to reduce
+}
+
+
+@implements(*_UNARY)
+def _unary(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    return _UNARY[e.op](ins[0], e)
+
+
+_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow}
+
+
+@implements(*_BINARY)
+def _binary(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    a, b = _align(ins[0], ins[1])
+    return _BINARY[e.op](a, b)
+
+
+@implements("const")
+def _const(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    return torch.tensor(eval_number(e.attr("value"), ctx.config), dtype=torch.float32)
+
+
+@implements("dropout", sparse_input=True)
+def _dropout(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    x = ins[0]
+    if not ctx.training:
+        return x
+    p = float(e.attr("p"))
+    if x.is_sparse:  # draws only at the nonzeros (the mask elsewhere does not matter)
         idx = x.indices()
-        draws = rng.draws16_at(ctx.dropout_key(self.stream[id(e)]), ctx.vertex_ids[idx[0]], idx[1] + ctx.col_offset)
+        draws = rng.draws16_at(ctx.dropout_key(dropout_stream(e)), ctx.vertex_ids[idx[0]], idx[1] + ctx.col_offset)
         keep = (draws >= int(round(p * 65536))).to(x.dtype) * (1.0 / (1.0 - p))
         return torch.sparse_coo_tensor(idx, x.values() * keep, x.shape, is_coalesced=True, check_invariants=False)
+    rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids[: x.shape[0]]
+    if rows.shape[0] != x.shape[0]:
+        raise AssertionError(f"dropout of {x.shape[0]} rows with ids for {rows.shape[0]}")
+    return rng.dropout(x, ctx.dropout_key(dropout_stream(e)), rows, p, ctx.col_offset)
+
+
+@implements("src")
+def _src(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
+    return ins[0][view.src]
+
+
+@implements("dst")
+def _dst(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
+    return ins[0][view.dst]
+
+
+@implements("edata")
+def _edata(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
+    return view.edge_data[e.attr("name")]
+
+
+@implements("gather")
+def _gather(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
+    return _segment_reduce(ins[0], view.dst, view.csr.n_dst, e.attr("reduce"), view.deg)
+
+
+@implements("edge_softmax")
+def _edge_softmax(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
+    return _segment_softmax(ins[0], view.dst, view.csr.n_dst)
+
+
+@implements("spmm")
+def _spmm(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
+    m = ins[0][view.src]
+    if len(ins) > 1:
+        w, m = _align(ins[1], m)
+        m = w * m
+    return _segment_reduce(m, view.dst, view.csr.n_dst, e.attr("reduce"), view.deg)
+
+
+@implements("sddmm")
+def _sddmm(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
+    a, b = _align(ins[0][view.src], ins[1][view.dst])
+    return {"add": torch.add, "mul": torch.mul}[e.attr("op")](a, b)
+
+
+@implements("linear", sparse_input=True)
+def _linear(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    x, w = ins[0], ins[1]
+    out = torch.sparse.mm(x, w) if x.is_sparse else x @ w
+    if len(ins) > 2:
+        out = out + ins[2]
+    heads = e.attr("heads")
+    if heads is not None:
+        out = out.reshape(out.shape[0], eval_dim(heads, ctx.config), -1)
+    return out
+
+
+@implements("bias")
+def _bias(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    return ins[0] + ins[1]
+
+
+@implements("dot")
+def _dot(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    x, a = ins
+    return (x * a).sum(-1)
+
+
+@implements("concat")
+def _concat(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    if len(ins) == 1:
+        return ins[0].reshape(ins[0].shape[0], -1)
+    return torch.cat(ins, dim=-1)
+
+
+@implements("layer_norm")
+def _layer_norm(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    x, w, b = ins
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+@implements(*COMM_OPS)
+def _comm(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    if ctx.comm is None:
+        raise GnncError(f"op '{e.op}' needs the distributed runtime (gnnc run --nproc N)")
+    return ctx.comm.exchange(e.op, ins[0], e)
+
+
+@implements("cross_entropy")
+def _cross_entropy(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    logits, y, mask = ins
+    if not bool(mask.any()):
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[mask], y[mask], reduction="sum") / ctx.loss_count
 
 
 def init_params(program: Program, seed: int) -> dict[str, torch.nn.Parameter]:

@@ -35,7 +35,6 @@ GRAPH_INPUTS = {
 }
 TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float, "patience": int}
 MAX_UNROLL = 4096
-_CONST_FUNCS = {"log": sympy.log, "exp": sympy.exp, "abs": sympy.Abs, "tanh": sympy.tanh}
 
 
 @dataclass(frozen=True)
@@ -427,57 +426,99 @@ class Elaborator:
                 raise self.err(f"layer '{c.func}' needs its input: {c.func}(...)(h)", c.loc)
             return self._instantiate(c, env if env is not None else scope)
         f = c.func
-        if f in ops.GATHER_REDUCERS and f not in ops.CALLABLE:
+        if f in ops.GATHER_REDUCERS and f not in ops.OPS:
             raise self.err(f"reducer '{f}' can only be used in a gather statement"
                            + (" (or sum/mean/max in sync)" if f in ops.SYNC_REDUCERS else ""), c.loc)
         if f == "cross_entropy":
             raise self.err("cross_entropy can only define the model's loss", c.loc)
         if f == "training":
             raise self.err("training(...) must stand alone as a model statement", c.loc)
-        if f not in ops.CALLABLE:
+        op = ops.OPS.get(f)
+        if op is None or not op.prims:
             raise GnncTypeError(ops.unknown_op(f, c.loc).message, c.loc, self.module.source)
-        if prim not in ops.CALLABLE[f]:
+        if prim not in op.prims:
             where = "a model" if prim == "model" else f"a {prim} statement"
             raise self.err(f"'{f}' cannot be used in {where}", c.loc)
-        kwargs = {k.name: k for k in c.kwargs}
-        if f in ops.ACTIVATIONS:
-            return self._activation(c, kwargs, scope, prim, env)
-        if f == "dropout":
-            self._check_args(c, 1, 2, {"p"})
-            x = self._value(c.args[0], scope, prim, "dropout input", env)
-            p_expr = c.args[1] if len(c.args) > 1 else (kwargs["p"].value if "p" in kwargs else None)
-            if p_expr is None:
-                raise self.err("dropout needs a probability: dropout(x, 0.5)", c.loc)
-            p = self._number(p_expr, scope, prim, env)
-            if not 0.0 <= p < 1.0:
-                raise self.err(f"dropout probability must be in [0, 1), got {p}", _loc(p_expr))
-            if p == 0.0:
-                return x
-            return self._emit("dropout", (x,), None, {"p": p}, c.loc)
-        if f in ("linear", "matmul"):
-            return self._linear(c, kwargs, scope, prim, env)
-        if f in ("bias", "dot", "layer_norm"):
-            self._check_args(c, 1, 1, set())
-            x = self._value(c.args[0], scope, prim, f"{f} input", env)
-            names = {"bias": ("bias",), "dot": ("att",), "layer_norm": ("weight", "bias")}[f]
-            inits = {"bias": ("zeros",), "dot": ("glorot",), "layer_norm": ("ones", "zeros")}[f]
-            base = self.block.param_name(f)
-            params = []
-            for n, init in zip(names, inits):
-                pv = Value(f"{base}.{n}")
-                self.block.params.append(Param(pv, init))
-                params.append(pv)
-            return self._emit(f, (x, *params), None, {}, c.loc)
-        if f == "concat":
+        return self._bind(op, c, scope, prim, env)
+
+    def _bind(self, op: ops.OpDef, c: Call, scope, prim: str, env) -> Bound:
+        """A call of a defined op, bound from its signature: tensors, constant arguments, parameters."""
+        f = c.func
+        emitted = ops.op_def(op.ir_op)
+        if op.tensors is None:  # one or more tensors, nothing else
             if not c.args or c.kwargs:
-                raise self.err("concat takes one or more tensors", c.loc)
-            xs = tuple(self._value(a, scope, prim, "concat input", env) for a in c.args)
-            return self._emit("concat", xs, None, {}, c.loc)
-        if f in ("mean_heads", "l2_normalize"):
-            self._check_args(c, 1, 1, set())
-            x = self._value(c.args[0], scope, prim, f"{f} input", env)
-            return self._emit(f, (x,), None, {}, c.loc)
-        raise AssertionError(f"op {f} in CALLABLE without elaboration")
+                raise self.err(f"{f} takes one or more tensors", c.loc)
+            xs = tuple(self._value(a, scope, prim, f"{f} input", env) for a in c.args)
+            return self._emit(op.ir_op, xs, None, {}, c.loc)
+        positional = [a for a in op.args if a.positional]
+        fixed = [a for a in positional if a.required and not a.keyword]
+        self._check_args(c, op.tensors + len(fixed), op.tensors + len(positional),
+                         {a.name for a in op.args if a.keyword})
+        tensors = []
+        for a in c.args[:op.tensors]:
+            if op.activation:
+                v = self._expr(a, scope, prim, env)
+                if isinstance(v, Const):  # constant folding: log(theta / l + 1)
+                    if op.fold is None or isinstance(v.expr, bool) or c.args[1:] or c.kwargs:
+                        raise self.err(f"'{f}' of a constant is not supported; it applies to tensors", c.loc)
+                    return Const(op.fold(v.expr))
+                tensors.append(v)
+            else:
+                tensors.append(self._value(a, scope, prim, f"{op.ir_op} input", env))
+        given = c.args[op.tensors:]
+        # required arguments take positions first, optional ones in order as far as positions remain
+        room = len(given) - sum(a.required for a in positional)
+        chosen = []
+        for a in positional:
+            if a.required or room > 0:
+                chosen.append(a)
+                room -= not a.required
+        values: dict[str, Any] = {}
+        for arg, e in zip(chosen, given):
+            values[arg.name] = self._arg(op, arg, e, _loc(e), scope, prim, env)
+        for k in c.kwargs:
+            if k.name in values:
+                raise self.err(f"{f}'s argument '{k.name}' is given twice", k.loc)
+            arg = next(a for a in op.args if a.name == k.name)
+            values[k.name] = self._arg(op, arg, k.value, k.loc, scope, prim, env)
+        for arg in op.args:
+            if arg.name not in values and arg.required:
+                raise self.err(arg.missing or f"{f} needs a value for '{arg.name}'", c.loc)
+        attrs = {a.name: values.get(a.name, a.default) for a in op.args}
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        if op.elide(attrs):
+            return tensors[0]
+        params = []
+        specs = [p for p in emitted.params if p.when(attrs)]
+        if specs:
+            base = self.block.param_name(op.ir_op)
+            for spec in specs:
+                pv = Value(f"{base}.{spec.suffix}")
+                self.block.params.append(Param(pv, spec.init))
+                params.append(pv)
+        return self._emit(op.ir_op, (*tensors, *params), None, attrs, c.loc)
+
+    def _arg(self, op: ops.OpDef, arg: ops.Arg, e: Expr, loc: Loc, scope, prim, env) -> Any:
+        """A constant argument's value, checked for its kind; errors point at it."""
+        if arg.kind == "number":
+            return self._number(e, scope, prim, env)
+        if arg.kind == "probability":
+            p = self._number(e, scope, prim, env)
+            if not 0.0 <= p < 1.0:
+                raise self.err(f"{op.name} probability must be in [0, 1), got {p}", _loc(e))
+            return p
+        v = self._expr(e, scope, prim, env)
+        if arg.kind == "flag":
+            if not (isinstance(v, Const) and isinstance(v.expr, bool)):
+                raise self.err(f"{arg.name} must be true or false", loc)
+            return v.expr
+        # a dim: a positive integer, possibly symbolic
+        if isinstance(v, Value) or isinstance(v.expr, bool):
+            raise self.err(f"{op.name}'s output size must be a dim (a number or integer parameter)", _loc(e))
+        value = _evaluate(v.expr, self.config)
+        if value is not None and (float(value) != int(value) or int(value) <= 0):
+            raise self.err(f"{op.name}'s output size must be a positive integer, got {value}", _loc(e))
+        return sympy.sympify(v.expr)
 
     def _check_args(self, c: Call, lo: int, hi: int, kw: set[str]) -> None:
         if not lo <= len(c.args) <= hi:
@@ -494,57 +535,6 @@ class Elaborator:
         if value is None or isinstance(value, bool):
             raise self.err("expected a number", _loc(e))
         return float(value)
-
-    def _activation(self, c: Call, kwargs, scope, prim, env) -> Value:
-        f = c.func
-        extra = ops.ACTIVATIONS[f]
-        self._check_args(c, 1, 1 + len(extra), set(extra))
-        arg = self._expr(c.args[0], scope, prim, env)
-        if isinstance(arg, Const):  # constant folding: log(theta / l + 1)
-            fold = _CONST_FUNCS.get(f)
-            if fold is None or isinstance(arg.expr, bool) or c.args[1:] or c.kwargs:
-                raise self.err(f"'{f}' of a constant is not supported; it applies to tensors", c.loc)
-            return Const(fold(arg.expr))
-        x = arg
-        attrs = dict(ops.ACTIVATION_DEFAULTS.get(f, {}))
-        for name, a in zip(extra, c.args[1:]):
-            attrs[name] = self._number(a, scope, prim, env)
-        for k in c.kwargs:
-            attrs[k.name] = self._number(k.value, scope, prim, env)
-        if f == "identity":
-            return x
-        return self._emit(f, (x,), None, attrs, c.loc)
-
-    def _linear(self, c: Call, kwargs, scope, prim, env) -> Value:
-        self._check_args(c, 2, 3, {"bias"})
-        x = self._value(c.args[0], scope, prim, "linear input", env)
-        dims = []
-        for a in c.args[1:]:
-            v = self._expr(a, scope, prim, env)
-            if isinstance(v, Value) or isinstance(v.expr, bool):
-                raise self.err(f"{c.func}'s output size must be a dim (a number or integer parameter)", _loc(a))
-            value = _evaluate(v.expr, self.config)
-            if value is not None and (float(value) != int(value) or int(value) <= 0):
-                raise self.err(f"{c.func}'s output size must be a positive integer, got {value}", _loc(a))
-            dims.append(sympy.sympify(v.expr))
-        use_bias = c.func == "linear"
-        if "bias" in kwargs:
-            b = self._expr(kwargs["bias"].value, scope, prim, env)
-            if not (isinstance(b, Const) and isinstance(b.expr, bool)):
-                raise self.err("bias must be true or false", kwargs["bias"].loc)
-            use_bias = b.expr
-        base = self.block.param_name("linear")
-        w = Value(f"{base}.weight")
-        self.block.params.append(Param(w, "glorot"))
-        ins = [x, w]
-        if use_bias:
-            b = Value(f"{base}.bias")
-            self.block.params.append(Param(b, "zeros"))
-            ins.append(b)
-        attrs: dict[str, Any] = {"out": dims[-1], "bias": use_bias}
-        if len(dims) == 2:
-            attrs["heads"] = dims[0]
-        return self._emit("linear", tuple(ins), None, attrs, c.loc)
 
     def _emit(self, op: str, ins: tuple, out: Value | None, attrs: dict, loc: Loc) -> Value:
         blk = self.block

@@ -1,7 +1,8 @@
-"""gnnc.ir: the IR (`core`), its one text form (`text`), its ops (`ops`) and dim helpers (`dims`).
+"""gnnc.ir: the IR (`core`), its one text form (`text`), its ops (`ops`), the verifier (`verify`) and dim helpers (`dims`).
 
 The bottom layer of gnnc with the graph (`gnnc.graph`) and the plan
 (`gnnc.plan`): it imports nothing of the front end, the passes or the runtime.
 """
 from gnnc.ir.core import (DOMAINS, LAYER_KINDS, PRIMITIVES, VIEWS, Eqn, Layer, Param, Program, Type, Value,  # noqa: F401
-                          VerifyError, all_values, attrs_of, dim, fmt_dim, verify)
+                          all_values, attrs_of, dim, fmt_dim)
+from gnnc.ir.verify import VerifyError, verify  # noqa: F401  (after the core: verify runs the ops' type rules)

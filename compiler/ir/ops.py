@@ -1,45 +1,31 @@
-"""The one table of IR ops: where each may appear and how it types its result.
+"""The one definition of every IR op: where it may appear, how it binds, types and behaves.
 
-Elaboration asks it which names are ops and which statements may use them;
-`infer-shapes` asks it for result types; the executors implement the same
-names (runtime/ops are keyed by these strings, which are part of the plan
-format). Keeping all of it here means a new op is added in one place.
+An op is an `OpDef` registered with `define_op`: its call signature (tensor
+inputs, constant arguments with their defaults, the parameters it creates and
+how they are initialised), the primitives it may appear in, its type rule, and
+the traits passes ask about (`reads_neighbours`, `linear_in`, `row_wise`, ...).
+Elaboration binds calls from the signature, `infer-shapes` and `verify` run
+the type rules, insert-comm, legality and the distributed runtime read the
+traits, and the runtime registers one implementation per op name (see
+gnnc.runtime.implementations). Op names are part of the plan format. Adding
+an op is one `define_op(...)` here plus its implementation(s).
 """
 from __future__ import annotations
 
-from typing import Callable
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import sympy
 
 from gnnc.errors import GnncTypeError, Loc
-from gnnc.ir import Eqn, Type, fmt_dim
+from gnnc.ir.core import Eqn, Type, fmt_dim
 
 ELEMENTWISE_PRIMS = frozenset({"scatter", "gather", "transform", "apply", "model"})
 DENSE_PRIMS = frozenset({"transform", "apply", "model"})
-
-# name -> number of optional positional constants after x (e.g. leaky_relu's slope)
-ACTIVATIONS: dict[str, tuple[str, ...]] = {
-    "relu": (), "elu": ("alpha",), "leaky_relu": ("slope",), "sigmoid": (), "tanh": (), "exp": (),
-    "log": (), "softplus": (), "gelu": (), "abs": (), "identity": (),
-}
-ACTIVATION_DEFAULTS = {"elu": {"alpha": 1.0}, "leaky_relu": {"slope": 0.01}}
-BINARY = ("add", "sub", "mul", "div", "pow")
+NOT_GATHER = frozenset({"scatter", "transform", "apply", "model"})
 GATHER_REDUCERS = ("sum", "mean", "max", "min", "softmax")
 SYNC_REDUCERS = ("sum", "mean", "max")
-# ops a user may call by name, and the statements they may appear in
-CALLABLE: dict[str, frozenset[str]] = {
-    **{a: ELEMENTWISE_PRIMS for a in ACTIVATIONS},
-    "dropout": frozenset({"scatter", "transform", "apply", "model"}),
-    "linear": DENSE_PRIMS,
-    "matmul": DENSE_PRIMS,
-    "bias": DENSE_PRIMS,
-    "dot": frozenset({"scatter", "transform", "apply", "model"}),
-    "concat": frozenset({"scatter", "transform", "apply", "model"}),
-    "mean_heads": frozenset({"scatter", "transform", "apply", "model"}),
-    "layer_norm": DENSE_PRIMS,
-    "l2_normalize": DENSE_PRIMS,
-    "cross_entropy": frozenset({"model"}),
-}
 EDGE_DATA = ("gcn_norm",)
 
 
@@ -220,72 +206,245 @@ def _sddmm(eqn: Eqn, ts: list[Type]) -> list[Type]:
     return [Type("edge", shape)]
 
 
-TYPE_RULES: dict[str, TypeRule] = {
-    **{a: _elementwise for a in ACTIVATIONS},
-    **{b: _binary for b in BINARY},
-    "neg": _elementwise,
-    "dropout": _elementwise,
-    "const": _const,
-    "src": _src_dst,
-    "dst": _src_dst,
-    "edata": _edata,
-    "gather": _gather,
-    "edge_softmax": _edge_softmax,
-    "linear": _linear,
-    "bias": _bias,
-    "dot": _dot,
-    "concat": _concat,
-    "mean_heads": _mean_heads,
-    "layer_norm": _elementwise,
-    "l2_normalize": _elementwise,
-    "sync": _sync,
-    "cross_entropy": _cross_entropy,
-    # communication, after insert-comm: same feature shape, more rows
-    "halo": _elementwise,
-    "fetch": _elementwise,
-    "bcast_rows": _elementwise,
-    "reduce_scatter": _elementwise,
-    # kernel ops, after lowering
-    "spmm": _spmm,
-    "sddmm": _sddmm,
-}
+# ----- op definitions ---------------------------------------------------------------------------
+
+ARG_KINDS = ("number", "probability", "dim", "flag")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A constant argument after an op's tensor inputs: `leaky_relu(x, 0.2)`, `linear(h, heads, out)`.
+
+    Given arguments (and defaults that are not None) become the equation's attributes.
+    """
+
+    name: str
+    kind: str  # one of ARG_KINDS: how the value is checked
+    default: Any = None  # the attribute's value when the argument is left out; None: no attribute
+    required: bool = False
+    positional: bool = True
+    keyword: bool = True
+    missing: str = ""  # the message when a required keyword-capable argument is left out
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A learnable parameter an op creates: `<layer>.<op><k>.<suffix>`, its initialiser and shape."""
+
+    suffix: str
+    init: str  # glorot | zeros | ones (gnnc.runtime.executor's initialisers)
+    shape: Callable[[Eqn, Type], tuple]  # from the equation and its first input's type
+    when: Callable[[Mapping[str, Any]], bool] = lambda attrs: True  # from the equation's attributes
+
+
+def _never(*_: Any) -> bool:
+    return False
+
+
+def _always(*_: Any) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything the compiler knows about one op.
+
+    Traits (what passes ask instead of lists of names):
+    elementwise: the result is computed element by element from one input of the same type;
+    row_wise: combines several vertex operands row by row (the distributed runtime trims
+        operands that carry extra halo rows to the rows they share);
+    reads_neighbours: positions of the inputs whose rows are read through edges (source side):
+        insert-comm brings remote rows for them;
+    reads_structure: whether the equation needs its layer view's CSR;
+    linear_in: given which inputs depend on a layer's input, whether the result is linear in it
+        (P3/pushpull legality); nonlinear_why says why not, as legality reports it;
+    needs_whole_rows: mixes the feature dim, so it cannot run on a feature slice before pushpull;
+    comm: a communication op insert-comm inserts.
+    """
+
+    name: str
+    type_rule: TypeRule | None  # None: a call-only alias (`emits` names the IR op)
+    prims: frozenset[str] = frozenset()  # statements a user may call it in; empty: not callable
+    tensors: int | None = 1  # tensor inputs of a call; None: one or more
+    args: tuple[Arg, ...] = ()
+    params: tuple[ParamSpec, ...] = ()
+    emits: str = ""  # the IR op a call elaborates to, when not `name` (matmul -> linear)
+    activation: bool = False  # an elementwise function: constant inputs fold through `fold` or are refused
+    fold: Callable[[Any], Any] | None = None
+    elide: Callable[[Mapping[str, Any]], bool] = _never  # the call is its input (identity, dropout p=0)
+    elementwise: bool = False
+    row_wise: bool = False
+    reads_neighbours: tuple[int, ...] = ()
+    reads_structure: Callable[[Eqn], bool] = _never
+    linear_in: Callable[[Eqn, list[bool]], bool] = _never
+    nonlinear_why: str = "is not linear in the layer's input"
+    needs_whole_rows: bool = False
+    comm: bool = False
+
+    @property
+    def ir_op(self) -> str:
+        return self.emits or self.name
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def define_op(op: OpDef) -> OpDef:
+    """Register an op; a name is defined once."""
+    if op.name in OPS:
+        raise ValueError(f"op '{op.name}' is already defined")
+    bad = [a.kind for a in op.args if a.kind not in ARG_KINDS]
+    if bad:
+        raise ValueError(f"op '{op.name}': unknown argument kind {bad[0]!r} (known: {', '.join(ARG_KINDS)})")
+    OPS[op.name] = op
+    return op
+
+
+def op_def(name: str) -> OpDef:
+    """The definition of an op the IR holds; a missing one is a compiler bug."""
+    op = OPS.get(name)
+    if op is None:
+        raise KeyError(f"internal: op '{name}' is not defined in gnnc.ir.ops")
+    return op
+
+
+def callable_ops() -> list[str]:
+    """The ops a user may call by name, in definition order."""
+    return [name for name, op in OPS.items() if op.prims]
+
+
+def reads_neighbours(e: Eqn) -> tuple[int, ...]:
+    return op_def(e.op).reads_neighbours
+
+
+def reads_structure(e: Eqn) -> bool:
+    return op_def(e.op).reads_structure(e)
+
+
+def _reads_first_only(e: Eqn, reads: list[bool]) -> bool:
+    return reads[0] and not any(reads[1:])
+
+
+def _sum_or_mean(e: Eqn) -> bool:
+    return e.attr("reduce") in ("sum", "mean")
+
+
+def _on_edges(e: Eqn) -> bool:
+    return e.outs[0].type is not None and e.outs[0].type.domain == "edge"
+
+
+_BIAS_WHY = ("adds a bias before the sync (the bias must come once, after it; sink-bias moves it there "
+             "only across sums, not across an aggregation, a product or a non-linearity)")
+_ATTENTION_WHY = "computes attention from the input before the sync (not linear in it)"
+
+
+def _activation(name: str, *args: Arg, fold: Callable[[Any], Any] | None = None,
+                elide: Callable[[Mapping[str, Any]], bool] = _never) -> None:
+    define_op(OpDef(name, _elementwise, ELEMENTWISE_PRIMS, args=args, activation=True, fold=fold, elide=elide,
+                    elementwise=True))
+
+
+_activation("relu")
+_activation("elu", Arg("alpha", "number", default=1.0))
+_activation("leaky_relu", Arg("slope", "number", default=0.01))
+_activation("sigmoid")
+_activation("tanh", fold=sympy.tanh)
+_activation("exp", fold=sympy.exp)
+_activation("log", fold=sympy.log)
+_activation("softplus")
+_activation("gelu")
+_activation("abs", fold=sympy.Abs)
+_activation("identity", elide=_always)
+_activation("silu")
+define_op(OpDef("dropout", _elementwise, NOT_GATHER,
+                args=(Arg("p", "probability", required=True, missing="dropout needs a probability: dropout(x, 0.5)"),),
+                elide=lambda attrs: attrs["p"] == 0.0, elementwise=True, reads_structure=_on_edges,
+                nonlinear_why="inside the layer before the sync is not supported with pushpull"))
+
+
+def _linear_width(e: Eqn) -> Any:
+    heads, out = e.attr("heads"), e.attr("out")
+    return heads * out if heads is not None else out
+
+
+_LINEAR_ARGS = (Arg("heads", "dim", keyword=False), Arg("out", "dim", required=True, keyword=False))
+define_op(OpDef(
+    "linear", _linear, DENSE_PRIMS, args=_LINEAR_ARGS + (Arg("bias", "flag", default=True, positional=False),),
+    params=(ParamSpec("weight", "glorot",
+                      lambda e, x: (x.shape[-1] if x.shape else sympy.Integer(1), _linear_width(e))),
+            ParamSpec("bias", "zeros", lambda e, x: (_linear_width(e),), when=lambda attrs: attrs.get("bias", False))),
+    linear_in=lambda e, reads: not e.attr("bias") and _reads_first_only(e, reads), nonlinear_why=_BIAS_WHY,
+    needs_whole_rows=True))
+define_op(OpDef("matmul", None, DENSE_PRIMS, emits="linear",
+                args=_LINEAR_ARGS + (Arg("bias", "flag", default=False, positional=False),), needs_whole_rows=True))
+define_op(OpDef("bias", _bias, DENSE_PRIMS, params=(ParamSpec("bias", "zeros", lambda e, x: x.shape),),
+                nonlinear_why=_BIAS_WHY, needs_whole_rows=True))
+define_op(OpDef("dot", _dot, NOT_GATHER, params=(ParamSpec("att", "glorot", lambda e, x: x.shape),),
+                nonlinear_why=_ATTENTION_WHY, needs_whole_rows=True))
+define_op(OpDef("concat", _concat, NOT_GATHER, tensors=None, row_wise=True, linear_in=_always,
+                needs_whole_rows=True))
+define_op(OpDef("mean_heads", _mean_heads, NOT_GATHER, linear_in=_always, needs_whole_rows=True))
+define_op(OpDef("layer_norm", _elementwise, DENSE_PRIMS,
+                params=(ParamSpec("weight", "ones", lambda e, x: x.shape[-1:]),
+                        ParamSpec("bias", "zeros", lambda e, x: x.shape[-1:])), needs_whole_rows=True))
+define_op(OpDef("l2_normalize", _elementwise, DENSE_PRIMS, needs_whole_rows=True))
+define_op(OpDef("cross_entropy", _cross_entropy, frozenset({"model"}), tensors=3, row_wise=True))
+
+# binary arithmetic (`a + b`): operands broadcast per head; P3 may add partial sums, scale by a constant
+_TERM_WHY = "adds a term that does not depend on the input before the sync (it would be added once per worker)"
+define_op(OpDef("add", _binary, tensors=2, row_wise=True, linear_in=lambda e, reads: all(reads),
+                nonlinear_why=_TERM_WHY))
+define_op(OpDef("sub", _binary, tensors=2, row_wise=True, linear_in=lambda e, reads: all(reads),
+                nonlinear_why=_TERM_WHY))
+define_op(OpDef("mul", _binary, tensors=2, row_wise=True, linear_in=lambda e, reads: sum(reads) == 1))
+define_op(OpDef("div", _binary, tensors=2, row_wise=True, linear_in=lambda e, reads: sum(reads) == 1 and reads[0]))
+define_op(OpDef("pow", _binary, tensors=2, row_wise=True))
+define_op(OpDef("neg", _elementwise, elementwise=True, linear_in=_always))
+define_op(OpDef("const", _const, tensors=0))
+
+# graph ops, before lowering
+define_op(OpDef("src", _src_dst, reads_neighbours=(0,), reads_structure=_always, linear_in=_always))
+define_op(OpDef("dst", _src_dst, reads_structure=_always, linear_in=_always))
+define_op(OpDef("edata", _edata, tensors=0))
+define_op(OpDef("gather", _gather, reads_structure=_always, linear_in=lambda e, reads: _sum_or_mean(e)))
+define_op(OpDef("edge_softmax", _edge_softmax, reads_structure=_always, nonlinear_why=_ATTENTION_WHY))
+define_op(OpDef("sync", _sync))
+
+# communication, after insert-comm: same feature shape, more rows
+for _comm in ("halo", "fetch", "bcast_rows", "reduce_scatter"):
+    define_op(OpDef(_comm, _elementwise, comm=True))
+
+# kernel ops, after lowering
+define_op(OpDef("spmm", _spmm, reads_neighbours=(0,), reads_structure=_always,
+                linear_in=lambda e, reads: _sum_or_mean(e) and _reads_first_only(e, reads)))
+define_op(OpDef("sddmm", _sddmm, tensors=2, reads_neighbours=(0,), reads_structure=_always,
+                nonlinear_why=_ATTENTION_WHY))
+
+# the communication ops insert-comm inserts (see passes/insert_comm.py for what each carries)
+COMM_OPS = tuple(name for name, op in OPS.items() if op.comm)
 
 
 def param_shapes(eqn: Eqn, x: Type) -> list[tuple]:
     """Shapes of the params an op creates, given its input's type."""
-    if eqn.op == "linear":
-        d_in = x.shape[-1] if x.shape else sympy.Integer(1)
-        heads, out = eqn.attr("heads"), eqn.attr("out")
-        width = heads * out if heads is not None else out
-        shapes = [(d_in, width)]
-        if eqn.attr("bias", False):
-            shapes.append((width,))
-        return shapes
-    if eqn.op in ("bias", "dot"):
-        return [x.shape]
-    if eqn.op == "layer_norm":
-        return [x.shape[-1:], x.shape[-1:]]
-    return []
+    op = OPS.get(eqn.op)
+    if op is None:
+        return []
+    attrs = dict(eqn.attrs)
+    return [p.shape(eqn, x) for p in op.params if p.when(attrs)]
 
 
 def infer(eqn: Eqn, ts: list[Type]) -> list[Type]:
-    rule = TYPE_RULES.get(eqn.op)
-    if rule is None:
+    op = OPS.get(eqn.op)
+    if op is None or op.type_rule is None:
         raise GnncTypeError(f"internal: no type rule for op '{eqn.op}'", eqn.loc)
-    return rule(eqn, ts)
+    return op.type_rule(eqn, ts)
 
 
 def suggest(name: str, choices) -> str:
-    import difflib
-
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def unknown_op(name: str, loc: Loc) -> GnncTypeError:
-    known = list(CALLABLE) + list(GATHER_REDUCERS)
+    known = callable_ops() + list(GATHER_REDUCERS)
     return GnncTypeError(f"unknown op '{name}'{suggest(name, known)}", loc)
-
-
-# the communication ops insert-comm inserts (see passes/insert_comm.py for what each carries)
-COMM_OPS = ("halo", "fetch", "bcast_rows", "reduce_scatter")

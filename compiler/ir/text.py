@@ -29,7 +29,7 @@ from typing import Any
 import sympy
 
 from gnnc.errors import GnncError, Loc
-from gnnc.ir import Eqn, Layer, Param, Program, Type, Value, attrs_of
+from gnnc.ir.core import Eqn, Layer, Param, Program, Type, Value, attrs_of
 
 DIM_ATTRS = {"out", "heads"}
 STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init"}

@@ -9,6 +9,10 @@ run on CUDA through cuSPARSE). All are differentiable with torch autograd.
 Edge-valued tensors (weights, scores, SDDMM outputs) are in CSR order: entry k
 belongs to the edge `csr.indices[k] -> d` with indptr[d] <= k < indptr[d+1].
 Data held in the graph's edge order is permuted once with `csr.eids`.
+
+The kernels are registered as the `kernels` variant of the IR ops `spmm`,
+`sddmm` and `edge_softmax` (gnnc.runtime.implementations), beside the
+interpreter's reference code for the same ops.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from types import ModuleType
 import torch
 
 from gnnc.graph import CSR
+from gnnc.ir import Eqn
+from gnnc.runtime.implementations import implements
 from gnnc.runtime.kernels import cpu
 from gnnc.runtime.kernels.cpu import REDUCES, SDDMM_OPS
 
@@ -103,3 +109,20 @@ def edge_softmax(csr: CSR, e: torch.Tensor) -> torch.Tensor:
     if backend is not None:
         return backend.edge_softmax(csr, e)
     return cpu.edge_softmax(csr, e)
+
+
+# ----- the kernels variant of the lowered IR's graph ops; `view` is the layer's GraphView
+
+@implements("spmm", variant="kernels")
+def _spmm_op(e: Eqn, ins: list[torch.Tensor], view, ctx) -> torch.Tensor:
+    return spmm(view.csr, ins[0], ins[1] if len(ins) > 1 else None, reduce=e.attr("reduce"))
+
+
+@implements("sddmm", variant="kernels")
+def _sddmm_op(e: Eqn, ins: list[torch.Tensor], view, ctx) -> torch.Tensor:
+    return sddmm(view.csr, ins[0], ins[1], op=e.attr("op"))
+
+
+@implements("edge_softmax", variant="kernels")
+def _edge_softmax_op(e: Eqn, ins: list[torch.Tensor], view, ctx) -> torch.Tensor:
+    return edge_softmax(view.csr, ins[0])

@@ -1,0 +1,104 @@
+"""`verify`: the IR's invariants, checked after passes (a broken one is a bug in gnnc).
+
+It lives beside the IR rather than in it because its typed check re-runs each
+op's type rule, and the op definitions (gnnc.ir.ops) are built on the IR's records.
+"""
+from __future__ import annotations
+
+from gnnc.errors import GnncTypeError, InternalError
+from gnnc.ir import ops
+from gnnc.ir.core import LAYER_KINDS, PRIMITIVES, VIEWS, Eqn, Program, Value
+
+
+class VerifyError(InternalError):
+    """An IR invariant is broken: a bug in a pass, not in the user's program."""
+
+
+def verify(program: Program, typed: bool = False) -> None:
+    """Check the IR's invariants; raise VerifyError naming the broken one.
+
+    1. Every value is defined once: program inputs, layer params and equation
+       outputs never share a name.
+    2. Every equation input is defined before use: by a program input, an
+       earlier layer's output (declared in the reading layer's `inputs`), a
+       param of its layer, or an earlier equation of its layer.
+    3. Every layer output is defined inside the layer or passes an input through.
+    4. Layer kinds and primitives are known; graph layers name an edge view.
+    5. `logits` and `loss` are defined by the program.
+    6. With `typed=True`: every value has a type, and a value's type is the
+       same at its definition and at every use.
+    7. With `typed=True`: each equation's op is defined and its type rule, re-run
+       on the recorded input types, gives the recorded output types (checked
+       last, so a broken use-def chain is reported as such).
+    """
+
+    defined: dict[str, Value] = {}
+    retype: list[tuple[Eqn, str]] = []  # type rules are re-run once the structure is known to be sound
+
+    def define(v: Value, where: str) -> None:
+        if v.name in defined:
+            raise VerifyError(f"value %{v.name} is defined twice ({where})")
+        if typed and v.type is None:
+            raise VerifyError(f"value %{v.name} has no type ({where})")
+        defined[v.name] = v
+
+    def use(v: Value, scope: dict[str, Value], where: str) -> None:
+        if v.name not in scope:
+            raise VerifyError(f"%{v.name} is used before it is defined ({where})")
+        if typed and scope[v.name].type != v.type:
+            raise VerifyError(
+                f"%{v.name} has type {v.type} at its use but {scope[v.name].type} "
+                f"at its definition ({where})")
+
+    for v in program.inputs:
+        define(v, "program input")
+    visible: dict[str, Value] = dict(defined)
+    for layer in program.layers:
+        if layer.kind not in LAYER_KINDS:
+            raise VerifyError(f"layer {layer.name} has unknown kind {layer.kind!r}")
+        if layer.kind == "graph" and layer.edges not in VIEWS:
+            raise VerifyError(f"layer {layer.name} reads unknown edge view {layer.edges!r}")
+        scope: dict[str, Value] = {}
+        for v in layer.inputs:
+            use(v, visible, f"input of layer {layer.name}")
+            scope[v.name] = visible[v.name]
+        for p in layer.params:
+            define(p.value, f"param of layer {layer.name}")
+            if p.value.type is not None and p.value.type.domain != "param":
+                raise VerifyError(f"param %{p.value.name} is not in the param domain")
+            scope[p.value.name] = p.value
+        for i, e in enumerate(layer.eqns):
+            where = f"layer {layer.name}, equation {i}: {e.op}"
+            if e.prim not in PRIMITIVES:
+                raise VerifyError(f"unknown primitive {e.prim!r} ({where})")
+            for v in e.ins:
+                use(v, scope, where)
+            for v in e.outs:
+                define(v, where)
+                scope[v.name] = v
+            if typed:
+                retype.append((e, where))
+        for v in layer.outputs:
+            use(v, scope, f"output of layer {layer.name}")
+            visible[v.name] = scope[v.name]
+    for role, v in (("logits", program.logits), ("loss", program.loss)):
+        if v.name not in visible:
+            raise VerifyError(f"the program's {role} %{v.name} is not defined")
+    for e, where in retype:
+        check_types(e, where)
+
+
+def check_types(e: Eqn, where: str) -> None:
+    """Re-run the equation's type rule on its recorded input types; the outputs must match."""
+    if e.op not in ops.OPS or ops.OPS[e.op].type_rule is None:
+        raise VerifyError(f"op '{e.op}' is not defined in gnnc.ir.ops ({where})")
+    try:
+        want = ops.infer(e, [v.type for v in e.ins])
+    except GnncTypeError as err:
+        raise VerifyError(f"the type rule of '{e.op}' rejects its recorded input types: {err.message} ({where})") \
+            from None
+    if len(want) != len(e.outs):
+        raise VerifyError(f"'{e.op}' gives {len(want)} result(s) but records {len(e.outs)} ({where})")
+    for v, t in zip(e.outs, want):
+        if (v.type.domain, v.type.dtype) != (t.domain, t.dtype) or not ops.same_shape(v.type.shape, t.shape):
+            raise VerifyError(f"%{v.name} is recorded as {v.type} but its type rule gives {t} ({where})")
