@@ -13,4 +13,4 @@ from gnnc.elaborate import elaborate  # noqa: F401
 from gnnc.errors import GnncError  # noqa: F401
 from gnnc.pass_manager import register_pass  # noqa: F401
 from gnnc.ir_text import parse_ir  # noqa: F401
-from gnnc.passes.choose_strategy import register_cost  # noqa: F401
+from gnnc.passes.cost.registry import register_cost  # noqa: F401

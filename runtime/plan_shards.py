@@ -32,6 +32,7 @@ import torch
 
 from gnnc.errors import PlanError
 from gnnc.passes.partitioning import feature_slices
+from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.comm import HaloPlan
 from gnnc.runtime.executor import GraphView, sparse_if_sparse
 from gnnc.runtime.graph import CSR, Graph
@@ -95,7 +96,7 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
                                     "n_src": g.views[s.view].csr.n_src if s.view in g.views else None,
                                     "halo": g.halo is not None, "entry": g.entry is not None, "blocks": g.blocks}
     first = specs[0] if specs else None
-    if first is not None and first.strategy == "pushpull":
+    if first is not None and STRATEGIES[first.strategy].layout_in == "feature":  # P3's first layer
         lo, hi = feature_slices(graph.num_features, world)[rank]
         arrays["x"] = graph.x[:, lo:hi].numpy()
         arrays.update(_csr_arrays(f"full.{first.view}", GraphView.build(graph, first.view)))
