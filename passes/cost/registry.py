@@ -39,6 +39,7 @@ def cost_formula(name: str) -> Callable[[Formula], Formula]:
 
 
 def has_formula(name: str) -> bool:
+    """Whether strategy `name` has a built-in formula (every runnable strategy does: tests/test_strategies.py)."""
     return name in _FORMULAS
 
 
