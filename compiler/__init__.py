@@ -25,7 +25,7 @@ _EXPORTS: dict[str, str] = {
     "GnncError": "gnnc.errors",
     "register_pass": "gnnc.passes.manager",
     "parse_ir": "gnnc.ir.text",
-    "register_cost": "gnnc.passes.choose_strategy",
+    "register_cost": "gnnc.passes.cost.registry",
 }
 __all__ = sorted(_EXPORTS)
 

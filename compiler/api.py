@@ -23,6 +23,7 @@ from gnnc.frontend.syntax import Module, parse
 from gnnc.ir import Program
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, run_pipeline
 from gnnc.plan.plan_file import ModelSource, Plan
+from gnnc.plan.strategies import STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
-        method = partition or ("random" if strategy == "bcast1d" else "metis")
+        method = partition or _default_partition(strategy)
         parts = partition_vertices(graph, workers, method, seed)
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
     ctx = PassContext(graph=graph, options={"workers": workers, "strategy": strategy, "parts": parts,
@@ -132,6 +133,13 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "schedule": report.schedule}
     return Plan(program, model.source(), graph_spec, names, workers, meta, parts, ctx.options.get("hybrid_cached"),
                 graph if workers > 1 else None)
+
+
+def _default_partition(strategy: str | None) -> str:
+    """The partition method for `--strategy S` when the user names none: the strategy's (bcast1d wants the
+    random permutation MG-GCN balances its blocks with), else METIS."""
+    sd = STRATEGIES.get(strategy) if strategy else None
+    return (sd.default_partition if sd is not None else None) or "metis"
 
 
 def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow) -> Plan:
@@ -158,7 +166,9 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
     """Predicted epoch time on one worker of `profile` (the `local` formula of every graph layer)."""
     import numpy as np
 
-    from gnnc.passes import cost_model as cm
+    from gnnc.passes.cost.evaluation import evaluate_cost
+    from gnnc.passes.cost.local import local
+    from gnnc.passes.cost.symbols import CostInputs
     from gnnc.passes.choose_strategy import layer_dims, layer_shape
     from gnnc.passes.graph_stats import compute_stats
     from gnnc.passes.predict_bytes import param_dependent
@@ -166,9 +176,9 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
     layers = plan.program.graph_layers()
     stats = compute_stats(graph, np.zeros(graph.num_nodes, dtype=np.int64), len(layers), "self_loops")
     dims, heads = layer_dims(plan.program)
-    inputs = cm.CostInputs.from_stats(stats, dims, profile.for_workers(1), heads=heads)
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(1), heads=heads)
     needs = param_dependent(plan.program)
-    return sum(cm.evaluate_cost(cm.local(i, layer_shape(layer, needs)), inputs).time for i, layer in enumerate(layers))
+    return sum(evaluate_cost(local(i, layer_shape(layer, needs)), inputs).time for i, layer in enumerate(layers))
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):

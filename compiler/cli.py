@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gnnc.errors import GnncError, InternalError
+from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -176,10 +177,21 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from gnnc.cluster import ClusterProfile, default_probe_file
-    from gnnc.runtime.probe import describe_unit_costs, probe
+    """Measure this machine (gnnc.runtime.probe), then fit the cost model's figures to it (gnnc.passes.cost.fit)."""
+    import torch
 
-    profile = ClusterProfile.from_dict(probe(args.threads), "probe")
+    from gnnc import api
+    from gnnc.cluster import ClusterProfile, default_probe_file
+    from gnnc.passes.cost.fit import describe_unit_costs, fit_profile
+    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, probe, probe_layer_samples
+
+    threads = args.threads or max(1, torch.get_num_threads())
+    measured = probe(threads)
+    features, hidden, classes = PROBE_WIDTHS
+    model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
+    program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
+    fitted = fit_profile(program, samples, PROBE_WIDTHS, measured["intra_bandwidth"])
+    profile = ClusterProfile.from_dict({**measured, **fitted}, "probe")
     path = Path(args.output) if args.output else default_probe_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(path)
@@ -217,6 +229,17 @@ def load_plugins(names: list[str] | None) -> None:
             raise GnncError(f"--plugin {name}: cannot import: {err}") from None
 
 
+def _strategy_list(known: tuple[str, ...]):
+    """An argparse type: comma-separated strategy names, each one of `known` (the registry's)."""
+    def parse(text: str) -> str:
+        for name in text.split(","):
+            if name not in known:
+                raise argparse.ArgumentTypeError(f"unknown strategy '{name}' (known: {', '.join(known)})")
+        return text
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gnnc", description="Compile GNN programs into distributed plans and run them.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -235,9 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output")
     c.add_argument("--workers", default="1", help="worker count, or 'auto' (up to the cluster's size)")
     c.add_argument("--cluster", help="a preset (gnnc clusters) or a profile JSON file")
-    c.add_argument("--allow", help="strategies the planner may choose, comma-separated")
+    plannable = strategy_names(plannable=True)
+    c.add_argument("--allow", type=_strategy_list(plannable), metavar="S1,S2",
+                   help=f"strategies the planner may choose, comma-separated: {', '.join(plannable)}")
     c.add_argument("--explain", action="store_true", help="print the planner's alternatives and crossovers")
-    c.add_argument("--strategy", help="one strategy for every graph layer, or one per layer (S1,S2)")
+    c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
+                   help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=["hash", "chunk", "metis", "g3", "random"])
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.add_argument("--passes", help="comma-separated pass pipeline (default: infer-shapes,check,lower)")
@@ -260,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("target")
     c.add_argument("--graph")
     c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
-    c.add_argument("--strategy", help="one strategy for every graph layer, or one per layer (S1,S2)")
+    c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
+                   help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=["hash", "chunk", "metis", "g3", "random"])
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.add_argument("--epochs", type=int)

@@ -90,7 +90,7 @@ class ClusterProfile:
         dense map, seconds per edge per feature of the aggregation, seconds
         per byte of a communicated row. They override the rates above where
         the cost model needs them (`effective_*`); None: derive from rates.
-        `gnnc probe` fits them to gnnc's own executor (runtime/probe.py).
+        `gnnc probe` fits them (gnnc.passes.cost.fit) to timings of gnnc's own executor (runtime/probe.py).
     description: one line for `gnnc clusters`.
     unit_costs: the per-layer-width T_v, T_e, T_c behind t_v, t_e, t_c, in NeutronStar's units
         (`LayerUnitCosts`); empty unless `gnnc probe` fitted them.

@@ -2,7 +2,7 @@
 predicted schedule as a Gantt chart (PNG) or a Chrome/Perfetto trace.
 
 The schedule views draw what the planner stored in the plan (`planner.schedule`, written by
-`passes/choose_strategy.predicted_schedule`), never a re-estimate: a chart that recomputed the
+`gnnc.passes.cost.schedule.predicted_schedule`), never a re-estimate: a chart that recomputed the
 costs could silently disagree with the prediction the plan was chosen on. A trace can carry a
 measured run beside the prediction (`--metrics RUN.jsonl` from `gnnc run --metrics`), on other
 process ids, so Perfetto shows both on one time axis.

@@ -17,21 +17,25 @@ from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.ops import op_def
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
-STRATEGIES = ("depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "pipeline", "local")
-RUNNABLE = ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull", "local")
-SEGMENT = ("depcache", "hybrid")  # strategies that span several layers as one segment
-VERTEX_PARTITIONED = ("depcomm", "bcast1d")
+DEFAULT_STRATEGY = "depcomm"  # what several workers run when neither the user nor the planner chose
+
+
+def spans_segment(name: str) -> bool:
+    """Whether strategy `name` runs consecutive layers as one segment (depcache, hybrid)."""
+    return STRATEGIES[name].span == "segment"
 
 
 def strategies_for(program: Program, spec: str | list[str] | None, workers: int) -> list[str]:
     layers = program.graph_layers()
     if workers == 1:
-        if spec not in (None, "local") and spec != ["local"] * len(layers):
+        (local,) = strategy_names(single_worker=True)
+        if spec not in (None, local) and spec != [local] * len(layers):
             raise GnncError(f"--strategy {spec}: one worker runs every layer locally; use --nproc N > 1")
-        return ["local"] * len(layers)
+        return [local] * len(layers)
     if spec is None:
-        spec = "depcomm"
+        spec = DEFAULT_STRATEGY
     names = spec.split(",") if isinstance(spec, str) else list(spec)
     if len(names) == 1:
         names = names * len(layers)
@@ -40,18 +44,19 @@ def strategies_for(program: Program, spec: str | list[str] | None, workers: int)
     for layer, s in zip(layers, names):
         if s not in STRATEGIES:
             raise GnncError(f"unknown strategy '{s}' (known: {', '.join(STRATEGIES)})")
-        if s == "local":
-            raise GnncError(f"layer {layer.name} ({layer.op}): 'local' needs a single worker")
-        if s not in RUNNABLE:
+        if STRATEGIES[s].single_worker:
+            raise GnncError(f"layer {layer.name} ({layer.op}): '{s}' needs a single worker")
+        if not STRATEGIES[s].runnable:
             raise GnncError(f"layer {layer.name} ({layer.op}): the runtime does not execute '{s}' yet "
-                            f"(it runs {', '.join(s for s in RUNNABLE if s != 'local')})")
+                            f"(it runs {', '.join(strategy_names(runnable=True, single_worker=False))})")
     for i, (layer, s) in enumerate(zip(layers, names)):
-        if s != "pushpull":
+        if not STRATEGIES[s].first_layer_only:
             continue
         if i != 0:
-            raise GnncError(f"layer {layer.name} ({layer.op}): pushpull runs the first graph layer only "
+            raise GnncError(f"layer {layer.name} ({layer.op}): {s} runs the first graph layer only "
                             f"(P3 splits the input features; later layers are vertex-partitioned)")
-        check_pushpull(program, layer)
+        if STRATEGIES[s].layout_in == "feature":
+            check_pushpull(program, layer)
     return names
 
 
@@ -79,7 +84,7 @@ def segment_starts(names: list[str], planned: list[tuple[int, int, str]] | None 
         return [next(a for a, b, _ in planned if a <= k < b) for k in range(len(names))]
     starts: list[int] = []
     for k, s in enumerate(names):
-        starts.append(starts[-1] if s in SEGMENT and k and names[k - 1] == s else k)
+        starts.append(starts[-1] if spans_segment(s) and k and names[k - 1] == s else k)
     return starts
 
 
@@ -106,7 +111,7 @@ def segment_can_start_at(program: Program, start: int, end: int) -> bool:
 def check_segment_inputs(program: Program, names: list[str], starts: list[int]) -> None:
     """Refuse a segment entered after layer 0 that holds a layer that is not `fetchable`."""
     for k, (layer, s) in enumerate(zip(program.graph_layers(), names)):
-        if s in SEGMENT and starts[k] != 0 and not fetchable(layer):
+        if spans_segment(s) and starts[k] != 0 and not fetchable(layer):
             outside = vertex_inputs(layer)
             raise GnncError(f"layer {layer.name}: a {s} segment that starts after the first graph layer fetches "
                             f"one input's rows on entry, but this layer reads {len(outside)} vertex values "
@@ -127,7 +132,7 @@ def assign_strategy(program: Program, ctx: PassContext) -> Program:
             strategy, start = next(it)
             attrs = dict(layer.attrs)
             attrs["strategy"] = strategy
-            if strategy in SEGMENT:
+            if spans_segment(strategy):
                 attrs["segment"] = start
             layer = layer.replace(attrs=tuple(sorted(attrs.items())))
         layers.append(layer)

@@ -125,7 +125,7 @@ def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
 
 @dataclass(frozen=True)
 class UnitCosts:
-    """NeutronStar's constants for one segment (`gnnc.passes.cost_model.hybrid_unit_costs` derives them).
+    """NeutronStar's constants for one segment (`gnnc.passes.cost.neutronstar.hybrid_unit_costs` derives them).
 
     t_v[k], t_e[k]: seconds per row computed / edge aggregated at layer k
     (forward plus backward). t_c[k]: seconds to communicate one row of h^k

@@ -29,28 +29,35 @@ from __future__ import annotations
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
 from gnnc.ir.ops import reads_neighbours
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.plan.strategies import STRATEGIES, StrategyDef
 
-COMM_OP = {"depcomm": "halo", "hybrid": "halo", "bcast1d": "bcast_rows"}
+
+def _strategy(layer: Layer) -> StrategyDef | None:
+    """The descriptor of the strategy a graph layer runs (None for other layers)."""
+    name = layer.attr("strategy")
+    return None if name is None else STRATEGIES[name]
 
 
 def _fetch_on_entry(layer: Layer, index: int) -> Layer:
     """A depcache/hybrid segment entered after layer 0: fetch its input's rows of C^s first."""
-    if layer.attr("strategy") not in ("depcache", "hybrid") or layer.attr("segment") != index or index == 0:
+    sd = _strategy(layer)
+    if sd is None or sd.entry_op is None or layer.attr("segment") != index or index == 0:
         return layer
     v = next(v for v in layer.inputs if v.type is not None and v.type.domain == "vertex")
-    ext = Value(f"{v.name}^fetch", v.type)
+    ext = Value(f"{v.name}^{sd.entry_op}", v.type)
     first = layer.eqns[0]
-    eqns = [Eqn("fetch", (v,), (ext,), attrs_of(), first.prim, first.loc)]
+    eqns = [Eqn(sd.entry_op, (v,), (ext,), attrs_of(), first.prim, first.loc)]
     eqns += [e.replace(ins=tuple(ext if i.name == v.name else i for i in e.ins)) for e in layer.eqns]
     return layer.replace(eqns=tuple(eqns))
 
 
 def _insert(layer: Layer) -> Layer:
-    if layer.attr("strategy") == "pushpull":
+    sd = _strategy(layer)
+    if sd is not None and sd.sync_op is not None:
         return layer.replace(eqns=tuple(
-            Eqn("reduce_scatter", e.ins, e.outs, attrs_of(reduce="sum"), e.prim, e.loc) if e.op == "sync" else e
+            Eqn(sd.sync_op, e.ins, e.outs, attrs_of(reduce="sum"), e.prim, e.loc) if e.op == "sync" else e
             for e in layer.eqns))
-    op = COMM_OP.get(layer.attr("strategy"))
+    op = sd.comm_op if sd is not None else None
     if op is None:
         return layer
     replaced: dict[str, Value] = {}

@@ -4,7 +4,7 @@ A `hybrid` segment (NeutronStar) communicates some remote dependencies and
 recomputes the others from a replicated subtree. Which ones is
 NeutronStar's Algorithm 4 (gnnc.passes.hybrid_greedy), run on the
 partition's statistics with unit costs from the cost model and the cluster
-profile (gnnc.passes.cost_model.hybrid_unit_costs); the caches of a worker
+profile (gnnc.passes.cost.neutronstar.hybrid_unit_costs); the caches of a worker
 share its memory (`memory_per_worker`). The selection is data, not IR: it
 goes to `ctx.options["hybrid_cached"]` ({layer: [global ids per worker]}),
 where predict-bytes and the plan's shards read it, and its prediction to
@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from gnnc.ir import Program
+from gnnc.passes.cost.evaluation import compile_cost
+from gnnc.passes.cost.neutronstar import hybrid, hybrid_unit_costs, hybrid_values
 from gnnc.passes.manager import PassContext, register_pass
 
 
@@ -38,29 +40,28 @@ class Selection:
 
     cached: dict[int, list[np.ndarray]]
     source: str  # "greedy" (Algorithm 4), "communicate-all" or "cache-all"
-    values: dict[Any, np.ndarray]  # the cost model's hybrid symbols (cost_model.hybrid_values)
+    values: dict[Any, np.ndarray]  # the cost model's hybrid symbols (cost.neutronstar.hybrid_values)
     time: float
     received: np.ndarray  # [workers, layers] rows communicated
-    value: Any = None  # the formula's cost_model.CostValue with this selection
+    value: Any = None  # the formula's cost.evaluation.CostValue with this selection
 
 
 def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int, formula=None) -> Selection:
     """Algorithm 4 over graph layers [start, end), unless communicating or caching everything predicts less.
 
-    Every candidate is priced by the planner's own `cost_model.hybrid`
+    Every candidate is priced by the planner's own `cost.neutronstar.hybrid`
     formula (communicate-all is exactly depcomm there), so the segment the
     planner prices is the one the runtime executes. Ties keep the greedy's.
     `formula`: that formula when the caller has built it already.
     """
-    from gnnc.passes import cost_model as cm
     from gnnc.passes import hybrid_greedy as hg
 
     world = inputs.workers
-    unit = cm.hybrid_unit_costs(inputs, start, shapes[start:end])
+    unit = hybrid_unit_costs(inputs, start, shapes[start:end])
     costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"], unit["edge_bytes"])
     deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
     cap = memory_cap if memory_cap else float("inf")
-    priced = cm.compile_cost(formula if formula is not None else cm.hybrid(start, end, shapes[start:end]))
+    priced = compile_cost(formula if formula is not None else hybrid(start, end, shapes[start:end]))
     candidates = [hg.select(deps, costs, unit["own_time"], cap),
                   hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
                              source="communicate-all")]
@@ -69,8 +70,8 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
         candidates.append(every)
     best: Selection | None = None
     for cand in candidates:
-        values = cm.hybrid_values(start, cand.comm_received, cand.comm_sent, cand.recompute_rows, cand.recompute_edges,
-                                  cand.replicated_inputs)
+        values = hybrid_values(start, cand.comm_received, cand.comm_sent, cand.recompute_rows, cand.recompute_edges,
+                               cand.replicated_inputs)
         value = priced(inputs, values)
         if best is None or value.time < best.time:
             cached = {start + m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])

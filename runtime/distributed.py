@@ -11,7 +11,7 @@ the single-process loss; parameter gradients are summed over ranks
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -60,24 +60,43 @@ class Exchange:
         return InFlight(held, comm.start_halo_exchange(held, layer.halo, self.stats, label=e.outs[0].name.split(".")[0]))
 
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
-        label = e.outs[0].name.split(".")[0]
-        if op == "reduce_scatter":
-            return comm.reduce_scatter(x[self.block_order], self.block_sizes, self.stats, dim=0, label=label)
+        """Run communication op `op` (one of EXCHANGES) on `x`; the byte counters are labelled by its value."""
+        return EXCHANGES[op](self, x, e.outs[0].name.split(".")[0])
+
+    def _reduce_scatter(self, x: torch.Tensor, label: str) -> torch.Tensor:
+        """P3's pull: every vertex's partial sums, summed at its owner (rows in block order)."""
+        return comm.reduce_scatter(x[self.block_order], self.block_sizes, self.stats, dim=0, label=label)
+
+    def _halo(self, x: torch.Tensor, label: str) -> torch.Tensor:
+        """DepComm / Hybrid: the held rows followed by the remote rows of this layer's halo."""
         layer = self.layer
-        assert layer is not None
-        x = _dense(x)  # a sparse input (bag of words) travels as dense rows
-        if op == "halo":
-            assert layer.halo is not None
-            held = x[: layer.n_in]
-            return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=label)], dim=0)
-        if op == "fetch":  # entering a depcache/hybrid segment: the rows of C^s it does not own, in its order
-            assert layer.entry is not None and layer.entry_perm is not None
-            own = x[: self.lg.n_owned]
-            got = comm.halo_exchange(own, layer.entry, self.stats, label=label)
-            return torch.cat([own, got], dim=0)[layer.entry_perm]
-        own = x[: self.lg.n_owned]
+        assert layer is not None and layer.halo is not None
+        held = _dense(x)[: layer.n_in]  # a sparse input (bag of words) travels as dense rows
+        return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=label)], dim=0)
+
+    def _fetch(self, x: torch.Tensor, label: str) -> torch.Tensor:
+        """Entering a depcache/hybrid segment: the rows of C^s it does not own, in the segment's order."""
+        layer = self.layer
+        assert layer is not None and layer.entry is not None and layer.entry_perm is not None
+        own = _dense(x)[: self.lg.n_owned]
+        got = comm.halo_exchange(own, layer.entry, self.stats, label=label)
+        return torch.cat([own, got], dim=0)[layer.entry_perm]
+
+    def _bcast_rows(self, x: torch.Tensor, label: str) -> torch.Tensor:
+        """MG-GCN's staged broadcast: every rank's row block, in block order."""
+        own = _dense(x)[: self.lg.n_owned]
         blocks = [h for _, h in comm.staged_broadcast(own, self.lg.block_rows, self.stats, label=label)]
         return torch.cat(blocks, dim=0)
+
+
+# The runtime side of each communication op a strategy's descriptor names (gnnc.plan.strategies:
+# comm_op, sync_op, entry_op): a strategy's exchange is one entry here.
+EXCHANGES: dict[str, Callable[[Exchange, torch.Tensor, str], torch.Tensor]] = {
+    "halo": Exchange._halo,
+    "fetch": Exchange._fetch,
+    "bcast_rows": Exchange._bcast_rows,
+    "reduce_scatter": Exchange._reduce_scatter,
+}
 
 
 @dataclass

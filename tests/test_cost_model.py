@@ -15,9 +15,19 @@ from hypothesis import strategies as st
 
 from conftest import random_graph
 from gnnc.cluster import PRESET_NAMES, preset
-from gnnc.passes import cost_model as cm
-from gnnc.passes.cost_model import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S, V, V_max, LayerShape, alpha, b, bw,
-                                    d, hop_edges, hop_vertices)
+from gnnc.passes.cost.collectives import (all_gather_time, all_reduce_time, all_to_all_time, allreduce_payload,
+                                          broadcast_time, grad_allreduce, reduce_scatter_time)
+from gnnc.passes.cost.compute import gemm_time, layer_parameters, spmm_time
+from gnnc.passes.cost.crossovers import crossover
+from gnnc.passes.cost.evaluation import compile_cost, CompiledCost, evaluate, evaluate_cost
+from gnnc.passes.cost.layouts import boundary, transition
+from gnnc.passes.cost.local import local
+from gnnc.passes.cost.mggcn import bcast1d
+from gnnc.passes.cost.neutronstar import depcache, depcomm, hybrid, hybrid_values
+from gnnc.passes.cost.p3 import pushpull
+from gnnc.passes.cost.registry import segment_cost
+from gnnc.passes.cost.symbols import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S, V, V_max, Cost, CostInputs, LayerShape,
+                                      alpha, b, b_idx, bw, comm_rows, d, heads, hop_edges, hop_vertices)
 from gnnc.runtime import comm
 from gnnc.graph import Graph
 from gnnc.passes.graph_stats import compute_stats
@@ -32,27 +42,27 @@ def num(expr, values: dict) -> float:
 
 
 def test_compute_and_collectives_by_hand() -> None:
-    assert num(cm.gemm_time(100, 64, 16, gemms=2), {R_gemm: 1e8}) == pytest.approx(4 * 100 * 64 * 16 / 1e8)
-    assert num(cm.spmm_time(600, 16), {R_spmm: 1e7}) == pytest.approx(9.6e-4)
+    assert num(gemm_time(100, 64, 16, gemms=2), {R_gemm: 1e8}) == pytest.approx(4 * 100 * 64 * 16 / 1e8)
+    assert num(spmm_time(600, 16), {R_spmm: 1e7}) == pytest.approx(9.6e-4)
     vals = {P: 4, bw: 1e6, alpha: 1e-3}
-    assert num(cm.all_reduce_time(4000), vals) == pytest.approx(2 * 3 / 4 * 4000 / 1e6 + 6e-3)
-    assert num(cm.reduce_scatter_time(3000), vals) == pytest.approx(3e-3 + 3e-3)
-    assert num(cm.all_gather_time(3000), vals) == pytest.approx(3e-3 + 3e-3)
-    assert num(cm.all_to_all_time(1000, 3000), vals) == pytest.approx(3e-3 + 3e-3)  # the larger side
-    assert num(cm.broadcast_time(1000), {**vals, P: 5}) == pytest.approx(1e-3 + 3e-3)  # ceil(log2 5) = 3
+    assert num(all_reduce_time(4000), vals) == pytest.approx(2 * 3 / 4 * 4000 / 1e6 + 6e-3)
+    assert num(reduce_scatter_time(3000), vals) == pytest.approx(3e-3 + 3e-3)
+    assert num(all_gather_time(3000), vals) == pytest.approx(3e-3 + 3e-3)
+    assert num(all_to_all_time(1000, 3000), vals) == pytest.approx(3e-3 + 3e-3)  # the larger side
+    assert num(broadcast_time(1000), {**vals, P: 5}) == pytest.approx(1e-3 + 3e-3)  # ceil(log2 5) = 3
 
 
 def test_grad_allreduce_time_and_bytes() -> None:
-    c = cm.grad_allreduce(1000)
+    c = grad_allreduce(1000)
     vals = {P: 4, b: 4, bw: 1e6, alpha: 1e-3}
     assert num(c.stages[0], vals) == pytest.approx(0.006 + 0.006)
     assert num(c.bytes, vals) * 4 == pytest.approx(2 * 3 * 1000 * 4)  # the job's payload: 2(P-1)·n·b
-    assert num(cm.grad_allreduce(1000, buckets=3).stages[0], vals) == pytest.approx(0.006 + 0.018)
+    assert num(grad_allreduce(1000, buckets=3).stages[0], vals) == pytest.approx(0.006 + 0.018)
 
 
 @pytest.mark.parametrize("buckets,world", [([10], 4), ([7, 1, 1000], 3), ([5], 1), ([0, 9], 2)])
 def test_allreduce_payload_matches_the_runtime_count(buckets: list[int], world: int) -> None:
-    ours = cm.allreduce_payload(buckets, world)
+    ours = allreduce_payload(buckets, world)
     theirs = [sum(comm.allreduce_payload_bytes(n, 1, r, world) for n in buckets) if world > 1 else 0
               for r in range(world)]
     assert ours.tolist() == theirs
@@ -64,19 +74,19 @@ def test_shape_widths() -> None:
     assert LayerShape(gemm_first=True).width(0) == d(1)
     assert LayerShape(gemm_first=False).width(0) == d(0)
     gat_out = LayerShape(attention=True, mean_heads=True)
-    assert gat_out.width(1) == d(2) * cm.heads(1)
+    assert gat_out.width(1) == d(2) * heads(1)
     assert LayerShape(gemm_first=False, input_grad=False).exchange_grad is False
     assert LayerShape(gemm_first=True, input_grad=False).exchange_grad is True
 
 
 # --- strategies by hand ------------------------------------------------------------------------
 
-DEPCOMM_VALUES = {V: 100, E: 600, B: 40, S: 30, E_r: 200, d(0): 64, d(1): 16, b: 4, cm.b_idx: 8, bw: 1e6, alpha: 1e-3,
+DEPCOMM_VALUES = {V: 100, E: 600, B: 40, S: 30, E_r: 200, d(0): 64, d(1): 16, b: 4, b_idx: 8, bw: 1e6, alpha: 1e-3,
                   P: 2, R_gemm: 1e8, R_spmm: 1e7}
 
 
 def test_depcomm_by_hand() -> None:
-    c = cm.depcomm(0, LayerShape(gemm_first=True, input_grad=False))
+    c = depcomm(0, LayerShape(gemm_first=True, input_grad=False))
     gemm = 2 * 100 * 64 * 16 / 1e8
     exch = 40 * 16 * 4 / 1e6 + 1e-3  # max(S, B) rows, one latency per peer
     local, remote = 400 * 16 / 1e7, 200 * 16 / 1e7
@@ -88,7 +98,7 @@ def test_depcomm_by_hand() -> None:
 
 
 def test_depcomm_overlap_takes_the_max_not_the_sum() -> None:
-    c = cm.depcomm(0, LayerShape(gemm_first=True, input_grad=False))
+    c = depcomm(0, LayerShape(gemm_first=True, input_grad=False))
     fast = {**DEPCOMM_VALUES, bw: 1e9, alpha: 0.0}  # the exchange now hides behind the local edges
     gemm, exch, local, remote = 2 * 100 * 64 * 16 / 1e8, 40 * 16 * 4 / 1e9, 400 * 16 / 1e7, 200 * 16 / 1e7
     t = num(c.stages[0], fast)
@@ -101,7 +111,7 @@ def test_depcomm_overlap_takes_the_max_not_the_sum() -> None:
 
 
 def test_depcomm_on_the_input_sends_nothing_back() -> None:
-    spmm_first = cm.depcomm(0, LayerShape(gemm_first=False, input_grad=False))  # exchanges x, which has no grad
+    spmm_first = depcomm(0, LayerShape(gemm_first=False, input_grad=False))  # exchanges x, which has no grad
     assert num(spmm_first.bytes, DEPCOMM_VALUES) == 30 * 64 * 4
     assert num(spmm_first.stages[1], DEPCOMM_VALUES) == pytest.approx(2 * 100 * 64 * 16 / 1e8)  # dW only
 
@@ -130,11 +140,11 @@ def _halo_stats(src: np.ndarray, dst: np.ndarray, parts: np.ndarray, world: int)
     return vertices, edges, remote, send
 
 
-def _inputs(vertices, edges, remote, send, dims, profile_name="neutronstar-ecs", hops=1, **kw) -> cm.CostInputs:
+def _inputs(vertices, edges, remote, send, dims, profile_name="neutronstar-ecs", hops=1, **kw) -> CostInputs:
     v = np.asarray(vertices, float)
     hv = np.tile(v[:, None], (1, hops + 1))
     he = np.tile(np.asarray(edges, float)[:, None], (1, hops + 1))
-    return cm.CostInputs(v, np.asarray(edges, float), np.asarray(remote, float), np.asarray(send, float), hv, he,
+    return CostInputs(v, np.asarray(edges, float), np.asarray(remote, float), np.asarray(send, float), hv, he,
                          dims, preset(profile_name), **kw)
 
 
@@ -144,7 +154,7 @@ def test_depcomm_bytes_for_a_two_part_toy_graph_equal_the_hand_count() -> None:
     assert vertices.tolist() == [2, 2] and edges.tolist() == [2, 4]
     assert remote.tolist() == [1, 2] and send.tolist() == [2, 1]
     inp = _inputs(vertices, edges, remote, send, (16, 16))
-    layer = cm.evaluate_cost(cm.depcomm(0, LayerShape(input_grad=True)), inp)
+    layer = evaluate_cost(depcomm(0, LayerShape(input_grad=True)), inp)
     assert layer.bytes == 3 * 16 * 4 + 3 * 16 * 4  # three rows out, three gradients back
     assert layer.worker_bytes.tolist() == [(2 + 1) * 64, (1 + 2) * 64]
 
@@ -164,17 +174,17 @@ def test_depcomm_bytes_equal_what_the_runtime_halo_plan_sends(graph_fn, world: i
         assert plan.n_halo == remote[rank] and sum(plan.send_counts) == send[rank]
         runtime_bytes += (sum(plan.send_counts) + plan.n_halo) * width * 4  # as _HaloExchange counts
     inp = _inputs(vertices, edges, remote, send, (width, width))
-    assert cm.evaluate_cost(cm.depcomm(0, LayerShape()), inp).bytes == runtime_bytes
+    assert evaluate_cost(depcomm(0, LayerShape()), inp).bytes == runtime_bytes
 
 
 DEPCACHE_VALUES = {V: 10, hop_vertices(0): 10, hop_vertices(1): 15, hop_vertices(2): 30, hop_edges(0): 20,
-                   hop_edges(1): 40, d(0): 8, d(1): 4, d(2): 2, b: 4, cm.b_idx: 8, R_gemm: 1e3, R_spmm: 1e2,
+                   hop_edges(1): 40, d(0): 8, d(1): 4, d(2): 2, b: 4, b_idx: 8, R_gemm: 1e3, R_spmm: 1e2,
                    P: 4, bw: 1e3, alpha: 0.0}
 
 
 def test_depcache_two_layers_by_hand() -> None:
     shapes = [LayerShape(input_grad=False), LayerShape()]
-    c = cm.depcache(0, 2, shapes)
+    c = depcache(0, 2, shapes)
     # layer 0: dense map on the 2-hop rows (30) first, aggregate 40 edges into the 1-hop rows
     f0, b0 = 2 * 30 * 8 * 4 / 1e3 + 40 * 4 / 1e2, 2 * 30 * 8 * 4 / 1e3 + 40 * 4 / 1e2
     # layer 1: dense map on the 15 1-hop rows, aggregate 20 edges into the 10 owned rows
@@ -188,20 +198,20 @@ def test_depcache_two_layers_by_hand() -> None:
 
 
 def test_depcache_after_layer_zero_fetches_its_neighbourhood() -> None:
-    c = cm.depcache(1, 2, [LayerShape()])
+    c = depcache(1, 2, [LayerShape()])
     vals = {**DEPCACHE_VALUES, d(1): 4, d(2): 2}
     fetched = (15 - 10) * 4 * 4  # HV_1 - V rows of h^1
     assert num(c.bytes, vals) == 2 * fetched  # rows in, gradients back
     compute = 2 * 15 * 4 * 2 / 1e3 + 20 * 2 / 1e2
     assert num(c.stages[0], vals) == pytest.approx(fetched / 1e3 + compute)
-    assert num(cm.depcache(1, 2, [LayerShape()], fetch_input=False).bytes, vals) == 0
+    assert num(depcache(1, 2, [LayerShape()], fetch_input=False).bytes, vals) == 0
     with pytest.raises(ValueError):
-        cm.depcache(0, 2, [LayerShape()])
+        depcache(0, 2, [LayerShape()])
 
 
 def test_pushpull_by_hand() -> None:
     sage = LayerShape(gemms=2, gemm_first=False, input_grad=False)
-    c = cm.pushpull(0, sage)
+    c = pushpull(0, sage)
     vals = {N: 1000, E_tot: 5000, V: 250, E: 1250, P: 4, d(0): 100, d(1): 32, b: 4, bw: 1e6, alpha: 0.0,
             R_gemm: 1e9, R_spmm: 1e8}
     gemm = 2 * 2 * 1000 * 25 * 32 / 1e9  # every vertex, a 25-wide slice
@@ -210,13 +220,13 @@ def test_pushpull_by_hand() -> None:
     assert num(c.stages[0], vals) == pytest.approx(gemm + spmm + pull)
     assert num(c.stages[1], vals) == pytest.approx(750 * 32 * 4 / 1e6 + gemm)  # push the gradient; dW slice
     assert num(c.bytes, vals) == 750 * 32 * 4 + 250 * 32 * 3 * 4
-    pushed = cm.pushpull(0, sage, structure_push=True)
-    assert num(pushed.bytes - c.bytes, {**vals, cm.b_idx: 8}) == 1250 * 3 * 8
-    assert num(pushed.stages[0] - c.stages[0], {**vals, cm.b_idx: 8}) == pytest.approx(3750 * 8 / 1e6)
+    pushed = pushpull(0, sage, structure_push=True)
+    assert num(pushed.bytes - c.bytes, {**vals, b_idx: 8}) == 1250 * 3 * 8
+    assert num(pushed.stages[0] - c.stages[0], {**vals, b_idx: 8}) == pytest.approx(3750 * 8 / 1e6)
 
 
 def test_bcast1d_by_hand() -> None:
-    c = cm.bcast1d(0, LayerShape())
+    c = bcast1d(0, LayerShape())
     vals = {N: 400, V: 100, V_max: 120, E: 500, P: 4, d(0): 16, d(1): 8, b: 4, bw: 1e5, alpha: 0.0,
             R_gemm: 1e9, R_spmm: 1e6}
     stages, first = 400 * 8 * 4 / 1e5, 120 * 8 * 4 / 1e5
@@ -229,8 +239,8 @@ def test_bcast1d_by_hand() -> None:
 
 
 def test_local_by_hand() -> None:
-    c = cm.local(0, LayerShape(input_grad=False))
-    vals = {N: 400, E_tot: 2000, d(0): 16, d(1): 8, R_gemm: 1e9, R_spmm: 1e6, b: 4, cm.b_idx: 8}
+    c = local(0, LayerShape(input_grad=False))
+    vals = {N: 400, E_tot: 2000, d(0): 16, d(1): 8, R_gemm: 1e9, R_spmm: 1e6, b: 4, b_idx: 8}
     t = 2 * 400 * 16 * 8 / 1e9 + 2000 * 8 / 1e6
     assert num(c.stages[0], vals) == pytest.approx(t)
     assert num(c.stages[1], vals) == pytest.approx(t)  # dW and the aggregation's backward (W ran first)
@@ -239,27 +249,27 @@ def test_local_by_hand() -> None:
 
 def test_transitions_by_hand_and_as_the_runtime_counts() -> None:
     vals = {N: 100, V: 25, P: 4, d(1): 40, b: 4, bw: 1e3, alpha: 0.0}
-    to_f = cm.transition("vertex", "feature", d(1))
+    to_f = transition("vertex", "feature", d(1))
     # runtime: rank r sends rows[r] x (F - cols[r]) elements; backward the mirror
     assert num(to_f.bytes, vals) == 25 * 30 * 4 + 75 * 10 * 4
     assert num(to_f.stages[0], vals) == pytest.approx(3.0)
-    to_v = cm.transition("feature", "vertex", d(1), needs_grad=False)
+    to_v = transition("feature", "vertex", d(1), needs_grad=False)
     assert num(to_v.bytes, vals) == 75 * 10 * 4 and num(to_v.stages[1], vals) == 0
-    gather = cm.transition("vertex", "replicated", d(1))
+    gather = transition("vertex", "replicated", d(1))
     assert num(gather.bytes, vals) == 25 * 40 * 3 * 4 + 75 * 40 * 4
-    assert num(cm.transition("replicated", "vertex", d(1)).stages[0], vals) == 0
-    assert cm.transition("vertex", "vertex", d(1)).stages == ()
-    assert num(cm.transition("feature", "replicated", d(1)).bytes, vals) == 100 * 10 * 3 * 4 + 100 * 30 * 4
+    assert num(transition("replicated", "vertex", d(1)).stages[0], vals) == 0
+    assert transition("vertex", "vertex", d(1)).stages == ()
+    assert num(transition("feature", "replicated", d(1)).bytes, vals) == 100 * 10 * 3 * 4 + 100 * 30 * 4
     with pytest.raises(ValueError):
-        cm.transition("vertex", "diagonal", d(1))
-    assert num(cm.boundary("depcomm", "pushpull", 1).bytes, vals) == num(to_f.bytes, vals)
-    assert cm.boundary(None, "pushpull", 0).stages == ()  # x is loaded in the layout the first segment wants
+        transition("vertex", "diagonal", d(1))
+    assert num(boundary("depcomm", "pushpull", 1).bytes, vals) == num(to_f.bytes, vals)
+    assert boundary(None, "pushpull", 0).stages == ()  # x is loaded in the layout the first segment wants
     inp = _inputs([25, 25, 25, 25], [50] * 4, [0] * 4, [0] * 4, (40, 40))
-    free = cm.evaluate_cost(cm.transition("replicated", "vertex", d(1), needs_grad=False), inp)
+    free = evaluate_cost(transition("replicated", "vertex", d(1), needs_grad=False), inp)
     assert free.stage_times.shape == (2, 4) and free.time == 0 and free.worker_bytes.tolist() == [0] * 4
 
 
-def _rand_inputs(seed: int, workers: int = 4, layers: int = 2, profile: str = "neutronstar-ecs") -> cm.CostInputs:
+def _rand_inputs(seed: int, workers: int = 4, layers: int = 2, profile: str = "neutronstar-ecs") -> CostInputs:
     rng = np.random.default_rng(seed)
     v = rng.integers(50, 200, workers).astype(float)
     e = v * rng.uniform(2, 10, workers)
@@ -268,22 +278,22 @@ def _rand_inputs(seed: int, workers: int = 4, layers: int = 2, profile: str = "n
     hv = np.concatenate([v[:, None], v[:, None] + np.cumsum(steps, axis=1)], axis=1)
     he = hv * rng.uniform(2, 10, (workers, 1))
     dims = tuple(float(x) for x in rng.integers(4, 300, layers + 1))
-    return cm.CostInputs(v, e, remote, rng.permutation(remote), hv, he, dims, preset(profile),
+    return CostInputs(v, e, remote, rng.permutation(remote), hv, he, dims, preset(profile),
                          remote_edges=e * rng.uniform(0, 1, workers))
 
 
 def test_evaluate_matches_subs_worker_by_worker() -> None:
     inp = _rand_inputs(0)
-    cost = cm.depcomm(1, LayerShape(gemms=2))
+    cost = depcomm(1, LayerShape(gemms=2))
     table = inp.values()
-    got = cm.evaluate(cost.stages[0], inp)
+    got = evaluate(cost.stages[0], inp)
     for i in range(inp.workers):
         sub = {s: (v[i] if np.ndim(v) else v) for s, v in table.items()}
         assert got[i] == pytest.approx(num(cost.stages[0], sub))
-    value = cm.evaluate_cost(cost, inp)
-    assert value.time == pytest.approx(cm.evaluate(cost.stages[0], inp).max() + cm.evaluate(cost.stages[1], inp).max())
+    value = evaluate_cost(cost, inp)
+    assert value.time == pytest.approx(evaluate(cost.stages[0], inp).max() + evaluate(cost.stages[1], inp).max())
     with pytest.raises(KeyError, match="CR_0_i"):
-        cm.evaluate(cm.comm_rows(0), inp)
+        evaluate(comm_rows(0), inp)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -291,11 +301,11 @@ def test_hybrid_with_nothing_cached_is_depcomm(seed: int) -> None:
     inp = _rand_inputs(seed)
     shapes = [LayerShape(input_grad=False), LayerShape(gemm_first=False)]
     p = inp.workers
-    none = cm.hybrid_values(0, np.stack([inp.remote] * 2, 1), np.stack([inp.send] * 2, 1), np.zeros((p, 2)),
+    none = hybrid_values(0, np.stack([inp.remote] * 2, 1), np.stack([inp.send] * 2, 1), np.zeros((p, 2)),
                             np.zeros((p, 2)), np.zeros(p))
-    hyb = cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, none)
-    comm0 = cm.evaluate_cost(cm.depcomm(0, shapes[0]), inp)
-    comm1 = cm.evaluate_cost(cm.depcomm(1, shapes[1]), inp)
+    hyb = evaluate_cost(hybrid(0, 2, shapes), inp, none)
+    comm0 = evaluate_cost(depcomm(0, shapes[0]), inp)
+    comm1 = evaluate_cost(depcomm(1, shapes[1]), inp)
     assert hyb.time == pytest.approx(comm0.time + comm1.time, rel=1e-12)
     assert hyb.bytes == pytest.approx(comm0.bytes + comm1.bytes)
     np.testing.assert_allclose(hyb.worker_memory, comm0.worker_memory + comm1.worker_memory)
@@ -305,19 +315,19 @@ def test_hybrid_caching_trades_communication_for_recompute() -> None:
     inp = _rand_inputs(5)
     shapes = [LayerShape(input_grad=False), LayerShape()]
     p = inp.workers
-    half = cm.hybrid_values(0, np.stack([inp.remote / 2] * 2, 1), np.stack([inp.send / 2] * 2, 1),
+    half = hybrid_values(0, np.stack([inp.remote / 2] * 2, 1), np.stack([inp.send / 2] * 2, 1),
                             np.full((p, 2), 7.0), np.full((p, 2), 30.0), np.full(p, 11.0))
-    none = cm.hybrid_values(0, np.stack([inp.remote] * 2, 1), np.stack([inp.send] * 2, 1), np.zeros((p, 2)),
+    none = hybrid_values(0, np.stack([inp.remote] * 2, 1), np.stack([inp.send] * 2, 1), np.zeros((p, 2)),
                             np.zeros((p, 2)), np.zeros(p))
-    a = cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, half)
-    z = cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, none)
+    a = evaluate_cost(hybrid(0, 2, shapes), inp, half)
+    z = evaluate_cost(hybrid(0, 2, shapes), inp, none)
     assert a.bytes == pytest.approx(z.bytes / 2)
     # memory: half the received rows fewer, plus the recomputed rows and edges and the replicated inputs
     d0, d1, d2 = inp.dims
     widths = [d1, d2]  # both shapes run their dense map first: exchanged and recomputed rows are d_out wide
     delta = sum(-inp.remote / 2 * w * 4 + 7 * w * 4 + 30 * 12 for w in widths) + 11 * d0 * 4
     np.testing.assert_allclose(a.worker_memory - z.worker_memory, delta)
-    entry = cm.evaluate_cost(cm.hybrid(1, 2, shapes[1:]), inp, cm.hybrid_values(
+    entry = evaluate_cost(hybrid(1, 2, shapes[1:]), inp, hybrid_values(
         1, np.zeros((p, 1)), np.zeros((p, 1)), np.zeros((p, 1)), np.zeros((p, 1)), np.full(p, 10.0)))
     assert entry.bytes == pytest.approx(p * 10 * inp.dims[1] * 4 * 2)  # RX rows fetched, gradients back
 
@@ -330,14 +340,14 @@ def test_hybrid_dense_map_first_runs_on_the_recomputed_rows_inputs() -> None:
 
     def t(shapes, rows, inputs):
         # recomputed edges keep the local work above the (empty) exchange's latency, so differences are exact
-        values = cm.hybrid_values(0, np.zeros((p, 2)), np.zeros((p, 2)), np.array([rows] * p, float),
+        values = hybrid_values(0, np.zeros((p, 2)), np.zeros((p, 2)), np.array([rows] * p, float),
                                   np.full((p, 2), 1e6), np.full(p, float(inputs)))
-        return cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, values).time
+        return evaluate_cost(hybrid(0, 2, shapes), inp, values).time
 
     first = [LayerShape(gemm_first=True, input_grad=False), LayerShape(gemm_first=True)]
 
     def gemm(rows, layer):  # one forward dense map of `rows` rows at layer `layer`
-        return float(cm.evaluate(cm.gemm_time(rows, cm.d(layer), cm.d(layer + 1)), inp)[0])
+        return float(evaluate(gemm_time(rows, d(layer), d(layer + 1)), inp)[0])
     # forward + backward (dW; dX too at layer 1, whose input needs a gradient)
     assert t(first, [0, 0], 1e6) - t(first, [0, 0], 0) == pytest.approx(2 * gemm(1e6, 0), rel=1e-6)
     assert t(first, [1e6, 0], 0) - t(first, [0, 0], 0) == pytest.approx(3 * gemm(1e6, 1), rel=1e-6)
@@ -347,22 +357,22 @@ def test_hybrid_dense_map_first_runs_on_the_recomputed_rows_inputs() -> None:
 
 def test_segment_cost_dispatch() -> None:
     sh = LayerShape()
-    assert cm.segment_cost("depcomm", 1, 2, [sh]).name == "depcomm[1]"
-    assert cm.segment_cost("depcache", 0, 2, [sh, sh]).name == "depcache[0:2]"
+    assert segment_cost("depcomm", 1, 2, [sh]).name == "depcomm[1]"
+    assert segment_cost("depcache", 0, 2, [sh, sh]).name == "depcache[0:2]"
     with pytest.raises(ValueError, match="one layer at a time"):
-        cm.segment_cost("bcast1d", 0, 2, [sh, sh])
+        segment_cost("bcast1d", 0, 2, [sh, sh])
     with pytest.raises(ValueError, match="no cost formula"):
-        cm.segment_cost("pipeline", 0, 1, [sh])
+        segment_cost("pipeline", 0, 1, [sh])
 
 
 def test_from_stats_sums_per_level_hops() -> None:
     stats = SimpleNamespace(vertices=np.array([3, 4]), edges=np.array([6, 8]), remote=np.array([1, 2]),
                             send=np.array([2, 1]), lhop_vertices=np.array([[3, 2, 1], [4, 1, 0]]),
                             lhop_edges=np.array([[6, 4, 2], [8, 2, 0]]))
-    inp = cm.CostInputs.from_stats(stats, (8, 4, 2), preset("g3"))
+    inp = CostInputs.from_stats(stats, (8, 4, 2), preset("g3"))
     assert inp.hop_vertices.tolist() == [[3, 5, 6], [4, 5, 5]]
     assert inp.hop_edges.tolist() == [[6, 10, 12], [8, 10, 10]]
-    same = cm.CostInputs.from_stats(stats, (8, 4, 2), preset("g3"), hop_levels="cumulative")
+    same = CostInputs.from_stats(stats, (8, 4, 2), preset("g3"), hop_levels="cumulative")
     assert same.hop_vertices.tolist() == [[3, 2, 1], [4, 1, 0]]
     with pytest.raises(ValueError, match="one entry per worker"):
         replace(inp, remote=np.array([1.0]))
@@ -373,7 +383,7 @@ def test_from_graph_stats_matches_what_the_runtime_replicates() -> None:
     g = random_graph(80, 240, seed=5)
     parts = np.random.default_rng(1).integers(0, 4, g.num_nodes)
     stats = compute_stats(g, parts, 2)
-    inp = cm.CostInputs.from_stats(stats, (12.0, 8.0, 4.0), preset("neutronstar-ecs"))
+    inp = CostInputs.from_stats(stats, (12.0, 8.0, 4.0), preset("neutronstar-ecs"))
     for rank in range(4):
         assert inp.hop_vertices[rank, 0] == inp.vertices[rank] and inp.hop_edges[rank, 0] == inp.edges[rank]
         for k in (1, 2):
@@ -401,13 +411,13 @@ def test_inputs_map_the_profile() -> None:
 def test_crossover_is_solved_exactly_on_the_active_piece() -> None:
     x = d(1)
     inp = _inputs([1, 2], [1, 1], [0, 0], [0, 0], (8, 100))
-    first = [cm.Cost("a", (sympy.Max(V * x, 50),), 0, 0)]  # V = 1, 2: the slowest worker's is Max(2x, 50)
-    second = [cm.Cost("b", (x + 60,), 0, 0)]
-    [cross] = cm.crossover(first, second, x, inp, 1.0, 1000.0)
+    first = [Cost("a", (sympy.Max(V * x, 50),), 0, 0)]  # V = 1, 2: the slowest worker's is Max(2x, 50)
+    second = [Cost("b", (x + 60,), 0, 0)]
+    [cross] = crossover(first, second, x, inp, 1.0, 1000.0)
     assert cross.value == pytest.approx(60.0, rel=1e-12)
     assert cross.first_faster_above is False  # above 60, 2x > x + 60
     assert sympy.simplify(cross.equation.lhs.subs(x, 60)) == 0
-    assert cm.crossover(first, [cm.Cost("c", (x + 1e6,), 0, 0)], x, inp, 1.0, 1000.0) == []
+    assert crossover(first, [Cost("c", (x + 1e6,), 0, 0)], x, inp, 1.0, 1000.0) == []
 
 
 def _expected_stats(n: float, deg: float, workers: int, hops: int) -> tuple[np.ndarray, ...]:
@@ -424,9 +434,9 @@ def _expected_stats(n: float, deg: float, workers: int, hops: int) -> tuple[np.n
     return v * full, e * full, remote * full, remote * full, hv, hv * deg, e * (workers - 1) / workers * full
 
 
-def _model_inputs(n, deg, workers, dims, profile) -> cm.CostInputs:
+def _model_inputs(n, deg, workers, dims, profile) -> CostInputs:
     v, e, r, s, hv, he, er = _expected_stats(n, deg, workers, len(dims) - 1)
-    return cm.CostInputs(v, e, r, s, hv, he, dims, profile, remote_edges=er)
+    return CostInputs(v, e, r, s, hv, he, dims, profile, remote_edges=er)
 
 
 def _gcn_shapes(dims) -> tuple[LayerShape, ...]:
@@ -434,16 +444,16 @@ def _gcn_shapes(dims) -> tuple[LayerShape, ...]:
 
 
 @lru_cache(maxsize=None)
-def _compiled(shapes: tuple[LayerShape, ...]) -> tuple[list[cm.CompiledCost], list[cm.CompiledCost]]:
+def _compiled(shapes: tuple[LayerShape, ...]) -> tuple[list[CompiledCost], list[CompiledCost]]:
     """(DepComm per layer + all-reduce, DepCache over the model + all-reduce), compiled once per shape."""
-    params = sum(cm.layer_parameters(k, s) for k, s in enumerate(shapes))
-    allreduce = cm.grad_allreduce(params)
-    comm_costs = [cm.depcomm(k, s) for k, s in enumerate(shapes)] + [allreduce]
-    cache_costs = [cm.depcache(0, len(shapes), list(shapes)), allreduce]
-    return [cm.compile_cost(c) for c in comm_costs], [cm.compile_cost(c) for c in cache_costs]
+    params = sum(layer_parameters(k, s) for k, s in enumerate(shapes))
+    allreduce = grad_allreduce(params)
+    comm_costs = [depcomm(k, s) for k, s in enumerate(shapes)] + [allreduce]
+    cache_costs = [depcache(0, len(shapes), list(shapes)), allreduce]
+    return [compile_cost(c) for c in comm_costs], [compile_cost(c) for c in cache_costs]
 
 
-def _times(inp: cm.CostInputs, extra=None) -> tuple[float, float]:
+def _times(inp: CostInputs, extra=None) -> tuple[float, float]:
     comm_fns, cache_fns = _compiled(_gcn_shapes(inp.dims))
     return sum(f(inp, extra).time for f in comm_fns), sum(f(inp, extra).time for f in cache_fns)
 
@@ -453,7 +463,7 @@ def test_bandwidth_crossover_where_depcomm_takes_over() -> None:
     prints the bandwidth in between."""
     inp = _model_inputs(200_000, 40.0, 8, (128.0, 128.0, 16.0), preset("neutronstar-ecs"))
     comm_fns, cache_fns = _compiled(_gcn_shapes(inp.dims))
-    crosses = cm.crossover([f.cost for f in comm_fns], [f.cost for f in cache_fns], bw, inp, 1e6, 1e13)
+    crosses = crossover([f.cost for f in comm_fns], [f.cost for f in cache_fns], bw, inp, 1e6, 1e13)
     assert len(crosses) == 1
     cross = crosses[0]
     at = lambda value: _times(inp, {bw: value})  # noqa: E731

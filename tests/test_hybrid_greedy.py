@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from conftest import random_graph
 from gnnc.cluster import preset
-from gnnc.passes import cost_model as cm
+from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.neutronstar import hybrid, hybrid_unit_costs, hybrid_values
+from gnnc.passes.cost.symbols import CostInputs, LayerShape
 from gnnc.passes.graph_stats import compute_stats
 from gnnc.passes.hybrid_greedy import (Dependencies, UnitCosts, cache_memory, choose, communicate_cost,
                                        dependencies_from_stats, greedy_worker, predict, recompute_cost, select)
@@ -187,10 +189,10 @@ def test_unit_costs_from_the_cost_model_drive_the_greedy() -> None:
     p = 4
     v = np.full(p, 1000.0)
     hv = np.stack([v, v + 300, v + 900], axis=1)
-    inp = cm.CostInputs(v, v * 5, np.full(p, 300.0), np.full(p, 300.0), hv, hv * 5, (128.0, 64.0, 8.0),
+    inp = CostInputs(v, v * 5, np.full(p, 300.0), np.full(p, 300.0), hv, hv * 5, (128.0, 64.0, 8.0),
                         preset("neutronstar-ecs"))
-    shapes = [cm.LayerShape(input_grad=False), cm.LayerShape()]
-    unit = cm.hybrid_unit_costs(inp, 0, shapes)
+    shapes = [LayerShape(input_grad=False), LayerShape()]
+    unit = hybrid_unit_costs(inp, 0, shapes)
     costs = UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"], unit["edge_bytes"])
     assert costs.t_x == 0.0 and costs.t_c[0] > costs.t_c[1]  # 64 wide rows vs 8 wide rows
     deps = [random_deps(rng, 300, 2, p) for _ in range(p)]
@@ -199,9 +201,9 @@ def test_unit_costs_from_the_cost_model_drive_the_greedy() -> None:
     roomy = select(deps, costs, unit["own_time"], memory_cap=1e12)
     layer0 = [d.layer == 0 for d in deps]
     assert all(m[l0].all() for m, l0 in zip(roomy.cached, layer0))  # static inputs cost nothing to cache
-    values = cm.hybrid_values(0, nothing.comm_received, nothing.comm_sent, nothing.recompute_rows,
+    values = hybrid_values(0, nothing.comm_received, nothing.comm_sent, nothing.recompute_rows,
                               nothing.recompute_edges, nothing.replicated_inputs)
-    hyb = cm.evaluate_cost(cm.hybrid(0, 2, shapes), inp, values)
+    hyb = evaluate_cost(hybrid(0, 2, shapes), inp, values)
     assert hyb.bytes == pytest.approx(sum(nothing.comm_received.sum(axis=0) * [64 * 4 * 2, 8 * 4 * 2]))
 
 

@@ -107,15 +107,18 @@ def test_overlapped_pieces_start_together_and_the_window_pays_the_longest(graph)
 
 def test_a_layout_transition_sits_between_the_segments(graph) -> None:
     """Not a choice the planner makes today (every strategy leaves vertex rows), so priced by hand."""
-    from gnnc.passes import cost_model as cm
-    from gnnc.passes.choose_strategy import plan_costs, predicted_schedule
+    from gnnc.passes.cost.evaluation import evaluate_cost
+    from gnnc.passes.cost.layouts import boundary
+    from gnnc.passes.cost.p3 import pushpull
+    from gnnc.passes.choose_strategy import plan_costs
+    from gnnc.passes.cost.schedule import predicted_schedule
     from gnnc.passes.segment_dp import Segment
 
     plan = _compile(graph, ("depcomm",))
     priced = plan_costs(_planned_program(graph), graph, plan.parts, _profile(), ["depcomm"])
     key = (1, 2, "pushpull")
-    priced.formulas[key] = cm.pushpull(1, priced.shapes[1])
-    priced.values[key] = cm.evaluate_cost(priced.formulas[key], priced.inputs)
+    priced.formulas[key] = pushpull(1, priced.shapes[1])
+    priced.values[key] = evaluate_cost(priced.formulas[key], priced.inputs)
     priced.extras[key] = None
     segments = [Segment(0, 1, "depcomm", 0.0, 0.0), Segment(1, 2, "pushpull", 0.0, 0.0)]
     schedule = predicted_schedule(segments, priced)
@@ -123,7 +126,7 @@ def test_a_layout_transition_sits_between_the_segments(graph) -> None:
     assert order == [("segment", "forward", [0]), ("transition", "forward", []), ("segment", "forward", [1]),
                      ("segment", "backward", [1]), ("transition", "backward", []), ("segment", "backward", [0]),
                      ("allreduce", "backward", [])]
-    trans = cm.evaluate_cost(cm.boundary("depcomm", "pushpull", 1), priced.inputs).time
+    trans = evaluate_cost(boundary("depcomm", "pushpull", 1), priced.inputs).time
     want = priced.values[(0, 1, "depcomm")].time + priced.values[key].time + trans + priced.allreduce.time
     assert schedule["time_s"] == pytest.approx(want, rel=1e-12)
 

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import ROOT
 from gnnc.cluster import ClusterProfile, LayerUnitCosts, load_cluster, preset
-from gnnc.runtime.probe import PROBE_WIDTHS, fit_unit_costs
+from gnnc.passes.cost.fit import fit_unit_costs
+from gnnc.runtime.probe import PROBE_WIDTHS
 
 
 def test_probe_writes_a_loadable_profile(tmp_path) -> None:
@@ -74,14 +75,14 @@ def test_the_fit_keeps_every_constant_non_negative() -> None:
 
 def test_the_cost_model_rates_reproduce_the_timings_they_are_fitted_to() -> None:
     """t_v, t_e (per unit of work) from per-layer timings made with known values, through the model's work."""
-    from gnnc.runtime.probe import _joint_rates
+    from gnnc.passes.cost.fit import joint_rates
 
     work = [(16384.0, 128.0, 64), (3072.0, 32.0, 16)]  # the probe GCN's per-vertex and per-edge work units
     t_v, t_e, consts = 4.6e-11, 1.5e-10, (0.0, 1e-4)
     samples = []
     for n, e in ((2000, 10_000), (2000, 50_000), (6000, 30_000), (6000, 78_000)):
         samples.append((n, [e, e], [t_v * wv * n + t_e * we * e + c for (wv, we, _), c in zip(work, consts)]))
-    assert _joint_rates(samples, work) == pytest.approx((t_v, t_e), rel=1e-6)
+    assert joint_rates(samples, work) == pytest.approx((t_v, t_e), rel=1e-6)
 
 
 def test_profiles_with_and_without_unit_costs_load() -> None:

@@ -43,9 +43,12 @@ import torch
 
 from gnnc.graph import CSR, Graph, GraphView
 from gnnc.plan.halo import HaloPlan
+from gnnc.plan.strategies import STRATEGIES
 
-NESTED = ("depcache", "hybrid")  # strategies whose row sets grow below the last layer of their segment
-HALO = ("depcomm", "hybrid", "depcache")  # strategies that read remote rows through a halo (empty for depcache)
+
+def _nested(strategy: str) -> bool:
+    """Whether the row sets of `strategy` grow below the last layer of its segment."""
+    return STRATEGIES[strategy].nested_rows
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ def layer_specs(program) -> list[LayerSpec]:
         strategy = layer.attr("strategy", "local")
         seg = layer.attr("segment")
         if seg is None:
-            seg = specs[-1].segment if strategy in NESTED and specs and specs[-1].strategy == strategy else k
+            seg = specs[-1].segment if _nested(strategy) and specs and specs[-1].strategy == strategy else k
         specs.append(LayerSpec(layer.name, layer.edges, strategy, int(seg)))
     return specs
 
@@ -80,7 +83,7 @@ def segments(specs: list[LayerSpec]) -> list[tuple[int, int]]:
     """(start, end) of every depcache/hybrid segment."""
     out: list[tuple[int, int]] = []
     for k, s in enumerate(specs):
-        if s.strategy in NESTED:
+        if _nested(s.strategy):
             if out and out[-1][0] == s.segment:
                 out[-1] = (s.segment, k + 1)
             else:
@@ -127,7 +130,7 @@ def rank_row_sets(graph: Graph, parts: np.ndarray, rank: int, specs: list[LayerS
         for lyr in reversed(range(start, end)):
             src, dst = graph.edges(specs[lyr].view)
             out = held_out[lyr]
-            if specs[lyr].strategy == "depcache":
+            if STRATEGIES[specs[lyr].strategy].rows == "neighbourhood":  # every in-neighbour: no halo rows
                 cur = out | _sources(src, dst, out)
             else:
                 cur = out | _sources(src, dst, out & ~owned)
@@ -144,7 +147,7 @@ def rank_row_sets(graph: Graph, parts: np.ndarray, rank: int, specs: list[LayerS
             entries[start] = e[np.lexsort((e, parts[e]))]
     halos: list[np.ndarray | None] = []
     for lyr, s in enumerate(specs):
-        if s.strategy not in HALO:
+        if not STRATEGIES[s.strategy].halo:
             halos.append(None)
             continue
         src, dst = graph.edges(s.view)
@@ -280,7 +283,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
     built: dict[tuple, LayerGraph] = {}
     positions: dict[int, np.ndarray] = {}
     for lyr, s in enumerate(specs):
-        seg = s.segment if s.strategy in NESTED else -1
+        seg = s.segment if _nested(s.strategy) else -1
         order = mine.orders[seg]
         if seg not in positions:
             positions[seg] = np.full(n, -1, dtype=np.int64)
@@ -294,9 +297,10 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
         src, dst = graph.edges(s.view)
         sel = np.nonzero(mine.held_out[lyr][dst])[0]  # in-edges of the rows it computes
         ids = torch.as_tensor(order, dtype=torch.int64)
-        if s.strategy == "pushpull":  # runs on the whole first-layer structure (plan_shards' full views)
+        rows = STRATEGIES[s.strategy].rows
+        if rows == "all":  # runs on the whole first-layer structure (plan_shards' full views)
             lg = LayerGraph(n_in, n_out, {}, None, ids=ids)
-        elif s.strategy == "bcast1d":
+        elif rows == "blocks":
             if block_col is None:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
@@ -325,7 +329,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
         layers[s.name] = lg
         if key is not None:
             built[key] = lg
-    first = mine.orders[specs[0].segment if specs and specs[0].strategy in NESTED else -1] if specs else owned_ids
+    first = mine.orders[specs[0].segment if specs and _nested(specs[0].strategy) else -1] if specs else owned_ids
     block_rows = [int(c) for c in np.bincount(parts, minlength=world)]
     return LocalGraph(torch.as_tensor(first, dtype=torch.int64), n_owned, layers, block_rows)
 

@@ -34,6 +34,7 @@ from gnnc.errors import PlanError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.slices import feature_slices
+from gnnc.plan.strategies import STRATEGIES
 from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, all_row_sets, build_local_graph,
                                       layer_specs)
 from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
@@ -94,7 +95,7 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
                                     "n_src": g.views[s.view].csr.n_src if s.view in g.views else None,
                                     "halo": g.halo is not None, "entry": g.entry is not None, "blocks": g.blocks}
     first = specs[0] if specs else None
-    if first is not None and first.strategy == "pushpull":
+    if first is not None and STRATEGIES[first.strategy].layout_in == "feature":  # P3's first layer
         lo, hi = feature_slices(graph.num_features, world)[rank]
         arrays["x"] = graph.x[:, lo:hi].numpy()
         arrays.update(_csr_arrays(f"full.{first.view}", GraphView.build(graph, first.view)))

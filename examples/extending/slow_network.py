@@ -7,11 +7,12 @@ alternative that uses it.
 from __future__ import annotations
 
 import gnnc
-from gnnc.passes import cost_model as cm
+from gnnc.passes.cost.neutronstar import depcomm
+from gnnc.passes.cost.symbols import bw, Cost
 
 
 @gnnc.register_cost("depcomm")
 def depcomm_on_a_slow_network(start: int, end: int, shapes):
-    base = cm.depcomm(start, shapes[0])
+    base = depcomm(start, shapes[0])
     # communication stages carry the bandwidth symbol: divide it by 100 there
-    return cm.Cost(base.name, tuple(s.subs(cm.bw, cm.bw / 100) for s in base.stages), base.bytes, base.memory)
+    return Cost(base.name, tuple(s.subs(bw, bw / 100) for s in base.stages), base.bytes, base.memory)

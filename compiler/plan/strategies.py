@@ -1,0 +1,120 @@
+"""Strategies as descriptors: one `StrategyDef` per way of splitting a graph layer's work.
+
+Why this module exists: a strategy's facts (does it span several layers, which
+layouts it reads and leaves, what communication insert-comm inserts for it,
+whether the runtime executes it, which rows a worker holds under it) used to
+be name tuples copied into the planner, the cost model, insert-comm and the
+runtime's row sets. Each consumer now asks the registry below; what varies
+by more than a fact registers against a descriptor's name in its own layer:
+its cost formula (`gnnc.passes.cost.registry.cost_formula`) and its runtime
+exchange (`gnnc.runtime.distributed.EXCHANGES`, keyed by the comm op named
+here). This module sits in the bottom layer: it imports nothing above it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+LAYOUTS = ("vertex", "feature", "replicated")  # how a value's N x width rows are split over workers
+
+# Which rows of a layer's input a worker holds (gnnc.plan.rows reads this):
+# "owned": its own rows, the remote in-neighbours through a halo;
+# "neighbourhood": the whole L-hop in-neighbourhood of the segment, recomputed (no halo rows);
+# "selected": its own rows plus the cached remote dependencies' subtrees, the rest through a halo;
+# "blocks": every row, in block order (a staged broadcast);
+# "all": every vertex's row (a feature slice of it, or the whole graph on one worker).
+RowRule = Literal["owned", "neighbourhood", "selected", "blocks", "all"]
+
+
+@dataclass(frozen=True)
+class StrategyDef:
+    """Everything gnnc knows about one strategy, apart from its cost formula and runtime exchange.
+
+    span: "layer" (a segment of one layer) or "segment" (consecutive layers as one unit).
+    layout_in, layout_out: the layout (LAYOUTS) the strategy reads at its entry and leaves at its exit.
+    exact: computes the single-process function (else the planner considers it only with --approximate).
+    comm_op: the op insert-comm puts before each read of neighbours' rows, None when none is needed.
+    sync_op: the op a `sync` becomes (P3's pull), None when a sync stays a no-op.
+    entry_op: the op that fetches the input's rows when a segment starts after the first graph layer.
+    runnable: the runtime executes it; plannable: the planner may choose it.
+    first_layer_only: legal on the first graph layer only (P3 splits the input features).
+    single_worker: the strategy of one worker (every other strategy needs several).
+    rows: the row rule (RowRule above).
+    halo: reads remote rows through a halo (possibly empty, as under DepCache).
+    default_partition: the partition method compile uses for it when the user names none.
+    """
+
+    name: str
+    summary: str
+    span: Literal["layer", "segment"]
+    layout_in: str
+    layout_out: str
+    exact: bool = True
+    comm_op: str | None = None
+    sync_op: str | None = None
+    entry_op: str | None = None
+    runnable: bool = True
+    plannable: bool = True
+    first_layer_only: bool = False
+    single_worker: bool = False
+    rows: RowRule = "owned"
+    halo: bool = False
+    default_partition: str | None = None
+
+    def __post_init__(self) -> None:
+        for layout in (self.layout_in, self.layout_out):
+            if layout not in LAYOUTS:
+                raise ValueError(f"strategy {self.name}: layout {layout!r} is not one of {LAYOUTS}")
+
+    @property
+    def nested_rows(self) -> bool:
+        """Whether its row sets grow below the last layer of its segment (one row order per segment)."""
+        return self.span == "segment"
+
+    @property
+    def comm_ops(self) -> tuple[str, ...]:
+        """Every communication op the IR of this strategy may hold (the runtime needs an exchange for each)."""
+        return tuple(op for op in (self.comm_op, self.sync_op, self.entry_op) if op is not None)
+
+
+def _registry(*defs: StrategyDef) -> Mapping[str, StrategyDef]:
+    return MappingProxyType({s.name: s for s in defs})
+
+
+# The order is the planner's: candidates, the DP's tables and the plan's alternatives follow it.
+STRATEGIES: Mapping[str, StrategyDef] = _registry(
+    StrategyDef("depcomm", "NeutronStar's DepComm / G3: fetch remote in-neighbours' rows every layer",
+                "layer", "vertex", "vertex", comm_op="halo", rows="owned", halo=True),
+    StrategyDef("depcache", "NeutronStar's DepCache: replicate and recompute the L-hop neighbourhood",
+                "segment", "vertex", "vertex", entry_op="fetch", rows="neighbourhood", halo=True),
+    StrategyDef("hybrid", "NeutronStar's Hybrid: cache or communicate each remote dependency (Algorithm 4)",
+                "segment", "vertex", "vertex", comm_op="halo", entry_op="fetch", rows="selected", halo=True),
+    StrategyDef("bcast1d", "MG-GCN's 1D SpMM: every row block broadcast in P stages",
+                "layer", "vertex", "vertex", comm_op="bcast_rows", rows="blocks", default_partition="random"),
+    StrategyDef("pushpull", "P3's push-pull: the first layer on a feature slice, partial sums pulled to owners",
+                "layer", "feature", "vertex", sync_op="reduce_scatter", first_layer_only=True, rows="all"),
+    # GNNPipe: each worker a contiguous range of layers over the whole graph, chunks pipelined
+    StrategyDef("pipeline", "GNNPipe's layer pipeline with historical embeddings (approximate)",
+                "segment", "replicated", "replicated", exact=False, runnable=False, plannable=False, rows="all"),
+    StrategyDef("local", "one worker runs every layer on the whole graph",
+                "layer", "replicated", "replicated", plannable=False, single_worker=True, rows="all"),
+)
+
+
+def strategy(name: str) -> StrategyDef:
+    """The descriptor of `name`; a KeyError names the known strategies."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise KeyError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})") from None
+
+
+def names(*, runnable: bool | None = None, plannable: bool | None = None,
+          single_worker: bool | None = None) -> tuple[str, ...]:
+    """The registered strategies' names, in registry order, filtered by the given facts."""
+    return tuple(s.name for s in STRATEGIES.values()
+                 if (runnable is None or s.runnable == runnable)
+                 and (plannable is None or s.plannable == plannable)
+                 and (single_worker is None or s.single_worker == single_worker))

@@ -1,0 +1,161 @@
+"""Evaluating cost formulas: a sympy expression compiled once to numpy calls, run on per-worker arrays.
+
+Why this module exists: the planner evaluates thousands of formulas on the
+same inputs; `compile_expr` walks each expression once into nested numpy
+calls (far cheaper than `sympy.lambdify`) and caches it, and `CompiledCost`
+turns a `Cost` into its time (sum over stages of the slowest worker), bytes
+(summed over workers) and peak memory.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sympy
+from sympy import Symbol
+
+from gnnc.passes.cost.symbols import CostInputs, Cost, per_worker
+
+
+Values = Mapping[Symbol, Any]
+
+
+def compile_expr(expr: sympy.Expr) -> Callable[..., np.ndarray]:
+    """`expr` as a function from a symbol->value table to one value per worker.
+
+    The formula is turned into nested numpy calls once (`_numeric`) and kept
+    (the planner meets the same layer terms in many segments). The worker
+    count comes from the table's arrays (or `workers=`), so a formula that is
+    constant still yields one value per worker.
+    """
+    return _compiled(sympy.sympify(expr))
+
+
+@functools.lru_cache(maxsize=8192)
+def _compiled(expr: sympy.Expr) -> Callable[..., np.ndarray]:
+    syms = sorted(expr.free_symbols, key=lambda s: s.name)
+    fn = _numeric(expr)
+
+    def run(values: Values, workers: int | None = None) -> np.ndarray:
+        missing = [s.name for s in syms if s not in values]
+        if missing:
+            raise KeyError(f"no value for {', '.join(missing)}")
+        if workers is None:
+            workers = max((np.shape(v)[0] for v in values.values() if np.ndim(v) == 1), default=1)
+        table = {s: _row(values[s], workers) for s in syms}
+        out = fn(table)
+        return np.array(np.broadcast_to(np.asarray(out, dtype=np.float64), (workers,)))
+
+    return run
+
+
+def _row(value: Any, workers: int) -> np.ndarray:
+    """`value` as one float64 entry per worker (as it comes, when it already is)."""
+    if isinstance(value, np.ndarray) and value.shape == (workers,) and value.dtype == np.float64:
+        return value
+    return np.broadcast_to(np.asarray(value, dtype=np.float64), (workers,))
+
+
+_NARY = {sympy.Add: np.add, sympy.Mul: np.multiply, sympy.Max: np.maximum, sympy.Min: np.minimum}
+_UNARY = {sympy.log: np.log, sympy.exp: np.exp, sympy.ceiling: np.ceil, sympy.floor: np.floor}
+
+
+def _numeric(expr: sympy.Expr) -> Callable[[Mapping[Symbol, np.ndarray]], Any]:
+    """`expr` as nested numpy calls on a table of values.
+
+    The formulas are sums, products, powers and maxima of symbols (plus the
+    odd log and ceiling; sympy writes log(x, b) as a product): walking them is far cheaper than `sympy.lambdify`,
+    which prints and compiles Python source per formula, and the planner
+    evaluates thousands of formulas once each.
+    """
+    if expr.is_Symbol:
+        return lambda t: t[expr]
+    if expr.is_Number:
+        value = float(expr)
+        return lambda t: value
+    for kind, op in _NARY.items():
+        if isinstance(expr, kind):
+            parts = [_numeric(a) for a in expr.args]
+
+            def nary(t, parts=parts, op=op):
+                acc = parts[0](t)
+                for f in parts[1:]:
+                    acc = op(acc, f(t))
+                return acc
+
+            return nary
+    if isinstance(expr, sympy.Pow):
+        base, exp = _numeric(expr.base), _numeric(expr.exp)
+        return lambda t: np.power(np.asarray(base(t), dtype=np.float64), exp(t))
+    for kind, op in _UNARY.items():
+        if isinstance(expr, kind) and len(expr.args) == 1:
+            arg = _numeric(expr.args[0])
+            return lambda t, op=op: op(arg(t))
+    # anything else (a user cost function's exotic term): sympy compiles it
+    syms = sorted(expr.free_symbols, key=lambda s: s.name)
+    fn = sympy.lambdify(syms, expr, modules="numpy")
+    return lambda t: fn(*[t[s] for s in syms])
+
+
+def table(inputs: CostInputs, extra: Values | None) -> Mapping[Symbol, Any]:
+    """Every symbol's value per worker: the inputs' (`CostInputs.table`, shared, read-only), then `extra`'s."""
+    if not extra:
+        return inputs.table
+    return {**inputs.table, **per_worker(extra, inputs.workers)}
+
+
+def evaluate(expr: sympy.Expr, inputs: CostInputs, extra: Values | None = None) -> np.ndarray:
+    """`expr` on `inputs` (plus `extra` symbol values, e.g. a Hybrid selection): one value per worker."""
+    return compile_expr(expr)(table(inputs, extra), inputs.workers)
+
+
+@dataclass(frozen=True)
+class CostValue:
+    """A `Cost` evaluated: the time (sum over stages of the slowest worker), the job's bytes, the peak memory."""
+
+    name: str
+    time: float
+    bytes: float
+    memory: float
+    stage_times: np.ndarray = field(repr=False)  # [stages, workers]
+    worker_bytes: np.ndarray = field(repr=False)  # [workers]
+    worker_memory: np.ndarray = field(repr=False)  # [workers]
+
+
+class CompiledCost:
+    """A `Cost` with its expressions lambdified once; call it on inputs as often as needed."""
+
+    def __init__(self, cost: Cost):
+        self.cost = cost
+        self._stages = tuple(compile_expr(s) for s in cost.stages)
+        self._bytes = compile_expr(cost.bytes)
+        self._memory = compile_expr(cost.memory)
+
+    def __call__(self, inputs: CostInputs, extra: Values | None = None) -> CostValue:
+        return self.on_table(table(inputs, extra), inputs.workers)
+
+    def on_table(self, table: Values, workers: int) -> CostValue:
+        stage_times = (np.stack([fn(table, workers) for fn in self._stages]) if self._stages
+                       else np.zeros((0, workers)))
+        worker_bytes = self._bytes(table, workers)
+        worker_memory = self._memory(table, workers)
+        time = float(sum(float(row.max()) for row in stage_times))
+        return CostValue(self.cost.name, time, float(worker_bytes.sum()), float(worker_memory.max()),
+                         stage_times, worker_bytes, worker_memory)
+
+
+def compile_cost(cost: Cost) -> CompiledCost:
+    return CompiledCost(cost)
+
+
+def evaluate_cost(cost: Cost, inputs: CostInputs, extra: Values | None = None) -> CostValue:
+    """`cost` on `inputs`; compile it with `compile_cost` instead when evaluating it repeatedly."""
+    return CompiledCost(cost)(inputs, extra)
+
+
+def total_time(costs: Iterable[Cost], inputs: CostInputs, extra: Values | None = None) -> float:
+    """Predicted time of a sequence of costs (segments, transitions, all-reduces) run one after another."""
+    return sum(evaluate_cost(c, inputs, extra).time for c in costs)

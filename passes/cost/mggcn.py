@@ -1,0 +1,44 @@
+"""MG-GCN's 1D SpMM: P broadcast stages of row blocks, overlapped with the multiply of the previous one."""
+from __future__ import annotations
+
+import sympy
+
+from gnnc.passes.cost.collectives import broadcast_time
+from gnnc.passes.cost.compute import gemm_time, spmm_time, attention_time, compute_backward
+from gnnc.passes.cost.registry import cost_formula
+from gnnc.passes.cost.symbols import Max, P, N, V_max, b, b_idx, bw, alpha, V, E, d, heads, LayerShape, Cost, ZERO
+
+
+@cost_formula("bcast1d")
+def bcast1d(layer: int, shape: LayerShape) -> Cost:
+    """MG-GCN's 1D SpMM (section 5.1): P stages, stage j broadcasting row block H_j.
+
+    Every worker multiplies its tile A_ij while the next block is broadcast
+    (two streams): the layer takes the longer of the broadcast stream and the
+    multiply stream, plus the first stage's broadcast, which nothing hides.
+    GeMM runs before SpMM when d_out <= d_in (`shape.gemm_first`), so the
+    broadcast rows are the narrower ones. The broadcasts deliver all N rows
+    to every worker: sum_j V_j·w·b/bw plus ceil(log2 P) message starts per
+    stage. Bytes: the root of stage i sends its V_i rows to P-1 workers;
+    backward reduces each block's gradient to its root, so every other
+    worker sends its V_j-row contribution.
+
+    Beyond the seed: MG-GCN skips the first layer's backward SpMM and shares
+    L+3 buffers, both relying on approximate weight gradients; gnnc keeps
+    gradients exact, so the backward mirrors the forward and the gathered
+    N x width rows stay in memory.
+    """
+    w = shape.width(layer)
+    stages = N * w * b / bw + P * sympy.ceiling(sympy.log(P, 2)) * alpha
+    first = broadcast_time(V_max * w * b)
+    rest = stages - first
+    fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
+           + (attention_time(E, heads(layer)) if shape.attention else ZERO)
+           + first + Max(rest, spmm_time(E, w)))
+    bwd = compute_backward(layer, shape, V, ZERO)
+    nbytes = V * w * (P - 1) * b
+    if shape.exchange_grad:
+        bwd += first + Max(rest, spmm_time(E, w))
+        nbytes += (N - V) * w * b
+    memory = b * (V * d(layer) + N * w + V * shape.out_width(layer)) + E * (b_idx + b)
+    return Cost(f"bcast1d[{layer}]", (fwd, bwd), nbytes, memory)

@@ -1,0 +1,240 @@
+"""NeutronStar's strategies: DepComm per layer, DepCache and Hybrid over segments, and the greedy's unit costs.
+
+Why this module exists: the three share the halo exchange and the
+neighbourhood replication terms, and Hybrid with nothing cached is DepComm
+layer by layer; `hybrid_values` and `hybrid_unit_costs` bridge the formulas
+to the Hybrid greedy (gnnc.passes.hybrid_greedy). G3's peer-to-peer push is
+DepComm.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import sympy
+from sympy import Symbol
+
+from gnnc.passes.cost.collectives import all_to_all_time, all_gather_time
+from gnnc.passes.cost.compute import (gemm_time, spmm_time, attention_time, compute_forward, compute_backward,
+                                      layer_memory)
+from gnnc.passes.cost.evaluation import compile_expr, table
+from gnnc.passes.cost.registry import cost_formula
+from gnnc.passes.cost.symbols import (Max, b, bw, V, E, B, S, E_r, d, heads, hop_vertices, hop_edges, comm_rows,
+                                      comm_sent, recompute_rows, recompute_edges, RX, LayerShape, CostInputs, Cost,
+                                      ZERO)
+
+
+@cost_formula("depcomm")
+def depcomm(layer: int, shape: LayerShape) -> Cost:
+    """DepComm (NeutronStar) / G3's peer-to-peer push: halo exchange of remote in-neighbour rows.
+
+    Worker i sends S_i rows and receives B_i rows of the exchanged value (one
+    row per (vertex, remote worker) pair, thanks to mirrors), each
+    `shape.width` wide; in backward the gradients of the B_i received rows
+    go back and are summed at their owners. This is the per-layer
+    communication term of NeutronStar's Eq. 1-3 (T_c per communicated
+    vertex) and of G3's Eq. 4, whose per-epoch total 2·b·Σ_l H_l·Σ_i |B_i|
+    DESIGN.md quotes (GNNPipe's Table 4).
+
+    Beyond the seeds: (1) the width is what the IR exchanges (d_out when the
+    dense map runs first, else d_in); (2) a layer reading the input features
+    sends nothing back (x has no gradient), so its traffic is half of the
+    2·b·H·|B_i| above; (3) time is full-duplex alpha-beta,
+    max(S_i, B_i)·width·b/bw + (P-1)·alpha; (4) the aggregation over edges
+    with a local source, E_i - Er_i, overlaps the exchange (max, not sum),
+    as NeutronStar computes while chunks are in flight.
+    """
+    w = shape.width(layer)
+    gemm_rows = V
+    local_edges, remote_edges = E - E_r, E_r
+    exch = all_to_all_time(S * w * b, B * w * b)
+    fwd = (gemm_time(gemm_rows, d(layer), shape.out_width(layer), shape.gemms)
+           + (attention_time(E, heads(layer)) if shape.attention else ZERO)
+           + Max(exch, spmm_time(local_edges, w)) + spmm_time(remote_edges, w))
+    bwd_dense = compute_backward(layer, shape, gemm_rows, ZERO)
+    nbytes = S * w * b
+    if shape.exchange_grad:
+        bwd = bwd_dense + Max(exch, spmm_time(local_edges, w)) + spmm_time(remote_edges, w)
+        nbytes += B * w * b
+    else:
+        bwd = bwd_dense
+    memory = layer_memory(layer, shape, V, B, V, E)
+    return Cost(f"depcomm[{layer}]", (fwd, bwd), nbytes, memory)
+
+
+def _fetch_rows(rows: sympy.Expr, width: sympy.Expr, with_grad: bool) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+    """Forward time, backward time and bytes of replicating `rows` remote rows at a segment's entry.
+
+    Per worker only the received count is known (who sends how many depends
+    on the other workers' neighbourhoods), so the time is receive-bound and
+    the bytes are charged to the receiver; the sum over workers is exact.
+    """
+    t = all_gather_time(rows * width * b)
+    nbytes = rows * width * b * (2 if with_grad else 1)
+    return t, (t if with_grad else ZERO), nbytes
+
+
+@cost_formula("depcache")
+def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool | None = None) -> Cost:
+    """DepCache (NeutronStar): replicate the (end-start)-hop in-neighbourhood and recompute it.
+
+    With k = end - start layers, layer start+m computes the rows within
+    k-1-m hops of V_i (HV_{k-1-m}) from the in-edges of those rows
+    (HE_{k-1-m}); the dense map runs on its input rows (HV_{k-m}) when it
+    comes first, else on its output rows. No activation is exchanged inside
+    the segment, so workers meet only at its ends: one forward and one
+    backward stage. The weight all-reduce is a separate `grad_allreduce`.
+    This is NeutronStar's DepCache cost (Eq. 1-3: T_v per computed vertex,
+    T_e per edge) with op-aware T_v, T_e.
+
+    Beyond the seed: a segment that starts after layer 0 must first fetch
+    the rows of h^start in its k-hop neighbourhood (HV_k - V_i rows, and
+    their gradients back); at layer 0 the input features are static, loaded
+    once with the partition, and cost nothing per epoch. `fetch_input`
+    overrides that rule.
+    """
+    k = end - start
+    if k < 1 or len(shapes) != k:
+        raise ValueError(f"depcache[{start}:{end}] needs {max(k, 0)} layer shapes, got {len(shapes)}")
+    fwd_terms, bwd_terms, memory_terms = [], [], []  # summed once: sympy re-sorts a sum at every +=
+    for m, shape in enumerate(shapes):
+        layer = start + m
+        in_rows, out_rows, edges = hop_vertices(k - m), hop_vertices(k - 1 - m), hop_edges(k - 1 - m)
+        gemm_rows = in_rows if shape.gemm_first else out_rows
+        fwd_terms.append(compute_forward(layer, shape, gemm_rows, edges))
+        bwd_terms.append(compute_backward(layer, shape, gemm_rows, edges))
+        memory_terms.append(layer_memory(layer, shape, in_rows, ZERO, out_rows, edges))
+    fwd, bwd, memory = sympy.Add(*fwd_terms), sympy.Add(*bwd_terms), sympy.Add(*memory_terms)
+    nbytes = ZERO
+    if fetch_input if fetch_input is not None else start > 0:
+        t_f, t_b, nbytes = _fetch_rows(hop_vertices(k) - V, d(start), shapes[0].input_grad)
+        fwd, bwd = t_f + fwd, bwd + t_b
+    return Cost(f"depcache[{start}:{end}]", (fwd, bwd), nbytes, memory)
+
+
+@cost_formula("hybrid")
+def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool | None = None) -> Cost:
+    """Hybrid (NeutronStar): the cost of a given cache/communicate selection over a segment.
+
+    Per worker and layer l the selection gives CR_l rows received and CS_l
+    rows sent (the communicated dependencies C) and RV_l rows / RE_l edges
+    recomputed for the cached ones R (their subtrees, down to the segment's
+    first layer); RX rows of h^start are replicated. `hybrid_values` turns a
+    `gnnc.passes.hybrid_greedy.HybridResult` into those symbols' values.
+
+    Each layer: the worker's own rows (V_i, E_i) as in DepComm, plus the
+    recomputation, which runs while the communicated rows are in flight
+    (NeutronStar overlaps cached computation with communication: max, not
+    sum). With nothing cached (CR = B, CS = S, RV = RE = RX = 0) this is
+    exactly `depcomm` layer by layer. Beyond the seed, as for `depcache`: a
+    segment after layer 0 fetches its RX replicated rows at entry.
+    """
+    k = end - start
+    if k < 1 or len(shapes) != k:
+        raise ValueError(f"hybrid[{start}:{end}] needs {max(k, 0)} layer shapes, got {len(shapes)}")
+    stages_f: list[sympy.Expr] = []
+    stages_b: list[sympy.Expr] = []
+    byte_terms: list[sympy.Expr] = []  # summed once: sympy re-sorts a sum at every +=
+    memory_terms: list[sympy.Expr] = []
+    for m, shape in enumerate(shapes):
+        fwd, bwd, nbytes, memory = _hybrid_layer(start + m, shape, m == 0)
+        stages_f.append(fwd)
+        stages_b.append(bwd)
+        byte_terms.append(nbytes)
+        memory_terms.append(memory)
+    nbytes, memory = sympy.Add(*byte_terms), sympy.Add(*memory_terms, RX * d(start) * b)
+    if fetch_input if fetch_input is not None else start > 0:
+        t_f, t_b, fetch_bytes = _fetch_rows(RX, d(start), shapes[0].input_grad)
+        stages_f[0] = t_f + stages_f[0]
+        stages_b[0] = stages_b[0] + t_b
+        nbytes += fetch_bytes
+    return Cost(f"hybrid[{start}:{end}]", tuple(stages_f) + tuple(reversed(stages_b)), nbytes, memory)
+
+
+@functools.lru_cache(maxsize=4096)
+def _hybrid_layer(layer: int, shape: LayerShape, first: bool) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+    """One layer of a Hybrid segment: forward and backward stage, bytes, memory (see `hybrid`).
+
+    They depend on the segment only through whether the layer is its first, so a
+    deep model's many spans share them (cached: the planner prices every span).
+    """
+    w = shape.width(layer)
+    cr, cs, rv, re = comm_rows(layer), comm_sent(layer), recompute_rows(layer), recompute_edges(layer)
+    # a dense map that runs before the aggregation runs on the recomputed rows' inputs: the rows
+    # recomputed one layer down, or the replicated input rows at the segment's first layer
+    rg = (RX if first else recompute_rows(layer - 1)) if shape.gemm_first else rv
+    exch = all_to_all_time(cs * w * b, cr * w * b)
+    local_f = spmm_time(E - E_r, w) + compute_forward(layer, shape, rg, re)
+    fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
+           + (attention_time(E, heads(layer)) if shape.attention else ZERO)
+           + Max(exch, local_f) + spmm_time(E_r, w))
+    bwd = compute_backward(layer, shape, V, ZERO)
+    local_b = compute_backward(layer, shape, rg, re)
+    nbytes = cs * w * b
+    if shape.exchange_grad:
+        bwd += Max(exch, spmm_time(E - E_r, w) + local_b) + spmm_time(E_r, w)
+        nbytes += cr * w * b
+    else:
+        bwd += local_b
+    # the recomputed rows come with their own inputs and structure
+    memory = layer_memory(layer, shape, V, cr, V, E) + layer_memory(layer, shape, ZERO, ZERO, rv, re)
+    return fwd, bwd, nbytes, memory
+
+
+def hybrid_values(start: int, comm_received: np.ndarray, comm_sent_rows: np.ndarray, rec_rows: np.ndarray,
+                  rec_edges: np.ndarray, replicated: np.ndarray) -> dict[Symbol, np.ndarray]:
+    """Symbol values of a Hybrid selection for `hybrid(start, ...)`: arrays [workers, layers] (layer
+    m of the segment is model layer start+m) and the replicated input rows [workers]."""
+    out: dict[Symbol, np.ndarray] = {RX: np.asarray(replicated, np.float64)}
+    for m in range(np.shape(comm_received)[1]):
+        layer = start + m
+        out[comm_rows(layer)] = np.asarray(comm_received, np.float64)[:, m]
+        out[comm_sent(layer)] = np.asarray(comm_sent_rows, np.float64)[:, m]
+        out[recompute_rows(layer)] = np.asarray(rec_rows, np.float64)[:, m]
+        out[recompute_edges(layer)] = np.asarray(rec_edges, np.float64)[:, m]
+    return out
+
+
+def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShape],
+                      fetch_input: bool | None = None) -> dict[str, Any]:
+    """NeutronStar's unit costs for the greedy, from the same formulas as the strategies above.
+
+    Returns t_v, t_e, t_c per layer of the segment (seconds per recomputed
+    row, per recomputed edge, per communicated row; forward plus backward),
+    t_x (seconds per replicated input row: 0 at layer 0, whose input is
+    static), row_bytes per level (bytes of one cached row of h^start ..
+    h^end) and edge_bytes, plus own_time [workers, layers]: each worker's
+    work on its own rows. When the profile carries measured T_v, T_e, T_c
+    they enter through its effective rates.
+    """
+    values = table(inputs, None)
+
+    def scalar(expr: sympy.Expr) -> float:
+        return float(compile_expr(expr)(values, inputs.workers)[0])
+
+    k = len(shapes)
+    t_v, t_e, t_c, own = [], [], [], []
+    for m, shape in enumerate(shapes):
+        per_vertex, per_edge, per_row, own_rows = _unit_formulas(start + m, shape)
+        t_v.append(scalar(per_vertex))
+        t_e.append(scalar(per_edge))
+        t_c.append(scalar(per_row))
+        own.append(compile_expr(own_rows)(values, inputs.workers))
+    fetch = fetch_input if fetch_input is not None else start > 0
+    t_x = scalar(d(start) * b / bw * (2 if shapes[0].input_grad else 1)) if fetch else 0.0
+    row_bytes = [scalar(d(start) * b)] + [scalar(shapes[m].out_width(start + m) * b) for m in range(k)]
+    edge_bytes = float(inputs.index_bytes + inputs.bytes_per_element)
+    return {"t_v": np.array(t_v), "t_e": np.array(t_e), "t_c": np.array(t_c), "t_x": t_x,
+            "row_bytes": np.array(row_bytes), "edge_bytes": edge_bytes, "own_time": np.stack(own, axis=1)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _unit_formulas(layer: int, shape: LayerShape) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+    """`hybrid_unit_costs`' formulas for one layer: seconds per recomputed row, per recomputed edge and
+    per communicated row, and the worker's time on its own rows (cached: every span shares them)."""
+    return (compute_forward(layer, shape, 1, 0) + compute_backward(layer, shape, 1, 0),
+            compute_forward(layer, shape, 0, 1) + compute_backward(layer, shape, 0, 1),
+            shape.width(layer) * b / bw * (2 if shape.exchange_grad else 1),
+            compute_forward(layer, shape, V, E) + compute_backward(layer, shape, V, E))

@@ -1,0 +1,85 @@
+"""Which function prices which strategy: built-in formulas and users' replacements, by strategy name.
+
+Why this module exists: a strategy's cost formula registers against its
+descriptor (`gnnc.plan.strategies`) with `@cost_formula(name)` in the module
+of its family, and the planner asks `planner_cost` for a segment's cost; a
+user's `@gnnc.register_cost(name)` (README.md: a `--plugin` module) replaces
+the built-in formula of a plannable strategy wherever the planner evaluates
+it. A per-layer formula is `fn(layer, shape, **options)`, a segment one
+`fn(start, end, shapes, **options)`; a user's is always `fn(start, end,
+shapes)`. The family modules register on import (`gnnc.passes.cost`'s
+`__init__` imports them all).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gnnc.errors import GnncError
+from gnnc.passes.cost.symbols import LayerShape, Cost
+from gnnc.plan.strategies import names, strategy
+
+
+Formula = Callable[..., Cost]
+_FORMULAS: dict[str, Formula] = {}  # strategy name -> its built-in formula
+_USER_COSTS: dict[str, Formula] = {}  # strategy name -> a user's replacement (gnnc.register_cost)
+
+
+def cost_formula(name: str) -> Callable[[Formula], Formula]:
+    """Decorator: the built-in formula of strategy `name` (a registered descriptor, priced once)."""
+    sd = strategy(name)
+    if name in _FORMULAS:
+        raise ValueError(f"strategy {name!r} already has a cost formula ({_FORMULAS[name].__qualname__})")
+
+    def deco(fn: Formula) -> Formula:
+        _FORMULAS[sd.name] = fn
+        return fn
+
+    return deco
+
+
+def has_formula(name: str) -> bool:
+    """Whether strategy `name` has a built-in formula (every runnable strategy does: tests/test_strategies.py)."""
+    return name in _FORMULAS
+
+
+def register_cost(strategy_name: str) -> Callable[[Formula], Formula]:
+    """Decorator: `fn(start, end, shapes) -> Cost` prices `strategy_name` for the planner.
+
+    It replaces the built-in formula of that strategy (one of the plannable
+    ones) wherever the planner evaluates it; `--explain` names the function.
+    """
+    if strategy_name not in names(plannable=True):
+        raise GnncError(f"register_cost: '{strategy_name}' is not a strategy the planner chooses "
+                        f"({', '.join(names(plannable=True))})")
+
+    def deco(fn: Formula) -> Formula:
+        _USER_COSTS[strategy_name] = fn
+        return fn
+
+    return deco
+
+
+def user_cost(name: str) -> Formula | None:
+    """The user's cost function of strategy `name`, None when the built-in formula prices it."""
+    return _USER_COSTS.get(name)
+
+
+def segment_cost(strategy_name: str, start: int, end: int, shapes: Sequence[LayerShape], **options: Any) -> Cost:
+    """The built-in formula of `strategy_name` on layers [start, end) (per-layer strategies: end = start + 1)."""
+    fn = _FORMULAS.get(strategy_name)
+    if fn is None:
+        raise ValueError(f"no cost formula for strategy {strategy_name!r}")
+    if strategy(strategy_name).span == "layer":
+        if end != start + 1 or len(shapes) != 1:
+            raise ValueError(f"{strategy_name} runs one layer at a time; got layers [{start}, {end})")
+        return fn(start, shapes[0], **options)
+    return fn(start, end, shapes, **options)
+
+
+def planner_cost(strategy_name: str, start: int, end: int, shapes: Sequence[LayerShape]) -> Cost:
+    """What the planner prices a segment with: the user's function where one is registered, else the built-in."""
+    user = _USER_COSTS.get(strategy_name)
+    if user is not None:
+        return user(start, end, shapes)
+    return segment_cost(strategy_name, start, end, shapes)

@@ -1,0 +1,264 @@
+"""The predicted schedule: the chosen assignment's epoch, stage by stage and worker by worker.
+
+Why this module exists: `gnnc inspect --format gantt|trace` draws the epoch
+the planner predicted. The cost model prices a stage as one expression per
+worker; the chart needs it split into what computes and what communicates,
+and which of those overlap. Each stage expression is a sum of terms: a term
+that is a Max is an overlap window (its arguments run side by side, the
+stage pays the longest), any other term runs on its own. A term reading the
+link symbols (bw, alpha) is communication, one reading the GEMM rate a
+dense map, one reading the SpMM rate aggregation (attention included). The
+split is checked against the stage's own evaluation, worker by worker; a
+stage it does not reproduce (a user cost function of another shape) is
+recorded whole, marked unsplit.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import sympy
+
+from gnnc.passes.cost.evaluation import evaluate, evaluate_cost
+from gnnc.passes.cost.layouts import boundary
+from gnnc.passes.cost.symbols import R_gemm, R_spmm, alpha, bw
+
+if TYPE_CHECKING:  # the planner's priced tables; importing it at run time would be a cycle (it calls us)
+    from gnnc.passes.choose_strategy import PricedPlan
+
+
+# Forward order of a layer's pieces ("overlap": a Max window). The cost model fixes durations and
+# what overlaps, not the order inside a stage; this is the order the runtime runs them in when the
+# dense map comes first (NeutronStar: fetch at the segment's entry, GeMM, exchange while the local
+# edges aggregate, then the remote ones). Backward draws the reverse.
+_DEFAULT_ORDER = ("communication", "dense", "overlap", "aggregation", "compute", "mixed")
+_FORWARD_ORDER = {
+    "bcast1d": ("dense", "communication", "overlap", "aggregation", "compute", "mixed"),  # broadcast W's output
+    "pushpull": ("dense", "aggregation", "overlap", "communication", "compute", "mixed"),  # partials, then pull
+}
+_TRACK = {"dense": "compute", "aggregation": "compute", "compute": "compute", "communication": "communication",
+          "mixed": "mixed"}
+_HOP_EDGES = re.compile(r"HE_(\d+)_i")
+_DIM = re.compile(r"d_(\d+)")
+
+
+@dataclass
+class _Piece:
+    """A term (or a merged run of terms) of a stage: the layer it belongs to, what it does, its formula."""
+
+    layer: int | None
+    op: str
+    expr: Any
+
+
+@dataclass
+class _Window:
+    """A Max term: lanes that run side by side, each a sequence of pieces."""
+
+    layer: int | None
+    lanes: list[list[_Piece]]
+
+
+def _op_of(term) -> str:
+    """What a term does, read off the rates it divides by (module comment above)."""
+    syms = term.free_symbols
+    comm = bool(syms & {bw, alpha})
+    rates = syms & {R_gemm, R_spmm}
+    if comm and rates:
+        return "mixed"
+    if comm:
+        return "communication"
+    if R_gemm in rates:
+        return "dense" if R_spmm not in rates else "compute"
+    return "aggregation" if rates else "compute"
+
+
+def _term_layer(term, layers: Sequence[int], op: str) -> int | None:
+    """The graph layer a term of a stage belongs to.
+
+    A stage of one layer: that layer. A stage spanning layers [start, end) (DepCache: workers meet
+    only at the segment's ends) is a sum of every layer's terms: an aggregation reads the in-edges
+    within end-1-l hops of the worker's vertices (HE_{end-1-l}), a dense map the widths d_l and
+    d_{l+1}, and the communication is the fetch of the segment's input (first layer). None: unknown.
+    """
+    if len(layers) == 1:
+        return layers[0]
+    if not layers:
+        return None
+    names = [s.name for s in term.free_symbols]
+    hops = {int(m.group(1)) for n in names if (m := _HOP_EDGES.fullmatch(n))}
+    dims = sorted(int(m.group(1)) for n in names if (m := _DIM.fullmatch(n)))
+    end = layers[-1] + 1
+    if len(hops) == 1 and op != "dense":
+        layer = end - 1 - hops.pop()
+    elif op == "dense" and len(dims) >= 2:
+        layer = dims[0]
+    elif op == "communication":
+        layer = layers[0]
+    else:
+        return None
+    return layer if layer in layers else None
+
+
+def _ordered(pieces: list, order: Sequence[str], gemm_first: dict[int, bool], backward: bool) -> list:
+    """Pieces (or windows) in the order they run: by layer, then by `order` (dense after the
+    aggregation in a layer whose dense map runs last); reversed in backward."""
+    def rank(item) -> tuple[int, int]:
+        op = "overlap" if isinstance(item, _Window) else item.op
+        ops = list(order)
+        if item.layer is not None and not gemm_first.get(item.layer, True) and "dense" in ops:
+            ops.remove("dense")
+            ops.insert(ops.index("aggregation") + 1, "dense")
+        return (item.layer if item.layer is not None else 1 << 30, ops.index(op))
+
+    out = sorted(pieces, key=rank)
+    return out[::-1] if backward else out
+
+
+def _merged(pieces: list) -> list:
+    """Adjacent pieces of the same layer and op as one (e.g. a message's bytes and its latency)."""
+    out: list = []
+    for p in pieces:
+        if out and isinstance(p, _Piece) and isinstance(out[-1], _Piece) and (out[-1].layer, out[-1].op) == (
+                p.layer, p.op):
+            out[-1] = _Piece(p.layer, p.op, out[-1].expr + p.expr)
+        else:
+            out.append(p)
+    return out
+
+
+def _stage_items(expr, layers: Sequence[int], order: Sequence[str], gemm_first: dict[int, bool],
+                 backward: bool) -> list:
+    """A stage expression as the pieces and overlap windows it runs, in order."""
+    items: list = []
+    for term in sympy.Add.make_args(sympy.sympify(expr)):
+        if isinstance(term, sympy.Max):
+            layer = _term_layer(term, layers, "overlap")
+            lanes = []
+            for arg in term.args:
+                lane = [_Piece(layer, _op_of(t), t) for t in sympy.Add.make_args(arg)]
+                lanes.append(_merged(_ordered(lane, order, gemm_first, backward)))
+            items.append(_Window(layer, lanes))
+        else:
+            op = _op_of(term)
+            items.append(_Piece(_term_layer(term, layers, op), op, term))
+    return _merged(_ordered(items, order, gemm_first, backward))
+
+
+def _place(items: list, start: float, workers: int, evaluate) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Start and duration of every piece, per worker: pieces one after another, a window's lanes side
+    by side from the same point, the window as long as its longest lane. Returns (pieces, end)."""
+    out: list[dict[str, Any]] = []
+    cursor = np.full(workers, start, dtype=np.float64)
+
+    def emit(piece: _Piece, at: np.ndarray, window: int | None) -> np.ndarray:
+        t = evaluate(piece.expr)
+        out.append({"layer": piece.layer, "op": piece.op, "track": _TRACK[piece.op], "overlap": window,
+                    "start_s": [float(x) for x in at], "time_s": [float(x) for x in t]})
+        return at + t
+
+    for k, item in enumerate(items):
+        if isinstance(item, _Piece):
+            cursor = emit(item, cursor, None)
+            continue
+        ends = []
+        for lane in item.lanes:
+            at = cursor
+            for piece in lane:
+                at = emit(piece, at, k)
+            ends.append(at)
+        cursor = np.max(np.stack(ends), axis=0)
+    return out, cursor
+
+
+def _stage_record(expr, times: np.ndarray, start: float, evaluate, info: dict[str, Any], order: Sequence[str],
+                  gemm_first: dict[int, bool]) -> dict[str, Any]:
+    """One stage of the schedule; `times` is the stage's own evaluation per worker, which the split
+    must reproduce (else the stage is recorded whole, `split` false)."""
+    backward = info["direction"] == "backward"
+    pieces, end = _place(_stage_items(expr, info["layers"], order, gemm_first, backward), start, len(times),
+                         evaluate)
+    split = (all(min(p["time_s"]) >= -1e-15 for p in pieces)
+             and np.allclose(end - start, times, rtol=1e-9, atol=1e-15))
+    if not split:
+        layer = info["layers"][0] if len(info["layers"]) == 1 else None
+        pieces = [{"layer": layer, "op": "mixed", "track": "mixed", "overlap": None,
+                   "start_s": [start] * len(times), "time_s": [float(x) for x in times]}]
+    return {**info, "start_s": start, "time_s": float(times.max()), "worker_time_s": [float(x) for x in times],
+            "split": bool(split), "pieces": pieces}
+
+
+def _segment_stages(start: int, end: int, n: int) -> list[tuple[str, list[int]]]:
+    """(direction, layers) of each of a segment's n stages: one per layer and direction (DepComm,
+    Hybrid: forward layer by layer, then backward in reverse), one per direction spanning every layer
+    (DepCache), else (a user cost of another shape) steps over the whole segment."""
+    k = end - start
+    if n == 2 * k:
+        return [("forward", [start + i]) for i in range(k)] + [("backward", [end - 1 - j]) for j in range(k)]
+    if n == 2:
+        return [("forward", list(range(start, end))), ("backward", list(range(start, end)))]
+    return [("step", list(range(start, end)))] * n
+
+
+# (stage expression, its times per worker, extra symbol values, stage description, drawing order)
+_StageSpec = tuple[Any, np.ndarray, Any, dict[str, Any], Sequence[str]]
+
+
+def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str, Any]:
+    """The chosen assignment's epoch as the cost model predicts it, for every worker.
+
+    Stages in the order they run: for each segment its forward stages (after the layout transition
+    into it, if any), then the segments' backward stages in reverse (each followed by its
+    transition's backward), then the gradient all-reduce. Every stage lasts as long as its slowest
+    worker (the cost model's rule), so stage k starts where stage k-1's slowest worker ended; the
+    total is the planner's predicted epoch time. Each stage lists its pieces with their start and
+    duration per worker (seconds from the epoch's start); pieces sharing an `overlap` id run side
+    by side, and the stage pays the longest.
+    """
+    inputs = priced.inputs
+    gemm_first = {i: shape.gemm_first for i, shape in enumerate(priced.shapes)}
+    forward: list[_StageSpec] = []
+    backward: list[list[_StageSpec]] = []  # per segment: its backward stages, then its transition's
+    prev = None
+    for seg in segments:
+        into_f: list[_StageSpec] = []
+        into_b: list[_StageSpec] = []
+        if prev is not None and prev != seg.strategy:
+            cost = boundary(prev, seg.strategy, seg.start)
+            value = evaluate_cost(cost, inputs)
+            for (direction, into), expr, times in zip((("forward", into_f), ("backward", into_b)), cost.stages,
+                                                      value.stage_times):
+                into.append((expr, times, None, {"kind": "transition", "strategy": f"{prev}->{seg.strategy}",
+                                                 "segment": None, "direction": direction, "layers": []},
+                             _DEFAULT_ORDER))
+        key = (seg.start, seg.end, seg.strategy)
+        cost, value, extra = priced.formulas[key], priced.values[key], priced.extras[key]
+        order = _FORWARD_ORDER.get(seg.strategy, _DEFAULT_ORDER)
+        seg_f: list[_StageSpec] = []
+        seg_b: list[_StageSpec] = []
+        for (direction, layers), expr, times in zip(_segment_stages(seg.start, seg.end, len(cost.stages)),
+                                                    cost.stages, value.stage_times):
+            info = {"kind": "segment", "strategy": seg.strategy, "segment": [seg.start, seg.end],
+                    "direction": direction, "layers": layers}
+            (seg_b if direction == "backward" else seg_f).append((expr, times, extra, info, order))
+        forward += into_f + seg_f
+        backward.append(seg_b + into_b)
+        prev = seg.strategy
+    ar = priced.allreduce_cost
+    stages_in_order = forward + [s for block in reversed(backward) for s in block] + [
+        (expr, times, None, {"kind": "allreduce", "strategy": None, "segment": None, "direction": "backward",
+                             "layers": []}, _DEFAULT_ORDER)
+        for expr, times in zip(ar.stages, priced.allreduce.stage_times)]
+    stages, clock = [], 0.0
+    for expr, times, extra, info, order in stages_in_order:
+        if float(np.max(times)) <= 0.0:
+            continue  # nothing happens (e.g. a layout change that is free forward)
+        record = _stage_record(expr, times, clock, lambda e, x=extra: evaluate(e, inputs, x), info, order,
+                               gemm_first)
+        stages.append(record)
+        clock += record["time_s"]
+    return {"per": "worker", "workers": inputs.workers, "cluster": inputs.profile.name, "time_s": clock,
+            "stages": stages}
