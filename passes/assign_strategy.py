@@ -1,8 +1,9 @@
 """assign-strategy: annotate every graph layer with the strategy that runs it.
 
-The strategy comes from the planner (choose-strategy) or from the user
-(`--strategy S` for every layer, or `S1,S2,...` one per graph layer). With
-one worker every layer is `local`. The runtime executes `depcomm` and
+The strategy is choose-strategy's decision (`ctx.results.strategy`): the
+planner's, or the user's (`--strategy S` for every layer, or `S1,S2,...`
+one per graph layer); without one, `depcomm`. With one worker every layer
+is `local`. The runtime executes `depcomm` and
 `bcast1d` (vertex-partitioned, freely mixed per layer); `depcache` and
 `hybrid` as segments of consecutive layers (attribute `segment`: the
 segment's first graph layer; a segment after layer 0 fetches the
@@ -16,6 +17,7 @@ from __future__ import annotations
 from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.pass_manager import PassContext, register_pass
+from gnnc.passes.choose_strategy import PlanningInputs
 
 STRATEGIES = ("depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "pipeline", "local")
 RUNNABLE = ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull", "local")
@@ -113,11 +115,11 @@ def check_segment_inputs(program: Program, names: list[str], starts: list[int]) 
                             layer.loc)
 
 
-@register_pass("assign-strategy", "annotate graph layers with their strategy (options: workers, strategy)")
+@register_pass("assign-strategy", "annotate graph layers with their strategy: choose-strategy's, else the default",
+               requires=("typed",), preserves=(PlanningInputs,))
 def assign_strategy(program: Program, ctx: PassContext) -> Program:
-    workers = int(ctx.options.get("workers", 1))
-    names = strategies_for(program, ctx.options.get("strategy"), workers)
-    starts = segment_starts(names, ctx.options.get("segments"))
+    names = strategies_for(program, ctx.results.strategy, ctx.workers)
+    starts = segment_starts(names, ctx.results.segments)
     check_segment_inputs(program, names, starts)
     it = iter(zip(names, starts))
     layers = []

@@ -510,7 +510,7 @@ def vertex_to_feature(x: Tensor, row_counts: Sequence[int], col_sizes: Sequence[
 
     Rows come grouped by rank (rank 0's n_0 rows first); slice k is
     col_sizes[k] wide (F need not divide by the world size; see
-    gnnc.passes.partitioning.feature_slices). Backward is feature_to_vertex.
+    gnnc.passes.partition.core.feature_slices). Backward is feature_to_vertex.
     """
     return _run(_VertexFeature(row_counts, col_sizes, True, stats, label, group), x)
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import PlanError
-from gnnc.passes.partitioning import feature_slices
+from gnnc.passes.partition.core import feature_slices
 from gnnc.runtime.comm import HaloPlan
 from gnnc.runtime.executor import GraphView, sparse_if_sparse
 from gnnc.runtime.graph import CSR, Graph

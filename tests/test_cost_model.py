@@ -20,7 +20,7 @@ from gnnc.passes.cost_model import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S, V
                                     d, hop_edges, hop_vertices)
 from gnnc.runtime import comm
 from gnnc.runtime.graph import Graph
-from gnnc.passes.graph_stats import compute_stats
+from gnnc.passes.partition.stats import compute_stats
 from gnnc.runtime.partitioned import LayerSpec, all_row_sets, build_local_graph
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conftest import random_graph
 from gnnc.cluster import preset
 from gnnc.passes import cost_model as cm
-from gnnc.passes.graph_stats import compute_stats
+from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.hybrid_greedy import (Dependencies, UnitCosts, cache_memory, choose, communicate_cost,
                                        dependencies_from_stats, greedy_worker, predict, recompute_cost, select)
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gnnc import cli, partition_cli
-from gnnc.passes.graph_stats import compute_stats
-from gnnc.passes.partitioning import partition_graph
+from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.partition.core import partition_graph
 from gnnc.runtime.graph_io import load_graph
 from gnnc.runtime.shards import assemble, verify_shards
 
