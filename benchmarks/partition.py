@@ -17,7 +17,7 @@ balance only), the baseline the issue's targets name; `metis-mc` is the
 multi-constraint volume METIS (vertex and degree balance) that g3 starts
 from, so g3's own effect is g3 against metis-mc. Every ratio printed says
 which of the two it is against. Two g3 rows: `g3` from G3's own start
-(metis-mc), and `g3-hubs` from the hub start (`passes/hub_split.py`: the
+(metis-mc), and `g3-hubs` from the hub start (`passes/partition/hub_split.py`: the
 highest-degree vertices in parts of their own, METIS on the rest), which
 trades compute balance and the send side for a lower sum and max |B_i| on
 power-law graphs. Both run
@@ -53,8 +53,8 @@ G3_DETAIL = ("start_time_s", "swaps", "stop", "remote_ratio_start", "remote_sum_
 
 def one(spec: str, parts: int, method: str, g3_opts: dict[str, Any]) -> dict[str, Any]:
     """Partition in this process and measure; the child's side of the benchmark."""
-    from gnnc.passes.graph_stats import compute_stats
-    from gnnc.passes.partitioning import partition_graph
+    from gnnc.passes.partition.stats import compute_stats
+    from gnnc.passes.partition.core import partition_graph
     from gnnc.graph.loaders import load_graph
     from gnnc.runtime.metrics import peak_rss_bytes
 
@@ -77,7 +77,7 @@ def one(spec: str, parts: int, method: str, g3_opts: dict[str, Any]) -> dict[str
     if method in G3_ROWS:
         row["g3"] = {k: p.stats[k] for k in G3_DETAIL}
     if method == "random":
-        from gnnc.passes.partitioning import partition_graph as pg
+        from gnnc.passes.partition.core import partition_graph as pg
 
         row["tiles_identity"] = pg(graph, parts, "random", permute=False).stats["max_mean_tile_nnz"]
         row["tiles_random"] = p.stats["max_mean_tile_nnz"]

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gnnc.cluster import resolve_cluster
 from gnnc.errors import GnncError, PlanError
 from gnnc.frontend.elaborate import elaborate
 from gnnc.frontend.syntax import Module, parse
 from gnnc.ir import Program
-from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, run_pipeline
+from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
+from gnnc.passes.partition import partition_graph
+from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.plan.plan_file import ModelSource, Plan
 from gnnc.plan.strategies import STRATEGIES
 
@@ -83,16 +86,18 @@ def load_graph(spec: Any):
     return _load(str(spec))
 
 
-def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | None = None,
-            graph_spec: str | None = None, after=None, strategy: str | None = None,
+def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | list[PassSpec] | None = None,
+            graph_spec: str | None = None, after=None, strategy: str | list[str] | None = None,
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
     or one per graph layer), communication is inserted, and the graph is
-    partitioned (`partition`: hash, chunk, metis, g3 or random; bcast1d
-    defaults to MG-GCN's random permutation, the others to metis).
+    partitioned (`partition`: a method of gnnc.passes.partition.METHODS;
+    bcast1d defaults to MG-GCN's random permutation, the others to metis).
+    `strategy` and `allow` become the options of the passes that take them
+    (choose-strategy), unless the pipeline text set them already.
     `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
     Algorithm 4's choice of the dependencies a hybrid segment caches.
     """
@@ -102,27 +107,27 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
     program = model.program(graph)
-    names = list(DEFAULT_PIPELINE if passes is None else passes)
+    pipeline = [as_spec(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     if workers > 1 and passes is None:
-        names += DISTRIBUTED_PIPELINE
+        pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
+    if workers > 1:
+        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow)
     meta: dict[str, Any] = {}
-    parts = None
+    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached)
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
         method = partition or _default_partition(strategy)
-        parts = partition_vertices(graph, workers, method, seed)
+        ctx.partition = partition_graph(graph, workers, method, seed=seed)
+        ctx.cluster = resolve_cluster(cluster)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
-    ctx = PassContext(graph=graph, options={"workers": workers, "strategy": strategy, "parts": parts,
-                                            "cluster": cluster, "allow": allow})
-    if hybrid_cached is not None:
-        ctx.options["hybrid_cached"] = hybrid_cached
-    program = run_pipeline(program, names, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
-    if "predicted_bytes" in ctx.options:
-        meta["predicted_bytes_per_step"] = ctx.options["predicted_bytes"]
-    if "hybrid_selection" in ctx.options:
-        meta["hybrid"] = ctx.options["hybrid_selection"]
-    report = ctx.options.get("planner")
+    program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
+    results = ctx.results
+    if results.predicted_bytes is not None:
+        meta["predicted_bytes_per_step"] = results.predicted_bytes
+    if results.hybrid_selection is not None:
+        meta["hybrid"] = results.hybrid_selection
+    report = results.planner
     if report is not None:
         meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
                            "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
@@ -131,8 +136,23 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
                            # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
                            "schedule": report.schedule}
-    return Plan(program, model.source(), graph_spec, names, workers, meta, parts, ctx.options.get("hybrid_cached"),
-                graph if workers > 1 else None)
+    return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, ctx.parts,
+                results.hybrid_cached, graph if workers > 1 else None)
+
+
+def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
+                          allow: list[str] | None) -> list[PassSpec]:
+    """The pipeline with the compile's `strategy` and `allow` given to the passes that take them.
+
+    A value no pass in the pipeline takes is an error, not a silently ignored request.
+    """
+    given = {"strategy": strategy if strategy is None or isinstance(strategy, str) else ",".join(strategy),
+             "allow": None if allow is None else tuple(allow)}
+    given = {k: v for k, v in given.items() if v}
+    for key in given:
+        if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
+            raise GnncError(f"--{key}: no pass of the pipeline ({', '.join(s.name for s in pipeline)}) takes it")
+    return [with_values(spec, given) for spec in pipeline]
 
 
 def _default_partition(strategy: str | None) -> str:
@@ -144,9 +164,9 @@ def _default_partition(strategy: str | None) -> str:
 
 def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow) -> Plan:
     """--workers auto: the worker count (1, 2, 4, ... up to the cluster's) with the least predicted time."""
-    from gnnc.cluster import load_cluster, preset
+    from gnnc.cluster import resolve_cluster
 
-    profile = (load_cluster(cluster) if isinstance(cluster, str) else cluster) if cluster else preset("neutronstar-ecs")
+    profile = resolve_cluster(cluster)
     best = compile(model, graph, 1, passes, graph_spec, after)
     best_time = _single_time(best, graph, profile)
     considered = [{"workers": 1, "time_s": best_time}]
@@ -170,7 +190,7 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
     from gnnc.passes.cost.local import local
     from gnnc.passes.cost.symbols import CostInputs
     from gnnc.passes.choose_strategy import layer_dims, layer_shape
-    from gnnc.passes.graph_stats import compute_stats
+    from gnnc.passes.partition.stats import compute_stats
     from gnnc.passes.predict_bytes import param_dependent
 
     layers = plan.program.graph_layers()
@@ -182,15 +202,15 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
-    """Partition a graph (spec, Graph or PyG Data) with one of the partitioning passes."""
-    from gnnc.passes.partitioning import partition_graph
+    """Partition a graph (spec, Graph or PyG Data) with one of gnnc.passes.partition's methods."""
+    from gnnc.passes.partition import partition_graph
 
     return partition_graph(load_graph(graph), parts, method, seed=seed, **options)
 
 
 def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
-    """The part of every vertex (numpy int array), from the partitioning passes."""
-    from gnnc.passes.partitioning import partition_graph
+    """The part of every vertex (numpy int array), from gnnc.passes.partition."""
+    from gnnc.passes.partition import partition_graph
 
     return partition_graph(graph, parts, method, seed=seed).assignment
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gnnc.errors import GnncError, InternalError
+from gnnc.passes.partition import METHODS
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -48,7 +49,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     model = api.load_model(args.model, **_sets(args.set))
     graph = api.load_graph(args.graph) if args.graph else None
     names = parse_pipeline(args.passes) if args.passes else None
-    printed = set(parse_pipeline(args.print_after)) if args.print_after else set()
+    printed = {spec.name for spec in parse_pipeline(args.print_after)} if args.print_after else set()
 
     def after(name, program):
         if name in printed:
@@ -202,10 +203,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    from gnnc.passes.manager import passes
+    from gnnc.passes.manager import FACTS, passes
+    from gnnc.passes.pipeline_text import format_value, option_fields, type_name
 
     for name, info in sorted(passes().items()):
         print(f"{name:16s} {info.summary}")
+        if info.requires:
+            print(f"{'':16s}   requires: {'; '.join(FACTS[r].description for r in info.requires)}")
+        for field, kind, default, text in option_fields(info.options) if info.options else []:
+            print(f"{'':16s}   {field}={format_value(default) or '<empty>'} ({type_name(kind)}): {text}")
     return 0
 
 
@@ -264,9 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--explain", action="store_true", help="print the planner's alternatives and crossovers")
     c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
-    c.add_argument("--partition", choices=["hash", "chunk", "metis", "g3", "random"])
+    c.add_argument("--partition", choices=list(METHODS))
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
-    c.add_argument("--passes", help="comma-separated pass pipeline (default: infer-shapes,check,lower)")
+    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces: "
+                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`)")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_compile)
@@ -288,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
     c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
-    c.add_argument("--partition", choices=["hash", "chunk", "metis", "g3", "random"])
+    c.add_argument("--partition", choices=list(METHODS))
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.add_argument("--epochs", type=int)
     c.add_argument("--seed", type=int, default=0)

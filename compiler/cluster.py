@@ -461,3 +461,13 @@ def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None) ->
     if os.path.exists(spec) or spec.endswith(".json"):
         return load_profile(spec)
     raise GnncError(f"--cluster {spec}: neither a preset ({', '.join(PRESET_NAMES)}) nor a profile file")
+
+
+DEFAULT_CLUSTER = "neutronstar-ecs"  # what the planner prices on when no --cluster is given
+
+
+def resolve_cluster(spec: "str | ClusterProfile | None") -> ClusterProfile:
+    """The profile a compile prices on: a preset or file name, a profile as given, else the default preset."""
+    if spec is None or spec == "":
+        return preset(DEFAULT_CLUSTER)
+    return load_cluster(spec) if isinstance(spec, str) else spec

@@ -18,12 +18,11 @@ import time
 from typing import Any
 
 from gnnc.errors import GnncError
+from gnnc.passes.partition import METHODS
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `partition` on the CLI's subparsers."""
-    from gnnc.passes.partitioning import METHODS
-
     c = subparsers.add_parser("partition", help="partition a graph and write per-part shards",
                               description="Partition a graph with one method and write one shard per part.")
     c.add_argument("--graph", required=True, help="a graph spec (see `gnnc datasets`)")
@@ -32,7 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the shards")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option of the method (see its module under passes/), repeatable: "
+                   help="an option of the method (see its module under passes/partition/), repeatable: "
                         "--option start=hubs for g3's hub start")
     c.add_argument("--layers", type=int, default=2, help="layers for the L-hop statistics (default 2)")
     c.add_argument("--stats", action="store_true", help="print the dependency statistics of every part")
@@ -79,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     """Run `gnnc partition`; GnncError for bad input (the CLI exits 2 on it)."""
     from tqdm import tqdm
 
-    from gnnc.passes.graph_stats import compute_stats
-    from gnnc.passes.partitioning import estimate_peak_memory, partition_graph
+    from gnnc.passes.partition.stats import compute_stats
+    from gnnc.passes.partition.core import estimate_peak_memory, partition_graph
     from gnnc.graph.loaders import load_graph
     from gnnc.runtime.metrics import peak_rss_bytes
     from gnnc.plan.shard_files import write_shards

@@ -52,31 +52,31 @@ def as_program(ir: str | Program | os.PathLike, dims: dict[str, int] | None = No
     return elaborate(parse(text, "<test>"), {k: str(v) for k, v in (overrides or {}).items()}, dims or {})
 
 
-def _prerequisites(names: list[str]) -> list[str]:
+def _prerequisites(first: str) -> list[str]:
     """The default-pipeline passes that come before the first pass under test."""
-    first = names[0]
     if first in DEFAULT_PIPELINE:
         return DEFAULT_PIPELINE[: DEFAULT_PIPELINE.index(first)]
     return [n for n in DEFAULT_PIPELINE if n in ("infer-shapes", "check")]
 
 
 def run_pass(pipeline: str, ir: str | Program | os.PathLike, *, dims: dict[str, int] | None = None,
-             overrides: dict[str, Any] | None = None, stats: Any = None, cluster: Any = None,
-             graph: Any = None, options: dict[str, Any] | None = None, prepare: bool | None = None) -> Program:
-    """Run the named pass (or comma-separated pipeline) on `ir`; verify after each pass.
+             overrides: dict[str, Any] | None = None, ctx: PassContext | None = None,
+             prepare: bool | None = None) -> Program:
+    """Run the named pass (or pipeline text, `a,b{key=value}`) on `ir`; verify after each pass.
 
     A `.gnn` input is first taken through the default passes that precede
     the one under test (`prepare=False` to skip that); IR text runs as given.
+    `ctx`: the graph, workers, partition and cluster the passes may consult.
     """
-    names = parse_pipeline(pipeline)
+    specs = parse_pipeline(pipeline)
     program = as_program(ir, dims, overrides)
     is_text = isinstance(ir, str) and str(ir).lstrip().startswith("program ")
     if prepare is None:
         prepare = not is_text and not isinstance(ir, Program)
-    ctx = PassContext(graph=graph, stats=stats, cluster=cluster, options=dict(options or {}))
+    ctx = ctx or PassContext()
     if prepare:
-        program = run_pipeline(program, _prerequisites(names), ctx, verify_each=True)
-    return run_pipeline(program, names, ctx, verify_each=True)
+        program = run_pipeline(program, _prerequisites(specs[0].name), ctx, verify_each=True)
+    return run_pipeline(program, specs, ctx, verify_each=True)
 
 
 _DIRECTIVE = re.compile(r"^\s*(?://|#)?\s*(CHECK(?:-NEXT|-NOT|-SAME)?):\s?(.*)$")
@@ -195,11 +195,11 @@ def assert_rewrite_exact(pipeline: str, ir: str | Program | os.PathLike, *, grap
     """Run a rewrite and check outputs and gradients are unchanged (relative error <= rtol)."""
     graph = graph or random_graph()
     dims = dims or {"features": graph.num_features, "classes": graph.num_classes}
-    names = parse_pipeline(pipeline)
+    specs = parse_pipeline(pipeline)
     before = as_program(ir, dims, overrides)
     if not isinstance(ir, Program) and not str(ir).lstrip().startswith("program "):
-        before = run_pipeline(before, _prerequisites(names), verify_each=True)
-    after = run_pipeline(before, names, verify_each=True)
+        before = run_pipeline(before, _prerequisites(specs[0].name), verify_each=True)
+    after = run_pipeline(before, specs, verify_each=True)
     out0, g0 = outputs_and_grads(before, graph)
     out1, g1 = outputs_and_grads(after, graph)
     _close("outputs", out1, out0, rtol)

@@ -1,8 +1,9 @@
 """assign-strategy: annotate every graph layer with the strategy that runs it.
 
-The strategy comes from the planner (choose-strategy) or from the user
-(`--strategy S` for every layer, or `S1,S2,...` one per graph layer). With
-one worker every layer is `local`. The runtime executes `depcomm` and
+The strategy is choose-strategy's decision (`ctx.results.strategy`): the
+planner's, or the user's (`--strategy S` for every layer, or `S1,S2,...`
+one per graph layer); without one, `depcomm`. With one worker every layer
+is `local`. The runtime executes `depcomm` and
 `bcast1d` (vertex-partitioned, freely mixed per layer); `depcache` and
 `hybrid` as segments of consecutive layers (attribute `segment`: the
 segment's first graph layer; a segment after layer 0 fetches the
@@ -18,6 +19,7 @@ from gnnc.ir import Program
 from gnnc.ir.ops import op_def
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
+from gnnc.passes.choose_strategy import PlanningInputs
 
 DEFAULT_STRATEGY = "depcomm"  # what several workers run when neither the user nor the planner chose
 
@@ -119,11 +121,11 @@ def check_segment_inputs(program: Program, names: list[str], starts: list[int]) 
                             layer.loc)
 
 
-@register_pass("assign-strategy", "annotate graph layers with their strategy (options: workers, strategy)")
+@register_pass("assign-strategy", "annotate graph layers with their strategy: choose-strategy's, else the default",
+               requires=("typed",), preserves=(PlanningInputs,))
 def assign_strategy(program: Program, ctx: PassContext) -> Program:
-    workers = int(ctx.options.get("workers", 1))
-    names = strategies_for(program, ctx.options.get("strategy"), workers)
-    starts = segment_starts(names, ctx.options.get("segments"))
+    names = strategies_for(program, ctx.results.strategy, ctx.workers)
+    starts = segment_starts(names, ctx.results.segments)
     check_segment_inputs(program, names, starts)
     it = iter(zip(names, starts))
     layers = []

@@ -11,9 +11,13 @@ runtime executes: depcomm and bcast1d per layer, pushpull on the first layer
 where it is legal, depcache and hybrid as segments of consecutive layers
 (hybrid priced with the selection select-hybrid will make: Algorithm 4's,
 or communicate-all / cache-all when they predict less); `--allow` narrows
-that. The chosen segments go to assign-strategy in `ctx.options["segments"]`.
-The choice and every alternative's predicted time, bytes and memory go into
-`ctx.options["planner"]` for the plan and `--explain`.
+that (`choose-strategy{allow=depcomm,depcache}`); `strategy=S1,S2` fixes
+the choice instead (`--strategy`). The choice goes to assign-strategy in
+`ctx.results.strategy` and `ctx.results.segments`; the choice and every
+alternative's predicted time, bytes and memory go into `ctx.results.planner`
+for the plan and `--explain`. The planning inputs (partition statistics,
+cost inputs, layer shapes) are the `PlanningInputs` analysis, computed once
+per compile and reused by select-hybrid.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from gnnc.passes.cost.registry import planner_cost, user_cost
 from gnnc.passes.cost.schedule import predicted_schedule
 from gnnc.passes.cost.symbols import CostInputs, LayerShape, bw, d
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.passes.pipeline_text import option
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -92,7 +97,7 @@ def candidates(program: Program, allow: list[str] | None) -> list[str]:
 
 def planning_inputs(program: Program, graph, parts: np.ndarray, profile):
     """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape."""
-    from gnnc.passes.graph_stats import compute_stats
+    from gnnc.passes.partition.stats import compute_stats
     from gnnc.passes.predict_bytes import param_dependent
 
     layers = program.graph_layers()
@@ -102,6 +107,19 @@ def planning_inputs(program: Program, graph, parts: np.ndarray, profile):
     inputs = CostInputs.from_stats(stats, dims, profile.for_workers(int(parts.max()) + 1), heads=heads)
     needs_grad = param_dependent(program)
     return stats, inputs, [layer_shape(layer, needs_grad) for layer in layers]
+
+
+@dataclass(frozen=True)
+class PlanningInputs:
+    """The `planning_inputs` of the compile's program, partition and cluster, as a cached analysis."""
+
+    stats: Any
+    inputs: Any
+    shapes: list[Any]
+
+    @classmethod
+    def compute(cls, program: Program, ctx: PassContext) -> "PlanningInputs":
+        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster))
 
 
 @dataclass
@@ -126,12 +144,18 @@ class PricedPlan:
     allowed: list[str]
 
 
-def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None) -> PricedPlan:
-    """Segment costs (time, memory) for the DP, and the compiled formulas behind them."""
+def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
+               planned: PlanningInputs | None = None) -> PricedPlan:
+    """Segment costs (time, memory) for the DP, and the compiled formulas behind them.
+
+    `planned`: the planning inputs when the caller has them already (the pass's analysis cache).
+    """
     from gnnc.passes.assign_strategy import segment_can_start_at
 
     L = len(program.graph_layers())
-    stats, inputs, shapes = planning_inputs(program, graph, parts, profile)
+    if planned is None:
+        planned = PlanningInputs(*planning_inputs(program, graph, parts, profile))
+    stats, inputs, shapes = planned.stats, planned.inputs, planned.shapes
     allowed = candidates(program, allow)
     seg_cost: dict[tuple[int, int, str], tuple[float, float]] = {}
     formulas: dict[tuple[int, int, str], Any] = {}
@@ -177,10 +201,11 @@ def _shape(param, program: Program) -> list[int]:
     return [eval_dim(d, program.config_dict()) for d in param.value.type.shape]
 
 
-def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None) -> PlannerReport:
+def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
+           planned: PlanningInputs | None = None) -> PlannerReport:
     from gnnc.passes.segment_dp import solve
 
-    priced = plan_costs(program, graph, parts, profile, allow)
+    priced = plan_costs(program, graph, parts, profile, allow, planned)
     formulas, values, inputs, allreduce, allowed = (priced.formulas, priced.values, priced.inputs, priced.allreduce,
                                                     priced.allowed)
     L = len(program.graph_layers())
@@ -232,17 +257,23 @@ def _pushpull_crossovers(priced: PricedPlan) -> list[str]:
     return out
 
 
-@register_pass("choose-strategy", "pick per-layer strategies by predicted cost: segment DP over the cost model")
-def choose_strategy(program: Program, ctx: PassContext) -> Program:
-    workers = int(ctx.options.get("workers", 1))
-    if workers == 1 or ctx.options.get("strategy") or ctx.options.get("parts") is None:
-        return program
-    from gnnc.cluster import load_cluster, preset
+@dataclass(frozen=True)
+class ChooseStrategyOptions:
+    allow: tuple[str, ...] = option((), "strategies the planner may choose (empty: every plannable one)")
+    strategy: str = option("", "fix the strategies instead of planning: one, or one per graph layer (S1,S2)")
 
-    spec = ctx.options.get("cluster")
-    profile = (load_cluster(spec) if isinstance(spec, str) else spec) if spec else preset("neutronstar-ecs")
-    report = choose(program, ctx.graph, ctx.options["parts"], profile, ctx.options.get("allow"))
-    ctx.options["strategy"] = ",".join(report.strategies)
-    ctx.options["segments"] = report.segments
-    ctx.options["planner"] = report
+
+@register_pass("choose-strategy", "pick per-layer strategies by predicted cost: segment DP over the cost model",
+               options=ChooseStrategyOptions, requires=("typed", "partition"))
+def choose_strategy(program: Program, ctx: PassContext, opts: ChooseStrategyOptions) -> Program:
+    if opts.strategy:
+        ctx.results.strategy = opts.strategy
+        return program
+    if ctx.workers == 1:
+        return program
+    planned = ctx.analyses.get(PlanningInputs, program)
+    report = choose(program, ctx.graph, ctx.parts, ctx.cluster, list(opts.allow) or None, planned)
+    ctx.results.strategy = ",".join(report.strategies)
+    ctx.results.segments = report.segments
+    ctx.results.planner = report
     return program

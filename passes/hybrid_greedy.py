@@ -85,7 +85,7 @@ class Dependencies:
 
 
 def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
-    """Part `part`'s dependencies for a segment of `layers` layers, from `graph_stats.PartStats`.
+    """Part `part`'s dependencies for a segment of `layers` layers, from `partition.stats.PartStats`.
 
     Every remote in-neighbour v of the part is a dependency at each layer m
     of the segment (m = 0..layers-1, relative to the segment's first layer).

@@ -75,7 +75,8 @@ def _insert(layer: Layer) -> Layer:
     return layer.replace(eqns=tuple(eqns))
 
 
-@register_pass("insert-comm", "insert halo exchanges (depcomm, hybrid), staged broadcasts (bcast1d), P3's pull")
+@register_pass("insert-comm", "insert halo exchanges (depcomm, hybrid), staged broadcasts (bcast1d), P3's pull",
+               requires=("strategies",))
 def insert_comm(program: Program, ctx: PassContext) -> Program:
     index = {layer.name: k for k, layer in enumerate(program.graph_layers())}
     return program.replace(layers=tuple(_insert(_fetch_on_entry(layer, index.get(layer.name, -1)))

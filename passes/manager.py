@@ -1,29 +1,48 @@
 """Passes registered by name, and the manager that runs a pipeline of them.
 
-A pass is a function `(Program, PassContext) -> Program`, registered with a
-short name and a one-line summary (`gnnc compile --passes a,b --print-after b`
-names them). The manager can verify the IR after every pass and, when an
+A pass is a function `(Program, PassContext) -> Program`, or `(Program,
+PassContext, options) -> Program` when it declares an options dataclass;
+it is registered with a short name, a one-line summary, its options and the
+facts it requires (`gnnc compile --passes 'a{k=v},b' --print-after b` names
+them). Before each pass the manager checks what it requires and refuses,
+naming the pass that establishes the missing fact, instead of letting a pass
+silently do nothing; it can verify the IR after every pass and, when an
 invariant breaks, says which pass broke it and which passes ran before.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import inspect
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from gnnc.errors import GnncError
-from gnnc.ir import Program, VerifyError, verify
+from gnnc.ir import Program, VerifyError, all_values, verify
+from gnnc.passes.context import PassContext, PassResults  # noqa: F401  (re-exported: passes import them here)
+from gnnc.passes.pipeline_text import PassSpec, parse_options, split_pipeline
 
-PassFn = Callable[[Program, "PassContext"], Program]
+PassFn = Callable[..., Program]
 
 
-@dataclass
-class PassContext:
-    """What passes may consult besides the IR: graph statistics, cluster, options."""
+@dataclass(frozen=True)
+class Fact:
+    """Something a pass may require to hold before it runs, and the pass (or input) that makes it hold."""
 
-    graph: Any = None  # gnnc.graph.Graph, when compiling for one
-    stats: Any = None  # partition statistics, when planning
-    cluster: Any = None  # cluster profile, when planning
-    options: dict[str, Any] = field(default_factory=dict)
+    name: str
+    description: str
+    holds: Callable[[Program, PassContext], bool]
+    established_by: str
+
+
+FACTS: dict[str, Fact] = {f.name: f for f in (
+    Fact("typed", "every value has a type",
+         lambda p, ctx: all(v.type is not None for v in all_values(p)), "run infer-shapes before it"),
+    Fact("strategies", "graph layers carry a strategy attribute",
+         lambda p, ctx: all(layer.attr("strategy") is not None for layer in p.graph_layers()),
+         "run assign-strategy before it"),
+    Fact("partition", "a partition of the graph over the workers",
+         lambda p, ctx: ctx.partition is not None and ctx.graph is not None,
+         "compile for several workers with a graph: --workers N --graph G"),
+)}
 
 
 @dataclass(frozen=True)
@@ -32,6 +51,9 @@ class PassInfo:
     summary: str
     fn: PassFn
     typed_after: bool  # whether every value has a type once this pass has run
+    options: type | None = None  # a frozen dataclass of the pass's options (pipeline_text.option fields)
+    requires: tuple[str, ...] = ()  # FACTS that must hold before it runs
+    preserves: tuple[type, ...] = ()  # analyses still valid after it changes the program
 
 
 _REGISTRY: dict[str, PassInfo] = {}
@@ -42,20 +64,33 @@ DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select
                                    "predict-bytes"]
 
 
-def register_pass(name: str, summary: str, typed_after: bool = True) -> Callable[[PassFn], PassFn]:
-    """Decorator: make `fn` runnable as pass `name` (names are unique)."""
+def register_pass(name: str, summary: str, typed_after: bool = True, options: type | None = None,
+                  requires: tuple[str, ...] = (), preserves: tuple[type, ...] = ()) -> Callable[[PassFn], PassFn]:
+    """Decorator: make `fn` runnable as pass `name` (names are unique).
+
+    `options`: a frozen dataclass of the pass's options; `fn` then takes it as
+    a third argument. `requires`: names of FACTS that must hold before it runs.
+    `preserves`: analysis classes a change of the program by this pass leaves valid.
+    """
+    unknown = [r for r in requires if r not in FACTS]
+    if unknown:
+        raise ValueError(f"pass {name!r} requires unknown facts {unknown} (known: {', '.join(FACTS)})")
 
     def deco(fn: PassFn) -> PassFn:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"a pass named {name!r} is already registered")
-        _REGISTRY[name] = PassInfo(name, summary, fn, typed_after)
+        takes = len(inspect.signature(fn).parameters)
+        if takes != (3 if options is not None else 2):
+            raise ValueError(f"pass {name!r}: takes (program, ctx{', options' if options else ''}), "
+                             f"not {takes} arguments")
+        _REGISTRY[name] = PassInfo(name, summary, fn, typed_after, options, tuple(requires), tuple(preserves))
         return fn
 
     return deco
 
 
 def _load_builtin() -> None:
-    # Importing the modules registers their passes.
+    # reason: a cycle; the pass modules import register_pass from here, so this one imports them on first use
     from gnnc.passes import (assign_strategy, check, choose_strategy, infer_shapes,  # noqa: F401
                              insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid, sink_bias)
 
@@ -65,16 +100,32 @@ def passes() -> dict[str, PassInfo]:
     return dict(_REGISTRY)
 
 
-def parse_pipeline(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
+def parse_pipeline(text: str) -> list[PassSpec]:
+    """`a,b{key=value key=value},c` as the passes to run with their typed options (GnncError names a typo)."""
     known = passes()
-    for n in names:
-        if n not in known:
-            raise GnncError(f"unknown pass '{n}' (known: {', '.join(sorted(known))})")
-    return names
+    specs = []
+    for name, option_text in split_pipeline(text):
+        if name not in known:
+            raise GnncError(f"unknown pass '{name}' (known: {', '.join(sorted(known))})")
+        specs.append(parse_options(name, known[name].options, option_text))
+    return specs
 
 
-def run_pipeline(program: Program, names: list[str], ctx: PassContext | None = None,
+def as_spec(item: str | PassSpec) -> PassSpec:
+    """A pipeline entry given by name (its default options) or already parsed."""
+    return item if isinstance(item, PassSpec) else parse_pipeline(item)[0]
+
+
+def _check_requires(info: PassInfo, program: Program, ctx: PassContext, done: list[str]) -> None:
+    for name in info.requires:
+        fact = FACTS[name]
+        if not fact.holds(program, ctx):
+            ran = f" (ran: {', '.join(done)})" if done else " (it runs first)"
+            raise GnncError(f"pass '{info.name}' requires that {fact.description}, which does not hold"
+                            f"{ran}: {fact.established_by}")
+
+
+def run_pipeline(program: Program, pipeline: list[str] | list[PassSpec], ctx: PassContext | None = None,
                  verify_each: bool = False, after: Callable[[str, Program], None] | None = None) -> Program:
     """Run passes in order; `after(name, program)` sees the IR after each."""
     ctx = ctx or PassContext()
@@ -82,15 +133,19 @@ def run_pipeline(program: Program, names: list[str], ctx: PassContext | None = N
     done: list[str] = []
     if verify_each:
         verify(program)
-    for name in names:
-        info = known[name]
-        program = info.fn(program, ctx)
-        done.append(name)
+    for spec in map(as_spec, pipeline):
+        info = known[spec.name]
+        _check_requires(info, program, ctx, done)
+        before = program
+        program = info.fn(program, ctx) if info.options is None else info.fn(program, ctx, spec.options)
+        if program is not before:
+            ctx.analyses.keep_only(info.preserves)
+        done.append(spec.name)
         if verify_each:
             try:
                 verify(program, typed=info.typed_after)
             except VerifyError as err:
-                raise VerifyError(f"after pass '{name}' (ran: {', '.join(done)}): {err.message}") from None
+                raise VerifyError(f"after pass '{spec.name}' (ran: {', '.join(done)}): {err.message}") from None
         if after is not None:
-            after(name, program)
+            after(spec.name, program)
     return program

@@ -18,7 +18,7 @@ relays), so a run's measured bytes must equal these numbers exactly:
 
 A backward message exists only when its input depends on a parameter
 (autograd skips the dual op otherwise). Each comm equation gets attributes
-`bytes_fwd` and `bytes_bwd`; the program's total is in `ctx.options`.
+`bytes_fwd` and `bytes_bwd`; the program's total is in `ctx.results.predicted_bytes`.
 """
 from __future__ import annotations
 
@@ -78,12 +78,11 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
     return program.replace(layers=tuple(layers)), totals
 
 
-@register_pass("predict-bytes", "annotate communication ops with their exact bytes per training step")
+@register_pass("predict-bytes", "annotate communication ops with their exact bytes per training step",
+               requires=("strategies", "partition"))
 def predict_bytes(program: Program, ctx: PassContext) -> Program:
-    parts = ctx.options.get("parts")
-    world = int(ctx.options.get("workers", 1))
-    if parts is None or world == 1 or ctx.graph is None:
+    if ctx.workers == 1:
         return program
-    program, totals = predict(program, ctx.graph, parts, world, ctx.options.get("hybrid_cached"))
-    ctx.options["predicted_bytes"] = totals
+    program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached)
+    ctx.results.predicted_bytes = totals
     return program

@@ -6,9 +6,9 @@ NeutronStar's Algorithm 4 (gnnc.passes.hybrid_greedy), run on the
 partition's statistics with unit costs from the cost model and the cluster
 profile (gnnc.passes.cost.neutronstar.hybrid_unit_costs); the caches of a worker
 share its memory (`memory_per_worker`). The selection is data, not IR: it
-goes to `ctx.options["hybrid_cached"]` ({layer: [global ids per worker]}),
+goes to `ctx.results.hybrid_cached` ({layer: [global ids per worker]}),
 where predict-bytes and the plan's shards read it, and its prediction to
-`ctx.options["hybrid_selection"]`, one entry per hybrid segment. At layer 0
+`ctx.results.hybrid_selection`, one entry per hybrid segment. At layer 0
 the input is static, so caching a layer-0 dependency only replicates its
 input row; a segment that starts later fetches its cached rows' inputs on
 entry (gnnc.plan.rows).
@@ -96,31 +96,28 @@ def _check_given(cached: Any, layers: list[int], world: int, n: int) -> None:
                 raise GnncError(f"hybrid_cached[{m}]: a vertex id outside 0..{n - 1}")
 
 
-@register_pass("select-hybrid", "choose the dependencies a hybrid segment caches (NeutronStar's Algorithm 4)")
+@register_pass("select-hybrid", "choose the dependencies a hybrid segment caches (NeutronStar's Algorithm 4)",
+               requires=("strategies",))
 def select_hybrid(program: Program, ctx: PassContext) -> Program:
     spans = hybrid_segments(program)
-    parts = ctx.options.get("parts")
-    if not spans or parts is None or ctx.graph is None:
+    if not spans or ctx.partition is None or ctx.graph is None:
         return program
-    world = int(ctx.options.get("workers", 1))
     hybrid_layers = [k for a, b in spans for k in range(a, b)]
-    if "hybrid_cached" in ctx.options:  # a selection given by the caller (gnnc.compile(hybrid_cached=...))
-        _check_given(ctx.options["hybrid_cached"], hybrid_layers, world, ctx.graph.num_nodes)
+    if ctx.hybrid_cached is not None:  # a selection given by the caller (gnnc.compile(hybrid_cached=...))
+        _check_given(ctx.hybrid_cached, hybrid_layers, ctx.workers, ctx.graph.num_nodes)
+        ctx.results.hybrid_cached = ctx.hybrid_cached
         return program
-    from gnnc.cluster import load_cluster, preset
-    from gnnc.passes.choose_strategy import planning_inputs
+    from gnnc.passes.choose_strategy import PlanningInputs  # reason: a cycle; choose-strategy prices with select()
 
-    spec = ctx.options.get("cluster")
-    profile = (load_cluster(spec) if isinstance(spec, str) else spec) if spec else preset("neutronstar-ecs")
-    stats, inputs, shapes = planning_inputs(program, ctx.graph, parts, profile)
+    planned = ctx.analyses.get(PlanningInputs, program)
     cached: dict[int, list[np.ndarray]] = {}
     report = []
     for start, end in spans:
-        sel = select(stats, inputs, shapes, profile.memory_per_worker, start, end)
+        sel = select(planned.stats, planned.inputs, planned.shapes, ctx.cluster.memory_per_worker, start, end)
         cached.update(sel.cached)
         report.append({"layers": [start, end], "source": sel.source, "predicted_time_s": sel.time,
                        "cached_per_layer": [[int(len(ids)) for ids in sel.cached[k]] for k in range(start, end)],
                        "communicated_per_layer": [[int(x) for x in sel.received[:, m]] for m in range(end - start)]})
-    ctx.options["hybrid_cached"] = cached
-    ctx.options["hybrid_selection"] = report
+    ctx.results.hybrid_cached = cached
+    ctx.results.hybrid_selection = report
     return program

@@ -109,3 +109,35 @@ def test_run_summary_folds_repeated_strategies() -> None:
     assert _runs(["depcache"] * 64) == "depcache x64"
     assert _runs(["pushpull", "depcomm", "depcomm"]) == "pushpull,depcomm x2"
     assert _runs(["depcomm", "bcast1d", "depcomm"]) == "depcomm,bcast1d,depcomm"
+
+
+def test_a_pass_run_without_what_it_requires_exits_2() -> None:
+    r = gnnc("compile", str(EXAMPLES / "gcn.gnn"), "--passes", "insert-comm")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert ("pass 'insert-comm' requires that graph layers carry a strategy attribute, which does not hold "
+            "(it runs first): run assign-strategy before it") in r.stderr
+
+
+def test_pass_options_on_the_cli(tmp_path) -> None:
+    r = gnnc("compile", str(EXAMPLES / "gcn.gnn"), "--passes", "infer-shapes,choose-strategy{allow=depcomm,nope")
+    assert r.returncode == 2 and "'{' without '}'" in r.stderr
+    r = gnnc("compile", str(EXAMPLES / "gcn.gnn"), "--passes", "infer-shapes,check{x=1}")
+    assert r.returncode == 2 and "pass 'check' takes no options" in r.stderr
+    r = gnnc("compile", str(EXAMPLES / "gcn.gnn"), "--graph", "planetoid:cora", "--workers", "2", "--json",
+             "--passes", "infer-shapes,check,lower,choose-strategy{allow=depcache},assign-strategy,insert-comm")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.splitlines()[-1])
+    assert summary["strategies"] == ["depcache", "depcache"]
+    assert "choose-strategy{allow=depcache}" in summary["passes"]
+    listed = gnnc("passes").stdout
+    assert "allow=<empty> (list of str): strategies the planner may choose" in listed
+    assert "requires: graph layers carry a strategy attribute" in listed
+
+
+def test_partition_choices_come_from_the_registry() -> None:
+    from gnnc.cli import build_parser
+    from gnnc.passes.partition import METHODS
+
+    compile_parser = build_parser()._subparsers._group_actions[0].choices["compile"]
+    [action] = [a for a in compile_parser._actions if a.dest == "partition"]
+    assert list(action.choices) == list(METHODS)

@@ -30,7 +30,7 @@ from gnnc.passes.cost.symbols import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S,
                                       alpha, b, b_idx, bw, comm_rows, d, heads, hop_edges, hop_vertices)
 from gnnc.runtime import comm
 from gnnc.graph import Graph
-from gnnc.passes.graph_stats import compute_stats
+from gnnc.passes.partition.stats import compute_stats
 from gnnc.plan.rows import LayerSpec, all_row_sets, build_local_graph
 
 

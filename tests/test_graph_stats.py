@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnnc.passes.graph_stats import compute_stats
-from gnnc.passes.partitioning import partition_graph
+from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.partition.core import partition_graph
 from tests.test_partitioning import make_graph
 
 # directed, with a duplicate (2->1 twice) and a self-loop (3->3); parts {0,1}, {2,3}, {4}

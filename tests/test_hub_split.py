@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnnc.errors import GnncError
-from gnnc.passes.graph_stats import compute_stats
-from gnnc.passes.hub_split import _deal_hubs, _fill_evenly, hub_split
-from gnnc.passes.partitioning import PartitionInput, partition_graph
+from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.partition.hub_split import _deal_hubs, _fill_evenly, hub_split
+from gnnc.passes.partition.core import PartitionInput, partition_graph
 from gnnc.graph.generators import rmat
 
 from tests.test_partitioning import make_graph

@@ -15,7 +15,7 @@ from gnnc.cluster import preset
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.neutronstar import hybrid, hybrid_unit_costs, hybrid_values
 from gnnc.passes.cost.symbols import CostInputs, LayerShape
-from gnnc.passes.graph_stats import compute_stats
+from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.hybrid_greedy import (Dependencies, UnitCosts, cache_memory, choose, communicate_cost,
                                        dependencies_from_stats, greedy_worker, predict, recompute_cost, select)
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gnnc import cli, partition_cli
-from gnnc.passes.graph_stats import compute_stats
-from gnnc.passes.partitioning import partition_graph
+from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.partition.core import partition_graph
 from gnnc.graph.loaders import load_graph
 from gnnc.plan.shard_files import assemble, verify_shards
 

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnnc.errors import GnncError
-from gnnc.passes.graph_stats import compute_stats
-from gnnc.passes.partition_g3 import Limits, RemoteSets, Swapper
-from gnnc.passes.partition_hash import hash_parts
-from gnnc.passes.partitioning import (METHODS, PartitionInput, chunks_for_pipeline, estimate_peak_memory,
+from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.partition.g3 import Limits, RemoteSets, Swapper
+from gnnc.passes.partition.hash import hash_parts
+from gnnc.passes.partition.core import (METHODS, PartitionInput, chunks_for_pipeline, estimate_peak_memory,
                                       partition_graph, tile_nnz)
 from gnnc.plan.slices import feature_slices
 from gnnc.graph.generators import rmat

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnc.errors import PlanError
-from gnnc.passes.graph_stats import compute_stats
+from gnnc.passes.partition.stats import compute_stats
 from gnnc.plan import shard_files as shards_mod
 from gnnc.plan.shard_files import assemble, read_shard, verify_shards, write_shards
 from tests.conftest import random_graph

@@ -18,7 +18,7 @@ def _rename(v: Value, subst: dict[str, Value]) -> Value:
 
 @gnnc.register_pass("strip-sync", "remove sync equations (a no-op on one worker)")
 def strip_sync(program: Program, ctx) -> Program:
-    if ctx.options.get("workers", 1) != 1:
+    if ctx.workers != 1:
         return program  # with several workers a sync is real communication
     subst: dict[str, Value] = {}
     layers = []

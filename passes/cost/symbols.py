@@ -198,7 +198,7 @@ class CostInputs:
     def from_stats(cls, stats: Any, dims: Sequence[float], profile: ClusterProfile, *,
                    heads: Sequence[float] = (), hop_levels: str = "per-level",
                    remote_edges: np.ndarray | None = None, bytes_per_element: int = 4) -> CostInputs:
-        """Fill from `gnnc.passes.graph_stats.PartStats` (fields vertices, edges, remote, send,
+        """Fill from `gnnc.passes.partition.stats.PartStats` (fields vertices, edges, remote, send,
         lhop_vertices, lhop_edges).
 
         hop_levels: how PartStats counts the L-hop sets: "per-level" (column k

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from gnnc.passes.partitioning import Partition
+from gnnc.passes.partition.core import Partition
 from gnnc.graph import sorted_unique
 from gnnc.graph import Graph
 

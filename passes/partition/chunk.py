@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from gnnc.errors import GnncError
-from gnnc.passes.partitioning import PartitionInput
+from gnnc.passes.partition.core import PartitionInput
 
 
 def chunk_bounds(weights: np.ndarray, parts: int) -> np.ndarray:

@@ -5,7 +5,7 @@ hashes them, NeutronStar takes contiguous chunks, G3 refines METIS, MG-GCN
 permutes at random); the planner compares strategies on the statistics of
 these splits, so every method answers through the same `Partition` record
 and the same registry. The methods themselves live in one module each
-(`partition_<name>.py`, with `run(inp, parts, seed, **options)`), imported
+(`gnnc.passes.partition.<name>`, with `run(inp, parts, seed, **options)`), imported
 only when used. Feature slices (P3 splits the feature dimension, not the
 vertices) and GNNPipe's chunks come from here too, so that every split of a
 graph has one home.
@@ -27,20 +27,22 @@ from gnnc.errors import GnncError
 from gnnc.graph import Graph, sorted_unique
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Partition:
-    """A split of the vertices into `parts` parts.
+    """A split of the vertices into `parts` parts (what passes read as `PassContext.partition`).
 
     assignment: int64 [N], the part of every vertex (0 <= part < parts).
     method: the registry name that produced it.
     stats: what the method reports (time_s always; balance reached, edge cut,
     stopping reason, ... per method), JSON-serialisable values only.
+    seed: the seed the method ran with, so the split can be made again.
     """
 
     assignment: np.ndarray
     parts: int
     method: str
     stats: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
 
     def sizes(self) -> np.ndarray:
         """Vertices per part."""
@@ -65,15 +67,15 @@ class Method:
 
 METHODS: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
     Method("hash", "P3: vertex id hashed to a part, no preprocessing; edges stay with their destination",
-           "gnnc.passes.partition_hash"),
+           "gnnc.passes.partition.hash"),
     Method("chunk", "NeutronStar: contiguous id ranges balanced by vertices plus in-edges",
-           "gnnc.passes.partition_chunk"),
+           "gnnc.passes.partition.chunk"),
     Method("metis", "METIS k-way (pymetis): edge-cut by default; G3's multi-constraint volume variant",
-           "gnnc.passes.partition_metis"),
+           "gnnc.passes.partition.metis"),
     Method("g3", "G3 Algorithm 1: multi-constraint METIS, then swaps that balance the remote sets |B_i|",
-           "gnnc.passes.partition_g3"),
+           "gnnc.passes.partition.g3"),
     Method("random", "MG-GCN: seeded symmetric random permutation, then uniform row blocks",
-           "gnnc.passes.partition_random"),
+           "gnnc.passes.partition.random"),
 )})
 
 
@@ -142,7 +144,7 @@ def partition_graph(graph: Graph, parts: int, method: str, seed: int = 0, **opts
                                                                        or assignment.max() >= parts)):
         raise AssertionError(f"partitioner '{method}' returned an invalid assignment")  # a bug, not user input
     stats = {"time_s": elapsed, **stats}
-    return Partition(assignment, parts, method, stats)
+    return Partition(assignment, parts, method, stats, int(seed))
 
 
 def tile_nnz(graph: Graph, assignment: np.ndarray, parts: int, view: str = "plain") -> np.ndarray:

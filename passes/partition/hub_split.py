@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from gnnc.passes.partition_metis import metis_kway, remote_sizes
-from gnnc.passes.partitioning import PartitionInput
+from gnnc.passes.partition.metis import metis_kway, remote_sizes
+from gnnc.passes.partition.core import PartitionInput
 
 
 def hub_split(inp: PartitionInput, parts: int, seed: int, core_parts: int = 2,

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gnnc.passes.partitioning import PartitionInput, tile_nnz
+from gnnc.passes.partition.core import PartitionInput, tile_nnz
 
 
 def run(inp: PartitionInput, parts: int, seed: int, permute: bool = True) -> tuple[np.ndarray, dict[str, Any]]:

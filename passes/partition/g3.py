@@ -55,9 +55,9 @@ from typing import Any
 import numpy as np
 
 from gnnc.errors import GnncError
-from gnnc.passes import partition_metis
-from gnnc.passes.hub_split import hub_split
-from gnnc.passes.partitioning import PartitionInput
+from gnnc.passes.partition import metis as partition_metis
+from gnnc.passes.partition.hub_split import hub_split
+from gnnc.passes.partition.core import PartitionInput
 
 STARTS = ("metis-mc", "metis", "hubs")
 SELECTS = ("gain", "paper")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gnnc.passes.partitioning import PartitionInput
+from gnnc.passes.partition.core import PartitionInput
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 

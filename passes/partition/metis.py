@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from gnnc.errors import GnncError
-from gnnc.passes.partitioning import PartitionInput
+from gnnc.passes.partition.core import PartitionInput
 from gnnc.graph import sorted_unique
 
 OBJECTIVES = ("cut", "vol")
