@@ -2,6 +2,8 @@
 self-loops, duplicate edges), and the example files."""
 from __future__ import annotations
 
+import difflib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,20 @@ from gnnc.graph import Graph
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def check_golden(stages: dict[str, str], prefix: str) -> None:
+    """Compare each stage's IR text with tests/golden/<prefix>.<stage>.ir (GNNC_UPDATE_GOLDEN=1 rewrites them)."""
+    for stage, text in stages.items():
+        path = GOLDEN / f"{prefix}.{stage}.ir"
+        if os.environ.get("GNNC_UPDATE_GOLDEN"):
+            path.write_text(text)
+            continue
+        want = path.read_text()
+        if text != want:
+            diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "actual"))
+            pytest.fail(f"IR after {stage} differs from {path.name}:\n{diff[:4000]}")
 
 
 def random_graph(n: int = 40, e: int = 160, f: int = 12, c: int = 4, seed: int = 0) -> Graph:

@@ -9,16 +9,12 @@ a mixed assignment. Regenerate after an intended change with
 """
 from __future__ import annotations
 
-import difflib
-import os
-
 import pytest
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, check_golden
 
 import gnnc
 
-GOLDEN = ROOT / "tests" / "golden"
 PASSES = ("assign-strategy", "insert-comm", "predict-bytes")
 # case name -> (example, workers, strategies, overrides)
 CASES = {
@@ -51,12 +47,4 @@ def stages(case: str, graph) -> dict[str, str]:
 def test_golden(case: str, cora) -> None:
     got = stages(case, cora)
     assert set(got) == set(PASSES)
-    for stage, text in got.items():
-        path = GOLDEN / f"{case}.{stage}.ir"
-        if os.environ.get("GNNC_UPDATE_GOLDEN"):
-            path.write_text(text)
-            continue
-        want = path.read_text()
-        if text != want:
-            diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "actual"))
-            pytest.fail(f"IR after {stage} differs from {path.name}:\n{diff[:4000]}")
+    check_golden(got, case)

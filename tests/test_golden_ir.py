@@ -5,18 +5,14 @@ and review the diff.
 """
 from __future__ import annotations
 
-import difflib
-import os
-
 import pytest
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, check_golden
 from gnnc import api
 from gnnc.frontend.elaborate import elaborate
 from gnnc.ir import verify
 from gnnc.passes.manager import run_pipeline
 
-GOLDEN = ROOT / "tests" / "golden"
 CORA = {"features": 1433, "classes": 7}
 PASSES = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias"]
 EXAMPLE_NAMES = ["gcn", "sage", "gin", "gat", "gcnii"]
@@ -34,16 +30,7 @@ def stages(name: str) -> dict[str, str]:
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
 def test_golden(name: str) -> None:
     got = stages(name)
-    for stage, text in got.items():
-        path = GOLDEN / f"{name}.{stage}.ir"
-        if os.environ.get("GNNC_UPDATE_GOLDEN"):
-            path.write_text(text)
-            continue
-        want = path.read_text()
-        if text != want:
-            diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
-                                                str(path), "actual"))
-            pytest.fail(f"IR after {stage} differs from {path.name}:\n{diff[:4000]}")
+    check_golden(got, name)
 
 
 def test_printer_is_deterministic() -> None:
