@@ -338,24 +338,25 @@ _BIAS_WHY = ("adds a bias before the sync (the bias must come once, after it; si
 _ATTENTION_WHY = "computes attention from the input before the sync (not linear in it)"
 
 
-def _activation(name: str, *args: Arg, fold: Callable[[Any], Any] | None = None,
-                elide: Callable[[Mapping[str, Any]], bool] = _never) -> None:
+def define_activation(name: str, *args: Arg, fold: Callable[[Any], Any] | None = None,
+                      elide: Callable[[Mapping[str, Any]], bool] = _never) -> None:
+    """Define an elementwise activation callable in every statement: one line per new activation."""
     define_op(OpDef(name, _elementwise, ELEMENTWISE_PRIMS, args=args, activation=True, fold=fold, elide=elide,
                     elementwise=True))
 
 
-_activation("relu")
-_activation("elu", Arg("alpha", "number", default=1.0))
-_activation("leaky_relu", Arg("slope", "number", default=0.01))
-_activation("sigmoid")
-_activation("tanh", fold=sympy.tanh)
-_activation("exp", fold=sympy.exp)
-_activation("log", fold=sympy.log)
-_activation("softplus")
-_activation("gelu")
-_activation("abs", fold=sympy.Abs)
-_activation("identity", elide=_always)
-_activation("silu")
+define_activation("relu")
+define_activation("elu", Arg("alpha", "number", default=1.0))
+define_activation("leaky_relu", Arg("slope", "number", default=0.01))
+define_activation("sigmoid")
+define_activation("tanh", fold=sympy.tanh)
+define_activation("exp", fold=sympy.exp)
+define_activation("log", fold=sympy.log)
+define_activation("softplus")
+define_activation("gelu")
+define_activation("abs", fold=sympy.Abs)
+define_activation("identity", elide=_always)
+define_activation("silu")
 define_op(OpDef("dropout", _elementwise, NOT_GATHER,
                 args=(Arg("p", "probability", required=True, missing="dropout needs a probability: dropout(x, 0.5)"),),
                 elide=lambda attrs: attrs["p"] == 0.0, elementwise=True, reads_structure=_on_edges,
