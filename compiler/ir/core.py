@@ -57,7 +57,7 @@ class _Attrs:
         return default
 
 
-def dim(value: Any, what: str = "dim") -> sympy.Expr:
+def dim(value: Any) -> sympy.Expr:
     """A feature dim as a sympy expression (ints stay ints, text is read by gnnc.ir.expr, never evaluated)."""
     if isinstance(value, sympy.Expr):
         return value
@@ -66,7 +66,7 @@ def dim(value: Any, what: str = "dim") -> sympy.Expr:
     if isinstance(value, int):
         return sympy.Integer(value)
     if isinstance(value, str):
-        return parse_expr(value, what)
+        return parse_expr(value, "dim")
     raise TypeError(f"not a dim: {value!r}")
 
 
