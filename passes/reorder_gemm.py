@@ -14,13 +14,13 @@ from collections import Counter
 
 import sympy
 
-from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
+from gnnc.ir import Eqn, Layer, Program, Value, attrs_of, dim
 from gnnc.passes.manager import PassContext, register_pass
 
 
 def _value(d, config: dict) -> float | None:
-    expr = sympy.sympify(d).subs({sympy.Symbol(k): v for k, v in config.items()
-                                  if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    expr = dim(d).subs({sympy.Symbol(k): v for k, v in config.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
     return None if expr.free_symbols else float(expr)
 
 

@@ -1,4 +1,5 @@
-"""gnnc.ir: the IR (`core`), its one text form (`text`), its ops (`ops`), the verifier (`verify`) and dim helpers (`dims`).
+"""gnnc.ir: the IR (`core`), its one text form (`text`), its ops (`ops`), the verifier (`verify`), dim
+helpers (`dims`) and the reader of dim and number expressions (`expr`: text to sympy without evaluating it).
 
 The bottom layer of gnnc with the graph (`gnnc.graph`) and the plan
 (`gnnc.plan`): it imports nothing of the front end, the passes or the runtime.

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 import sympy
 
 from gnnc.errors import GnncError, Loc
+from gnnc.ir.expr import parse_expr
 
 DOMAINS = ("vertex", "edge", "param", "scalar")
 PRIMITIVES = ("scatter", "gather", "transform", "sync", "apply", "model")
@@ -57,7 +58,7 @@ class _Attrs:
 
 
 def dim(value: Any) -> sympy.Expr:
-    """A feature dim as a sympy expression (ints stay ints, names become symbols)."""
+    """A feature dim as a sympy expression (ints stay ints, text is read by gnnc.ir.expr, never evaluated)."""
     if isinstance(value, sympy.Expr):
         return value
     if isinstance(value, bool):
@@ -65,14 +66,8 @@ def dim(value: Any) -> sympy.Expr:
     if isinstance(value, int):
         return sympy.Integer(value)
     if isinstance(value, str):
-        return sympy.sympify(value, locals={n: sympy.Symbol(n) for n in _names(value)})
+        return parse_expr(value, "dim")
     raise TypeError(f"not a dim: {value!r}")
-
-
-def _names(text: str) -> list[str]:
-    import re
-
-    return re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)
 
 
 def fmt_dim(d: sympy.Expr) -> str:

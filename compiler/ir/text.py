@@ -18,18 +18,21 @@ IR as text. The text is line-oriented:
 Attribute values are typed by key where the text alone is ambiguous: dims
 (`out`, `heads`) are sympy expressions, names (`reduce`, `name`, `op`,
 `strategy`, ...) are strings; anything else reads as a number, a boolean, a
-string, or a sympy expression, in that order.
+string, or a sympy expression, in that order. Every expression is read by
+`gnnc.ir.expr`, which builds sympy objects and never evaluates the text: IR
+comes from plan files, and a plan is data.
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 import sympy
 
 from gnnc.errors import GnncError, Loc
 from gnnc.ir.core import Eqn, Layer, Param, Program, Type, Value, attrs_of
+from gnnc.ir.expr import ExprSyntaxError, parse_expr
 
 DIM_ATTRS = {"out", "heads"}
 STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init"}
@@ -65,12 +68,7 @@ def _split_top(text: str) -> list[str]:
     return [p for p in parts if p]
 
 
-def _sym(text: str) -> sympy.Expr:
-    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)
-    return sympy.sympify(text, locals={n: sympy.Symbol(n) for n in names})
-
-
-def _scalar(text: str, symbols: bool = False) -> Any:
+def _scalar(text: str, what: str, symbols: bool = False) -> Any:
     if text == "none":
         return None
     if text in ("true", "false"):
@@ -82,38 +80,39 @@ def _scalar(text: str, symbols: bool = False) -> Any:
     except ValueError:
         pass
     if text.startswith("(") and text.endswith(")"):
-        return tuple(_scalar(p, symbols) for p in _split_top(text[1:-1]))
+        return tuple(_scalar(p, what, symbols) for p in _split_top(text[1:-1]))
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) and not symbols:
         return text
-    return _sym(text)
+    return parse_expr(text, what)
 
 
-def _attr(key: str, text: str) -> Any:
+def _attr(key: str, text: str, what: str) -> Any:
     if key in DIM_ATTRS:
-        return _sym(text)
+        return parse_expr(text, what)
     if key in STR_ATTRS:
         return text
-    return _scalar(text, symbols=True)
+    return _scalar(text, what, symbols=True)
 
 
-def _kv(text: str, typed: bool = True) -> dict[str, Any]:
+def _kv(text: str, what: str, typed: bool = True) -> dict[str, Any]:
+    """`k=v, ...`; `what` says whose keys they are (`attribute`, `program parameter`) in errors."""
     out = {}
     for part in _split_top(text):
         if "=" not in part:
             raise ValueError(f"expected key=value, got {part!r}")
         k, v = part.split("=", 1)
         k = k.strip()
-        out[k] = _attr(k, v.strip()) if typed else _scalar(v.strip())
+        out[k] = _attr(k, v.strip(), f"{what} {k}") if typed else _scalar(v.strip(), f"{what} {k}")
     return out
 
 
-def _type(text: str) -> Type | None:
+def _type(text: str, what: str) -> Type | None:
     if text == "?":
         return None
     m = _TYPE_RE.match(text)
     if not m:
         raise ValueError(f"bad type {text!r}")
-    dims = tuple(_sym(d) for d in _split_top(m.group(3)))
+    dims = tuple(parse_expr(d, f"dim {k} of {what}") for k, d in enumerate(_split_top(m.group(3))))
     return Type(m.group(1), dims, m.group(2))
 
 
@@ -121,7 +120,7 @@ def _typed_value(text: str) -> Value:
     m = re.match(rf"^%({_NAME}):(.*)$", text.strip())
     if not m:
         raise ValueError(f"expected %name:type, got {text!r}")
-    return Value(m.group(1), _type(m.group(2)))
+    return Value(m.group(1), _type(m.group(2), f"%{m.group(1)}"))
 
 
 def _ref(text: str) -> str:
@@ -140,37 +139,42 @@ def _args_value(v: Any) -> Any:
 
 def parse_ir(text: str, file: str = "<ir>") -> Program:
     """Parse printed IR; raise IRSyntaxError at the offending line."""
-    lines = text.splitlines()
-    n = 0
-
     def fail(msg: str, i: int) -> IRSyntaxError:
         return IRSyntaxError(msg, Loc(file, i + 1, 1), text)
 
+    lines = _Lines(text.splitlines(), fail)
     try:
-        return _parse(lines, fail)
+        return _parse(lines.next_line, fail)
     except IRSyntaxError:
         raise
-    except (ValueError, TypeError, KeyError, IndexError, sympy.SympifyError) as err:
-        raise IRSyntaxError(f"malformed IR: {err}", Loc(file, n + 1, 1), text) from None
+    except ExprSyntaxError as err:  # names the field; the line says where
+        raise fail(err.message, lines.last) from None
+    except (ValueError, TypeError, KeyError, IndexError) as err:
+        raise fail(f"malformed IR: {err}", lines.last) from None
 
 
-def _parse(lines: list[str], fail) -> Program:
-    i = 0
+class _Lines:
+    """The IR's lines, read one non-blank line at a time; `last` is the one read last (for errors)."""
 
-    def next_line() -> tuple[int, str]:
-        nonlocal i
-        while i < len(lines) and not lines[i].strip():
-            i += 1
-        if i >= len(lines):
-            raise fail("unexpected end of IR", max(len(lines) - 1, 0))
-        i += 1
-        return i - 1, lines[i - 1]
+    def __init__(self, lines: list[str], fail: Callable[[str, int], IRSyntaxError]) -> None:
+        self.lines, self.fail, self.i, self.last = lines, fail, 0, 0
 
+    def next_line(self) -> tuple[int, str]:
+        while self.i < len(self.lines) and not self.lines[self.i].strip():
+            self.i += 1
+        if self.i >= len(self.lines):
+            raise self.fail("unexpected end of IR", max(len(self.lines) - 1, 0))
+        self.last = self.i
+        self.i += 1
+        return self.last, self.lines[self.last]
+
+
+def _parse(next_line, fail) -> Program:
     k, line = next_line()
     m = re.match(r"^program ([A-Za-z_][A-Za-z0-9_]*)\((.*)\)$", line)
     if not m:
         raise fail("expected 'program NAME(...)'", k)
-    name, config = m.group(1), tuple(sorted(_kv(m.group(2), typed=False).items()))
+    name, config = m.group(1), tuple(sorted(_kv(m.group(2), "program parameter", typed=False).items()))
     k, line = next_line()
     m = re.match(r"^  source (\".*\")$", line)
     if not m:
@@ -179,7 +183,7 @@ def _parse(lines: list[str], fail) -> Program:
     k, line = next_line()
     training: tuple = ()
     if line.startswith("  training "):
-        training = tuple(sorted(_kv(line[len("  training "):], typed=False).items()))
+        training = tuple(sorted(_kv(line[len("  training "):], "training setting", typed=False).items()))
         k, line = next_line()
     if not line.startswith("  inputs "):
         raise fail("expected '  inputs ...'", k)
@@ -205,9 +209,9 @@ def _layer(k: int, line: str, next_line, scope: dict[str, Value], file: str, fai
         raise fail("expected 'layer NAME KIND ...' or '  result ...'", k)
     kind = m.group("kind")
     op = m.group("op") or ""
-    args = tuple((a, _args_value(v)) for a, v in _kv(m.group("args") or "", typed=False).items())
+    args = tuple((a, _args_value(v)) for a, v in _kv(m.group("args") or "", "layer argument", typed=False).items())
     edges = m.group("edges") or "plain"
-    attrs = tuple(sorted(_kv(m.group("attrs") or "").items()))
+    attrs = tuple(sorted(_kv(m.group("attrs") or "", "layer attribute").items()))
     loc = Loc(file, int(m.group("line")), int(m.group("col"))) if m.group("line") else None
     params: list[Param] = []
     local = dict(scope)
@@ -245,7 +249,7 @@ def _layer(k: int, line: str, next_line, scope: dict[str, Value], file: str, fai
             if nm not in local:
                 raise fail(f"%{nm} is used before it is defined", k)
             ins.append(local[nm])
-        eattrs = attrs_of(**_kv(em.group("attrs") or ""))
+        eattrs = attrs_of(**_kv(em.group("attrs") or "", f"{em.group('op')} attribute"))
         eloc = Loc(file, int(em.group("line")), int(em.group("col"))) if em.group("line") else None
         eqns.append(Eqn(em.group("op"), tuple(ins), outs, eattrs, em.group("prim"), eloc))
         for v in outs:

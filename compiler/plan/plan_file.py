@@ -25,6 +25,7 @@ from gnnc.ir.text import parse_ir
 from gnnc.plan.shards import write_plan_shards
 
 PLAN_SCHEMA = "gnnc.plan/1"
+PLAN_FILES = {"parts.npy", "shards/manifest.json"}  # the files beside plan.json that `shards` checksums
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,18 @@ class Plan:
 
     @staticmethod
     def load(directory: str | os.PathLike) -> "Plan":
+        """Read a plan directory; anything malformed or not matching its checksums is a PlanError.
+
+        Everything in it is data: the IR is read by gnnc's own parser (`gnnc.ir.text`), the
+        only other files opened are the two a plan writes (`PLAN_FILES`), and arrays load
+        without pickle.
+        """
         path = Path(directory) / "plan.json"
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise PlanError(f"{directory}: not a plan directory (no plan.json)") from None
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, RecursionError) as err:
             raise PlanError(f"{path}: unreadable plan: {err}") from None
         if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
             raise PlanError(f"{path}: unknown plan schema {data.get('schema') if isinstance(data, dict) else None!r}"
@@ -116,28 +123,40 @@ class Plan:
             model = ModelSource(str(m["file"]), str(m["source"]), str(m["name"]),
                                 tuple(sorted((str(k), str(v)) for k, v in dict(m["overrides"]).items())))
             ir = data["ir"]
-            passes = list(data["passes"])
-        except (KeyError, TypeError) as err:
+            passes = [str(p) for p in data["passes"]]
+            workers = data.get("workers", 1)
+            shards = data.get("shards") or {}
+        except (KeyError, TypeError, ValueError) as err:
             raise PlanError(f"{path}: missing or malformed field {err}") from None
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise PlanError(f"{path}: 'workers' must be a positive integer, got {workers!r}")
+        if not isinstance(data.get("graph"), (str, type(None))):
+            raise PlanError(f"{path}: 'graph' must be a graph spec or null, got {data['graph']!r}")
+        if not isinstance(shards, dict) or not set(shards) <= PLAN_FILES:
+            raise PlanError(f"{path}: 'shards' must map {' and '.join(sorted(PLAN_FILES))} to checksums")
         if not isinstance(ir, str) or hashlib.sha256(ir.encode()).hexdigest() != data.get("ir_sha256"):
             raise PlanError(f"{path}: the plan's IR does not match its checksum (edited or truncated); "
                             f"compile it again")
         program = parse_ir(ir, f"{path}:ir")
         parts = None
-        for name, digest in (data.get("shards") or {}).items():
+        for name, digest in shards.items():
             blob_path = Path(directory) / name
             try:
                 blob = blob_path.read_bytes()
             except FileNotFoundError:
                 raise PlanError(f"{blob_path}: shard missing") from None
+            except OSError as err:
+                raise PlanError(f"{blob_path}: unreadable: {err.strerror or err}") from None
             if hashlib.sha256(blob).hexdigest() != digest:
                 raise PlanError(f"{blob_path}: shard does not match its checksum (truncated or edited)")
             if name == "parts.npy":
-                parts = np.load(io.BytesIO(blob), allow_pickle=False)
+                try:
+                    parts = np.load(io.BytesIO(blob), allow_pickle=False)
+                except (ValueError, OSError, EOFError) as err:
+                    raise PlanError(f"{blob_path}: not a partition array: {err}") from None
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid") if k in data}
-        shard_dir = Path(directory) / "shards" if "shards/manifest.json" in (data.get("shards") or {}) else None
-        return Plan(program, model, data.get("graph"), passes, int(data.get("workers", 1)), meta, parts,
-                    shard_dir=shard_dir)
+        shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
+        return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 
 
 def _jsonable(v: Any) -> Any:
