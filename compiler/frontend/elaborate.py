@@ -19,12 +19,11 @@ from typing import Any, Union
 
 import sympy
 
-from gnnc.ir import ops
 from gnnc.errors import GnncError, GnncTypeError, Loc
-from gnnc.ir import Eqn, Layer, Param, Program, Type, Value, attrs_of
-from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, LayerDef, ModelDef, Module,
-                         Name, Neg, Num, Repeat, Stmt)
-from gnnc.ir import VIEWS
+from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, LayerDef, ModelDef, Module, Name, Neg,
+                                  Num, Repeat, Stmt)
+from gnnc.ir import VIEWS, Eqn, Layer, Param, Program, Type, Value, attrs_of, ops
+from gnnc.ir.expr import as_expr
 
 GRAPH_INPUTS = {
     "x": Type("vertex", (sympy.Symbol("features"),)),
@@ -518,7 +517,7 @@ class Elaborator:
         value = _evaluate(v.expr, self.config)
         if value is not None and (float(value) != int(value) or int(value) <= 0):
             raise self.err(f"{op.name}'s output size must be a positive integer, got {value}", _loc(e))
-        return sympy.sympify(v.expr)
+        return as_expr(v.expr)
 
     def _check_args(self, c: Call, lo: int, hi: int, kw: set[str]) -> None:
         if not lo <= len(c.args) <= hi:
@@ -595,7 +594,7 @@ def _evaluate(expr: Any, config: dict[str, Any]) -> float | int | bool | None:
     """The numeric value of a constant under the configuration, or None if unbound."""
     if isinstance(expr, bool):
         return expr
-    expr = sympy.sympify(expr)
+    expr = as_expr(expr)
     subs = {sympy.Symbol(k): v for k, v in config.items() if v is not None and not isinstance(v, bool)}
     val = expr.subs(subs)
     if val.free_symbols:
@@ -613,7 +612,7 @@ def _attr_value(v: Any) -> Any:
     """Constants as plain numbers where known, sympy expressions for symbolic dims."""
     if isinstance(v, bool):
         return v
-    v = sympy.sympify(v)
+    v = as_expr(v)
     if v.is_Integer:
         return int(v)
     if v.is_Number:

@@ -216,3 +216,20 @@ class _Parser:
         if math.isnan(as_float):
             raise self.error("not a finite real number", col)
         return value
+
+
+def as_expr(value: int | float | sympy.Basic) -> sympy.Basic:
+    """A number or sympy object as a sympy object, built explicitly: text must go through `parse_expr`.
+
+    The places that used `sympy.sympify` on values built in code use this, so no path can hand
+    text (from a plan or a file) to sympy's evaluating parser.
+    """
+    if isinstance(value, sympy.Basic):
+        return value
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not an expression")
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    if isinstance(value, float):
+        return sympy.Float(value)
+    raise TypeError(f"not a number or sympy expression: {type(value).__name__} (text goes through parse_expr)")

@@ -15,6 +15,7 @@ import numpy as np
 import sympy
 from sympy import Symbol
 
+from gnnc.ir.expr import as_expr
 from gnnc.passes.cost.evaluation import Values, table
 from gnnc.passes.cost.symbols import CostInputs, Cost, ZERO
 
@@ -45,7 +46,7 @@ def total_time_expr(costs: Iterable[Cost], inputs: CostInputs, keep: Symbol,
     total = ZERO
     for cost in costs:
         for stage in cost.stages:
-            stage = sympy.sympify(stage)
+            stage = as_expr(stage)
             # evaluating Max here: with the numbers in, sympy drops the workers that cannot be the slowest,
             # which leaves the piecewise difference `crossover` solves small
             total += sympy.Max(*[stage.xreplace(sub) for sub in subs_per_worker])

@@ -17,6 +17,7 @@ import numpy as np
 import sympy
 from sympy import Symbol
 
+from gnnc.ir.expr import as_expr
 from gnnc.passes.cost.symbols import CostInputs, Cost, per_worker
 
 
@@ -31,7 +32,7 @@ def compile_expr(expr: sympy.Expr) -> Callable[..., np.ndarray]:
     count comes from the table's arrays (or `workers=`), so a formula that is
     constant still yields one value per worker.
     """
-    return _compiled(sympy.sympify(expr))
+    return _compiled(as_expr(expr))
 
 
 @functools.lru_cache(maxsize=8192)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import sympy
 
+from gnnc.ir.expr import as_expr
 from gnnc.passes.cost.evaluation import evaluate, evaluate_cost
 from gnnc.passes.cost.layouts import boundary
 from gnnc.passes.cost.symbols import R_gemm, R_spmm, alpha, bw
@@ -134,7 +135,7 @@ def _stage_items(expr, layers: Sequence[int], order: Sequence[str], gemm_first: 
                  backward: bool) -> list:
     """A stage expression as the pieces and overlap windows it runs, in order."""
     items: list = []
-    for term in sympy.Add.make_args(sympy.sympify(expr)):
+    for term in sympy.Add.make_args(as_expr(expr)):
         if isinstance(term, sympy.Max):
             layer = _term_layer(term, layers, "overlap")
             lanes = []

@@ -41,6 +41,7 @@ import sympy
 from sympy import Symbol
 
 from gnnc.cluster import ClusterProfile
+from gnnc.ir.expr import as_expr
 
 
 def Max(*args: sympy.Expr) -> sympy.Expr:
@@ -263,7 +264,7 @@ class Cost:
     def free_symbols(self) -> set[Symbol]:
         out: set[Symbol] = set()
         for expr in (*self.stages, self.bytes, self.memory):
-            out |= sympy.sympify(expr).free_symbols
+            out |= as_expr(expr).free_symbols
         return out
 
     def describe(self) -> str:
