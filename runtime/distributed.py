@@ -292,6 +292,23 @@ class DistWorker(Worker):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
 
+    def train_vertices(self) -> int:
+        return int(self.sum(self.inputs["train"][: self.lg.n_owned].sum().reshape(1).to(torch.int64))[0])
+
+    def graph_tensors(self) -> list[torch.Tensor]:
+        """This rank's rows, inputs and layer structures, in layer order (a structure shared by layers once)."""
+        out = [self.lg.rows, *self.inputs.values()]
+        seen: set[int] = set()
+        for name in sorted(self.lg.layers):
+            layer = self.lg.layers[name]
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            for view in (layer.views[v] for v in sorted(layer.views)):
+                if view.csr is not None:
+                    out += [view.csr.indptr, view.csr.indices]
+        return out
+
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
         return _gather_rows(logits.detach()[: self.lg.n_owned], self.lg.owned, self.num_nodes,
                             self.rank, self.world_size)
