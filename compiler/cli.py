@@ -95,7 +95,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gnnc.runtime.launch import StoppedBySignal, stop_on_signals
+    from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
 
     if args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")

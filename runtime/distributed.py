@@ -236,7 +236,7 @@ class DistWorker(Worker):
     """One rank: its shard, the communication bound to it, and sums over ranks."""
 
     def __init__(self, cfg: DistConfig, job: DistJob):
-        from gnnc.runtime.memory import return_freed_memory
+        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the one-process Worker
 
         return_freed_memory()
         torch.set_num_threads(1)
@@ -340,7 +340,7 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
-    from gnnc.runtime.metrics import peak_rss_bytes
+    from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
     w = DistWorker(cfg, job)
     summary, logits, history = fit(w, job.train, job.metrics_path)
