@@ -237,17 +237,21 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
 
 
-def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True) -> dict[str, Any]:
+def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True,
+             timeout_s: float | None = None) -> dict[str, Any]:
     """Train a plan compiled for several workers: one process per worker, each loading its own shard.
 
     A saved plan brings its shards; otherwise they are written to a
     temporary directory first, from `graph` (or the graph the plan was
     compiled on), and the graph is dropped before the workers start.
+    `timeout_s` bounds every collective: a rank silent for longer is named as hung.
     """
     import tempfile
 
     from gnnc.runtime.distributed import DistJob, worker
-    from gnnc.runtime.launch import join_torchrun, launch, started_by_torchrun
+    from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
+
+    timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
 
     if plan.shard_dir is not None:
         if not started_by_torchrun():
@@ -257,8 +261,8 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return join_torchrun(worker, job)
-        return launch(worker, plan.workers, job)[0]
+            return join_torchrun(worker, job, timeout_s=timeout)
+        return launch(worker, plan.workers, job, timeout_s=timeout)[0]
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
@@ -273,6 +277,6 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
         job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
         try:
-            return launch(worker, plan.workers, job)[0]
+            return launch(worker, plan.workers, job, timeout_s=timeout)[0]
         finally:
             plan.shard_dir = None

@@ -97,6 +97,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
+
+    if args.nproc < 1:
+        raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
+    if not args.timeout > 0:
+        raise GnncError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+    try:
+        # SIGTERM and SIGHUP unwind like Ctrl-C: workers stopped, temporary files removed.
+        with stop_on_signals():
+            return _run(args)
+    except StoppedBySignal as stop:
+        print(str(stop), file=sys.stderr)
+        return stop.exit_code
+
+
+def _run(args: argparse.Namespace) -> int:
     import torch
 
     from gnnc import api
@@ -130,7 +146,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                               seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
                               checkpoint_every=args.checkpoint_every, resume=args.resume)
     if plan.workers > 1:
-        summary = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits))
+        summary = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
+                               timeout_s=args.timeout)
         if summary is None:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
         logits = summary.pop("logits")
@@ -293,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("target")
     c.add_argument("--graph")
     c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
+    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="stop the run when a rank makes no progress between collectives for this long "
+                        "(default 60); the message names the hung rank")
     c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=list(METHODS))
@@ -342,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except GnncError as err:
         print(f"error: {err}" if err.loc is None else str(err), file=sys.stderr)
-        return 2
+        return err.exit_code
     except InternalError as err:  # a pass broke the IR: a bug in gnnc, not bad input
         print(f"internal error (a bug in gnnc, please report it): {err.message}", file=sys.stderr)
         return 1

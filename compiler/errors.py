@@ -24,7 +24,13 @@ class Loc:
 
 
 class GnncError(Exception):
-    """A problem with the user's input: a message, and where it is if known."""
+    """A problem with the user's input: a message, and where it is if known.
+
+    `exit_code` is what the CLI exits with after printing the message: 2 (bad
+    input) unless a subclass reports a stopped or failed run (1).
+    """
+
+    exit_code: int = 2
 
     def __init__(self, message: str, loc: Loc | None = None, source: str | None = None):
         super().__init__(message)

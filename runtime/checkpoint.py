@@ -20,16 +20,27 @@ after it may leave the markers one save apart, so `resume` takes the oldest
 epoch named by any rank (an all-reduce MIN), and the `keep` >= 2 newest saves
 stay on disk. File format: MAGIC, the SHA-256 of the payload, the payload
 (torch.save of plain containers and tensors, loaded with weights_only=True).
+
+A checkpoint also holds the run's fingerprint (graph, program, training
+settings); `--resume` refuses one taken by a different run and names the
+fields that differ, except a changed epoch count, which it applies and says
+so. Each rank holds an exclusive lock on `DIR/lock-rank-R` for the run
+(flock: released by the kernel however the process ends), so a second job
+pointed at the same directory stops before it writes, naming the holder.
 """
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import hashlib
 import io
 import json
+import os
 import random
 import re
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +58,107 @@ _EPOCH_DIR = re.compile(r"^epoch-(\d{6,})$")
 
 class CheckpointError(GnncError):
     """A checkpoint is missing, corrupt, or belongs to a different run shape."""
+
+
+# --- which run a checkpoint belongs to ---------------------------------------------------------
+
+
+def content_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """A digest of the bytes, dtypes and shapes of `tensors` (sparse ones by indices and values).
+
+    BLAKE2b reads about 1 GB/s: a rank's features cost a fraction of one epoch.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        parts = (t.coalesce().indices(), t.coalesce().values()) if t.is_sparse else (t,)
+        for part in parts:
+            flat = part.detach().cpu().contiguous().reshape(-1)
+            h.update(f"{part.dtype}{tuple(part.shape)};".encode())
+            h.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return h.hexdigest()
+
+
+# Fields a resumed run may change on purpose: applied, and said so.
+_APPLIED = ("epochs",)
+
+
+def check_same_run(saved: Mapping[str, Any] | None, current: Mapping[str, Any], next_epoch: int,
+                   where: Path) -> list[str]:
+    """Refuse to resume a different run; return a line for each deliberate change it applies.
+
+    `saved` and `current` are fingerprints: flat dicts of what defines the
+    run (graph identity, program digest, training settings). A field that
+    differs is refused with its old and new value, except `epochs`, which
+    may change as long as it does not end before the epochs already done.
+    """
+    if saved is None:
+        return [f"{where} holds no run fingerprint (written by an older gnnc): cannot check that "
+                "this is the same run"]
+    differ = [k for k in sorted(set(saved) | set(current))
+              if k not in _APPLIED and saved.get(k) != current.get(k)]
+    if differ:
+        shown = "; ".join(f"{k}: {_show(saved.get(k))} in the checkpoint, {_show(current.get(k))} now"
+                          for k in differ)
+        raise CheckpointError(f"cannot resume from {where}: it was written by a different run ({shown}); "
+                              "use the same settings, or a new --checkpoint directory to start afresh")
+    notes = []
+    old, new = saved.get("epochs"), current.get("epochs")
+    if old != new:
+        if new is not None and new < next_epoch:
+            raise CheckpointError(f"cannot resume from {where}: it has {next_epoch} epochs done, more than "
+                                  f"--epochs {new}; ask for at least {next_epoch}")
+        notes.append(f"resuming after epoch {next_epoch - 1}: --epochs changed from {old} to {new}, "
+                     f"applied: {new - next_epoch} more epochs to run")
+    return notes
+
+
+def _show(value: Any) -> str:
+    """A fingerprint value in a message: digests shortened, the rest as written."""
+    if isinstance(value, str) and len(value) >= 32 and all(c in "0123456789abcdef" for c in value):
+        return value[:12] + "..."
+    return "absent" if value is None else repr(value)
+
+
+# --- one job per directory ---------------------------------------------------------------------
+
+
+class DirectoryLock:
+    """An exclusive flock on `directory/lock-rank-R`, holding who took it: pid, host, start time."""
+
+    def __init__(self, directory: str | Path, rank: int = 0):
+        self.path = Path(directory) / f"lock-rank-{rank}"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise CheckpointError(f"checkpoint directory {self.path.parent} is in use by another run "
+                                  f"({holder}); wait for it to finish or give another --checkpoint") from None
+        except OSError as exc:
+            os.close(fd)
+            raise CheckpointError(f"cannot lock checkpoint directory {self.path.parent}: {exc.strerror}") from None
+        # Rewritten in place under the lock (the file itself is never replaced: the lock lives on its inode).
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def _read_holder(fd: int) -> str:
+    """Who holds the lock, from what it wrote into the lock file."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"null")
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return "its holder has not written its name yet"
 
 
 # --- RNG state ---------------------------------------------------------------------------------
@@ -136,7 +248,7 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | Path, *, every: int = 1, keep: int = 2,
-                 group: dist.ProcessGroup | None = None):
+                 group: dist.ProcessGroup | None = None, fingerprint: Mapping[str, Any] | None = None):
         if every < 1:
             raise CheckpointError(f"checkpoints every {every} epochs: the interval must be at least 1")
         if keep < 2:
@@ -150,6 +262,13 @@ class Checkpointer:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.world_size = dist.get_world_size(group) if self.distributed else 1
+        # What defines this run; saved with every checkpoint and checked on resume when given.
+        self.fingerprint = dict(fingerprint) if fingerprint is not None else None
+        self.resume_notes: list[str] = []  # changes the last `resume` applied on purpose
+
+    def lock(self) -> DirectoryLock:
+        """Take this rank's lock on the directory for the run; CheckpointError names another holder."""
+        return DirectoryLock(self.directory, self.rank)
 
     def due(self, epoch: int) -> bool:
         """Whether the save after `epoch` (counted from 0) is one of the every-K ones."""
@@ -177,6 +296,7 @@ class Checkpointer:
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "rng": capture_rng_state(), "extra": extra or {},
+            **({"fingerprint": self.fingerprint} if self.fingerprint is not None else {}),
         })
         self._barrier()  # every rank's file of this epoch now exists
         atomic_write(self._marker(), json.dumps(
@@ -238,6 +358,9 @@ class Checkpointer:
         if state.get("world_size") != self.world_size or state.get("rank") != self.rank:
             raise CheckpointError(f"checkpoint {self._file(epoch)} belongs to rank {state.get('rank')} "
                                   f"of {state.get('world_size')}, not rank {self.rank} of {self.world_size}")
+        if self.fingerprint is not None:  # before the weights: a different model must be named, not misfit
+            self.resume_notes = check_same_run(state.get("fingerprint"), self.fingerprint, epoch + 1,
+                                               self._file(epoch))
         try:
             model.load_state_dict(state["model"])
             if optimizer is not None:

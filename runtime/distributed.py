@@ -247,7 +247,7 @@ class DistWorker(Worker):
     """One rank: its shard, the communication bound to it, and sums over ranks."""
 
     def __init__(self, cfg: DistConfig, job: DistJob):
-        from gnnc.runtime.memory import return_freed_memory
+        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the one-process Worker
 
         return_freed_memory()
         torch.set_num_threads(1)
@@ -303,6 +303,23 @@ class DistWorker(Worker):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
 
+    def train_vertices(self) -> int:
+        return int(self.sum(self.inputs["train"][: self.lg.n_owned].sum().reshape(1).to(torch.int64))[0])
+
+    def graph_tensors(self) -> list[torch.Tensor]:
+        """This rank's rows, inputs and layer structures, in layer order (a structure shared by layers once)."""
+        out = [self.lg.rows, *self.inputs.values()]
+        seen: set[int] = set()
+        for name in sorted(self.lg.layers):
+            layer = self.lg.layers[name]
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            for view in (layer.views[v] for v in sorted(layer.views)):
+                if view.csr is not None:
+                    out += [view.csr.indptr, view.csr.indices]
+        return out
+
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
         return _gather_rows(logits.detach()[: self.lg.n_owned], self.lg.owned, self.num_nodes,
                             self.rank, self.world_size)
@@ -334,7 +351,7 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
-    from gnnc.runtime.metrics import peak_rss_bytes
+    from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
     w = DistWorker(cfg, job)
     summary, logits, history = fit(w, job.train, job.metrics_path)

@@ -25,6 +25,18 @@ them.
 Each local worker also asks Linux to SIGKILL it when the launcher dies
 (PR_SET_PDEATHSIG), so a launcher killed by the user leaves no orphans, and
 every process group gets a finite timeout so no collective waits forever.
+SIGTERM and SIGHUP (what `timeout`, Slurm, `docker stop` and a closed
+terminal send) are turned into `StoppedBySignal` while a launch runs, so they
+unwind like Ctrl-C: the workers are stopped and temporary files removed.
+
+Nothing listens beyond this machine for a local launch: the rendezvous store
+is served on a socket bound to 127.0.0.1 (TCPStore on its own binds every
+interface whatever host it is given) and gloo is pinned to the loopback
+interface. Under torchrun, a rank that serves the store binds MASTER_ADDR.
+
+Exit codes keep one meaning in one process and in N: `WorkerFailedError`
+carries 2 only when the root cause is a worker's GnncError (bad input), and 1
+for a crash, a killed or a hung worker.
 """
 from __future__ import annotations
 
@@ -32,6 +44,7 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime
+import errno
 import json
 import multiprocessing.connection
 import os
@@ -41,6 +54,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -60,14 +74,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 # Long enough for a slow rank to finish loading its shard before the first
-# collective, short enough that a hung peer is reported within minutes.
-DEFAULT_TIMEOUT_S = 120.0
+# collective, short enough that a hung peer is reported within a minute
+# (`gnnc run --timeout` changes it).
+DEFAULT_TIMEOUT_S = 60.0
 # After the first worker fails, how long the others may take to fail on their
 # own (so their own errors are recorded) before they are terminated.
 DEFAULT_GRACE_S = 2.0
 # How long terminated workers get between SIGTERM and SIGKILL.
 STOP_TIMEOUT_S = 5.0
 LOOPBACK = "127.0.0.1"
+# Turned into StoppedBySignal while a launch runs; SIGINT is Python's KeyboardInterrupt already.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 class LaunchError(GnncError):
@@ -79,19 +96,73 @@ class PortInUseError(LaunchError):
 
 
 class WorkerFailedError(LaunchError):
-    """A worker raised, crashed or was killed; every worker has been stopped.
+    """A worker raised, crashed, hung or was killed; every worker has been stopped.
 
     `rank` and `cause` name the root cause; `exit_codes` maps every rank to its
     exit status (negative: killed by that signal) and `pids` to its process id.
+    `exit_code` is what the command exits with: the root cause's own when it
+    is a GnncError (2 for bad input), 1 for anything else.
     """
 
     def __init__(self, message: str, *, rank: int, cause: str,
-                 exit_codes: Mapping[int, int], pids: Mapping[int, int]):
+                 exit_codes: Mapping[int, int], pids: Mapping[int, int], exit_code: int = 1):
         super().__init__(message)
         self.rank = rank
         self.cause = cause
         self.exit_codes = dict(exit_codes)
         self.pids = dict(pids)
+        self.exit_code = exit_code
+
+
+class StoppedBySignal(BaseException):
+    """SIGTERM or SIGHUP arrived: unwind like KeyboardInterrupt (not an Exception, so nothing swallows it).
+
+    The command exits with 128 + `signum`, the shell's convention for a signal.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class _RaiseOnce:
+    """A signal handler that raises StoppedBySignal on the first signal and ignores later ones.
+
+    A second SIGTERM (docker stop repeats it) must not interrupt the cleanup
+    the first one started.
+    """
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if not self.fired:
+            self.fired = True
+            raise StoppedBySignal(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Any:
+    """Within this block SIGTERM and SIGHUP raise StoppedBySignal in the main thread.
+
+    Nested blocks share the outer handler; outside the main thread (where
+    Python cannot install handlers) the block changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            any(isinstance(signal.getsignal(s), _RaiseOnce) for s in STOP_SIGNALS):
+        yield
+        return
+    handler = _RaiseOnce()
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 @dataclass(frozen=True)
@@ -214,8 +285,12 @@ def run_worker(fn: Callable[Concatenate[DistConfig, P], T], cfg: DistConfig,
 
 
 def _exit_after_failure(exc: BaseException) -> NoReturn:
-    """End this worker at once, with a non-zero status, skipping the teardown that may block."""
-    code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    """End this worker at once, with a non-zero status, skipping the teardown that may block.
+
+    The status means what the command's would: 2 (a GnncError's code) for bad
+    input, 1 for anything else, 130 after Ctrl-C.
+    """
+    code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code if isinstance(exc, GnncError) else 1
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -248,9 +323,11 @@ def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
     `fn` must be importable by name (a module-level function) and its result
     picklable. The rendezvous store is served by this process on 127.0.0.1 at
     `port`, or at a free port chosen by the OS when `port` is None. If any
-    worker raises, crashes or is killed, the others are stopped and
-    `WorkerFailedError` names the rank and the cause; a taken port raises
-    `PortInUseError` before any process starts.
+    worker raises, crashes, is killed or hangs (no progress within
+    `timeout_s`), the others are stopped and `WorkerFailedError` names the
+    rank and the cause; a taken port raises `PortInUseError` before any
+    process starts. SIGTERM or SIGHUP stops the workers and raises
+    `StoppedBySignal` after the cleanup.
     """
     if nproc < 1:
         raise LaunchError(f"need at least one worker, not {nproc}")
@@ -265,6 +342,12 @@ def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
         # starting them would leave the first ones running unsupervised.
         raise LaunchError(f"the worker function and its arguments must be picklable "
                           f"(a module-level function): {exc}") from exc
+    with stop_on_signals():
+        return _launch(fn, nproc, args, device, port, timeout_s, start_method, grace_s)
+
+
+def _launch(fn: Callable[..., T], nproc: int, args: tuple, device: str, port: int | None,
+            timeout_s: float, start_method: str, grace_s: float) -> list[T]:
     store = _serve_store(port, timeout_s)
     base = DistConfig(rank=0, world_size=nproc, local_rank=0, master_addr=LOOPBACK,
                       master_port=store.port, device=device, timeout_s=timeout_s,
@@ -326,6 +409,7 @@ def _describe(exc: BaseException) -> dict[str, Any]:
         "message": str(exc),
         "communication": _is_communication_error(exc),
         "gnnc_error": isinstance(exc, GnncError),
+        "exit_code": exc.exit_code if isinstance(exc, GnncError) else 1,
         "traceback": "".join(traceback.format_exception(exc))[-4000:],
         "time": time.time(),
     }
@@ -350,28 +434,63 @@ def _is_communication_error(exc: BaseException) -> bool:
 
 
 def _serve_store(port: int | None, timeout_s: float) -> dist.TCPStore:
-    """Serve the rendezvous store on 127.0.0.1; port 0 lets the OS pick a free one."""
+    """Serve the rendezvous store on 127.0.0.1 only; port None lets the OS pick a free one."""
     try:
-        return dist.TCPStore(LOOPBACK, 0 if port is None else port, None, True,
-                             timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
-    except dist.DistNetworkError as exc:
-        if "EADDRINUSE" in str(exc) or "already in use" in str(exc):
-            raise PortInUseError(
-                f"port {port} on {LOOPBACK} is already in use; pick another port or leave it "
-                "unset to let the system choose a free one") from None
-        raise LaunchError(f"cannot serve the rendezvous store on {LOOPBACK}:{port}: {exc}") from exc
+        listener = _listening_socket(LOOPBACK, 0 if port is None else port)
+    except PortInUseError:
+        raise PortInUseError(
+            f"port {port} on {LOOPBACK} is already in use; pick another port or leave it "
+            "unset to let the system choose a free one") from None
+    return _store_on(listener, LOOPBACK, None, datetime.timedelta(seconds=timeout_s))
 
 
 def _connect_store(cfg: DistConfig, serve: bool) -> dist.TCPStore:
-    try:
-        return dist.TCPStore(cfg.master_addr, cfg.master_port, cfg.world_size, serve,
-                             timeout=cfg.timeout, wait_for_workers=False)
-    except dist.DistNetworkError as exc:
-        if serve and ("EADDRINUSE" in str(exc) or "already in use" in str(exc)):
+    if serve:
+        # Serve on the endpoint the user gave (MASTER_ADDR), not on every interface.
+        try:
+            listener = _listening_socket(cfg.master_addr, cfg.master_port)
+        except PortInUseError:
             raise PortInUseError(f"MASTER_PORT {cfg.master_port} on {cfg.master_addr} is already "
                                  "in use") from None
+        return _store_on(listener, cfg.master_addr, cfg.world_size, cfg.timeout)
+    try:
+        return dist.TCPStore(cfg.master_addr, cfg.master_port, cfg.world_size, False,
+                             timeout=cfg.timeout, wait_for_workers=False)
+    except dist.DistNetworkError as exc:
         raise LaunchError(f"rank {cfg.rank} cannot reach the rendezvous store at "
                           f"{cfg.master_addr}:{cfg.master_port}: {exc}") from exc
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on `host`:`port` only; PortInUseError when the port is taken."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise LaunchError(f"cannot resolve the rendezvous address {host!r}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore's own listener does
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(f"port {port} on {host} is already in use") from None
+        raise LaunchError(f"cannot listen on {host}:{port} for the rendezvous store: {exc.strerror}") from None
+    return sock
+
+
+def _store_on(listener: socket.socket, host: str, world_size: int | None,
+              timeout: datetime.timedelta) -> dist.TCPStore:
+    """Serve a TCPStore on an already listening socket, which the store then owns."""
+    port = listener.getsockname()[1]
+    fd = listener.detach()
+    try:
+        return dist.TCPStore(host, port, world_size, True, timeout=timeout, wait_for_workers=False,
+                             master_listen_fd=fd)
+    except dist.DistNetworkError as exc:
+        os.close(fd)
+        raise LaunchError(f"cannot serve the rendezvous store on {host}:{port}: {exc}") from exc
 
 
 def _loopback_interface() -> str | None:
@@ -418,6 +537,9 @@ def _terminate(procs: list[Any]) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+            # A stopped worker (SIGSTOP, a debugger) acts on SIGTERM only once continued.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -463,8 +585,10 @@ def _root_cause(exit_codes: Mapping[int, int], terminated: set[int],
 
     In order: an exception that is not a communication error (the earliest);
     a signal this launcher did not send (a SIGKILL from outside, a segfault);
-    a non-zero exit without any report; then a communication error (the
-    earliest), which usually means a peer died or hung.
+    a non-zero exit without any report; then a communication error, which
+    means a peer died or hung: when some ranks were still running after the
+    others gave up waiting (a timeout), the first of those hung and is named,
+    otherwise the earliest communication error.
     """
     failed = [r for r, c in sorted(exit_codes.items()) if c != 0 and r not in terminated]
     own = [(reports[r]["time"], r) for r in failed
@@ -481,14 +605,15 @@ def _root_cause(exit_codes: Mapping[int, int], terminated: set[int],
             return r, f"exited with status {exit_codes[r]} without reporting an exception (see its stderr)"
     comm = [(reports[r]["time"], r) for r in failed if reports[r] is not None]
     if comm:
-        rank = min(comm)[1]
-        rep = reports[rank]
-        cause = f"{rep['type']}: {rep['message']}"
+        first = min(comm)[1]
+        rep = reports[first]
+        message = rep["message"].splitlines()[0][:300] if rep["message"] else ""
         hung = sorted(terminated)
         if hung:
-            cause += (f" (ranks {hung} were still running and were terminated: "
-                      "they may have hung before the collective)")
-        return rank, cause
+            return hung[0], (f"hung: rank {first} gave up waiting for it ({rep['type']}: {message}); "
+                             f"ranks {hung} were still running and were terminated (raise --timeout "
+                             "if a rank needs longer between collectives)")
+        return first, f"{rep['type']}: {rep['message']}"
     rank = min(exit_codes, key=lambda r: (exit_codes[r] == 0, r))
     return rank, f"exited with status {exit_codes[rank]}"
 
@@ -509,7 +634,10 @@ def _failure_error(exit_codes: Mapping[int, int], terminated: set[int],
         if rep is not None:
             how += f" after {rep['type']}: {rep['message'].splitlines()[0][:200] if rep['message'] else ''}"
         lines.append(f"  rank {r}: {how}")
-    rep = reports.get(rank)
+    rep = reports.get(rank) if rank not in terminated else None
     if rep is not None and not rep.get("gnnc_error"):
         lines.append(f"traceback of rank {rank}:\n{rep['traceback'].rstrip()}")
-    return WorkerFailedError("\n".join(lines), rank=rank, cause=cause, exit_codes=exit_codes, pids=pids)
+    # Bad input (a worker's GnncError) keeps its code; a crash, a kill or a hang is 1.
+    exit_code = int(rep.get("exit_code", 2)) if rep is not None and rep.get("gnnc_error") else 1
+    return WorkerFailedError("\n".join(lines), rank=rank, cause=cause, exit_codes=exit_codes, pids=pids,
+                             exit_code=exit_code)

@@ -13,7 +13,9 @@ file is on rank 0's machine even when the ranks are on several. Each line is
 written by a single `os.write` on an O_APPEND descriptor and flushed to the
 OS before the next epoch starts, so a crashed run leaves complete lines; a
 line torn by a crash inside that write (or a full disk) is cut off when the
-file is opened again, and `read_metrics` ignores one at the end.
+file is opened again, and `read_metrics` ignores one at the end. A resumed
+run runs again the epochs after its checkpoint, so it first drops their
+records (the file is rewritten atomically): each epoch appears once.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from gnnc.files import atomic_write
 from gnnc.runtime.comm import CommStats
 
 
@@ -92,6 +95,19 @@ class EpochRecord:
         return asdict(self)
 
 
+def _drop_epochs_from(path: Path, first: int) -> None:
+    """Rewrite `path` (atomically) without the records of epoch `first` and later."""
+    kept = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        try:
+            epoch = json.loads(line).get("epoch")
+        except (ValueError, AttributeError):
+            epoch = None  # not a record of ours: left as it is
+        if not (isinstance(epoch, int) and epoch >= first):
+            kept.append(line)
+    atomic_write(path, b"".join(kept))
+
+
 def _cut_torn_tail(path: Path) -> None:
     """Truncate `path` after its last newline: a crash inside a write may have torn the last line."""
     with open(path, "rb+") as fh:
@@ -119,10 +135,12 @@ class MetricsLog:
 
     `log` is a collective when torch.distributed is initialised: every rank
     calls it once per epoch, with the same `path`-or-None choice. Without a
-    path nothing is gathered or written.
+    path nothing is gathered or written. `drop_from_epoch` (a resumed run's
+    first epoch) removes the records of that epoch and later ones first.
     """
 
-    def __init__(self, path: str | Path | None, *, group: dist.ProcessGroup | None = None):
+    def __init__(self, path: str | Path | None, *, group: dist.ProcessGroup | None = None,
+                 drop_from_epoch: int | None = None):
         self.path = Path(path) if path is not None else None
         self.group = group
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -133,6 +151,8 @@ class MetricsLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
                 _cut_torn_tail(self.path)
+                if drop_from_epoch is not None:
+                    _drop_epochs_from(self.path, drop_from_epoch)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def log(self, record: EpochRecord) -> list[dict[str, Any]] | None:

@@ -7,18 +7,28 @@ examples report), `final_test_acc` the last epoch's. Epoch time covers
 forward, backward, the gradient all-reduce and the optimizer step, not the
 evaluation. What differs between one process and a rank of many (which rows
 it holds, how gradients and counts are summed) sits behind `Worker`.
-Checkpoints hold parameters, optimizer state and the history; dropout masks
-are keyed by (seed, epoch, op), so a resumed run follows the same trajectory.
+Checkpoints hold parameters, optimizer state, the history and the run's
+fingerprint; dropout masks are keyed by (seed, epoch, op), so a resumed run
+follows the same trajectory, and a resume of a different run is refused.
+
+A run with no training vertex is refused before the first epoch, and a loss
+that stops being finite ends the run at that epoch with a message
+(`TrainingDiverged`, exit 1): every later epoch would be NaN too, and a PyG
+user would otherwise find out from a table of NaNs.
 """
 from __future__ import annotations
 
+import hashlib
+import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from gnnc.errors import GnncError, GraphInputError
 from gnnc.ir import Program
 from gnnc.runtime import rng
 from gnnc.graph import GraphView
@@ -49,6 +59,12 @@ class TrainConfig:
         return TrainConfig(**{k: v for k, v in merged.items() if k in TrainConfig.__dataclass_fields__})
 
 
+class TrainingDiverged(GnncError):
+    """The loss became NaN or infinite; the run stopped at that epoch (not bad input for sure: exit 1)."""
+
+    exit_code = 1
+
+
 @dataclass
 class RunResult:
     test_acc: float
@@ -76,12 +92,14 @@ class Worker:
     world_size = 1
 
     def __init__(self, program: Program, graph: Graph, cfg: TrainConfig):
-        from gnnc.runtime.comm import CommStats
-        from gnnc.runtime.memory import return_freed_memory
+        from gnnc.runtime.comm import CommStats  # deferred: comm loads torch.distributed
+        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the distributed worker
 
         return_freed_memory()
 
         check_graph_fits(program, graph)
+        self.graph_name = graph.name
+        self.num_nodes = graph.num_nodes
         self.stats = CommStats()
         self.program = program
         self.interp = Interpreter(program)
@@ -112,6 +130,15 @@ class Worker:
     def max(self, t: torch.Tensor) -> torch.Tensor:
         return t
 
+    def train_vertices(self) -> int:
+        """Training vertices in the whole graph (a collective in a distributed run)."""
+        return int(self.inputs["train"].sum())
+
+    def graph_tensors(self) -> list[torch.Tensor]:
+        """What this worker holds of the graph (structure, features, labels, masks), for the fingerprint."""
+        views = [self.views[name].csr for name in sorted(self.views)]
+        return [*self.inputs.values(), *(t for csr in views for t in (csr.indptr, csr.indices))]
+
 
 
 def make_optimizer(program: Program, params: dict[str, torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -138,6 +165,25 @@ def _correct(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> list[
     return [float((logits[mask].argmax(-1) == y[mask]).sum()), float(mask.sum())]
 
 
+def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
+    """What makes a run this run: its graph, its program and its training settings (checked on resume)."""
+    from gnnc.runtime.checkpoint import content_digest  # deferred: checkpoint loads torch.distributed
+
+    return {"graph": worker.graph_name, "graph_nodes": worker.num_nodes,
+            "graph_content": content_digest(worker.graph_tensors()),
+            "program": hashlib.sha256(str(worker.program).encode()).hexdigest(),
+            "strategies": [layer.attr("strategy", "local") for layer in worker.program.graph_layers()],
+            "world_size": worker.world_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
+            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs}
+
+
+def check_trainable(worker: Worker, cfg: TrainConfig) -> None:
+    """Refuse, before the first epoch, a run that cannot train (every rank raises alike)."""
+    if worker.train_vertices() == 0:
+        raise GraphInputError(f"graph '{worker.graph_name}' has no training vertex (its train mask is empty): "
+                              "the loss would be 0 and nothing would be learned")
+
+
 def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         on_epoch: Callable[[dict[str, Any]], None] | None = None,
         ) -> tuple[dict[str, Any], torch.Tensor, list[dict[str, Any]]]:
@@ -145,32 +191,42 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 
     With `metrics_path`, every rank's EpochRecord (loss, accuracies, compute /
     communication / all-reduce time, bytes per op, peak RSS) is appended as
-    JSON lines by rank 0.
+    JSON lines by rank 0; a resumed run first drops the records of the epochs
+    it is about to run again.
     """
-    from gnnc.runtime.metrics import EpochRecord, MetricsLog
+    from gnnc.runtime.metrics import EpochRecord, MetricsLog  # deferred: metrics loads torch.distributed
 
+    check_trainable(worker, cfg)
     params = init_params(worker.program, cfg.seed)
     opt = make_optimizer(worker.program, params, cfg)
     ckpt = None
+    lock = None
     start = 0
     history: list[dict[str, Any]] = []
-    if cfg.checkpoint_dir is not None:
-        from gnnc.runtime.checkpoint import Checkpointer, resume_or_start
-
-        ckpt = Checkpointer(cfg.checkpoint_dir, every=cfg.checkpoint_every)
-
-        def restored(_epoch: int, extra: dict[str, Any]) -> None:
-            history.extend(extra.get("history", []))
-
-        start = resume_or_start(ckpt, cfg.resume, _Params(params), opt, restored)
     bar = None
-    if cfg.progress and worker.rank == 0:
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.epochs, initial=start, desc="train", unit="epoch", leave=False)
-    logits = torch.zeros(0)
-    log = MetricsLog(metrics_path)
+    log = None
     try:
+        if cfg.checkpoint_dir is not None:
+            # deferred: checkpoint loads torch.distributed
+            from gnnc.runtime.checkpoint import Checkpointer, resume_or_start
+
+            ckpt = Checkpointer(cfg.checkpoint_dir, every=cfg.checkpoint_every,
+                                fingerprint=run_fingerprint(worker, cfg))
+            lock = ckpt.lock()  # before anything is read or written there: one job per directory
+
+            def restored(_epoch: int, extra: dict[str, Any]) -> None:
+                history.extend(extra.get("history", []))
+
+            start = resume_or_start(ckpt, cfg.resume, _Params(params), opt, restored)
+            if worker.rank == 0:
+                for note in ckpt.resume_notes:
+                    print(note, file=sys.stderr)
+        if cfg.progress and worker.rank == 0:
+            from tqdm import tqdm  # deferred: only a run with a progress bar needs it
+
+            bar = tqdm(total=cfg.epochs, initial=start, desc="train", unit="epoch", leave=False)
+        logits = torch.zeros(0)
+        log = MetricsLog(metrics_path, drop_from_epoch=start if cfg.resume else None)
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
             t0 = time.perf_counter()
@@ -197,6 +253,11 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
             log.log(record)
+            if not math.isfinite(rec["loss"]):
+                # Every rank sees the same summed loss, so all stop here together; no checkpoint of it.
+                raise TrainingDiverged(
+                    f"training stopped at epoch {epoch}: the loss is {rec['loss']} (check the scale of the "
+                    "features, --lr and --weight-decay)")
             if on_epoch is not None:
                 on_epoch(rec)
             if ckpt is not None:
@@ -209,9 +270,12 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                 if epoch - best_epoch >= cfg.patience:
                     break  # every rank sees the same (all-reduced) accuracies, so all stop together
     finally:
-        log.close()
+        if log is not None:
+            log.close()
         if bar is not None:
             bar.close()
+        if lock is not None:
+            lock.release()
     if not history:
         raise ValueError("training ran no epoch")
     best = max(history, key=lambda r: (r["val_acc"], -r["epoch"]))
