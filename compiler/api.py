@@ -21,12 +21,24 @@ from gnnc.cluster import resolve_cluster
 from gnnc.errors import GnncError, PlanError
 from gnnc.frontend.elaborate import elaborate
 from gnnc.frontend.syntax import Module, parse
+from gnnc.graph import Graph
+from gnnc.graph.loaders import from_pyg, load_graph as _load
 from gnnc.ir import Program
+from gnnc.passes.choose_strategy import layer_dims, layer_shape
+from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.local import local
+from gnnc.passes.cost.symbols import CostInputs
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
+from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_text import PassSpec, with_values
+from gnnc.passes.predict_bytes import param_dependent
 from gnnc.plan.plan_file import ModelSource, Plan
+from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.strategies import STRATEGIES
+from gnnc.runtime.distributed import DistJob, worker
+from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
+from gnnc.runtime.train import TrainConfig, train
 
 
 @dataclass(frozen=True)
@@ -74,14 +86,9 @@ def load_model_source(source: str, file: str = "<string>", model: str | None = N
 
 def load_graph(spec: Any):
     """A graph from a spec string (planetoid:cora, rmat:..., a file) or a PyG Data object."""
-    from gnnc.graph import Graph
-    from gnnc.graph.loaders import load_graph as _load
-
     if isinstance(spec, Graph):
         return spec
     if not isinstance(spec, (str, os.PathLike)):
-        from gnnc.graph.loaders import from_pyg
-
         return from_pyg(spec)
     return _load(str(spec))
 
@@ -164,8 +171,6 @@ def _default_partition(strategy: str | None) -> str:
 
 def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow) -> Plan:
     """--workers auto: the worker count (1, 2, 4, ... up to the cluster's) with the least predicted time."""
-    from gnnc.cluster import resolve_cluster
-
     profile = resolve_cluster(cluster)
     best = compile(model, graph, 1, passes, graph_spec, after)
     best_time = _single_time(best, graph, profile)
@@ -186,12 +191,6 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
     """Predicted epoch time on one worker of `profile` (the `local` formula of every graph layer)."""
     import numpy as np
 
-    from gnnc.passes.cost.evaluation import evaluate_cost
-    from gnnc.passes.cost.local import local
-    from gnnc.passes.cost.symbols import CostInputs
-    from gnnc.passes.choose_strategy import layer_dims, layer_shape
-    from gnnc.passes.partition.stats import compute_stats
-    from gnnc.passes.predict_bytes import param_dependent
 
     layers = plan.program.graph_layers()
     stats = compute_stats(graph, np.zeros(graph.num_nodes, dtype=np.int64), len(layers), "self_loops")
@@ -203,15 +202,11 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
     """Partition a graph (spec, Graph or PyG Data) with one of gnnc.passes.partition's methods."""
-    from gnnc.passes.partition import partition_graph
-
     return partition_graph(load_graph(graph), parts, method, seed=seed, **options)
 
 
 def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
     """The part of every vertex (numpy int array), from gnnc.passes.partition."""
-    from gnnc.passes.partition import partition_graph
-
     return partition_graph(graph, parts, method, seed=seed).assignment
 
 
@@ -224,8 +219,6 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     Returns a RunResult (one process) or, with nproc > 1, the same summary as
     a dict with `logits` in global vertex order.
     """
-    from gnnc.runtime.train import TrainConfig, train
-
     g = load_graph(graph)
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
@@ -248,15 +241,11 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     """
     import tempfile
 
-    from gnnc.runtime.distributed import DistJob, worker
-    from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
 
     if plan.shard_dir is not None:
         if not started_by_torchrun():
-            from gnnc.plan.shard_files import verify_shards
-
             verify_shards(plan.shard_dir)  # refuse a damaged plan before any process starts
         job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
         if started_by_torchrun():

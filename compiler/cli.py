@@ -33,6 +33,7 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.passes.manager import run_pipeline
 
@@ -43,6 +44,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api, inspect_plan
     from gnnc.passes.manager import parse_pipeline
 
@@ -80,6 +82,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.inspect_plan import render
 
@@ -115,6 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
+    # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.runtime.metrics import peak_rss_bytes
     from gnnc.runtime.train import TrainConfig, train
@@ -179,6 +183,7 @@ def _runs(strategies: list[str]) -> str:
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
+    # deferred: a command loads torch and the planner only when it needs them
     from gnnc.graph.loaders import available_datasets
 
     for name, desc in available_datasets():
@@ -187,6 +192,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 
 def cmd_clusters(args: argparse.Namespace) -> int:
+    # deferred: a command loads torch and the planner only when it needs them
     from gnnc.cluster import list_presets
 
     for name, desc in list_presets():
@@ -198,6 +204,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     """Measure this machine (gnnc.runtime.probe), then fit the cost model's figures to it (gnnc.passes.cost.fit)."""
     import torch
 
+    # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.cluster import ClusterProfile, default_probe_file
     from gnnc.passes.cost.fit import describe_unit_costs, fit_profile
@@ -220,6 +227,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
+    # deferred: a command loads torch and the planner only when it needs them
     from gnnc.passes.manager import FACTS, passes
     from gnnc.passes.pipeline_text import format_value, option_fields, type_name
 
@@ -346,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_passes)
 
     try:
+        # deferred: a command loads torch and the planner only when it needs them
         from gnnc import partition_cli
     except ImportError:
         partition_cli = None

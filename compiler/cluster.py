@@ -37,6 +37,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gnnc.errors import GnncError
+from gnnc.files import atomic_write
 
 PROFILE_VERSION = 1
 
@@ -175,8 +176,6 @@ class ClusterProfile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the profile as JSON (atomically: a reader never sees half a file)."""
-        from gnnc.files import atomic_write
-
         atomic_write(Path(path), self.to_json().encode("utf-8"))
 
     @classmethod

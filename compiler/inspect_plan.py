@@ -15,7 +15,9 @@ from typing import Any
 
 from gnnc.errors import GnncError
 from gnnc.ir import Program
+from gnnc.ir.ops import COMM_OPS
 from gnnc.ir.ops import fmt_shape
+from gnnc.runtime.metrics import read_metrics
 
 
 def table(program: Program) -> str:
@@ -73,7 +75,6 @@ def png(program: Program) -> bytes:
     pos: dict[str, tuple[float, float]] = {}
     boxes = []
     colors = {"graph": "#dbe9f6", "dense": "#eeeeee"}
-    from gnnc.ir.ops import COMM_OPS
 
     comm_ops = set(COMM_OPS)
     for col, layer in enumerate(program.layers):
@@ -277,8 +278,6 @@ def _epoch_blocks(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def read_run(path: str) -> list[dict[str, Any]]:
     """The records of `gnnc run --metrics PATH`, checked for the fields a trace needs."""
-    from gnnc.runtime.metrics import read_metrics
-
     try:
         records = read_metrics(path)
     except FileNotFoundError:

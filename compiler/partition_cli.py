@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     """Run `gnnc partition`; GnncError for bad input (the CLI exits 2 on it)."""
     from tqdm import tqdm
 
+    # deferred: building gnnc's parser must not load torch
     from gnnc.passes.partition.stats import compute_stats
     from gnnc.passes.partition.core import estimate_peak_memory, partition_graph
     from gnnc.graph.loaders import load_graph

@@ -28,9 +28,12 @@ import torch
 
 from gnnc.frontend.elaborate import elaborate
 from gnnc.frontend.syntax import parse
+from gnnc.graph import GraphView
+from gnnc.graph import Graph
 from gnnc.ir import Program, verify
 from gnnc.ir.text import parse_ir
 from gnnc.passes.manager import DEFAULT_PIPELINE, PassContext, parse_pipeline, passes, run_pipeline
+from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 
 
 class FileCheckError(AssertionError):
@@ -162,7 +165,6 @@ def random_graph(n: int = 30, e: int = 120, features: int = 8, classes: int = 3,
     """A small random graph with self-loops, duplicate edges and isolated vertices."""
     import numpy as np
 
-    from gnnc.graph import Graph
 
     rs = np.random.RandomState(seed)
     live = max(n - 2, 1)
@@ -176,9 +178,6 @@ def random_graph(n: int = 30, e: int = 120, features: int = 8, classes: int = 3,
 
 def outputs_and_grads(program: Program, graph, seed: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Logits and every parameter gradient of one loss evaluation (no dropout)."""
-    from gnnc.graph import GraphView
-    from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
-
     verify(program, typed=True)
     params = init_params(program, seed)
     views = {layer.edges: GraphView.build(graph, layer.edges) for layer in program.graph_layers()}

@@ -17,9 +17,10 @@ from __future__ import annotations
 from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.ops import op_def
+from gnnc.passes.choose_strategy import PlanningInputs
+from gnnc.passes.legality import pushpull_blocker
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
-from gnnc.passes.choose_strategy import PlanningInputs
 
 DEFAULT_STRATEGY = "depcomm"  # what several workers run when neither the user nor the planner chose
 
@@ -64,8 +65,6 @@ def strategies_for(program: Program, spec: str | list[str] | None, workers: int)
 
 def check_pushpull(program: Program, layer) -> None:
     """Raise, naming the op, unless `layer` may run pushpull and everything before it is feature-local."""
-    from gnnc.passes.legality import pushpull_blocker
-
     blocked = pushpull_blocker(layer)
     if blocked is not None:
         eqn, why = blocked

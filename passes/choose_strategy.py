@@ -36,8 +36,12 @@ from gnnc.passes.cost.layouts import boundary
 from gnnc.passes.cost.registry import planner_cost, user_cost
 from gnnc.passes.cost.schedule import predicted_schedule
 from gnnc.passes.cost.symbols import CostInputs, LayerShape, bw, d
+from gnnc.passes.legality import pushpull_blocker
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_text import option
+from gnnc.passes.predict_bytes import param_dependent
+from gnnc.passes.segment_dp import solve
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -83,8 +87,6 @@ def layer_dims(program: Program) -> tuple[list[float], list[float]]:
 
 
 def candidates(program: Program, allow: list[str] | None) -> list[str]:
-    from gnnc.passes.legality import pushpull_blocker
-
     plannable = strategy_names(plannable=True)
     allowed = list(allow) if allow else list(plannable)
     for s in allowed:
@@ -97,9 +99,6 @@ def candidates(program: Program, allow: list[str] | None) -> list[str]:
 
 def planning_inputs(program: Program, graph, parts: np.ndarray, profile):
     """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape."""
-    from gnnc.passes.partition.stats import compute_stats
-    from gnnc.passes.predict_bytes import param_dependent
-
     layers = program.graph_layers()
     view = "self_loops" if any(layer.edges == "self_loops" for layer in layers) else "plain"
     stats = compute_stats(graph, parts, len(layers), view)
@@ -150,6 +149,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
 
     `planned`: the planning inputs when the caller has them already (the pass's analysis cache).
     """
+    # cycle: assign-strategy reads choose-strategy's PlanningInputs
     from gnnc.passes.assign_strategy import segment_can_start_at
 
     L = len(program.graph_layers())
@@ -174,6 +174,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             cost = planner_cost(s, start, end, shapes[start:end])
             extra = None
             if sd.rows == "selected" and user_cost(s) is None:  # priced with the selection select-hybrid makes
+                # cycle: select-hybrid reads choose-strategy's PlanningInputs
                 from gnnc.passes.select_hybrid import select
 
                 chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost)
@@ -203,8 +204,6 @@ def _shape(param, program: Program) -> list[int]:
 
 def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
            planned: PlanningInputs | None = None) -> PlannerReport:
-    from gnnc.passes.segment_dp import solve
-
     priced = plan_costs(program, graph, parts, profile, allow, planned)
     formulas, values, inputs, allreduce, allowed = (priced.formulas, priced.values, priced.inputs, priced.allreduce,
                                                     priced.allowed)

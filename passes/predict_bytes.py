@@ -26,7 +26,9 @@ import numpy as np
 
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
+from gnnc.ir.ops import COMM_OPS
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
 
 BYTES_PER_ELEMENT = 4  # float32
 
@@ -50,9 +52,6 @@ def param_dependent(program: Program) -> set[str]:
 
 def predict(program: Program, graph, parts: np.ndarray, world: int,
             cached: dict[int, list[np.ndarray]] | None = None) -> tuple[Program, dict[str, int]]:
-    from gnnc.ir.ops import COMM_OPS
-    from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
-
     config = program.config_dict()
     sets = all_row_sets(graph, parts, world, layer_specs(program), cached)
     graph_index = {layer.name: k for k, layer in enumerate(program.graph_layers())}

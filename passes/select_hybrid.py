@@ -20,16 +20,18 @@ from typing import Any
 
 import numpy as np
 
+from gnnc.errors import GnncError
 from gnnc.ir import Program
+from gnnc.passes import hybrid_greedy as hg
+from gnnc.passes.choose_strategy import PlanningInputs # reason: a cycle; choose-strategy prices with select()
 from gnnc.passes.cost.evaluation import compile_cost
 from gnnc.passes.cost.neutronstar import hybrid, hybrid_unit_costs, hybrid_values
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.plan.rows import layer_specs, segments
 
 
 def hybrid_segments(program: Program) -> list[tuple[int, int]]:
     """(start, end) of every hybrid segment, from the layers' `segment` attributes (assign-strategy)."""
-    from gnnc.plan.rows import layer_specs, segments
-
     specs = layer_specs(program)
     return [(a, b) for a, b in segments(specs) if specs[a].strategy == "hybrid"]
 
@@ -54,8 +56,6 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     planner prices is the one the runtime executes. Ties keep the greedy's.
     `formula`: that formula when the caller has built it already.
     """
-    from gnnc.passes import hybrid_greedy as hg
-
     world = inputs.workers
     unit = hybrid_unit_costs(inputs, start, shapes[start:end])
     costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"], unit["edge_bytes"])
@@ -83,8 +83,6 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
 
 
 def _check_given(cached: Any, layers: list[int], world: int, n: int) -> None:
-    from gnnc.errors import GnncError
-
     if not isinstance(cached, dict) or any(int(m) not in layers for m in cached):
         raise GnncError(f"hybrid_cached: expected {{graph layer: [ids per worker]}} for the hybrid layers {layers}")
     for m, per_worker in cached.items():
@@ -107,7 +105,6 @@ def select_hybrid(program: Program, ctx: PassContext) -> Program:
         _check_given(ctx.hybrid_cached, hybrid_layers, ctx.workers, ctx.graph.num_nodes)
         ctx.results.hybrid_cached = ctx.hybrid_cached
         return program
-    from gnnc.passes.choose_strategy import PlanningInputs  # reason: a cycle; choose-strategy prices with select()
 
     planned = ctx.analyses.get(PlanningInputs, program)
     cached: dict[int, list[np.ndarray]] = {}

@@ -30,8 +30,12 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from gnnc.graph import CSR
 from gnnc.graph.generators import rmat
+from gnnc.runtime.executor import init_params
+from gnnc.runtime.kernels import spmm
 from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.train import TrainConfig, Worker
 
 
 def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
@@ -52,9 +56,6 @@ def gemm_rate(threads: int, n: int = 1024) -> float:
 
 
 def spmm_rate(threads: int, n: int = 100_000, deg: int = 10, width: int = 64) -> float:
-    from gnnc.graph import CSR
-    from gnnc.runtime.kernels import spmm
-
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, n, (n * deg,), generator=g), torch.randint(0, n, (n * deg,), generator=g)
@@ -133,9 +134,6 @@ def layer_times(program, graph, repeats: int = 5) -> list[float]:
     step gives it (the layers before it run first), with the gradient flowing where it would in
     training: to the weights always, to the input unless the layer reads the input features.
     """
-    from gnnc.runtime.executor import init_params
-    from gnnc.runtime.train import TrainConfig, Worker
-
     worker = Worker(program, graph, TrainConfig(progress=False))
     params = init_params(program, 0)
     ctx = worker.context(True, 0)

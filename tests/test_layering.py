@@ -10,7 +10,7 @@ not import `plan`. docs/architecture.md draws the same picture.
 
 An import inside a function is allowed only to break a real import cycle or
 to defer a heavy or optional dependency, and says which with a comment on
-its line or the line above.
+its line or above the run of imports it belongs to.
 """
 from __future__ import annotations
 
@@ -84,6 +84,15 @@ class Import:
     reason: bool  # a comment on its line or the line above
 
 
+def _run_has_comment(lines: list[str], index: int) -> bool:
+    """Whether the run of import lines that line `index` (0-based) belongs to starts below a comment."""
+    k = index - 1
+    while k >= 0 and (lines[k].lstrip().startswith(("from ", "import ")) or lines[k].startswith((" " * 8, "\t"))
+                      and not lines[k].strip().startswith("#") and lines[k].strip().endswith((",", ")"))):
+        k -= 1
+    return k >= 0 and lines[k].strip().startswith("#")
+
+
 def imports_of(module: str, path: Path) -> list[Import]:
     text = path.read_text()
     lines = text.splitlines()
@@ -104,9 +113,7 @@ def imports_of(module: str, path: Path) -> list[Import]:
                     mod = child.module or ""
                     # `from gnnc.ir import ops` imports a module: count the module, not the package
                     targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod for a in child.names]
-                here = lines[child.lineno - 1]
-                above = lines[child.lineno - 2].strip() if child.lineno > 1 else ""
-                reason = "#" in here or above.startswith("#")
+                reason = "#" in lines[child.lineno - 1] or _run_has_comment(lines, child.lineno - 1)
                 for t in dict.fromkeys(targets):  # once per statement and module
                     if t == "gnnc" or t.startswith("gnnc."):
                         found.append(Import(module, t, child.lineno, nested, reason))

@@ -20,6 +20,7 @@ from typing import Any, Union
 import sympy
 
 from gnnc.errors import GnncError, GnncTypeError, Loc
+from gnnc.errors import GnncTypeError as _E
 from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, LayerDef, ModelDef, Module, Name, Neg,
                                   Num, Repeat, Stmt)
 from gnnc.ir import VIEWS, Eqn, Layer, Param, Program, Type, Value, attrs_of, ops
@@ -663,8 +664,6 @@ def elaborate(module: Module, overrides: dict[str, str] | None = None,
               graph_dims: dict[str, int] | None = None, model_name: str | None = None) -> Program:
     """Elaborate the module's model (the named one, or the only/last one) into IR."""
     if not module.models:
-        from gnnc.errors import GnncTypeError as _E
-
         raise _E("no model in this file; define one with `model NAME(...) { ... }`",
                  Loc(module.file, 1, 1), module.source)
     seen: dict[str, Loc] = {}

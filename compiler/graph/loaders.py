@@ -50,8 +50,10 @@ import numpy as np
 import torch
 
 from gnnc.errors import GraphInputError
-from gnnc.graph.generators import GENERATORS, generate, split_masks
+from gnnc.files import atomic_writer
 from gnnc.graph import Graph, index_dtype
+from gnnc.graph.generators import GENERATORS, generate, split_masks
+from gnnc.graph.planetoid import load_planetoid
 
 # Bump when a loader's output for the same input bytes changes: old cache entries are then ignored.
 CACHE_FORMAT = 1
@@ -91,8 +93,6 @@ def load_graph(spec: str, cache_dir: str | os.PathLike | None = None, use_cache:
     """The graph a spec names (see the module docstring); GraphInputError if it is unusable."""
     spec = str(spec)
     if spec.startswith("planetoid:"):
-        from gnnc.graph.planetoid import load_planetoid
-
         return load_planetoid(spec.split(":", 1)[1])
     kind = spec.partition(":")[0]
     if kind in GENERATORS:
@@ -420,8 +420,6 @@ def _cached(key: str, build: Any, cache_dir: str | os.PathLike | None, use_cache
 
 
 def _write_cached(graph: Graph, path: Path, key: str) -> None:
-    from gnnc.files import atomic_writer
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path) as f:
         np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
