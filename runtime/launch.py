@@ -290,7 +290,11 @@ def _exit_after_failure(exc: BaseException) -> NoReturn:
     The status means what the command's would: 2 (a GnncError's code) for bad
     input, 1 for anything else, 130 after Ctrl-C.
     """
-    code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code if isinstance(exc, GnncError) else 1
+    _exit_now(130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code if isinstance(exc, GnncError) else 1)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Flush what this process printed and end it without the interpreter's teardown."""
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -387,6 +391,10 @@ def _worker_entry(local_rank: int, fn: Callable[..., Any], base: DistConfig, arg
         # The launcher prints the root cause's traceback; this report is how it learns it.
         atomic_write(directory / f"failure-{cfg.rank}.json", json.dumps(_describe(exc)).encode())
         _exit_after_failure(exc)
+    # The result is written and the process group is down. The interpreter's teardown would now run the
+    # destructors of torch.distributed's C++ objects, whose threads can race it: seen as a rank that
+    # finished its work and then died of SIGABRT ("terminate called without an active exception").
+    _exit_now(0)
 
 
 def _die_with_launcher(launcher_pid: int) -> None:
