@@ -183,7 +183,7 @@ def test_properties_on_random_instances(seed, workers, layers, n, cap) -> None:
 
 
 def test_unit_costs_from_the_cost_model_drive_the_greedy() -> None:
-    """cost_model.hybrid_unit_costs feeds Algorithm 4; a zero budget communicates everything, and the
+    """gnnc.passes.cost.neutronstar.hybrid_unit_costs feeds Algorithm 4; a zero budget communicates everything, and the
     cost model's Hybrid formula on that selection is DepComm's."""
     rng = np.random.default_rng(0)
     p = 4

@@ -298,7 +298,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
         sel = np.nonzero(mine.held_out[lyr][dst])[0]  # in-edges of the rows it computes
         ids = torch.as_tensor(order, dtype=torch.int64)
         rows = STRATEGIES[s.strategy].rows
-        if rows == "all":  # runs on the whole first-layer structure (plan_shards' full views)
+        if rows == "all":  # runs on the whole first-layer structure (the shard's full views, gnnc.plan.shards)
             lg = LayerGraph(n_in, n_out, {}, None, ids=ids)
         elif rows == "blocks":
             if block_col is None:
