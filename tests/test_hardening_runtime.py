@@ -224,10 +224,11 @@ def test_a_sigkilled_worker_makes_the_run_exit_1_naming_its_rank(tmp_path: Path)
     proc, _ = _start(tmp_path)
     try:
         workers = _workers(proc.pid)
-        os.kill(workers[1], signal.SIGKILL)
+        os.kill(workers[1], signal.SIGKILL)  # one of the two ranks (process order need not be rank order)
         _, err = proc.communicate(timeout=90)
         assert proc.returncode == 1, err
-        assert "worker rank 1 of 2 failed: killed by SIGKILL" in err, err
+        m = re.search(r"worker rank (\d) of 2 failed: killed by SIGKILL", err)
+        assert m is not None, err  # only the killed rank dies of SIGKILL (the launcher stops the other one)
     finally:
         _stop(proc)
 
