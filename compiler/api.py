@@ -96,7 +96,8 @@ def load_graph(spec: Any):
 def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | list[PassSpec] | None = None,
             graph_spec: str | None = None, after=None, strategy: str | list[str] | None = None,
             partition: str | None = None, seed: int = 0, cluster: Any = None,
-            allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None) -> Plan:
+            allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
+            memory_cap: int | None = None) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -107,9 +108,12 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     (choose-strategy), unless the pipeline text set them already.
     `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
     Algorithm 4's choice of the dependencies a hybrid segment caches.
+    `memory_cap` (bytes of activation memory per worker) goes to the schedule
+    pass, which runs layers in G3's bins to meet it.
     """
     if workers == "auto":
-        return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow)
+        return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
+                             memory_cap)
     workers = int(workers)
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
@@ -118,7 +122,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1 and passes is None:
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
     if workers > 1:
-        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow)
+        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap)
     meta: dict[str, Any] = {}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached)
     if workers > 1:
@@ -134,6 +138,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["predicted_bytes_per_step"] = results.predicted_bytes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
+    if results.schedule is not None:
+        meta["schedule"] = results.schedule
     report = results.planner
     if report is not None:
         meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
@@ -148,13 +154,13 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
-                          allow: list[str] | None) -> list[PassSpec]:
-    """The pipeline with the compile's `strategy` and `allow` given to the passes that take them.
+                          allow: list[str] | None, memory_cap: int | None = None) -> list[PassSpec]:
+    """The pipeline with the compile's `strategy`, `allow` and `memory_cap` given to the passes that take them.
 
     A value no pass in the pipeline takes is an error, not a silently ignored request.
     """
     given = {"strategy": strategy if strategy is None or isinstance(strategy, str) else ",".join(strategy),
-             "allow": None if allow is None else tuple(allow)}
+             "allow": None if allow is None else tuple(allow), "memory_cap": memory_cap}
     given = {k: v for k, v in given.items() if v}
     for key in given:
         if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
@@ -169,7 +175,8 @@ def _default_partition(strategy: str | None) -> str:
     return (sd.default_partition if sd is not None else None) or "metis"
 
 
-def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow) -> Plan:
+def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
+                  memory_cap=None) -> Plan:
     """--workers auto: the worker count (1, 2, 4, ... up to the cluster's) with the least predicted time."""
     profile = resolve_cluster(cluster)
     best = compile(model, graph, 1, passes, graph_spec, after)
@@ -177,7 +184,8 @@ def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, 
     considered = [{"workers": 1, "time_s": best_time}]
     n = 2
     while n <= profile.workers:
-        plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow)
+        plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow,
+                       memory_cap=memory_cap)
         t = plan.meta.get("planner", {}).get("predicted_time_s")
         considered.append({"workers": n, "time_s": t})
         if t is not None and t < best_time:

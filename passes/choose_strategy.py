@@ -57,8 +57,10 @@ class PlannerReport:
     segments: list[tuple[int, int, str]] = field(default_factory=list)  # the chosen (start, end, strategy)
     # every segment priced: {"layers": [start, end], "strategy", "time_s", "bytes", "memory_bytes"}
     segment_costs: list[dict[str, Any]] = field(default_factory=list)
-    # the chosen assignment's epoch, stage by stage and worker by worker (`predicted_schedule`)
+    # the chosen assignment's epoch, stage by stage and worker by worker (`predicted_schedule`); the
+    # schedule pass redraws it from the schedule it annotates (gnnc.passes.cost.scheduled)
     schedule: dict[str, Any] = field(default_factory=dict)
+    priced: Any = field(default=None, repr=False)  # the PricedPlan behind it (not saved with the plan)
 
 
 def layer_shape(layer: Layer, needs_grad: set[str]):
@@ -141,6 +143,8 @@ class PricedPlan:
     allreduce_cost: Any
     allreduce: Any
     allowed: list[str]
+    grad_ready: tuple[int, ...] = ()
+    grad_overlap: bool = False
 
 
 def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
@@ -236,7 +240,7 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
                       "memory_bytes": v.memory} for k, v in sorted(values.items())]
     return PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers,
                          [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
-                         predicted_schedule(best.segments, priced))
+                         predicted_schedule(best.segments, priced), priced)
 
 
 def _pushpull_crossovers(priced: PricedPlan) -> list[str]:

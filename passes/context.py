@@ -61,6 +61,9 @@ class PassResults:
     hybrid_cached: {graph layer: [global ids per worker]} each hybrid segment caches (select-hybrid).
     hybrid_selection: select-hybrid's prediction, one entry per hybrid segment.
     predicted_bytes: bytes per training step by communication kind (predict-bytes).
+    hybrid_values: {(start, end): the cost model's symbol values of the selection} (select-hybrid), which
+        the schedule pass prices the segment's schedule with.
+    schedule: what the schedule pass compared and chose, and the predicted epoch drawn from it.
     """
 
     strategy: str | list[str] | None = None
@@ -69,6 +72,8 @@ class PassResults:
     hybrid_cached: dict[int, list[Any]] | None = None
     hybrid_selection: list[dict[str, Any]] | None = None
     predicted_bytes: dict[str, int] | None = None
+    hybrid_values: dict[tuple[int, int], Any] | None = None
+    schedule: dict[str, Any] | None = None
 
 
 @dataclass

@@ -61,7 +61,7 @@ _REGISTRY: dict[str, PassInfo] = {}
 DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias"]
 # after the default pipeline when compiling for several workers
 DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm",
-                                   "predict-bytes"]
+                                   "predict-bytes", "schedule"]
 
 
 def register_pass(name: str, summary: str, typed_after: bool = True, options: type | None = None,
@@ -92,7 +92,7 @@ def register_pass(name: str, summary: str, typed_after: bool = True, options: ty
 def _load_builtin() -> None:
     # reason: a cycle; the pass modules import register_pass from here, so this one imports them on first use
     from gnnc.passes import (assign_strategy, check, choose_strategy, infer_shapes,  # noqa: F401
-                             insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid, sink_bias)
+                             insert_comm, lower, predict_bytes, reorder_gemm, schedule, select_hybrid, sink_bias)
 
 
 def passes() -> dict[str, PassInfo]:

@@ -154,7 +154,8 @@ class Plan:
                     parts = np.load(io.BytesIO(blob), allow_pickle=False)
                 except (ValueError, OSError, EOFError) as err:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
-        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid") if k in data}
+        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "schedule")
+                if k in data}
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 
