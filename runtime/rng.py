@@ -118,7 +118,8 @@ def dropout(x: torch.Tensor, key: int, rows: torch.Tensor, p: float, col_offset:
 
 def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.empty_like(x)
-    x2, k2, o2 = x.reshape(len(x), -1), keep.reshape(len(x), -1), out.view(len(x), -1)
+    width = math.prod(x.shape[1:])  # explicit: -1 is ambiguous for an empty x (a part without edges)
+    x2, k2, o2 = x.reshape(len(x), width), keep.reshape(len(x), width), out.view(len(x), width)
     for b in _blocks(len(x), x2.shape[1] if len(x) else 0):
         torch.mul(x2[b], k2[b], out=o2[b])
         o2[b].mul_(scale)
