@@ -19,6 +19,7 @@ import torch.distributed as dist
 from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import COMM_OPS, op_def, reads_structure
 from gnnc.ir.text import parse_ir
+from gnnc.plan.bins import layer_bins
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.schedule import (check_schedule, exchange_schedule, layer_schedule, program_schedule, split_eqn,
                                 split_exchange)
@@ -334,6 +335,10 @@ class DistWorker(Worker):
             phase = FeaturePhase(data.full_views, torch.arange(data.num_nodes), data.cols)
         check_schedule(program)
         hold_parts_views(program, lg)
+        for layer in program.graph_layers():  # a binned layer's bins: structure, built with the shard
+            sched = layer_schedule(layer)
+            if sched.binned:
+                layer_bins(lg.layers[layer.name], layer.edges, sched.bins, sched.bin_order)
         self.interp = DistInterpreter(program, lg, phase)
         self.views: dict[str, Any] = {}
         self.ids = lg.rows

@@ -82,14 +82,16 @@ class Bins:
     """A layer's output rows in bins, each with the in-edges of its rows.
 
     rows[b]: positions of bin b's output rows (in priority order).
-    views[b]: bin b's in-edges, destinations numbered 0..len(rows[b])-1 within the bin, sources as the
-        layer numbers them; a `held` bin reads only held rows, so its view has the held rows as sources.
+    views[b]: bin b's in-edges, destinations numbered 0..len(rows[b])-1 within the bin and sources
+        0..len(sources[b])-1 (G3's bin subgraph: the bin's rows and the neighbours they read).
+    sources[b]: the layer's source rows bin b reads, ascending (the rows a bin gathers).
     pos[b]: the positions of bin b's edges in the order the layer view's per-edge data is held in.
     held[b]: every source of bin b is a held row: it can run before the layer's halo has arrived.
     """
 
     rows: list[torch.Tensor]
     views: list[GraphView]
+    sources: list[torch.Tensor]
     pos: list[torch.Tensor]
     held: list[bool]
 
@@ -97,22 +99,23 @@ class Bins:
         return len(self.rows)
 
 
-def _bin_view(v: GraphView, rows: torch.Tensor, n_in: int) -> tuple[GraphView, torch.Tensor, bool]:
+def _bin_view(v: GraphView, rows: torch.Tensor, n_in: int) -> tuple[GraphView, torch.Tensor, torch.Tensor, bool]:
+    """Bin `rows`'s in-edges with their sources renumbered compactly: (view, sources, edge positions, held)."""
     indptr = v.csr.indptr
     starts = indptr[rows]
     counts = indptr[rows + 1] - starts
     total = int(counts.sum())
     offsets = torch.cumsum(counts, 0) - counts
     pos = torch.repeat_interleave(starts - offsets, counts) + torch.arange(total)
-    cols = v.src[pos]
-    held = bool(total == 0 or int(cols.max()) < n_in)
+    sources, cols = torch.unique(v.src[pos], sorted=True, return_inverse=True)
+    held = bool(total == 0 or int(sources[-1]) < n_in)
     bptr = torch.zeros(len(rows) + 1, dtype=torch.int64)
     bptr[1:] = torch.cumsum(counts, 0)
     edge_ids = v.edge_ids[pos]
-    csr = CSR(bptr, cols, edge_ids, len(rows), n_in if held else v.csr.n_src)
+    csr = CSR(bptr, cols, edge_ids, len(rows), len(sources))
     view = GraphView(csr, csr.indices, csr.dst_index(), edge_ids, {k: t[pos] for k, t in v.edge_data.items()},
                      v.deg[rows])
-    return view, pos, held
+    return view, sources, pos, held
 
 
 def layer_bins(lg: LayerGraph, view: str, bins: int, order: str = "boundary_bfs") -> Bins:
@@ -123,12 +126,13 @@ def layer_bins(lg: LayerGraph, view: str, bins: int, order: str = "boundary_bfs"
             raise ValueError(f"unknown bin order {order!r}")
         prio = torch.from_numpy(priority_order(lg, view))
         bounds = [round(b * lg.n_out / bins) for b in range(bins + 1)]
-        out = Bins([], [], [], [])
+        out = Bins([], [], [], [], [])
         for b in range(bins):
             rows = prio[bounds[b]:bounds[b + 1]]
-            bv, pos, held = _bin_view(lg.views[view], rows, lg.n_in)
+            bv, sources, pos, held = _bin_view(lg.views[view], rows, lg.n_in)
             out.rows.append(rows)
             out.views.append(bv)
+            out.sources.append(sources)
             out.pos.append(pos)
             out.held.append(held)
         lg._cache[key] = out
