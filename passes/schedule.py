@@ -287,7 +287,7 @@ def choose_segment(program: Program, seg: Segment, priced: PricedPlan | None, ex
 
 
 def _fit_cap(program: Program, choices: list[SegmentChoice], opts: ScheduleOptions, priced: PricedPlan | None,
-             stats: Any, grad_overlap: bool) -> tuple[Program, activations.Activations | None, list[str]]:
+             grad_overlap: bool) -> tuple[Program, activations.Activations | None, list[str]]:
     """Bins for the memory cap: as few as bring the predicted activation peak under it (doubling the bins
     of the layer whose bins hold the most), or the fixed `bins` option. Returns the annotated program."""
     per_layer: dict[int, dict[str, Any]] = {}
@@ -307,7 +307,7 @@ def _fit_cap(program: Program, choices: list[SegmentChoice], opts: ScheduleOptio
         if opts.memory_cap:
             raise GnncError("--memory-cap needs the partition to estimate the activations on (--workers N --graph G)")
         return annotated, None, notes
-    est = activations.estimate(annotated, stats, priced.inputs)
+    est = activations.estimate(annotated, priced.inputs)
     if not opts.memory_cap or opts.bins:
         return annotated, est, notes
     while float(est.peak.max()) > opts.memory_cap:
@@ -327,7 +327,7 @@ def _fit_cap(program: Program, choices: list[SegmentChoice], opts: ScheduleOptio
                     if binnable(layers[j]):
                         per_layer[j] = {**per_layer.get(j, {}), "bins": per_layer[k]["bins"]}
         annotated = annotate(program, per_layer, opts, grad_overlap)
-        est = activations.estimate(annotated, stats, priced.inputs)
+        est = activations.estimate(annotated, priced.inputs)
     return annotated, est, notes
 
 
@@ -338,13 +338,12 @@ def schedule(program: Program, ctx: PassContext, opts: ScheduleOptions) -> Progr
     if ctx.workers == 1:
         return program
     priced = _priced(program, ctx)
-    stats = ctx.analyses.get(PlanningInputs, program).stats if priced is not None else None
     choices = []
     for seg in program_segments(program):
         extra = _extra(ctx, priced, seg) if priced is not None else None
         choices.append(choose_segment(program, seg, priced, extra, opts))
     grad_overlap = opts.grad_overlap != "off"
-    annotated, est, notes = _fit_cap(program, choices, opts, priced, stats, grad_overlap)
+    annotated, est, notes = _fit_cap(program, choices, opts, priced, grad_overlap)
     final = program_segments(annotated)
     report: dict[str, Any] = {"segments": [], "memory_cap": opts.memory_cap or None, "notes": notes}
     for c, seg in zip(choices, final):

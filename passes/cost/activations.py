@@ -62,7 +62,7 @@ def _width(value, cfg) -> float:
     return w
 
 
-def _layer_rows(program: Program, stats, inputs) -> list[_Rows]:
+def _layer_rows(program: Program, inputs) -> list[_Rows]:
     """Row counts of every graph layer (module docstring)."""
     v = np.asarray(inputs.vertices, np.float64)
     e = np.asarray(inputs.edges, np.float64)
@@ -117,10 +117,10 @@ def _value_rows(layer: Layer, rows: _Rows, owned: np.ndarray) -> dict[str, np.nd
     return out
 
 
-def estimate(program: Program, stats, inputs, bytes_per_element: int = 4) -> Activations:
+def estimate(program: Program, inputs, bytes_per_element: int = 4) -> Activations:
     """The activation memory of one training step of `program` (annotated by the schedule pass)."""
     cfg = program.config_dict()
-    graph_rows = _layer_rows(program, stats, inputs)
+    graph_rows = _layer_rows(program, inputs)
     v = np.asarray(inputs.vertices, np.float64)
     kept = np.zeros_like(v)
     working = np.zeros_like(v)
@@ -150,14 +150,15 @@ def estimate(program: Program, stats, inputs, bytes_per_element: int = 4) -> Act
             size = value_rows[value.name] * _width(value, cfg) * bytes_per_element
             if e.op == "dropout":
                 size = size * (1 + MASK_FRACTION)
-            largest = np.maximum(largest, size)
             if bins > 1 and bin_eqn(e) and value.name not in outputs_of_bins:
                 layer_bin += size / bins
+                largest = np.maximum(largest, size / bins)
             else:
                 layer_kept += size
+                largest = np.maximum(largest, size)
         per_layer[layer.name] = layer_kept + layer_bin
         kept += layer_kept
         working = np.maximum(working, layer_bin)
-    # backward: a binned layer's recomputed bin and its gradients; the gradient of the largest value
+    # backward: a binned layer's recomputed bin and its gradients; the gradient of the largest value alive
     peak = kept + 2 * working + largest
     return Activations(kept, working, peak, per_layer)

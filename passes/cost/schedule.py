@@ -292,7 +292,8 @@ def _overlapped_allreduce(buckets: list[_StageSpec], stages: list[dict[str, Any]
         at = start if layer >= layers else done.get(layer, end)
         begin = np.maximum(link, at)
         link = begin + np.asarray(times, dtype=np.float64)
-        pieces.append({"layer": None, "op": "communication", "track": "communication", "overlap": 0,
+        # None: the buckets run beside the backward stages before this one, not beside each other
+        pieces.append({"layer": None, "op": "communication", "track": "communication", "overlap": None,
                        "start_s": [float(x) for x in begin], "time_s": [float(x) for x in times]})
     tail = np.maximum(link - end, 0.0)
     return {"kind": "allreduce", "strategy": None, "segment": None, "direction": "backward", "layers": [],
