@@ -117,6 +117,9 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     workers = int(workers)
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
+    if memory_cap and workers == 1:
+        raise GnncError("--memory-cap bounds a worker's activations by running layers in bins, which the "
+                        "distributed runtime does: compile for --workers N > 1 (run with --nproc N)")
     program = model.program(graph)
     pipeline = [as_spec(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     if workers > 1 and passes is None:
