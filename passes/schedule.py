@@ -139,7 +139,10 @@ def annotate_layer(layer: Layer, options: dict[str, Any], method: str) -> Layer:
     """`layer` with its schedule written in: exchanges, split or per-bin equations, bins."""
     overlap, staged, bins = options.get("overlap", False), options.get("staged", False), options.get("bins", 1)
     eqns: list[Eqn] = []
-    split_values: set[str] = set()
+    # with a split exchange, every equation on edges runs per part (edges are held part by part), and so
+    # does every reader of the exchange
+    split_values = {e.outs[0].name for e in layer.eqns if bins == 1 and (
+        e.op == "halo" and overlap or e.op == "bcast_rows" and staged)}
     binned: set[str] = set()
     for e in layer.eqns:
         attrs: dict[str, Any] = {}
@@ -149,9 +152,6 @@ def annotate_layer(layer: Layer, options: dict[str, Any], method: str) -> Layer:
             attrs["overlap"] = bool(overlap)
         if e.op == "bcast_rows":
             attrs["staged"] = bool(staged)
-        split = any(attrs.get(f) for f in ("overlap", "staged"))
-        if split and bins == 1:
-            split_values.add(e.outs[0].name)
         if e.op not in COMM_OPS:
             if split_values and (any(v.name in split_values for v in e.ins) or any(map(_edge, e.ins))
                                  or any(map(_edge, e.outs))):

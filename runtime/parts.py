@@ -15,7 +15,8 @@ into vertex rows combines its parts exactly:
 * max / min: the larger / smaller of the parts' results, a part without an
   edge at a row left out; the gradient of a row is shared among the parts
   in proportion to how many of their edges reach the extreme value, so each
-  such edge gets what one process gives it (an even share of the ties);
+  such edge gets what one process gives it (an even share of the ties, the
+  reference's counting of its zero start included);
 * edge softmax: the maximum and the denominator over every part, so each
   part's coefficients are the ones one process computes (this equation
   needs every part of its input: it waits for the score rows, which are
@@ -194,8 +195,13 @@ def _extreme(e: Eqn, ins: list[Any], run: PartRun, eval_eqn: Runner) -> torch.Te
             hit = (m == best[view.dst]).to(best.dtype)
             counts.append(torch.zeros_like(best).index_add_(0, view.dst, hit))
             _release(ins, p, run)
-        total = sum(counts)
-        shares = [torch.where(total > 0, c / total.clamp(min=1), torch.zeros_like(c)) for c in counts]
+        # One process shares a row's gradient evenly over its edges at the extreme, and (torch's
+        # scatter_reduce without `include_self`) counts the zero it starts from when the extreme is 0;
+        # each part's own backward divides by its count the same way, so part p takes that share.
+        zero = ((best == 0) & (sum(counts) > 0)).to(best.dtype)
+        own = [c + zero * (y.detach() == 0).to(best.dtype) * (c > 0).to(best.dtype) for c, y in zip(counts, ys)]
+        total = sum(counts) + zero
+        shares = [torch.where(total > 0, c / total.clamp(min=1), torch.zeros_like(c)) for c in own]
     out = sum(s * y for s, y in zip(shares, ys))
     # the shares add up to 1 where a row has edges; the value is the extreme itself, the rest is its gradient
     return out + (best - out).detach()
