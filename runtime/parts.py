@@ -210,17 +210,40 @@ def _extreme(e: Eqn, ins: list[Any], run: PartRun, eval_eqn: Runner) -> torch.Te
 def _edge_softmax(scores: Any, run: PartRun) -> Parts:
     """Softmax over each destination's in-edges of every part: maximum and denominator over all parts."""
     parts = scores if isinstance(scores, Parts) else Parts(scores[p] for p in run.parts.pos)
-    n = run.parts.views[0].csr.n_dst
-    shape = (n,) + tuple(parts[0].shape[1:])
+    return Parts(_PartsSoftmax.apply(run.parts.views, *parts))
 
-    def index(dst: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return dst.view(-1, *([1] * (like.dim() - 1))).expand_as(like)
 
-    mx = torch.full(shape, -math.inf, dtype=parts[0].dtype)
-    for s, view in zip(parts, run.parts.views):
-        mx = mx.scatter_reduce(0, index(view.dst, s), s.detach(), "amax", include_self=True)
-    ex = [torch.exp(s - mx[view.dst]) for s, view in zip(parts, run.parts.views)]
-    den = torch.zeros(shape, dtype=parts[0].dtype)
-    for x, view in zip(ex, run.parts.views):
-        den = den.index_add(0, view.dst, x)
-    return Parts(x / den[view.dst] for x, view in zip(ex, run.parts.views))
+class _PartsSoftmax(torch.autograd.Function):
+    """The edge softmax of scores held part by part (each part's edges grouped by destination, as its
+    view's CSR holds them): segment reductions per part, combined; backward s * (g - sum_row(s * g))
+    with the row sums over every part, as the one-piece kernel (gnnc.runtime.kernels.cpu.EdgeSoftmax)."""
+
+    @staticmethod
+    def forward(ctx: Any, views: list, *scores: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = views[0].csr.n_dst
+        shape = (n,) + tuple(scores[0].shape[1:])
+        mx = torch.full(shape, -math.inf, dtype=scores[0].dtype, device=scores[0].device)
+        for s, view in zip(scores, views):
+            if s.shape[0]:  # rows without an edge in this part reduce to -inf: never gathered
+                mx = torch.maximum(mx, torch.segment_reduce(s, "max", offsets=view.csr.indptr, unsafe=True))
+        outs = [torch.exp(s - mx.index_select(0, view.dst)) for s, view in zip(scores, views)]
+        den = torch.zeros(shape, dtype=scores[0].dtype, device=scores[0].device)
+        for o, view in zip(outs, views):
+            if o.shape[0]:
+                den += torch.segment_reduce(o, "sum", offsets=view.csr.indptr, unsafe=True)
+        for o, view in zip(outs, views):
+            o.div_(den.index_select(0, view.dst))
+        ctx.views = views
+        ctx.save_for_backward(*outs)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        outs, views = ctx.saved_tensors, ctx.views
+        grads = tuple(torch.zeros_like(o) if g is None else g.contiguous() for o, g in zip(outs, grads))
+        sg = [o * g for o, g in zip(outs, grads)]
+        dot = torch.zeros((views[0].csr.n_dst,) + tuple(outs[0].shape[1:]), dtype=outs[0].dtype, device=outs[0].device)
+        for x, view in zip(sg, views):
+            if x.shape[0]:
+                dot += torch.segment_reduce(x, "sum", offsets=view.csr.indptr, unsafe=True)
+        return (None, *(x.sub_(o * dot.index_select(0, view.dst)) for x, o, view in zip(sg, outs, views)))
