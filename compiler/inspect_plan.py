@@ -17,7 +17,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.ops import COMM_OPS
 from gnnc.ir.ops import fmt_shape
-from gnnc.runtime.metrics import read_metrics
+from gnnc.runtime.metrics import epoch_records, read_metrics
 
 
 def table(program: Program) -> str:
@@ -279,7 +279,7 @@ def _epoch_blocks(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def read_run(path: str) -> list[dict[str, Any]]:
     """The records of `gnnc run --metrics PATH`, checked for the fields a trace needs."""
     try:
-        records = read_metrics(path)
+        records = epoch_records(read_metrics(path))  # a sampled run's minibatch records are not drawn
     except FileNotFoundError:
         raise GnncError(f"--metrics {path}: no such file") from None
     except (OSError, ValueError) as err:

@@ -270,6 +270,15 @@ def choose_strategy(program: Program, ctx: PassContext, opts: ChooseStrategyOpti
         return program
     if ctx.workers == 1:
         return program
+    if ctx.sampling is not None:  # sampled minibatches: P3's question on a dry run of the sampler
+        # cycle: plan_sampled reads this module's layer shapes and report
+        from gnnc.passes.plan_sampled import choose_sampled
+
+        report, ctx.results.schedule = choose_sampled(program, ctx, list(opts.allow) or None)
+        ctx.results.strategy = ",".join(report.strategies)
+        ctx.results.segments = report.segments
+        ctx.results.planner = report
+        return program
     planned = ctx.analyses.get(PlanningInputs, program)
     report = choose(program, ctx.graph, ctx.parts, ctx.cluster, list(opts.allow) or None, planned)
     ctx.results.strategy = ",".join(report.strategies)

@@ -22,7 +22,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Param, Program
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.ir.dims import eval_dim, eval_number
-from gnnc.ir.ops import COMM_OPS
+from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
 from gnnc.runtime import rng
 from gnnc.runtime.implementations import implementation, implements
@@ -101,6 +101,26 @@ class Interpreter:
         if not impl.sparse_input and any(t.is_sparse for t in ins):
             ins = [t.to_dense() if t.is_sparse else t for t in ins]
         return impl.fn(e, ins, view, ctx)
+
+
+class PrefixRowsInterpreter(Interpreter):
+    """An interpreter for values whose row sets are prefixes of one order, as distributed layers' rows
+    (gnnc.plan.rows) and a minibatch's blocks (a block's destinations are the first of its sources) are:
+    a vertex-wise op meeting two of them keeps the shorter prefix, and an `sddmm` reads its
+    destination side from the layer's output rows."""
+
+    def eqn(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+        if op_def(e.op).row_wise:
+            vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
+            n = min((ins[k].shape[0] for k in vertex), default=0)
+            ins = [_dense(t)[:n] if k in vertex and t.shape[0] != n else t for k, t in enumerate(ins)]
+        elif e.op == "sddmm" and view is not None:
+            ins = [ins[0], ins[1][: view.csr.n_dst]]  # destination side: the layer's output rows
+        return super().eqn(e, ins, view, ctx)
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    return x.to_dense() if x.is_sparse else x
 
 
 # ----- the reference implementation of every op (gnnc.runtime.kernels registers the kernel ops' others)

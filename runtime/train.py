@@ -76,6 +76,12 @@ class RunResult:
     history: list[dict[str, float]] = field(default_factory=list)
     best_epoch: int = 0
 
+    @staticmethod
+    def of(summary: dict[str, Any], logits: torch.Tensor, history: list[dict[str, Any]]) -> "RunResult":
+        """What `fit` returned, as a RunResult."""
+        return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
+                         summary["epoch_time_s"], logits, history, summary["best_epoch"])
+
     def summary(self) -> dict[str, Any]:
         return {"test_acc": self.test_acc, "val_acc": self.val_acc, "final_test_acc": self.final_test_acc,
                 "train_loss": self.train_loss, "epoch_time_s": self.epoch_time_s, "best_epoch": self.best_epoch}
@@ -116,6 +122,20 @@ class Worker:
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return forward(self.interp, params, self.inputs, self.context(training, epoch))
+
+    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
+        """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch).
+        Returns the epoch's training loss."""
+        opt.zero_grad(set_to_none=True)
+        _, loss = self.forward(params, True, epoch)
+        loss.backward()
+        self.reduce_grads(params)
+        opt.step()
+        return loss
+
+    def take_records(self) -> list[Any]:
+        """Metrics records of this epoch's steps besides the epoch's own (a sampled run's minibatches)."""
+        return []
 
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The logits and inputs of the rows this worker owns (the ones it reports)."""
@@ -230,11 +250,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
             t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            _, loss = worker.forward(params, True, epoch)
-            loss.backward()
-            worker.reduce_grads(params)
-            opt.step()
+            loss = worker.train_epoch(params, opt, epoch)
             elapsed = time.perf_counter() - t0
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
@@ -252,7 +268,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                    "time_s": slowest, "bytes_sent": int(counts[7])}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
-            log.log(record)
+            log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
             if not math.isfinite(rec["loss"]):
                 # Every rank sees the same summed loss, so all stop here together; no checkpoint of it.
                 raise TrainingDiverged(
@@ -290,6 +306,4 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
           on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Train `program` on `graph` in this process."""
-    summary, logits, history = fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
-    return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
-                     summary["epoch_time_s"], logits, history, summary["best_epoch"])
+    return RunResult.of(*fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch))

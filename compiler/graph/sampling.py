@@ -345,3 +345,42 @@ def _draw_distinct(rows: np.ndarray, dst: np.ndarray, start: np.ndarray, deg: np
     keep = survivors[(rank < k) & ok[srow]]
     kr = local_row[keep]
     return rows[kr], start[kr] + within[keep], rows[~ok]
+
+
+def merge_blocks(blocks: Sequence[Block]) -> Block:
+    """Several blocks as one (P3: a worker runs every worker's pushed layer-1 block at once).
+
+    The destinations of all blocks come first, block by block, then their other sources, so the
+    destinations stay a prefix of the sources; a vertex in two blocks appears twice (once per block).
+    """
+    n_dst = np.array([b.n_dst for b in blocks], dtype=np.int64)
+    rest = np.array([b.n_src - b.n_dst for b in blocks], dtype=np.int64)
+    nnz = np.array([b.nnz for b in blocks], dtype=np.int64)
+    dst_off = np.cumsum(n_dst) - n_dst
+    rest_off = int(n_dst.sum()) + np.cumsum(rest) - rest
+    edge_off = np.cumsum(nnz) - nnz
+    src_ids = np.concatenate([b.dst_ids for b in blocks] + [b.src_ids[b.n_dst:] for b in blocks])
+    indices = np.concatenate([np.where(b.indices < b.n_dst, b.indices + dst_off[j], b.indices - b.n_dst + rest_off[j])
+                              for j, b in enumerate(blocks)])
+    indptr = np.concatenate([np.zeros(1, dtype=np.int64)] + [b.indptr[1:] + edge_off[j] for j, b in enumerate(blocks)])
+    eids = np.concatenate([b.eids for b in blocks])
+    return Block(src_ids.astype(np.int64), int(n_dst.sum()), indptr, indices.astype(np.int64), eids)
+
+
+def pack_block(block: Block) -> np.ndarray:
+    """A block as one int64 array (what P3's structure push sends): n_src, n_dst, nnz, then its arrays."""
+    head = np.array([block.n_src, block.n_dst, block.nnz], dtype=np.int64)
+    return np.concatenate([head, block.src_ids, block.indptr, block.indices, block.eids])
+
+
+def packed_size(n_src: int, n_dst: int, nnz: int) -> int:
+    """Entries of `pack_block` for a block of these sizes: a header of 3, src_ids, indptr, indices, eids."""
+    return 3 + n_src + n_dst + 1 + 2 * nnz
+
+
+def unpack_block(flat: np.ndarray) -> Block:
+    n_src, n_dst, nnz = (int(v) for v in flat[:3])
+    if min(n_src, n_dst, nnz) < 0 or n_dst > n_src or len(flat) != packed_size(n_src, n_dst, nnz):
+        raise ValueError(f"a packed block of {len(flat)} entries does not hold ({n_src}, {n_dst}, {nnz})")
+    cuts = np.cumsum([3, n_src, n_dst + 1, nnz])
+    return Block(flat[cuts[0]:cuts[1]], n_dst, flat[cuts[1]:cuts[2]], flat[cuts[2]:cuts[3]], flat[cuts[3]:])
