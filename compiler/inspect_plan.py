@@ -126,6 +126,12 @@ def explain(plan) -> str:
     for layer in plan.program.graph_layers():
         lines.append(f"  {layer.name} {layer.op}: {layer.attr('strategy', 'local')}"
                      + ("" if plan.workers > 1 else " (one worker)"))
+    sampling = plan.sampling
+    if sampling is not None:
+        lines.append(f"sampled minibatches: fan-out {sampling.text} (hop order), batch {sampling.batch_size}, "
+                     f"schedule {plan.schedule}")
+    for note in plan.meta.get("approximations", []):
+        lines.append(f"approximate: {note}")
     planner = plan.meta.get("planner")
     if planner:
         lines.append(f"chosen by the planner on cluster '{planner.get('cluster')}': predicted "
@@ -133,10 +139,13 @@ def explain(plan) -> str:
                      f"MiB/worker")
         lines.append(f"  {'strategies':32s} {'time ms':>10s} {'MB/epoch':>10s} {'MiB/worker':>11s}")
         for a in sorted(planner.get("alternatives", []), key=lambda a: a["time_s"]):
-            mark = " <- chosen" if a["strategies"] == planner["strategies"] else ""
+            chosen = a["strategies"] == planner["strategies"] and a.get("schedule", plan.schedule) == plan.schedule
+            mark = " <- chosen" if chosen else ""
             user = f" (user cost: {'; '.join(a['user_costs'])})" if a.get("user_costs") else ""
-            lines.append(f"  {','.join(a['strategies']):32s} {a['time_s'] * 1000:10.3f} {a['bytes'] / 1e6:10.3f} "
-                         f"{a['memory_bytes'] / 2**20:11.1f}{mark}{user}")
+            approx = " (approximate: " + "; ".join(a["approximate"]) + ")" if a.get("approximate") else ""
+            name = ",".join(a["strategies"]) + (f" [{a['schedule']}]" if "schedule" in a else "")
+            lines.append(f"  {name:32s} {a['time_s'] * 1000:10.3f} {a['bytes'] / 1e6:10.3f} "
+                         f"{a['memory_bytes'] / 2**20:11.1f}{mark}{user}{approx}")
         for c in planner.get("crossovers", []):
             lines.append(f"  crossover: {c}")
         lines += _segment_table(planner, [layer.name for layer in plan.program.graph_layers()])

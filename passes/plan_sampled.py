@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from gnnc.errors import GnncError
+from gnnc.graph.sampling import index_bytes
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
 from gnnc.passes.cost.crossovers import bytes_crossover, crossover
@@ -32,14 +34,15 @@ from gnnc.plan.approximation import approximations, is_exact
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import names as strategy_names
 
-INDEX_BYTES = 8  # int64 ids and packed structure
-
-
 def candidates(program: Program, allow: list[str] | None, approximate: bool) -> list[tuple[list[str], str]]:
     """(per-layer strategies, schedule) pairs the planner prices: dp-sample everywhere, push-pull on the first
     layer (where legal) with dp-sample after it, and P3's 2F2B schedule of the latter with --approximate."""
     layers = program.graph_layers()
-    allowed = set(allow or strategy_names(plannable=True, batching="sampled"))
+    plannable = strategy_names(plannable=True, batching="sampled")
+    for s in allow or ():
+        if s not in plannable:
+            raise GnncError(f"--allow {s}: for sampled minibatches the planner chooses among {', '.join(plannable)}")
+    allowed = set(allow or plannable)
     out: list[tuple[list[str], str]] = []
     if "dp-sample" in allowed:
         out.append((["dp-sample"] * len(layers), "sequential"))
@@ -61,7 +64,8 @@ def _inputs(program: Program, ctx: PassContext) -> tuple[CostInputs, dict, list[
     owned = np.bincount(parts, minlength=p).astype(np.float64)
     zeros = np.zeros(p)
     inputs = CostInputs(owned, zeros, zeros, zeros, owned[:, None], zeros[:, None], tuple(dims),
-                        ctx.cluster.for_workers(p), tuple(heads))
+                        ctx.cluster.for_workers(p), tuple(heads),
+                        index_bytes=index_bytes(ctx.graph.num_nodes, ctx.graph.num_edges))
     needs = param_dependent(program)
     return inputs, sampled_values(stats), [layer_shape(layer, needs) for layer in program.graph_layers()], stats
 
@@ -125,6 +129,7 @@ def predict_sampled(program: Program, ctx: PassContext) -> tuple[Program, dict[s
     cfg = program.config_dict()
     world = ctx.workers
     first = program.graph_layers()[0]
+    ids = index_bytes(ctx.graph.num_nodes, ctx.graph.num_edges)
     totals: dict[str, int] = {}
     layers = []
     for layer in program.layers:
@@ -135,13 +140,13 @@ def predict_sampled(program: Program, ctx: PassContext) -> tuple[Program, dict[s
                 fwd = int((world - 1) * stats.destinations[:, 0].sum()) * w
                 bwd = fwd if e.ins[0].name in param_dependent(program) else 0
                 totals["reduce_scatter"], totals["all_gather"] = fwd, bwd
-                totals["structure"] = int((world - 1) * stats.packed.sum()) * INDEX_BYTES
+                totals["structure"] = int((world - 1) * stats.packed.sum()) * ids
                 e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
             eqns.append(e)
         layers.append(layer.replace(eqns=tuple(eqns)))
     if first.attr("strategy") == "dp-sample":
         width = _width(program.inputs[0].type.shape, cfg)
-        totals["pull_ids"] = int(stats.pulled.sum()) * INDEX_BYTES
+        totals["pull_ids"] = int(stats.pulled.sum()) * ids
         totals["halo"] = int(stats.served.sum()) * width * BYTES_PER_ELEMENT
     numel = sum(_width(p.value.type.shape, cfg) for p in program.params())
     totals["allreduce"] = stats.batches * 2 * (world - 1) * numel * BYTES_PER_ELEMENT

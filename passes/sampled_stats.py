@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gnnc.graph.sampling import NeighbourSampler, SamplingConfig, packed_size
+from gnnc.graph.sampling import NeighbourSampler, SamplingConfig, packed_size, reads_edge_ids
 from gnnc.ir import Program
 from gnnc.passes.manager import PassContext
 
@@ -51,6 +51,7 @@ def dry_run(program: Program, graph, parts: np.ndarray, world: int, sampling: Sa
     """Sample epoch `epoch` as every worker of a run will, and count what it holds."""
     layers = program.graph_layers()
     sampler = NeighbourSampler(graph, [layer.edges for layer in layers], sampling.layer_fanouts(len(layers)), seed)
+    edge_ids = reads_edge_ids(layers[0])
     train = np.nonzero(graph.train_mask.numpy())[0]
     batches = sampler.epoch_batches(epoch, train, sampling.batch_size)
     shape = (world, len(layers))
@@ -70,5 +71,5 @@ def dry_run(program: Program, graph, parts: np.ndarray, world: int, sampling: Sa
             pulled[rank] += len(remote)
             served += np.bincount(remote, minlength=world)
             first = mb.blocks[0]
-            packed[rank] += packed_size(first.n_src, first.n_dst, first.nnz)
+            packed[rank] += packed_size(first.n_src, first.n_dst, first.nnz, edge_ids)
     return SampledStats(len(batches), seeds, src, dst, edges, pulled, served, packed)

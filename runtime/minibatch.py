@@ -45,18 +45,15 @@ from gnnc.runtime.train import RunResult, TrainConfig, Worker, fit
 SYNC_OPS = ("sync", "reduce_scatter")  # where the first graph layer's partial results are combined
 
 
-def block_view(block: Block, sview: SamplingView, norm: torch.Tensor) -> GraphView:
+def block_view(block: Block, sview: SamplingView) -> GraphView:
     """A block as the GraphView a layer runs on: its CSR (local ids), global edge ids, edge data, degrees.
 
-    `norm` is the whole graph's gcn_norm of the view, in edge order; on the block it is scaled by
-    deg/k on sampled edges (gnnc.graph.sampling explains why).
+    gcn_norm is the whole graph's coefficient scaled by deg/k on sampled edges (gnnc.graph.sampling says why).
     """
     indices = torch.from_numpy(block.indices)
     csr = CSR(torch.from_numpy(block.indptr), indices, torch.arange(block.nnz), block.n_dst, block.n_src)
-    eids = torch.from_numpy(block.eids)
-    scale = torch.from_numpy(sview.edge_scale(block)).to(torch.float32)
-    return GraphView(csr, indices, csr.dst_index(), eids, {"gcn_norm": norm[eids] * scale},
-                     csr.in_degree().to(torch.float32))
+    return GraphView(csr, indices, csr.dst_index(), torch.from_numpy(block.eids),
+                     {"gcn_norm": torch.from_numpy(sview.edge_norm(block))}, csr.in_degree().to(torch.float32))
 
 
 class BlockRunner(PrefixRowsInterpreter):
@@ -118,7 +115,6 @@ class MinibatchWorker(Worker):
         self.sampling = sampling
         self.sampler = NeighbourSampler(graph, [layer.edges for layer in layers],
                                         sampling.layer_fanouts(len(layers)), self.cfg.seed)
-        self.norms = {v: graph.gcn_norm(v) for v in self.sampler.views}
         self.runner = BlockRunner(program)
         self.m_runner = self.runner  # the model-parallel phase's (push-pull: a feature-sliced one)
         if schedule not in SCHEDULES:
@@ -152,8 +148,7 @@ class MinibatchWorker(Worker):
 
     def views_of(self, mb: MiniBatch) -> dict[str, GraphView]:
         layers = self.program.graph_layers()
-        return {layer.name: block_view(block, self.sampler.views[layer.edges], self.norms[layer.edges])
-                for layer, block in zip(layers, mb.blocks)}
+        return {layer.name: block_view(block, self.sampler.views[layer.edges]) for layer, block in zip(layers, mb.blocks)}
 
     def start_sync(self, f: Flight) -> None:
         """Post the exchange of the first layer's sync (one process: the partial result is the whole)."""

@@ -13,12 +13,12 @@ Two ways of feeding the first graph layer (the strategy of that layer in the IR)
 
 * `dp-sample` (rows): a rank holds its vertices' feature rows; before a step
   it asks the owners for the rows of the sampled remote sources of its first
-  block (op `pull_ids`: the ids, 8 bytes each) and they send them (op
+  block (op `pull_ids`: the ids, int32 where ids fit) and they send them (op
   `halo`: F floats each). Everything after is local; gradients all-reduced.
 * `pushpull` (columns, P3 section 3.2): a rank holds a slice of every
   vertex's features. Each rank pushes its first block's structure to every
   rank (`<layer>.structure/all_gather`: the packed block, gnnc.graph.sampling
-  .pack_block), every rank runs all ranks' first blocks on its slice (a
+  .pack_block, int32 where ids fit, edge ids only when the layer drops edges), every rank runs all ranks' first blocks on its slice (a
   partial sum of the layer), the partials are reduced at the owners
   (`reduce_scatter`), the rest runs data-parallel, and the backward pushes
   the layer's output gradient to every rank (`all_gather`, direction bwd).
@@ -39,7 +39,8 @@ import torch
 import torch.distributed as dist
 
 from gnnc.graph import GraphView
-from gnnc.graph.sampling import FULL, Block, SamplingConfig, merge_blocks, pack_block, unpack_block
+from gnnc.graph.sampling import (FULL, Block, SamplingConfig, index_bytes, merge_blocks, pack_block, reads_edge_ids,
+                                 unpack_block)
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.halo import HaloPlan
@@ -121,6 +122,9 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         self._reducer = None
         self._setup_sampling(program, graph, job.sampling, job.schedule)
         self.first = program.graph_layers()[0].name
+        # ids travel as int32 where every id fits; a pushed block carries edge ids only when its layer drops edges
+        self.index_dtype = np.dtype(f"int{8 * index_bytes(graph.num_nodes, graph.num_edges)}")
+        self.edge_ids = reads_edge_ids(program.graph_layers()[0])
         if self.layout == "columns":
             self.m_runner = SlicedRunner(program, self.cols)
 
@@ -144,11 +148,11 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         counts = np.bincount(owner[order], minlength=self.world_size)
         told = torch.empty(self.world_size, dtype=torch.int64)
         dist.all_to_all_single(told, torch.from_numpy(counts))  # sizes: a control message, not counted
-        asked = torch.empty(int(told.sum()), dtype=torch.int64)
-        dist.all_to_all_single(asked, torch.from_numpy(ids[order]), output_split_sizes=told.tolist(),
-                               input_split_sizes=counts.tolist())
-        self.stats.add_bytes(self.first, "pull_ids", "fwd", 8 * len(order))
-        send = torch.split(torch.from_numpy(self.local_row[asked.numpy()]), told.tolist())
+        request = torch.from_numpy(ids[order].astype(self.index_dtype))
+        asked = torch.empty(int(told.sum()), dtype=request.dtype)
+        dist.all_to_all_single(asked, request, output_split_sizes=told.tolist(), input_split_sizes=counts.tolist())
+        self.stats.add_bytes(self.first, "pull_ids", "fwd", request.numel() * request.element_size())
+        send = torch.split(torch.from_numpy(self.local_row[asked.numpy().astype(np.int64)]), told.tolist())
         plan = HaloPlan(tuple(s.contiguous() for s in send), tuple(int(c) for c in counts))
         got = comm.halo_exchange(self.features, plan, self.stats, label=self.first, method="all_to_all")
         x = torch.empty((len(ids), self.features.shape[1]), dtype=self.features.dtype)
@@ -164,7 +168,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
             merged = merge_blocks(blocks)
             f.sizes = [b.n_dst for b in blocks]
             layer0 = self.program.graph_layers()[0]
-            f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges], self.norms[layer0.edges])
+            f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges])
             ids = torch.from_numpy(merged.src_ids)
             f.env["x"] = self.features[ids]
             f.m_ctx = dataclasses.replace(f.ctx, vertex_ids=ids, col_offset=self.cols[0])
@@ -172,13 +176,13 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
 
     def push_structure(self, block: Block) -> list[Block]:
         """P3's push: every rank's first block, on every rank (an all-gather of the packed blocks)."""
-        flat = torch.from_numpy(pack_block(block))
+        flat = torch.from_numpy(pack_block(block, self.index_dtype, self.edge_ids))
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
         dist.all_gather(sizes, torch.tensor([flat.numel()], dtype=torch.int64))  # control: not counted
         counts = [int(t) for t in sizes]
         got = comm.post_all_gather(flat, counts, self.stats, label=f"{self.first}.structure").wait()
         pieces = torch.split(got, counts)
-        return [block if r == self.rank else unpack_block(p.numpy()) for r, p in enumerate(pieces)]
+        return [block if r == self.rank else unpack_block(p.numpy(), self.edge_ids) for r, p in enumerate(pieces)]
 
     # --- push-pull's exchanges around the first layer's sync -----------------------------------------------
 

@@ -9,7 +9,7 @@ from conftest import random_graph
 from gnnc.errors import GnncError
 from gnnc.graph import Graph
 from gnnc.graph.sampling import (FULL, NeighbourSampler, SamplingConfig, SamplingView, merge_blocks, pack_block,
-                                 unpack_block)
+                                 packed_size, unpack_block)
 
 
 def edge_set(block, view_src, view_dst):
@@ -120,6 +120,11 @@ def test_merge_and_pack_keep_every_block() -> None:
     for b in blocks:
         u = unpack_block(pack_block(b))
         assert all(np.array_equal(getattr(u, f), getattr(b, f)) for f in ("src_ids", "indptr", "indices", "eids"))
+        small = pack_block(b, np.dtype(np.int32), edge_ids=False)  # P3's push: int32 ids, no edge ids
+        assert small.dtype == np.int32 and len(small) == packed_size(b.n_src, b.n_dst, b.nnz, edge_ids=False)
+        u = unpack_block(small, edge_ids=False)
+        assert all(np.array_equal(getattr(u, f), getattr(b, f)) for f in ("src_ids", "indptr", "indices"))
+        assert (u.eids == -1).all()
     m = merge_blocks(blocks)
     assert m.n_dst == 7 and (m.dst_ids == [1, 2, 3, 4, 5, 2, 7]).all()
     vs, vd = g.edges("plain")

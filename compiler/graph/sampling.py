@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gnnc.errors import GnncError
-from gnnc.graph.storage import Graph, sorted_unique
+from gnnc.graph.storage import Graph, index_dtype, sorted_unique
 
 FULL = -1  # a fan-out that keeps the whole in-neighbourhood
 
@@ -212,6 +212,17 @@ class SamplingView:
             self.loop_eid0 = -1
         self.indptr, self.indices, self.eids = indptr, indices, eids
         self.degree = np.diff(indptr)  # candidate in-edges per vertex
+        # deg^-1/2 of the view's in-degree (its self-loop included), as Graph.gcn_norm computes it
+        view_degree = (self.degree + (1 if self.add_loops else 0)).astype(np.float64)
+        self.inv_sqrt_degree = np.where(view_degree > 0, view_degree, 1.0) ** -0.5 * (view_degree > 0)
+
+    def edge_norm(self, block: Block) -> np.ndarray:
+        """`edge.gcn_norm` on a block (float32): the whole graph's deg^-1/2[src] deg^-1/2[dst] of each edge,
+        computed from its endpoints (so a pushed block needs no edge ids), times `edge_scale`."""
+        src = block.src_ids[block.indices]
+        dst = np.repeat(block.dst_ids, np.diff(block.indptr))
+        norm = (self.inv_sqrt_degree[src] * self.inv_sqrt_degree[dst]).astype(np.float32)
+        return norm * self.edge_scale(block).astype(np.float32)
 
     def edge_scale(self, block: Block) -> np.ndarray:
         """Per edge of `block`: deg/k on a sampled non-loop edge (the inverse of its keep probability), else 1."""
@@ -219,8 +230,8 @@ class SamplingView:
         cand = self.degree[block.dst_ids]
         per_dst = np.where(kept > 0, cand / np.maximum(kept, 1), 1.0)
         scale = np.repeat(per_dst, np.diff(block.indptr))
-        if self.add_loops:
-            scale[block.eids >= self.loop_eid0] = 1.0
+        if self.add_loops:  # the loop is the only edge from a destination to itself (samples are not loops)
+            scale[block.src_ids[block.indices] == np.repeat(block.dst_ids, np.diff(block.indptr))] = 1.0
         return scale
 
 
@@ -367,20 +378,37 @@ def merge_blocks(blocks: Sequence[Block]) -> Block:
     return Block(src_ids.astype(np.int64), int(n_dst.sum()), indptr, indices.astype(np.int64), eids)
 
 
-def pack_block(block: Block) -> np.ndarray:
-    """A block as one int64 array (what P3's structure push sends): n_src, n_dst, nnz, then its arrays."""
-    head = np.array([block.n_src, block.n_dst, block.nnz], dtype=np.int64)
-    return np.concatenate([head, block.src_ids, block.indptr, block.indices, block.eids])
+def index_bytes(num_nodes: int, num_edges: int) -> int:
+    """Bytes of one vertex or edge id as sampled runs send them: 4 (int32) when every id fits, else 8."""
+    return index_dtype(max(num_nodes, num_edges + num_nodes) + 1).itemsize
 
 
-def packed_size(n_src: int, n_dst: int, nnz: int) -> int:
-    """Entries of `pack_block` for a block of these sizes: a header of 3, src_ids, indptr, indices, eids."""
-    return 3 + n_src + n_dst + 1 + 2 * nnz
+def reads_edge_ids(layer) -> bool:
+    """Whether a graph layer draws per-edge randomness (dropout of an edge value): it needs the edges' ids.
+    Edge data (gcn_norm) does not: it follows from the edges' endpoints (`SamplingView.edge_norm`)."""
+    return any(e.op == "dropout" and e.outs[0].type is not None and e.outs[0].type.domain == "edge"
+               for e in layer.eqns)
 
 
-def unpack_block(flat: np.ndarray) -> Block:
+def pack_block(block: Block, dtype: np.dtype = np.dtype(np.int64), edge_ids: bool = True) -> np.ndarray:
+    """A block as one integer array (what P3's structure push sends): n_src, n_dst, nnz, then src_ids, indptr,
+    indices and (with `edge_ids`) eids, in `dtype` (`index_bytes` wide)."""
+    head = np.array([block.n_src, block.n_dst, block.nnz])
+    parts = [head, block.src_ids, block.indptr, block.indices] + ([block.eids] if edge_ids else [])
+    return np.concatenate([np.asarray(p, dtype=dtype) for p in parts])
+
+
+def packed_size(n_src: int, n_dst: int, nnz: int, edge_ids: bool = True) -> int:
+    """Entries of `pack_block` for a block of these sizes."""
+    return 3 + n_src + n_dst + 1 + (2 if edge_ids else 1) * nnz
+
+
+def unpack_block(flat: np.ndarray, edge_ids: bool = True) -> Block:
+    """The block `pack_block` packed; without `edge_ids` its eids are -1 (unknown)."""
+    flat = np.asarray(flat, dtype=np.int64)
     n_src, n_dst, nnz = (int(v) for v in flat[:3])
-    if min(n_src, n_dst, nnz) < 0 or n_dst > n_src or len(flat) != packed_size(n_src, n_dst, nnz):
+    if min(n_src, n_dst, nnz) < 0 or n_dst > n_src or len(flat) != packed_size(n_src, n_dst, nnz, edge_ids):
         raise ValueError(f"a packed block of {len(flat)} entries does not hold ({n_src}, {n_dst}, {nnz})")
     cuts = np.cumsum([3, n_src, n_dst + 1, nnz])
-    return Block(flat[cuts[0]:cuts[1]], n_dst, flat[cuts[1]:cuts[2]], flat[cuts[2]:cuts[3]], flat[cuts[3]:])
+    eids = flat[cuts[3]:] if edge_ids else np.full(nnz, -1, dtype=np.int64)
+    return Block(flat[cuts[0]:cuts[1]], n_dst, flat[cuts[1]:cuts[2]], flat[cuts[2]:cuts[3]], eids)

@@ -31,13 +31,14 @@ from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
 
-LAYOUTS = ("rows", "columns")
+# How ranks hold the features, by the layout their first graph layer's strategy reads (StrategyDef.layout_in)
+SAMPLED_LAYOUTS = {"vertex": "rows", "feature": "columns"}
+LAYOUTS = tuple(SAMPLED_LAYOUTS.values())
 
 
 def feature_layout(program) -> str:
     """How a sampled plan's ranks hold the features: columns when its first graph layer runs on a feature slice."""
-    first = STRATEGIES[program.graph_layers()[0].attr("strategy")]
-    return "columns" if first.layout_in == "feature" else "rows"
+    return SAMPLED_LAYOUTS[STRATEGIES[program.graph_layers()[0].attr("strategy")].layout_in]
 
 
 @dataclass
