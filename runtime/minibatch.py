@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError
-from gnnc.graph import CSR, Graph, GraphView
+from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView
 from gnnc.ir import Program
 from gnnc.plan.schedules import SCHEDULES
@@ -141,7 +141,7 @@ class MinibatchWorker(Worker):
     def batch_inputs(self, mb: MiniBatch) -> dict[str, torch.Tensor]:
         """The program's inputs on a minibatch: features of the first block's sources, labels of the seeds."""
         seeds = torch.from_numpy(mb.seeds)
-        x = self.features[torch.from_numpy(mb.blocks[0].src_ids)]
+        x = sparse_if_sparse(self.features[torch.from_numpy(mb.blocks[0].src_ids)])  # bag of words stays sparse
         n = len(mb.seeds)
         return {"x": x, "y": self.labels[seeds], "train": torch.ones(n, dtype=torch.bool),
                 "val": torch.zeros(n, dtype=torch.bool), "test": torch.zeros(n, dtype=torch.bool)}
@@ -245,6 +245,10 @@ class MinibatchWorker(Worker):
             f.batch.epoch, f.batch.index, self.rank, self.world_size, len(f.batch.seeds),
             [b.n_src for b in blocks], [b.n_dst for b in blocks], [b.nnz for b in blocks],
             float(f.loss.detach()), dict(f.phase_s), sent))
+
+    def run_settings(self) -> dict[str, Any]:
+        return {"sampling": f"fan-out {self.sampling.text}, batch {self.sampling.batch_size}",
+                "schedule": self.schedule.name}
 
     def take_records(self) -> list[Any]:
         out, self.records = self.records, []

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gnnc.graph import GraphView
+from gnnc.graph import sparse_if_sparse
 from gnnc.graph.sampling import (FULL, Block, SamplingConfig, index_bytes, merge_blocks, pack_block, reads_edge_ids,
                                  unpack_block)
 from gnnc.ir import Program
@@ -136,7 +136,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
     def batch_inputs(self, mb) -> dict[str, torch.Tensor]:
         n = len(mb.seeds)
         seeds = torch.from_numpy(mb.seeds)
-        x = self.pull_rows(mb.blocks[0].src_ids) if self.layout == "rows" else torch.zeros(0)
+        x = sparse_if_sparse(self.pull_rows(mb.blocks[0].src_ids)) if self.layout == "rows" else torch.zeros(0)
         return {"x": x, "y": self.labels[seeds], "train": torch.ones(n, dtype=torch.bool),
                 "val": torch.zeros(n, dtype=torch.bool), "test": torch.zeros(n, dtype=torch.bool)}
 
@@ -170,7 +170,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
             layer0 = self.program.graph_layers()[0]
             f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges])
             ids = torch.from_numpy(merged.src_ids)
-            f.env["x"] = self.features[ids]
+            f.env["x"] = sparse_if_sparse(self.features[ids])
             f.m_ctx = dataclasses.replace(f.ctx, vertex_ids=ids, col_offset=self.cols[0])
         return f
 

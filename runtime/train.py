@@ -133,6 +133,10 @@ class Worker:
         opt.step()
         return loss
 
+    def run_settings(self) -> dict[str, Any]:
+        """What else defines this worker's run, for the resume fingerprint (a sampled run's sampling)."""
+        return {}
+
     def take_records(self) -> list[Any]:
         """Metrics records of this epoch's steps besides the epoch's own (a sampled run's minibatches)."""
         return []
@@ -194,7 +198,8 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             "program": hashlib.sha256(str(worker.program).encode()).hexdigest(),
             "strategies": [layer.attr("strategy", "local") for layer in worker.program.graph_layers()],
             "world_size": worker.world_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
-            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs}
+            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs,
+            **worker.run_settings()}
 
 
 def check_trainable(worker: Worker, cfg: TrainConfig) -> None:
