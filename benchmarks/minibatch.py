@@ -27,6 +27,7 @@ from pathlib import Path
 import gnnc
 from gnnc import api
 from gnnc.graph.sampling import SamplingConfig
+from gnnc.inspect_plan import explain
 from gnnc.runtime.metrics import read_metrics
 from gnnc.runtime.train import TrainConfig
 
@@ -102,8 +103,6 @@ def bytes_section(out: Path) -> dict:
     plan = api.compile(gnnc.load_model(SAGE, hidden=32), graph, workers=WORKERS, sampling=P3_SAMPLING, seed=0,
                        cluster="p3")
     crossovers = plan.meta["planner"]["crossovers"]
-    from gnnc.inspect_plan import explain
-
     print(explain(plan))
     return {"rows": rows, "crossovers": crossovers, "chosen": plan.meta["planner"]["strategies"]}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import timeit
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +34,9 @@ BATCH = 512
 
 
 def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of `repeats` calls after one warm-up call."""
+    fn()
+    return statistics.median(timeit.repeat(fn, number=1, repeat=repeats))
 
 
 def main() -> None:

@@ -342,9 +342,13 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
+    return train_and_report(DistWorker(cfg, job), cfg, job)
+
+
+def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> dict[str, Any] | None:
+    """Train rank `w` (`job`: train, metrics_path, want_logits); rank 0 returns the summary."""
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
-    w = DistWorker(cfg, job)
     summary, logits, history = fit(w, job.train, job.metrics_path)
     peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
     gathered = w.gather_logits(logits) if job.want_logits else None

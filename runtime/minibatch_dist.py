@@ -46,11 +46,11 @@ from gnnc.ir.text import parse_ir
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.sampled_shards import load_sampled_rank
 from gnnc.runtime import comm
-from gnnc.runtime.distributed import DistWorker, _gather_rows
+from gnnc.runtime.distributed import DistWorker, _gather_rows, train_and_report
 from gnnc.runtime.executor import ExecContext, check_dims_fit, init_params
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.minibatch import BlockRunner, Flight, MinibatchWorker, block_view
-from gnnc.runtime.train import TrainConfig, fit
+from gnnc.runtime.train import TrainConfig
 
 EVAL_CHUNK = 4096  # seeds per full-neighbourhood inference step (bounds the memory of evaluation)
 
@@ -242,17 +242,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
 
 def sampled_worker(cfg: DistConfig, job: SampledJob) -> dict[str, Any] | None:
     """One rank's sampled training run; rank 0 returns the summary (and the logits in global order)."""
-    from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
-
-    w = DistMinibatchWorker(cfg, job)
-    summary, logits, history = fit(w, job.train, job.metrics_path)
-    peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
-    gathered = w.gather_logits(logits) if job.want_logits else None
-    if cfg.rank != 0:
-        return None
-    return {**summary, "graph": w.graph_name, "world_size": cfg.world_size, "peak_rss_bytes": int(peak[0]),
-            "strategies": [layer.attr("strategy") for layer in w.program.graph_layers()],
-            "logits": gathered, "history": history}
+    return train_and_report(DistMinibatchWorker(cfg, job), cfg, job)
 
 
 def sampled_one_step(cfg: DistConfig, job: SampledJob, epoch: int = 0, index: int = 0) -> dict[str, Any] | None:

@@ -131,3 +131,36 @@ def test_the_cli_refuses_what_does_not_fit(capsys) -> None:
     assert main(["run", sage, "--graph", "planetoid:cora", "--epochs", "1", "--fanout", "5,3", "--batch-size", "64",
                  "--schedule", "2f2b", "--approximate", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["epochs"] == 1
+
+
+def test_a_sampled_plan_round_trips_and_refuses_a_malformed_sampling_field(tmp_path) -> None:
+    from gnnc.errors import PlanError
+
+    graph = random_graph(n=60, e=400, seed=3)
+    plan = api.compile(api.load_model(EXAMPLES / "sage.gnn"), graph, workers=2, strategy="pushpull",
+                       sampling=SamplingConfig((4, 3), 16))
+    assert [layer.attr("strategy") for layer in plan.program.graph_layers()] == ["pushpull", "dp-sample"]
+    plan.save(tmp_path / "p")
+    again = api.Plan.load(tmp_path / "p")
+    assert again.sampling == SamplingConfig((4, 3), 16) and again.schedule == "sequential"
+    assert again.meta["predicted_bytes_per_epoch"] == plan.meta["predicted_bytes_per_epoch"]
+    data = json.loads((tmp_path / "p" / "plan.json").read_text())
+    for field, value, message in [("sampling", {"fanouts": "25,10", "batch_size": 4}, "list of integers"),
+                                  ("sampling", {"fanouts": [4, 0], "batch_size": 4}, "positive count"),
+                                  ("schedule", "3f3b", "unknown schedule")]:
+        (tmp_path / "p" / "plan.json").write_text(json.dumps({**data, field: value}))
+        with pytest.raises(PlanError, match=message):
+            api.Plan.load(tmp_path / "p")
+
+
+def test_the_sampled_planner_offers_2f2b_only_with_approximate_and_marks_it() -> None:
+    graph = random_graph(n=120, e=1500, f=64, seed=1)
+    model = api.load_model(EXAMPLES / "sage.gnn")
+    exact = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3")
+    schedules = {a["schedule"] for a in exact.meta["planner"]["alternatives"]}
+    assert schedules == {"sequential"} and exact.meta["approximations"] == []
+    loose = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3", approximate=True)
+    marked = [a for a in loose.meta["planner"]["alternatives"] if a["schedule"] == "2f2b"]
+    assert len(marked) == 1 and "3 optimizer steps old" in marked[0]["approximate"][0]
+    assert any("crossover" not in c and "pushpull sends fewer bytes than dp-sample" in c
+               for c in loose.meta["planner"]["crossovers"])

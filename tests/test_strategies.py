@@ -89,3 +89,17 @@ def test_the_cli_lists_exactly_the_registry() -> None:
     with pytest.raises(SystemExit) as err:
         parser.parse_args(["compile", "m.gnn", "--allow", "depcomm,local"])
     assert err.value.code == 2
+
+
+def test_approximate_strategies_and_schedules_are_refused_without_the_flag_by_their_descriptors() -> None:
+    from gnnc.plan.approximation import approximations, require_exact
+    from gnnc.plan.schedules import SCHEDULES
+
+    inexact = [s.name for s in STRATEGIES.values() if not s.exact]
+    assert inexact == ["pipeline"] and [s.name for s in SCHEDULES.values() if not s.exact] == ["2f2b"]
+    assert approximations(["depcomm", "pushpull"], "sequential") == []
+    with pytest.raises(GnncError, match="strategy pipeline: a layer reads the historical embeddings.*--approximate"):
+        require_exact(["depcomm", "pipeline"], None, approximate=False)
+    with pytest.raises(GnncError, match="schedule 2f2b: each minibatch's gradient"):
+        require_exact(["pushpull"], "2f2b", approximate=False)
+    require_exact(["pipeline"], "2f2b", approximate=True)
