@@ -18,6 +18,9 @@ from gnnc.runtime.minibatch import MinibatchWorker
 from gnnc.runtime.train import TrainConfig, Worker, make_optimizer
 
 
+SMALL = "sbm:n=100,blocks=4,deg=4,features=8,classes=4,seed=0"  # 60 training vertices
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-12))
 
@@ -69,7 +72,7 @@ def test_2f2b_applies_each_gradient_computed_on_the_weights_of_three_steps_befor
     graph = random_graph(n=120, e=1500, seed=8)
     plan = api.compile(api.load_model(EXAMPLES / "sage.gnn"), graph)
     cfg = TrainConfig.resolve(plan.program, seed=2, lr=0.05)
-    sampling = SamplingConfig((4, 3), 8)
+    sampling = SamplingConfig((4, 3), 12)
     piped = MinibatchWorker(plan.program, graph, cfg, sampling, "2f2b")
     params = init_params(plan.program, 2)
     opt = make_optimizer(plan.program, params, cfg)
@@ -103,13 +106,13 @@ def test_2f2b_applies_each_gradient_computed_on_the_weights_of_three_steps_befor
 
 def test_metrics_hold_one_record_per_minibatch_beside_the_epochs(tmp_path) -> None:
     out = tmp_path / "run.jsonl"
-    code = main(["run", str(EXAMPLES / "sage.gnn"), "--graph", "planetoid:cora", "--fanout", "5,3",
-                 "--batch-size", "64", "--epochs", "2", "--metrics", str(out), "--json"])
+    code = main(["run", str(EXAMPLES / "sage.gnn"), "--graph", SMALL, "--fanout", "5,3",
+                 "--batch-size", "16", "--epochs", "2", "--metrics", str(out), "--json"])
     assert code == 0
     records = read_metrics(out)
     mini = [r for r in records if r.get("kind") == "minibatch"]
-    assert [(r["epoch"], r["batch"]) for r in mini] == [(e, b) for e in range(2) for b in range(3)]  # 140 / 64
-    assert all(r["seeds"] in (64, 12) and len(r["sampled_vertices"]) == 2 and r["sampled_edges"][1] <= 5 * r["seeds"]
+    assert [(r["epoch"], r["batch"]) for r in mini] == [(e, b) for e in range(2) for b in range(4)]  # 60 / 16
+    assert all(r["seeds"] in (16, 12) and len(r["sampled_vertices"]) == 2 and r["sampled_edges"][1] <= 5 * r["seeds"]
                and {"sample", "forward_d", "backward_d", "step"} <= set(r["phase_s"]) for r in mini)
     assert summarize(records)["epochs"] == 2
 
@@ -126,9 +129,9 @@ def test_the_cli_refuses_what_does_not_fit(capsys) -> None:
               "'depcomm' does not train sampled minibatches"),
              (["--nproc", "2", "--strategy", "dp-sample"], "'dp-sample' does not train full-graph steps")]
     for extra, message in cases:
-        assert main(["run", sage, "--graph", "planetoid:cora", "--epochs", "1", *extra]) == 2, extra
+        assert main(["run", sage, "--graph", SMALL, "--epochs", "1", *extra]) == 2, extra
         assert message in capsys.readouterr().err, extra
-    assert main(["run", sage, "--graph", "planetoid:cora", "--epochs", "1", "--fanout", "5,3", "--batch-size", "64",
+    assert main(["run", sage, "--graph", SMALL, "--epochs", "1", "--fanout", "5,3", "--batch-size", "16",
                  "--schedule", "2f2b", "--approximate", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["epochs"] == 1
 
