@@ -101,9 +101,11 @@ class MinibatchRecord:
     holds them beside the EpochRecords, marked `"kind": "minibatch"`.
 
     Per graph layer (first layer first): the block's sampled source vertices, destination vertices and
-    edges. `phase_s`: seconds per phase (sample, gather, forward, backward, allreduce, step; the pipelined
-    schedule's own phases). `bytes_by_op`: what this minibatch's communication ops sent, by
-    "label/op/direction" as in EpochRecord.
+    edges of this rank's seeds. `loss`: this rank's share of the step's loss (the shares add up to it).
+    `phase_s`: seconds per phase (sample, gather, forward_m, forward_d, backward_d, backward_m,
+    allreduce, step). `bytes_by_op`: what the communication ops sent between this minibatch's
+    sampling and its optimizer step, by "label/op/direction" as in EpochRecord (under the pipelined
+    schedule that window also holds its neighbours' exchanges).
     """
 
     epoch: int
