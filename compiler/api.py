@@ -157,7 +157,9 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     elif results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
     chosen = [layer.attr("strategy", "local") for layer in program.graph_layers()]
-    meta["approximations"] = approximations(chosen, meta.get("schedule"))
+    notes = approximations(chosen, meta.get("schedule"))
+    if notes:  # an exact plan says nothing (and stays byte for byte what it was)
+        meta["approximations"] = notes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
     report = results.planner

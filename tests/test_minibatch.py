@@ -161,7 +161,7 @@ def test_the_sampled_planner_offers_2f2b_only_with_approximate_and_marks_it() ->
     model = api.load_model(EXAMPLES / "sage.gnn")
     exact = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3")
     schedules = {a["schedule"] for a in exact.meta["planner"]["alternatives"]}
-    assert schedules == {"sequential"} and exact.meta["approximations"] == []
+    assert schedules == {"sequential"} and "approximations" not in exact.meta
     loose = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3", approximate=True)
     marked = [a for a in loose.meta["planner"]["alternatives"] if a["schedule"] == "2f2b"]
     assert len(marked) == 1 and "3 optimizer steps old" in marked[0]["approximate"][0]
