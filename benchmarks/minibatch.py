@@ -43,9 +43,9 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def accuracy(out: Path) -> dict:
+def accuracy(out: Path, graphs: list[str]) -> dict:
     rows = {}
-    for spec in ("planetoid:cora", "planetoid:citeseer"):
+    for spec in graphs:
         graph = gnnc.load_graph(spec)
         model = gnnc.load_model(SAGE)
         full, mini = [], []
@@ -172,13 +172,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--section", choices=["accuracy", "bytes", "pipeline"], required=True)
     ap.add_argument("--out", default=str(ROOT / "benchmarks"))
+    ap.add_argument("--graphs", default="planetoid:cora,planetoid:citeseer", help="accuracy: the graphs")
     args = ap.parse_args()
     out = Path(args.out)
     print(f"loadavg before: {loadavg()}")
-    fn = {"accuracy": accuracy, "bytes": bytes_section, "pipeline": pipeline}[args.section]
-    result = fn(out)
+    if args.section == "accuracy":
+        result = accuracy(out, args.graphs.split(","))
+    else:
+        result = {"bytes": bytes_section, "pipeline": pipeline}[args.section](out)
     print(f"loadavg after: {loadavg()}")
-    (out / f"minibatch-{args.section}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    name = args.section if args.section != "accuracy" else f"accuracy-{args.graphs.replace(':', '_').replace(',', '+')}"
+    (out / f"minibatch-{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":

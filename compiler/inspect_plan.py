@@ -188,7 +188,9 @@ def schedule_of(plan) -> dict[str, Any]:
     schedule = (plan.meta.get("planner") or {}).get("schedule")
     if not schedule:
         why = ("the planner did not run for it (one worker, or --strategy fixed every layer)"
-               if not plan.meta.get("planner") else "it was compiled by a gnnc that did not record one")
+               if not plan.meta.get("planner") else
+               "the planner predicts sampled minibatch training per epoch, not stage by stage"
+               if plan.sampling is not None else "it was compiled by a gnnc that did not record one")
         raise GnncError(f"this plan has no predicted schedule: {why}; compile it with --workers N and without "
                         f"--strategy to let the planner predict one")
     return schedule
