@@ -4,17 +4,19 @@ Three sections (`--section`), each printing its figures with `cat /proc/loadavg`
 under `--out` (benchmarks/RESULTS-minibatch.md quotes them):
 
 * `accuracy`: GraphSAGE (examples/sage.gnn) on Cora and CiteSeer, fan-out (25, 10), batch 512, against
-  full-graph training at the same epochs; test accuracy at the best validation epoch, mean of 3 seeds.
+  full-graph training at the same epochs (100); test accuracy at the best validation epoch, mean of 3 seeds.
 * `bytes`: 4 gloo processes on a contextual SBM with P3's shape (F = 128, hidden 32, average degree 50),
   fan-out (25, 10), batch 1000, hash partition: the first layer's measured bytes of epoch 0 (every rank's
   `--metrics` records) for dp-sample and pushpull, against the planner's prediction (its dry run), at
   several hidden widths; and the planner's crossover from `--explain` (cluster p3).
-* `pipeline`: pushpull on the same SBM (8 epochs of 10 minibatches), sequential against P3's 2F2B
+* `pipeline`: pushpull on the same SBM (6 epochs of 10 minibatches), sequential against P3's 2F2B
   (staleness 3, `--approximate`): test accuracy and the per-minibatch training loss, plotted to
   RESULTS-minibatch.png under --out; plus one process on Cora (batch 32, so 5 minibatches an epoch,
-  100 epochs) over 3 seeds.
+  60 epochs) over 3 seeds.
 
-    python benchmarks/minibatch.py --section accuracy|bytes|pipeline [--out benchmarks]
+    python benchmarks/minibatch.py --section accuracy [--graphs planetoid:cora] [--out benchmarks]
+    python benchmarks/minibatch.py --section bytes
+    python benchmarks/minibatch.py --section pipeline --part sbm; ... --part cora   (then the plot)
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import re
 import statistics
 import tempfile
 from pathlib import Path
+
+import torch
 
 import gnnc
 from gnnc import api
@@ -37,6 +41,7 @@ SAGE = ROOT / "examples" / "sage.gnn"
 SBM = "sbm:n=16000,blocks=16,deg=50,intra=0.7,features=128,classes=16,seed=0"
 P3_SAMPLING = SamplingConfig((25, 10), 1000)
 WORKERS = 4
+EPOCHS = 100  # accuracy section, both ways of training
 
 
 def loadavg() -> str:
@@ -50,8 +55,9 @@ def accuracy(out: Path, graphs: list[str]) -> dict:
         model = gnnc.load_model(SAGE)
         full, mini = [], []
         for seed in (0, 1, 2):
-            full.append(gnnc.run(model, graph, seed=seed).test_acc)
-            mini.append(gnnc.run(model, graph, seed=seed, sampling=SamplingConfig((25, 10), 512)).test_acc)
+            full.append(gnnc.run(model, graph, epochs=EPOCHS, seed=seed).test_acc)
+            mini.append(gnnc.run(model, graph, epochs=EPOCHS, seed=seed,
+                                 sampling=SamplingConfig((25, 10), 512)).test_acc)
         rows[spec] = {"full": full, "minibatch": mini, "full_mean": statistics.mean(full),
                       "minibatch_mean": statistics.mean(mini)}
         print(f"{spec}: full-graph {statistics.mean(full):.4f} {full}, minibatch (25,10)/512 "
@@ -127,22 +133,30 @@ def _pipeline_run(graph, schedule: str, seed: int, epochs: int, tmp: Path, worke
             "losses": [losses[k] for k in sorted(losses)]}
 
 
-def pipeline(out: Path) -> dict:
+def pipeline(out: Path, part: str) -> dict:
+    """`part` sbm (4 ranks) or cora (one process); the plot is drawn once both JSON files exist."""
     result: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        graph = gnnc.load_graph(SBM)
-        for schedule in ("sequential", "2f2b"):
-            result[f"sbm/{schedule}"] = runs = [_pipeline_run(graph, schedule, s, 8, Path(tmp), WORKERS, P3_SAMPLING)
-                                               for s in (0,)]
-            print(f"{SBM} x{WORKERS} pushpull {schedule}: test acc {[r['test_acc'] for r in runs]} "
-                  f"mean {statistics.mean(r['test_acc'] for r in runs):.4f}")
-        cora = gnnc.load_graph("planetoid:cora")
-        for schedule in ("sequential", "2f2b"):
-            result[f"cora/{schedule}"] = runs = [_pipeline_run(cora, schedule, s, 100, Path(tmp), 1,
-                                                               SamplingConfig((25, 10), 32)) for s in (0, 1, 2)]
-            print(f"cora x1 {schedule} (batch 32): test acc {[r['test_acc'] for r in runs]} "
-                  f"mean {statistics.mean(r['test_acc'] for r in runs):.4f}")
-    _plot(result, out / "RESULTS-minibatch.png")
+        if part == "sbm":
+            graph = gnnc.load_graph(SBM)
+            for schedule in ("sequential", "2f2b"):
+                result[f"sbm/{schedule}"] = runs = [_pipeline_run(graph, schedule, s, 6, Path(tmp), WORKERS,
+                                                                  P3_SAMPLING) for s in (0,)]
+                print(f"{SBM} x{WORKERS} pushpull {schedule}: test acc {[r['test_acc'] for r in runs]} "
+                      f"mean {statistics.mean(r['test_acc'] for r in runs):.4f}")
+        else:
+            cora = gnnc.load_graph("planetoid:cora")
+            for schedule in ("sequential", "2f2b"):
+                result[f"cora/{schedule}"] = runs = [_pipeline_run(cora, schedule, s, 60, Path(tmp), 1,
+                                                                   SamplingConfig((25, 10), 32)) for s in (0, 1, 2)]
+                print(f"cora x1 {schedule} (batch 32): test acc {[r['test_acc'] for r in runs]} "
+                      f"mean {statistics.mean(r['test_acc'] for r in runs):.4f}")
+    both = {}
+    for name in ("sbm", "cora"):
+        saved = out / f"minibatch-pipeline-{name}.json"
+        both.update(result if name == part else json.loads(saved.read_text()) if saved.exists() else {})
+    if all(f"{k}/{s}" in both for k in ("sbm", "cora") for s in ("sequential", "2f2b")):
+        _plot(both, out / "RESULTS-minibatch.png")
     return result
 
 
@@ -173,15 +187,21 @@ def main() -> None:
     ap.add_argument("--section", choices=["accuracy", "bytes", "pipeline"], required=True)
     ap.add_argument("--out", default=str(ROOT / "benchmarks"))
     ap.add_argument("--graphs", default="planetoid:cora,planetoid:citeseer", help="accuracy: the graphs")
+    ap.add_argument("--part", choices=["sbm", "cora"], default="sbm", help="pipeline: which half")
     args = ap.parse_args()
+    torch.set_num_threads(1)  # a shared machine: several threads per process only contend (accuracy is the same)
     out = Path(args.out)
     print(f"loadavg before: {loadavg()}")
     if args.section == "accuracy":
         result = accuracy(out, args.graphs.split(","))
+        name = f"accuracy-{args.graphs.replace(':', '_').replace(',', '+')}"
+    elif args.section == "pipeline":
+        result = pipeline(out, args.part)
+        name = f"pipeline-{args.part}"
     else:
-        result = {"bytes": bytes_section, "pipeline": pipeline}[args.section](out)
+        result = bytes_section(out)
+        name = "bytes"
     print(f"loadavg after: {loadavg()}")
-    name = args.section if args.section != "accuracy" else f"accuracy-{args.graphs.replace(':', '_').replace(',', '+')}"
     (out / f"minibatch-{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
