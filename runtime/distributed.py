@@ -185,14 +185,14 @@ class DistInterpreter(Interpreter):
                 continue
             env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
 
-    def eqn(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
+    def compute(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
         if op_def(e.op).row_wise:
             vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
             n = min((ins[k].shape[0] for k in vertex), default=0)
             ins = [_dense(t)[:n] if k in vertex and t.shape[0] != n else t for k, t in enumerate(ins)]
         elif e.op == "sddmm" and view is not None:
             ins = [ins[0], ins[1][: view.csr.n_dst]]  # destination side: the layer's output rows
-        return super().eqn(e, ins, view, ctx)
+        return super().compute(e, ins, view, ctx)
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:

@@ -107,17 +107,21 @@ class Interpreter:
             env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
 
     def eqn(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+        """One equation's result: from the run's cache if it is hoisted and computed already, else `compute`d."""
         cache = ctx.hoist_cache if e.attr("hoisted") else None
         if cache is not None and e.outs[0].name in cache:
             return cache[e.outs[0].name]
-        impl = implementation(e.op, ctx.use_kernels)
-        if not impl.sparse_input and any(t.is_sparse for t in ins):
-            ins = [t.to_dense() if t.is_sparse else t for t in ins]
-        out = impl.fn(e, ins, view, ctx)
+        out = self.compute(e, ins, view, ctx)
         if cache is not None:
             # A value only hoisted equations read is not kept: they are served from the cache themselves.
             cache[e.outs[0].name] = out.detach() if e.outs[0].name in self.kept else _NOT_KEPT
         return out
+
+    def compute(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+        impl = implementation(e.op, ctx.use_kernels)
+        if not impl.sparse_input and any(t.is_sparse for t in ins):
+            ins = [t.to_dense() if t.is_sparse else t for t in ins]
+        return impl.fn(e, ins, view, ctx)
 
 
 _NOT_KEPT = torch.empty(0)

@@ -7,11 +7,13 @@ same weights, forward and every gradient within 1e-5, on 2 processes under
 several strategies: epsilon's gradient is all-reduced like any weight's,
 every edge a rank holds (halo and replicated neighbourhood included) carries
 its weight, and batch_norm's statistics are summed over every rank's owned
-rows by an all-reduce whose backward sums the gradients. SGC's propagation,
-hoisted out of the training loop (its halos and fetches included), must equal
-one process, and the bytes measured in a step after the first must equal the
-plan's prediction (which leaves the hoisted exchanges out). One launch runs
-every case.
+rows by an all-reduce whose backward sums the gradients. Layers reading edge
+data directly (`edge.weight`, a 3-wide `edge.attr`), SGC's propagation hoisted
+out of the training loop (its halos and fetches included) and an aggregation
+of x hoisted on each rank's feature slice under P3's pushpull must equal one
+process. In every case the bytes measured in a step after the first must
+equal the plan's prediction (which leaves the hoisted exchanges out). One
+launch runs every case.
 """
 from __future__ import annotations
 
@@ -55,6 +57,22 @@ model T(features, classes) {
   loss = cross_entropy(h, y, mask = train)
 }
 """
+# aggregation before the dense map (wider than the input: reorder-gemm keeps that order), so under P3's
+# pushpull the first layer's aggregation of x is hoisted on every rank's feature slice
+AGGREGATE_FIRST = """
+layer Agg(in, out) with self_loops {
+  scatter   m = edge.gcn_norm * src.h
+  gather    a = sum(m)
+  transform t = linear(a, out, bias = false)
+  sync      s = sum(t)
+  apply     h = bias(s)
+}
+model M(features, classes) {
+  h = relu(Agg(features, 16)(x))
+  h = Agg(16, classes)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
 MODELS = {
     "gin-eps": ("gin.gnn", "h = GINTrainEps(features, 8, 0.3)(x)\n h = relu(h)\n h = GINTrainEps(8, classes)(h)",
                 ["depcomm", "depcache", "bcast1d", "depcomm,depcache"]),
@@ -63,7 +81,8 @@ MODELS = {
     "sage-bn": ("sage.gnn", "h = SAGE(features, 8)(x)\n h = batch_norm(relu(h))\n h = SAGE(8, classes)(h)",
                 ["depcomm", "depcache", "bcast1d", "depcomm,depcache"]),
     "sgc": ("sgc.gnn", None, ["depcomm", "depcache", "bcast1d", "hybrid", "depcomm,depcache"]),
-    "edge-data": (None, None, ["depcomm", "depcache", "bcast1d", "depcomm,depcache"]),
+    "edge-data": (EDGE_LAYERS, None, ["depcomm", "depcache", "bcast1d", "depcomm,depcache"]),
+    "aggregate-first": (AGGREGATE_FIRST, None, ["pushpull,depcomm"]),
 }
 PYG = {"gin-eps", "gcn-weighted", "sage-bn"}
 
@@ -78,8 +97,8 @@ def weighted_graph():
 
 def model_of(name: str):
     example, body, _ = MODELS[name]
-    if example is None:
-        return api.load_model_source(EDGE_LAYERS, "edge.gnn")
+    if "\n" in example:  # the model's own text
+        return api.load_model_source(example, f"{name}.gnn")
     source = (EXAMPLES / example).read_text()
     if body is not None:
         source += f"\nmodel T(features, classes) {{\n {body}\n loss = cross_entropy(h, y, mask = train)\n}}\n"

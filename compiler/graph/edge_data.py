@@ -46,8 +46,9 @@ def edge_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
             if k.startswith(PREFIX) and k != "edge_index" and v is not None}
 
 
-def validate(raw: Mapping[str, Any], num_edges: int, source: str) -> dict[str, torch.Tensor]:
-    """Edge data checked against the edge count: float32 [E] or [E, d], finite; errors name the field."""
+def validate(raw: Mapping[str, np.ndarray], num_edges: int, source: str) -> dict[str, torch.Tensor]:
+    """Edge data (arrays, by `edge.NAME` name) checked against the edge count: float32 [E] or [E, d],
+    finite; errors name the field."""
     out: dict[str, torch.Tensor] = {}
     for name in sorted(raw):
         field = PREFIX + name
@@ -57,13 +58,7 @@ def validate(raw: Mapping[str, Any], num_edges: int, source: str) -> dict[str, t
         if not _NAME.match(name):
             raise GraphInputError(f"{source}: {field}: '{name}' is not a usable name "
                                   f"(letters, digits and '_', starting with a letter)")
-        value = raw[name]
-        if isinstance(value, torch.Tensor):
-            value = value.detach().cpu().numpy()
-        try:
-            arr = np.asarray(value)
-        except (TypeError, ValueError) as err:
-            raise GraphInputError(f"{source}: {field}: not an array ({err})") from None
+        arr = raw[name]
         if arr.dtype.kind not in "fiub":
             raise GraphInputError(f"{source}: {field}: expected a numeric dtype, got {arr.dtype}")
         if name == WEIGHT and arr.ndim == 2 and arr.shape[1] == 1:

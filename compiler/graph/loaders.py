@@ -174,7 +174,8 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
         mask_arrays = [_mask(given[k], k, n, source) for k in MASKS]
     else:
         mask_arrays = list(split_masks(n, np.random.default_rng(SPLIT_SEED)))
-    data = edge_data.validate(edges or {}, int(ei.shape[1]), source)
+    arrays = {k: _array(v, edge_data.PREFIX + k, source) for k, v in (edges or {}).items()}
+    data = edge_data.validate(arrays, int(ei.shape[1]), source)
     return Graph(n, src, dst, torch.from_numpy(xf), torch.from_numpy(ya.astype(np.int64)),
                  *(torch.from_numpy(m) for m in mask_arrays), name=name, edge_data=data)
 
