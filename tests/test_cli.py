@@ -157,20 +157,23 @@ model B(features, classes, hidden = 4) {
 """
 
 
-def test_check_checks_every_model_and_model_picks_one(tmp_path) -> None:
+def test_check_checks_every_model_and_model_picks_one(tmp_path, capsys) -> None:
     """An error in an earlier model is reported (issue 21, item 5); --model NAME checks, compiles, runs NAME."""
+    from gnnc import cli
+
     path = tmp_path / "two.gnn"
     path.write_text(TWO_MODELS)
     r = gnnc("check", str(path))
     assert r.returncode == 2 and r.stderr.startswith(f"{path}:5:28: unknown name 'xx'; did you mean 'x'?")
     assert "Traceback" not in r.stderr
-    from gnnc import cli
-
     assert cli.main(["check", str(path), "--model", "B", "--set", "hidden=8"]) == 0
     path.write_text(TWO_MODELS.replace("(xx)", "(x)"))
-    r = gnnc("check", str(path), "--set", "hidden=8")  # applies to the models that declare it
-    assert r.returncode == 0 and r.stdout.strip() == f"{path}: ok (2 models: A, B)", r.stderr
-    r = gnnc("compile", str(path), "--model", "A", "--passes", "infer-shapes", "--print-after", "infer-shapes")
-    assert r.returncode == 0 and "program A(" in r.stdout
-    r = gnnc("run", str(path), "--model", "C", "--graph", "planetoid:cora")
-    assert r.returncode == 2 and "no model named 'C'" in r.stderr and "(its models: A, B)" in r.stderr
+    capsys.readouterr()
+    assert cli.main(["check", str(path), "--set", "hidden=8"]) == 0  # applies to the models that declare it
+    assert capsys.readouterr().out.strip() == f"{path}: ok (2 models: A, B)"
+    assert cli.main(["compile", str(path), "--model", "A", "--passes", "infer-shapes", "--print-after",
+                     "infer-shapes"]) == 0
+    assert "program A(" in capsys.readouterr().out
+    assert cli.main(["run", str(path), "--model", "C", "--graph", "planetoid:cora"]) == 2
+    err = capsys.readouterr().err
+    assert "no model named 'C'" in err and "(its models: A, B)" in err
