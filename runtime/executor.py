@@ -26,8 +26,7 @@ import torch.nn.functional as F
 
 from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Program
-from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
-from gnnc.graph import edge_data
+from gnnc.graph import CSR, Graph, GraphView, edge_data, sparse_if_sparse
 from gnnc.ir.dims import eval_dim, eval_number
 from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
@@ -293,7 +292,8 @@ def _batch_norm(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: Ex
     """
     x, weight, bias = ins
     eps, momentum = float(e.attr("eps")), float(e.attr("momentum"))
-    running = [(ctx.state or {}).get(f"{e.outs[0].name}.{s}") for s in ("running_mean", "running_var")]
+    # the running mean and variance (OpDef.state), when the run keeps them
+    running = [(ctx.state or {}).get(f"{e.outs[0].name}.{s.suffix}") for s in op_def(e.op).state]
     if not ctx.training:
         mean, var = running
         if mean is None:  # no state kept: a fresh layer's statistics
