@@ -20,7 +20,7 @@ from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.runtime import comm
-from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params
+from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
 from gnnc.runtime.launch import DistConfig
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.shards import RankData, load_rank
@@ -62,6 +62,14 @@ class Exchange:
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """Run communication op `op` (one of EXCHANGES) on `x`; the byte counters are labelled by its value."""
         return EXCHANGES[op](self, x, e.outs[0].name.split(".")[0])
+
+    def owned_rows(self) -> int:
+        """How many rows of a vertex value are this rank's own: its first ones (gnnc.plan.rows)."""
+        return self.lg.n_owned
+
+    def all_reduce(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
+        """The sum over ranks of `x`, computed by equation `e` from each rank's own rows (batch_norm)."""
+        return comm.all_reduce_sum(x, self.stats, label=e.outs[0].name.split(".")[0])
 
     def _reduce_scatter(self, x: torch.Tensor, label: str) -> torch.Tensor:
         """P3's pull: every vertex's partial sums, summed at its owner (rows in block order)."""
@@ -220,7 +228,7 @@ def _overlappable(layer) -> set[str]:
             readers.setdefault(v.name, []).append(e)
     out = set()
     for e in layer.eqns:
-        if e.op != "halo":
+        if e.op != "halo" or e.attr("hoisted"):  # a hoisted halo runs once, its result is cached
             continue
         r = readers.get(e.outs[0].name, [])
         if len(r) == 1 and r[0].op == "spmm" and r[0].attr("reduce") == "sum" and r[0].ins[0].name == e.outs[0].name:
@@ -271,6 +279,7 @@ class DistWorker(Worker):
         self.count = data.train_count
         self.exchange = Exchange(data, self.stats, cfg.world_size)
         self._reducer: comm.GradAllReduce | None = None
+        self.state, self.hoisted = init_state(program), {}
 
     def context(self, training: bool, epoch: int) -> ExecContext:
         return _with(super().context(training, epoch), comm=self.exchange)
@@ -323,6 +332,9 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """
     w = DistWorker(cfg, job)
     params = init_params(w.program, job.train.seed)
+    with torch.no_grad():  # computes the hoisted values, once per run: the step measured is a steady one
+        w.forward(params, False, 0)
+    w.stats.reset()
     logits, loss = w.forward(params, True, 0)
     loss.backward()
     w.reduce_grads(params)

@@ -35,6 +35,7 @@ import torch
 
 from gnnc.errors import GnncError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
+from gnnc.graph.storage import view_edge_data
 from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView
 from gnnc.ir import Program
 from gnnc.plan.schedules import SCHEDULES
@@ -45,15 +46,24 @@ from gnnc.runtime.train import RunResult, TrainConfig, Worker, fit
 SYNC_OPS = ("sync", "reduce_scatter")  # where the first graph layer's partial results are combined
 
 
-def block_view(block: Block, sview: SamplingView) -> GraphView:
+def block_view(block: Block, sview: SamplingView, graph: Graph) -> GraphView:
     """A block as the GraphView a layer runs on: its CSR (local ids), global edge ids, edge data, degrees.
 
-    gcn_norm is the whole graph's coefficient scaled by deg/k on sampled edges (gnnc.graph.sampling says why).
+    The edge data are the whole graph's for those edges (gcn_norm scaled by deg/k on sampled edges:
+    gnnc.graph.sampling says why). A pushed block without edge ids (P3's push of a graph without edge data)
+    has its gcn_norm from its edges' endpoints instead, which is the same coefficient.
     """
     indices = torch.from_numpy(block.indices)
     csr = CSR(torch.from_numpy(block.indptr), indices, torch.arange(block.nnz), block.n_dst, block.n_src)
-    return GraphView(csr, indices, csr.dst_index(), torch.from_numpy(block.eids),
-                     {"gcn_norm": torch.from_numpy(sview.edge_norm(block))}, csr.in_degree().to(torch.float32))
+    eids = torch.from_numpy(block.eids)
+    if block.nnz and int(eids.min()) < 0:
+        if graph.edge_data:
+            raise AssertionError("a block without edge ids on a graph with edge data")
+        data = {"gcn_norm": torch.from_numpy(sview.edge_norm(block))}
+    else:
+        data = view_edge_data(graph, sview.view, eids)
+        data["gcn_norm"] = data["gcn_norm"] * torch.from_numpy(sview.edge_scale(block)).to(torch.float32)
+    return GraphView(csr, indices, csr.dst_index(), eids, data, csr.in_degree().to(torch.float32))
 
 
 class BlockRunner(PrefixRowsInterpreter):
@@ -112,6 +122,7 @@ class MinibatchWorker(Worker):
 
     def _setup_sampling(self, program: Program, graph: Graph, sampling: SamplingConfig, schedule: str) -> None:
         layers = program.graph_layers()
+        self.structure = graph  # edge views, edge data and gcn_norm of the whole graph
         self.sampling = sampling
         self.sampler = NeighbourSampler(graph, [layer.edges for layer in layers],
                                         sampling.layer_fanouts(len(layers)), self.cfg.seed)
@@ -148,7 +159,8 @@ class MinibatchWorker(Worker):
 
     def views_of(self, mb: MiniBatch) -> dict[str, GraphView]:
         layers = self.program.graph_layers()
-        return {layer.name: block_view(block, self.sampler.views[layer.edges]) for layer, block in zip(layers, mb.blocks)}
+        return {layer.name: block_view(block, self.sampler.views[layer.edges], self.structure)
+                for layer, block in zip(layers, mb.blocks)}
 
     def start_sync(self, f: Flight) -> None:
         """Post the exchange of the first layer's sync (one process: the partial result is the whole)."""
@@ -177,7 +189,8 @@ class MinibatchWorker(Worker):
                    bytes_before={"/".join(k): c.bytes for k, c in self.stats.counts.items()})
         f.views = self.views_of(mb)
         f.env = dict(self.batch_inputs(mb))
-        f.ctx = dataclasses.replace(self.context(training, step), views={},
+        # no hoist cache: a value computed once per run on the whole graph does not fit a minibatch's blocks
+        f.ctx = dataclasses.replace(self.context(training, step), views={}, hoist_cache=None,
                                     vertex_ids=torch.from_numpy(mb.blocks[0].src_ids), loss_count=f.count)
         f.phase_s = {"sample": t1 - t0, "gather": time.perf_counter() - t1}
         return f

@@ -47,7 +47,7 @@ from gnnc.plan.halo import HaloPlan
 from gnnc.plan.sampled_shards import load_sampled_rank
 from gnnc.runtime import comm
 from gnnc.runtime.distributed import DistWorker, _gather_rows, train_and_report
-from gnnc.runtime.executor import ExecContext, check_dims_fit, init_params
+from gnnc.runtime.executor import ExecContext, check_dims_fit, init_params, init_state
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.minibatch import BlockRunner, Flight, MinibatchWorker, block_view
 from gnnc.runtime.train import TrainConfig
@@ -117,6 +117,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         self.inputs = {"y": graph.y[own], "train": graph.train_mask[own], "val": graph.val_mask[own],
                        "test": graph.test_mask[own]}
         self.views, self.ids = {}, torch.zeros(0, dtype=torch.int64)
+        self.state, self.hoisted = init_state(program), {}  # as Worker's (a minibatch's context drops the cache)
         self.count = max(float(len(self.train_ids)), 1.0)
         self.exchange = None
         self._reducer = None
@@ -168,7 +169,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
             merged = merge_blocks(blocks)
             f.sizes = [b.n_dst for b in blocks]
             layer0 = self.program.graph_layers()[0]
-            f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges])
+            f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges], self.structure)
             ids = torch.from_numpy(merged.src_ids)
             f.env["x"] = sparse_if_sparse(self.features[ids])
             f.m_ctx = dataclasses.replace(f.ctx, vertex_ids=ids, col_offset=self.cols[0])

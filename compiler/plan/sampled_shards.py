@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.errors import PlanError
+from gnnc.errors import GnncError, PlanError
 from gnnc.graph import Graph
 from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
 from gnnc.plan.slices import feature_slices
@@ -55,6 +55,10 @@ class SampledRankData:
 
 def write_sampled_shards(program, graph: Graph, parts: np.ndarray, world: int,
                          out_dir: str | os.PathLike) -> dict[str, Any]:
+    if graph.edge_data:
+        raise GnncError(f"graph '{graph.name}' has edge data ({', '.join(sorted(graph.edge_data))}), which "
+                        "sampled minibatches on several workers do not carry yet; train it on one process "
+                        "(--nproc 1) or full-graph")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     layout = feature_layout(program)
