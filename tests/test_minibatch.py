@@ -30,11 +30,15 @@ def step(worker: MinibatchWorker, flight) -> None:
         phase(flight)
 
 
-@pytest.mark.parametrize("model", ["sage", "gcn", "gin", "gat"])
+@pytest.mark.parametrize("model", ["sage", "gcn", "gin", "gat", "gcn+weights"])
 def test_a_full_fanout_batch_of_every_training_vertex_is_a_full_graph_step(model) -> None:
     """Fan-out -1 and one batch: the minibatch step's loss, seeds' logits and every gradient equal the
-    full-graph step's (training mode: dropout drawn by global ids; gcn_norm with its scale of 1)."""
+    full-graph step's (training mode: dropout drawn by global ids; gcn_norm with its scale of 1, weighted
+    by the graph's edge weights when it has them)."""
     graph = random_graph(n=60, e=400, seed=3)
+    if model.endswith("+weights"):
+        model = model.split("+")[0]
+        graph.edge_data = {"weight": torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(1)) + 0.5}
     plan = api.compile(api.load_model(EXAMPLES / f"{model}.gnn"), graph)
     cfg = TrainConfig.resolve(plan.program, seed=5)
     full = Worker(plan.program, graph, cfg)
