@@ -343,6 +343,18 @@ def join_torchrun(fn: Callable[Concatenate[DistConfig, P], T], *args: P.args,
         _exit_after_failure(exc)
 
 
+def end_joined_rank(code: int) -> NoReturn:
+    """End a torchrun rank whose command is done, skipping the interpreter's teardown.
+
+    As for a local worker (`_worker_entry`), the teardown runs the destructors
+    of torch.distributed's C++ objects, whose threads can race it: seen as a
+    rank that had finished its run dying of SIGABRT ("terminate called without
+    an active exception") in 1 of 14 runs across two emulated hosts, which
+    torchrun then reports as the job's failure.
+    """
+    _exit_now(code)
+
+
 def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
            port: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
            start_method: str = "spawn", grace_s: float = DEFAULT_GRACE_S) -> list[T]:
