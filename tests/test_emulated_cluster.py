@@ -140,7 +140,11 @@ def test_the_cluster_exists_inside_its_block_and_nowhere_after() -> None:
         assert sorted(_namespaces(cluster.tag)) == sorted(cluster.namespaces)
         qdiscs = subprocess.run(["ip", "netns", "exec", cluster.switch, "tc", "qdisc", "show"], capture_output=True,
                                 text=True).stdout
-        assert qdiscs.count("tbf") == 3 and "rate 1Gbit" in qdiscs
+        assert qdiscs.count("tbf") == 3 and "rate 1Gbit" in qdiscs  # what each host receives
+        for host in cluster.hosts:  # and what it sends
+            own = subprocess.run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "show", "dev", "eth0"],
+                                 capture_output=True, text=True).stdout
+            assert "tbf" in own and "rate 1Gbit" in own, own
         # nothing of it appears in this machine's own namespace
         assert subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout == links_before
     assert _namespaces(cluster.tag) == []
