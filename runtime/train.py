@@ -52,6 +52,30 @@ class TrainConfig:
     checkpoint_every: int = 10
     resume: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+        def number(value: Any, low_ok: bool) -> bool:
+            return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and (value >= 0 if low_ok else value > 0))
+
+        checks = [("--epochs or training(epochs=...)", self.epochs, whole(self.epochs), "a whole number of at least 1"),
+                  ("--lr or training(lr=...)", self.lr, number(self.lr, False), "a finite number above 0"),
+                  ("--weight-decay or training(weight_decay=...)", self.weight_decay,
+                   number(self.weight_decay, True), "a finite number of at least 0"),
+                  ("training(graph_weight_decay=...)", self.graph_weight_decay,
+                   self.graph_weight_decay is None or number(self.graph_weight_decay, True),
+                   "a finite number of at least 0"),
+                  ("training(patience=...)", self.patience, self.patience is None or whole(self.patience),
+                   "a whole number of at least 1"),
+                  ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
+                   "a whole number of at least 1")]
+        for where, value, ok, want in checks:
+            if not ok:
+                raise GnncError(f"{where}: must be {want}, not {value!r}")
+
     @staticmethod
     def resolve(program: Program, **flags: Any) -> "TrainConfig":
         merged = dict(program.training)
