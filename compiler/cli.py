@@ -102,7 +102,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
 
-    if args.nproc < 1:
+    if args.nproc is not None and args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
     if not args.timeout > 0:
         raise GnncError(f"--timeout must be a positive number of seconds, not {args.timeout}")
@@ -120,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
 
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
+    from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.metrics import peak_rss_bytes
     from gnnc.runtime.train import TrainConfig, train
 
@@ -128,20 +129,19 @@ def _run(args: argparse.Namespace) -> int:
         plan = api.Plan.load(target)
         if args.set:
             raise GnncError("--set applies to a .gnn model; recompile the plan to change parameters")
+        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
         spec = args.graph or plan.graph_spec
         graph = None
         if plan.shard_dir is None or plan.workers == 1:
             if spec is None:
                 raise GnncError("the plan names no graph; pass --graph G")
             graph = api.load_graph(spec)
-        if args.nproc != plan.workers and args.nproc != 1:
-            raise GnncError(f"the plan was compiled for {plan.workers} workers; recompile it for --nproc {args.nproc}")
     else:
         if not args.graph:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         spec = args.graph
         graph = api.load_graph(spec)
-        plan = api.compile(api.load_model(target, **_sets(args.set)), graph, workers=args.nproc,
+        plan = api.compile(api.load_model(target, **_sets(args.set)), graph, workers=args.nproc or 1,
                            strategy=args.strategy, partition=args.partition, seed=args.seed, graph_spec=spec)
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)", parents=[plugin])
     c.add_argument("target")
     c.add_argument("--graph")
-    c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
+    c.add_argument("--nproc", type=int, help="worker processes on this machine (default 1, or the plan's workers)")
     c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="stop the run when a rank makes no progress between collectives for this long "
                         "(default 60); the message names the hung rank")
