@@ -24,6 +24,7 @@ from gnnc.frontend.syntax import Module, parse
 from gnnc.graph import Graph
 from gnnc.graph.loaders import from_pyg, load_graph as _load
 from gnnc.ir import Program
+from gnnc.memory_check import check_run_memory
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.local import local
@@ -226,6 +227,7 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
     if plan.workers == 1:
+        check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
         return train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
 
@@ -251,7 +253,8 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
             return join_torchrun(worker, job, timeout_s=timeout)
-        return launch(worker, plan.workers, job, timeout_s=timeout)[0]
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir)  # before any worker starts
+        return _with_prediction(launch(worker, plan.workers, job, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
@@ -264,8 +267,14 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
+        predicted = check_run_memory(plan, shard_dir=tmp)  # before any worker starts
         job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
         try:
-            return launch(worker, plan.workers, job, timeout_s=timeout)[0]
+            return _with_prediction(launch(worker, plan.workers, job, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
+
+
+def _with_prediction(summary: dict[str, Any], predicted) -> dict[str, Any]:
+    """The run's summary with the largest process's predicted peak beside its measured one."""
+    return {**summary, "predicted_peak_rss_bytes": int(predicted.peak)}

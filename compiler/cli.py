@@ -120,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
 
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
+    from gnnc.memory_check import check_run_memory
     from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.metrics import peak_rss_bytes
     from gnnc.runtime.train import TrainConfig, train
@@ -157,10 +158,11 @@ def _run(args: argparse.Namespace) -> int:
         logits = summary.pop("logits")
         summary.pop("history", None)
     else:
+        predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
         result = train(plan.program, graph, cfg, metrics_path=args.metrics)
         logits = result.logits
         summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1,
-                   "peak_rss_bytes": peak_rss_bytes(),
+                   "peak_rss_bytes": peak_rss_bytes(), "predicted_peak_rss_bytes": int(predicted.peak),
                    "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
     summary["epochs"] = cfg.epochs
     if args.dump_logits:
