@@ -13,17 +13,22 @@ not match what it states.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import sympy
+
 from gnnc.cluster import resolve_cluster
-from gnnc.errors import GnncError, PlanError
+from gnnc.errors import GnncError, GnncWarning, PlanError
 from gnnc.frontend.elaborate import elaborate
 from gnnc.frontend.syntax import Module, parse
-from gnnc.graph import Graph
+from gnnc.graph import Graph, edge_data
 from gnnc.graph.loaders import from_pyg, load_graph as _load
 from gnnc.ir import Program
+from gnnc.ir.expr import as_expr
+from gnnc.ir.ops import suggest
 from gnnc.memory_check import check_run_memory
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.evaluation import evaluate_cost
@@ -55,8 +60,8 @@ class Model:
         return self.module.file
 
     def program(self, graph: Any = None) -> Program:
-        """Elaborate (untyped IR), binding `features`/`classes` from the graph if given."""
-        return elaborate(self.module, dict(self.overrides), graph_dims(graph), self.name)
+        """Elaborate (untyped IR), binding `features`/`classes` and the edge data's widths from the graph if given."""
+        return elaborate(self.module, dict(self.overrides), graph_dims(graph), self.name, edge_shapes(graph))
 
     def source(self) -> ModelSource:
         """What a plan records of the model it was compiled from."""
@@ -67,6 +72,46 @@ def graph_dims(graph: Any) -> dict[str, int]:
     if graph is None:
         return {}
     return {"features": graph.num_features, "classes": graph.num_classes, "nodes": graph.num_nodes}
+
+
+def edge_shapes(graph: Any) -> dict[str, int | None] | None:
+    """The graph's edge data by name and width (None: a number per edge); None without a graph."""
+    return None if graph is None else edge_data.shapes(graph.edge_data)
+
+
+class ModelErrors(GnncError):
+    """`check` found errors in one or more models of a file: `errors` holds each model's first one."""
+
+    def __init__(self, errors: list[GnncError]):
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors
+
+
+def check(model: Model, graph: Any = None) -> list[str]:
+    """Type-check every model of the file, or only the one `model.name` names; the names of those checked.
+
+    A `--set` value applies to the models that declare that parameter. Raises ModelErrors
+    with each failing model's first error (`file:line:col` with a caret).
+    """
+    models = model.module.models
+    names = [model.name] if model.name is not None else [m.name for m in models] or [None]
+    declared = {p.name for m in models for p in m.params}
+    for key, _ in model.overrides:
+        if key not in declared:
+            which = f"model '{models[0].name}' has" if len(models) == 1 else f"no model in {model.file} has"
+            raise GnncError(f"--set {key}: {which} no parameter '{key}'{suggest(key, declared)}")
+    errors: list[GnncError] = []
+    for name in names:
+        params = {p.name for m in models if m.name == name for p in m.params}
+        chosen = model.name is not None  # a model named by the user takes every --set, and refuses a foreign one
+        one = Model(model.module, tuple((k, v) for k, v in model.overrides if k in params or chosen), name)
+        try:
+            run_pipeline(one.program(graph), ["infer-shapes", "check"])
+        except GnncError as err:
+            errors.append(err)
+    if errors:
+        raise ModelErrors(errors)
+    return [n for n in names if n is not None]
 
 
 def load_model(path: str | os.PathLike, model: str | None = None, **params: Any) -> Model:
@@ -130,6 +175,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         ctx.cluster = resolve_cluster(cluster)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
     program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
+    if graph is not None:
+        _warn_unused_logits(program, graph, model)
     results = ctx.results
     if results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
@@ -146,6 +193,19 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "schedule": report.schedule}
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, ctx.parts,
                 results.hybrid_cached, graph if workers > 1 else None)
+
+
+def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
+    """More logits than the graph has classes: legal (the extra ones are never a label), but rarely meant."""
+    t = program.logits.type
+    if t is None or len(t.shape) != 1:
+        return
+    width = as_expr(t.shape[0]).subs({sympy.Symbol(k): v for k, v in program.config if isinstance(v, int)})
+    if width.is_Integer and int(width) > graph.num_classes:
+        loss = next((e for layer in program.layers for e in layer.eqns if e.op == "cross_entropy"), None)
+        warnings.warn(GnncWarning(f"the logits are {int(width)} wide but graph '{graph.name}' has "
+                                  f"{graph.num_classes} classes: {int(width) - graph.num_classes} of them never "
+                                  f"match a label", loss.loc if loss else None, model.module.source), stacklevel=3)
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,

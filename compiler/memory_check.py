@@ -55,7 +55,7 @@ def single_process_counts(program, graph: Graph) -> ProcessCounts:
     edges = {"plain": graph.num_edges,
              "self_loops": int(np.count_nonzero(np.asarray(graph.src) != np.asarray(graph.dst))) + n}
     layers = tuple(LayerRows(n, 0, n, edges[layer.edges]) for layer in program.graph_layers())
-    arrays = [graph.x, graph.y, graph.train_mask, graph.val_mask, graph.test_mask]
+    arrays = [graph.x, graph.y, graph.train_mask, graph.val_mask, graph.test_mask, *graph.edge_data.values()]
     held = sum(t.numel() * t.element_size() for t in arrays) + np.asarray(graph.src).nbytes * 2
     return ProcessCounts(layers, float(held))
 

@@ -58,9 +58,9 @@ class PassInfo:
 
 _REGISTRY: dict[str, PassInfo] = {}
 # sink-bias after reorder-gemm: reorder-gemm leaves the bias of a moved map as a `bias` op, which it then sinks
-DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias"]
-# after the default pipeline when compiling for several workers
-DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm",
+DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias", "hoist"]
+# after the default pipeline when compiling for several workers; hoist again to mark the exchanges of hoisted values
+DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm", "hoist",
                                    "predict-bytes"]
 
 
@@ -91,7 +91,7 @@ def register_pass(name: str, summary: str, typed_after: bool = True, options: ty
 
 def _load_builtin() -> None:
     # reason: a cycle; the pass modules import register_pass from here, so this one imports them on first use
-    from gnnc.passes import (assign_strategy, check, choose_strategy, infer_shapes,  # noqa: F401
+    from gnnc.passes import (assign_strategy, check, choose_strategy, hoist, infer_shapes,  # noqa: F401
                              insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid, sink_bias)
 
 

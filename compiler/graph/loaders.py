@@ -9,10 +9,12 @@ one on-disk cache. Specs:
   — generators (`gnnc.graph.generators`).
 * `FILE.npz` — arrays `edge_index` [2, E] (integer), `x` [N, F] (numeric),
   `y` [N] (integer), optional `train_mask`/`val_mask`/`test_mask` (bool [N];
-  without them, a seeded 60/20/20 split).
+  without them, a seeded 60/20/20 split), optional edge data `edge_NAME`
+  ([E] or [E, d]: `edge_weight`, `edge_attr`, ...; see gnnc.graph.edge_data).
 * `FILE.pt` / `FILE.pth` — a PyG `Data` saved with `torch.save`, or a dict
   of tensors with the same field names; read with `torch.load(weights_only=True)`,
-  so the file cannot run code (PyG's classes are replaced by inert stand-ins).
+  so the file cannot run code (PyG's classes are replaced by inert stand-ins);
+  its `edge_weight`, `edge_attr` and other `edge_*` fields are edge data.
 * an OGB-style directory: `raw/edge.csv(.gz)` (src,dst per line),
   `raw/node-feat.csv(.gz)`, `raw/node-label.csv(.gz)`, optional
   `raw/num-node-list.csv(.gz)` and `split/<name>/{train,valid,test}.csv(.gz)`
@@ -31,9 +33,9 @@ both directions, as PyG's datasets do.
 Every problem with the input raises GraphInputError naming the field: ids out
 of range or negative, NaN/inf features, label/feature row mismatch, wrong
 dtype or shape, an empty graph, vertex ids or labels so large that the arrays
-they imply cannot fit in the memory available (`gnnc.host`). Parsed files and generated graphs are cached
-as `.npz` under `cache_dir`, keyed by the sha256 of the input's bytes (or of
-the generator spec), so loading the same input again does not re-parse it;
+they imply cannot fit in the memory available (`gnnc.host`). Parsed files and
+generated graphs are cached as `.npz` under `cache_dir`, keyed by the sha256
+of the input's bytes (or of the generator spec), so loading the same input again does not re-parse it;
 an entry that does not read back whole and consistent is built again.
 """
 from __future__ import annotations
@@ -55,15 +57,16 @@ import torch
 
 from gnnc.errors import GraphInputError
 from gnnc.files import atomic_writer
-from gnnc.graph import Graph, index_dtype
+from gnnc.graph import Graph, edge_data, index_dtype
 from gnnc.graph.generators import GENERATORS, generate, split_masks
 from gnnc.graph.planetoid import load_planetoid
 from gnnc.host import available_memory, format_bytes
 
 # Bump when a loader's output for the same input bytes changes: old cache entries are then ignored.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: edge data (edge_weight, edge_attr, ...) is kept
 MASKS = ("train_mask", "val_mask", "test_mask")
 SPLIT_SEED = 0  # the 60/20/20 split of inputs without masks
+_EDGE_KEY = "edata."  # the cache's arrays of edge data
 
 
 def default_cache_dir() -> Path:
@@ -87,8 +90,9 @@ def available_datasets() -> list[tuple[str, str]]:
                                                        "undirected, N*D edges"),
         ("sbm:n=N,blocks=B,deg=D,intra=P,features=F,classes=C,seed=S",
          "contextual stochastic block model: a fraction P of edges inside blocks, classes follow blocks"),
-        ("FILE.npz", "arrays edge_index, x, y, optional train_mask/val_mask/test_mask"),
-        ("FILE.pt", "a PyG Data (or dict of tensors) saved with torch.save"),
+        ("FILE.npz", "arrays edge_index, x, y, optional train_mask/val_mask/test_mask and edge_NAME "
+                     "(edge_weight, edge_attr, ...)"),
+        ("FILE.pt", "a PyG Data (or dict of tensors) saved with torch.save, edge_weight/edge_attr included"),
         ("DIR", "an OGB-style dataset directory (raw/edge.csv.gz, raw/node-feat.csv.gz, ...)"),
         ("FILE", "an edge list: one 'src dst' pair per line"),
     ]
@@ -121,12 +125,13 @@ def load_graph(spec: str, cache_dir: str | os.PathLike | None = None, use_cache:
 
 
 def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None, name: str,
-                source: str) -> Graph:
+                source: str, edges: Mapping[str, Any] | None = None) -> Graph:
     """Validate raw arrays and make a Graph; `source` prefixes every message.
 
     edge_index: integer [2, E]; x: numeric [N, F]; y: integer [N] (or [N, 1]);
     masks: bool or 0/1 [N] each, all three or none (then a seeded 60/20/20
-    split). N comes from x.
+    split); edges: edge data by `edge.NAME` name ([E] or [E, d] each,
+    gnnc.graph.edge_data). N comes from x.
     """
     ei = _array(edge_index, "edge_index", source)
     xa = _array(x, "x", source)
@@ -180,8 +185,10 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
         mask_arrays = [_mask(given[k], k, n, source) for k in MASKS]
     else:
         mask_arrays = list(split_masks(n, np.random.default_rng(SPLIT_SEED)))
+    arrays = {k: _array(v, edge_data.PREFIX + k, source) for k, v in (edges or {}).items()}
+    data = edge_data.validate(arrays, int(ei.shape[1]), source)
     return Graph(n, src, dst, torch.from_numpy(xf), torch.from_numpy(ya.astype(np.int64)),
-                 *(torch.from_numpy(m) for m in mask_arrays), name=name)
+                 *(torch.from_numpy(m) for m in mask_arrays), name=name, edge_data=data)
 
 
 def _array(value: Any, field: str, source: str) -> np.ndarray:
@@ -252,7 +259,7 @@ def load_npz(path: Path) -> Graph:
         if field not in arrays:
             raise GraphInputError(f"{path}: {field}: missing (the file has {', '.join(sorted(arrays)) or 'nothing'})")
     return build_graph(arrays["edge_index"], arrays["x"], arrays["y"], {k: arrays.get(k) for k in MASKS},
-                       path.stem, str(path))
+                       path.stem, str(path), edge_data.edge_fields(arrays))
 
 
 def load_edge_list(path: Path) -> Graph:
@@ -406,12 +413,13 @@ def _from_fields(fields: Mapping[str, Any], name: str, source: str) -> Graph:
         if fields.get(field) is None:
             raise GraphInputError(f"{source}: {field}: missing")
     return build_graph(fields["edge_index"], fields["x"], fields["y"], {k: fields.get(k) for k in MASKS},
-                       name, source)
+                       name, source, edge_data.edge_fields(fields))
 
 
 def from_pyg(data: Any, name: str = "pyg") -> Graph:
-    """A Graph from an in-memory PyG `Data` (duck-typed: edge_index, x, y, optional masks)."""
-    fields = {k: getattr(data, k, None) for k in ("edge_index", "x", "y", *MASKS)}
+    """A Graph from an in-memory PyG `Data` (duck-typed: edge_index, x, y, optional masks and edge_* fields)."""
+    fields = {k: getattr(data, k, None) for k in ("edge_index", "x", "y", "edge_weight", "edge_attr", *MASKS)}
+    fields.update({k: v for k, v in (_pyg_fields(data) or {}).items() if k.startswith(edge_data.PREFIX)})
     return _from_fields(fields, name, "PyG Data")
 
 
@@ -455,7 +463,8 @@ def _write_cached(graph: Graph, path: Path, key: str) -> None:
     with atomic_writer(path) as f:
         np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
                  src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=graph.y.numpy(),
-                 **{k: getattr(graph, k).numpy() for k in MASKS})
+                 **{k: getattr(graph, k).numpy() for k in MASKS},
+                 **{_EDGE_KEY + k: v.numpy() for k, v in graph.edge_data.items()})
 
 
 def _read_cached(path: Path, key: str) -> Graph | None:
@@ -469,6 +478,7 @@ def _read_cached(path: Path, key: str) -> Graph | None:
             if str(f["key"]) != key:
                 return None
             a = {k: f[k] for k in ("num_nodes", "name", "src", "dst", "x", "y", *MASKS)}
+            edges = {k[len(_EDGE_KEY):]: f[k] for k in f.files if k.startswith(_EDGE_KEY)}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
         return None
     n = int(a["num_nodes"]) if a["num_nodes"].shape == () and a["num_nodes"].dtype.kind in "iu" else -1
@@ -477,8 +487,10 @@ def _read_cached(path: Path, key: str) -> Graph | None:
                   and a["dst"].dtype == a["src"].dtype and a["y"].shape == (n,) and a["y"].dtype == np.int64
                   and all(a[k].shape == (n,) and a[k].dtype == bool for k in MASKS)
                   and (len(a["src"]) == 0 or (0 <= min(a["src"].min(), a["dst"].min())
-                                              and max(a["src"].max(), a["dst"].max()) < n)))
+                                              and max(a["src"].max(), a["dst"].max()) < n))
+                  and all(v.ndim >= 1 and len(v) == len(a["src"]) for v in edges.values()))
     if not consistent:
         return None
     return Graph(n, a["src"], a["dst"], torch.from_numpy(a["x"]), torch.from_numpy(a["y"]),
-                 *(torch.from_numpy(a[k]) for k in MASKS), name=str(a["name"]))
+                 *(torch.from_numpy(a[k]) for k in MASKS), name=str(a["name"]),
+                 edge_data={k: torch.from_numpy(v) for k, v in edges.items()})
