@@ -58,16 +58,16 @@ class TrainConfig:
         def whole(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
-        def number(value: Any, low_ok: bool) -> bool:
+        def number(value: Any) -> bool:  # lr 0 is allowed, as torch allows it: a run that only evaluates
             return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                    and (value >= 0 if low_ok else value > 0))
+                    and value >= 0)
 
         checks = [("--epochs or training(epochs=...)", self.epochs, whole(self.epochs), "a whole number of at least 1"),
-                  ("--lr or training(lr=...)", self.lr, number(self.lr, False), "a finite number above 0"),
+                  ("--lr or training(lr=...)", self.lr, number(self.lr), "a finite number of at least 0"),
                   ("--weight-decay or training(weight_decay=...)", self.weight_decay,
-                   number(self.weight_decay, True), "a finite number of at least 0"),
+                   number(self.weight_decay), "a finite number of at least 0"),
                   ("training(graph_weight_decay=...)", self.graph_weight_decay,
-                   self.graph_weight_decay is None or number(self.graph_weight_decay, True),
+                   self.graph_weight_decay is None or number(self.graph_weight_decay),
                    "a finite number of at least 0"),
                   ("training(patience=...)", self.patience, self.patience is None or whole(self.patience),
                    "a whole number of at least 1"),
