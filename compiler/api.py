@@ -13,17 +13,13 @@ not match what it states.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gnnc.cluster import resolve_cluster
 from gnnc.errors import GnncError, PlanError
-from gnnc.frontend.elaborate import elaborate
-from gnnc.frontend.syntax import Module, parse
 from gnnc.graph import Graph
 from gnnc.graph.loaders import from_pyg, load_graph as _load
-from gnnc.ir import Program
+from gnnc.model_file import Model, graph_dims, load_model, load_model_source  # noqa: F401  (the API's names)
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.local import local
@@ -33,55 +29,12 @@ from gnnc.passes.partition import partition_graph
 from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import param_dependent
-from gnnc.plan.plan_file import ModelSource, Plan
+from gnnc.plan.plan_file import Plan
 from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 from gnnc.runtime.train import TrainConfig, train
-
-
-@dataclass(frozen=True)
-class Model:
-    """A parsed .gnn file plus the parameter overrides to elaborate it with."""
-
-    module: Module
-    overrides: tuple[tuple[str, str], ...] = ()
-    name: str | None = None
-
-    @property
-    def file(self) -> str:
-        return self.module.file
-
-    def program(self, graph: Any = None) -> Program:
-        """Elaborate (untyped IR), binding `features`/`classes` from the graph if given."""
-        return elaborate(self.module, dict(self.overrides), graph_dims(graph), self.name)
-
-    def source(self) -> ModelSource:
-        """What a plan records of the model it was compiled from."""
-        return ModelSource(self.module.file, self.module.source, self.name, self.overrides)
-
-
-def graph_dims(graph: Any) -> dict[str, int]:
-    if graph is None:
-        return {}
-    return {"features": graph.num_features, "classes": graph.num_classes, "nodes": graph.num_nodes}
-
-
-def load_model(path: str | os.PathLike, model: str | None = None, **params: Any) -> Model:
-    """Parse a .gnn file; `params` override model parameters (as `--set NAME=VALUE`)."""
-    p = Path(path)
-    try:
-        source = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GnncError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise GnncError(f"{path}: cannot read: {err}") from None
-    return Model(parse(source, str(path)), tuple(sorted((k, str(v)) for k, v in params.items())), model)
-
-
-def load_model_source(source: str, file: str = "<string>", model: str | None = None, **params: Any) -> Model:
-    return Model(parse(source, file), tuple(sorted((k, str(v)) for k, v in params.items())), model)
 
 
 def load_graph(spec: Any):

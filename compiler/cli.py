@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
+# in the commands that need them)
 from gnnc.errors import GnncError, InternalError
-from gnnc.passes.partition import METHODS
+from gnnc.passes.partition.methods import METHODS
+from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -33,11 +36,11 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    # deferred: a command loads torch and the planner only when it needs them
-    from gnnc import api
+    # deferred: a command loads torch and the planner only when it needs them (check needs neither)
+    from gnnc.model_file import load_model
     from gnnc.passes.manager import run_pipeline
 
-    model = api.load_model(args.model, **_sets(args.set))
+    model = load_model(args.model, **_sets(args.set))
     run_pipeline(model.program(), ["infer-shapes", "check"])
     print(f"{args.model}: ok")
     return 0
@@ -297,8 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=list(METHODS))
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
-    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces: "
-                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`)")
+    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces, e.g. "
+                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`); "
+                                    f"default: {','.join(DEFAULT_PIPELINE)}, followed with --workers N>1 by "
+                                    f"{','.join(DISTRIBUTED_PIPELINE)}")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_compile)
