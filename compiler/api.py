@@ -17,8 +17,8 @@ from typing import Any
 
 from gnnc.cluster import resolve_cluster
 from gnnc.errors import GnncError, PlanError
-from gnnc.graph import Graph
-from gnnc.graph.loaders import from_pyg, load_graph as _load
+from gnnc.graph.in_memory import as_graph
+from gnnc.graph.loaders import load_graph as _load
 from gnnc.model_file import Model, graph_dims, load_model, load_model_source  # noqa: F401  (the API's names)
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.evaluation import evaluate_cost
@@ -34,15 +34,15 @@ from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
-from gnnc.runtime.train import TrainConfig, train
+from gnnc.runtime.main_guard import check_main_guard
+from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
 
 
 def load_graph(spec: Any):
-    """A graph from a spec string (planetoid:cora, rmat:..., a file) or a PyG Data object."""
-    if isinstance(spec, Graph):
-        return spec
+    """A graph from a spec string (planetoid:cora, rmat:..., a file), a PyG Data, a networkx graph or a
+    dict of arrays (gnnc.graph.in_memory)."""
     if not isinstance(spec, (str, os.PathLike)):
-        return from_pyg(spec)
+        return as_graph(spec)
     return _load(str(spec))
 
 
@@ -74,6 +74,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow)
     meta: dict[str, Any] = {}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached)
+    if getattr(graph, "stand_ins", None):
+        meta["graph_stand_ins"] = dict(graph.stand_ins)  # `gnnc run PLAN` refuses or states them without the graph
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
@@ -169,9 +171,14 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
         want_logits: bool = True):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
-    Returns a RunResult (one process) or, with nproc > 1, the same summary as
-    a dict with `logits` in global vertex order.
+    Returns a RunResult either way (logits in global vertex order). With
+    nproc > 1 the workers are new processes started with 'spawn', which
+    imports the caller's main module again in each: a script must call this
+    under `if __name__ == "__main__":` (gnnc.runtime.launch refuses it otherwise).
     """
+    workers = target.workers if isinstance(target, Plan) else nproc
+    if workers > 1:
+        check_main_guard(workers)  # before the compile: a script without `if __name__ == "__main__":` fails fast
     g = load_graph(graph)
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
@@ -184,8 +191,10 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
 
 
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True,
-             timeout_s: float | None = None) -> dict[str, Any]:
+             timeout_s: float | None = None) -> RunResult | None:
     """Train a plan compiled for several workers: one process per worker, each loading its own shard.
+
+    Returns rank 0's RunResult (None on the other ranks of a torchrun job).
 
     A saved plan brings its shards; otherwise they are written to a
     temporary directory first, from `graph` (or the graph the plan was
@@ -196,6 +205,14 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():
+        if graph is None:
+            raise PlanError("the plan has no shards and no graph was given to write them from")
+        plan.graph = load_graph(graph)
+    if plan.graph is not None:
+        check_graph_inputs(plan.graph.name, plan.graph.stand_ins)
+    else:  # saved shards: what the plan recorded of the graph it was compiled on
+        check_graph_inputs(str(plan.graph_spec), plan.meta.get("graph_stand_ins") or {})
 
     if plan.shard_dir is not None:
         if not started_by_torchrun():
@@ -203,15 +220,11 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return join_torchrun(worker, job, timeout_s=timeout)
-        return launch(worker, plan.workers, job, timeout_s=timeout)[0]
+            return _result(join_torchrun(worker, job, timeout_s=timeout))
+        return _result(launch(worker, plan.workers, job, timeout_s=timeout)[0])
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
-    if plan.graph is None:
-        if graph is None:
-            raise PlanError("the plan has no shards and no graph was given to write them from")
-        plan.graph = load_graph(graph)
     if plan.parts is None:
         plan.parts = partition_vertices(plan.graph, plan.workers, plan.meta["partition"]["method"], cfg.seed)
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
@@ -219,6 +232,10 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
         job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
         try:
-            return launch(worker, plan.workers, job, timeout_s=timeout)[0]
+            return _result(launch(worker, plan.workers, job, timeout_s=timeout)[0])
         finally:
             plan.shard_dir = None
+
+
+def _result(summary: dict[str, Any] | None) -> RunResult | None:
+    return None if summary is None else RunResult.from_summary(summary)

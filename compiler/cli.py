@@ -123,7 +123,6 @@ def _run(args: argparse.Namespace) -> int:
 
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
-    from gnnc.runtime.metrics import peak_rss_bytes
     from gnnc.runtime.train import TrainConfig, train
 
     target = Path(args.target)
@@ -153,18 +152,14 @@ def _run(args: argparse.Namespace) -> int:
                               seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
                               checkpoint_every=args.checkpoint_every, resume=args.resume)
     if plan.workers > 1:
-        summary = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
-                               timeout_s=args.timeout)
-        if summary is None:
+        result = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
+                              timeout_s=args.timeout)
+        if result is None:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
-        logits = summary.pop("logits")
-        summary.pop("history", None)
     else:
         result = train(plan.program, graph, cfg, metrics_path=args.metrics)
-        logits = result.logits
-        summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1,
-                   "peak_rss_bytes": peak_rss_bytes(),
-                   "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
+    logits = result.logits
+    summary = result.summary()
     summary["epochs"] = cfg.epochs
     if args.dump_logits:
         torch.save(logits, args.dump_logits)
