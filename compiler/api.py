@@ -91,7 +91,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["hybrid"] = results.hybrid_selection
     report = results.planner
     if report is not None:
-        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
+        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else ctx.cluster.name,
                            "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
                            "predicted_memory_bytes": report.predicted_memory_bytes,
                            "alternatives": report.alternatives, "crossovers": report.crossovers,

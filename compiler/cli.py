@@ -7,7 +7,6 @@ JSON object summarising the command (DESIGN.md section 9).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 from gnnc.errors import GnncError, InternalError
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
-from gnnc.plan.strategies import STRATEGIES, names as strategy_names
+from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -167,17 +166,11 @@ def _run(args: argparse.Namespace) -> int:
         _emit_json(summary)
     else:
         name = graph.name if graph is not None else summary.get("graph", spec)
-        print(f"{plan.program.name} on {name} x{summary['world_size']} ({_runs(summary['strategies'])}): "
+        print(f"{plan.program.name} on {name} x{summary['world_size']} ({describe_assignment(summary['strategies'])}): "
               f"test acc {summary['test_acc']:.4f} (at best val {summary['val_acc']:.4f}, epoch "
               f"{summary['best_epoch']}); final test acc {summary['final_test_acc']:.4f}; train loss "
               f"{summary['train_loss']:.4f}; {summary['epoch_time_s'] * 1000:.1f} ms/epoch")
     return 0
-
-
-def _runs(strategies: list[str]) -> str:
-    """Per-layer strategies with repeats folded: a 64-layer GCNII reads `depcache x64`, not 64 names."""
-    runs = [(name, len(list(group))) for name, group in itertools.groupby(strategies)]
-    return ",".join(name if n == 1 else f"{name} x{n}" for name, n in runs)
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
