@@ -156,7 +156,7 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
-    """Partition a graph (spec, Graph or PyG Data) with one of gnnc.passes.partition's methods."""
+    """Partition a graph (anything `load_graph` takes) with one of gnnc.passes.partition's methods."""
     return partition_graph(load_graph(graph), parts, method, seed=seed, **options)
 
 

@@ -4,8 +4,9 @@ A script that starts workers without
 `if __name__ == "__main__":` is refused before any worker starts, naming its
 line (a 'spawn' worker imports the main script again, so the unguarded call
 would run in every worker); a worker that dies while being set up, before
-gnnc's code runs, is reported as such, not as a bare "exited with status 1". (That `gnnc.run` returns one RunResult for one
-process and for N is pinned by tests/test_api_cli_agree.py, which runs both.)
+gnnc's code runs, is reported as such, not as a bare "exited with status 1".
+(That `gnnc.run` returns one RunResult for one process and for N is pinned
+by tests/test_api_cli_agree.py, which runs both.)
 """
 from __future__ import annotations
 
