@@ -86,20 +86,19 @@ def register_pass(name: str, summary: str, typed_after: bool = True, options: ty
     return deco
 
 
-def _load_builtin() -> None:
-    # reason: a cycle; the pass modules import register_pass from here, so this one imports them on first use
-    from gnnc.passes import (assign_strategy, check, choose_strategy, infer_shapes,  # noqa: F401
-                             insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid, sink_bias)
-
-
-# built-in pass -> the module that registers it, so that naming a pass imports only its module: `gnnc check`
-# runs two passes and must not load the planner (sympy formulas, torch). A pass missing here still runs:
-# `_info` then loads every built-in module.
+# The built-in passes: pass name -> the module of gnnc.passes that registers it. A module is imported when its
+# pass is first named (the pass modules import register_pass from here, so this one cannot import them at its
+# top), and only then: `gnnc check` runs two passes and must not load the planner (sympy formulas, torch).
 _BUILTIN_MODULES: dict[str, str] = {
     "infer-shapes": "infer_shapes", "check": "check", "lower": "lower", "reorder-gemm": "reorder_gemm",
     "sink-bias": "sink_bias", "choose-strategy": "choose_strategy", "assign-strategy": "assign_strategy",
     "select-hybrid": "select_hybrid", "insert-comm": "insert_comm", "predict-bytes": "predict_bytes",
 }
+
+
+def _load_builtin() -> None:
+    for module in _BUILTIN_MODULES.values():
+        importlib.import_module(f"gnnc.passes.{module}")
 
 
 def passes() -> dict[str, PassInfo]:
@@ -108,11 +107,9 @@ def passes() -> dict[str, PassInfo]:
 
 
 def _info(name: str) -> PassInfo | None:
-    """The registered pass `name`, its module imported on first use; None if no module registers it."""
+    """The registered pass `name` (a built-in one's module imported now); None if no pass has that name."""
     if name not in _REGISTRY and name in _BUILTIN_MODULES:
         importlib.import_module(f"gnnc.passes.{_BUILTIN_MODULES[name]}")
-    if name not in _REGISTRY:
-        _load_builtin()
     return _REGISTRY.get(name)
 
 
