@@ -174,7 +174,7 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     Returns a RunResult either way (logits in global vertex order). With
     nproc > 1 the workers are new processes started with 'spawn', which
     imports the caller's main module again in each: a script must call this
-    under `if __name__ == "__main__":` (gnnc.runtime.launch refuses it otherwise).
+    under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line).
     """
     workers = target.workers if isinstance(target, Plan) else nproc
     if workers > 1:

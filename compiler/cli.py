@@ -166,10 +166,11 @@ def _run(args: argparse.Namespace) -> int:
         _emit_json(summary)
     else:
         name = graph.name if graph is not None else summary.get("graph", spec)
-        print(f"{plan.program.name} on {name} x{summary['world_size']} ({describe_assignment(summary['strategies'])}): "
-              f"test acc {summary['test_acc']:.4f} (at best val {summary['val_acc']:.4f}, epoch "
-              f"{summary['best_epoch']}); final test acc {summary['final_test_acc']:.4f}; train loss "
-              f"{summary['train_loss']:.4f}; {summary['epoch_time_s'] * 1000:.1f} ms/epoch")
+        print(f"{plan.program.name} on {name} x{summary['world_size']} "
+              f"({describe_assignment(summary['strategies'])}): test acc {summary['test_acc']:.4f} "
+              f"(at best val {summary['val_acc']:.4f}, epoch {summary['best_epoch']}); final test acc "
+              f"{summary['final_test_acc']:.4f}; train loss {summary['train_loss']:.4f}; "
+              f"{summary['epoch_time_s'] * 1000:.1f} ms/epoch")
     return 0
 
 
