@@ -13,13 +13,19 @@ not match what it states.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
+import sympy
+
 from gnnc.cluster import resolve_cluster
-from gnnc.errors import GnncError, PlanError
+from gnnc.errors import GnncError, GnncWarning, PlanError
 from gnnc.graph.in_memory import as_graph
 from gnnc.graph.loaders import load_graph as _load
-from gnnc.model_file import Model, graph_dims, load_model, load_model_source  # noqa: F401  (the API's names)
+from gnnc.ir import Program
+from gnnc.ir.expr import as_expr
+from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
+                             load_model_source)  # (the API's names)
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.local import local
@@ -84,6 +90,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         ctx.cluster = resolve_cluster(cluster)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
     program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
+    if graph is not None:
+        _warn_unused_logits(program, graph, model)
     results = ctx.results
     if results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
@@ -100,6 +108,19 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "schedule": report.schedule}
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, ctx.parts,
                 results.hybrid_cached, graph if workers > 1 else None)
+
+
+def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
+    """More logits than the graph has classes: legal (the extra ones are never a label), but rarely meant."""
+    t = program.logits.type
+    if t is None or len(t.shape) != 1:
+        return
+    width = as_expr(t.shape[0]).subs({sympy.Symbol(k): v for k, v in program.config if isinstance(v, int)})
+    if width.is_Integer and int(width) > graph.num_classes:
+        loss = next((e for layer in program.layers for e in layer.eqns if e.op == "cross_entropy"), None)
+        warnings.warn(GnncWarning(f"the logits are {int(width)} wide but graph '{graph.name}' has "
+                                  f"{graph.num_classes} classes: {int(width) - graph.num_classes} of them never "
+                                  f"match a label", loss.loc if loss else None, model.module.source), stacklevel=3)
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,

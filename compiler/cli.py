@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 # only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
 # in the commands that need them)
-from gnnc.errors import GnncError, InternalError
+from gnnc.errors import GnncError, GnncWarning, InternalError
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
@@ -35,13 +36,23 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    # deferred: a command loads torch and the planner only when it needs them (check needs neither)
-    from gnnc.model_file import load_model
-    from gnnc.passes.manager import run_pipeline
+    # deferred: a command loads torch and the planner only when it needs them (check needs neither, unless
+    # it is given a graph)
+    from gnnc.model_file import ModelErrors, check, load_model
 
-    model = load_model(args.model, **_sets(args.set))
-    run_pipeline(model.program(), ["infer-shapes", "check"])
-    print(f"{args.model}: ok")
+    model = load_model(args.model, model=args.model_name, **_sets(args.set))
+    graph = None
+    if args.graph:
+        from gnnc import api  # deferred: loading a graph needs torch
+
+        graph = api.load_graph(args.graph)
+    try:
+        names = check(model, graph)
+    except ModelErrors as err:  # every model's first error, each at its file:line:col
+        for e in err.errors:
+            print(f"error: {e}" if e.loc is None else str(e), file=sys.stderr)
+        return 2
+    print(f"{args.model}: ok" + (f" ({len(names)} models: {', '.join(names)})" if len(names) > 1 else ""))
     return 0
 
 
@@ -50,7 +61,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from gnnc import api, inspect_plan
     from gnnc.passes.manager import parse_pipeline
 
-    model = api.load_model(args.model, **_sets(args.set))
+    model = api.load_model(args.model, model=args.model_name, **_sets(args.set))
     graph = api.load_graph(args.graph) if args.graph else None
     names = parse_pipeline(args.passes) if args.passes else None
     printed = {spec.name for spec in parse_pipeline(args.print_after)} if args.print_after else set()
@@ -127,8 +138,9 @@ def _run(args: argparse.Namespace) -> int:
     target = Path(args.target)
     if target.is_dir():
         plan = api.Plan.load(target)
-        if args.set:
-            raise GnncError("--set applies to a .gnn model; recompile the plan to change parameters")
+        if args.set or args.model_name:
+            raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
+                            f"to change it")
         spec = args.graph or plan.graph_spec
         graph = None
         if plan.shard_dir is None or plan.workers == 1:
@@ -142,8 +154,9 @@ def _run(args: argparse.Namespace) -> int:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         spec = args.graph
         graph = api.load_graph(spec)
-        plan = api.compile(api.load_model(target, **_sets(args.set)), graph, workers=args.nproc,
-                           strategy=args.strategy, partition=args.partition, seed=args.seed, graph_spec=spec)
+        model = api.load_model(target, model=args.model_name, **_sets(args.set))
+        plan = api.compile(model, graph, workers=args.nproc, strategy=args.strategy, partition=args.partition,
+                           seed=args.seed, graph_spec=spec)
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
@@ -270,12 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--plugin", action="append", metavar="MODULE",
                         help="import a module (or .py file) that registers passes; repeatable")
 
-    c = sub.add_parser("check", help="parse and type-check a .gnn file", parents=[plugin])
+    model_choice = argparse.ArgumentParser(add_help=False)
+    model_choice.add_argument("--model", dest="model_name", metavar="NAME",
+                              help="the model of the file to use (default: the last one)")
+
+    c = sub.add_parser("check", help="parse and type-check every model of a .gnn file (or the one --model names)",
+                       parents=[plugin, model_choice])
     c.add_argument("model")
+    c.add_argument("--graph", help="type-check for this graph: its feature, class and edge data widths")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.set_defaults(fn=cmd_check)
 
-    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory", parents=[plugin])
+    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory",
+                       parents=[plugin, model_choice])
     c.add_argument("model")
     c.add_argument("--graph")
     c.add_argument("-o", "--output")
@@ -308,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --format trace: lay the measured run (`gnnc run --metrics`) beside the prediction")
     c.set_defaults(fn=cmd_inspect)
 
-    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)", parents=[plugin])
+    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)",
+                       parents=[plugin, model_choice])
     c.add_argument("target")
     c.add_argument("--graph")
     c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
@@ -357,9 +378,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """gnnc's warnings as `file:line:col: warning: ...` on stderr; the others as Python shows them."""
+    if isinstance(message, GnncWarning):
+        print(str(message), file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         load_plugins(getattr(args, "plugin", None))
         return int(args.fn(args) or 0)

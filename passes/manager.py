@@ -92,7 +92,7 @@ def register_pass(name: str, summary: str, typed_after: bool = True, options: ty
 _BUILTIN_MODULES: dict[str, str] = {
     "infer-shapes": "infer_shapes", "check": "check", "lower": "lower", "reorder-gemm": "reorder_gemm",
     "sink-bias": "sink_bias", "choose-strategy": "choose_strategy", "assign-strategy": "assign_strategy",
-    "select-hybrid": "select_hybrid", "insert-comm": "insert_comm", "predict-bytes": "predict_bytes",
+    "select-hybrid": "select_hybrid", "insert-comm": "insert_comm", "predict-bytes": "predict_bytes", "hoist": "hoist",
 }
 
 

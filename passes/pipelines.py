@@ -7,7 +7,7 @@ A module of its own so that the command line can state them (`gnnc compile
 from __future__ import annotations
 
 # sink-bias after reorder-gemm: reorder-gemm leaves the bias of a moved map as a `bias` op, which it then sinks
-DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias"]
-# after the default pipeline when compiling for several workers
-DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm",
+DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias", "hoist"]
+# after the default pipeline when compiling for several workers; hoist again to mark the exchanges of hoisted values
+DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm", "hoist",
                                    "predict-bytes"]

@@ -32,7 +32,8 @@ from gnnc.errors import GnncError, GraphInputError
 from gnnc.ir import Program
 from gnnc.runtime import rng
 from gnnc.graph import GraphView
-from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params
+from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params,
+                                   init_state)
 from gnnc.graph import Graph
 
 
@@ -130,11 +131,14 @@ class Worker:
         self.ids = torch.arange(graph.num_nodes)
         self.count = max(float(graph.train_mask.sum()), 1.0)
         self.cfg = cfg
+        # running state of ops (batch_norm's statistics), and the values hoisted out of the loop, once per run
+        self.state, self.hoisted = init_state(program), {}
 
     def context(self, training: bool, epoch: int) -> ExecContext:
         kb = rng.stream_key(self.cfg.seed, epoch)
         return ExecContext(self.views, self.ids, self.program.config_dict(), training,
-                           lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels)
+                           lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels,
+                           state=self.state, hoist_cache=self.hoisted)
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return forward(self.interp, params, self.inputs, self.context(training, epoch))
@@ -174,13 +178,16 @@ def make_optimizer(program: Program, params: dict[str, torch.nn.Parameter], cfg:
 
 
 class _Params(torch.nn.Module):
-    """Parameters as a Module for checkpoints (IR names hold dots, which Module keys may not)."""
+    """Parameters, and the ops' running state as buffers, as a Module for checkpoints (IR names hold dots,
+    which Module keys may not)."""
 
-    def __init__(self, params: dict[str, torch.nn.Parameter]):
+    def __init__(self, params: dict[str, torch.nn.Parameter], state: dict[str, torch.Tensor] | None = None):
         super().__init__()
         self.names = list(params)
         for i, p in enumerate(params.values()):
             self.register_parameter(f"p{i}", p)
+        for i, t in enumerate((state or {}).values()):
+            self.register_buffer(f"s{i}", t)
 
 
 def _correct(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> list[float]:
@@ -259,7 +266,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             def restored(_epoch: int, extra: dict[str, Any]) -> None:
                 history.extend(extra.get("history", []))
 
-            start = resume_or_start(ckpt, cfg.resume, _Params(params), opt, restored)
+            start = resume_or_start(ckpt, cfg.resume, _Params(params, worker.state), opt, restored)
             if worker.rank == 0:
                 for note in ckpt.resume_notes:
                     print(note, file=sys.stderr)
@@ -303,7 +310,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             if on_epoch is not None:
                 on_epoch(rec)
             if ckpt is not None:
-                ckpt.maybe_save(epoch, _Params(params), opt, {"history": history})
+                ckpt.maybe_save(epoch, _Params(params, worker.state), opt, {"history": history})
             if bar is not None:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}", test=f"{rec['test_acc']:.3f}")
                 bar.update(1)

@@ -164,3 +164,39 @@ def test_every_training_setting_is_documented() -> None:
         assert f"{key}=" in signature, f"docs/language.md: training(...) does not list '{key}'"
         if key not in ("epochs", "lr", "weight_decay"):  # the others need a word on what they do
             assert f"`{key}" in item.split(")`", 1)[1], f"docs/language.md does not say what '{key}' does"
+
+
+TWO_MODELS = """layer L(in, out) {
+  apply h = linear(h, out)
+}
+model A(features, classes) {
+  h = L(features, classes)(xx)
+  loss = cross_entropy(h, y, mask = train)
+}
+model B(features, classes, hidden = 4) {
+  h = L(features, classes)(x)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
+def test_check_checks_every_model_and_model_picks_one(tmp_path, capsys) -> None:
+    """An error in an earlier model is reported (issue 21, item 5); --model NAME checks, compiles, runs NAME."""
+    from gnnc import cli
+
+    path = tmp_path / "two.gnn"
+    path.write_text(TWO_MODELS)
+    r = gnnc("check", str(path))
+    assert r.returncode == 2 and r.stderr.startswith(f"{path}:5:28: unknown name 'xx'; did you mean 'x'?")
+    assert "Traceback" not in r.stderr
+    assert cli.main(["check", str(path), "--model", "B", "--set", "hidden=8"]) == 0
+    path.write_text(TWO_MODELS.replace("(xx)", "(x)"))
+    capsys.readouterr()
+    assert cli.main(["check", str(path), "--set", "hidden=8"]) == 0  # applies to the models that declare it
+    assert capsys.readouterr().out.strip() == f"{path}: ok (2 models: A, B)"
+    assert cli.main(["compile", str(path), "--model", "A", "--passes", "infer-shapes", "--print-after",
+                     "infer-shapes"]) == 0
+    assert "program A(" in capsys.readouterr().out
+    assert cli.main(["run", str(path), "--model", "C", "--graph", "planetoid:cora"]) == 2
+    err = capsys.readouterr().err
+    assert "no model named 'C'" in err and "(its models: A, B)" in err

@@ -12,10 +12,13 @@ one on-disk cache. Specs:
 * `FILE.npz` — arrays `edge_index` [2, E] (integer), `x` [N, F] (numeric),
   `y` [N] (integer), optional `train_mask`/`val_mask`/`test_mask` (bool [N];
   without them, a seeded 60/20/20 split, stated on stderr when a run trains
-  on it; `FILE.npz,split_seed=N` picks the seed, 0 by default).
+  on it; `FILE.npz,split_seed=N` picks the seed, 0 by default), optional edge
+  data `edge_NAME` ([E] or [E, d]: `edge_weight`, `edge_attr`, ...; see
+  gnnc.graph.edge_data).
 * `FILE.pt` / `FILE.pth` — a PyG `Data` saved with `torch.save`, or a dict
   of tensors with the same field names; read with `torch.load(weights_only=True)`,
-  so the file cannot run code (PyG's classes are replaced by inert stand-ins).
+  so the file cannot run code (PyG's classes are replaced by inert stand-ins);
+  its `edge_weight`, `edge_attr` and other `edge_*` fields are edge data.
 * an OGB-style directory: `raw/edge.csv(.gz)` (src,dst per line),
   `raw/node-feat.csv(.gz)`, `raw/node-label.csv(.gz)`, optional
   `raw/num-node-list.csv(.gz)` and `split/<name>/{train,valid,test}.csv(.gz)`
@@ -62,12 +65,12 @@ import torch
 
 from gnnc.errors import GraphInputError
 from gnnc.files import atomic_writer
-from gnnc.graph import Graph, index_dtype
+from gnnc.graph import Graph, edge_data, index_dtype
 from gnnc.graph.generators import GENERATORS, generate, split_masks
 from gnnc.graph.planetoid import load_planetoid
 
 # Bump when a loader's output for the same input bytes changes: old cache entries are then ignored.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 2: stand-ins recorded; 3: edge data (edge_weight, edge_attr, ...) kept
 MASKS = ("train_mask", "val_mask", "test_mask")
 SPLIT_SEED = 0  # the 60/20/20 split of inputs without masks (`,split_seed=N` after the spec picks another)
 # what stands in for vertex data an input does not give (Graph.stand_ins)
@@ -76,6 +79,7 @@ NO_LABELS = "it has no labels (y); each vertex gets label 0"
 # the options a spec may end with (`,key=value`), per kind of spec
 SPEC_OPTIONS = {"planetoid": ("normalize",), "file": ("split_seed",)}
 _OPTION_TAIL = re.compile(r"^(?P<base>.+?)(?P<options>(?:,[A-Za-z_]+=[^,]*)+)$")
+_EDGE_KEY = "edata."  # the cache's arrays of edge data
 
 
 def made_up_split(seed: int) -> str:
@@ -107,8 +111,9 @@ def available_datasets() -> list[tuple[str, str]]:
         ("sbm:n=N,blocks=B,deg=D,intra=P,features=F,classes=C,seed=S",
          "contextual stochastic block model: a fraction P of edges inside blocks, classes follow blocks"),
         ("FILE.npz", "arrays edge_index, x, y, optional train_mask/val_mask/test_mask (without them a "
-                     "random 60/20/20 split, seed 0; 'FILE.npz,split_seed=N' for another)"),
-        ("FILE.pt", "a PyG Data (or dict of tensors) saved with torch.save"),
+                     "random 60/20/20 split, seed 0; 'FILE.npz,split_seed=N' for another) and edge_NAME "
+                     "(edge_weight, edge_attr, ...)"),
+        ("FILE.pt", "a PyG Data (or dict of tensors) saved with torch.save, edge_weight/edge_attr included"),
         ("DIR", "an OGB-style dataset directory (raw/edge.csv.gz, raw/node-feat.csv.gz, ...)"),
         ("FILE", "an edge list: one 'src dst' pair per line (no features or labels: it can be "
                  "partitioned and compiled, not trained)"),
@@ -190,14 +195,15 @@ def _with_split_seed(graph: Graph, seed: int, spec: str) -> Graph:
 
 
 def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None, name: str,
-                source: str, num_nodes: int | None = None) -> Graph:
+                source: str, num_nodes: int | None = None, edges: Mapping[str, Any] | None = None) -> Graph:
     """Validate raw arrays and make a Graph; `source` prefixes every message.
 
     edge_index: integer [2, E]; x: numeric [N, F]; y: integer [N] (or [N, 1]);
     masks: bool or 0/1 [N] each, all three or none (then a seeded 60/20/20
-    split). N comes from x. An input without features or labels passes
-    None for x or y and gives `num_nodes`: stand-ins are made and recorded
-    in `Graph.stand_ins`, as is a made-up split.
+    split); edges: edge data by `edge.NAME` name ([E] or [E, d] each,
+    gnnc.graph.edge_data). N comes from x. An input without features or
+    labels passes None for x or y and gives `num_nodes`: stand-ins are made
+    and recorded in `Graph.stand_ins`, as is a made-up split.
     """
     stand_ins: dict[str, str] = {}
     if x is None and num_nodes is not None:
@@ -253,8 +259,10 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
     else:
         mask_arrays = list(split_masks(n, np.random.default_rng(SPLIT_SEED)))
         stand_ins["split"] = made_up_split(SPLIT_SEED)
+    arrays = {k: _array(v, edge_data.PREFIX + k, source) for k, v in (edges or {}).items()}
+    data = edge_data.validate(arrays, int(ei.shape[1]), source)
     return Graph(n, src, dst, torch.from_numpy(xf), torch.from_numpy(ya.astype(np.int64)),
-                 *(torch.from_numpy(m) for m in mask_arrays), name=name, stand_ins=stand_ins)
+                 *(torch.from_numpy(m) for m in mask_arrays), name=name, stand_ins=stand_ins, edge_data=data)
 
 
 def _array(value: Any, field: str, source: str) -> np.ndarray:
@@ -309,7 +317,7 @@ def load_npz(path: Path) -> Graph:
         if field not in arrays:
             raise GraphInputError(f"{path}: {field}: missing (the file has {', '.join(sorted(arrays)) or 'nothing'})")
     return build_graph(arrays["edge_index"], arrays["x"], arrays["y"], {k: arrays.get(k) for k in MASKS},
-                       path.stem, str(path))
+                       path.stem, str(path), edges=edge_data.edge_fields(arrays))
 
 
 def load_edge_list(path: Path) -> Graph:
@@ -479,12 +487,13 @@ def _from_fields(fields: Mapping[str, Any], name: str, source: str,
         if fields.get(field) is None:
             raise GraphInputError(f"{source}: {field}: missing")
     return build_graph(fields["edge_index"], fields.get("x"), fields.get("y"), {k: fields.get(k) for k in MASKS},
-                       name, source, num_nodes)
+                       name, source, num_nodes, edges=edge_data.edge_fields(fields))
 
 
 def from_pyg(data: Any, name: str = "pyg") -> Graph:
-    """A Graph from an in-memory PyG `Data` (duck-typed: edge_index, x, y, optional masks)."""
-    fields = {k: getattr(data, k, None) for k in ("edge_index", "x", "y", *MASKS)}
+    """A Graph from an in-memory PyG `Data` (duck-typed: edge_index, x, y, optional masks and edge_* fields)."""
+    fields = {k: getattr(data, k, None) for k in ("edge_index", "x", "y", "edge_weight", "edge_attr", *MASKS)}
+    fields.update({k: v for k, v in (_pyg_fields(data) or {}).items() if k.startswith(edge_data.PREFIX)})
     return _from_fields(fields, name, "PyG Data")
 
 
@@ -529,7 +538,8 @@ def _write_cached(graph: Graph, path: Path, key: str) -> None:
         np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
                  src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=graph.y.numpy(),
                  stand_ins=np.array(json.dumps(graph.stand_ins, sort_keys=True)),
-                 **{k: getattr(graph, k).numpy() for k in MASKS})
+                 **{k: getattr(graph, k).numpy() for k in MASKS},
+                 **{_EDGE_KEY + k: v.numpy() for k, v in graph.edge_data.items()})
 
 
 def _read_cached(path: Path, key: str) -> Graph | None:
@@ -541,8 +551,9 @@ def _read_cached(path: Path, key: str) -> Graph | None:
             stand_ins = json.loads(str(f["stand_ins"]))
             if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
                 return None
+            edges = {k[len(_EDGE_KEY):]: torch.from_numpy(f[k]) for k in f.files if k.startswith(_EDGE_KEY)}
             return Graph(int(f["num_nodes"]), f["src"], f["dst"], torch.from_numpy(f["x"]),
                          torch.from_numpy(f["y"]), *(torch.from_numpy(f[k]) for k in MASKS), name=str(f["name"]),
-                         stand_ins=stand_ins)
+                         stand_ins=stand_ins, edge_data=edges)
     except (OSError, ValueError, KeyError, EOFError):
         return None

@@ -139,8 +139,10 @@ def induced_subgraph(graph: Graph, vertices: np.ndarray) -> Graph:
     s, d = local[graph.src], local[graph.dst]
     keep = (s >= 0) & (d >= 0)
     idx = torch.as_tensor(vertices)
+    kept = torch.from_numpy(keep)
     return Graph(len(vertices), s[keep], d[keep], graph.x[idx], graph.y[idx], graph.train_mask[idx],
-                 graph.val_mask[idx], graph.test_mask[idx], name=f"{graph.name}[sub]")
+                 graph.val_mask[idx], graph.test_mask[idx], name=f"{graph.name}[sub]",
+                 edge_data={k: v[kept] for k, v in graph.edge_data.items()})
 
 
 def chunks_for_pipeline(graph: Graph, chunks: int, partition: Partition | None = None, part: int = 0,
