@@ -103,7 +103,7 @@ def test_an_edge_list_with_a_huge_vertex_id_is_refused_before_allocating(tmp_pat
     (tmp_path / "edges.txt").write_text("0 1\n1 999999999999\n")
     code, err = run(capsys, "run", GCN, "--graph", str(tmp_path / "edges.txt"), "--epochs", "1")
     assert code == 2
-    assert "vertex id 999999999999 (edge 2)" in err and "number the vertices from 0" in err, err
+    assert "edges.txt:2: edge list: vertex id 999999999999" in err and "number the vertices from 0" in err, err
 
 
 def test_a_huge_label_is_refused_naming_y(tmp_path: Path, capsys, monkeypatch) -> None:
