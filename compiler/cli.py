@@ -115,7 +115,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
 
-    if args.nproc < 1:
+    if args.nproc is not None and args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
     if not args.timeout > 0:
         raise GnncError(f"--timeout must be a positive number of seconds, not {args.timeout}")
@@ -133,6 +133,8 @@ def _run(args: argparse.Namespace) -> int:
 
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
+    from gnnc.memory_check import check_run_memory
+    from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.train import TrainConfig, train
 
     target = Path(args.target)
@@ -141,22 +143,21 @@ def _run(args: argparse.Namespace) -> int:
         if args.set or args.model_name:
             raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
                             f"to change it")
+        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
         spec = args.graph or plan.graph_spec
         graph = None
         if plan.shard_dir is None or plan.workers == 1:
             if spec is None:
                 raise GnncError("the plan names no graph; pass --graph G")
             graph = api.load_graph(spec)
-        if args.nproc != plan.workers and args.nproc != 1:
-            raise GnncError(f"the plan was compiled for {plan.workers} workers; recompile it for --nproc {args.nproc}")
     else:
         if not args.graph:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         spec = args.graph
         graph = api.load_graph(spec)
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
-        plan = api.compile(model, graph, workers=args.nproc, strategy=args.strategy, partition=args.partition,
-                           seed=args.seed, graph_spec=spec)
+        plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
+                           partition=args.partition, seed=args.seed, graph_spec=spec)
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
@@ -169,7 +170,9 @@ def _run(args: argparse.Namespace) -> int:
         if result is None:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
     else:
+        predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
         result = train(plan.program, graph, cfg, metrics_path=args.metrics)
+        result.predicted_peak_rss_bytes = int(predicted.peak)
     logits = result.logits
     summary = result.summary()
     summary["epochs"] = cfg.epochs
@@ -332,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[plugin, model_choice])
     c.add_argument("target")
     c.add_argument("--graph")
-    c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
+    c.add_argument("--nproc", type=int, help="worker processes on this machine (default 1, or the plan's workers)")
     c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="stop the run when a rank makes no progress between collectives for this long "
                         "(default 60); the message names the hung rank")
