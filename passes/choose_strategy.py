@@ -181,7 +181,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
                 from gnnc.passes.select_hybrid import select
 
                 chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost)
-                extra, value = chosen.values, chosen.value
+                extra, value, cost = chosen.values, chosen.value, chosen.formula
             else:
                 value = evaluate_cost(cost, inputs, extra)
             seg_cost[(start, end, s)] = (value.time, value.memory)
