@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import sympy
 
 from gnnc.cluster import resolve_cluster
 from gnnc.errors import GnncError, GnncWarning, PlanError
-from gnnc.frontend.elaborate import elaborate
-from gnnc.frontend.syntax import Module, parse
-from gnnc.graph import Graph, edge_data
+from gnnc.graph import Graph
+from gnnc.graph.in_memory import as_graph
+from gnnc.graph.loaders import load_graph as _load
 from gnnc.graph.sampling import SamplingConfig
-from gnnc.graph.loaders import from_pyg, load_graph as _load
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
-from gnnc.ir.ops import suggest
+from gnnc.memory_check import check_run_memory
+from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
+                             load_model_source)  # (the API's names)
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.local import local
@@ -39,107 +38,24 @@ from gnnc.passes.partition import partition_graph
 from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import param_dependent
-from gnnc.plan.plan_file import ModelSource, Plan
+from gnnc.plan.plan_file import Plan
 from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.approximation import approximations, require_exact
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
+from gnnc.runtime.main_guard import check_main_guard
 from gnnc.runtime.minibatch import train_minibatch
 from gnnc.runtime.minibatch_dist import SampledJob, sampled_worker
-from gnnc.runtime.train import TrainConfig, train
-
-
-@dataclass(frozen=True)
-class Model:
-    """A parsed .gnn file plus the parameter overrides to elaborate it with."""
-
-    module: Module
-    overrides: tuple[tuple[str, str], ...] = ()
-    name: str | None = None
-
-    @property
-    def file(self) -> str:
-        return self.module.file
-
-    def program(self, graph: Any = None) -> Program:
-        """Elaborate (untyped IR), binding `features`/`classes` and the edge data's widths from the graph if given."""
-        return elaborate(self.module, dict(self.overrides), graph_dims(graph), self.name, edge_shapes(graph))
-
-    def source(self) -> ModelSource:
-        """What a plan records of the model it was compiled from."""
-        return ModelSource(self.module.file, self.module.source, self.name, self.overrides)
-
-
-def graph_dims(graph: Any) -> dict[str, int]:
-    if graph is None:
-        return {}
-    return {"features": graph.num_features, "classes": graph.num_classes, "nodes": graph.num_nodes}
-
-
-def edge_shapes(graph: Any) -> dict[str, int | None] | None:
-    """The graph's edge data by name and width (None: a number per edge); None without a graph."""
-    return None if graph is None else edge_data.shapes(graph.edge_data)
-
-
-class ModelErrors(GnncError):
-    """`check` found errors in one or more models of a file: `errors` holds each model's first one."""
-
-    def __init__(self, errors: list[GnncError]):
-        super().__init__("\n".join(str(e) for e in errors))
-        self.errors = errors
-
-
-def check(model: Model, graph: Any = None) -> list[str]:
-    """Type-check every model of the file, or only the one `model.name` names; the names of those checked.
-
-    A `--set` value applies to the models that declare that parameter. Raises ModelErrors
-    with each failing model's first error (`file:line:col` with a caret).
-    """
-    models = model.module.models
-    names = [model.name] if model.name is not None else [m.name for m in models] or [None]
-    declared = {p.name for m in models for p in m.params}
-    for key, _ in model.overrides:
-        if key not in declared:
-            which = f"model '{models[0].name}' has" if len(models) == 1 else f"no model in {model.file} has"
-            raise GnncError(f"--set {key}: {which} no parameter '{key}'{suggest(key, declared)}")
-    errors: list[GnncError] = []
-    for name in names:
-        params = {p.name for m in models if m.name == name for p in m.params}
-        chosen = model.name is not None  # a model named by the user takes every --set, and refuses a foreign one
-        one = Model(model.module, tuple((k, v) for k, v in model.overrides if k in params or chosen), name)
-        try:
-            run_pipeline(one.program(graph), ["infer-shapes", "check"])
-        except GnncError as err:
-            errors.append(err)
-    if errors:
-        raise ModelErrors(errors)
-    return [n for n in names if n is not None]
-
-
-def load_model(path: str | os.PathLike, model: str | None = None, **params: Any) -> Model:
-    """Parse a .gnn file; `params` override model parameters (as `--set NAME=VALUE`)."""
-    p = Path(path)
-    try:
-        source = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GnncError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise GnncError(f"{path}: cannot read: {err}") from None
-    return Model(parse(source, str(path)), tuple(sorted((k, str(v)) for k, v in params.items())), model)
-
-
-def load_model_source(source: str, file: str = "<string>", model: str | None = None, **params: Any) -> Model:
-    return Model(parse(source, file), tuple(sorted((k, str(v)) for k, v in params.items())), model)
+from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
 
 
 def load_graph(spec: Any):
-    """A graph from a spec string (planetoid:cora, rmat:..., a file) or a PyG Data object."""
-    if isinstance(spec, Graph):
-        return spec
+    """A graph from a spec string (planetoid:cora, rmat:..., a file), a PyG Data, a networkx graph or a
+    dict of arrays (gnnc.graph.in_memory)."""
     if not isinstance(spec, (str, os.PathLike)):
-        return from_pyg(spec)
+        return as_graph(spec)
     return _load(str(spec))
 
 
@@ -184,6 +100,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     meta: dict[str, Any] = {}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
                       approximate=approximate)
+    if getattr(graph, "stand_ins", None):
+        meta["graph_stand_ins"] = dict(graph.stand_ins)  # `gnnc run PLAN` refuses or states them without the graph
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
@@ -211,7 +129,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["hybrid"] = results.hybrid_selection
     report = results.planner
     if report is not None:
-        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
+        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else ctx.cluster.name,
                            "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
                            "predicted_memory_bytes": report.predicted_memory_bytes,
                            "alternatives": report.alternatives, "crossovers": report.crossovers,
@@ -293,7 +211,7 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
-    """Partition a graph (spec, Graph or PyG Data) with one of gnnc.passes.partition's methods."""
+    """Partition a graph (anything `load_graph` takes) with one of gnnc.passes.partition's methods."""
     return partition_graph(load_graph(graph), parts, method, seed=seed, **options)
 
 
@@ -309,9 +227,14 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
         approximate: bool = False):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
-    Returns a RunResult (one process) or, with nproc > 1, the same summary as
-    a dict with `logits` in global vertex order. `sampling` trains sampled minibatches.
+    Returns a RunResult either way (logits in global vertex order). With
+    nproc > 1 the workers are new processes started with 'spawn', which
+    imports the caller's main module again in each: a script must call this
+    under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line). `sampling` trains sampled minibatches.
     """
+    workers = target.workers if isinstance(target, Plan) else nproc
+    if workers > 1:
+        check_main_guard(workers)  # before the compile: a script without `if __name__ == "__main__":` fails fast
     g = load_graph(graph)
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
@@ -321,7 +244,10 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
     if plan.workers == 1:
-        return train_local(plan, g, cfg, metrics, on_epoch)
+        predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
+        result = train_local(plan, g, cfg, metrics, on_epoch)
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+        return result
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
 
 
@@ -333,8 +259,10 @@ def train_local(plan: Plan, graph: Graph, cfg: TrainConfig, metrics: str | None 
 
 
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True,
-             timeout_s: float | None = None) -> dict[str, Any]:
+             timeout_s: float | None = None) -> RunResult | None:
     """Train a plan compiled for several workers: one process per worker, each loading its own shard.
+
+    Returns rank 0's RunResult (None on the other ranks of a torchrun job).
 
     A saved plan brings its shards; otherwise they are written to a
     temporary directory first, from `graph` (or the graph the plan was
@@ -345,6 +273,14 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():
+        if graph is None:
+            raise PlanError("the plan has no shards and no graph was given to write them from")
+        plan.graph = load_graph(graph)
+    if plan.graph is not None:
+        check_graph_inputs(plan.graph.name, plan.graph.stand_ins)
+    else:  # saved shards: what the plan recorded of the graph it was compiled on
+        check_graph_inputs(str(plan.graph_spec), plan.meta.get("graph_stand_ins") or {})
 
     def job_for(shard_dir: str):
         if plan.sampling is not None:
@@ -358,22 +294,31 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         fn, job = job_for(str(plan.shard_dir))
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return join_torchrun(fn, job, timeout_s=timeout)
-        return launch(fn, plan.workers, job, timeout_s=timeout)[0]
+            return _result(join_torchrun(fn, job, timeout_s=timeout))
+        # before any worker starts (the memory check reads full-graph shards; sampled ones are not estimated)
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir) if plan.sampling is None else None
+        return _result(launch(fn, plan.workers, job, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
-    if plan.graph is None:
-        if graph is None:
-            raise PlanError("the plan has no shards and no graph was given to write them from")
-        plan.graph = load_graph(graph)
     if plan.parts is None:
         plan.parts = partition_vertices(plan.graph, plan.workers, plan.meta["partition"]["method"], cfg.seed)
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
+        predicted = check_run_memory(plan, shard_dir=tmp) if plan.sampling is None else None  # before any worker starts
         fn, job = job_for(tmp)
         try:
-            return launch(fn, plan.workers, job, timeout_s=timeout)[0]
+            return _result(launch(fn, plan.workers, job, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
+
+
+def _result(summary: dict[str, Any] | None, predicted=None) -> RunResult | None:
+    """Rank 0's summary as a RunResult, with the memory check's estimate of the largest process beside its peak."""
+    if summary is None:
+        return None
+    result = RunResult.from_summary(summary)
+    if predicted is not None:
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+    return result

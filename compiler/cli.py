@@ -7,17 +7,19 @@ JSON object summarising the command (DESIGN.md section 9).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
+# only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
+# in the commands that need them)
 from gnnc.errors import GnncError, GnncWarning, InternalError
-from gnnc.passes.partition import METHODS
+from gnnc.passes.partition.methods import METHODS
+from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.schedules import SCHEDULES
-from gnnc.plan.strategies import STRATEGIES, names as strategy_names
+from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -35,14 +37,19 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    # deferred: a command loads torch and the planner only when it needs them
-    from gnnc import api
+    # deferred: a command loads torch and the planner only when it needs them (check needs neither, unless
+    # it is given a graph)
+    from gnnc.model_file import ModelErrors, check, load_model
 
-    model = api.load_model(args.model, model=args.model_name, **_sets(args.set))
-    graph = api.load_graph(args.graph) if args.graph else None
+    model = load_model(args.model, model=args.model_name, **_sets(args.set))
+    graph = None
+    if args.graph:
+        from gnnc import api  # deferred: loading a graph needs torch
+
+        graph = api.load_graph(args.graph)
     try:
-        names = api.check(model, graph)
-    except api.ModelErrors as err:  # every model's first error, each at its file:line:col
+        names = check(model, graph)
+    except ModelErrors as err:  # every model's first error, each at its file:line:col
         for e in err.errors:
             print(f"error: {e}" if e.loc is None else str(e), file=sys.stderr)
         return 2
@@ -112,7 +119,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
 
-    if args.nproc < 1:
+    if args.nproc is not None and args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
     if not args.timeout > 0:
         raise GnncError(f"--timeout must be a positive number of seconds, not {args.timeout}")
@@ -130,7 +137,8 @@ def _run(args: argparse.Namespace) -> int:
 
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
-    from gnnc.runtime.metrics import peak_rss_bytes
+    from gnnc.memory_check import check_run_memory
+    from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.train import TrainConfig
 
     target = Path(args.target)
@@ -139,22 +147,21 @@ def _run(args: argparse.Namespace) -> int:
         if args.set or args.model_name:
             raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
                             f"to change it")
+        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
         spec = args.graph or plan.graph_spec
         graph = None
         if plan.shard_dir is None or plan.workers == 1:
             if spec is None:
                 raise GnncError("the plan names no graph; pass --graph G")
             graph = api.load_graph(spec)
-        if args.nproc != plan.workers and args.nproc != 1:
-            raise GnncError(f"the plan was compiled for {plan.workers} workers; recompile it for --nproc {args.nproc}")
     else:
         if not args.graph:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         spec = args.graph
         graph = api.load_graph(spec)
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
-        plan = api.compile(model, graph, workers=args.nproc, strategy=args.strategy, partition=args.partition,
-                           seed=args.seed, graph_spec=spec, **_sampled_options(args))
+        plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
+                           partition=args.partition, seed=args.seed, graph_spec=spec, **_sampled_options(args))
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
@@ -162,18 +169,16 @@ def _run(args: argparse.Namespace) -> int:
                               seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
                               checkpoint_every=args.checkpoint_every, resume=args.resume)
     if plan.workers > 1:
-        summary = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
-                               timeout_s=args.timeout)
-        if summary is None:
+        result = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
+                              timeout_s=args.timeout)
+        if result is None:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
-        logits = summary.pop("logits")
-        summary.pop("history", None)
     else:
+        predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
         result = api.train_local(plan, graph, cfg, metrics=args.metrics)
-        logits = result.logits
-        summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1,
-                   "peak_rss_bytes": peak_rss_bytes(),
-                   "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+    logits = result.logits
+    summary = result.summary()
     summary["epochs"] = cfg.epochs
     if args.dump_logits:
         torch.save(logits, args.dump_logits)
@@ -181,10 +186,11 @@ def _run(args: argparse.Namespace) -> int:
         _emit_json(summary)
     else:
         name = graph.name if graph is not None else summary.get("graph", spec)
-        print(f"{plan.program.name} on {name} x{summary['world_size']} ({_runs(summary['strategies'])}): "
-              f"test acc {summary['test_acc']:.4f} (at best val {summary['val_acc']:.4f}, epoch "
-              f"{summary['best_epoch']}); final test acc {summary['final_test_acc']:.4f}; train loss "
-              f"{summary['train_loss']:.4f}; {summary['epoch_time_s'] * 1000:.1f} ms/epoch")
+        print(f"{plan.program.name} on {name} x{summary['world_size']} "
+              f"({describe_assignment(summary['strategies'])}): test acc {summary['test_acc']:.4f} "
+              f"(at best val {summary['val_acc']:.4f}, epoch {summary['best_epoch']}); final test acc "
+              f"{summary['final_test_acc']:.4f}; train loss {summary['train_loss']:.4f}; "
+              f"{summary['epoch_time_s'] * 1000:.1f} ms/epoch")
     return 0
 
 
@@ -211,12 +217,6 @@ def _add_sampled_flags(c: argparse.ArgumentParser) -> None:
                        [n for n in STRATEGIES if not STRATEGIES[n].exact]
                        + [n for n in SCHEDULES if not SCHEDULES[n].exact]) + "): the planner may choose them "
                        "and --strategy/--schedule may name them")
-
-
-def _runs(strategies: list[str]) -> str:
-    """Per-layer strategies with repeats folded: a 64-layer GCNII reads `depcache x64`, not 64 names."""
-    runs = [(name, len(list(group))) for name, group in itertools.groupby(strategies)]
-    return ",".join(name if n == 1 else f"{name} x{n}" for name, n in runs)
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
@@ -248,6 +248,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, probe, probe_layer_samples
 
     threads = args.threads or max(1, torch.get_num_threads())
+    if args.network:
+        return _probe_network(args, threads)
     measured = probe(threads)
     features, hidden, classes = PROBE_WIDTHS
     model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
@@ -259,6 +261,61 @@ def cmd_probe(args: argparse.Namespace) -> int:
     profile.save(path)
     print(profile.to_json(), end="")  # stdout stays the profile's JSON, for scripts
     print(describe_unit_costs(profile), end="", file=sys.stderr)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _probe_network(args: argparse.Namespace, threads: int) -> int:
+    """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
+
+    The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `--base`
+    (a profile `gnnc probe` wrote) or, without it, from measuring this host once the links are done.
+    """
+    # deferred: a command loads torch and the planner only when it needs them
+    from gnnc import api
+    from gnnc.cluster import ClusterProfile, load_profile
+    from gnnc.passes.cost.fit import fit_profile
+    from gnnc.runtime.launch import join_torchrun, started_by_torchrun
+    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, machine_fields, probe_layer_samples
+    from gnnc.runtime.probe_network import network_probe, profile_fields
+
+    if not started_by_torchrun():
+        raise GnncError("gnnc probe --network measures the links between the ranks of a torchrun job: start it "
+                        "with torchrun on every host (benchmarks/cluster/emulated.py probe does so for the "
+                        "emulated cluster)")
+    if not args.output:
+        raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
+    base = load_profile(args.base) if args.base else None  # read before the job: a bad file fails fast
+    measured = join_torchrun(network_probe, timeout_s=args.timeout)
+    if measured is None:
+        return 0  # a rank other than 0: rank 0 writes the profile
+    network = profile_fields(measured)
+    workers = network["workers"]
+    if base is not None:
+        profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
+                                            "unit_costs": []}, "probe")
+    else:
+        features, hidden, classes = PROBE_WIDTHS
+        model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden,
+                                      classes=classes)
+        program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
+        profile = ClusterProfile.from_dict({**machine_fields(threads), **network, "name": "measured", "t_c": None},
+                                           "probe")
+        # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
+        fitted = fit_profile(program, samples, PROBE_WIDTHS, profile.worker_bandwidth(workers))
+        profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
+    path = Path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    print(profile.to_json(), end="")
+    inter = [link for link in profile.links if not link.same_host] or list(profile.links)
+    print(f"{len(profile.links)} links: bandwidth {min(x.bandwidth for x in inter) * 8 / 1e9:.3g}.."
+          f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
+          f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
+          f"(profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us)", file=sys.stderr)
+    for c in profile.collectives:
+        print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
+              f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -341,8 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=list(METHODS))
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
-    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces: "
-                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`)")
+    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces, e.g. "
+                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`); "
+                                    f"default: {','.join(DEFAULT_PIPELINE)}, followed with --workers N>1 by "
+                                    f"{','.join(DISTRIBUTED_PIPELINE)}")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
     _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
@@ -363,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[plugin, model_choice])
     c.add_argument("target")
     c.add_argument("--graph")
-    c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
+    c.add_argument("--nproc", type=int, help="worker processes on this machine (default 1, or the plan's workers)")
     c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="stop the run when a rank makes no progress between collectives for this long "
                         "(default 60); the message names the hung rank")
@@ -392,6 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
     c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
     c.add_argument("--threads", type=int)
+    c.add_argument("--network", action="store_true",
+                   help="under torchrun: measure the links and collectives between the job's ranks (rank 0 "
+                        "writes the profile of the job's machines)")
+    c.add_argument("--base", metavar="PROFILE.json",
+                   help="with --network: take each machine's own figures from this profile instead of measuring")
+    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --network: how long a rank waits for its peers")
     c.set_defaults(fn=cmd_probe)
 
     c = sub.add_parser("clusters", help="list the cluster presets")

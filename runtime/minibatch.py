@@ -41,7 +41,7 @@ from gnnc.ir import Program
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter
 from gnnc.runtime.metrics import MinibatchRecord
-from gnnc.runtime.train import RunResult, TrainConfig, Worker, fit
+from gnnc.runtime.train import RunResult, TrainConfig, Worker, train
 
 SYNC_OPS = ("sync", "reduce_scatter")  # where the first graph layer's partial results are combined
 
@@ -334,4 +334,4 @@ def _snapshot(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
 def train_minibatch(program: Program, graph: Graph, cfg: TrainConfig, sampling: SamplingConfig,
                     schedule: str = "sequential", metrics_path: str | None = None, on_epoch=None) -> RunResult:
     """Train `program` on sampled minibatches of `graph` in this process (evaluation on the whole graph)."""
-    return RunResult.of(*fit(MinibatchWorker(program, graph, cfg, sampling, schedule), cfg, metrics_path, on_epoch))
+    return train(program, graph, cfg, metrics_path, on_epoch, MinibatchWorker(program, graph, cfg, sampling, schedule))

@@ -53,6 +53,30 @@ class TrainConfig:
     checkpoint_every: int = 10
     resume: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+        def number(value: Any) -> bool:  # lr 0 is allowed, as torch allows it: a run that only evaluates
+            return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value >= 0)
+
+        checks = [("--epochs or training(epochs=...)", self.epochs, whole(self.epochs), "a whole number of at least 1"),
+                  ("--lr or training(lr=...)", self.lr, number(self.lr), "a finite number of at least 0"),
+                  ("--weight-decay or training(weight_decay=...)", self.weight_decay,
+                   number(self.weight_decay), "a finite number of at least 0"),
+                  ("training(graph_weight_decay=...)", self.graph_weight_decay,
+                   self.graph_weight_decay is None or number(self.graph_weight_decay),
+                   "a finite number of at least 0"),
+                  ("training(patience=...)", self.patience, self.patience is None or whole(self.patience),
+                   "a whole number of at least 1"),
+                  ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
+                   "a whole number of at least 1")]
+        for where, value, ok, want in checks:
+            if not ok:
+                raise GnncError(f"{where}: must be {want}, not {value!r}")
+
     @staticmethod
     def resolve(program: Program, **flags: Any) -> "TrainConfig":
         merged = dict(program.training)
@@ -68,24 +92,41 @@ class TrainingDiverged(GnncError):
 
 @dataclass
 class RunResult:
+    """What a training run returns, from one process or from N (`gnnc.run`; `gnnc run --json` prints `summary()`).
+
+    `logits` are every vertex's, in global vertex order (None when a
+    distributed run was asked not to gather them); `history` has one record
+    per epoch; `bytes_sent_per_epoch` is 0 and `world_size` 1 in one process.
+    """
+
     test_acc: float
     val_acc: float
     final_test_acc: float
     train_loss: float
     epoch_time_s: float
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     history: list[dict[str, float]] = field(default_factory=list)
     best_epoch: int = 0
-
-    @staticmethod
-    def of(summary: dict[str, Any], logits: torch.Tensor, history: list[dict[str, Any]]) -> "RunResult":
-        """What `fit` returned, as a RunResult."""
-        return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
-                         summary["epoch_time_s"], logits, history, summary["best_epoch"])
+    graph: str = ""
+    world_size: int = 1
+    strategies: list[str] = field(default_factory=list)
+    bytes_sent_per_epoch: int = 0
+    peak_rss_bytes: int = 0
+    predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
 
     def summary(self) -> dict[str, Any]:
-        return {"test_acc": self.test_acc, "val_acc": self.val_acc, "final_test_acc": self.final_test_acc,
-                "train_loss": self.train_loss, "epoch_time_s": self.epoch_time_s, "best_epoch": self.best_epoch}
+        """Every field but the logits and the history (JSON-ready)."""
+        return {k: getattr(self, k) for k in SUMMARY_FIELDS}
+
+    @staticmethod
+    def from_summary(summary: dict[str, Any]) -> "RunResult":
+        """The result a distributed run's rank 0 returns as a dict (gnnc.runtime.distributed.worker)."""
+        return RunResult(**{k: summary[k] for k in SUMMARY_FIELDS if k in summary}, logits=summary.get("logits"),
+                         history=list(summary.get("history") or []))
+
+
+SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
+                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes")
 
 
 class Worker:
@@ -209,6 +250,26 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             **worker.run_settings()}
 
 
+def check_graph_inputs(name: str, stand_ins: dict[str, str]) -> None:
+    """Before a run: refuse a graph whose labels were made up, and state on stderr what else was.
+
+    `stand_ins` is `Graph.stand_ins` (or what a plan recorded of it): an
+    edge list has no labels, so every vertex has label 0 and a run would
+    report perfect accuracy having learned nothing. Made-up features or a
+    made-up split still train, but a reader of the results must know.
+    """
+    if "y" in stand_ins:
+        missing = "labels (y) and no features (x)" if "x" in stand_ins else "labels (y)"
+        raise GraphInputError(f"graph '{name}' cannot be trained: it has no {missing}, so every vertex stands in "
+                              "with label 0 and there is nothing to learn. A graph without labels can be "
+                              "partitioned and compiled, not trained: give one with labels (an .npz with "
+                              "edge_index, x and y, a PyG Data, a networkx graph with node attributes x and y, an "
+                              "OGB directory; see `gnnc datasets`)")
+    for field in ("x", "split"):
+        if field in stand_ins:
+            print(f"note: graph '{name}': {stand_ins[field]}", file=sys.stderr)
+
+
 def check_trainable(worker: Worker, cfg: TrainConfig) -> None:
     """Refuse, before the first epoch, a run that cannot train (every rank raises alike)."""
     if worker.train_vertices() == 0:
@@ -316,6 +377,14 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 
 
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
-          on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Train `program` on `graph` in this process."""
-    return RunResult.of(*fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch))
+          on_epoch: Callable[[dict[str, Any]], None] | None = None, worker: Worker | None = None) -> RunResult:
+    """Train `program` on `graph` in this process (`worker`: another kind of one-process Worker, such as
+    gnnc.runtime.minibatch's sampled minibatches; by default full-graph steps)."""
+    from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
+
+    check_graph_inputs(graph.name, graph.stand_ins)
+    summary, logits, history = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
+    return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
+                     summary["epoch_time_s"], logits, history, summary["best_epoch"], graph=graph.name,
+                     strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
+                     bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes())

@@ -108,6 +108,10 @@ class Graph:
     name: str = "graph"
     edge_data: dict[str, torch.Tensor] = field(default_factory=dict)  # `edge.NAME`: float32 [E] or [E, d]
     _views: dict = field(default_factory=dict, repr=False, compare=False)
+    # Vertex data the input did not give and the loader made up, each with a sentence saying what stands in:
+    # "x" (one constant feature), "y" (label 0 everywhere: nothing to learn, so training refuses the graph),
+    # "split" (a seeded random train/val/test split, which training states on stderr).
+    stand_ins: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def num_edges(self) -> int:

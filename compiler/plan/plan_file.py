@@ -25,7 +25,8 @@ from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.sampled_shards import write_sampled_shards
 from gnnc.plan.schedules import SCHEDULES
-from gnnc.plan.shards import write_plan_shards
+from gnnc.plan.shard_files import read_manifest
+from gnnc.plan.shards import check_shards_match, write_plan_shards
 
 PLAN_SCHEMA = "gnnc.plan/1"
 PLAN_FILES = {"parts.npy", "shards/manifest.json"}  # the files beside plan.json that `shards` checksums
@@ -174,7 +175,14 @@ class Plan:
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
                                      "schedule", "predicted_bytes_per_epoch", "approximations") if k in data}
         _check_sampled_fields(meta, path)
+        stand_ins = data.get("graph_stand_ins", {})
+        if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
+            raise PlanError(f"{path}: 'graph_stand_ins' must map field names to descriptions")
+        if stand_ins:
+            meta["graph_stand_ins"] = stand_ins
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
+        if shard_dir is not None:
+            check_shards_match(read_manifest(shard_dir), program, str(shard_dir))
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 
 
