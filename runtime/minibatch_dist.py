@@ -273,7 +273,7 @@ def sampled_one_step(cfg: DistConfig, job: SampledJob, epoch: int = 0, index: in
         for k, v in keys.items():
             by_key[k] = by_key.get(k, 0) + int(v["bytes"])
     return {"loss": float(loss[0]), "grads": {k: p.grad.detach().clone() for k, p in params.items()},
-            "seeds": np.concatenate([e[0] for e in every]), "logits": torch.cat([e[1] for e in every]),
+            "seeds": torch.from_numpy(np.concatenate([e[0] for e in every])), "logits": torch.cat([e[1] for e in every]),
             "bytes_by_op": by_op, "bytes": by_key}
 
 

@@ -23,7 +23,7 @@ from gnnc.graph.sampling import SamplingConfig
 from gnnc.files import atomic_write
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
-from gnnc.plan.sampled_shards import write_sampled_shards
+from gnnc.plan.sampled_shards import check_sampled_shards_match, write_sampled_shards
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.shard_files import read_manifest
 from gnnc.plan.shards import check_shards_match, write_plan_shards
@@ -182,7 +182,11 @@ class Plan:
             meta["graph_stand_ins"] = stand_ins
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
         if shard_dir is not None:
-            check_shards_match(read_manifest(shard_dir), program, str(shard_dir))
+            manifest = read_manifest(shard_dir)
+            if manifest.get("kind") == "sampled":  # sampled shards: the feature layout the first layer reads
+                check_sampled_shards_match(manifest, program, str(shard_dir))
+            else:
+                check_shards_match(manifest, program, str(shard_dir))
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 
 

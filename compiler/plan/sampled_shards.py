@@ -80,6 +80,16 @@ def write_sampled_shards(program, graph: Graph, parts: np.ndarray, world: int,
     return read_manifest(out)
 
 
+def check_sampled_shards_match(manifest: dict[str, Any], program, where: str) -> None:
+    """Refuse sampled shards whose feature layout is not what the plan's first layer reads (an edited IR)."""
+    want = feature_layout(program)
+    if manifest.get("layout") != want:
+        raise PlanError(f"{where}: the plan's first graph layer runs "
+                        f"{program.graph_layers()[0].attr('strategy')}, which reads the features by {want}, but its "
+                        f"shards hold them by {manifest.get('layout')}: the IR was edited after compiling; compile "
+                        f"the plan again")
+
+
 def load_sampled_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> SampledRankData:
     """Rank `rank`'s shard, checked against the manifest before anything is read."""
     manifest = read_manifest(shard_dir)
