@@ -85,7 +85,7 @@ def predicted_exposed_comm(meta: dict) -> float:
     """Communication the plan's predicted epoch does not hide behind compute (the gradient all-reduce left
     out, as the measured figure leaves it out): per worker, every communication piece outside an overlap
     window, and inside one what outlasts the compute beside it; the largest over workers."""
-    stages = ((meta.get("planner") or {}).get("schedule") or (meta.get("schedule") or {}).get("predicted"))["stages"]
+    stages = ((meta.get("planner") or {}).get("schedule") or (meta.get("schedule_report") or {}).get("predicted"))["stages"]
     workers = len(stages[0]["worker_time_s"]) if stages else 0
     exposed = [0.0] * workers
     for stage in stages:
@@ -146,7 +146,7 @@ def section_overlap(args, exe: list[str]) -> None:
             meta = out["meta"]
             print(f"{name:6s} {label:14s} {steady(out['records'], 'comm_s'):14.3f} "
                   f"{predicted_exposed_comm(meta):11.4f} {steady(out['records'], 'epoch_s'):8.3f} "
-                  f"{meta['schedule']['predicted_time_s']:17.4f}")
+                  f"{meta['schedule_report']['predicted_time_s']:17.4f}")
 
 
 def section_bins(args, exe: list[str]) -> None:
@@ -168,10 +168,10 @@ def section_bins(args, exe: list[str]) -> None:
         if "error" in out:
             print(f"{label:22s} error: {out['error']}")
             continue
-        bins = ",".join(str(seg["options"].get("bins", 1)) for seg in out["meta"]["schedule"]["segments"])
+        bins = ",".join(str(seg["options"].get("bins", 1)) for seg in out["meta"]["schedule_report"]["segments"])
         first = max(r["activation_peak_bytes"] for r in out["records"] if r["epoch"] == 0)
         print(f"{label:22s} {bins:>14s} {steady(out['records'], 'activation_peak_bytes') / 2**20:14.1f} "
-              f"{first / 2**20:15.1f} {out['meta']['schedule']['activation_bytes'] / 2**20:13.1f} "
+              f"{first / 2**20:15.1f} {out['meta']['schedule_report']['activation_bytes'] / 2**20:13.1f} "
               f"{steady(out['records'], 'epoch_s'):8.3f}")
     if "error" not in capped:
         a, b = free["logits"], capped["logits"]

@@ -13,17 +13,22 @@ not match what it states.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
+import warnings
 from typing import Any
 
+import sympy
+
 from gnnc.cluster import resolve_cluster
-from gnnc.errors import GnncError, PlanError
-from gnnc.frontend.elaborate import elaborate
-from gnnc.frontend.syntax import Module, parse
+from gnnc.errors import GnncError, GnncWarning, PlanError
 from gnnc.graph import Graph
-from gnnc.graph.loaders import from_pyg, load_graph as _load
+from gnnc.graph.in_memory import as_graph
+from gnnc.graph.loaders import load_graph as _load
+from gnnc.graph.sampling import SamplingConfig
 from gnnc.ir import Program
+from gnnc.ir.expr import as_expr
+from gnnc.memory_check import check_run_memory
+from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
+                             load_model_source)  # (the API's names)
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.local import local
@@ -33,63 +38,24 @@ from gnnc.passes.partition import partition_graph
 from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import param_dependent
-from gnnc.plan.plan_file import ModelSource, Plan
+from gnnc.plan.plan_file import Plan
 from gnnc.plan.shard_files import verify_shards
+from gnnc.plan.approximation import approximations, require_exact
+from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
-from gnnc.runtime.train import TrainConfig, train
-
-
-@dataclass(frozen=True)
-class Model:
-    """A parsed .gnn file plus the parameter overrides to elaborate it with."""
-
-    module: Module
-    overrides: tuple[tuple[str, str], ...] = ()
-    name: str | None = None
-
-    @property
-    def file(self) -> str:
-        return self.module.file
-
-    def program(self, graph: Any = None) -> Program:
-        """Elaborate (untyped IR), binding `features`/`classes` from the graph if given."""
-        return elaborate(self.module, dict(self.overrides), graph_dims(graph), self.name)
-
-    def source(self) -> ModelSource:
-        """What a plan records of the model it was compiled from."""
-        return ModelSource(self.module.file, self.module.source, self.name, self.overrides)
-
-
-def graph_dims(graph: Any) -> dict[str, int]:
-    if graph is None:
-        return {}
-    return {"features": graph.num_features, "classes": graph.num_classes, "nodes": graph.num_nodes}
-
-
-def load_model(path: str | os.PathLike, model: str | None = None, **params: Any) -> Model:
-    """Parse a .gnn file; `params` override model parameters (as `--set NAME=VALUE`)."""
-    p = Path(path)
-    try:
-        source = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GnncError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise GnncError(f"{path}: cannot read: {err}") from None
-    return Model(parse(source, str(path)), tuple(sorted((k, str(v)) for k, v in params.items())), model)
-
-
-def load_model_source(source: str, file: str = "<string>", model: str | None = None, **params: Any) -> Model:
-    return Model(parse(source, file), tuple(sorted((k, str(v)) for k, v in params.items())), model)
+from gnnc.runtime.main_guard import check_main_guard
+from gnnc.runtime.minibatch import train_minibatch
+from gnnc.runtime.minibatch_dist import SampledJob, sampled_worker
+from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
 
 
 def load_graph(spec: Any):
-    """A graph from a spec string (planetoid:cora, rmat:..., a file) or a PyG Data object."""
-    if isinstance(spec, Graph):
-        return spec
+    """A graph from a spec string (planetoid:cora, rmat:..., a file), a PyG Data, a networkx graph or a
+    dict of arrays (gnnc.graph.in_memory)."""
     if not isinstance(spec, (str, os.PathLike)):
-        return from_pyg(spec)
+        return as_graph(spec)
     return _load(str(spec))
 
 
@@ -97,6 +63,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             graph_spec: str | None = None, after=None, strategy: str | list[str] | None = None,
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
+            sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
             memory_cap: int | None = None) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
@@ -108,18 +75,30 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     (choose-strategy), unless the pipeline text set them already.
     `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
     Algorithm 4's choice of the dependencies a hybrid segment caches.
-    `memory_cap` (bytes of activation memory per worker) goes to the schedule
-    pass, which runs layers in G3's bins to meet it.
+    `sampling` (fan-outs and batch size) compiles for sampled minibatch training: the planner prices
+    the sampled strategies (dp-sample, pushpull) on a dry run of the sampler with `seed`. `schedule`
+    (gnnc.plan.schedules) orders the steps; an approximate strategy or schedule needs `approximate`.
+    `memory_cap` (bytes of activation memory per worker) goes to the schedule pass, which runs layers in
+    G3's bins to meet it (full-graph training).
     """
+    if schedule is not None and schedule not in SCHEDULES:
+        raise GnncError(f"unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+    if schedule is not None and SCHEDULES[schedule].sampled_only and sampling is None:
+        raise GnncError(f"schedule '{schedule}' pipelines sampled minibatches: give --fanout and --batch-size")
+    named = [] if strategy is None else strategy.split(",") if isinstance(strategy, str) else list(strategy)
+    require_exact(named, schedule, approximate)
     if workers == "auto":
+        if sampling is not None:
+            raise GnncError("--workers auto plans full-graph training; give a worker count with --fanout")
         return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
                              memory_cap)
     workers = int(workers)
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
-    if memory_cap and workers == 1:
+    if memory_cap and (workers == 1 or sampling is not None):
         raise GnncError("--memory-cap bounds a worker's activations by running layers in bins, which the "
-                        "distributed runtime does: compile for --workers N > 1 (run with --nproc N)")
+                        "distributed runtime does for full-graph training: compile for --workers N > 1 "
+                        "(run with --nproc N), without --fanout")
     program = model.program(graph)
     pipeline = [as_spec(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     if workers > 1 and passes is None:
@@ -127,25 +106,40 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1:
         pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap)
     meta: dict[str, Any] = {}
-    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached)
+    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
+                      approximate=approximate)
+    if getattr(graph, "stand_ins", None):
+        meta["graph_stand_ins"] = dict(graph.stand_ins)  # `gnnc run PLAN` refuses or states them without the graph
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
-        method = partition or _default_partition(strategy)
+        method = partition or (SAMPLED_PARTITION if sampling is not None else _default_partition(strategy))
         ctx.partition = partition_graph(graph, workers, method, seed=seed)
         ctx.cluster = resolve_cluster(cluster)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
     program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
+    if graph is not None:
+        _warn_unused_logits(program, graph, model)
     results = ctx.results
-    if results.predicted_bytes is not None:
+    if sampling is not None:
+        sampling.layer_fanouts(len(program.graph_layers()))  # one fan-out per graph layer, or exit 2
+        meta["sampling"] = sampling.to_json()
+        meta["schedule"] = results.schedule or schedule or "sequential"
+        if results.predicted_bytes is not None:
+            meta["predicted_bytes_per_epoch"] = results.predicted_bytes
+    elif results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
+    chosen = [layer.attr("strategy", "local") for layer in program.graph_layers()]
+    notes = approximations(chosen, meta.get("schedule"))
+    if notes:  # an exact plan says nothing (and stays byte for byte what it was)
+        meta["approximations"] = notes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
-    if results.schedule is not None:
-        meta["schedule"] = results.schedule
+    if results.schedule_report is not None:
+        meta["schedule_report"] = results.schedule_report
     report = results.planner
     if report is not None:
-        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
+        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else ctx.cluster.name,
                            "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
                            "predicted_memory_bytes": report.predicted_memory_bytes,
                            "alternatives": report.alternatives, "crossovers": report.crossovers,
@@ -154,6 +148,19 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "schedule": report.schedule}
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, ctx.parts,
                 results.hybrid_cached, graph if workers > 1 else None)
+
+
+def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
+    """More logits than the graph has classes: legal (the extra ones are never a label), but rarely meant."""
+    t = program.logits.type
+    if t is None or len(t.shape) != 1:
+        return
+    width = as_expr(t.shape[0]).subs({sympy.Symbol(k): v for k, v in program.config if isinstance(v, int)})
+    if width.is_Integer and int(width) > graph.num_classes:
+        loss = next((e for layer in program.layers for e in layer.eqns if e.op == "cross_entropy"), None)
+        warnings.warn(GnncWarning(f"the logits are {int(width)} wide but graph '{graph.name}' has "
+                                  f"{graph.num_classes} classes: {int(width) - graph.num_classes} of them never "
+                                  f"match a label", loss.loc if loss else None, model.module.source), stacklevel=3)
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
@@ -169,6 +176,10 @@ def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | 
         if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
             raise GnncError(f"--{key}: no pass of the pipeline ({', '.join(s.name for s in pipeline)}) takes it")
     return [with_values(spec, given) for spec in pipeline]
+
+
+# P3 and its comparison with DGL hash-partition the vertices (P3 section 3.1, and section 5 for DGL)
+SAMPLED_PARTITION = "hash"
 
 
 def _default_partition(strategy: str | None) -> str:
@@ -212,7 +223,7 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
-    """Partition a graph (spec, Graph or PyG Data) with one of gnnc.passes.partition's methods."""
+    """Partition a graph (anything `load_graph` takes) with one of gnnc.passes.partition's methods."""
     return partition_graph(load_graph(graph), parts, method, seed=seed, **options)
 
 
@@ -224,26 +235,46 @@ def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
 def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int = 0, lr: float | None = None,
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
-        want_logits: bool = True):
+        want_logits: bool = True, sampling: SamplingConfig | None = None, schedule: str | None = None,
+        approximate: bool = False):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
-    Returns a RunResult (one process) or, with nproc > 1, the same summary as
-    a dict with `logits` in global vertex order.
+    Returns a RunResult either way (logits in global vertex order). With
+    nproc > 1 the workers are new processes started with 'spawn', which
+    imports the caller's main module again in each: a script must call this
+    under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line). `sampling` trains sampled minibatches.
     """
+    workers = target.workers if isinstance(target, Plan) else nproc
+    if workers > 1:
+        check_main_guard(workers)  # before the compile: a script without `if __name__ == "__main__":` fails fast
     g = load_graph(graph)
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
-                                                             graph_spec=graph if isinstance(graph, str) else None)
+                                                             graph_spec=graph if isinstance(graph, str) else None,
+                                                             sampling=sampling, schedule=schedule,
+                                                             approximate=approximate)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
     if plan.workers == 1:
-        return train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
+        predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
+        result = train_local(plan, g, cfg, metrics, on_epoch)
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+        return result
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
 
 
+def train_local(plan: Plan, graph: Graph, cfg: TrainConfig, metrics: str | None = None, on_epoch=None):
+    """Train a one-worker plan in this process: full-graph steps, or sampled minibatches when it samples."""
+    if plan.sampling is not None:
+        return train_minibatch(plan.program, graph, cfg, plan.sampling, plan.schedule, metrics, on_epoch)
+    return train(plan.program, graph, cfg, metrics_path=metrics, on_epoch=on_epoch)
+
+
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True,
-             timeout_s: float | None = None) -> dict[str, Any]:
+             timeout_s: float | None = None) -> RunResult | None:
     """Train a plan compiled for several workers: one process per worker, each loading its own shard.
+
+    Returns rank 0's RunResult (None on the other ranks of a torchrun job).
 
     A saved plan brings its shards; otherwise they are written to a
     temporary directory first, from `graph` (or the graph the plan was
@@ -254,29 +285,52 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():
+        if graph is None:
+            raise PlanError("the plan has no shards and no graph was given to write them from")
+        plan.graph = load_graph(graph)
+    if plan.graph is not None:
+        check_graph_inputs(plan.graph.name, plan.graph.stand_ins)
+    else:  # saved shards: what the plan recorded of the graph it was compiled on
+        check_graph_inputs(str(plan.graph_spec), plan.meta.get("graph_stand_ins") or {})
+
+    def job_for(shard_dir: str):
+        if plan.sampling is not None:
+            return sampled_worker, SampledJob(str(plan.program), shard_dir, cfg, plan.sampling, plan.schedule,
+                                              metrics, want_logits)
+        return worker, DistJob(str(plan.program), shard_dir, cfg, metrics, want_logits)
 
     if plan.shard_dir is not None:
         if not started_by_torchrun():
             verify_shards(plan.shard_dir)  # refuse a damaged plan before any process starts
-        job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
+        fn, job = job_for(str(plan.shard_dir))
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return join_torchrun(worker, job, timeout_s=timeout)
-        return launch(worker, plan.workers, job, timeout_s=timeout)[0]
+            return _result(join_torchrun(fn, job, timeout_s=timeout))
+        # before any worker starts (the memory check reads full-graph shards; sampled ones are not estimated)
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir) if plan.sampling is None else None
+        return _result(launch(fn, plan.workers, job, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
-    if plan.graph is None:
-        if graph is None:
-            raise PlanError("the plan has no shards and no graph was given to write them from")
-        plan.graph = load_graph(graph)
     if plan.parts is None:
         plan.parts = partition_vertices(plan.graph, plan.workers, plan.meta["partition"]["method"], cfg.seed)
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
-        job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
+        predicted = check_run_memory(plan, shard_dir=tmp) if plan.sampling is None else None  # before any worker starts
+        fn, job = job_for(tmp)
         try:
-            return launch(worker, plan.workers, job, timeout_s=timeout)[0]
+            return _result(launch(fn, plan.workers, job, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
+
+
+def _result(summary: dict[str, Any] | None, predicted=None) -> RunResult | None:
+    """Rank 0's summary as a RunResult, with the memory check's estimate of the largest process beside its peak."""
+    if summary is None:
+        return None
+    result = RunResult.from_summary(summary)
+    if predicted is not None:
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+    return result

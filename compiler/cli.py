@@ -7,15 +7,19 @@ JSON object summarising the command (DESIGN.md section 9).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from gnnc.errors import GnncError, InternalError
-from gnnc.passes.partition import METHODS
-from gnnc.plan.strategies import STRATEGIES, names as strategy_names
+# only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
+# in the commands that need them)
+from gnnc.errors import GnncError, GnncWarning, InternalError
+from gnnc.passes.partition.methods import METHODS
+from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+from gnnc.plan.schedules import SCHEDULES
+from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -48,13 +52,23 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    # deferred: a command loads torch and the planner only when it needs them
-    from gnnc import api
-    from gnnc.passes.manager import run_pipeline
+    # deferred: a command loads torch and the planner only when it needs them (check needs neither, unless
+    # it is given a graph)
+    from gnnc.model_file import ModelErrors, check, load_model
 
-    model = api.load_model(args.model, **_sets(args.set))
-    run_pipeline(model.program(), ["infer-shapes", "check"])
-    print(f"{args.model}: ok")
+    model = load_model(args.model, model=args.model_name, **_sets(args.set))
+    graph = None
+    if args.graph:
+        from gnnc import api  # deferred: loading a graph needs torch
+
+        graph = api.load_graph(args.graph)
+    try:
+        names = check(model, graph)
+    except ModelErrors as err:  # every model's first error, each at its file:line:col
+        for e in err.errors:
+            print(f"error: {e}" if e.loc is None else str(e), file=sys.stderr)
+        return 2
+    print(f"{args.model}: ok" + (f" ({len(names)} models: {', '.join(names)})" if len(names) > 1 else ""))
     return 0
 
 
@@ -63,7 +77,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from gnnc import api, inspect_plan
     from gnnc.passes.manager import parse_pipeline
 
-    model = api.load_model(args.model, **_sets(args.set))
+    model = api.load_model(args.model, model=args.model_name, **_sets(args.set))
     graph = api.load_graph(args.graph) if args.graph else None
     names = parse_pipeline(args.passes) if args.passes else None
     printed = {spec.name for spec in parse_pipeline(args.print_after)} if args.print_after else set()
@@ -77,7 +91,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     allow = args.allow.split(",") if args.allow else None
     plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
-                       memory_cap=args.memory_cap)
+                       memory_cap=args.memory_cap, **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -86,11 +100,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"wrote {Path(args.output) / 'plan.json'}")
     if args.json:
         planner = plan.meta.get("planner") or {}
+        predicted_bytes = plan.meta.get("predicted_bytes_per_epoch") or plan.meta.get("predicted_bytes_per_step")
         _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
-                    "workers": plan.workers, "exact": True, "passes": plan.passes,
-                    "partition": plan.meta.get("partition"),
+                    "workers": plan.workers, "exact": not plan.meta.get("approximations"),
+                    "approximations": plan.meta.get("approximations", []), "passes": plan.passes,
+                    "partition": plan.meta.get("partition"), "schedule": plan.meta.get("schedule"),
                     "predicted": {"epoch_time_s": planner.get("predicted_time_s"),
-                                  "bytes_per_epoch": sum((plan.meta.get("predicted_bytes_per_step") or {}).values()),
+                                  "bytes_per_epoch": sum((predicted_bytes or {}).values()),
                                   "peak_memory_bytes": planner.get("predicted_memory_bytes")},
                     "alternatives": [{k: v for k, v in a.items() if k != "formulas"}
                                      for a in planner.get("alternatives", [])]})
@@ -118,7 +134,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
 
-    if args.nproc < 1:
+    if args.nproc is not None and args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
     if not args.timeout > 0:
         raise GnncError(f"--timeout must be a positive number of seconds, not {args.timeout}")
@@ -136,14 +152,17 @@ def _run(args: argparse.Namespace) -> int:
 
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
-    from gnnc.runtime.metrics import peak_rss_bytes
-    from gnnc.runtime.train import TrainConfig, train
+    from gnnc.memory_check import check_run_memory
+    from gnnc.plan_flags import check_run_flags
+    from gnnc.runtime.train import TrainConfig
 
     target = Path(args.target)
     if target.is_dir():
         plan = api.Plan.load(target)
-        if args.set:
-            raise GnncError("--set applies to a .gnn model; recompile the plan to change parameters")
+        if args.set or args.model_name:
+            raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
+                            f"to change it")
+        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
         if args.memory_cap:
             raise GnncError("--memory-cap is decided when a plan is compiled; recompile it with --memory-cap")
         spec = args.graph or plan.graph_spec
@@ -152,16 +171,15 @@ def _run(args: argparse.Namespace) -> int:
             if spec is None:
                 raise GnncError("the plan names no graph; pass --graph G")
             graph = api.load_graph(spec)
-        if args.nproc != plan.workers and args.nproc != 1:
-            raise GnncError(f"the plan was compiled for {plan.workers} workers; recompile it for --nproc {args.nproc}")
     else:
         if not args.graph:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         spec = args.graph
         graph = api.load_graph(spec)
-        plan = api.compile(api.load_model(target, **_sets(args.set)), graph, workers=args.nproc,
-                           strategy=args.strategy, partition=args.partition, seed=args.seed, graph_spec=spec,
-                           memory_cap=args.memory_cap)
+        model = api.load_model(target, model=args.model_name, **_sets(args.set))
+        plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
+                           partition=args.partition, seed=args.seed, graph_spec=spec,
+                           memory_cap=args.memory_cap, **_sampled_options(args))
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
@@ -169,18 +187,16 @@ def _run(args: argparse.Namespace) -> int:
                               seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
                               checkpoint_every=args.checkpoint_every, resume=args.resume)
     if plan.workers > 1:
-        summary = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
-                               timeout_s=args.timeout)
-        if summary is None:
+        result = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
+                              timeout_s=args.timeout)
+        if result is None:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
-        logits = summary.pop("logits")
-        summary.pop("history", None)
     else:
-        result = train(plan.program, graph, cfg, metrics_path=args.metrics)
-        logits = result.logits
-        summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1,
-                   "peak_rss_bytes": peak_rss_bytes(),
-                   "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
+        predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
+        result = api.train_local(plan, graph, cfg, metrics=args.metrics)
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+    logits = result.logits
+    summary = result.summary()
     summary["epochs"] = cfg.epochs
     if args.dump_logits:
         torch.save(logits, args.dump_logits)
@@ -188,17 +204,37 @@ def _run(args: argparse.Namespace) -> int:
         _emit_json(summary)
     else:
         name = graph.name if graph is not None else summary.get("graph", spec)
-        print(f"{plan.program.name} on {name} x{summary['world_size']} ({_runs(summary['strategies'])}): "
-              f"test acc {summary['test_acc']:.4f} (at best val {summary['val_acc']:.4f}, epoch "
-              f"{summary['best_epoch']}); final test acc {summary['final_test_acc']:.4f}; train loss "
-              f"{summary['train_loss']:.4f}; {summary['epoch_time_s'] * 1000:.1f} ms/epoch")
+        print(f"{plan.program.name} on {name} x{summary['world_size']} "
+              f"({describe_assignment(summary['strategies'])}): test acc {summary['test_acc']:.4f} "
+              f"(at best val {summary['val_acc']:.4f}, epoch {summary['best_epoch']}); final test acc "
+              f"{summary['final_test_acc']:.4f}; train loss {summary['train_loss']:.4f}; "
+              f"{summary['epoch_time_s'] * 1000:.1f} ms/epoch")
     return 0
 
 
-def _runs(strategies: list[str]) -> str:
-    """Per-layer strategies with repeats folded: a 64-layer GCNII reads `depcache x64`, not 64 names."""
-    runs = [(name, len(list(group))) for name, group in itertools.groupby(strategies)]
-    return ",".join(name if n == 1 else f"{name} x{n}" for name, n in runs)
+def _sampled_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--fanout/--batch-size (sampled minibatches), --schedule and --approximate, as api.compile takes them."""
+    from gnnc.graph.sampling import SamplingConfig  # deferred: gnnc.graph loads torch
+
+    if args.fanout is None and args.batch_size is not None:
+        raise GnncError("--batch-size needs --fanout (full-graph training has no batches)")
+    sampling = None if args.fanout is None else SamplingConfig.parse(args.fanout, args.batch_size)
+    return {"sampling": sampling, "schedule": args.schedule, "approximate": args.approximate}
+
+
+def _add_sampled_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--fanout", metavar="K1,K2",
+                   help="train sampled minibatches: in-neighbours sampled per vertex, hop by hop from the seeds "
+                        "(25,10: 25 per seed, then 10 of each of those; -1: all), one per graph layer")
+    c.add_argument("--batch-size", type=int, metavar="B", help="seeds per minibatch (with --fanout)")
+    c.add_argument("--schedule", choices=list(SCHEDULES),
+                   help="step schedule: " + "; ".join(f"{s.name}: {s.summary}" + ("" if s.exact else " (approximate)")
+                                                      for s in SCHEDULES.values()))
+    c.add_argument("--approximate", action="store_true",
+                   help="allow approximate strategies and schedules (" + ", ".join(
+                       [n for n in STRATEGIES if not STRATEGIES[n].exact]
+                       + [n for n in SCHEDULES if not SCHEDULES[n].exact]) + "): the planner may choose them "
+                       "and --strategy/--schedule may name them")
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
@@ -230,6 +266,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, probe, probe_layer_samples
 
     threads = args.threads or max(1, torch.get_num_threads())
+    if args.network:
+        return _probe_network(args, threads)
     measured = probe(threads)
     features, hidden, classes = PROBE_WIDTHS
     model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
@@ -241,6 +279,61 @@ def cmd_probe(args: argparse.Namespace) -> int:
     profile.save(path)
     print(profile.to_json(), end="")  # stdout stays the profile's JSON, for scripts
     print(describe_unit_costs(profile), end="", file=sys.stderr)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _probe_network(args: argparse.Namespace, threads: int) -> int:
+    """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
+
+    The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `--base`
+    (a profile `gnnc probe` wrote) or, without it, from measuring this host once the links are done.
+    """
+    # deferred: a command loads torch and the planner only when it needs them
+    from gnnc import api
+    from gnnc.cluster import ClusterProfile, load_profile
+    from gnnc.passes.cost.fit import fit_profile
+    from gnnc.runtime.launch import join_torchrun, started_by_torchrun
+    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, machine_fields, probe_layer_samples
+    from gnnc.runtime.probe_network import network_probe, profile_fields
+
+    if not started_by_torchrun():
+        raise GnncError("gnnc probe --network measures the links between the ranks of a torchrun job: start it "
+                        "with torchrun on every host (benchmarks/cluster/emulated.py probe does so for the "
+                        "emulated cluster)")
+    if not args.output:
+        raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
+    base = load_profile(args.base) if args.base else None  # read before the job: a bad file fails fast
+    measured = join_torchrun(network_probe, timeout_s=args.timeout)
+    if measured is None:
+        return 0  # a rank other than 0: rank 0 writes the profile
+    network = profile_fields(measured)
+    workers = network["workers"]
+    if base is not None:
+        profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
+                                            "unit_costs": []}, "probe")
+    else:
+        features, hidden, classes = PROBE_WIDTHS
+        model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden,
+                                      classes=classes)
+        program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
+        profile = ClusterProfile.from_dict({**machine_fields(threads), **network, "name": "measured", "t_c": None},
+                                           "probe")
+        # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
+        fitted = fit_profile(program, samples, PROBE_WIDTHS, profile.worker_bandwidth(workers))
+        profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
+    path = Path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    print(profile.to_json(), end="")
+    inter = [link for link in profile.links if not link.same_host] or list(profile.links)
+    print(f"{len(profile.links)} links: bandwidth {min(x.bandwidth for x in inter) * 8 / 1e9:.3g}.."
+          f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
+          f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
+          f"(profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us)", file=sys.stderr)
+    for c in profile.collectives:
+        print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
+              f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -297,12 +390,19 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--plugin", action="append", metavar="MODULE",
                         help="import a module (or .py file) that registers passes; repeatable")
 
-    c = sub.add_parser("check", help="parse and type-check a .gnn file", parents=[plugin])
+    model_choice = argparse.ArgumentParser(add_help=False)
+    model_choice.add_argument("--model", dest="model_name", metavar="NAME",
+                              help="the model of the file to use (default: the last one)")
+
+    c = sub.add_parser("check", help="parse and type-check every model of a .gnn file (or the one --model names)",
+                       parents=[plugin, model_choice])
     c.add_argument("model")
+    c.add_argument("--graph", help="type-check for this graph: its feature, class and edge data widths")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.set_defaults(fn=cmd_check)
 
-    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory", parents=[plugin])
+    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory",
+                       parents=[plugin, model_choice])
     c.add_argument("model")
     c.add_argument("--graph")
     c.add_argument("-o", "--output")
@@ -318,9 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--memory-cap", type=memory_bytes, metavar="BYTES",
                    help="activation memory per worker (300M, 1.5G): layers run in G3's bins to stay under it")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
-    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces: "
-                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`)")
+    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces, e.g. "
+                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`); "
+                                    f"default: {','.join(DEFAULT_PIPELINE)}, followed with --workers N>1 by "
+                                    f"{','.join(DISTRIBUTED_PIPELINE)}")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
+    _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_compile)
 
@@ -335,10 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --format trace: lay the measured run (`gnnc run --metrics`) beside the prediction")
     c.set_defaults(fn=cmd_inspect)
 
-    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)", parents=[plugin])
+    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)",
+                       parents=[plugin, model_choice])
     c.add_argument("target")
     c.add_argument("--graph")
-    c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
+    c.add_argument("--nproc", type=int, help="worker processes on this machine (default 1, or the plan's workers)")
     c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="stop the run when a rank makes no progress between collectives for this long "
                         "(default 60); the message names the hung rank")
@@ -357,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     c.add_argument("--dump-logits", metavar="FILE.pt")
+    _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     c.add_argument("--no-progress", action="store_true")
@@ -368,6 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
     c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
     c.add_argument("--threads", type=int)
+    c.add_argument("--network", action="store_true",
+                   help="under torchrun: measure the links and collectives between the job's ranks (rank 0 "
+                        "writes the profile of the job's machines)")
+    c.add_argument("--base", metavar="PROFILE.json",
+                   help="with --network: take each machine's own figures from this profile instead of measuring")
+    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --network: how long a rank waits for its peers")
     c.set_defaults(fn=cmd_probe)
 
     c = sub.add_parser("clusters", help="list the cluster presets")
@@ -386,9 +498,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """gnnc's warnings as `file:line:col: warning: ...` on stderr; the others as Python shows them."""
+    if isinstance(message, GnncWarning):
+        print(str(message), file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         load_plugins(getattr(args, "plugin", None))
         return int(args.fn(args) or 0)

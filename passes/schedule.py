@@ -1,7 +1,7 @@
 """schedule: decide how every layer runs, and write each decision into the IR (DESIGN.md section 5, step 8).
 
 The decisions, as attributes the runtime follows and the cost model prices
-(gnnc.plan.schedule defines them; gnnc.passes.cost.scheduled reads them):
+(gnnc.plan.schedule_attrs defines them; gnnc.passes.cost.scheduled reads them):
 
 * every halo exchange (depcomm, hybrid) split into start and wait with the
   local edges between (`halo[overlap=true]`; its readers `split=true`):
@@ -20,7 +20,7 @@ memory they leave (gnnc.passes.cost.activations) and the recomputation they
 cost; `auto` takes the cheaper, `on`/`off` fix it. A split exchange is
 moved to just after the equation that produces its input, so it is in
 flight as early as possible. What the pass compared and chose goes to
-`ctx.results.schedule` (`--explain` prints it), and the predicted epoch
+`ctx.results.schedule_report` (`--explain` prints it), and the predicted epoch
 (the Gantt chart's) is redrawn from the annotated IR.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ from gnnc.passes.cost.scheduled import (SCHEDULE_OPTIONS, Segment, program_segme
                                         segment_formula, segment_options)
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.pipeline_text import option
-from gnnc.plan.schedule import HALO_METHODS, SPLIT_EXCHANGES
+from gnnc.plan.schedule_attrs import HALO_METHODS, SPLIT_EXCHANGES
 
 CHOICES = ("auto", "on", "off")
 MAX_BINS = 1 << 12  # beyond this the bins are a few rows each: the cap is not met by bins
@@ -141,18 +141,21 @@ def annotate_layer(layer: Layer, options: dict[str, Any], method: str) -> Layer:
     eqns: list[Eqn] = []
     # with a split exchange, every equation on edges runs per part (edges are held part by part), and so
     # does every reader of the exchange
-    split_values = {e.outs[0].name for e in layer.eqns if bins == 1 and (
+    # (a hoisted equation, computed once per run and cached (gnnc.passes.hoist), runs whole: nothing of it
+    # overlaps later steps, and its exchange is not repeated)
+    split_values = {e.outs[0].name for e in layer.eqns if bins == 1 and not e.attr("hoisted") and (
         e.op == "halo" and overlap or e.op == "bcast_rows" and staged)}
     binned: set[str] = set()
     for e in layer.eqns:
         attrs: dict[str, Any] = {}
+        hoisted = bool(e.attr("hoisted"))
         if e.op in ("halo", "fetch"):
             attrs["method"] = method
         if e.op == "halo":
-            attrs["overlap"] = bool(overlap)
+            attrs["overlap"] = bool(overlap) and not hoisted
         if e.op == "bcast_rows":
-            attrs["staged"] = bool(staged)
-        if e.op not in COMM_OPS:
+            attrs["staged"] = bool(staged) and not hoisted
+        if e.op not in COMM_OPS and not hoisted:
             if split_values and (any(v.name in split_values for v in e.ins) or any(map(_edge, e.ins))
                                  or any(map(_edge, e.outs))):
                 attrs["split"] = True
@@ -335,8 +338,8 @@ def _fit_cap(program: Program, choices: list[SegmentChoice], opts: ScheduleOptio
                options=ScheduleOptions, requires=("strategies",))
 def schedule(program: Program, ctx: PassContext, opts: ScheduleOptions) -> Program:
     _check(opts)
-    if ctx.workers == 1:
-        return program
+    if ctx.workers == 1 or ctx.sampling is not None:
+        return program  # one process, or sampled minibatches: gnnc.runtime.minibatch orders their phases
     priced = _priced(program, ctx)
     choices = []
     for seg in program_segments(program):
@@ -376,7 +379,7 @@ def schedule(program: Program, ctx: PassContext, opts: ScheduleOptions) -> Progr
             planner.schedule = drawn
             planner.predicted_time_s = drawn["time_s"]
     report["grad_overlap"] = grad_overlap
-    ctx.results.schedule = report
+    ctx.results.schedule_report = report
     return annotated
 
 

@@ -1,6 +1,6 @@
 """Running a graph layer bin by bin: G3's bins, with eager computation and per-bin recomputation.
 
-Why this module exists: a layer annotated `bins=k` (gnnc.plan.schedule)
+Why this module exists: a layer annotated `bins=k` (gnnc.plan.schedule_attrs)
 computes its output rows in k bins (gnnc.plan.bins: G3's priority order,
 boundary rows first). Its equations not marked `bin` (the dense map before
 the aggregation, the halo) run once on every row; those marked `bin` run once
@@ -30,7 +30,7 @@ import torch
 
 from gnnc.ir.ops import reads_neighbours
 from gnnc.plan.bins import Bins, layer_bins
-from gnnc.plan.schedule import bin_eqn, exchange_schedule, layer_schedule
+from gnnc.plan.schedule_attrs import bin_eqn, exchange_schedule, layer_schedule
 from gnnc.runtime.parts import PartStream
 
 # how a bin takes a value of the layer: the rows its edges read, its own rows, its edges' entries, whole
@@ -135,7 +135,7 @@ class _BinRun:
                 how = SOURCES if k in reads_neighbours(e) else EDGES if v.type is not None and \
                     v.type.domain == "edge" else ROWS if v.type is not None and v.type.domain == "vertex" else WHOLE
                 ins.append(given[(v.name, how)])
-            local[e.outs[0].name] = self.interp.eqn(e, ins, view, ctx)
+            local[e.outs[0].name] = self.interp.compute(e, ins, view, ctx)  # a bin equation is never hoisted
         return tuple(local[name] for name in self.outputs)
 
 

@@ -17,16 +17,16 @@ import torch
 import torch.distributed as dist
 
 from gnnc.ir import Eqn, Program
-from gnnc.ir.ops import COMM_OPS, op_def, reads_structure
+from gnnc.ir.ops import COMM_OPS, reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.plan.bins import layer_bins
 from gnnc.plan.rows import LayerGraph, LocalGraph
-from gnnc.plan.schedule import (check_schedule, exchange_schedule, layer_schedule, program_schedule, split_eqn,
-                                split_exchange)
+from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
+                                      split_eqn, split_exchange)
 from gnnc.plan.shards import RankData, load_rank
 from gnnc.runtime import comm
 from gnnc.runtime.bins import run_binned
-from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
+from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.parts import PartRun, Parts, PartStream, run_split
 from gnnc.runtime.train import TrainConfig, Worker, fit
@@ -61,8 +61,16 @@ class Exchange:
         """Run communication op `op` (one of EXCHANGES) on `x`, as its schedule says; bytes labelled by its value."""
         return EXCHANGES[op](self, x, e)
 
+    def owned_rows(self) -> int:
+        """How many rows of a vertex value are this rank's own: its first ones (gnnc.plan.rows)."""
+        return self.lg.n_owned
+
+    def all_reduce(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
+        """The sum over ranks of `x`, computed by equation `e` from each rank's own rows (batch_norm)."""
+        return comm.all_reduce_sum(x, self.stats, label=_label(e))
+
     def start_parts(self, e: Eqn, x: torch.Tensor) -> PartStream:
-        """Post a split exchange (gnnc.plan.schedule): its rows come part by part as the readers ask for them."""
+        """Post a split exchange (gnnc.plan.schedule_attrs): its rows come part by part as the readers ask for them."""
         label = _label(e)
         if e.op == "halo":
             layer = self.layer
@@ -147,7 +155,7 @@ class FeaturePhase:
     cols: tuple[int, int]  # this worker's feature slice [start, stop)
 
 
-class DistInterpreter(Interpreter):
+class DistInterpreter(PrefixRowsInterpreter):
     """Runs each layer in its strategy's layout: feature-sliced up to P3's pull, rows elsewhere.
 
     Rows of different layers are prefixes of one order (gnnc.plan.rows),
@@ -191,7 +199,7 @@ class DistInterpreter(Interpreter):
                 fctx = ctx
 
     def _run_rows(self, layer, env, params, ctx: ExecContext) -> None:
-        """A layer on rows, as its schedule annotations say (gnnc.plan.schedule).
+        """A layer on rows, as its schedule annotations say (gnnc.plan.schedule_attrs).
 
         A binned layer runs bin by bin (gnnc.runtime.bins). Otherwise a split
         exchange (an overlapped halo: NeutronStar's DepComm, its chunks posted
@@ -212,21 +220,12 @@ class DistInterpreter(Interpreter):
             if e.op in COMM_OPS and exchange_schedule(e).split:
                 env[e.outs[0].name] = ctx.comm.start_parts(e, ins[0])
             elif split_eqn(e):
-                env[e.outs[0].name] = run_split(e, ins, run, lambda eq, xs, v: self.eqn(eq, xs, v, ctx),
+                # never hoisted (the schedule pass splits no hoisted equation): computed, not cached
+                env[e.outs[0].name] = run_split(e, ins, run, lambda eq, xs, v: self.compute(eq, xs, v, ctx),
                                                 ctx.use_kernels)
             else:
                 env[e.outs[0].name] = self.eqn(e, [whole(x) for x in ins], view, ctx)
             self.drop_dead(env, layer, k)
-
-    def eqn(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
-        if op_def(e.op).row_wise:
-            vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
-            n = min((ins[k].shape[0] for k in vertex), default=0)
-            ins = [_dense(t)[:n] if k in vertex and t.shape[0] != n else t for k, t in enumerate(ins)]
-        elif e.op == "sddmm" and view is not None:
-            ins = [ins[0], ins[1][: view.csr.n_dst]]  # destination side: the layer's output rows
-        return super().eqn(e, ins, view, ctx)
-
 
 def _dense(x: torch.Tensor) -> torch.Tensor:
     return x.to_dense() if x.is_sparse else x
@@ -252,7 +251,7 @@ def _waited(handle: comm.CommHandle):
 
 def hold_parts_views(program: Program, lg: LocalGraph) -> None:
     """Hold a layer structure by source parts only (LayerGraph.hold_parts) when every layer using it reads
-    its structure only in equations that run per part (a split exchange's readers, gnnc.plan.schedule)."""
+    its structure only in equations that run per part (a split exchange's readers, gnnc.plan.schedule_attrs)."""
     users: dict[int, list[tuple[Any, Eqn | None]]] = {}
     for layer in program.graph_layers():
         lgl = lg.layers[layer.name]
@@ -345,6 +344,7 @@ class DistWorker(Worker):
         self.count = data.train_count
         self.exchange = Exchange(data, self.stats, cfg.world_size)
         self._reducer: comm.GradAllReduce | None = None
+        self.state, self.hoisted = init_state(program), {}
 
     def context(self, training: bool, epoch: int) -> ExecContext:
         return _with(super().context(training, epoch), comm=self.exchange)
@@ -402,6 +402,9 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """
     w = DistWorker(cfg, job)
     params = init_params(w.program, job.train.seed)
+    with torch.no_grad():  # computes the hoisted values, once per run: the step measured is a steady one
+        w.forward(params, False, 0)
+    w.stats.reset()
     logits, loss = w.forward(params, True, 0)
     loss.backward()
     w.reduce_grads(params)
@@ -421,9 +424,13 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
+    return train_and_report(DistWorker(cfg, job), cfg, job)
+
+
+def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> dict[str, Any] | None:
+    """Train rank `w` (`job`: train, metrics_path, want_logits); rank 0 returns the summary."""
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
-    w = DistWorker(cfg, job)
     summary, logits, history = fit(w, job.train, job.metrics_path)
     peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
     gathered = w.gather_logits(logits) if job.want_logits else None

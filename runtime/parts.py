@@ -1,7 +1,7 @@
 """Running an equation once per source part: the overlap of a split exchange with the work it feeds.
 
 Why this module exists: the schedule pass marks a layer's exchange `split`
-(an overlapped halo, a staged broadcast; gnnc.plan.schedule) and the
+(an overlapped halo, a staged broadcast; gnnc.plan.schedule_attrs) and the
 equations that read it `split=true`. Such an exchange delivers its rows as a
 `PartStream`, part after part (the held rows at once and the halo rows
 after the wait; rank j's block at stage j), and each split equation runs on

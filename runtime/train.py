@@ -32,7 +32,8 @@ from gnnc.errors import GnncError, GraphInputError
 from gnnc.ir import Program
 from gnnc.runtime import rng
 from gnnc.graph import GraphView
-from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params
+from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params,
+                                   init_state)
 from gnnc.graph import Graph
 
 
@@ -52,6 +53,30 @@ class TrainConfig:
     checkpoint_every: int = 10
     resume: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+        def number(value: Any) -> bool:  # lr 0 is allowed, as torch allows it: a run that only evaluates
+            return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value >= 0)
+
+        checks = [("--epochs or training(epochs=...)", self.epochs, whole(self.epochs), "a whole number of at least 1"),
+                  ("--lr or training(lr=...)", self.lr, number(self.lr), "a finite number of at least 0"),
+                  ("--weight-decay or training(weight_decay=...)", self.weight_decay,
+                   number(self.weight_decay), "a finite number of at least 0"),
+                  ("training(graph_weight_decay=...)", self.graph_weight_decay,
+                   self.graph_weight_decay is None or number(self.graph_weight_decay),
+                   "a finite number of at least 0"),
+                  ("training(patience=...)", self.patience, self.patience is None or whole(self.patience),
+                   "a whole number of at least 1"),
+                  ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
+                   "a whole number of at least 1")]
+        for where, value, ok, want in checks:
+            if not ok:
+                raise GnncError(f"{where}: must be {want}, not {value!r}")
+
     @staticmethod
     def resolve(program: Program, **flags: Any) -> "TrainConfig":
         merged = dict(program.training)
@@ -67,20 +92,43 @@ class TrainingDiverged(GnncError):
 
 @dataclass
 class RunResult:
+    """What a training run returns, from one process or from N (`gnnc.run`; `gnnc run --json` prints `summary()`).
+
+    `logits` are every vertex's, in global vertex order (None when a
+    distributed run was asked not to gather them); `history` has one record
+    per epoch; `bytes_sent_per_epoch` is 0 and `world_size` 1 in one process.
+    """
+
     test_acc: float
     val_acc: float
     final_test_acc: float
     train_loss: float
     epoch_time_s: float
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     history: list[dict[str, float]] = field(default_factory=list)
     best_epoch: int = 0
-    activation_peak_bytes: int = 0
+    graph: str = ""
+    world_size: int = 1
+    strategies: list[str] = field(default_factory=list)
+    bytes_sent_per_epoch: int = 0
+    peak_rss_bytes: int = 0
+    predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
+    activation_peak_bytes: int = 0  # how far a training step raised the resident set, largest over steady epochs
 
     def summary(self) -> dict[str, Any]:
-        return {"test_acc": self.test_acc, "val_acc": self.val_acc, "final_test_acc": self.final_test_acc,
-                "train_loss": self.train_loss, "epoch_time_s": self.epoch_time_s, "best_epoch": self.best_epoch,
-                "activation_peak_bytes": self.activation_peak_bytes}
+        """Every field but the logits and the history (JSON-ready)."""
+        return {k: getattr(self, k) for k in SUMMARY_FIELDS}
+
+    @staticmethod
+    def from_summary(summary: dict[str, Any]) -> "RunResult":
+        """The result a distributed run's rank 0 returns as a dict (gnnc.runtime.distributed.worker)."""
+        return RunResult(**{k: summary[k] for k in SUMMARY_FIELDS if k in summary}, logits=summary.get("logits"),
+                         history=list(summary.get("history") or []))
+
+
+SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
+                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
+                  "activation_peak_bytes")
 
 
 class Worker:
@@ -110,14 +158,35 @@ class Worker:
         self.ids = torch.arange(graph.num_nodes)
         self.count = max(float(graph.train_mask.sum()), 1.0)
         self.cfg = cfg
+        # running state of ops (batch_norm's statistics), and the values hoisted out of the loop, once per run
+        self.state, self.hoisted = init_state(program), {}
 
     def context(self, training: bool, epoch: int) -> ExecContext:
         kb = rng.stream_key(self.cfg.seed, epoch)
         return ExecContext(self.views, self.ids, self.program.config_dict(), training,
-                           lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels)
+                           lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels,
+                           state=self.state, hoist_cache=self.hoisted)
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return forward(self.interp, params, self.inputs, self.context(training, epoch))
+
+    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
+        """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch).
+        Returns the epoch's training loss."""
+        opt.zero_grad(set_to_none=True)
+        _, loss = self.forward(params, True, epoch)
+        loss.backward()
+        self.reduce_grads(params)
+        opt.step()
+        return loss
+
+    def run_settings(self) -> dict[str, Any]:
+        """What else defines this worker's run, for the resume fingerprint (a sampled run's sampling)."""
+        return {}
+
+    def take_records(self) -> list[Any]:
+        """Metrics records of this epoch's steps besides the epoch's own (a sampled run's minibatches)."""
+        return []
 
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The logits and inputs of the rows this worker owns (the ones it reports)."""
@@ -154,13 +223,16 @@ def make_optimizer(program: Program, params: dict[str, torch.nn.Parameter], cfg:
 
 
 class _Params(torch.nn.Module):
-    """Parameters as a Module for checkpoints (IR names hold dots, which Module keys may not)."""
+    """Parameters, and the ops' running state as buffers, as a Module for checkpoints (IR names hold dots,
+    which Module keys may not)."""
 
-    def __init__(self, params: dict[str, torch.nn.Parameter]):
+    def __init__(self, params: dict[str, torch.nn.Parameter], state: dict[str, torch.Tensor] | None = None):
         super().__init__()
         self.names = list(params)
         for i, p in enumerate(params.values()):
             self.register_parameter(f"p{i}", p)
+        for i, t in enumerate((state or {}).values()):
+            self.register_buffer(f"s{i}", t)
 
 
 def _correct(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> list[float]:
@@ -176,7 +248,28 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             "program": hashlib.sha256(str(worker.program).encode()).hexdigest(),
             "strategies": [layer.attr("strategy", "local") for layer in worker.program.graph_layers()],
             "world_size": worker.world_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
-            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs}
+            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs,
+            **worker.run_settings()}
+
+
+def check_graph_inputs(name: str, stand_ins: dict[str, str]) -> None:
+    """Before a run: refuse a graph whose labels were made up, and state on stderr what else was.
+
+    `stand_ins` is `Graph.stand_ins` (or what a plan recorded of it): an
+    edge list has no labels, so every vertex has label 0 and a run would
+    report perfect accuracy having learned nothing. Made-up features or a
+    made-up split still train, but a reader of the results must know.
+    """
+    if "y" in stand_ins:
+        missing = "labels (y) and no features (x)" if "x" in stand_ins else "labels (y)"
+        raise GraphInputError(f"graph '{name}' cannot be trained: it has no {missing}, so every vertex stands in "
+                              "with label 0 and there is nothing to learn. A graph without labels can be "
+                              "partitioned and compiled, not trained: give one with labels (an .npz with "
+                              "edge_index, x and y, a PyG Data, a networkx graph with node attributes x and y, an "
+                              "OGB directory; see `gnnc datasets`)")
+    for field in ("x", "split"):
+        if field in stand_ins:
+            print(f"note: graph '{name}': {stand_ins[field]}", file=sys.stderr)
 
 
 def check_trainable(worker: Worker, cfg: TrainConfig) -> None:
@@ -220,7 +313,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             def restored(_epoch: int, extra: dict[str, Any]) -> None:
                 history.extend(extra.get("history", []))
 
-            start = resume_or_start(ckpt, cfg.resume, _Params(params), opt, restored)
+            start = resume_or_start(ckpt, cfg.resume, _Params(params, worker.state), opt, restored)
             if worker.rank == 0:
                 for note in ckpt.resume_notes:
                     print(note, file=sys.stderr)
@@ -232,13 +325,9 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         log = MetricsLog(metrics_path, drop_from_epoch=start if cfg.resume else None)
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
-            opt.zero_grad(set_to_none=True)
             base = reset_peak_rss()  # the step's activation memory: how far it raises the resident set
             t0 = time.perf_counter()
-            _, loss = worker.forward(params, True, epoch)
-            loss.backward()
-            worker.reduce_grads(params)
-            opt.step()
+            loss = worker.train_epoch(params, opt, epoch)
             elapsed = time.perf_counter() - t0
             activation = peak_rss_since(base)
             with torch.no_grad():
@@ -257,7 +346,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                    "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most)}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
-            log.log(record)
+            log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
             if not math.isfinite(rec["loss"]):
                 # Every rank sees the same summed loss, so all stop here together; no checkpoint of it.
                 raise TrainingDiverged(
@@ -266,7 +355,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             if on_epoch is not None:
                 on_epoch(rec)
             if ckpt is not None:
-                ckpt.maybe_save(epoch, _Params(params), opt, {"history": history})
+                ckpt.maybe_save(epoch, _Params(params, worker.state), opt, {"history": history})
             if bar is not None:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}", test=f"{rec['test_acc']:.3f}")
                 bar.update(1)
@@ -295,8 +384,15 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 
 
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
-          on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Train `program` on `graph` in this process."""
-    summary, logits, history = fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
+          on_epoch: Callable[[dict[str, Any]], None] | None = None, worker: Worker | None = None) -> RunResult:
+    """Train `program` on `graph` in this process (`worker`: another kind of one-process Worker, such as
+    gnnc.runtime.minibatch's sampled minibatches; by default full-graph steps)."""
+    from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
+
+    check_graph_inputs(graph.name, graph.stand_ins)
+    summary, logits, history = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
-                     summary["epoch_time_s"], logits, history, summary["best_epoch"], summary["activation_peak_bytes"])
+                     summary["epoch_time_s"], logits, history, summary["best_epoch"], graph=graph.name,
+                     strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
+                     bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
+                     activation_peak_bytes=summary["activation_peak_bytes"])

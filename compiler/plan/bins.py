@@ -2,7 +2,7 @@
 
 Why this module exists: the schedule pass decides how many bins a layer
 runs in (`bins=k`) and by which rule they are ordered (`bin_order`,
-gnnc.plan.schedule); the order itself follows from the worker's own
+gnnc.plan.schedule_attrs); the order itself follows from the worker's own
 structure, so it is derived here, deterministically, from the LayerGraph a
 worker loads. The runtime executes the bins in this order; nothing about
 them is decided while the data moves.

@@ -8,7 +8,7 @@ pass until backward (its interpreter holds them by name, and autograd saves
 most of them), so the memory kept is the sum of the values' sizes; a value
 has the rows its position says (a layer's input rows, the rows its exchange
 delivers, its output rows, or its edges) times its width. In a binned layer
-(gnnc.plan.schedule: `bins=k`) the values computed per bin live only while
+(gnnc.plan.schedule_attrs: `bins=k`) the values computed per bin live only while
 their bin runs (backward recomputes them), so the layer keeps its outputs and
 one bin's values, twice over in backward (the bin's activations and their
 gradients). A dropout also keeps its mask (a byte per element).
@@ -27,7 +27,7 @@ import numpy as np
 from gnnc.ir import Layer, Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import COMM_OPS
-from gnnc.plan.schedule import bin_eqn, exchange_schedule, layer_schedule
+from gnnc.plan.schedule_attrs import bin_eqn, exchange_schedule, layer_schedule
 from gnnc.plan.strategies import STRATEGIES
 
 AGGREGATIONS = ("spmm", "gather")

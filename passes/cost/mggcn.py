@@ -27,7 +27,7 @@ def bcast1d(layer: int, shape: LayerShape, staged: bool = True) -> Cost:
     L+3 buffers, both relying on approximate weight gradients; gnnc keeps
     gradients exact, so the backward mirrors the forward.
 
-    The schedule (gnnc.plan.schedule) prices in `staged`: stage j multiplies
+    The schedule (gnnc.plan.schedule_attrs) prices in `staged`: stage j multiplies
     the block received from rank j while stage j+1 is in flight, so a worker
     holds two blocks (2·V_max rows) of the broadcast value, not N; without it
     every block is gathered first (N rows held) and the multiply waits for

@@ -1,7 +1,7 @@
 """The cost of a program as its schedule annotations say: where the cost model reads them.
 
 Why this module exists: the schedule pass writes every execution decision
-into the IR (gnnc.plan.schedule) and the runtime follows them; the
+into the IR (gnnc.plan.schedule_attrs) and the runtime follows them; the
 prediction must follow the same annotations, or it would drift from what
 runs. This module turns a segment's annotations into the options of its
 strategy's formula (`segment_options`), groups the graph layers into the
@@ -25,7 +25,7 @@ from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.registry import planner_cost, segment_cost, user_cost
 from gnnc.passes.cost.symbols import Cost
-from gnnc.plan.schedule import exchange_schedule, layer_schedule, program_schedule
+from gnnc.plan.schedule_attrs import exchange_schedule, layer_schedule, program_schedule
 from gnnc.plan.strategies import STRATEGIES
 
 # the schedule options each strategy's built-in formula takes (gnnc.passes.cost.neutronstar, .mggcn)

@@ -1,5 +1,8 @@
 """The schedule annotations: every execution decision the `schedule` pass writes into the IR.
 
+(How a layer's work and messages run; the order of a training step's phases, P3's 2F2B pipeline,
+is a step schedule: gnnc.plan.schedules.)
+
 Why this module exists: the distributed runtime executes a plan's schedule
 and the cost model prices it; both must read the same decisions, so they are
 IR attributes whose names, values and meaning are defined once, here, and read
