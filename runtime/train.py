@@ -236,12 +236,12 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             worker.reduce_grads(params)
             opt.step()
             elapsed = time.perf_counter() - t0
-            with torch.no_grad():
-                logits, _ = worker.forward(params, False, epoch)
-            own_logits, own = worker.owned(logits)
             sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
                                             loss=float(loss.detach()))
+            with torch.no_grad():
+                logits, _ = worker.forward(params, False, epoch)
+            own_logits, own = worker.owned(logits)
             counts = worker.sum(torch.tensor(
                 [float(loss.detach())] + _correct(own_logits, own["y"], own["train"])
                 + _correct(own_logits, own["y"], own["val"]) + _correct(own_logits, own["y"], own["test"])
