@@ -22,6 +22,8 @@ from gnnc.errors import PlanError
 from gnnc.files import atomic_write
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
+from gnnc.plan.pipeline import is_pipeline
+from gnnc.plan.pipeline_shards import write_pipeline_shards
 from gnnc.plan.shards import write_plan_shards
 
 PLAN_SCHEMA = "gnnc.plan/1"
@@ -96,6 +98,9 @@ class Plan:
         """Every rank's shard of this plan (gnnc.plan.shards) into `directory`."""
         if self.graph is None or self.parts is None:
             raise PlanError("writing a plan's shards needs the graph it was compiled for and its partition")
+        if is_pipeline(self.program):  # its partition is the chunking; each rank holds its chunks' structure
+            write_pipeline_shards(self.program, self.graph, self.parts, self.workers, directory, progress)
+            return Path(directory)
         write_plan_shards(self.program, self.graph, self.parts, self.workers, directory,
                           self.cached, progress)
         return Path(directory)
@@ -154,7 +159,9 @@ class Plan:
                     parts = np.load(io.BytesIO(blob), allow_pickle=False)
                 except (ValueError, OSError, EOFError) as err:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
-        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid") if k in data}
+        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "pipeline",
+                                     "approximations")
+                if k in data}
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 

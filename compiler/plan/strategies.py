@@ -44,6 +44,8 @@ class StrategyDef:
     rows: the row rule (RowRule above).
     halo: reads remote rows through a halo (possibly empty, as under DepCache).
     default_partition: the partition method compile uses for it when the user names none.
+    approximates: what an approximate strategy changes (for --explain and the refusal without --approximate).
+    whole_model: its one segment spans every graph layer (the planner prices only the span 0..L).
     """
 
     name: str
@@ -62,11 +64,16 @@ class StrategyDef:
     rows: RowRule = "owned"
     halo: bool = False
     default_partition: str | None = None
+    approximates: str = ""
+    whole_model: bool = False
 
     def __post_init__(self) -> None:
         for layout in (self.layout_in, self.layout_out):
             if layout not in LAYOUTS:
                 raise ValueError(f"strategy {self.name}: layout {layout!r} is not one of {LAYOUTS}")
+        if self.exact == bool(self.approximates):
+            raise ValueError(f"strategy {self.name}: an approximate strategy says what it approximates, "
+                             f"an exact one does not")
 
     @property
     def nested_rows(self) -> bool:
@@ -95,9 +102,12 @@ STRATEGIES: Mapping[str, StrategyDef] = _registry(
                 "layer", "vertex", "vertex", comm_op="bcast_rows", rows="blocks", default_partition="random"),
     StrategyDef("pushpull", "P3's push-pull: the first layer on a feature slice, partial sums pulled to owners",
                 "layer", "feature", "vertex", sync_op="reduce_scatter", first_layer_only=True, rows="all"),
-    # GNNPipe: each worker a contiguous range of layers over the whole graph, chunks pipelined
+    # GNNPipe: each stage (a group of workers) a contiguous range of layers over the whole graph, chunks
+    # pipelined; a neighbour outside the chunk is read from the history (gnnc.plan.pipeline)
     StrategyDef("pipeline", "GNNPipe's layer pipeline with historical embeddings (approximate)",
-                "segment", "replicated", "replicated", exact=False, runnable=False, plannable=False, rows="all"),
+                "segment", "replicated", "replicated", exact=False, comm_op="history", rows="all",
+                approximates="a layer reads the historical embedding (an earlier epoch's, no gradient) of each "
+                             "neighbour outside the chunk it computes", whole_model=True),
     StrategyDef("local", "one worker runs every layer on the whole graph",
                 "layer", "replicated", "replicated", plannable=False, single_worker=True, rows="all"),
 )
