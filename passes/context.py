@@ -61,6 +61,10 @@ class PassResults:
     hybrid_cached: {graph layer: [global ids per worker]} each hybrid segment caches (select-hybrid).
     hybrid_selection: select-hybrid's prediction, one entry per hybrid segment.
     predicted_bytes: bytes per training step by communication kind (predict-bytes).
+    pipeline: the pipeline the graph layers run (a gnnc.passes.pipeline_plan.PipelineChoice: stages,
+        groups, chunks, the chunking and its prediction), priced by choose-strategy, fixed by stage-pipeline.
+    pipeline_bytes: predict-bytes' count of what a pipeline sends besides the training step (a history
+        refresh, once every alpha epochs).
     """
 
     strategy: str | list[str] | None = None
@@ -69,6 +73,8 @@ class PassResults:
     hybrid_cached: dict[int, list[Any]] | None = None
     hybrid_selection: list[dict[str, Any]] | None = None
     predicted_bytes: dict[str, int] | None = None
+    pipeline: Any = None
+    pipeline_bytes: dict[str, int] | None = None
 
 
 @dataclass
@@ -81,6 +87,7 @@ class PassContext:
     cluster: the cluster profile the cost model prices on, resolved once by the caller.
     hybrid_cached: a hybrid selection fixed by the caller (gnnc.compile(hybrid_cached=...)),
         which select-hybrid checks and uses instead of choosing one.
+    approximate: the planner may choose approximate strategies and schedules (`--approximate`).
     """
 
     graph: Any = None  # a Graph (its module moves below passes and runtime; no import here)
@@ -88,6 +95,7 @@ class PassContext:
     partition: "Partition | None" = None
     cluster: "ClusterProfile | None" = None
     hybrid_cached: dict[int, list[Any]] | None = None
+    approximate: bool = False
     results: PassResults = field(default_factory=PassResults)
     analyses: AnalysisCache = field(init=False, repr=False)
 

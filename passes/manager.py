@@ -60,8 +60,8 @@ _REGISTRY: dict[str, PassInfo] = {}
 # sink-bias after reorder-gemm: reorder-gemm leaves the bias of a moved map as a `bias` op, which it then sinks
 DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias"]
 # after the default pipeline when compiling for several workers
-DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm",
-                                   "predict-bytes"]
+DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "stage-pipeline",
+                                   "insert-comm", "predict-bytes"]
 
 
 def register_pass(name: str, summary: str, typed_after: bool = True, options: type | None = None,
@@ -92,7 +92,8 @@ def register_pass(name: str, summary: str, typed_after: bool = True, options: ty
 def _load_builtin() -> None:
     # reason: a cycle; the pass modules import register_pass from here, so this one imports them on first use
     from gnnc.passes import (assign_strategy, check, choose_strategy, infer_shapes,  # noqa: F401
-                             insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid, sink_bias)
+                             insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid, sink_bias,
+                             stage_pipeline)
 
 
 def passes() -> dict[str, PassInfo]:
