@@ -22,6 +22,7 @@ from gnnc.ir.text import parse_ir
 from gnnc.runtime import comm
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
 from gnnc.runtime.launch import DistConfig
+from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.shards import RankData, load_rank
 from gnnc.runtime.train import TrainConfig, Worker, fit
@@ -352,8 +353,9 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
+    from gnnc.runtime.pipeline import PipelineWorker  # reason: a cycle; the pipeline's worker imports this module
 
-    w = DistWorker(cfg, job)
+    w = PipelineWorker(cfg, job) if is_pipeline(parse_ir(job.ir)) else DistWorker(cfg, job)
     summary, logits, history = fit(w, job.train, job.metrics_path)
     peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
     gathered = w.gather_logits(logits) if job.want_logits else None

@@ -117,6 +117,16 @@ class Worker:
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return forward(self.interp, params, self.inputs, self.context(training, epoch))
 
+    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
+        """One epoch's training: a full-graph step here (gnnc.runtime.pipeline's runs its chunks through the
+        stages). Returns the epoch's training loss."""
+        opt.zero_grad(set_to_none=True)
+        _, loss = self.forward(params, True, epoch)
+        loss.backward()
+        self.reduce_grads(params)
+        opt.step()
+        return loss
+
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The logits and inputs of the rows this worker owns (the ones it reports)."""
         return logits, self.inputs
@@ -230,11 +240,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
             t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            _, loss = worker.forward(params, True, epoch)
-            loss.backward()
-            worker.reduce_grads(params)
-            opt.step()
+            loss = worker.train_epoch(params, opt, epoch)
             elapsed = time.perf_counter() - t0
             sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
