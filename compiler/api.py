@@ -31,8 +31,10 @@ from gnnc.passes.cost.symbols import CostInputs
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
 from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.pipeline_plan import pipeline_summary
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import param_dependent
+from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import ModelSource, Plan
 from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.strategies import STRATEGIES
@@ -96,7 +98,8 @@ def load_graph(spec: Any):
 def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | list[PassSpec] | None = None,
             graph_spec: str | None = None, after=None, strategy: str | list[str] | None = None,
             partition: str | None = None, seed: int = 0, cluster: Any = None,
-            allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None) -> Plan:
+            allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
+            approximate: bool = False, pipeline_groups: int = 0) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -107,6 +110,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     (choose-strategy), unless the pipeline text set them already.
     `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
     Algorithm 4's choice of the dependencies a hybrid segment caches.
+    `approximate` lets the planner choose, and the user name, approximate strategies (GNNPipe's
+    `pipeline`, whose `pipeline_groups` workers per stage the planner chooses when it is 0).
     """
     if workers == "auto":
         return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow)
@@ -118,9 +123,9 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1 and passes is None:
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
     if workers > 1:
-        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow)
+        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, pipeline_groups=pipeline_groups)
     meta: dict[str, Any] = {}
-    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached)
+    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, approximate=approximate)
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
@@ -134,6 +139,14 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["predicted_bytes_per_step"] = results.predicted_bytes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
+    approximated = approximations([layer.attr("strategy", "local") for layer in program.graph_layers()])
+    if approximated:  # an exact plan records nothing: its file reads as before
+        meta["approximations"] = approximated
+    parts = ctx.parts
+    if results.pipeline is not None and is_pipeline(program):  # a pipeline's partition is its chunking
+        parts = results.pipeline.parts
+        meta["partition"] = {"method": "metis", "parts": int(parts.max()) + 1, "seed": seed, "chunks": True}
+        meta["pipeline"] = pipeline_summary(results.pipeline, results.pipeline_bytes)
     report = results.planner
     if report is not None:
         meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
@@ -143,23 +156,29 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
                            # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
                            "schedule": report.schedule}
-    return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, ctx.parts,
+    return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
                 results.hybrid_cached, graph if workers > 1 else None)
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
-                          allow: list[str] | None) -> list[PassSpec]:
-    """The pipeline with the compile's `strategy` and `allow` given to the passes that take them.
+                          allow: list[str] | None, pipeline_groups: int = 0) -> list[PassSpec]:
+    """The pipeline with the compile's `strategy`, `allow` and `pipeline_groups` given to the passes that take them.
 
     A value no pass in the pipeline takes is an error, not a silently ignored request.
     """
     given = {"strategy": strategy if strategy is None or isinstance(strategy, str) else ",".join(strategy),
-             "allow": None if allow is None else tuple(allow)}
+             "allow": None if allow is None else tuple(allow), "pipeline_groups": pipeline_groups}
     given = {k: v for k, v in given.items() if v}
     for key in given:
         if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
             raise GnncError(f"--{key}: no pass of the pipeline ({', '.join(s.name for s in pipeline)}) takes it")
     return [with_values(spec, given) for spec in pipeline]
+
+
+def approximations(strategies: list[str]) -> list[str]:
+    """What the named strategies approximate, one sentence each (empty: the plan is exact)."""
+    return [f"strategy {name}: {STRATEGIES[name].approximates}" for name in dict.fromkeys(strategies)
+            if name in STRATEGIES and not STRATEGIES[name].exact]
 
 
 def _default_partition(strategy: str | None) -> str:
@@ -213,7 +232,7 @@ def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
 def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int = 0, lr: float | None = None,
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
-        want_logits: bool = True):
+        want_logits: bool = True, approximate: bool = False, pipeline_groups: int = 0):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
     Returns a RunResult (one process) or, with nproc > 1, the same summary as
@@ -222,7 +241,9 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     g = load_graph(graph)
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
-                                                             graph_spec=graph if isinstance(graph, str) else None)
+                                                             graph_spec=graph if isinstance(graph, str) else None,
+                                                             approximate=approximate,
+                                                             pipeline_groups=pipeline_groups)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
     if plan.workers == 1:

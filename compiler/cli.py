@@ -61,7 +61,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers == "auto" else int(args.workers)
     allow = args.allow.split(",") if args.allow else None
     plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
-                       strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow)
+                       strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
+                       approximate=args.approximate, pipeline_groups=args.pipeline_groups)
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -71,7 +72,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.json:
         planner = plan.meta.get("planner") or {}
         _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
-                    "workers": plan.workers, "exact": True, "passes": plan.passes,
+                    "workers": plan.workers, "exact": not plan.meta.get("approximations"),
+                    "approximations": plan.meta.get("approximations", []), "passes": plan.passes,
                     "partition": plan.meta.get("partition"),
                     "predicted": {"epoch_time_s": planner.get("predicted_time_s"),
                                   "bytes_per_epoch": sum((plan.meta.get("predicted_bytes_per_step") or {}).values()),
@@ -142,7 +144,8 @@ def _run(args: argparse.Namespace) -> int:
         spec = args.graph
         graph = api.load_graph(spec)
         plan = api.compile(api.load_model(target, **_sets(args.set)), graph, workers=args.nproc,
-                           strategy=args.strategy, partition=args.partition, seed=args.seed, graph_spec=spec)
+                           strategy=args.strategy, partition=args.partition, seed=args.seed, graph_spec=spec,
+                           approximate=args.approximate, pipeline_groups=args.pipeline_groups)
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
@@ -174,6 +177,16 @@ def _run(args: argparse.Namespace) -> int:
               f"{summary['best_epoch']}); final test acc {summary['final_test_acc']:.4f}; train loss "
               f"{summary['train_loss']:.4f}; {summary['epoch_time_s'] * 1000:.1f} ms/epoch")
     return 0
+
+
+def _add_approximate_flags(c: argparse.ArgumentParser) -> None:
+    approximate = [n for n in STRATEGIES if not STRATEGIES[n].exact]
+    c.add_argument("--approximate", action="store_true",
+                   help=f"allow approximate strategies ({', '.join(approximate)}): the planner may choose them and "
+                        "--strategy may name them; without it only exact ones (the single-process result)")
+    c.add_argument("--pipeline-groups", type=int, default=0, metavar="G",
+                   help="pipeline: G workers per stage, running it graph-parallel (default: the planner's choice, "
+                        "or one per stage)")
 
 
 def _runs(strategies: list[str]) -> str:
@@ -300,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces: "
                                     "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`)")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
+    _add_approximate_flags(c)
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_compile)
 
@@ -334,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     c.add_argument("--dump-logits", metavar="FILE.pt")
+    _add_approximate_flags(c)
     c.add_argument("--json", action="store_true")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     c.add_argument("--no-progress", action="store_true")

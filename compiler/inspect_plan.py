@@ -17,6 +17,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.ops import COMM_OPS
 from gnnc.ir.ops import fmt_shape
+from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.metrics import read_metrics
 
 
@@ -134,18 +135,35 @@ def explain(plan) -> str:
         lines.append(f"  {'strategies':32s} {'time ms':>10s} {'MB/epoch':>10s} {'MiB/worker':>11s}")
         for a in sorted(planner.get("alternatives", []), key=lambda a: a["time_s"]):
             mark = " <- chosen" if a["strategies"] == planner["strategies"] else ""
+            if not all(STRATEGIES[s].exact for s in a["strategies"] if s in STRATEGIES):
+                mark += " (approximate)"
             user = f" (user cost: {'; '.join(a['user_costs'])})" if a.get("user_costs") else ""
             lines.append(f"  {','.join(a['strategies']):32s} {a['time_s'] * 1000:10.3f} {a['bytes'] / 1e6:10.3f} "
                          f"{a['memory_bytes'] / 2**20:11.1f}{mark}{user}")
         for c in planner.get("crossovers", []):
             lines.append(f"  crossover: {c}")
         lines += _segment_table(planner, [layer.name for layer in plan.program.graph_layers()])
+    lines += _pipeline_lines(plan.meta.get("pipeline"))
+    for what in plan.meta.get("approximations", []):
+        lines.append(f"approximate: {what}")
     considered = plan.meta.get("workers_considered")
     if considered:
         lines.append("workers considered: " + ", ".join(
             f"{c['workers']}: {c['time_s'] * 1000:.3f} ms" if c["time_s"] is not None else f"{c['workers']}: -"
             for c in considered))
     return "\n".join(lines) + "\n"
+
+
+def _pipeline_lines(pipeline: dict | None) -> list[str]:
+    """The pipeline a plan runs: stages, groups, chunks, GPipe's bubble, the history it reads."""
+    if not pipeline:
+        return []
+    bubble = pipeline["bubble"]
+    split = ", ".join(f"{a}..{z - 1}" for a, z in pipeline["split"])
+    return [f"pipeline: {pipeline['stages']} stages of {pipeline['groups']} worker(s) (graph layers {split}), "
+            f"{pipeline['chunks']} chunks; bubble: each pass takes {bubble['stretch']:.3f}x its stages' work "
+            f"({bubble['idle_fraction']:.1%} idle); {pipeline['history_reads_per_layer']} history rows read per "
+            f"layer and epoch, refreshed every {pipeline['history_every']} epochs"]
 
 
 def _segment_table(planner: dict, names: list[str]) -> list[str]:
