@@ -44,7 +44,7 @@ from gnnc.ir.text import parse_ir
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.pipeline_shards import load_pipeline_rank
 from gnnc.runtime import comm, rng
-from gnnc.runtime.distributed import DistJob, _gather_rows
+from gnnc.runtime.distributed import DistJob, DistWorker, _gather_rows
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.train import Worker
@@ -308,15 +308,8 @@ class PipelineWorker(Worker):
             self._reducer = comm.GradAllReduce(self.stage_params(params), self.stats, group=self.group)
         self._reducer.finish()
 
-    def sum(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
-        dist.all_reduce(t)
-        return t
-
-    def max(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t
+    sum = DistWorker.sum  # over every rank, as the other strategies' workers
+    max = DistWorker.max
 
     def train_vertices(self) -> int:
         mine = self.inputs["train"].sum() if self.last else torch.zeros((), dtype=torch.int64)

@@ -31,8 +31,9 @@ from gnnc.errors import PlanError
 from gnnc.graph import Graph, GraphView, sparse_if_sparse
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.pipeline import ChunkStructure, MemberStructures
-from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
+from gnnc.plan.shard_files import load_npz, read_manifest, write_npz
 from gnnc.plan.shards import _csr_arrays, _plan_arrays, _plan_from, _view_from  # the plan's shard encodings
+from gnnc.plan.shards import write_plan_manifest
 
 
 def stage_views(program, sched: plan_pipeline.PipelineSchedule, stage: int) -> list[str]:
@@ -68,11 +69,7 @@ def write_pipeline_shards(program, graph: Graph, parts: np.ndarray, world: int, 
         entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout))
         if progress is not None:
             progress(rank)
-    write_manifest(out, {"kind": "plan", "graph": graph.name, "num_nodes": graph.num_nodes,
-                         "num_edges": graph.num_edges, "num_features": graph.num_features,
-                         "num_classes": graph.num_classes, "train_count": int(graph.train_mask.sum()),
-                         "parts": world, "shards": entries})
-    return read_manifest(out)
+    return write_plan_manifest(out, graph, world, entries)
 
 
 def _member_arrays(view: str, member: MemberStructures) -> dict[str, np.ndarray]:
