@@ -205,3 +205,15 @@ def test_flickr_like_deep_gcnii_gets_the_pipeline_only_with_approximate() -> Non
     assert "pipeline" not in exact.meta["planner"]["strategies"]
     assert "approximations" not in exact.meta
     assert approx.meta["planner"]["predicted_time_s"] < exact.meta["planner"]["predicted_time_s"]
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_the_pipeline_costs_bytes_are_predict_bytes_count(groups: int) -> None:
+    """The formula's bytes (the planner's) equal predict-bytes' exact count of the step (which the runtime's
+    measured bytes equal: tests/test_pipeline.py): boundary rows, group exchanges, group all-reduce."""
+    graph = api.load_graph("sbm:n=600,blocks=4,deg=8,intra=0.6,features=16,classes=4,seed=1")
+    plan = api.compile(api.load_model(EXAMPLES / "gcnii.gnn", layers=4, hidden=8), graph, workers=4,
+                       strategy="pipeline", approximate=True, pipeline_groups=groups)
+    counted = sum(plan.meta["predicted_bytes_per_step"].values())
+    assert plan.meta["pipeline"]["predicted"]["bytes"] == pytest.approx(counted, rel=1e-12)
+    assert (plan.meta["predicted_bytes_per_step"]["history"] > 0) == (groups > 1)

@@ -225,3 +225,18 @@ def test_deep_gcnii_keeps_the_exact_accuracy_with_an_eighth_of_the_traffic() -> 
     assert result["pipeline_step_bytes_predicted"] * 8 <= result["depcomm_bytes_measured"], result
     assert result["depcomm_bytes_measured"] == result["depcomm_step_bytes_predicted"], result
     assert result["mismatched_epochs"] == [], result
+
+
+def test_epoch_record_counts_the_time_blocked_in_pipe_ops_as_the_bubble() -> None:
+    from gnnc.runtime.comm import CommStats
+    from gnnc.runtime.metrics import EpochRecord
+
+    stats = CommStats()
+    stats.add_time("pipe", "pipe", "fwd", 0.25)
+    stats.add_time("refresh", "pipe", "fwd", 0.05)
+    stats.add_time("l0", "halo", "fwd", 0.1)
+    stats.add_time("grads", "allreduce", "bwd", 0.2)
+    record = EpochRecord.from_stats(3, 1, 4, stats, epoch_s=2.0)
+    assert record.pipe_s == pytest.approx(0.3) and record.bubble_fraction == pytest.approx(0.15)
+    assert record.comm_s == pytest.approx(0.4) and record.compute_s == pytest.approx(1.4)
+    assert EpochRecord.from_stats(0, 0, 1, CommStats(), epoch_s=1.0).bubble_fraction == 0.0

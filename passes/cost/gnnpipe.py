@@ -162,7 +162,7 @@ def pipeline(start: int, end: int, shapes: Sequence[LayerShape], split: Sequence
         reduce_t = Max(*[2 * sympy.Rational(G - 1, G) * n * b / bw_group + 2 * (G - 1) * alpha
                          for n in stage_params])
         reduce_bytes = sympy.Add(*[2 * (G - 1) * n * b for n in stage_params])
-    nbytes = (pipe_bytes + S * group_bytes + reduce_bytes) / (S * G)
+    nbytes = (pipe_bytes + group_bytes + reduce_bytes) / (S * G)  # each layer's group exchanges once
     return Cost(f"pipeline[{start}:{end}] S={S} G={G} K={K}",
                 (time_f, time_b, sympy.Add(*refresh) / history_every, reduce_t), nbytes,
                 Max(*memory) if S > 1 else memory[0])
