@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gnnc.errors import GnncError
 from gnnc.ir import Program
+from gnnc.ir.ops import op_def
 from gnnc.passes.choose_strategy import PlanningInputs
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.pipeline_plan import group_options, price
@@ -42,6 +43,11 @@ def stage_pipeline(program: Program, ctx: PassContext, opts: StagePipelineOption
     if any(layer.attr("strategy") != plan_pipeline.STRATEGY for layer in program.graph_layers()):
         raise GnncError("the pipeline runs every graph layer as one segment; it does not mix with other strategies "
                         "(--strategy pipeline)")
+    for layer in program.layers:
+        for e in layer.eqns:
+            if op_def(e.op).state:  # batch_norm: statistics of every vertex, running ones kept between steps
+                raise GnncError(f"the pipeline computes chunk by chunk, so '{e.op}' (statistics over every vertex) "
+                                f"cannot run in it; use an exact strategy", e.loc)
     if opts.history_every < 1 or opts.chunks < 0:
         raise GnncError("stage-pipeline: history_every must be at least 1 and chunks at least 0")
     chosen = ctx.results.pipeline

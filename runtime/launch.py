@@ -69,6 +69,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from gnnc.files import atomic_write
 from gnnc.errors import GnncError
+from gnnc.runtime.main_guard import check_main_guard
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -346,6 +347,7 @@ def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
         # starting them would leave the first ones running unsupervised.
         raise LaunchError(f"the worker function and its arguments must be picklable "
                           f"(a module-level function): {exc}") from exc
+    check_main_guard(nproc, start_method)  # a 'spawn' worker would run an unguarded script's call again
     with stop_on_signals():
         return _launch(fn, nproc, args, device, port, timeout_s, start_method, grace_s)
 
@@ -367,7 +369,8 @@ def _launch(fn: Callable[..., T], nproc: int, args: tuple, device: str, port: in
             _terminate([p for p in ctx.processes if p.is_alive()])
         pids = {rank: int(p.pid) for rank, p in enumerate(ctx.processes)}
         if any(code != 0 for code in exit_codes.values()):
-            reports = {rank: _read_report(run_dir, rank, ctx.error_files[rank]) for rank in range(nproc)}
+            reports = {rank: _read_report(run_dir, rank, ctx.error_files[rank], exit_codes[rank])
+                       for rank in range(nproc)}
             raise _failure_error(exit_codes, terminated, reports, pids)
         return [_read_result(run_dir, rank) for rank in range(nproc)]
     finally:
@@ -381,6 +384,7 @@ def _launch(fn: Callable[..., T], nproc: int, args: tuple, device: str, port: in
 def _worker_entry(local_rank: int, fn: Callable[..., Any], base: DistConfig, args: tuple,
                   run_dir: str, launcher_pid: int) -> None:
     """Body of a local worker process (torch.multiprocessing calls it with the local rank)."""
+    (Path(run_dir) / f"started-{local_rank}").touch()  # how the launcher tells a start-up failure (_read_report)
     _die_with_launcher(launcher_pid)
     cfg = dataclasses.replace(base, rank=local_rank, local_rank=local_rank)
     directory = Path(run_dir)
@@ -557,8 +561,9 @@ def _terminate(procs: list[Any]) -> None:
             p.join()
 
 
-def _read_report(run_dir: Path, rank: int, error_file: str | None) -> dict[str, Any] | None:
-    """The exception rank `rank` reported, or torch.multiprocessing's traceback file, or None."""
+def _read_report(run_dir: Path, rank: int, error_file: str | None, exit_code: int) -> dict[str, Any] | None:
+    """The exception rank `rank` reported, or torch.multiprocessing's traceback file, or what a rank that
+    exited before gnnc's worker code started can be said to have done, or None."""
     path = run_dir / f"failure-{rank}.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -570,6 +575,15 @@ def _read_report(run_dir: Path, rank: int, error_file: str | None) -> dict[str, 
         last = text.strip().splitlines()[-1] if text.strip() else "unknown error"
         return {"type": last.split(":")[0], "message": last, "communication": False,
                 "gnnc_error": False, "traceback": text[-4000:], "time": 0.0}
+    if exit_code > 0 and not (run_dir / f"started-{rank}").exists():
+        # It died while Python set the process up, before _worker_entry: with 'spawn' that is the re-import of
+        # the main module (a script without `if __name__ == "__main__":`, or one that fails on import).
+        return {"type": "WorkerStartError", "communication": False, "gnnc_error": False, "time": 0.0,
+                "message": f"exited with status {exit_code} before gnnc's worker code started: each worker "
+                           "first imports the main module again (the 'spawn' start method), so a script must "
+                           "keep its top-level code under `if __name__ == \"__main__\":`; its stderr above "
+                           "shows what failed",
+                "traceback": "(none reported: see the worker's stderr above)"}
     return None
 
 

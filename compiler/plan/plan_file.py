@@ -162,6 +162,11 @@ class Plan:
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "pipeline",
                                      "approximations")
                 if k in data}
+        stand_ins = data.get("graph_stand_ins", {})
+        if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
+            raise PlanError(f"{path}: 'graph_stand_ins' must map field names to descriptions")
+        if stand_ins:
+            meta["graph_stand_ins"] = stand_ins
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 

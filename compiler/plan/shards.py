@@ -11,6 +11,7 @@ last and atomically):
   x                        input features of C^0 (pushpull: every row, this rank's feature slice)
   y, train, val, test      labels and split masks of the owned rows
   g<k>.indptr/indices/eids/norm    local CSR of distinct layer structure k (global edge ids, gcn_norm)
+  g<k>.edata.<NAME>        the graph's edge data `edge.NAME` on those edges, halo edges included
   g<k>.ids                 global ids of its rows, in its segment's order
   g<k>.send_ptr/send_idx/recv      its halo plan, when it has one
   g<k>.entry.*             the rows fetched on entering a depcache/hybrid segment after layer 0
@@ -57,8 +58,10 @@ class RankData:
 
 
 def _csr_arrays(prefix: str, view: GraphView) -> dict[str, np.ndarray]:
-    return {f"{prefix}.indptr": view.csr.indptr.numpy(), f"{prefix}.indices": view.csr.indices.numpy(),
-            f"{prefix}.eids": view.edge_ids.numpy(), f"{prefix}.norm": view.edge_data["gcn_norm"].numpy()}
+    out = {f"{prefix}.indptr": view.csr.indptr.numpy(), f"{prefix}.indices": view.csr.indices.numpy(),
+           f"{prefix}.eids": view.edge_ids.numpy(), f"{prefix}.norm": view.edge_data["gcn_norm"].numpy()}
+    out.update((f"{prefix}.edata.{k}", v.numpy()) for k, v in view.edge_data.items() if k != "gcn_norm")
+    return out
 
 
 def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphView:
@@ -66,8 +69,10 @@ def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphV
     indices = torch.from_numpy(arrays[f"{prefix}.indices"].astype(np.int64))
     eids = torch.from_numpy(arrays[f"{prefix}.eids"].astype(np.int64))
     csr = CSR(indptr, indices, torch.arange(len(indices)), len(indptr) - 1, n_src)
-    return GraphView(csr, csr.indices, csr.dst_index(), eids, {"gcn_norm": torch.from_numpy(arrays[f"{prefix}.norm"])},
-                     csr.in_degree().to(torch.float32))
+    data = {"gcn_norm": torch.from_numpy(arrays[f"{prefix}.norm"])}
+    named = f"{prefix}.edata."
+    data.update((k[len(named):], torch.from_numpy(v)) for k, v in arrays.items() if k.startswith(named))
+    return GraphView(csr, csr.indices, csr.dst_index(), eids, data, csr.in_degree().to(torch.float32))
 
 
 def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets) -> \
