@@ -93,3 +93,28 @@ def test_cli_refuses_the_pipeline_without_approximate_and_marks_it_with(capsys) 
     assert summary["exact"] is False and summary["approximations"][0].startswith("strategy pipeline:")
     assert "approximate: strategy pipeline: a layer reads the historical embedding" in out
     assert "pipeline: 2 stages of 1 worker(s)" in out
+
+
+def test_the_pipeline_refuses_ops_with_statistics_over_every_vertex() -> None:
+    from gnnc import api
+    from gnnc.errors import GnncError
+
+    from test_pass_filecheck import tiny_graph
+
+    source = """
+layer Conv(in, out) with self_loops {
+  transform t = linear(h, out)
+  scatter   m = edge.gcn_norm * src.t
+  gather    a = sum(m)
+  apply     h = a
+}
+model M(features, hidden = 8, classes) {
+  h = Conv(features, hidden)(x)
+  h = batch_norm(h)
+  h = Conv(hidden, classes)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+    model = api.load_model_source(source, "bn.gnn")
+    with pytest.raises(GnncError, match="'batch_norm' .* cannot run in it"):
+        api.compile(model, tiny_graph(), workers=2, strategy="pipeline", approximate=True)
