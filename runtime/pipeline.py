@@ -288,6 +288,8 @@ class PipelineWorker(Worker):
     # --- what fit asks of a worker -----------------------------------------------------------------
 
     def context(self, training: bool, epoch: int) -> ExecContext:
+        # No hoist cache (a chunk's values are not the whole graph's: hoisted equations are computed every time)
+        # and no running state (stage-pipeline refuses the ops that keep one).
         kb = rng.stream_key(self.cfg.seed, epoch)
         return ExecContext({}, self.ids, self.config, training, lambda i, kb=kb: rng.stream_key(kb, i), self.count,
                            self.cfg.use_kernels)
