@@ -24,6 +24,7 @@ from gnnc.graph.in_memory import as_graph
 from gnnc.graph.loaders import load_graph as _load
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
+from gnnc.memory_check import check_run_memory
 from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
                              load_model_source)  # (the API's names)
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
@@ -229,7 +230,10 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
     if plan.workers == 1:
-        return train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
+        predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
+        result = train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+        return result
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
 
 
@@ -264,7 +268,8 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
             return _result(join_torchrun(worker, job, timeout_s=timeout))
-        return _result(launch(worker, plan.workers, job, timeout_s=timeout)[0])
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir)  # before any worker starts
+        return _result(launch(worker, plan.workers, job, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
@@ -273,12 +278,19 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
+        predicted = check_run_memory(plan, shard_dir=tmp)  # before any worker starts
         job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
         try:
-            return _result(launch(worker, plan.workers, job, timeout_s=timeout)[0])
+            return _result(launch(worker, plan.workers, job, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
 
 
-def _result(summary: dict[str, Any] | None) -> RunResult | None:
-    return None if summary is None else RunResult.from_summary(summary)
+def _result(summary: dict[str, Any] | None, predicted=None) -> RunResult | None:
+    """Rank 0's summary as a RunResult, with the memory check's estimate of the largest process beside its peak."""
+    if summary is None:
+        return None
+    result = RunResult.from_summary(summary)
+    if predicted is not None:
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+    return result

@@ -117,7 +117,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
 
-    if args.nproc < 1:
+    if args.nproc is not None and args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
     if not args.timeout > 0:
         raise GnncError(f"--timeout must be a positive number of seconds, not {args.timeout}")
@@ -135,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
 
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
+    from gnnc.memory_check import check_run_memory
+    from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.train import TrainConfig, train
 
     target = Path(args.target)
@@ -143,22 +145,21 @@ def _run(args: argparse.Namespace) -> int:
         if args.set or args.model_name:
             raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
                             f"to change it")
+        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
         spec = args.graph or plan.graph_spec
         graph = None
         if plan.shard_dir is None or plan.workers == 1:
             if spec is None:
                 raise GnncError("the plan names no graph; pass --graph G")
             graph = api.load_graph(spec)
-        if args.nproc != plan.workers and args.nproc != 1:
-            raise GnncError(f"the plan was compiled for {plan.workers} workers; recompile it for --nproc {args.nproc}")
     else:
         if not args.graph:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         spec = args.graph
         graph = api.load_graph(spec)
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
-        plan = api.compile(model, graph, workers=args.nproc, strategy=args.strategy, partition=args.partition,
-                           seed=args.seed, graph_spec=spec, approximate=args.approximate,
+        plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
+                           partition=args.partition, seed=args.seed, graph_spec=spec, approximate=args.approximate,
                            pipeline_groups=args.pipeline_groups)
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
@@ -172,7 +173,9 @@ def _run(args: argparse.Namespace) -> int:
         if result is None:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
     else:
+        predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
         result = train(plan.program, graph, cfg, metrics_path=args.metrics)
+        result.predicted_peak_rss_bytes = int(predicted.peak)
     logits = result.logits
     summary = result.summary()
     summary["epochs"] = cfg.epochs
@@ -229,6 +232,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, probe, probe_layer_samples
 
     threads = args.threads or max(1, torch.get_num_threads())
+    if args.network:
+        return _probe_network(args, threads)
     measured = probe(threads)
     features, hidden, classes = PROBE_WIDTHS
     model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
@@ -240,6 +245,61 @@ def cmd_probe(args: argparse.Namespace) -> int:
     profile.save(path)
     print(profile.to_json(), end="")  # stdout stays the profile's JSON, for scripts
     print(describe_unit_costs(profile), end="", file=sys.stderr)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _probe_network(args: argparse.Namespace, threads: int) -> int:
+    """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
+
+    The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `--base`
+    (a profile `gnnc probe` wrote) or, without it, from measuring this host once the links are done.
+    """
+    # deferred: a command loads torch and the planner only when it needs them
+    from gnnc import api
+    from gnnc.cluster import ClusterProfile, load_profile
+    from gnnc.passes.cost.fit import fit_profile
+    from gnnc.runtime.launch import join_torchrun, started_by_torchrun
+    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, machine_fields, probe_layer_samples
+    from gnnc.runtime.probe_network import network_probe, profile_fields
+
+    if not started_by_torchrun():
+        raise GnncError("gnnc probe --network measures the links between the ranks of a torchrun job: start it "
+                        "with torchrun on every host (benchmarks/cluster/emulated.py probe does so for the "
+                        "emulated cluster)")
+    if not args.output:
+        raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
+    base = load_profile(args.base) if args.base else None  # read before the job: a bad file fails fast
+    measured = join_torchrun(network_probe, timeout_s=args.timeout)
+    if measured is None:
+        return 0  # a rank other than 0: rank 0 writes the profile
+    network = profile_fields(measured)
+    workers = network["workers"]
+    if base is not None:
+        profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
+                                            "unit_costs": []}, "probe")
+    else:
+        features, hidden, classes = PROBE_WIDTHS
+        model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden,
+                                      classes=classes)
+        program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
+        profile = ClusterProfile.from_dict({**machine_fields(threads), **network, "name": "measured", "t_c": None},
+                                           "probe")
+        # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
+        fitted = fit_profile(program, samples, PROBE_WIDTHS, profile.worker_bandwidth(workers))
+        profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
+    path = Path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    print(profile.to_json(), end="")
+    inter = [link for link in profile.links if not link.same_host] or list(profile.links)
+    print(f"{len(profile.links)} links: bandwidth {min(x.bandwidth for x in inter) * 8 / 1e9:.3g}.."
+          f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
+          f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
+          f"(profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us)", file=sys.stderr)
+    for c in profile.collectives:
+        print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
+              f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -346,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[plugin, model_choice])
     c.add_argument("target")
     c.add_argument("--graph")
-    c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
+    c.add_argument("--nproc", type=int, help="worker processes on this machine (default 1, or the plan's workers)")
     c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="stop the run when a rank makes no progress between collectives for this long "
                         "(default 60); the message names the hung rank")
@@ -375,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
     c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
     c.add_argument("--threads", type=int)
+    c.add_argument("--network", action="store_true",
+                   help="under torchrun: measure the links and collectives between the job's ranks (rank 0 "
+                        "writes the profile of the job's machines)")
+    c.add_argument("--base", metavar="PROFILE.json",
+                   help="with --network: take each machine's own figures from this profile instead of measuring")
+    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --network: how long a rank waits for its peers")
     c.set_defaults(fn=cmd_probe)
 
     c = sub.add_parser("clusters", help="list the cluster presets")

@@ -107,13 +107,16 @@ def candidates(program: Program, allow: list[str] | None, approximate: bool = Fa
     return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
 
 
-def planning_inputs(program: Program, graph, parts: np.ndarray, profile):
-    """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape."""
+def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None):
+    """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape.
+
+    `workers`: the plan's worker count, when its last parts may be empty (the largest part id + 1 otherwise).
+    """
     layers = program.graph_layers()
     view = "self_loops" if any(layer.edges == "self_loops" for layer in layers) else "plain"
-    stats = compute_stats(graph, parts, len(layers), view)
+    stats = compute_stats(graph, parts, len(layers), view, num_parts=workers)
     dims, heads = layer_dims(program)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(int(parts.max()) + 1), heads=heads)
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads)
     needs_grad = param_dependent(program)
     return stats, inputs, [layer_shape(layer, needs_grad) for layer in layers]
 
@@ -128,7 +131,7 @@ class PlanningInputs:
 
     @classmethod
     def compute(cls, program: Program, ctx: PassContext) -> "PlanningInputs":
-        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster))
+        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers))
 
 
 @dataclass
@@ -209,7 +212,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
                 from gnnc.passes.select_hybrid import select
 
                 chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost)
-                extra, value = chosen.values, chosen.value
+                extra, value, cost = chosen.values, chosen.value, chosen.formula
             else:
                 value = evaluate_cost(cost, inputs, extra)
             seg_cost[(start, end, s)] = (value.time, value.memory)

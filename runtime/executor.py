@@ -254,7 +254,8 @@ def _linear(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecCo
         out = out + ins[2]
     heads = e.attr("heads")
     if heads is not None:
-        out = out.reshape(out.shape[0], eval_dim(heads, ctx.config), -1)
+        h = eval_dim(heads, ctx.config)  # not -1: a rank may hold no row (an empty part)
+        out = out.reshape(out.shape[0], h, out.shape[-1] // h)
     return out
 
 
@@ -272,7 +273,7 @@ def _dot(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecConte
 @implements("concat")
 def _concat(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
     if len(ins) == 1:
-        return ins[0].reshape(ins[0].shape[0], -1)
+        return ins[0].reshape(ins[0].shape[0], math.prod(ins[0].shape[1:]))  # not -1: a part may be empty
     return torch.cat(ins, dim=-1)
 
 

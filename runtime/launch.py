@@ -32,7 +32,13 @@ unwind like Ctrl-C: the workers are stopped and temporary files removed.
 Nothing listens beyond this machine for a local launch: the rendezvous store
 is served on a socket bound to 127.0.0.1 (TCPStore on its own binds every
 interface whatever host it is given) and gloo is pinned to the loopback
-interface. Under torchrun, a rank that serves the store binds MASTER_ADDR.
+interface. Under torchrun, a rank that serves the store binds MASTER_ADDR, and
+gloo listens on the interface that reaches MASTER_ADDR (gnnc.runtime.netif),
+unless GLOO_SOCKET_IFNAME names one.
+
+A worker hands its result back as a file in the launcher's private temporary
+directory, written with torch.save and read with `torch.load(weights_only=True)`:
+tensors and plain containers only, so even that file is data, never code.
 
 Exit codes keep one meaning in one process and in N: `WorkerFailedError`
 carries 2 only when the root cause is a worker's GnncError (bad input), and 1
@@ -45,6 +51,7 @@ import ctypes
 import dataclasses
 import datetime
 import errno
+import io
 import json
 import multiprocessing.connection
 import os
@@ -70,6 +77,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from gnnc.files import atomic_write
 from gnnc.errors import GnncError
 from gnnc.runtime.main_guard import check_main_guard
+from gnnc.runtime.netif import interface_toward
+from gnnc.runtime.peers import PeerTable, diagnose, exchange_addresses
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -232,9 +241,13 @@ class DistConfig:
         if "MASTER_ADDR" not in env:
             raise LaunchError("environment variable MASTER_ADDR is not set: this process was not "
                               "started by torchrun")
+        # gloo listens where the job's peers can reach it: the interface named in GLOO_SOCKET_IFNAME,
+        # else the one that carries this machine's traffic to the rendezvous host (gloo's own default,
+        # what the hostname resolves to, is loopback on many machines and in every network namespace).
+        ifname = env.get("GLOO_SOCKET_IFNAME") or interface_toward(env["MASTER_ADDR"], port)
         return cls(rank=rank, world_size=world_size, local_rank=local_rank,
                    master_addr=env["MASTER_ADDR"], master_port=port, device=device,
-                   timeout_s=timeout_s, store_hosted=hosted, gloo_ifname=None,
+                   timeout_s=timeout_s, store_hosted=hosted, gloo_ifname=ifname,
                    store_prefix=f"/worker/attempt_{attempt}" if hosted else "")
 
 
@@ -311,13 +324,41 @@ def join_torchrun(fn: Callable[Concatenate[DistConfig, P], T], *args: P.args,
     others, and the process-group timeout bounds every collective meanwhile.
     `record` writes the exception to the file torchrun names in
     TORCHELASTIC_ERROR_FILE, so torchrun's failure summary shows it.
+
+    A job across machines can lose a link, and then gloo says only that it
+    timed out: the ranks exchange their addresses once the group is up, and a
+    rank whose collective fails asks which peers still answer
+    (gnnc.runtime.peers) and names the others in its last line on stderr.
     """
     cfg = DistConfig.from_env(device=device, timeout_s=timeout_s)
+    tables: list[PeerTable] = []
+
+    def with_peer_table(cfg: DistConfig, *args: P.args, **kwargs: P.kwargs) -> T:
+        if cfg.world_size > 1:
+            tables.append(exchange_addresses(cfg.master_addr, cfg.master_port))
+        return fn(cfg, *args, **kwargs)
+
     try:
-        return record(run_worker)(fn, cfg, *args, **kwargs)
+        return record(run_worker)(with_peer_table, cfg, *args, **kwargs)
     except BaseException as exc:
         traceback.print_exception(exc)
+        if tables and _is_communication_error(exc):
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            print(f"gnnc: rank {cfg.rank} of {cfg.world_size} stops: a collective failed ({first}); "
+                  f"{diagnose(tables[0], cfg.rank)}", file=sys.stderr)
         _exit_after_failure(exc)
+
+
+def end_joined_rank(code: int) -> NoReturn:
+    """End a torchrun rank whose command is done, skipping the interpreter's teardown.
+
+    As for a local worker (`_worker_entry`), the teardown runs the destructors
+    of torch.distributed's C++ objects, whose threads can race it: seen as a
+    rank that had finished its run dying of SIGABRT ("terminate called without
+    an active exception") in 1 of 14 runs across two emulated hosts, which
+    torchrun then reports as the job's failure.
+    """
+    _exit_now(code)
 
 
 def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
@@ -325,8 +366,9 @@ def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
            start_method: str = "spawn", grace_s: float = DEFAULT_GRACE_S) -> list[T]:
     """Run `fn(cfg, *args)` in `nproc` new processes on this machine; return the results by rank.
 
-    `fn` must be importable by name (a module-level function) and its result
-    picklable. The rendezvous store is served by this process on 127.0.0.1 at
+    `fn` must be importable by name (a module-level function) and return
+    tensors, numbers, strings, None and lists, tuples and dicts of them
+    (`check_plain`). The rendezvous store is served by this process on 127.0.0.1 at
     `port`, or at a free port chosen by the OS when `port` is None. If any
     worker raises, crashes, is killed or hangs (no progress within
     `timeout_s`), the others are stopped and `WorkerFailedError` names the
@@ -390,7 +432,10 @@ def _worker_entry(local_rank: int, fn: Callable[..., Any], base: DistConfig, arg
     directory = Path(run_dir)
     try:
         result = run_worker(fn, cfg, *args)
-        atomic_write(directory / f"result-{cfg.rank}.pkl", pickle.dumps(result))
+        check_plain(result)  # what torch.load(weights_only=True) reads back
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        atomic_write(directory / f"result-{cfg.rank}.pt", buf.getvalue())
     except BaseException as exc:
         # The launcher prints the root cause's traceback; this report is how it learns it.
         atomic_write(directory / f"failure-{cfg.rank}.json", json.dumps(_describe(exc)).encode())
@@ -571,7 +616,7 @@ def _read_report(run_dir: Path, rank: int, error_file: str | None, exit_code: in
         # The worker failed before our wrapper could report (torch.multiprocessing
         # pickles the traceback text into this file).
         with open(error_file, "rb") as fh:
-            text = pickle.load(fh)
+            text = _TextOnly(fh).load()
         last = text.strip().splitlines()[-1] if text.strip() else "unknown error"
         return {"type": last.split(":")[0], "message": last, "communication": False,
                 "gnnc_error": False, "traceback": text[-4000:], "time": 0.0}
@@ -587,11 +632,36 @@ def _read_report(run_dir: Path, rank: int, error_file: str | None, exit_code: in
     return None
 
 
+class _TextOnly(pickle.Unpickler):
+    """Reads torch.multiprocessing's error file, a pickled str: no global (so no callable) may be loaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused {module}.{name}: the error file holds text only")
+
+
+def check_plain(value: Any, where: str = "the result") -> None:
+    """Raise TypeError unless `value` is tensors, numbers, strings, None, and lists, tuples and dicts of them."""
+    if value is None or type(value) in (bool, int, float, str) or isinstance(value, torch.Tensor):
+        return
+    if type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            check_plain(item, f"{where}[{i}]")
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) not in (str, int):
+                raise TypeError(f"{where}: a worker's result may use str and int keys only, not {type(key).__name__}")
+            check_plain(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}: a worker's result "
+                    "holds tensors, numbers, strings, None, lists, tuples and dicts only")
+
+
 def _read_result(run_dir: Path, rank: int) -> Any:
-    path = run_dir / f"result-{rank}.pkl"
+    path = run_dir / f"result-{rank}.pt"
     if not path.exists():
         raise LaunchError(f"rank {rank} exited cleanly but left no result")
-    return pickle.loads(path.read_bytes())
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _signal_name(code: int) -> str:

@@ -75,7 +75,7 @@ class PipelineWorker(Worker):
         sched = plan_pipeline.schedule_of(program)
         if sched is None or sched.workers != cfg.world_size:
             raise PlanError(f"the plan's pipeline does not run on {cfg.world_size} ranks")
-        data = load_pipeline_rank(job.shard_dir, cfg.rank, cfg.world_size, sched.groups)
+        data = load_pipeline_rank(job.shard_dir, cfg.rank, cfg.world_size, sched)
         check_dims_fit(program, data.num_features, data.num_classes, data.graph_name)
         self.rank, self.world_size = cfg.rank, cfg.world_size
         self.program, self.sched, self.data, self.cfg = program, sched, data, job.train

@@ -53,6 +53,30 @@ class TrainConfig:
     checkpoint_every: int = 10
     resume: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+        def number(value: Any) -> bool:  # lr 0 is allowed, as torch allows it: a run that only evaluates
+            return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value >= 0)
+
+        checks = [("--epochs or training(epochs=...)", self.epochs, whole(self.epochs), "a whole number of at least 1"),
+                  ("--lr or training(lr=...)", self.lr, number(self.lr), "a finite number of at least 0"),
+                  ("--weight-decay or training(weight_decay=...)", self.weight_decay,
+                   number(self.weight_decay), "a finite number of at least 0"),
+                  ("training(graph_weight_decay=...)", self.graph_weight_decay,
+                   self.graph_weight_decay is None or number(self.graph_weight_decay),
+                   "a finite number of at least 0"),
+                  ("training(patience=...)", self.patience, self.patience is None or whole(self.patience),
+                   "a whole number of at least 1"),
+                  ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
+                   "a whole number of at least 1")]
+        for where, value, ok, want in checks:
+            if not ok:
+                raise GnncError(f"{where}: must be {want}, not {value!r}")
+
     @staticmethod
     def resolve(program: Program, **flags: Any) -> "TrainConfig":
         merged = dict(program.training)
@@ -88,6 +112,7 @@ class RunResult:
     strategies: list[str] = field(default_factory=list)
     bytes_sent_per_epoch: int = 0
     peak_rss_bytes: int = 0
+    predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
 
     def summary(self) -> dict[str, Any]:
         """Every field but the logits and the history (JSON-ready)."""
@@ -96,12 +121,12 @@ class RunResult:
     @staticmethod
     def from_summary(summary: dict[str, Any]) -> "RunResult":
         """The result a distributed run's rank 0 returns as a dict (gnnc.runtime.distributed.worker)."""
-        return RunResult(**{k: summary[k] for k in SUMMARY_FIELDS}, logits=summary.get("logits"),
+        return RunResult(**{k: summary[k] for k in SUMMARY_FIELDS if k in summary}, logits=summary.get("logits"),
                          history=list(summary.get("history") or []))
 
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
-                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes")
+                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes")
 
 
 class Worker:

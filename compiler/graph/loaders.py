@@ -42,9 +42,11 @@ both directions, as PyG's datasets do.
 
 Every problem with the input raises GraphInputError naming the field: ids out
 of range or negative, NaN/inf features, label/feature row mismatch, wrong
-dtype or shape, an empty graph. Parsed files and generated graphs are cached
-as `.npz` under `cache_dir`, keyed by the sha256 of the input's bytes (or of
-the generator spec), so loading the same input again does not re-parse it.
+dtype or shape, an empty graph, vertex ids or labels so large that the arrays
+they imply cannot fit in the memory available (`gnnc.host`). Parsed files and
+generated graphs are cached as `.npz` under `cache_dir`, keyed by the sha256
+of the input's bytes (or of the generator spec), so loading the same input again does not re-parse it;
+an entry that does not read back whole and consistent is built again.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ import json
 import pickle
 import re
 import warnings
+import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,6 +72,7 @@ from gnnc.files import atomic_writer
 from gnnc.graph import Graph, edge_data, index_dtype
 from gnnc.graph.generators import GENERATORS, generate, split_masks
 from gnnc.graph.planetoid import load_planetoid
+from gnnc.host import available_memory, format_bytes
 
 # Bump when a loader's output for the same input bytes changes: old cache entries are then ignored.
 CACHE_FORMAT = 3  # 2: stand-ins recorded; 3: edge data (edge_weight, edge_attr, ...) kept
@@ -248,6 +253,12 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
         raise GraphInputError(f"{source}: y: has {ya.shape[0]} rows but x has {n} (one label per vertex)")
     if len(ya) and int(ya.min()) < 0:
         raise GraphInputError(f"{source}: y: holds negative label {int(ya.min())} at row {int(np.argmin(ya))}")
+    if len(ya):
+        top = int(ya.max())
+        # every model scores each vertex against every class: [N, classes] float32, and its gradient
+        _check_fits(2 * 4 * n * (top + 1), f"{source}: y: label {top} at row {int(np.argmax(ya))} makes "
+                    f"{top + 1} classes (labels are 0..classes-1), so the class scores of the {n} vertices",
+                    "number the classes from 0")
     dt = index_dtype(n)
     src, dst = ei[0].astype(dt), ei[1].astype(dt)
     given = {k: v for k, v in (masks or {}).items() if v is not None}
@@ -290,6 +301,13 @@ def _check_ids(ei: np.ndarray, n: int, source: str) -> None:
                               f"x has {n} rows, so ids must be < {n}")
 
 
+def _check_fits(nbytes: int, what: str, advice: str) -> None:
+    """Refuse input whose implied arrays (`what` needs `nbytes`) exceed the memory available now."""
+    room = available_memory()
+    if room is not None and nbytes > room.bytes:
+        raise GraphInputError(f"{what} would need {format_bytes(nbytes)}, more than the {room}; {advice}")
+
+
 def _mask(value: Any, field: str, n: int, source: str) -> np.ndarray:
     m = _array(value, field, source)
     if m.ndim != 1 or m.shape[0] != n:
@@ -307,12 +325,21 @@ def _mask(value: Any, field: str, n: int, source: str) -> np.ndarray:
 def load_npz(path: Path) -> Graph:
     """`edge_index`, `x`, `y` and optional masks from an `.npz` (no pickled objects allowed)."""
     try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        raise GraphInputError(f"{path}: not a readable .npz file ({err.strerror or err})") from None
+    if head not in (b"PK\x03\x04", b"PK\x05\x06"):  # np.load would take anything else for a pickle or .npy
+        raise GraphInputError(f"{path}: not an .npz file (no zip archive header; write it with numpy.savez)")
+    try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except ValueError as err:  # object arrays need pickle: refused
-        raise GraphInputError(f"{path}: holds an array that needs pickle to read ({err})") from None
-    except (OSError, EOFError) as err:
+    except ValueError as err:
+        if "pickle" in str(err):  # object arrays need pickle: refused
+            raise GraphInputError(f"{path}: holds an array that needs pickle to read ({err})") from None
         raise GraphInputError(f"{path}: not a readable .npz file ({err})") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:  # a truncated or damaged archive
+        raise GraphInputError(f"{path}: not a readable .npz file (truncated or damaged: {err})") from None
     for field in ("edge_index", "x", "y"):
         if field not in arrays:
             raise GraphInputError(f"{path}: {field}: missing (the file has {', '.join(sorted(arrays)) or 'nothing'})")
@@ -342,7 +369,12 @@ def load_edge_list(path: Path) -> Graph:
         row = int(np.nonzero((ei < 0).any(axis=0))[0][0])
         raise GraphInputError(f"{path}:{_data_lines(text)[row]}: edge list: negative vertex id "
                               f"{int(ei[:, row].min())}")
-    return build_graph(ei, None, None, None, path.stem, str(path), num_nodes=int(ei.max()) + 1)
+    n = int(ei.max()) + 1
+    # N is the largest id + 1: the stand-in features, labels and masks of every vertex up to it (15 bytes each)
+    _check_fits(15 * n, f"{path}:{_data_lines(text)[int(np.argmax(ei.max(axis=0)))]}: edge list: vertex id {n - 1} "
+                f"makes N = {n} vertices (ids are 0..N-1), whose features, labels and masks",
+                "number the vertices from 0")
+    return build_graph(ei, None, None, None, path.stem, str(path), num_nodes=n)
 
 
 def _data_lines(text: str) -> list[int]:
@@ -543,17 +575,31 @@ def _write_cached(graph: Graph, path: Path, key: str) -> None:
 
 
 def _read_cached(path: Path, key: str) -> Graph | None:
-    """None when the entry is unreadable or belongs to another key (then it is rebuilt)."""
+    """None when the entry is unreadable, inconsistent or belongs to another key (then it is rebuilt).
+
+    Every member is read whole, so the zip's CRC-32 catches a damaged one; the arrays must agree
+    with each other, as `build_graph` made them.
+    """
     try:
         with np.load(path, allow_pickle=False) as f:
             if str(f["key"]) != key:
                 return None
             stand_ins = json.loads(str(f["stand_ins"]))
-            if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
-                return None
-            edges = {k[len(_EDGE_KEY):]: torch.from_numpy(f[k]) for k in f.files if k.startswith(_EDGE_KEY)}
-            return Graph(int(f["num_nodes"]), f["src"], f["dst"], torch.from_numpy(f["x"]),
-                         torch.from_numpy(f["y"]), *(torch.from_numpy(f[k]) for k in MASKS), name=str(f["name"]),
-                         stand_ins=stand_ins, edge_data=edges)
-    except (OSError, ValueError, KeyError, EOFError):
+            a = {k: f[k] for k in ("num_nodes", "name", "src", "dst", "x", "y", *MASKS)}
+            edges = {k[len(_EDGE_KEY):]: f[k] for k in f.files if k.startswith(_EDGE_KEY)}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
         return None
+    n = int(a["num_nodes"]) if a["num_nodes"].shape == () and a["num_nodes"].dtype.kind in "iu" else -1
+    consistent = (n > 0 and a["x"].ndim == 2 and len(a["x"]) == n and a["x"].dtype == np.float32
+                  and a["src"].shape == a["dst"].shape and a["src"].ndim == 1 and a["src"].dtype.kind in "iu"
+                  and a["dst"].dtype == a["src"].dtype and a["y"].shape == (n,) and a["y"].dtype == np.int64
+                  and all(a[k].shape == (n,) and a[k].dtype == bool for k in MASKS)
+                  and (len(a["src"]) == 0 or (0 <= min(a["src"].min(), a["dst"].min())
+                                              and max(a["src"].max(), a["dst"].max()) < n))
+                  and all(v.ndim >= 1 and len(v) == len(a["src"]) for v in edges.values())
+                  and isinstance(stand_ins, dict) and all(isinstance(v, str) for v in stand_ins.values()))
+    if not consistent:
+        return None
+    return Graph(n, a["src"], a["dst"], torch.from_numpy(a["x"]), torch.from_numpy(a["y"]),
+                 *(torch.from_numpy(a[k]) for k in MASKS), name=str(a["name"]), stand_ins=stand_ins,
+                 edge_data={k: torch.from_numpy(v) for k, v in edges.items()})

@@ -31,6 +31,7 @@ from gnnc.errors import PlanError
 from gnnc.graph import Graph, GraphView, sparse_if_sparse
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.pipeline import ChunkStructure, MemberStructures
+from gnnc.plan.rows import layer_specs
 from gnnc.plan.shard_files import load_npz, read_manifest, write_npz
 from gnnc.plan.shards import _csr_arrays, _plan_arrays, _plan_from, _view_from  # the plan's shard encodings
 from gnnc.plan.shards import write_plan_manifest
@@ -51,6 +52,9 @@ def write_pipeline_shards(program, graph: Graph, parts: np.ndarray, world: int, 
     out.mkdir(parents=True, exist_ok=True)
     views = sorted({v for s in range(sched.stages) for v in stage_views(program, sched, s)})
     structures = {v: plan_pipeline.member_structures(graph, v, parts, sched.chunks, sched.groups) for v in views}
+    # what gnnc.plan.shards.check_shards_match compares with the IR of a loaded plan
+    layers = {spec.name: {"strategy": spec.strategy, "segment": spec.segment, "view": spec.view}
+              for spec in layer_specs(program)}
     entries = []
     for rank in range(world):
         stage, member = sched.stage_of_rank(rank), sched.member_of_rank(rank)
@@ -65,7 +69,9 @@ def write_pipeline_shards(program, graph: Graph, parts: np.ndarray, world: int, 
         arrays["y"] = graph.y[idx].numpy()
         for name, mask in (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask)):
             arrays[name] = mask[idx].numpy()
-        layout = {"pipeline": {"stage": stage, "member": member, "views": mine}}
+        layout = {"pipeline": {"stage": stage, "member": member, "views": mine, "stages": sched.stages,
+                               "groups": sched.groups, "chunks": sched.chunks},
+                  "layers": layers}
         entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout))
         if progress is not None:
             progress(rank)
@@ -117,14 +123,20 @@ class PipelineRankData:
     graph_name: str
 
 
-def load_pipeline_rank(shard_dir: str | os.PathLike, rank: int, world: int, groups: int) -> PipelineRankData:
-    """Rank `rank`'s shard of a pipeline plan, checked against the manifest before anything is read."""
+def load_pipeline_rank(shard_dir: str | os.PathLike, rank: int, world: int,
+                       sched: plan_pipeline.PipelineSchedule) -> PipelineRankData:
+    """Rank `rank`'s shard of the pipeline `sched`, checked against the manifest before anything is read."""
     manifest = read_manifest(shard_dir)
     if manifest.get("kind") != "plan" or manifest.get("parts") != world:
         raise PlanError(f"{shard_dir}: not the shards of a plan for {world} ranks")
     layout = manifest["shards"][rank].get("layout", {}).get("pipeline")
     if not isinstance(layout, dict):
         raise PlanError(f"{shard_dir}: rank {rank}'s shard is not a pipeline rank's (compile the plan again)")
+    cut = tuple(layout.get(k) for k in ("stage", "member", "stages", "groups", "chunks"))
+    if cut != (sched.stage_of_rank(rank), sched.member_of_rank(rank), sched.stages, sched.groups, sched.chunks):
+        raise PlanError(f"{shard_dir}: rank {rank}'s shard was cut for another pipeline (stage, member, stages, "
+                        f"groups, chunks {list(cut)}) than the plan's IR states: compile the plan again")
+    groups = sched.groups
     arrays = load_npz(shard_dir, manifest, rank)
     chunk_ptr = [int(c) for c in arrays["chunk_ptr"]]
     structures = {}

@@ -24,7 +24,8 @@ from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.pipeline_shards import write_pipeline_shards
-from gnnc.plan.shards import write_plan_shards
+from gnnc.plan.shard_files import read_manifest
+from gnnc.plan.shards import check_shards_match, write_plan_shards
 
 PLAN_SCHEMA = "gnnc.plan/1"
 PLAN_FILES = {"parts.npy", "shards/manifest.json"}  # the files beside plan.json that `shards` checksums
@@ -168,6 +169,8 @@ class Plan:
         if stand_ins:
             meta["graph_stand_ins"] = stand_ins
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
+        if shard_dir is not None:
+            check_shards_match(read_manifest(shard_dir), program, str(shard_dir))
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 
 
