@@ -118,3 +118,23 @@ model M(features, hidden = 8, classes) {
     model = api.load_model_source(source, "bn.gnn")
     with pytest.raises(GnncError, match="'batch_norm' .* cannot run in it"):
         api.compile(model, tiny_graph(), workers=2, strategy="pipeline", approximate=True)
+
+
+def test_a_pipeline_shard_is_refused_for_another_pipeline(tmp_path) -> None:
+    """A rank's shard holds its member's chunks: an IR edited to another chunk count or group size is refused
+    before anything runs, naming what the shard was cut for."""
+    import dataclasses
+
+    from gnnc import api
+    from gnnc.plan.pipeline_shards import load_pipeline_rank
+
+    from test_pipeline import GRAPH
+
+    plan = api.compile(api.load_model("examples/gcnii.gnn", layers=4), GRAPH, workers=2, strategy="pipeline",
+                       approximate=True)
+    shards = plan.write_shards(tmp_path / "shards")
+    sched = schedule_of(plan.program)
+    assert load_pipeline_rank(shards, 1, 2, sched).stage == 1
+    with pytest.raises(PlanError, match=r"cut for another pipeline \(stage, member, stages, groups, chunks \[1, 0, 2, "
+                                        r"1, 8\]\)"):
+        load_pipeline_rank(shards, 1, 2, dataclasses.replace(sched, chunks=4))

@@ -52,15 +52,15 @@ def write_pipeline_shards(program, graph: Graph, parts: np.ndarray, world: int, 
     out.mkdir(parents=True, exist_ok=True)
     views = sorted({v for s in range(sched.stages) for v in stage_views(program, sched, s)})
     structures = {v: plan_pipeline.member_structures(graph, v, parts, sched.chunks, sched.groups) for v in views}
-    # what gnnc.plan.shards.check_shards_match compares with the IR of a loaded plan
-    layers = {spec.name: {"strategy": spec.strategy, "segment": spec.segment, "view": spec.view}
-              for spec in layer_specs(program)}
+    specs = layer_specs(program)
     entries = []
     for rank in range(world):
         stage, member = sched.stage_of_rank(rank), sched.member_of_rank(rank)
         rows, chunk_ptr = plan_pipeline.member_rows(parts, sched.chunks, sched.groups, member)
         arrays: dict[str, np.ndarray] = {"rows": rows, "chunk_ptr": chunk_ptr}
         mine = stage_views(program, sched, stage)
+        layers = _layer_layout(program, sched, stage, specs, {v: structures[v][member] for v in mine},
+                               len(rows), graph.num_nodes)
         for v in mine:
             arrays.update(_member_arrays(v, structures[v][member]))
         if "x" in plan_pipeline.reads_inputs(program, sched.layers(program, stage)):
@@ -76,6 +76,27 @@ def write_pipeline_shards(program, graph: Graph, parts: np.ndarray, world: int, 
         if progress is not None:
             progress(rank)
     return write_plan_manifest(out, graph, world, entries)
+
+
+def _layer_layout(program, sched: plan_pipeline.PipelineSchedule, stage: int, specs, structures, rows: int,
+                  n: int) -> dict[str, dict]:
+    """Per graph layer what the plan's checks read: the strategy it was cut for (gnnc.plan.shards.
+    check_shards_match) and the rows and edges this rank holds for it (gnnc.memory_check): its rows, every
+    chunk's ext rows and the N-row history as the rows it aggregates from beside them; nothing for
+    another stage's layers."""
+    mine = {layer.name for layer in sched.layers(program, stage)}
+    out = {}
+    for spec in specs:
+        entry = {"strategy": spec.strategy, "segment": spec.segment, "view": spec.view, "n_in": 0, "n_out": 0,
+                 "n_src": 0, "nnz": 0}
+        if spec.name in mine and spec.view in structures:
+            chunks = structures[spec.view].chunks
+            ext = sum(len(c.ext_ids) for c in chunks)
+            entry.update(n_in=rows, n_out=rows, n_src=rows + ext + n, nnz=sum(c.view.csr.nnz for c in chunks))
+        elif spec.name in mine:
+            entry.update(n_in=rows, n_out=rows, n_src=rows)
+        out[spec.name] = entry
+    return out
 
 
 def _member_arrays(view: str, member: MemberStructures) -> dict[str, np.ndarray]:
