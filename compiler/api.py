@@ -20,8 +20,10 @@ import sympy
 
 from gnnc.cluster import resolve_cluster
 from gnnc.errors import GnncError, GnncWarning, PlanError
+from gnnc.graph import Graph
 from gnnc.graph.in_memory import as_graph
 from gnnc.graph.loaders import load_graph as _load
+from gnnc.graph.sampling import SamplingConfig
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
 from gnnc.memory_check import check_run_memory
@@ -40,10 +42,14 @@ from gnnc.passes.predict_bytes import param_dependent
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.shard_files import verify_shards
+from gnnc.plan.approximation import approximations, require_exact
+from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 from gnnc.runtime.main_guard import check_main_guard
+from gnnc.runtime.minibatch import train_minibatch
+from gnnc.runtime.minibatch_dist import SampledJob, sampled_worker
 from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
 
 
@@ -59,7 +65,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             graph_spec: str | None = None, after=None, strategy: str | list[str] | None = None,
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
-            approximate: bool = False, pipeline_groups: int = 0) -> Plan:
+            sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
+            pipeline_groups: int = 0) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -70,10 +77,20 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     (choose-strategy), unless the pipeline text set them already.
     `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
     Algorithm 4's choice of the dependencies a hybrid segment caches.
-    `approximate` lets the planner choose, and the user name, approximate strategies (GNNPipe's
-    `pipeline`, whose `pipeline_groups` workers per stage the planner chooses when it is 0).
+    `sampling` (fan-outs and batch size) compiles for sampled minibatch training: the planner prices
+    the sampled strategies (dp-sample, pushpull) on a dry run of the sampler with `seed`. `schedule`
+    (gnnc.plan.schedules) orders the steps; an approximate strategy or schedule needs `approximate`.
+    GNNPipe's `pipeline` runs `pipeline_groups` workers per stage (0: the planner chooses).
     """
+    if schedule is not None and schedule not in SCHEDULES:
+        raise GnncError(f"unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+    if schedule is not None and SCHEDULES[schedule].sampled_only and sampling is None:
+        raise GnncError(f"schedule '{schedule}' pipelines sampled minibatches: give --fanout and --batch-size")
+    named = [] if strategy is None else strategy.split(",") if isinstance(strategy, str) else list(strategy)
+    require_exact(named, schedule, approximate)
     if workers == "auto":
+        if sampling is not None:
+            raise GnncError("--workers auto plans full-graph training; give a worker count with --fanout")
         return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow)
     workers = int(workers)
     if workers < 1:
@@ -85,13 +102,14 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1:
         pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, pipeline_groups=pipeline_groups)
     meta: dict[str, Any] = {}
-    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, approximate=approximate)
+    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
+                      approximate=approximate)
     if getattr(graph, "stand_ins", None):
         meta["graph_stand_ins"] = dict(graph.stand_ins)  # `gnnc run PLAN` refuses or states them without the graph
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
-        method = partition or _default_partition(strategy)
+        method = partition or (SAMPLED_PARTITION if sampling is not None else _default_partition(strategy))
         ctx.partition = partition_graph(graph, workers, method, seed=seed)
         ctx.cluster = resolve_cluster(cluster)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
@@ -99,13 +117,20 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if graph is not None:
         _warn_unused_logits(program, graph, model)
     results = ctx.results
-    if results.predicted_bytes is not None:
+    if sampling is not None:
+        sampling.layer_fanouts(len(program.graph_layers()))  # one fan-out per graph layer, or exit 2
+        meta["sampling"] = sampling.to_json()
+        meta["schedule"] = results.schedule or schedule or "sequential"
+        if results.predicted_bytes is not None:
+            meta["predicted_bytes_per_epoch"] = results.predicted_bytes
+    elif results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
+    chosen = [layer.attr("strategy", "local") for layer in program.graph_layers()]
+    notes = approximations(chosen, meta.get("schedule"))
+    if notes:  # an exact plan says nothing (and stays byte for byte what it was)
+        meta["approximations"] = notes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
-    approximated = approximations([layer.attr("strategy", "local") for layer in program.graph_layers()])
-    if approximated:  # an exact plan records nothing: its file reads as before
-        meta["approximations"] = approximated
     parts = ctx.parts
     if results.pipeline is not None and is_pipeline(program):  # a pipeline's partition is its chunking
         parts = results.pipeline.parts
@@ -153,10 +178,8 @@ def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | 
     return [with_values(spec, given) for spec in pipeline]
 
 
-def approximations(strategies: list[str]) -> list[str]:
-    """What the named strategies approximate, one sentence each (empty: the plan is exact)."""
-    return [f"strategy {name}: {STRATEGIES[name].approximates}" for name in dict.fromkeys(strategies)
-            if name in STRATEGIES and not STRATEGIES[name].exact]
+# P3 and its comparison with DGL hash-partition the vertices (P3 section 3.1, and section 5 for DGL)
+SAMPLED_PARTITION = "hash"
 
 
 def _default_partition(strategy: str | None) -> str:
@@ -210,13 +233,14 @@ def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
 def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int = 0, lr: float | None = None,
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
-        want_logits: bool = True, approximate: bool = False, pipeline_groups: int = 0):
+        want_logits: bool = True, sampling: SamplingConfig | None = None, schedule: str | None = None,
+        approximate: bool = False, pipeline_groups: int = 0):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
     Returns a RunResult either way (logits in global vertex order). With
     nproc > 1 the workers are new processes started with 'spawn', which
     imports the caller's main module again in each: a script must call this
-    under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line).
+    under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line). `sampling` trains sampled minibatches.
     """
     workers = target.workers if isinstance(target, Plan) else nproc
     if workers > 1:
@@ -225,16 +249,24 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
                                                              graph_spec=graph if isinstance(graph, str) else None,
+                                                             sampling=sampling, schedule=schedule,
                                                              approximate=approximate,
                                                              pipeline_groups=pipeline_groups)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
     if plan.workers == 1:
         predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
-        result = train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
+        result = train_local(plan, g, cfg, metrics, on_epoch)
         result.predicted_peak_rss_bytes = int(predicted.peak)
         return result
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
+
+
+def train_local(plan: Plan, graph: Graph, cfg: TrainConfig, metrics: str | None = None, on_epoch=None):
+    """Train a one-worker plan in this process: full-graph steps, or sampled minibatches when it samples."""
+    if plan.sampling is not None:
+        return train_minibatch(plan.program, graph, cfg, plan.sampling, plan.schedule, metrics, on_epoch)
+    return train(plan.program, graph, cfg, metrics_path=metrics, on_epoch=on_epoch)
 
 
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True,
@@ -261,15 +293,22 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     else:  # saved shards: what the plan recorded of the graph it was compiled on
         check_graph_inputs(str(plan.graph_spec), plan.meta.get("graph_stand_ins") or {})
 
+    def job_for(shard_dir: str):
+        if plan.sampling is not None:
+            return sampled_worker, SampledJob(str(plan.program), shard_dir, cfg, plan.sampling, plan.schedule,
+                                              metrics, want_logits)
+        return worker, DistJob(str(plan.program), shard_dir, cfg, metrics, want_logits)
+
     if plan.shard_dir is not None:
         if not started_by_torchrun():
             verify_shards(plan.shard_dir)  # refuse a damaged plan before any process starts
-        job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
+        fn, job = job_for(str(plan.shard_dir))
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return _result(join_torchrun(worker, job, timeout_s=timeout))
-        predicted = check_run_memory(plan, shard_dir=plan.shard_dir)  # before any worker starts
-        return _result(launch(worker, plan.workers, job, timeout_s=timeout)[0], predicted)
+            return _result(join_torchrun(fn, job, timeout_s=timeout))
+        # before any worker starts (the memory check reads full-graph shards; sampled ones are not estimated)
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir) if plan.sampling is None else None
+        return _result(launch(fn, plan.workers, job, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
@@ -278,10 +317,10 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
-        predicted = check_run_memory(plan, shard_dir=tmp)  # before any worker starts
-        job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
+        predicted = check_run_memory(plan, shard_dir=tmp) if plan.sampling is None else None  # before any worker starts
+        fn, job = job_for(tmp)
         try:
-            return _result(launch(worker, plan.workers, job, timeout_s=timeout)[0], predicted)
+            return _result(launch(fn, plan.workers, job, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
 

@@ -18,6 +18,7 @@ from typing import Any
 from gnnc.errors import GnncError, GnncWarning, InternalError
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
 
 
@@ -75,7 +76,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     allow = args.allow.split(",") if args.allow else None
     plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
-                       approximate=args.approximate, pipeline_groups=args.pipeline_groups)
+                       **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -84,12 +85,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"wrote {Path(args.output) / 'plan.json'}")
     if args.json:
         planner = plan.meta.get("planner") or {}
+        predicted_bytes = plan.meta.get("predicted_bytes_per_epoch") or plan.meta.get("predicted_bytes_per_step")
         _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
                     "workers": plan.workers, "exact": not plan.meta.get("approximations"),
                     "approximations": plan.meta.get("approximations", []), "passes": plan.passes,
-                    "partition": plan.meta.get("partition"),
+                    "partition": plan.meta.get("partition"), "schedule": plan.meta.get("schedule"),
                     "predicted": {"epoch_time_s": planner.get("predicted_time_s"),
-                                  "bytes_per_epoch": sum((plan.meta.get("predicted_bytes_per_step") or {}).values()),
+                                  "bytes_per_epoch": sum((predicted_bytes or {}).values()),
                                   "peak_memory_bytes": planner.get("predicted_memory_bytes")},
                     "alternatives": [{k: v for k, v in a.items() if k != "formulas"}
                                      for a in planner.get("alternatives", [])]})
@@ -137,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     from gnnc import api
     from gnnc.memory_check import check_run_memory
     from gnnc.plan_flags import check_run_flags
-    from gnnc.runtime.train import TrainConfig, train
+    from gnnc.runtime.train import TrainConfig
 
     target = Path(args.target)
     if target.is_dir():
@@ -159,8 +161,7 @@ def _run(args: argparse.Namespace) -> int:
         graph = api.load_graph(spec)
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
         plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
-                           partition=args.partition, seed=args.seed, graph_spec=spec, approximate=args.approximate,
-                           pipeline_groups=args.pipeline_groups)
+                           partition=args.partition, seed=args.seed, graph_spec=spec, **_sampled_options(args))
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
@@ -174,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
     else:
         predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
-        result = train(plan.program, graph, cfg, metrics_path=args.metrics)
+        result = api.train_local(plan, graph, cfg, metrics=args.metrics)
         result.predicted_peak_rss_bytes = int(predicted.peak)
     logits = result.logits
     summary = result.summary()
@@ -193,11 +194,30 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_approximate_flags(c: argparse.ArgumentParser) -> None:
-    approximate = [n for n in STRATEGIES if not STRATEGIES[n].exact]
+def _sampled_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--fanout/--batch-size (sampled minibatches), --schedule and --approximate, as api.compile takes them."""
+    from gnnc.graph.sampling import SamplingConfig  # deferred: gnnc.graph loads torch
+
+    if args.fanout is None and args.batch_size is not None:
+        raise GnncError("--batch-size needs --fanout (full-graph training has no batches)")
+    sampling = None if args.fanout is None else SamplingConfig.parse(args.fanout, args.batch_size)
+    return {"sampling": sampling, "schedule": args.schedule, "approximate": args.approximate,
+            "pipeline_groups": args.pipeline_groups}
+
+
+def _add_sampled_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--fanout", metavar="K1,K2",
+                   help="train sampled minibatches: in-neighbours sampled per vertex, hop by hop from the seeds "
+                        "(25,10: 25 per seed, then 10 of each of those; -1: all), one per graph layer")
+    c.add_argument("--batch-size", type=int, metavar="B", help="seeds per minibatch (with --fanout)")
+    c.add_argument("--schedule", choices=list(SCHEDULES),
+                   help="step schedule: " + "; ".join(f"{s.name}: {s.summary}" + ("" if s.exact else " (approximate)")
+                                                      for s in SCHEDULES.values()))
     c.add_argument("--approximate", action="store_true",
-                   help=f"allow approximate strategies ({', '.join(approximate)}): the planner may choose them and "
-                        "--strategy may name them; without it only exact ones (the single-process result)")
+                   help="allow approximate strategies and schedules (" + ", ".join(
+                       [n for n in STRATEGIES if not STRATEGIES[n].exact]
+                       + [n for n in SCHEDULES if not SCHEDULES[n].exact]) + "): the planner may choose them "
+                       "and --strategy/--schedule may name them")
     c.add_argument("--pipeline-groups", type=int, default=0, metavar="G",
                    help="pipeline: G workers per stage, running it graph-parallel (default: the planner's choice, "
                         "or one per stage)")
@@ -387,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     f"default: {','.join(DEFAULT_PIPELINE)}, followed with --workers N>1 by "
                                     f"{','.join(DISTRIBUTED_PIPELINE)}")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
-    _add_approximate_flags(c)
+    _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_compile)
 
@@ -423,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     c.add_argument("--dump-logits", metavar="FILE.pt")
-    _add_approximate_flags(c)
+    _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     c.add_argument("--no-progress", action="store_true")

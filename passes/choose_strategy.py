@@ -46,6 +46,7 @@ from gnnc.passes.pipeline_plan import price as price_pipeline
 from gnnc.passes.pipeline_text import option
 from gnnc.passes.predict_bytes import param_dependent
 from gnnc.passes.segment_dp import solve
+from gnnc.plan.approximation import approximations, require_exact
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -94,7 +95,7 @@ def layer_dims(program: Program) -> tuple[list[float], list[float]]:
 def candidates(program: Program, allow: list[str] | None, approximate: bool = False) -> list[str]:
     """The strategies the planner prices: `allow` (default every plannable one), exact ones only unless
     `approximate` (naming an approximate one without it is an error that says what it approximates)."""
-    plannable = strategy_names(plannable=True)
+    plannable = strategy_names(plannable=True, batching="full")
     allowed = list(allow) if allow else [s for s in plannable if approximate or STRATEGIES[s].exact]
     for s in allowed:
         if s not in plannable:
@@ -254,6 +255,7 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
             "formulas": {f"{k[2]}[{k[0]}:{k[1]}]": formulas[k].describe() for k in segs},
             "user_costs": sorted({f"{k[2]}: {user_cost(k[2]).__module__}.{user_cost(k[2]).__name__}"
                                   for k in segs if user_cost(k[2]) is not None}),
+            **({"approximate": notes} if (notes := approximations(alt.strategies)) else {}),
         })
     crossovers = []
     # whole-model formulas: a segment strategy's span over every layer, a per-layer one's every layer
@@ -311,13 +313,19 @@ class ChooseStrategyOptions:
                options=ChooseStrategyOptions, requires=("typed", "partition"))
 def choose_strategy(program: Program, ctx: PassContext, opts: ChooseStrategyOptions) -> Program:
     if opts.strategy:
-        approximate = [s for s in dict.fromkeys(opts.strategy.split(",")) if s in STRATEGIES and not STRATEGIES[s].exact]
-        if approximate and not ctx.approximate:
-            raise GnncError("; ".join(f"strategy {s}: {STRATEGIES[s].approximates}" for s in approximate)
-                            + ". It is approximate (not the single-process result): pass --approximate to run it")
+        require_exact(opts.strategy.split(","), None, ctx.approximate)  # the pipeline text's too, not only the API's
         ctx.results.strategy = opts.strategy
         return program
     if ctx.workers == 1:
+        return program
+    if ctx.sampling is not None:  # sampled minibatches: P3's question on a dry run of the sampler
+        # cycle: plan_sampled reads this module's layer shapes and report
+        from gnnc.passes.plan_sampled import choose_sampled
+
+        report, ctx.results.schedule = choose_sampled(program, ctx, list(opts.allow) or None)
+        ctx.results.strategy = ",".join(report.strategies)
+        ctx.results.segments = report.segments
+        ctx.results.planner = report
         return program
     planned = ctx.analyses.get(PlanningInputs, program)
     report = choose(program, ctx.graph, ctx.parts, ctx.cluster, list(opts.allow) or None, planned,

@@ -60,7 +60,8 @@ class PassResults:
     planner: choose-strategy's PlannerReport (choice, alternatives, crossovers, schedule).
     hybrid_cached: {graph layer: [global ids per worker]} each hybrid segment caches (select-hybrid).
     hybrid_selection: select-hybrid's prediction, one entry per hybrid segment.
-    predicted_bytes: bytes per training step by communication kind (predict-bytes).
+    predicted_bytes: bytes per training step by communication kind (predict-bytes; per epoch when sampled).
+    schedule: the step schedule (gnnc.plan.schedules) the planner chose, None: the caller's or sequential.
     pipeline: the pipeline the graph layers run (a gnnc.passes.pipeline_plan.PipelineChoice: stages,
         groups, chunks, the chunking and its prediction), priced by choose-strategy, fixed by stage-pipeline.
     pipeline_bytes: predict-bytes' count of what a pipeline sends besides the training step (a history
@@ -75,6 +76,7 @@ class PassResults:
     predicted_bytes: dict[str, int] | None = None
     pipeline: Any = None
     pipeline_bytes: dict[str, int] | None = None
+    schedule: str | None = None
 
 
 @dataclass
@@ -87,6 +89,9 @@ class PassContext:
     cluster: the cluster profile the cost model prices on, resolved once by the caller.
     hybrid_cached: a hybrid selection fixed by the caller (gnnc.compile(hybrid_cached=...)),
         which select-hybrid checks and uses instead of choosing one.
+    sampling: the fan-outs and batch size of sampled minibatch training (`--fanout`), None for
+        full-graph steps; the planner then prices the sampled strategies on a seeded dry run.
+    seed: the run's seed (the dry run samples what the run will).
     approximate: the planner may choose approximate strategies and schedules (`--approximate`).
     """
 
@@ -95,6 +100,8 @@ class PassContext:
     partition: "Partition | None" = None
     cluster: "ClusterProfile | None" = None
     hybrid_cached: dict[int, list[Any]] | None = None
+    sampling: Any = None  # a gnnc.graph.sampling.SamplingConfig
+    seed: int = 0
     approximate: bool = False
     results: PassResults = field(default_factory=PassResults)
     analyses: AnalysisCache = field(init=False, repr=False)

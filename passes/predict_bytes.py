@@ -146,6 +146,12 @@ def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Progra
 def predict_bytes(program: Program, ctx: PassContext) -> Program:
     if ctx.workers == 1:
         return program
+    if ctx.sampling is not None:  # per epoch, from the planner's dry run of the sampler
+        # cycle: plan_sampled imports this module's byte conventions
+        from gnnc.passes.plan_sampled import predict_sampled
+
+        program, ctx.results.predicted_bytes = predict_sampled(program, ctx)
+        return program
     if plan_pipeline.is_pipeline(program):
         program, totals, ctx.results.pipeline_bytes = predict_pipeline(program, ctx.graph, ctx.results.pipeline.parts)
     else:

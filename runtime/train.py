@@ -169,14 +169,22 @@ class Worker:
         return forward(self.interp, params, self.inputs, self.context(training, epoch))
 
     def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
-        """One epoch's training: a full-graph step here (gnnc.runtime.pipeline's runs its chunks through the
-        stages). Returns the epoch's training loss."""
+        """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch,
+        gnnc.runtime.pipeline runs its chunks through the stages). Returns the epoch's training loss."""
         opt.zero_grad(set_to_none=True)
         _, loss = self.forward(params, True, epoch)
         loss.backward()
         self.reduce_grads(params)
         opt.step()
         return loss
+
+    def run_settings(self) -> dict[str, Any]:
+        """What else defines this worker's run, for the resume fingerprint (a sampled run's sampling)."""
+        return {}
+
+    def take_records(self) -> list[Any]:
+        """Metrics records of this epoch's steps besides the epoch's own (a sampled run's minibatches)."""
+        return []
 
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The logits and inputs of the rows this worker owns (the ones it reports)."""
@@ -238,7 +246,8 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             "program": hashlib.sha256(str(worker.program).encode()).hexdigest(),
             "strategies": [layer.attr("strategy", "local") for layer in worker.program.graph_layers()],
             "world_size": worker.world_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
-            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs}
+            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs,
+            **worker.run_settings()}
 
 
 def check_graph_inputs(name: str, stand_ins: dict[str, str]) -> None:
@@ -332,7 +341,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                    "time_s": slowest, "bytes_sent": int(counts[7])}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
-            log.log(record)
+            log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
             if not math.isfinite(rec["loss"]):
                 # Every rank sees the same summed loss, so all stop here together; no checkpoint of it.
                 raise TrainingDiverged(
@@ -368,12 +377,13 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 
 
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
-          on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Train `program` on `graph` in this process."""
+          on_epoch: Callable[[dict[str, Any]], None] | None = None, worker: Worker | None = None) -> RunResult:
+    """Train `program` on `graph` in this process (`worker`: another kind of one-process Worker, such as
+    gnnc.runtime.minibatch's sampled minibatches; by default full-graph steps)."""
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
     check_graph_inputs(graph.name, graph.stand_ins)
-    summary, logits, history = fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
+    summary, logits, history = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
                      summary["epoch_time_s"], logits, history, summary["best_epoch"], graph=graph.name,
                      strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],

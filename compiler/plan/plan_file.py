@@ -18,12 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from gnnc.errors import PlanError
+from gnnc.errors import GnncError, PlanError
+from gnnc.graph.sampling import SamplingConfig
 from gnnc.files import atomic_write
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.pipeline_shards import write_pipeline_shards
+from gnnc.plan.sampled_shards import check_sampled_shards_match, write_sampled_shards
+from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.shard_files import read_manifest
 from gnnc.plan.shards import check_shards_match, write_plan_shards
 
@@ -55,6 +58,17 @@ class Plan:
     cached: Any = None  # hybrid: per graph layer, per rank, the dependencies cached (global ids)
     graph: Any = field(default=None, repr=False, compare=False)  # what it was compiled on (not saved)
     shard_dir: Path | None = None  # per-rank shards, once written (`save`) or found (`load`)
+
+    @property
+    def sampling(self) -> SamplingConfig | None:
+        """The fan-outs and batch size of a plan for sampled minibatches, None for full-graph steps."""
+        data = self.meta.get("sampling")
+        return None if data is None else SamplingConfig.from_json(data, "plan")
+
+    @property
+    def schedule(self) -> str:
+        """The step schedule (gnnc.plan.schedules)."""
+        return self.meta.get("schedule") or "sequential"
 
     def to_json(self) -> dict[str, Any]:
         ir = str(self.program)
@@ -99,6 +113,9 @@ class Plan:
         """Every rank's shard of this plan (gnnc.plan.shards) into `directory`."""
         if self.graph is None or self.parts is None:
             raise PlanError("writing a plan's shards needs the graph it was compiled for and its partition")
+        if self.sampling is not None:
+            write_sampled_shards(self.program, self.graph, self.parts, self.workers, directory)
+            return Path(directory)
         if is_pipeline(self.program):  # its partition is the chunking; each rank holds its chunks' structure
             write_pipeline_shards(self.program, self.graph, self.parts, self.workers, directory, progress)
             return Path(directory)
@@ -160,9 +177,11 @@ class Plan:
                     parts = np.load(io.BytesIO(blob), allow_pickle=False)
                 except (ValueError, OSError, EOFError) as err:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
-        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "pipeline",
-                                     "approximations")
+        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
+                                     "schedule", "predicted_bytes_per_epoch", "approximations", "pipeline")
                 if k in data}
+        _check_sampled_fields(meta, path)
+        _check_pipeline_field(meta, path)
         stand_ins = data.get("graph_stand_ins", {})
         if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
             raise PlanError(f"{path}: 'graph_stand_ins' must map field names to descriptions")
@@ -170,8 +189,50 @@ class Plan:
             meta["graph_stand_ins"] = stand_ins
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
         if shard_dir is not None:
-            check_shards_match(read_manifest(shard_dir), program, str(shard_dir))
+            manifest = read_manifest(shard_dir)
+            if manifest.get("kind") == "sampled":  # sampled shards: the feature layout the first layer reads
+                check_sampled_shards_match(manifest, program, str(shard_dir))
+            else:
+                check_shards_match(manifest, program, str(shard_dir))
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
+
+
+def _check_sampled_fields(meta: dict[str, Any], path: Path) -> None:
+    """A plan's sampling, schedule and approximations fields are data of known shape, or a PlanError."""
+    try:
+        if "sampling" in meta:
+            SamplingConfig.from_json(meta["sampling"], str(path))
+    except GnncError as err:
+        raise PlanError(err.message) from None
+    if "schedule" in meta and meta["schedule"] not in SCHEDULES:
+        raise PlanError(f"{path}: unknown schedule {meta['schedule']!r} (known: {', '.join(SCHEDULES)})")
+    notes = meta.get("approximations", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise PlanError(f"{path}: 'approximations' must be a list of sentences")
+    counts = meta.get("predicted_bytes_per_epoch", {})
+    if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
+        raise PlanError(f"{path}: 'predicted_bytes_per_epoch' must map names to integers")
+
+
+def _check_pipeline_field(meta: dict[str, Any], path: Path) -> None:
+    """A plan's `pipeline` record (what --explain and inspect show of it) is data of known shape, or a PlanError;
+    what runs is the IR's annotations (gnnc.plan.pipeline)."""
+    pipe = meta.get("pipeline")
+    if pipe is None:
+        return
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    ok = (isinstance(pipe, dict) and all(count(pipe.get(k)) for k in ("stages", "groups", "chunks", "history_every",
+                                                                        "history_reads_per_layer"))
+          and isinstance(pipe.get("split"), list)
+          and all(isinstance(s, list) and len(s) == 2 and all(count(x) for x in s) for s in pipe["split"])
+          and isinstance(pipe.get("bubble"), dict)
+          and all(isinstance(pipe["bubble"].get(k), (int, float)) for k in ("stretch", "idle_fraction")))
+    if not ok:
+        raise PlanError(f"{path}: 'pipeline' must hold the stage, group, chunk and history counts, the split and "
+                        f"the bubble")
 
 
 def _jsonable(v: Any) -> Any:
