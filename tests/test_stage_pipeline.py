@@ -138,3 +138,22 @@ def test_a_pipeline_shard_is_refused_for_another_pipeline(tmp_path) -> None:
     with pytest.raises(PlanError, match=r"cut for another pipeline \(stage, member, stages, groups, chunks \[1, 0, 2, "
                                         r"1, 8\]\)"):
         load_pipeline_rank(shards, 1, 2, dataclasses.replace(sched, chunks=4))
+
+
+def test_a_plans_pipeline_record_is_data_of_known_shape(tmp_path) -> None:
+    import json
+
+    from gnnc import api
+    from gnnc.plan.plan_file import Plan
+
+    from test_pipeline import GRAPH
+
+    plan = api.compile(api.load_model("examples/gcnii.gnn", layers=4), GRAPH, workers=2, strategy="pipeline",
+                       approximate=True)
+    plan.save(tmp_path / "plan")
+    assert Plan.load(tmp_path / "plan").meta["pipeline"]["stages"] == 2
+    data = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    data["pipeline"]["split"] = [[0, "two"]]
+    (tmp_path / "plan" / "plan.json").write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="'pipeline' must hold the stage, group, chunk and history counts"):
+        Plan.load(tmp_path / "plan")
