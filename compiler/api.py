@@ -36,8 +36,10 @@ from gnnc.passes.cost.symbols import CostInputs
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
 from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.pipeline_plan import pipeline_summary
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import param_dependent
+from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.approximation import approximations, require_exact
@@ -64,7 +66,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
             sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
-            memory_cap: int | None = None) -> Plan:
+            memory_cap: int | None = None, pipeline_groups: int = 0) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -80,6 +82,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     (gnnc.plan.schedules) orders the steps; an approximate strategy or schedule needs `approximate`.
     `memory_cap` (bytes of activation memory per worker) goes to the schedule pass, which runs layers in
     G3's bins to meet it (full-graph training).
+    GNNPipe's `pipeline` runs `pipeline_groups` workers per stage (0: the planner chooses).
     """
     if schedule is not None and schedule not in SCHEDULES:
         raise GnncError(f"unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
@@ -104,7 +107,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1 and passes is None:
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
     if workers > 1:
-        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap)
+        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap,
+                                         pipeline_groups=pipeline_groups)
     meta: dict[str, Any] = {}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
                       approximate=approximate)
@@ -137,6 +141,12 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["hybrid"] = results.hybrid_selection
     if results.schedule_report is not None:
         meta["schedule_report"] = results.schedule_report
+    parts = ctx.parts
+    if results.pipeline is not None and is_pipeline(program):  # a pipeline's partition is its chunking
+        parts = results.pipeline.parts
+        meta["partition"] = {"method": "metis", "parts": int(parts.max()) + 1, "seed": 0,  # pipeline_plan's
+                             "of": "pipeline chunks: part k*G+g is member g's share of chunk k"}
+        meta["pipeline"] = pipeline_summary(results.pipeline, results.pipeline_bytes)
     report = results.planner
     if report is not None:
         meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else ctx.cluster.name,
@@ -146,7 +156,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
                            # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
                            "schedule": report.schedule}
-    return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, ctx.parts,
+    return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
                 results.hybrid_cached, graph if workers > 1 else None)
 
 
@@ -164,13 +174,16 @@ def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
-                          allow: list[str] | None, memory_cap: int | None = None) -> list[PassSpec]:
-    """The pipeline with the compile's `strategy`, `allow` and `memory_cap` given to the passes that take them.
+                          allow: list[str] | None, memory_cap: int | None = None,
+                          pipeline_groups: int = 0) -> list[PassSpec]:
+    """The pipeline with the compile's `strategy`, `allow`, `memory_cap` and `pipeline_groups` given to the
+    passes that take them.
 
     A value no pass in the pipeline takes is an error, not a silently ignored request.
     """
     given = {"strategy": strategy if strategy is None or isinstance(strategy, str) else ",".join(strategy),
-             "allow": None if allow is None else tuple(allow), "memory_cap": memory_cap}
+             "allow": None if allow is None else tuple(allow), "memory_cap": memory_cap,
+             "pipeline_groups": pipeline_groups}
     given = {k: v for k, v in given.items() if v}
     for key in given:
         if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
@@ -236,7 +249,7 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
         want_logits: bool = True, sampling: SamplingConfig | None = None, schedule: str | None = None,
-        approximate: bool = False):
+        approximate: bool = False, pipeline_groups: int = 0):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
     Returns a RunResult either way (logits in global vertex order). With
@@ -252,7 +265,8 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
                                                              partition=partition, seed=seed,
                                                              graph_spec=graph if isinstance(graph, str) else None,
                                                              sampling=sampling, schedule=schedule,
-                                                             approximate=approximate)
+                                                             approximate=approximate,
+                                                             pipeline_groups=pipeline_groups)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress)
     if plan.workers == 1:

@@ -65,6 +65,10 @@ class PassResults:
     hybrid_values: {(start, end): the cost model's symbol values of the selection} (select-hybrid), which
         the schedule pass prices the segment's schedule with.
     schedule_report: what the schedule pass compared and chose, and the predicted epoch drawn from it.
+    pipeline: the pipeline the graph layers run (a gnnc.passes.pipeline_plan.PipelineChoice: stages,
+        groups, chunks, the chunking and its prediction), priced by choose-strategy, fixed by stage-pipeline.
+    pipeline_bytes: predict-bytes' count of what a pipeline sends besides the training step (a history
+        refresh, once every alpha epochs).
     """
 
     strategy: str | list[str] | None = None
@@ -73,6 +77,8 @@ class PassResults:
     hybrid_cached: dict[int, list[Any]] | None = None
     hybrid_selection: list[dict[str, Any]] | None = None
     predicted_bytes: dict[str, int] | None = None
+    pipeline: Any = None
+    pipeline_bytes: dict[str, int] | None = None
     schedule: str | None = None
     hybrid_values: dict[tuple[int, int], Any] | None = None
     schedule_report: dict[str, Any] | None = None

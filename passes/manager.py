@@ -94,6 +94,7 @@ _BUILTIN_MODULES: dict[str, str] = {
     "sink-bias": "sink_bias", "choose-strategy": "choose_strategy", "assign-strategy": "assign_strategy",
     "select-hybrid": "select_hybrid", "insert-comm": "insert_comm", "predict-bytes": "predict_bytes", "hoist": "hoist",
     "schedule": "schedule",
+    "stage-pipeline": "stage_pipeline",
 }
 
 

@@ -10,5 +10,5 @@ from __future__ import annotations
 DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias", "hoist"]
 # after the default pipeline when compiling for several workers; hoist again to mark the exchanges of hoisted values
 # schedule last: it decides how what the passes before it placed runs (overlap, stages, bins, buckets)
-DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm", "hoist",
-                                   "predict-bytes", "schedule"]
+DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "stage-pipeline",
+                                   "insert-comm", "hoist", "predict-bytes", "schedule"]

@@ -41,11 +41,12 @@ from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.neutronstar import hybrid_values
 from gnnc.passes.cost.schedule import predicted_schedule
-from gnnc.passes.cost.scheduled import (SCHEDULE_OPTIONS, Segment, program_segments, scheduled_plan,
-                                        segment_formula, segment_options)
+from gnnc.passes.cost.scheduled import (CACHE_ALL, SCHEDULE_OPTIONS, Segment, program_segments, scheduled_plan,
+                                        segment_formula, segment_options, symbol_values)
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.pipeline_text import option
 from gnnc.plan.schedule_attrs import HALO_METHODS, SPLIT_EXCHANGES
+from gnnc.plan.pipeline import is_pipeline
 
 CHOICES = ("auto", "on", "off")
 MAX_BINS = 1 << 12  # beyond this the bins are a few rows each: the cap is not met by bins
@@ -165,7 +166,7 @@ def annotate_layer(layer: Layer, options: dict[str, Any], method: str) -> Layer:
                 binned.update(o.name for o in e.outs)
         eqns.append(e.with_attrs(**attrs) if attrs else e)
     attrs = dict(layer.attrs)
-    if bins > 1:
+    if bins > 1 and binned:  # (a layer whose aggregations are all hoisted has nothing to run per bin)
         attrs["bins"] = bins
         attrs["bin_order"] = "boundary_bfs"
     return layer.replace(eqns=tuple(_early(eqns, layer)), attrs=tuple(sorted(attrs.items())))
@@ -227,16 +228,15 @@ def _priced(program: Program, ctx: PassContext) -> PricedPlan | None:
 
 def _extra(ctx: PassContext, priced: PricedPlan, seg: Segment) -> Any:
     """The symbol values a segment's formula needs besides the inputs: a Hybrid selection's (the planner's
-    or select-hybrid's); for a selection given by the caller, communicate-all (its overlap and bins are
-    priced as if it cached nothing)."""
-    key = (seg.start, seg.end, seg.strategy)
-    if key in priced.extras and priced.extras[key] is not None:
-        return priced.extras[key]
+    or select-hybrid's; CACHE_ALL for one that caches every dependency, priced as DepCache); for a selection
+    given by the caller, communicate-all (its overlap and bins are priced as if it cached nothing)."""
     if seg.strategy != "hybrid":
         return None
-    chosen = (ctx.results.hybrid_values or {}).get((seg.start, seg.end))
-    if chosen is not None:
-        return chosen
+    key = (seg.start, seg.end, seg.strategy)
+    known = ctx.results.hybrid_values or {}
+    if key in priced.extras or (seg.start, seg.end) in known:
+        chosen = priced.extras[key] if key in priced.extras else known[(seg.start, seg.end)]
+        return CACHE_ALL if chosen is None else chosen
     inp, k = priced.inputs, seg.end - seg.start
     p = inp.workers
     return hybrid_values(seg.start, np.stack([inp.remote] * k, 1), np.stack([inp.send] * k, 1),
@@ -276,7 +276,8 @@ def choose_segment(program: Program, seg: Segment, priced: PricedPlan | None, ex
         options = {**combo, **bins}
         alt: dict[str, Any] = {"options": options}
         if priced is not None:
-            value = evaluate_cost(segment_formula(program, seg, priced.shapes, **options), priced.inputs, extra)
+            value = evaluate_cost(segment_formula(program, seg, priced.shapes, extra, **options), priced.inputs,
+                                  symbol_values(extra))
             alt.update(time_s=value.time, memory_bytes=value.memory)
             if best is None or value.time < best[0]:
                 best = (value.time, options)
@@ -340,6 +341,12 @@ def schedule(program: Program, ctx: PassContext, opts: ScheduleOptions) -> Progr
     _check(opts)
     if ctx.workers == 1 or ctx.sampling is not None:
         return program  # one process, or sampled minibatches: gnnc.runtime.minibatch orders their phases
+    if is_pipeline(program):
+        # GNNPipe's stages run chunk by chunk as stage-pipeline laid them out; nothing here applies to them
+        if opts.memory_cap:
+            raise GnncError("--memory-cap runs layers in G3's bins, which the pipeline strategy does not: "
+                            "its stages hold their layers' activations chunk by chunk")
+        return program
     priced = _priced(program, ctx)
     choices = []
     for seg in program_segments(program):

@@ -20,6 +20,7 @@ from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import COMM_OPS, reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.plan.bins import layer_bins
+from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
                                       split_eqn, split_exchange)
@@ -424,7 +425,10 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
-    return train_and_report(DistWorker(cfg, job), cfg, job)
+    from gnnc.runtime.pipeline import PipelineWorker  # reason: a cycle; the pipeline's worker imports this module
+
+    return train_and_report(PipelineWorker(cfg, job) if is_pipeline(parse_ir(job.ir)) else DistWorker(cfg, job),
+                            cfg, job)
 
 
 def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> dict[str, Any] | None:

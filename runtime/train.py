@@ -171,8 +171,8 @@ class Worker:
         return forward(self.interp, params, self.inputs, self.context(training, epoch))
 
     def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
-        """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch).
-        Returns the epoch's training loss."""
+        """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch,
+        gnnc.runtime.pipeline runs its chunks through the stages). Returns the epoch's training loss."""
         opt.zero_grad(set_to_none=True)
         _, loss = self.forward(params, True, epoch)
         loss.backward()
@@ -330,12 +330,12 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             loss = worker.train_epoch(params, opt, epoch)
             elapsed = time.perf_counter() - t0
             activation = peak_rss_since(base)
-            with torch.no_grad():
-                logits, _ = worker.forward(params, False, epoch)
-            own_logits, own = worker.owned(logits)
             sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
                                             loss=float(loss.detach()), activation_peak_bytes=activation)
+            with torch.no_grad():
+                logits, _ = worker.forward(params, False, epoch)
+            own_logits, own = worker.owned(logits)
             counts = worker.sum(torch.tensor(
                 [float(loss.detach())] + _correct(own_logits, own["y"], own["train"])
                 + _correct(own_logits, own["y"], own["val"]) + _correct(own_logits, own["y"], own["test"])

@@ -74,17 +74,34 @@ def segment_options(layers: Sequence[Layer], strategy: str) -> dict[str, Any]:
     return opts
 
 
-def segment_formula(program: Program, seg: Segment, shapes: Sequence[Any], **options: Any) -> Cost:
-    """The formula of a segment with the given schedule options (a user's cost function takes none)."""
-    if user_cost(seg.strategy) is not None:
-        return planner_cost(seg.strategy, seg.start, seg.end, shapes[seg.start:seg.end])
-    return segment_cost(seg.strategy, seg.start, seg.end, shapes[seg.start:seg.end], **options)
+CACHE_ALL = object()  # a Hybrid selection that caches every dependency (it has no symbol values of its own)
 
 
-def annotated_formula(program: Program, seg: Segment, shapes: Sequence[Any]) -> Cost:
+def priced_as(seg: Segment, extra: Any) -> str:
+    """The strategy whose formula prices a segment: a Hybrid segment whose selection caches every dependency
+    runs DepCache's rows with an empty halo, and is priced as DepCache (gnnc.passes.select_hybrid.select)."""
+    return "depcache" if seg.strategy == "hybrid" and extra is CACHE_ALL else seg.strategy
+
+
+def segment_formula(program: Program, seg: Segment, shapes: Sequence[Any], extra: Any = None, **options: Any) -> Cost:
+    """The formula of a segment with the given schedule options (those its formula takes; a user's cost
+    function takes none)."""
+    strategy = priced_as(seg, extra)
+    if user_cost(strategy) is not None:
+        return planner_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end])
+    taken = {k: v for k, v in options.items() if k in SCHEDULE_OPTIONS.get(strategy, ())}
+    return segment_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end], **taken)
+
+
+def annotated_formula(program: Program, seg: Segment, shapes: Sequence[Any], extra: Any = None) -> Cost:
     """The formula of a segment as the program's annotations schedule it."""
     layers = program.graph_layers()[seg.start:seg.end]
-    return segment_formula(program, seg, shapes, **segment_options(layers, seg.strategy))
+    return segment_formula(program, seg, shapes, extra, **segment_options(layers, seg.strategy))
+
+
+def symbol_values(extra: Any) -> Any:
+    """The symbol values to evaluate a segment's formula with (none for a selection priced as DepCache)."""
+    return None if extra is CACHE_ALL else extra
 
 
 def grad_buckets(program: Program) -> tuple[list[float], tuple[int, ...]]:
@@ -118,14 +135,16 @@ def scheduled_plan(program: Program, priced: Any, extras: dict[tuple[int, int, s
     """`priced` (a choose-strategy PricedPlan) with the program's segments priced as their annotations
     schedule them, and the gradient all-reduce split into the annotated buckets.
 
-    `extras`: symbol values of segments `priced` did not price (a Hybrid selection), by segment key.
+    `extras`: each segment's symbol values (a Hybrid selection's; CACHE_ALL when it caches every dependency),
+    by segment key.
     """
     formulas, values, segment_extras = dict(priced.formulas), dict(priced.values), dict(priced.extras)
     for seg in program_segments(program):
         key = (seg.start, seg.end, seg.strategy)
-        extra = segment_extras.get(key) if key in segment_extras else (extras or {}).get(key)
-        cost = annotated_formula(program, seg, priced.shapes)
-        formulas[key], values[key], segment_extras[key] = cost, evaluate_cost(cost, priced.inputs, extra), extra
+        extra = (extras or {}).get(key)
+        cost = annotated_formula(program, seg, priced.shapes, extra)
+        formulas[key], segment_extras[key] = cost, symbol_values(extra)
+        values[key] = evaluate_cost(cost, priced.inputs, symbol_values(extra))
     sizes, ready = grad_buckets(program)
     allreduce_cost = priced.allreduce_cost
     if sizes:  # one stage per bucket, in the order they are posted
