@@ -196,7 +196,9 @@ def test_strategies_match_one_process(world: int, tmp_path) -> None:
     # every halo's bytes, hoisted ones (GIN's first aggregation of x: sent in the first step only) included
     halo_bytes = {key: halo_bytes_in_plan(job) for key, _, _, job, _ in todo}
     for (key, single, graph, _, predicted), got in zip(todo, results):
-        if "hybrid" in key[1]:  # half the dependencies cached: a real mix, not depcomm nor depcache
+        # half the dependencies cached: a real mix, not depcomm nor depcache (on the hub graph; the graph with
+        # communities has few remote dependencies to split)
+        if "hybrid" in key[1] and not key[0].endswith("@sbm"):
             assert 0 < halo_bytes[key], key
             if key[1] == "hybrid" and (key[0], "depcomm", key[2]) in halo_bytes:
                 assert halo_bytes[key] < halo_bytes[(key[0], "depcomm", key[2])], key

@@ -278,7 +278,7 @@ def test_schedule_pass_alone_on_the_tiny_graph() -> None:
         CHECK: halo[bytes_bwd=192, bytes_fwd=192, method=ring, overlap=true](%l0.t)
         CHECK: spmm[reduce=sum, split=true](%l0.t^halo, %l0.m~1)
     """)
-    assert ctx.results.schedule["segments"][0]["options"] == {"overlap": True, "bins": 1}
+    assert ctx.results.schedule_report["segments"][0]["options"] == {"overlap": True, "bins": 1}
 
 
 # --- the command line --------------------------------------------------------------------------------
