@@ -34,8 +34,10 @@ from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import param_dependent
 from gnnc.plan.plan_file import ModelSource, Plan
+from gnnc.plan.precision import DEFAULT_PRECISION, check_precision
 from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.strategies import STRATEGIES
+from gnnc.runtime.device import check_gpu_count, resolve_device
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 from gnnc.runtime.train import TrainConfig, train
@@ -96,7 +98,8 @@ def load_graph(spec: Any):
 def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: list[str] | list[PassSpec] | None = None,
             graph_spec: str | None = None, after=None, strategy: str | list[str] | None = None,
             partition: str | None = None, seed: int = 0, cluster: Any = None,
-            allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None) -> Plan:
+            allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
+            precision: str = DEFAULT_PRECISION, device: str = "cpu") -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -107,9 +110,15 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     (choose-strategy), unless the pipeline text set them already.
     `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
     Algorithm 4's choice of the dependencies a hybrid segment caches.
+    `precision` (gnnc.plan.precision) sets the bytes predicted per exchanged
+    element and the rates the planner prices; the plan records it, and a run
+    of the plan uses it. `device` picks which of this machine's probes
+    (`gnnc probe --device`) the `local` cluster is.
     """
+    check_precision(precision)
     if workers == "auto":
-        return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow)
+        return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
+                             precision, device)
     workers = int(workers)
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
@@ -119,14 +128,15 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
     if workers > 1:
         pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow)
-    meta: dict[str, Any] = {}
-    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached)
+    # recorded only when not the default, so an fp32 plan is the file it always was
+    meta: dict[str, Any] = {} if precision == DEFAULT_PRECISION else {"precision": precision}
+    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, precision=precision)
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
         method = partition or _default_partition(strategy)
         ctx.partition = partition_graph(graph, workers, method, seed=seed)
-        ctx.cluster = resolve_cluster(cluster)  # once, for every pass that prices
+        ctx.cluster = resolve_cluster(cluster, device)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
     program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
     results = ctx.results
@@ -169,15 +179,17 @@ def _default_partition(strategy: str | None) -> str:
     return (sd.default_partition if sd is not None else None) or "metis"
 
 
-def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow) -> Plan:
+def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
+                  precision: str, device: str) -> Plan:
     """--workers auto: the worker count (1, 2, 4, ... up to the cluster's) with the least predicted time."""
-    profile = resolve_cluster(cluster)
-    best = compile(model, graph, 1, passes, graph_spec, after)
-    best_time = _single_time(best, graph, profile)
+    profile = resolve_cluster(cluster, device)
+    best = compile(model, graph, 1, passes, graph_spec, after, precision=precision)
+    best_time = _single_time(best, graph, profile, precision)
     considered = [{"workers": 1, "time_s": best_time}]
     n = 2
     while n <= profile.workers:
-        plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow)
+        plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow,
+                       precision=precision)
         t = plan.meta.get("planner", {}).get("predicted_time_s")
         considered.append({"workers": n, "time_s": t})
         if t is not None and t < best_time:
@@ -187,7 +199,7 @@ def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, 
     return best
 
 
-def _single_time(plan: Plan, graph: Any, profile) -> float:
+def _single_time(plan: Plan, graph: Any, profile, precision: str = DEFAULT_PRECISION) -> float:
     """Predicted epoch time on one worker of `profile` (the `local` formula of every graph layer)."""
     import numpy as np
 
@@ -195,7 +207,7 @@ def _single_time(plan: Plan, graph: Any, profile) -> float:
     layers = plan.program.graph_layers()
     stats = compute_stats(graph, np.zeros(graph.num_nodes, dtype=np.int64), len(layers), "self_loops")
     dims, heads = layer_dims(plan.program)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(1), heads=heads)
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(1), heads=heads, precision=precision)
     needs = param_dependent(plan.program)
     return sum(evaluate_cost(local(i, layer_shape(layer, needs)), inputs).time for i, layer in enumerate(layers))
 
@@ -213,21 +225,34 @@ def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
 def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int = 0, lr: float | None = None,
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
-        want_logits: bool = True):
+        want_logits: bool = True, device: str = "cpu", precision: str | None = None):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
-    Returns a RunResult (one process) or, with nproc > 1, the same summary as
-    a dict with `logits` in global vertex order.
+    `device`: cpu, cuda or auto (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16,
+    by default the plan's. Returns a RunResult (one process) or, with nproc > 1, the same summary as
+    a dict with `logits` in global vertex order (on the host either way).
     """
     g = load_graph(graph)
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
-                                                             graph_spec=graph if isinstance(graph, str) else None)
+                                                             graph_spec=graph if isinstance(graph, str) else None,
+                                                             precision=precision or DEFAULT_PRECISION)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
-                              progress=progress)
+                              progress=progress, device=resolve_device(device),
+                              precision=plan_precision(plan, precision))
     if plan.workers == 1:
         return train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
+
+
+def plan_precision(plan: Plan, asked: str | None) -> str:
+    """The precision a run of `plan` uses: the one it was compiled for (its bytes were predicted for it);
+    asking for another is refused rather than run with predictions that do not hold."""
+    compiled = plan.meta.get("precision", DEFAULT_PRECISION)
+    if asked is not None and check_precision(asked) != compiled:
+        raise GnncError(f"--precision {asked}: the plan was compiled for {compiled}; recompile it with "
+                        f"`gnnc compile ... --precision {asked}`")
+    return compiled
 
 
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True,
@@ -243,6 +268,8 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if cfg.device == "cuda" and not started_by_torchrun():
+        check_gpu_count(plan.workers)  # each local rank takes its own GPU
 
     if plan.shard_dir is not None:
         if not started_by_torchrun():
@@ -250,8 +277,8 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return join_torchrun(worker, job, timeout_s=timeout)
-        return launch(worker, plan.workers, job, timeout_s=timeout)[0]
+            return join_torchrun(worker, job, device=cfg.device, timeout_s=timeout)
+        return launch(worker, plan.workers, job, device=cfg.device, timeout_s=timeout)[0]
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
@@ -266,6 +293,6 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
         job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
         try:
-            return launch(worker, plan.workers, job, timeout_s=timeout)[0]
+            return launch(worker, plan.workers, job, device=cfg.device, timeout_s=timeout)[0]
         finally:
             plan.shard_dir = None

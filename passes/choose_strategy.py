@@ -97,13 +97,15 @@ def candidates(program: Program, allow: list[str] | None) -> list[str]:
     return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
 
 
-def planning_inputs(program: Program, graph, parts: np.ndarray, profile):
-    """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape."""
+def planning_inputs(program: Program, graph, parts: np.ndarray, profile, precision: str = "fp32"):
+    """What every cost formula is evaluated on: partition statistics, cost inputs (at the run's
+    precision), each graph layer's shape."""
     layers = program.graph_layers()
     view = "self_loops" if any(layer.edges == "self_loops" for layer in layers) else "plain"
     stats = compute_stats(graph, parts, len(layers), view)
     dims, heads = layer_dims(program)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(int(parts.max()) + 1), heads=heads)
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(int(parts.max()) + 1), heads=heads,
+                                   precision=precision)
     needs_grad = param_dependent(program)
     return stats, inputs, [layer_shape(layer, needs_grad) for layer in layers]
 
@@ -118,7 +120,7 @@ class PlanningInputs:
 
     @classmethod
     def compute(cls, program: Program, ctx: PassContext) -> "PlanningInputs":
-        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster))
+        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.precision))
 
 
 @dataclass

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from gnnc.plan.precision import DEFAULT_PRECISION
+
 if TYPE_CHECKING:  # annotations only: the context sits below the modules that build these
     from gnnc.cluster import ClusterProfile
     from gnnc.ir import Program
@@ -81,6 +83,8 @@ class PassContext:
     cluster: the cluster profile the cost model prices on, resolved once by the caller.
     hybrid_cached: a hybrid selection fixed by the caller (gnnc.compile(hybrid_cached=...)),
         which select-hybrid checks and uses instead of choosing one.
+    precision: the run's precision (gnnc.plan.precision): the bytes of each exchanged element
+        (predict-bytes) and the rates and bytes the cost model prices.
     """
 
     graph: Any = None  # a Graph (its module moves below passes and runtime; no import here)
@@ -88,6 +92,7 @@ class PassContext:
     partition: "Partition | None" = None
     cluster: "ClusterProfile | None" = None
     hybrid_cached: dict[int, list[Any]] | None = None
+    precision: str = DEFAULT_PRECISION
     results: PassResults = field(default_factory=PassResults)
     analyses: AnalysisCache = field(init=False, repr=False)
 

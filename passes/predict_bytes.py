@@ -16,6 +16,11 @@ relays), so a run's measured bytes must equal these numbers exactly:
   not own, forward; backward all-gathers (P-1) N rows;
 * the gradient all-reduce: 2 (P-1) x the parameters' size.
 
+Element sizes follow the run's precision (gnnc.plan.precision): activations
+and their gradients travel in it (4 bytes at fp32, 2 at bf16 and fp16; the
+runtime casts before each exchange), parameter gradients in fp32 (4 bytes)
+at every precision.
+
 A backward message exists only when its input depends on a parameter
 (autograd skips the dual op otherwise). Each comm equation gets attributes
 `bytes_fwd` and `bytes_bwd`; the program's total is in `ctx.results.predicted_bytes`.
@@ -28,9 +33,8 @@ from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import COMM_OPS
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
-
-BYTES_PER_ELEMENT = 4  # float32
 
 
 def _width(shape, config) -> int:
@@ -51,8 +55,10 @@ def param_dependent(program: Program) -> set[str]:
 
 
 def predict(program: Program, graph, parts: np.ndarray, world: int,
-            cached: dict[int, list[np.ndarray]] | None = None) -> tuple[Program, dict[str, int]]:
+            cached: dict[int, list[np.ndarray]] | None = None,
+            precision: str = DEFAULT_PRECISION) -> tuple[Program, dict[str, int]]:
     config = program.config_dict()
+    elem = element_bytes(precision)
     sets = all_row_sets(graph, parts, world, layer_specs(program), cached)
     graph_index = {layer.name: k for k, layer in enumerate(program.graph_layers())}
     n = graph.num_nodes
@@ -63,7 +69,7 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
         eqns = []
         for e in layer.eqns:
             if e.op in COMM_OPS:
-                w = _width(e.ins[0].type.shape, config) * BYTES_PER_ELEMENT
+                w = _width(e.ins[0].type.shape, config) * elem
                 rows = {"halo": lambda: halo_rows(sets, graph_index[layer.name]),
                         "fetch": lambda: entry_rows(sets, graph_index[layer.name])}.get(e.op, lambda: (world - 1) * n)()
                 fwd = rows * w
@@ -73,7 +79,7 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
             eqns.append(e)
         layers.append(layer.replace(eqns=tuple(eqns)))
     numel = sum(_width(p.value.type.shape, config) for p in program.params())
-    totals["allreduce"] = 2 * (world - 1) * numel * BYTES_PER_ELEMENT
+    totals["allreduce"] = 2 * (world - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), totals
 
 
@@ -82,6 +88,6 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
 def predict_bytes(program: Program, ctx: PassContext) -> Program:
     if ctx.workers == 1:
         return program
-    program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached)
+    program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached, ctx.precision)
     ctx.results.predicted_bytes = totals
     return program

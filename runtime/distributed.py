@@ -20,6 +20,7 @@ from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import op_def, reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.runtime import comm
+from gnnc.runtime import device as devices
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
 from gnnc.runtime.launch import DistConfig
 from gnnc.plan.rows import LayerGraph, LocalGraph
@@ -45,23 +46,28 @@ def strategy_of(program: Program) -> set[str]:
 class Exchange:
     """The communication ops of the IR, bound to this rank's layers and byte counters."""
 
-    def __init__(self, data: RankData, stats: comm.CommStats, world: int):
+    def __init__(self, data: RankData, stats: comm.CommStats, world: int, dtype: torch.dtype = torch.float32):
         self.lg = data.lg
         self.stats = stats
         self.layer: LayerGraph | None = None  # the graph layer running now (DistInterpreter sets it)
         self.block_order = data.block_order
         self.block_sizes = data.lg.block_rows
+        self.dtype = dtype  # what exchanged rows travel in: the run's precision (gnnc.plan.precision)
+
+    def _wire(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` in the type it travels in (a no-op at fp32), so each exchange carries what predict-bytes counts."""
+        return x.to(self.dtype) if x.is_floating_point() else x
 
     def start_halo(self, x: torch.Tensor, e: Eqn) -> "InFlight":
         """Post this layer's halo exchange of `x`; the caller works on the held rows meanwhile."""
         layer = self.layer
         assert layer is not None and layer.halo is not None
-        held = _dense(x)[: layer.n_in]
+        held = self._wire(_dense(x)[: layer.n_in])
         return InFlight(held, comm.start_halo_exchange(held, layer.halo, self.stats, label=e.outs[0].name.split(".")[0]))
 
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """Run communication op `op` (one of EXCHANGES) on `x`; the byte counters are labelled by its value."""
-        return EXCHANGES[op](self, x, e.outs[0].name.split(".")[0])
+        return EXCHANGES[op](self, self._wire(x), e.outs[0].name.split(".")[0])
 
     def _reduce_scatter(self, x: torch.Tensor, label: str) -> torch.Tensor:
         """P3's pull: every vertex's partial sums, summed at its owner (rows in block order)."""
@@ -221,6 +227,15 @@ def hold_split_views(program: Program, lg: LocalGraph) -> None:
             lgl.hold_split(layer.edges)
 
 
+def build_overlap_splits(program: Program, lg: LocalGraph) -> None:
+    """Build the held/halo split of every layer whose halo overlaps (`LayerGraph.split`), here on the host
+    before the shard moves to its device: built there, during the first epoch, it would read the device."""
+    for layer in program.graph_layers():
+        lgl = lg.layers[layer.name]
+        if lgl.halo is not None and _overlappable(layer) and layer.edges not in lgl._split:
+            lgl.split(layer.edges)
+
+
 def _overlappable(layer) -> set[str]:
     """Halo values whose only reader is a sum aggregation (`spmm`, reduce=sum): their sum splits by source."""
     readers: dict[str, list[Eqn]] = {}
@@ -246,11 +261,14 @@ def _with(ctx: ExecContext, **changes: Any) -> ExecContext:
 class DistWorker(Worker):
     """One rank: its shard, the communication bound to it, and sums over ranks."""
 
-    def __init__(self, cfg: DistConfig, job: DistJob):
+    def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
+        """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
         from gnnc.runtime.memory import return_freed_memory  # deferred, as in the one-process Worker
 
         return_freed_memory()
         torch.set_num_threads(1)
+        self.device = devices.rank_device(job.train.device, cfg.local_rank) if device is None else device
+        devices.check_precision_on(self.device, job.train.precision)
         program = parse_ir(job.ir)
         data = load_rank(job.shard_dir, cfg.rank, cfg.world_size)
         check_dims_fit(program, data.num_features, data.num_classes, data.graph_name)
@@ -260,7 +278,7 @@ class DistWorker(Worker):
         self.graph_name = data.graph_name
         self.cfg = job.train
         self.stats = comm.CommStats()
-        self.lg = lg = data.lg
+        lg = data.lg
         checked: set[int] = set()
         for layer in lg.layers.values():
             if id(layer) not in checked:
@@ -269,16 +287,25 @@ class DistWorker(Worker):
                 if layer.entry is not None:
                     comm.check_halo_plan(layer.entry, lg.n_owned)
                 checked.add(id(layer))
-        self.inputs = data.inputs
+        hold_split_views(program, lg)
+        build_overlap_splits(program, lg)
+        # The shard goes to the device once, every structure derived from it built first, on the host
+        # (on CPU this changes nothing).
+        move = devices.mover(self.device)
+        self.lg = lg = devices.place(lg, self.device)
+        data.lg = lg
+        self.inputs = {k: move(t) for k, t in data.inputs.items()}
         phase = None
         if data.full_views is not None:
-            phase = FeaturePhase(data.full_views, torch.arange(data.num_nodes), data.cols)
-        hold_split_views(program, lg)
+            phase = FeaturePhase({k: devices.place(v, self.device) for k, v in data.full_views.items()},
+                                 torch.arange(data.num_nodes, device=self.device), data.cols)
+        if data.block_order is not None:
+            data.block_order = move(data.block_order)
         self.interp = DistInterpreter(program, lg, phase)
         self.views: dict[str, Any] = {}
         self.ids = lg.rows
         self.count = data.train_count
-        self.exchange = Exchange(data, self.stats, cfg.world_size)
+        self.exchange = Exchange(data, self.stats, cfg.world_size, devices.compute_dtype(job.train.precision))
         self._reducer: comm.GradAllReduce | None = None
 
     def context(self, training: bool, epoch: int) -> ExecContext:
@@ -321,17 +348,18 @@ class DistWorker(Worker):
         return out
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
-        return _gather_rows(logits.detach()[: self.lg.n_owned], self.lg.owned, self.num_nodes,
+        """Every rank's owned rows on rank 0's host, in global order (after the epochs)."""
+        return _gather_rows(logits.detach()[: self.lg.n_owned].cpu(), self.lg.owned.cpu(), self.num_nodes,
                             self.rank, self.world_size)
 
 
 def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
-    """Forward (training mode, dropout on) and backward once; rank 0 returns logits and summed grads.
+    """Forward (training mode, dropout on) and backward once; rank 0 returns logits and summed grads (host).
 
     The exactness tests compare this with one process.
     """
     w = DistWorker(cfg, job)
-    params = init_params(w.program, job.train.seed)
+    params = init_params(w.program, job.train.seed, w.device)
     logits, loss = w.forward(params, True, 0)
     loss.backward()
     w.reduce_grads(params)
@@ -345,7 +373,7 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     for per_rank in every:
         for op, nbytes in per_rank.items():
             sent[op] = sent.get(op, 0) + nbytes
-    return {"logits": gathered, "loss": float(total), "grads": {k: p.grad.detach().clone() for k, p in params.items()},
+    return {"logits": gathered, "loss": float(total), "grads": {k: p.grad.detach().to("cpu", copy=True) for k, p in params.items()},
             "bytes_by_op": sent}
 
 
@@ -355,7 +383,7 @@ def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
     w = DistWorker(cfg, job)
     summary, logits, history = fit(w, job.train, job.metrics_path)
-    peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
+    peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64, device=w.device)).cpu()
     gathered = w.gather_logits(logits) if job.want_logits else None
     if cfg.rank != 0:
         return None

@@ -30,6 +30,8 @@ import torch
 
 from gnnc.errors import GnncError, GraphInputError
 from gnnc.ir import Program
+from gnnc.plan.precision import DEFAULT_PRECISION
+from gnnc.runtime import device as devices
 from gnnc.runtime import rng
 from gnnc.graph import GraphView
 from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params
@@ -51,6 +53,8 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
     resume: bool = False
+    device: str = "cpu"  # where the tensors live (gnnc.runtime.device.resolve_device made it 'cpu' or 'cuda')
+    precision: str = DEFAULT_PRECISION  # fp32, bf16 or fp16 (gnnc.plan.precision)
 
     @staticmethod
     def resolve(program: Program, **flags: Any) -> "TrainConfig":
@@ -98,15 +102,20 @@ class Worker:
         return_freed_memory()
 
         check_graph_fits(program, graph)
+        self.device = devices.rank_device(cfg.device)
+        devices.check_precision_on(self.device, cfg.precision)
         self.graph_name = graph.name
         self.num_nodes = graph.num_nodes
         self.stats = CommStats()
         self.program = program
         self.interp = Interpreter(program)
-        self.views = {v: GraphView.build(graph, v) for v in sorted({l.edges for l in program.graph_layers()})}
-        self.inputs = graph_inputs(graph)
-        self.ids = torch.arange(graph.num_nodes)
         self.count = max(float(graph.train_mask.sum()), 1.0)
+        # Everything the epochs read goes to the device once, here (on CPU this changes nothing).
+        move = devices.mover(self.device)
+        self.views = {v: devices.place(GraphView.build(graph, v), self.device)
+                      for v in sorted({l.edges for l in program.graph_layers()})}
+        self.inputs = {k: move(t) for k, t in graph_inputs(graph).items()}
+        self.ids = torch.arange(graph.num_nodes, device=self.device)
         self.cfg = cfg
 
     def context(self, training: bool, epoch: int) -> ExecContext:
@@ -115,7 +124,9 @@ class Worker:
                            lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels)
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return forward(self.interp, params, self.inputs, self.context(training, epoch))
+        """Logits and loss; at bf16/fp16 the products run in autocast (fp32 master weights)."""
+        with devices.autocast(self.device, self.cfg.precision):
+            return forward(self.interp, params, self.inputs, self.context(training, epoch))
 
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The logits and inputs of the rows this worker owns (the ones it reports)."""
@@ -131,7 +142,7 @@ class Worker:
         return t
 
     def train_vertices(self) -> int:
-        """Training vertices in the whole graph (a collective in a distributed run)."""
+        """Training vertices in the whole graph (a collective in a distributed run); read before the epochs."""
         return int(self.inputs["train"].sum())
 
     def graph_tensors(self) -> list[torch.Tensor]:
@@ -161,8 +172,44 @@ class _Params(torch.nn.Module):
             self.register_parameter(f"p{i}", p)
 
 
-def _correct(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> list[float]:
-    return [float((logits[mask].argmax(-1) == y[mask]).sum()), float(mask.sum())]
+def _counts(logits: torch.Tensor, own: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[correct, labelled] for train, val and test, float64 on the logits' device (no host read)."""
+    hit = logits.argmax(-1) == own["y"]
+    return torch.stack([t for split in ("train", "val", "test")
+                        for t in ((hit & own[split]).sum(), own[split].sum())]).to(torch.float64)
+
+
+def train_step(worker: Worker, params: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler | None, epoch: int) -> torch.Tensor:
+    """One training step: forward, backward, the gradient sum over workers, the optimizer step; returns the loss.
+
+    Nothing here reads a device tensor on the host (tests/test_device_placement.py checks it), except
+    fp16's loss scaler, which must know whether a gradient overflowed before it steps.
+    """
+    opt.zero_grad(set_to_none=True)
+    _, loss = worker.forward(params, True, epoch)
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    worker.reduce_grads(params)  # scaled gradients sum like unscaled ones, and overflow on every rank alike
+    if scaler is None:
+        opt.step()
+    else:
+        scaler.step(opt)
+        scaler.update()
+    return loss.detach()
+
+
+def epoch_metrics(worker: Worker, loss: torch.Tensor, logits: torch.Tensor, elapsed: float,
+                  sent: int) -> tuple[float, list[float], float]:
+    """(this rank's loss, the sums over ranks of [loss, correct and labelled per split, bytes], the slowest
+    rank's seconds): the epoch's one read of device values on the host."""
+    own_logits, own = worker.owned(logits)
+    dev = loss.device
+    local = torch.cat([loss.reshape(1).to(torch.float64), _counts(own_logits, own),
+                       torch.tensor([float(sent)], dtype=torch.float64, device=dev)])
+    summed = worker.sum(local)
+    slowest = worker.max(torch.tensor([elapsed], dtype=torch.float64, device=dev))
+    host = torch.cat([local[:1], summed, slowest]).tolist()
+    return host[0], host[1:-1], host[-1]
 
 
 def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
@@ -174,7 +221,10 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             "program": hashlib.sha256(str(worker.program).encode()).hexdigest(),
             "strategies": [layer.attr("strategy", "local") for layer in worker.program.graph_layers()],
             "world_size": worker.world_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
-            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs}
+            "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs,
+            # a 16-bit run follows another trajectory (the device does not: a CPU checkpoint resumes on a GPU);
+            # named only when not fp32, so checkpoints written before precisions existed still resume
+            **({} if cfg.precision == DEFAULT_PRECISION else {"precision": cfg.precision})}
 
 
 def check_trainable(worker: Worker, cfg: TrainConfig) -> None:
@@ -197,8 +247,9 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     from gnnc.runtime.metrics import EpochRecord, MetricsLog  # deferred: metrics loads torch.distributed
 
     check_trainable(worker, cfg)
-    params = init_params(worker.program, cfg.seed)
+    params = init_params(worker.program, cfg.seed, worker.device)
     opt = make_optimizer(worker.program, params, cfg)
+    scaler = devices.grad_scaler(worker.device, cfg.precision)
     ckpt = None
     lock = None
     start = 0
@@ -230,23 +281,16 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
             t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            _, loss = worker.forward(params, True, epoch)
-            loss.backward()
-            worker.reduce_grads(params)
-            opt.step()
+            loss = train_step(worker, params, opt, scaler, epoch)
+            if worker.device.type == "cuda":
+                torch.cuda.synchronize(worker.device)  # the step's kernels are queued, not done: time them done
             elapsed = time.perf_counter() - t0
+            # the training step's bytes and times, taken before the evaluation's exchanges add to them
+            sent = worker.stats.total_bytes()
+            record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed)
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
-            own_logits, own = worker.owned(logits)
-            sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
-            record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
-                                            loss=float(loss.detach()))
-            counts = worker.sum(torch.tensor(
-                [float(loss.detach())] + _correct(own_logits, own["y"], own["train"])
-                + _correct(own_logits, own["y"], own["val"]) + _correct(own_logits, own["y"], own["test"])
-                + [float(sent)], dtype=torch.float64))
-            slowest = float(worker.max(torch.tensor([elapsed], dtype=torch.float64))[0])
+            record.loss, counts, slowest = epoch_metrics(worker, loss, logits, elapsed, sent)
             rec = {"epoch": epoch, "loss": float(counts[0]), "train_acc": float(counts[1] / max(counts[2], 1)),
                    "val_acc": float(counts[3] / max(counts[4], 1)), "test_acc": float(counts[5] / max(counts[6], 1)),
                    "time_s": slowest, "bytes_sent": int(counts[7])}
@@ -289,7 +333,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
           on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Train `program` on `graph` in this process."""
+    """Train `program` on `graph` in this process; the logits come back on the host."""
     summary, logits, history = fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
-                     summary["epoch_time_s"], logits, history, summary["best_epoch"])
+                     summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"])

@@ -22,6 +22,7 @@ from gnnc.errors import PlanError
 from gnnc.files import atomic_write
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
+from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.shards import write_plan_shards
 
 PLAN_SCHEMA = "gnnc.plan/1"
@@ -155,6 +156,10 @@ class Plan:
                 except (ValueError, OSError, EOFError) as err:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid") if k in data}
+        if "precision" in data:
+            if data["precision"] not in PRECISIONS:
+                raise PlanError(f"{path}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
+            meta["precision"] = data["precision"]
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 

@@ -36,6 +36,7 @@ global, so every worker computes what one process computes for its rows.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -247,6 +248,19 @@ class LayerGraph:
                                      {k: v[order] for k, v in full.edge_data.items()}, full.deg)
         self._split[view] = SplitView(sp.local, sp.remote, slice(0, n_local), slice(n_local, None))
 
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "LayerGraph":
+        """This layer with `fn` applied to every tensor: views, halo and entry plans, ids, the splits built."""
+        def pos(p: torch.Tensor | slice) -> torch.Tensor | slice:
+            return p if isinstance(p, slice) else fn(p)
+
+        return LayerGraph(self.n_in, self.n_out, {k: v.map_tensors(fn) for k, v in self.views.items()},
+                          None if self.halo is None else self.halo.map_tensors(fn), self.blocks,
+                          None if self.ids is None else fn(self.ids),
+                          None if self.entry is None else self.entry.map_tensors(fn),
+                          None if self.entry_perm is None else fn(self.entry_perm),
+                          {k: SplitView(s.local.map_tensors(fn), s.remote.map_tensors(fn), pos(s.local_pos),
+                                        pos(s.remote_pos)) for k, s in self._split.items()})
+
 
 @dataclass
 class LocalGraph:
@@ -260,6 +274,15 @@ class LocalGraph:
     @property
     def owned(self) -> torch.Tensor:
         return self.rows[: self.n_owned]
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "LocalGraph":
+        """This worker's graph with `fn` applied to every tensor (a layer structure shared by layers, once)."""
+        mapped: dict[int, LayerGraph] = {}
+        for g in self.layers.values():
+            if id(g) not in mapped:
+                mapped[id(g)] = g.map_tensors(fn)
+        layers = {name: mapped[id(g)] for name, g in self.layers.items()}
+        return LocalGraph(fn(self.rows), self.n_owned, layers, self.block_rows)
 
 
 def _view(graph: Graph, view: str, sel: np.ndarray, local_src: np.ndarray, local_dst: np.ndarray,
