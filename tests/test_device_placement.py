@@ -1,0 +1,158 @@
+"""Every tensor of a run lives on its device, and the epoch loop never waits for the device, checked without a GPU.
+
+The stand-in device of `standin_device` labels CPU data as another device and records every op that mixes
+devices and, inside the loop, every host read of a device tensor (`.item()`, `bool()`, `.cpu()`, `.tolist()`,
+...), every size that depends on device values, every upload of a tensor that should have been placed before,
+and every collective given host tensors (NCCL takes device tensors only). On it run:
+
+* a full training step (forward, backward, optimizer) and the evaluation forward of every example, twice
+  (the second with every cache built and the optimizer's state made), through `train_step`, the function
+  `fit` runs; and `fit` itself, whose only reads are one per epoch (its metrics) and one before the first;
+* the per-rank step of every strategy on 2 gloo ranks, with the same check on each rank.
+
+The values are real, so the stand-in runs are also compared with the same steps on the CPU.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import EXAMPLES, random_graph
+from gnnc import api
+from gnnc.runtime.distributed import DistJob, DistWorker
+from gnnc.runtime.executor import init_params
+from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.train import TrainConfig, Worker, fit, make_optimizer, train_step
+from standin_device import STANDIN, StandinDevice
+
+STEPS = 2
+EXAMPLE_CASES = {"gcn": ("gcn", {}), "sage": ("sage", {}), "gin": ("gin", {}), "gat": ("gat", {}),
+                 "gcnii": ("gcnii", {"layers": 3}), "gin-sparse": ("gin", {})}
+
+
+def graph_for(case: str):
+    g = random_graph(n=40, e=160, f=12, c=4, seed=2)
+    if case.endswith("-sparse"):  # bag-of-words inputs: kept sparse, moved and dropped out as such
+        g.x = g.x * (torch.rand(g.x.shape, generator=torch.Generator().manual_seed(5)) < 0.03)
+    return g
+
+
+def program_for(case: str, graph):
+    name, params = EXAMPLE_CASES[case]
+    return api.compile(api.load_model(EXAMPLES / f"{name}.gnn", **params), graph).program
+
+
+def steps(worker, params, opt) -> torch.Tensor:
+    """STEPS training steps as `fit` takes them, each followed by the evaluation forward; the last logits."""
+    logits = None
+    for epoch in range(STEPS):
+        train_step(worker, params, opt, None, epoch)
+        with torch.no_grad():
+            logits, _ = worker.forward(params, False, epoch)
+    return logits
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    # Adam's step counters stay on the host by torch's design (non-capturable): read there, never synced
+    return [t for state in opt.state.values() for k, t in state.items() if k != "step" and torch.is_tensor(t)]
+
+
+def cpu_logits(program, graph) -> torch.Tensor:
+    cfg = TrainConfig(progress=False)
+    worker = Worker(program, graph, cfg)
+    params = init_params(program, cfg.seed)
+    return steps(worker, params, make_optimizer(program, params, cfg))
+
+
+@pytest.mark.parametrize("case", list(EXAMPLE_CASES))
+def test_a_training_step_of_every_example_stays_on_the_device(case: str) -> None:
+    graph = graph_for(case)
+    program = program_for(case, graph)
+    with StandinDevice() as sd:
+        cfg = TrainConfig(progress=False, device=STANDIN.type)
+        worker = Worker(program, graph, cfg)
+        params = init_params(program, cfg.seed, worker.device)
+        opt = make_optimizer(program, params, cfg)
+        with sd.watch():
+            logits = steps(worker, params, opt)
+        touched = [*params.values(), *(p.grad for p in params.values()), *optimizer_tensors(opt),
+                   *worker.inputs.values(), worker.ids, logits]
+        assert all(sd.on_device(t) for t in touched), "a tensor of the run is not on the device"
+        assert sd.problems() == [], "\n".join(sd.problems())
+        got = sd.host(logits)
+    torch.testing.assert_close(got, cpu_logits(program, graph), rtol=1e-5, atol=1e-6)
+
+
+def test_fit_reads_the_device_once_per_epoch() -> None:
+    graph = graph_for("gcn")
+    program = program_for("gcn", graph)
+    epochs = 3
+    with StandinDevice() as sd:
+        cfg = TrainConfig(progress=False, device=STANDIN.type, epochs=epochs)
+        worker = Worker(program, graph, cfg)
+        with sd.watch():
+            summary, _, history = fit(worker, cfg)
+    assert len(history) == epochs and 0 <= summary["test_acc"] <= 1
+    reads = Counter(e.function for e in sd.events if e.kind == "read")
+    # the training count before the first epoch, then the epoch's metrics: nothing else
+    assert reads == {"train_vertices": 1, "epoch_metrics": epochs}, sd.problems()
+    # what goes to the device in `fit` are its parameters, once, before the first epoch
+    assert {e.function for e in sd.events if e.kind == "upload"} == {"init_params"}, sd.problems()
+    assert sd.problems(("mix", "collective")) == []
+
+
+# --- every strategy, per rank ------------------------------------------------------------------------
+
+STRATEGY_CASES = [("gcn", s) for s in ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull,depcomm",
+                                       "depcomm,depcache", "depcache,depcomm")] + \
+                 [("gat", "depcomm"), ("gat", "bcast1d"), ("sage", "pushpull,bcast1d"), ("gin-sparse", "hybrid"),
+                  ("gcnii", "depcache,depcache,depcomm")]
+
+
+def standin_steps(cfg: DistConfig, jobs: list[DistJob]) -> list[dict[str, Any] | None]:
+    """Each job's per-rank steps on the stand-in device; rank 0 returns the problems seen by every rank."""
+    import torch.distributed as dist
+
+    out = []
+    for job in jobs:
+        with StandinDevice() as sd:
+            w = DistWorker(cfg, job, device=STANDIN)
+            params = init_params(w.program, job.train.seed, w.device)
+            opt = make_optimizer(w.program, params, job.train)
+            with sd.watch():
+                logits = steps(w, params, opt)
+            touched = [*params.values(), *(p.grad for p in params.values()), *optimizer_tensors(opt),
+                       *w.inputs.values(), logits]
+            placed = all(sd.on_device(t) for t in touched)
+            gathered = w.gather_logits(logits)
+        every: list[Any] = [None] * cfg.world_size
+        dist.all_gather_object(every, (placed, sd.problems()))
+        out.append(None if cfg.rank else {"logits": gathered, "ranks": every})
+    return out
+
+
+def test_the_per_rank_step_of_every_strategy_stays_on_the_device(tmp_path) -> None:
+    world = 2
+    jobs, expected = [], []
+    for case, strategy in STRATEGY_CASES:
+        graph = graph_for(case)
+        name, params = EXAMPLE_CASES[case]
+        model = api.load_model(EXAMPLES / f"{name}.gnn", **params)
+        plan = api.compile(model, graph, workers=world, strategy=strategy, partition="metis")
+        shards = plan.write_shards(tmp_path / f"{case}-{strategy}")
+        jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(progress=False, device=STANDIN.type)))
+        expected.append(cpu_logits(program_for(case, graph), graph))
+    results = launch(standin_steps, world, jobs)[0]
+    failures = []
+    for (case, strategy), got, want in zip(STRATEGY_CASES, results, expected):
+        for rank, (placed, problems) in enumerate(got["ranks"]):
+            if not placed:
+                failures.append(f"{case} {strategy} rank {rank}: a tensor of the run is not on the device")
+            failures += [f"{case} {strategy} rank {rank}: {p}" for p in problems]
+        if not torch.allclose(got["logits"], want, rtol=1e-4, atol=1e-5):
+            failures.append(f"{case} {strategy}: logits differ from one process on the CPU by "
+                            f"{(got['logits'] - want).abs().max():.2e}")
+    assert not failures, "\n".join(failures)
