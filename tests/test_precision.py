@@ -98,9 +98,11 @@ def test_the_cost_model_prices_16_bit_rates_and_bytes() -> None:
 
 def test_bf16_bytes_measured_equal_the_prediction(tmp_path) -> None:
     """Exchanged rows travel in bf16 (the runtime casts before each exchange), gradients in fp32."""
-    graph = random_graph(n=60, e=300, f=16, c=4, seed=3)
+    # 8 features below the hidden 16: the aggregations run before the linear maps (reorder-gemm), so the first
+    # layers exchange the fp32 input rows, which only the runtime's cast makes 16-bit
+    graph = random_graph(n=60, e=300, f=8, c=4, seed=3)
     todo = []
-    for name, strategy in (("gcn", "depcomm"), ("sage", "pushpull,bcast1d"), ("gat", "hybrid")):
+    for name, strategy in (("sage", "depcomm"), ("gcn", "pushpull,bcast1d"), ("gat", "hybrid")):
         plan = api.compile(api.load_model(EXAMPLES / f"{name}.gnn"), graph, workers=2, strategy=strategy,
                            partition="metis", precision="bf16")
         job = DistJob(str(plan.program), str(plan.write_shards(tmp_path / name)),
@@ -112,11 +114,18 @@ def test_bf16_bytes_measured_equal_the_prediction(tmp_path) -> None:
         assert all(g.dtype == torch.float32 for g in got["grads"].values())
 
 
-def test_fp16_scales_the_loss_on_the_cpu() -> None:
+def test_fp16_scales_the_loss_on_the_cpu(monkeypatch) -> None:
+    steps = []
+    real_step = torch.amp.GradScaler.step
+    monkeypatch.setattr(torch.amp.GradScaler, "step", lambda self, opt: steps.append(self.get_scale()) or
+                        real_step(self, opt))
     graph = random_graph(n=80, e=400, f=16, c=4, seed=6)
     result = api.run(api.load_model(EXAMPLES / "gcn.gnn"), graph, epochs=5, seed=0, precision="fp16")
+    assert len(steps) == 5 and steps[0] > 1  # every step through the scaler, the loss scaled up
     assert len(result.history) == 5 and all(abs(r["loss"]) < 10 for r in result.history)
     assert result.logits.dtype == torch.float32  # the loss and the master weights stay fp32
+    api.run(api.load_model(EXAMPLES / "gcn.gnn"), graph, epochs=2, seed=0, precision="bf16")
+    assert len(steps) == 5  # bf16 has fp32's range: no scaler
 
 
 def test_a_plan_runs_at_the_precision_it_was_compiled_for(tmp_path) -> None:
