@@ -19,8 +19,8 @@ from typing import Any
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("Model", "Plan", "compile", "load_graph", "load_model", "load_model_source", "partition", "run"),
-                    "gnnc.api"),
+    **dict.fromkeys(("Model", "Plan", "check", "compile", "load_graph", "load_model", "load_model_source", "partition",
+                     "run"), "gnnc.api"),
     "elaborate": "gnnc.frontend.elaborate",
     "GnncError": "gnnc.errors",
     "register_pass": "gnnc.passes.manager",

@@ -13,17 +13,20 @@ not match what it states.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
+import warnings
 from typing import Any
 
+import sympy
+
 from gnnc.cluster import resolve_cluster
-from gnnc.errors import GnncError, PlanError
-from gnnc.frontend.elaborate import elaborate
-from gnnc.frontend.syntax import Module, parse
-from gnnc.graph import Graph
-from gnnc.graph.loaders import from_pyg, load_graph as _load
+from gnnc.errors import GnncError, GnncWarning, PlanError
+from gnnc.graph.in_memory import as_graph
+from gnnc.graph.loaders import load_graph as _load
 from gnnc.ir import Program
+from gnnc.ir.expr import as_expr
+from gnnc.memory_check import check_run_memory
+from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
+                             load_model_source)  # (the API's names)
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.local import local
@@ -33,65 +36,22 @@ from gnnc.passes.partition import partition_graph
 from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import param_dependent
-from gnnc.plan.plan_file import ModelSource, Plan
+from gnnc.plan.plan_file import Plan
 from gnnc.plan.precision import DEFAULT_PRECISION, check_precision
 from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.device import check_gpu_count, resolve_device
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
-from gnnc.runtime.train import TrainConfig, train
-
-
-@dataclass(frozen=True)
-class Model:
-    """A parsed .gnn file plus the parameter overrides to elaborate it with."""
-
-    module: Module
-    overrides: tuple[tuple[str, str], ...] = ()
-    name: str | None = None
-
-    @property
-    def file(self) -> str:
-        return self.module.file
-
-    def program(self, graph: Any = None) -> Program:
-        """Elaborate (untyped IR), binding `features`/`classes` from the graph if given."""
-        return elaborate(self.module, dict(self.overrides), graph_dims(graph), self.name)
-
-    def source(self) -> ModelSource:
-        """What a plan records of the model it was compiled from."""
-        return ModelSource(self.module.file, self.module.source, self.name, self.overrides)
-
-
-def graph_dims(graph: Any) -> dict[str, int]:
-    if graph is None:
-        return {}
-    return {"features": graph.num_features, "classes": graph.num_classes, "nodes": graph.num_nodes}
-
-
-def load_model(path: str | os.PathLike, model: str | None = None, **params: Any) -> Model:
-    """Parse a .gnn file; `params` override model parameters (as `--set NAME=VALUE`)."""
-    p = Path(path)
-    try:
-        source = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GnncError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise GnncError(f"{path}: cannot read: {err}") from None
-    return Model(parse(source, str(path)), tuple(sorted((k, str(v)) for k, v in params.items())), model)
-
-
-def load_model_source(source: str, file: str = "<string>", model: str | None = None, **params: Any) -> Model:
-    return Model(parse(source, file), tuple(sorted((k, str(v)) for k, v in params.items())), model)
+from gnnc.runtime.main_guard import check_main_guard
+from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
 
 
 def load_graph(spec: Any):
-    """A graph from a spec string (planetoid:cora, rmat:..., a file) or a PyG Data object."""
-    if isinstance(spec, Graph):
-        return spec
+    """A graph from a spec string (planetoid:cora, rmat:..., a file), a PyG Data, a networkx graph or a
+    dict of arrays (gnnc.graph.in_memory)."""
     if not isinstance(spec, (str, os.PathLike)):
-        return from_pyg(spec)
+        return as_graph(spec)
     return _load(str(spec))
 
 
@@ -131,6 +91,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     # recorded only when not the default, so an fp32 plan is the file it always was
     meta: dict[str, Any] = {} if precision == DEFAULT_PRECISION else {"precision": precision}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, precision=precision)
+    if getattr(graph, "stand_ins", None):
+        meta["graph_stand_ins"] = dict(graph.stand_ins)  # `gnnc run PLAN` refuses or states them without the graph
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
@@ -139,6 +101,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         ctx.cluster = resolve_cluster(cluster, device)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
     program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
+    if graph is not None:
+        _warn_unused_logits(program, graph, model)
     results = ctx.results
     if results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
@@ -146,7 +110,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["hybrid"] = results.hybrid_selection
     report = results.planner
     if report is not None:
-        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else getattr(cluster, "name", None),
+        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else ctx.cluster.name,
                            "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
                            "predicted_memory_bytes": report.predicted_memory_bytes,
                            "alternatives": report.alternatives, "crossovers": report.crossovers,
@@ -155,6 +119,19 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "schedule": report.schedule}
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, ctx.parts,
                 results.hybrid_cached, graph if workers > 1 else None)
+
+
+def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
+    """More logits than the graph has classes: legal (the extra ones are never a label), but rarely meant."""
+    t = program.logits.type
+    if t is None or len(t.shape) != 1:
+        return
+    width = as_expr(t.shape[0]).subs({sympy.Symbol(k): v for k, v in program.config if isinstance(v, int)})
+    if width.is_Integer and int(width) > graph.num_classes:
+        loss = next((e for layer in program.layers for e in layer.eqns if e.op == "cross_entropy"), None)
+        warnings.warn(GnncWarning(f"the logits are {int(width)} wide but graph '{graph.name}' has "
+                                  f"{graph.num_classes} classes: {int(width) - graph.num_classes} of them never "
+                                  f"match a label", loss.loc if loss else None, model.module.source), stacklevel=3)
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
@@ -213,7 +190,7 @@ def _single_time(plan: Plan, graph: Any, profile, precision: str = DEFAULT_PRECI
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
-    """Partition a graph (spec, Graph or PyG Data) with one of gnnc.passes.partition's methods."""
+    """Partition a graph (anything `load_graph` takes) with one of gnnc.passes.partition's methods."""
     return partition_graph(load_graph(graph), parts, method, seed=seed, **options)
 
 
@@ -229,9 +206,14 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
     `device`: cpu, cuda or auto (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16,
-    by default the plan's. Returns a RunResult (one process) or, with nproc > 1, the same summary as
-    a dict with `logits` in global vertex order (on the host either way).
+    by default the plan's. Returns a RunResult either way (logits in global vertex order, on the host).
+    With nproc > 1 the workers are new processes started with 'spawn', which
+    imports the caller's main module again in each: a script must call this
+    under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line).
     """
+    workers = target.workers if isinstance(target, Plan) else nproc
+    if workers > 1:
+        check_main_guard(workers)  # before the compile: a script without `if __name__ == "__main__":` fails fast
     g = load_graph(graph)
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
@@ -241,7 +223,10 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
                               progress=progress, device=resolve_device(device),
                               precision=plan_precision(plan, precision))
     if plan.workers == 1:
-        return train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
+        predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
+        result = train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+        return result
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
 
 
@@ -256,8 +241,10 @@ def plan_precision(plan: Plan, asked: str | None) -> str:
 
 
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True,
-             timeout_s: float | None = None) -> dict[str, Any]:
+             timeout_s: float | None = None) -> RunResult | None:
     """Train a plan compiled for several workers: one process per worker, each loading its own shard.
+
+    Returns rank 0's RunResult (None on the other ranks of a torchrun job).
 
     A saved plan brings its shards; otherwise they are written to a
     temporary directory first, from `graph` (or the graph the plan was
@@ -270,6 +257,14 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     if cfg.device == "cuda" and not started_by_torchrun():
         check_gpu_count(plan.workers)  # each local rank takes its own GPU
+    if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():
+        if graph is None:
+            raise PlanError("the plan has no shards and no graph was given to write them from")
+        plan.graph = load_graph(graph)
+    if plan.graph is not None:
+        check_graph_inputs(plan.graph.name, plan.graph.stand_ins)
+    else:  # saved shards: what the plan recorded of the graph it was compiled on
+        check_graph_inputs(str(plan.graph_spec), plan.meta.get("graph_stand_ins") or {})
 
     if plan.shard_dir is not None:
         if not started_by_torchrun():
@@ -277,22 +272,30 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return join_torchrun(worker, job, device=cfg.device, timeout_s=timeout)
-        return launch(worker, plan.workers, job, device=cfg.device, timeout_s=timeout)[0]
+            return _result(join_torchrun(worker, job, device=cfg.device, timeout_s=timeout))
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir)  # before any worker starts
+        return _result(launch(worker, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
-    if plan.graph is None:
-        if graph is None:
-            raise PlanError("the plan has no shards and no graph was given to write them from")
-        plan.graph = load_graph(graph)
     if plan.parts is None:
         plan.parts = partition_vertices(plan.graph, plan.workers, plan.meta["partition"]["method"], cfg.seed)
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
+        predicted = check_run_memory(plan, shard_dir=tmp)  # before any worker starts
         job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
         try:
-            return launch(worker, plan.workers, job, device=cfg.device, timeout_s=timeout)[0]
+            return _result(launch(worker, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
+
+
+def _result(summary: dict[str, Any] | None, predicted=None) -> RunResult | None:
+    """Rank 0's summary as a RunResult, with the memory check's estimate of the largest process beside its peak."""
+    if summary is None:
+        return None
+    result = RunResult.from_summary(summary)
+    if predicted is not None:
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+    return result

@@ -7,16 +7,19 @@ JSON object summarising the command (DESIGN.md section 9).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from gnnc.errors import GnncError, InternalError
-from gnnc.passes.partition import METHODS
+# only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
+# in the commands that need them)
+from gnnc.errors import GnncError, GnncWarning, InternalError
+from gnnc.passes.partition.methods import METHODS
+from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.precision import PRECISIONS
-from gnnc.plan.strategies import STRATEGIES, names as strategy_names
+from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -34,13 +37,23 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    # deferred: a command loads torch and the planner only when it needs them
-    from gnnc import api
-    from gnnc.passes.manager import run_pipeline
+    # deferred: a command loads torch and the planner only when it needs them (check needs neither, unless
+    # it is given a graph)
+    from gnnc.model_file import ModelErrors, check, load_model
 
-    model = api.load_model(args.model, **_sets(args.set))
-    run_pipeline(model.program(), ["infer-shapes", "check"])
-    print(f"{args.model}: ok")
+    model = load_model(args.model, model=args.model_name, **_sets(args.set))
+    graph = None
+    if args.graph:
+        from gnnc import api  # deferred: loading a graph needs torch
+
+        graph = api.load_graph(args.graph)
+    try:
+        names = check(model, graph)
+    except ModelErrors as err:  # every model's first error, each at its file:line:col
+        for e in err.errors:
+            print(f"error: {e}" if e.loc is None else str(e), file=sys.stderr)
+        return 2
+    print(f"{args.model}: ok" + (f" ({len(names)} models: {', '.join(names)})" if len(names) > 1 else ""))
     return 0
 
 
@@ -49,7 +62,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from gnnc import api, inspect_plan
     from gnnc.passes.manager import parse_pipeline
 
-    model = api.load_model(args.model, **_sets(args.set))
+    model = api.load_model(args.model, model=args.model_name, **_sets(args.set))
     graph = api.load_graph(args.graph) if args.graph else None
     names = parse_pipeline(args.passes) if args.passes else None
     printed = {spec.name for spec in parse_pipeline(args.print_after)} if args.print_after else set()
@@ -106,7 +119,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
 
-    if args.nproc < 1:
+    if args.nproc is not None and args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
     if not args.timeout > 0:
         raise GnncError(f"--timeout must be a positive number of seconds, not {args.timeout}")
@@ -130,7 +143,8 @@ def _run(args: argparse.Namespace) -> int:
 
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
-    from gnnc.runtime.metrics import peak_rss_bytes
+    from gnnc.memory_check import check_run_memory
+    from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.train import TrainConfig, train
 
     device = _resolve_device(args.device)  # before anything is loaded: no GPU is a one-line exit 2
@@ -138,23 +152,24 @@ def _run(args: argparse.Namespace) -> int:
     target = Path(args.target)
     if target.is_dir():
         plan = api.Plan.load(target)
-        if args.set:
-            raise GnncError("--set applies to a .gnn model; recompile the plan to change parameters")
+        if args.set or args.model_name:
+            raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
+                            f"to change it")
+        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
         spec = args.graph or plan.graph_spec
         graph = None
         if plan.shard_dir is None or plan.workers == 1:
             if spec is None:
                 raise GnncError("the plan names no graph; pass --graph G")
             graph = api.load_graph(spec)
-        if args.nproc != plan.workers and args.nproc != 1:
-            raise GnncError(f"the plan was compiled for {plan.workers} workers; recompile it for --nproc {args.nproc}")
     else:
         if not args.graph:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         spec = args.graph
         graph = api.load_graph(spec)
-        plan = api.compile(api.load_model(target, **_sets(args.set)), graph, workers=args.nproc,
-                           strategy=args.strategy, partition=args.partition, seed=args.seed, graph_spec=spec,
+        model = api.load_model(target, model=args.model_name, **_sets(args.set))
+        plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
+                           partition=args.partition, seed=args.seed, graph_spec=spec,
                            precision=args.precision or "fp32", device=device)
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
@@ -164,18 +179,16 @@ def _run(args: argparse.Namespace) -> int:
                               checkpoint_every=args.checkpoint_every, resume=args.resume, device=device,
                               precision=api.plan_precision(plan, args.precision))
     if plan.workers > 1:
-        summary = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
-                               timeout_s=args.timeout)
-        if summary is None:
+        result = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
+                              timeout_s=args.timeout)
+        if result is None:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
-        logits = summary.pop("logits")
-        summary.pop("history", None)
     else:
+        predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
         result = train(plan.program, graph, cfg, metrics_path=args.metrics)
-        logits = result.logits
-        summary = {**result.summary(), "bytes_sent_per_epoch": 0, "world_size": 1,
-                   "peak_rss_bytes": peak_rss_bytes(),
-                   "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
+        result.predicted_peak_rss_bytes = int(predicted.peak)
+    logits = result.logits
+    summary = result.summary()
     summary["epochs"] = cfg.epochs
     summary["device"], summary["precision"] = cfg.device, cfg.precision
     if args.dump_logits:
@@ -184,17 +197,12 @@ def _run(args: argparse.Namespace) -> int:
         _emit_json(summary)
     else:
         name = graph.name if graph is not None else summary.get("graph", spec)
-        print(f"{plan.program.name} on {name} x{summary['world_size']} ({_runs(summary['strategies'])}): "
-              f"test acc {summary['test_acc']:.4f} (at best val {summary['val_acc']:.4f}, epoch "
-              f"{summary['best_epoch']}); final test acc {summary['final_test_acc']:.4f}; train loss "
-              f"{summary['train_loss']:.4f}; {summary['epoch_time_s'] * 1000:.1f} ms/epoch")
+        print(f"{plan.program.name} on {name} x{summary['world_size']} "
+              f"({describe_assignment(summary['strategies'])}): test acc {summary['test_acc']:.4f} "
+              f"(at best val {summary['val_acc']:.4f}, epoch {summary['best_epoch']}); final test acc "
+              f"{summary['final_test_acc']:.4f}; train loss {summary['train_loss']:.4f}; "
+              f"{summary['epoch_time_s'] * 1000:.1f} ms/epoch")
     return 0
-
-
-def _runs(strategies: list[str]) -> str:
-    """Per-layer strategies with repeats folded: a 64-layer GCNII reads `depcache x64`, not 64 names."""
-    runs = [(name, len(list(group))) for name, group in itertools.groupby(strategies)]
-    return ",".join(name if n == 1 else f"{name} x{n}" for name, n in runs)
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
@@ -294,12 +302,19 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--plugin", action="append", metavar="MODULE",
                         help="import a module (or .py file) that registers passes; repeatable")
 
-    c = sub.add_parser("check", help="parse and type-check a .gnn file", parents=[plugin])
+    model_choice = argparse.ArgumentParser(add_help=False)
+    model_choice.add_argument("--model", dest="model_name", metavar="NAME",
+                              help="the model of the file to use (default: the last one)")
+
+    c = sub.add_parser("check", help="parse and type-check every model of a .gnn file (or the one --model names)",
+                       parents=[plugin, model_choice])
     c.add_argument("model")
+    c.add_argument("--graph", help="type-check for this graph: its feature, class and edge data widths")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.set_defaults(fn=cmd_check)
 
-    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory", parents=[plugin])
+    c = sub.add_parser("compile", help="compile a .gnn model for a graph into a plan directory",
+                       parents=[plugin, model_choice])
     c.add_argument("model")
     c.add_argument("--graph")
     c.add_argument("-o", "--output")
@@ -313,8 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=list(METHODS))
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
-    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces: "
-                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`)")
+    c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces, e.g. "
+                                    "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`); "
+                                    f"default: {','.join(DEFAULT_PIPELINE)}, followed with --workers N>1 by "
+                                    f"{','.join(DISTRIBUTED_PIPELINE)}")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
     c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
                    help="the device the plan will run on: `--cluster local` is its `gnnc probe --device` profile")
@@ -334,10 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --format trace: lay the measured run (`gnnc run --metrics`) beside the prediction")
     c.set_defaults(fn=cmd_inspect)
 
-    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)", parents=[plugin])
+    c = sub.add_parser("run", help="train a model (MODEL.gnn --graph G) or a plan (PLAN)",
+                       parents=[plugin, model_choice])
     c.add_argument("target")
     c.add_argument("--graph")
-    c.add_argument("--nproc", type=int, default=1, help="worker processes on this machine")
+    c.add_argument("--nproc", type=int, help="worker processes on this machine (default 1, or the plan's workers)")
     c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="stop the run when a rank makes no progress between collectives for this long "
                         "(default 60); the message names the hung rank")
@@ -391,9 +409,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """gnnc's warnings as `file:line:col: warning: ...` on stderr; the others as Python shows them."""
+    if isinstance(message, GnncWarning):
+        print(str(message), file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         load_plugins(getattr(args, "plugin", None))
         return int(args.fn(args) or 0)

@@ -51,6 +51,22 @@ class GnncError(Exception):
         return text
 
 
+class GnncWarning(UserWarning):
+    """Something in the user's input that is probably a mistake but does not stop the command.
+
+    Rendered like an error (`file:line:col: warning: message`, the line and a
+    caret); the CLI prints it to stderr that way, Python code sees a warning.
+    """
+
+    def __init__(self, message: str, loc: Loc | None = None, source: str | None = None):
+        super().__init__(message)
+        self.message, self.loc, self.source = message, loc, source
+
+    def __str__(self) -> str:
+        return str(GnncError(f"warning: {self.message}", self.loc, self.source)) if self.loc else \
+            f"warning: {self.message}"
+
+
 def _read(path: str) -> str | None:
     """The file an error points into, when it is a readable file."""
     try:

@@ -10,6 +10,7 @@ process ids, so Perfetto shows both on one time axis.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.ops import COMM_OPS
 from gnnc.ir.ops import fmt_shape
+from gnnc.plan.strategies import describe_assignment
 from gnnc.runtime.metrics import read_metrics
 
 
@@ -118,28 +120,32 @@ def png(program: Program) -> bytes:
 
 
 def explain(plan) -> str:
-    """Strategies per graph layer, with the planner's alternatives when it recorded them."""
+    """Strategies per graph layer, with the planner's alternatives when it recorded them, and why it chose."""
     lines = [f"plan for {plan.workers} worker(s)"]
     part = plan.meta.get("partition")
     if part:
         lines[0] += f", {part['method']} partition"
+    names = [layer.name for layer in plan.program.graph_layers()]
     for layer in plan.program.graph_layers():
         lines.append(f"  {layer.name} {layer.op}: {layer.attr('strategy', 'local')}"
                      + ("" if plan.workers > 1 else " (one worker)"))
     planner = plan.meta.get("planner")
     if planner:
-        lines.append(f"chosen by the planner on cluster '{planner.get('cluster')}': predicted "
-                     f"{planner['predicted_time_s'] * 1000:.3f} ms/epoch, {planner['predicted_memory_bytes'] / 2**20:.1f} "
-                     f"MiB/worker")
-        lines.append(f"  {'strategies':32s} {'time ms':>10s} {'MB/epoch':>10s} {'MiB/worker':>11s}")
-        for a in sorted(planner.get("alternatives", []), key=lambda a: a["time_s"]):
-            mark = " <- chosen" if a["strategies"] == planner["strategies"] else ""
-            user = f" (user cost: {'; '.join(a['user_costs'])})" if a.get("user_costs") else ""
-            lines.append(f"  {','.join(a['strategies']):32s} {a['time_s'] * 1000:10.3f} {a['bytes'] / 1e6:10.3f} "
-                         f"{a['memory_bytes'] / 2**20:11.1f}{mark}{user}")
+        cluster = planner.get("cluster")
+        lines.append(f"chosen by the planner on {f'cluster {cluster!r}' if cluster else 'an unnamed cluster profile'}"
+                     f": predicted {planner['predicted_time_s'] * 1000:.3f} ms/epoch, "
+                     f"{planner['predicted_memory_bytes'] / 2**20:.1f} MiB/worker")
+        alternatives = sorted(planner.get("alternatives", []), key=lambda a: a["time_s"])
+        rows = [(describe_assignment(a["strategies"]), f"{a['time_s'] * 1000:.3f}", f"{a['bytes'] / 1e6:.3f}",
+                 f"{a['memory_bytes'] / 2**20:.1f}",
+                 (" <- chosen" if a["strategies"] == planner["strategies"] else "")
+                 + (f" (user cost: {'; '.join(a['user_costs'])})" if a.get("user_costs") else ""))
+                for a in alternatives]
+        lines += _columns(("strategies", "time ms", "MB/epoch", "MiB/worker"), rows)
+        lines += _why(planner, alternatives, names)
         for c in planner.get("crossovers", []):
             lines.append(f"  crossover: {c}")
-        lines += _segment_table(planner, [layer.name for layer in plan.program.graph_layers()])
+        lines += _segment_table(planner, names)
     considered = plan.meta.get("workers_considered")
     if considered:
         lines.append("workers considered: " + ", ".join(
@@ -148,21 +154,85 @@ def explain(plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _columns(header: tuple[str, ...], rows: list[tuple[str, ...]], left: int = 1) -> list[str]:
+    """A table indented by two: the first `left` columns (names) left-aligned, the numbers right-aligned,
+    each column as wide as its widest cell (a 64-layer model's names must not push the numbers out of
+    their columns); a last cell beyond the header (a mark) follows unaligned."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        out = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return ("  " + "  ".join(out) + "".join(cells[len(header):])).rstrip()
+
+    return [line(header)] + [line(r) for r in rows]
+
+
+_SEGMENT_KEY = re.compile(r"^([\w-]+)\[(\d+):(\d+)\]$")  # an alternative's formula key: strategy[start:end]
+
+
+def _why(planner: dict, alternatives: list[dict], names: list[str]) -> list[str]:
+    """Why the chosen assignment won: against the next fastest, where their times differ segment by segment,
+    and which faster assignments the memory cap ruled out (the DP takes the fastest that fits)."""
+    chosen = next((a for a in alternatives if a["strategies"] == planner["strategies"]), None)
+    if chosen is None or len(alternatives) < 2:
+        return []
+    tol = 1e-12 * max(chosen["time_s"], 1e-30)
+    faster = [a for a in alternatives if a["time_s"] < chosen["time_s"] - tol]
+    slower = [a for a in alternatives if a is not chosen and a not in faster]
+    what = describe_assignment(chosen["strategies"])
+    lines = []
+    if slower:
+        nxt = slower[0]
+        ratio = nxt["time_s"] / chosen["time_s"] if chosen["time_s"] > 0 else float("inf")
+        lines.append(f"why {what}: the fastest assignment that fits in memory, {ratio:.2f}x faster than the next, "
+                     f"{describe_assignment(nxt['strategies'])}")
+        costs = {(tuple(c["layers"]), c["strategy"]): c["time_s"] for c in planner.get("segment_costs") or []}
+        for label, alt in (("chosen", chosen), ("next", nxt)):
+            parts = _segment_times(alt, costs, names)
+            if parts is not None:
+                lines.append(f"  {label + ':':8s}{parts}")
+    else:
+        lines.append(f"why {what}: the only assignment that fits in memory")
+    for a in faster:
+        lines.append(f"  ruled out by the memory cap: {describe_assignment(a['strategies'])} would take "
+                     f"{a['time_s'] * 1000:.3f} ms/epoch but needs {a['memory_bytes'] / 2**20:.1f} MiB/worker")
+    return lines
+
+
+def _segment_times(alt: dict, costs: dict, names: list[str]) -> str | None:
+    """`l0..l6 depcache 0.142 ms + l7 depcomm 0.405 ms + 1.300 ms all-reduce and layout changes = 1.847 ms`
+    for one alternative, from its segments (the keys of its formulas) and the planner's segment costs; None when
+    the plan did not record them."""
+    segments = []
+    for key in alt.get("formulas") or {}:
+        m = _SEGMENT_KEY.match(key)
+        if m is None:
+            return None
+        segments.append((int(m.group(2)), int(m.group(3)), m.group(1)))
+    if not segments or any(((a, b), s) not in costs for a, b, s in segments):
+        return None
+    parts = []
+    for a, b, s in sorted(segments):
+        span = names[a] if b == a + 1 else f"{names[a]}..{names[b - 1]}"
+        parts.append(f"{span} {s} {costs[(a, b), s] * 1000:.3f} ms")
+    rest = alt["time_s"] - sum(costs[(a, b), s] for a, b, s in segments)
+    return " + ".join(parts) + f" + {rest * 1000:.3f} ms all-reduce and layout changes = {alt['time_s'] * 1000:.3f} ms"
+
+
 def _segment_table(planner: dict, names: list[str]) -> list[str]:
     """Every strategy the planner priced for each layer (single-layer segments) and for each longer span."""
     costs = planner.get("segment_costs") or []
     if not costs:
         return []
     chosen = {(a, b, s) for a, b, s in planner.get("segments", [])}
-    lines = ["per layer and segment (before the gradient all-reduce and layout transitions):",
-             f"  {'layers':14s} {'strategy':10s} {'time ms':>10s} {'MB/epoch':>10s} {'MiB/worker':>11s}"]
+    rows = []
     for c in sorted(costs, key=lambda c: (c["layers"][1] - c["layers"][0], c["layers"][0], c["time_s"])):
         a, b = c["layers"]
         span = names[a] if b == a + 1 else f"{names[a]}..{names[b - 1]}"
-        mark = " <- chosen" if (a, b, c["strategy"]) in chosen else ""
-        lines.append(f"  {span:14s} {c['strategy']:10s} {c['time_s'] * 1000:10.3f} {c['bytes'] / 1e6:10.3f} "
-                     f"{c['memory_bytes'] / 2**20:11.1f}{mark}")
-    return lines
+        rows.append((span, c["strategy"], f"{c['time_s'] * 1000:.3f}", f"{c['bytes'] / 1e6:.3f}",
+                     f"{c['memory_bytes'] / 2**20:.1f}", " <- chosen" if (a, b, c["strategy"]) in chosen else ""))
+    return ["per layer and segment (before the gradient all-reduce and layout transitions):",
+            *_columns(("layers", "strategy", "time ms", "MB/epoch", "MiB/worker"), rows, left=2)]
 
 
 # --- the predicted schedule: Gantt chart and trace ---------------------------------------------------

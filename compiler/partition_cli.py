@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from gnnc.errors import GnncError
-from gnnc.passes.partition import METHODS
+from gnnc.passes.partition.methods import METHODS
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

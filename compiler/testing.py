@@ -191,9 +191,23 @@ def outputs_and_grads(program: Program, graph, seed: int = 0) -> tuple[torch.Ten
 
 def assert_rewrite_exact(pipeline: str, ir: str | Program | os.PathLike, *, graph=None, rtol: float = 1e-5,
                          dims: dict[str, int] | None = None, overrides: dict[str, Any] | None = None) -> Program:
-    """Run a rewrite and check outputs and gradients are unchanged (relative error <= rtol)."""
-    graph = graph or random_graph()
-    dims = dims or {"features": graph.num_features, "classes": graph.num_classes}
+    """Run a rewrite and check outputs and gradients are unchanged (relative error <= rtol).
+
+    Without `graph`, a random graph as wide as `dims` says (features, classes);
+    a given graph must agree with `dims` (an AssertionError names the field).
+    """
+    if graph is None:
+        widths = {k: int(v) for k, v in (dims or {}).items() if k in ("features", "classes")}
+        graph = random_graph(**widths)
+    have = {"features": graph.num_features, "classes": graph.num_classes}
+    given = dims or {}
+    misfit = [k for k in ("features", "classes") if k in given
+              and (int(given[k]) != have[k] if k == "features" else int(given[k]) < have[k])]
+    if misfit:
+        k = misfit[0]
+        raise AssertionError(f"dims {k}={given[k]} does not fit the graph given, which has {k}={have[k]}: pass dims "
+                             f"that match it, or no graph (a random one is then made as wide as the dims)")
+    dims = dims or have
     specs = parse_pipeline(pipeline)
     before = as_program(ir, dims, overrides)
     if not isinstance(ir, Program) and not str(ir).lstrip().startswith("program "):

@@ -97,15 +97,18 @@ def candidates(program: Program, allow: list[str] | None) -> list[str]:
     return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
 
 
-def planning_inputs(program: Program, graph, parts: np.ndarray, profile, precision: str = "fp32"):
+def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None,
+                    precision: str = "fp32"):
     """What every cost formula is evaluated on: partition statistics, cost inputs (at the run's
-    precision), each graph layer's shape."""
+    precision), each graph layer's shape.
+
+    `workers`: the plan's worker count, when its last parts may be empty (the largest part id + 1 otherwise).
+    """
     layers = program.graph_layers()
     view = "self_loops" if any(layer.edges == "self_loops" for layer in layers) else "plain"
-    stats = compute_stats(graph, parts, len(layers), view)
+    stats = compute_stats(graph, parts, len(layers), view, num_parts=workers)
     dims, heads = layer_dims(program)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(int(parts.max()) + 1), heads=heads,
-                                   precision=precision)
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads, precision=precision)
     needs_grad = param_dependent(program)
     return stats, inputs, [layer_shape(layer, needs_grad) for layer in layers]
 
@@ -120,7 +123,7 @@ class PlanningInputs:
 
     @classmethod
     def compute(cls, program: Program, ctx: PassContext) -> "PlanningInputs":
-        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.precision))
+        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers, ctx.precision))
 
 
 @dataclass

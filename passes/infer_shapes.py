@@ -2,12 +2,13 @@
 
 Walks the program in order, creates the shapes of parameters from the
 inputs of the ops that own them (linear(h, out) makes a [d_in, out] weight),
-and reports dim and domain mismatches at the equation's source location.
+and reports dim and domain mismatches at the equation's source location,
+and a layer called with an `in` that is not its input's width at the call.
 """
 from __future__ import annotations
 
 from gnnc.ir import ops
-from gnnc.passes.check import check_layer_output, check_statement
+from gnnc.passes.check import check_declared_input, check_layer_output, check_statement
 from gnnc.ir import Eqn, Layer, Param, Program, Type, Value
 from gnnc.passes.manager import PassContext, register_pass
 
@@ -20,6 +21,7 @@ def _retype(v: Value, types: dict[str, Type]) -> Value:
 @register_pass("infer-shapes", "type every value: domain, dtype and symbolic feature shape")
 def infer_shapes(program: Program, ctx: PassContext) -> Program:
     types: dict[str, Type] = {v.name: v.type for v in program.inputs if v.type is not None}
+    config = program.config_dict()
     layers: list[Layer] = []
     for layer in program.layers:
         owner = {p.value.name: p for p in layer.params}
@@ -51,6 +53,7 @@ def infer_shapes(program: Program, ctx: PassContext) -> Program:
             inputs=tuple(_retype(v, types) for v in layer.inputs),
             outputs=tuple(_retype(v, types) for v in layer.outputs))
         check_layer_output(typed_layer)
+        check_declared_input(typed_layer, config)
         layers.append(typed_layer)
     return program.replace(layers=tuple(layers), logits=_retype(program.logits, types),
                            loss=_retype(program.loss, types))

@@ -11,6 +11,7 @@ invariant breaks, says which pass broke it and which passes ran before.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Program, VerifyError, all_values, verify
 from gnnc.passes.context import PassContext, PassResults  # noqa: F401  (re-exported: passes import them here)
 from gnnc.passes.pipeline_text import PassSpec, parse_options, split_pipeline
+from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE  # noqa: F401  (re-exported)
 
 PassFn = Callable[..., Program]
 
@@ -57,11 +59,6 @@ class PassInfo:
 
 
 _REGISTRY: dict[str, PassInfo] = {}
-# sink-bias after reorder-gemm: reorder-gemm leaves the bias of a moved map as a `bias` op, which it then sinks
-DEFAULT_PIPELINE: list[str] = ["infer-shapes", "check", "lower", "reorder-gemm", "sink-bias"]
-# after the default pipeline when compiling for several workers
-DISTRIBUTED_PIPELINE: list[str] = ["choose-strategy", "assign-strategy", "select-hybrid", "insert-comm",
-                                   "predict-bytes"]
 
 
 def register_pass(name: str, summary: str, typed_after: bool = True, options: type | None = None,
@@ -89,10 +86,19 @@ def register_pass(name: str, summary: str, typed_after: bool = True, options: ty
     return deco
 
 
+# The built-in passes: pass name -> the module of gnnc.passes that registers it. A module is imported when its
+# pass is first named (the pass modules import register_pass from here, so this one cannot import them at its
+# top), and only then: `gnnc check` runs two passes and must not load the planner (sympy formulas, torch).
+_BUILTIN_MODULES: dict[str, str] = {
+    "infer-shapes": "infer_shapes", "check": "check", "lower": "lower", "reorder-gemm": "reorder_gemm",
+    "sink-bias": "sink_bias", "choose-strategy": "choose_strategy", "assign-strategy": "assign_strategy",
+    "select-hybrid": "select_hybrid", "insert-comm": "insert_comm", "predict-bytes": "predict_bytes", "hoist": "hoist",
+}
+
+
 def _load_builtin() -> None:
-    # reason: a cycle; the pass modules import register_pass from here, so this one imports them on first use
-    from gnnc.passes import (assign_strategy, check, choose_strategy, infer_shapes,  # noqa: F401
-                             insert_comm, lower, predict_bytes, reorder_gemm, select_hybrid, sink_bias)
+    for module in _BUILTIN_MODULES.values():
+        importlib.import_module(f"gnnc.passes.{module}")
 
 
 def passes() -> dict[str, PassInfo]:
@@ -100,14 +106,21 @@ def passes() -> dict[str, PassInfo]:
     return dict(_REGISTRY)
 
 
+def _info(name: str) -> PassInfo | None:
+    """The registered pass `name` (a built-in one's module imported now); None if no pass has that name."""
+    if name not in _REGISTRY and name in _BUILTIN_MODULES:
+        importlib.import_module(f"gnnc.passes.{_BUILTIN_MODULES[name]}")
+    return _REGISTRY.get(name)
+
+
 def parse_pipeline(text: str) -> list[PassSpec]:
     """`a,b{key=value key=value},c` as the passes to run with their typed options (GnncError names a typo)."""
-    known = passes()
     specs = []
     for name, option_text in split_pipeline(text):
-        if name not in known:
-            raise GnncError(f"unknown pass '{name}' (known: {', '.join(sorted(known))})")
-        specs.append(parse_options(name, known[name].options, option_text))
+        info = _info(name)
+        if info is None:
+            raise GnncError(f"unknown pass '{name}' (known: {', '.join(sorted(passes()))})")
+        specs.append(parse_options(name, info.options, option_text))
     return specs
 
 
@@ -129,12 +142,13 @@ def run_pipeline(program: Program, pipeline: list[str] | list[PassSpec], ctx: Pa
                  verify_each: bool = False, after: Callable[[str, Program], None] | None = None) -> Program:
     """Run passes in order; `after(name, program)` sees the IR after each."""
     ctx = ctx or PassContext()
-    known = passes()
     done: list[str] = []
     if verify_each:
         verify(program)
     for spec in map(as_spec, pipeline):
-        info = known[spec.name]
+        info = _info(spec.name)
+        if info is None:
+            raise GnncError(f"unknown pass '{spec.name}' (known: {', '.join(sorted(passes()))})")
         _check_requires(info, program, ctx, done)
         before = program
         program = info.fn(program, ctx) if info.options is None else info.fn(program, ctx, spec.options)

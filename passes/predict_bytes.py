@@ -14,7 +14,14 @@ relays), so a run's measured bytes must equal these numbers exactly:
 * `bcast_rows`: every block to the P-1 other ranks, forward and backward;
 * `reduce_scatter` (P3's pull): each rank sends the N - |V_r| rows it does
   not own, forward; backward all-gathers (P-1) N rows;
-* the gradient all-reduce: 2 (P-1) x the parameters' size.
+* the gradient all-reduce: 2 (P-1) x the parameters' size;
+* an op that all-reduces statistics of every rank's rows (batch_norm: its
+  sums, sums of squares and row count in float64, `allreduce_elements`):
+  2 (P-1) x those bytes forward, and the same backward; counted with the
+  gradient all-reduce, whose op it shares.
+
+A communication op the `hoist` pass marks runs once per run, not per step:
+it is annotated with its bytes but not counted in the step's totals.
 
 Element sizes follow the run's precision (gnnc.plan.precision): activations
 and their gradients travel in it (4 bytes at fp32, 2 at bf16 and fp16; the
@@ -31,10 +38,12 @@ import numpy as np
 
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
-from gnnc.ir.ops import COMM_OPS
+from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
+
+STATISTICS_BYTES = 8  # float64: batch_norm sums its statistics in double precision, at every precision
 
 
 def _width(shape, config) -> int:
@@ -74,12 +83,18 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
                         "fetch": lambda: entry_rows(sets, graph_index[layer.name])}.get(e.op, lambda: (world - 1) * n)()
                 fwd = rows * w
                 bwd = fwd if e.ins[0].name in needs_grad else 0
-                totals["halo" if e.op == "fetch" else e.op] += fwd + bwd  # a fetch is a halo exchange
+                if not e.attr("hoisted"):  # a hoisted exchange runs in the first step only
+                    totals["halo" if e.op == "fetch" else e.op] += fwd + bwd  # a fetch is a halo exchange
+                e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
+            elif op_def(e.op).allreduce_elements is not None:
+                fwd = 2 * (world - 1) * eval_dim(op_def(e.op).allreduce_elements(e), config) * STATISTICS_BYTES
+                bwd = fwd if e.ins[0].name in needs_grad else 0
+                totals["allreduce"] += fwd + bwd
                 e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
             eqns.append(e)
         layers.append(layer.replace(eqns=tuple(eqns)))
     numel = sum(_width(p.value.type.shape, config) for p in program.params())
-    totals["allreduce"] = 2 * (world - 1) * numel * GRAD_BYTES
+    totals["allreduce"] += 2 * (world - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), totals
 
 

@@ -24,7 +24,9 @@ stay on disk. File format: MAGIC, the SHA-256 of the payload, the payload
 A checkpoint also holds the run's fingerprint (graph, program, training
 settings); `--resume` refuses one taken by a different run and names the
 fields that differ, except a changed epoch count, which it applies and says
-so. Each rank holds an exclusive lock on `DIR/lock-rank-R` for the run
+so. A checkpoint without a fingerprint (an older gnnc's) is refused too:
+nothing shows it is this run's. A payload holding anything but tensors and
+plain containers is refused without being run (`weights_only=True`). Each rank holds an exclusive lock on `DIR/lock-rank-R` for the run
 (flock: released by the kernel however the process ends), so a second job
 pointed at the same directory stops before it writes, naming the holder.
 """
@@ -37,6 +39,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import random
 import re
 import socket
@@ -93,8 +96,10 @@ def check_same_run(saved: Mapping[str, Any] | None, current: Mapping[str, Any], 
     may change as long as it does not end before the epochs already done.
     """
     if saved is None:
-        return [f"{where} holds no run fingerprint (written by an older gnnc): cannot check that "
-                "this is the same run"]
+        # Resuming it anyway could mix another run's weights and history into this one, silently.
+        raise CheckpointError(f"cannot resume from {where}: it holds no run fingerprint (written by an older "
+                              "gnnc), so nothing shows it belongs to this run; give a new --checkpoint directory "
+                              "to start afresh")
     differ = [k for k in sorted(set(saved) | set(current))
               if k not in _APPLIED and saved.get(k) != current.get(k)]
     if differ:
@@ -229,11 +234,20 @@ def load_state(path: Path) -> dict[str, Any]:
                               "(truncated or altered); delete it to resume from an older one")
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, ValueError, TypeError) as exc:
+    except pickle.UnpicklingError as exc:
+        # A global other than tensors and plain containers: gnnc never writes one, so it was put there.
+        # torch's message suggests loading it with the safety off, which would run it: not repeated.
+        refused = str(exc).split("Trying to load unsupported GLOBAL ", 1)[-1].split(" whose ")[0].splitlines()[0][:120]
+        raise CheckpointError(f"checkpoint {path} holds something other than tensors and plain values "
+                              f"({refused}): refused, a checkpoint is data; it was not written by gnnc") from None
+    except (RuntimeError, EOFError, ValueError, TypeError, AttributeError, ImportError, KeyError, IndexError) as exc:
         # Checksum fine but unreadable: written by an incompatible version.
-        raise CheckpointError(f"checkpoint {path} cannot be loaded: {exc}") from None
-    if not isinstance(state, dict) or "epoch" not in state:
-        raise CheckpointError(f"checkpoint {path} holds no training state")
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
+    wanted = {"epoch": int, "rank": int, "world_size": int, "model": dict, "rng": dict, "extra": dict}
+    if not isinstance(state, dict) or any(not isinstance(state.get(k), t) for k, t in wanted.items()):
+        raise CheckpointError(f"checkpoint {path} holds no training state (it needs "
+                              f"{', '.join(wanted)}; it was not written by this version of gnnc)")
     return state
 
 
@@ -370,7 +384,11 @@ class Checkpointer:
                 optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"checkpoint {self._file(epoch)} does not fit this model: {exc}") from None
-        restore_rng_state(state["rng"])
+        try:
+            restore_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            raise CheckpointError(f"checkpoint {self._file(epoch)} holds no usable RNG state "
+                                  f"({type(exc).__name__}: {exc})") from None
         return epoch + 1, state["extra"]
 
 

@@ -9,6 +9,7 @@ with its dual, which autograd runs in the backward pass:
   vertex_to_feature (P3: rows -> columns) <->  feature_to_vertex
   all_gather along a dim                  <->  reduce_scatter along that dim
   broadcast_block (MG-GCN stage j)        <->  reduce of the gradient to rank j
+  all_reduce_sum (batch_norm's statistics) <->  all_reduce_sum of the gradient
   pipe_send                               <->  pipe_recv
 
 plus a bucketed all-reduce of replicated parameter gradients that can overlap
@@ -760,6 +761,45 @@ def allreduce_payload_bytes(numel: int, element_size: int, rank: int, world: int
     # torch.tensor_split's chunks: the first numel % world are one element longer.
     mine = numel // world + (1 if rank < numel % world else 0)
     return (numel - mine + (world - 1) * mine) * element_size
+
+
+# --- all-reduce of a value computed from every rank's rows (batch_norm's statistics) -------------
+
+
+class _AllReduceSum(_Op):
+    """y = sum over ranks of x, on every rank. Every rank's loss reads y, so the gradient of x is the
+    sum over ranks of the gradients of y: the backward is the same all-reduce."""
+
+    name = "allreduce"
+
+    def _post(self, t: Tensor, direction: str) -> None:
+        self.buf = t.detach().clone()  # a fresh tensor: the all-reduce writes into it
+        self._count(direction, allreduce_payload_bytes(self.buf.numel(), self.buf.element_size(), self.rank,
+                                                       self.world))
+        self.work = dist.all_reduce(self.buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+    def _wait(self) -> Tensor:
+        self.work.wait()
+        out, self.buf = self.buf, None
+        return out
+
+    def forward_start(self, x: Tensor) -> None:
+        self._post(x, "fwd")
+
+    def forward_finish(self) -> Tensor:
+        return self._wait()
+
+    def backward_start(self, grad: Tensor) -> None:
+        self._post(grad, "bwd")
+
+    def backward_finish(self) -> Tensor:
+        return self._wait()
+
+
+def all_reduce_sum(x: Tensor, stats: CommStats, *, label: str = "allreduce", group: Group = None) -> Tensor:
+    """The sum of `x` over ranks, differentiable: its backward all-reduces the gradient (batch_norm's
+    synchronised statistics)."""
+    return _run(_AllReduceSum(stats, label, group), x)
 
 
 class GradAllReduce:

@@ -21,7 +21,7 @@ from gnnc.ir.ops import op_def, reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.runtime import comm
 from gnnc.runtime import device as devices
-from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
+from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params, init_state
 from gnnc.runtime.launch import DistConfig
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.shards import RankData, load_rank
@@ -68,6 +68,14 @@ class Exchange:
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """Run communication op `op` (one of EXCHANGES) on `x`; the byte counters are labelled by its value."""
         return EXCHANGES[op](self, self._wire(x), e.outs[0].name.split(".")[0])
+
+    def owned_rows(self) -> int:
+        """How many rows of a vertex value are this rank's own: its first ones (gnnc.plan.rows)."""
+        return self.lg.n_owned
+
+    def all_reduce(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
+        """The sum over ranks of `x`, computed by equation `e` from each rank's own rows (batch_norm)."""
+        return comm.all_reduce_sum(x, self.stats, label=e.outs[0].name.split(".")[0])
 
     def _reduce_scatter(self, x: torch.Tensor, label: str) -> torch.Tensor:
         """P3's pull: every vertex's partial sums, summed at its owner (rows in block order)."""
@@ -183,14 +191,14 @@ class DistInterpreter(Interpreter):
                 continue
             env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
 
-    def eqn(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
+    def compute(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
         if op_def(e.op).row_wise:
             vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
             n = min((ins[k].shape[0] for k in vertex), default=0)
             ins = [_dense(t)[:n] if k in vertex and t.shape[0] != n else t for k, t in enumerate(ins)]
         elif e.op == "sddmm" and view is not None:
             ins = [ins[0], ins[1][: view.csr.n_dst]]  # destination side: the layer's output rows
-        return super().eqn(e, ins, view, ctx)
+        return super().compute(e, ins, view, ctx)
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:
@@ -244,7 +252,7 @@ def _overlappable(layer) -> set[str]:
             readers.setdefault(v.name, []).append(e)
     out = set()
     for e in layer.eqns:
-        if e.op != "halo":
+        if e.op != "halo" or e.attr("hoisted"):  # a hoisted halo runs once, its result is cached
             continue
         r = readers.get(e.outs[0].name, [])
         if len(r) == 1 and r[0].op == "spmm" and r[0].attr("reduce") == "sum" and r[0].ins[0].name == e.outs[0].name:
@@ -307,6 +315,7 @@ class DistWorker(Worker):
         self.count = data.train_count
         self.exchange = Exchange(data, self.stats, cfg.world_size, devices.compute_dtype(job.train.precision))
         self._reducer: comm.GradAllReduce | None = None
+        self.state, self.hoisted = init_state(program, self.device), {}
 
     def context(self, training: bool, epoch: int) -> ExecContext:
         return _with(super().context(training, epoch), comm=self.exchange)
@@ -360,6 +369,9 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """
     w = DistWorker(cfg, job)
     params = init_params(w.program, job.train.seed, w.device)
+    with torch.no_grad():  # computes the hoisted values, once per run: the step measured is a steady one
+        w.forward(params, False, 0)
+    w.stats.reset()
     logits, loss = w.forward(params, True, 0)
     loss.backward()
     w.reduce_grads(params)

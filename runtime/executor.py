@@ -7,6 +7,12 @@ and exact. It runs both forms of the IR: graph ops before lowering (`src`,
 [N, *shape]; edge tensors are [nnz, *shape] in the CSR order of the layer's
 edge view. Dropout masks come from the counter-based RNG keyed by global
 vertex / edge ids, so a distributed run draws the same masks.
+
+Equations the `hoist` pass marks (`hoisted=true`: computed from the graph's
+inputs alone, no parameter, no dropout) are computed once per run when the
+context holds a cache (`ExecContext.hoist_cache`, one per worker and run):
+later forward passes read them from it. An op's running state (batch_norm's
+statistics) lives in `ExecContext.state`, keyed by the equation's result.
 """
 from __future__ import annotations
 
@@ -20,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from gnnc.errors import GnncError
-from gnnc.ir import Eqn, Layer, Param, Program
-from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
+from gnnc.ir import Eqn, Layer, Program
+from gnnc.graph import CSR, Graph, GraphView, edge_data, sparse_if_sparse
 from gnnc.ir.dims import eval_dim, eval_number
-from gnnc.ir.ops import COMM_OPS
+from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
 from gnnc.runtime import rng
 from gnnc.runtime.implementations import implementation, implements
@@ -42,6 +48,8 @@ class ExecContext:
     use_kernels: bool = True
     comm: Any = None  # the distributed runtime's communication (halo, bcast_rows); None in one process
     col_offset: int = 0  # global column of this worker's first feature, when features are sliced (P3)
+    state: dict[str, torch.Tensor] | None = None  # running state of ops (init_state); None: nothing kept
+    hoist_cache: dict[str, torch.Tensor] | None = None  # hoisted values of this run; None: computed every time
 
 
 def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,6 +98,7 @@ class Interpreter:
     def __init__(self, program: Program):
         self.program = program
         self.config = program.config_dict()
+        self.kept = kept_hoisted(program)
 
     def run_layer(self, layer: Layer, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
                   ctx: ExecContext) -> None:
@@ -99,10 +108,34 @@ class Interpreter:
             env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
 
     def eqn(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+        """One equation's result: from the run's cache if it is hoisted and computed already, else `compute`d."""
+        cache = ctx.hoist_cache if e.attr("hoisted") else None
+        if cache is not None and e.outs[0].name in cache:
+            return cache[e.outs[0].name]
+        out = self.compute(e, ins, view, ctx)
+        if cache is not None:
+            # A value only hoisted equations read is not kept: they are served from the cache themselves.
+            cache[e.outs[0].name] = out.detach() if e.outs[0].name in self.kept else _NOT_KEPT
+        return out
+
+    def compute(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
         impl = implementation(e.op, ctx.use_kernels)
         if not impl.sparse_input and any(t.is_sparse for t in ins):
             ins = [t.to_dense() if t.is_sparse else t for t in ins]
         return impl.fn(e, ins, view, ctx)
+
+
+_NOT_KEPT = torch.empty(0)
+
+
+def kept_hoisted(program: Program) -> frozenset[str]:
+    """The hoisted values later forward passes read from the cache: those an equation computed every
+    step reads, and the program's results."""
+    hoisted = {o.name for layer in program.layers for e in layer.eqns if e.attr("hoisted") for o in e.outs}
+    kept = {v.name for layer in program.layers for e in layer.eqns if not e.attr("hoisted") for v in e.ins
+            if v.name in hoisted}
+    kept.update(v.name for v in (program.logits, program.loss) if v.name in hoisted)
+    return frozenset(kept)
 
 
 # ----- the reference implementation of every op (gnnc.runtime.kernels registers the kernel ops' others)
@@ -132,13 +165,25 @@ def _unary(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecCon
     return _UNARY[e.op](ins[0], e)
 
 
-_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow}
+_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+           "maximum": torch.maximum, "minimum": torch.minimum}
 
 
 @implements(*_BINARY)
 def _binary(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
-    a, b = _align(ins[0], ins[1])
-    return _BINARY[e.op](a, b)
+    out = _with_rows(e, 0, ins[0])
+    for k in range(1, len(ins)):  # maximum / minimum take two or more
+        a, b = _align(out, _with_rows(e, k, ins[k]))
+        out = _BINARY[e.op](a, b)
+    return out
+
+
+def _with_rows(e: Eqn, k: int, t: torch.Tensor) -> torch.Tensor:
+    """A learnable tensor ([d] or [heads]) meeting vertex or edge rows gets a leading row axis to broadcast on."""
+    v, out = e.ins[k].type, e.outs[0].type
+    if v is not None and v.domain == "param" and t.dim() > 0 and out is not None and out.domain in ("vertex", "edge"):
+        return t.unsqueeze(0)
+    return t
 
 
 @implements("const")
@@ -218,7 +263,8 @@ def _linear(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecCo
         out = out + ins[2]
     heads = e.attr("heads")
     if heads is not None:
-        out = out.reshape(out.shape[0], eval_dim(heads, ctx.config), -1)
+        h = eval_dim(heads, ctx.config)  # not -1: a rank may hold no row (an empty part)
+        out = out.reshape(out.shape[0], h, out.shape[-1] // h)
     return out
 
 
@@ -236,7 +282,7 @@ def _dot(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecConte
 @implements("concat")
 def _concat(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
     if len(ins) == 1:
-        return ins[0].reshape(ins[0].shape[0], -1)
+        return ins[0].reshape(ins[0].shape[0], math.prod(ins[0].shape[1:]))  # not -1: a part may be empty
     return torch.cat(ins, dim=-1)
 
 
@@ -244,6 +290,39 @@ def _concat(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecCo
 def _layer_norm(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
     x, w, b = ins
     return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+@implements("batch_norm")
+def _batch_norm(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    """BatchNorm1d over the vertices: batch statistics of every (owned) row in training, running ones in evaluation.
+
+    The sums and sums of squares are taken in float64 over the rows this worker owns (the first
+    rows of any vertex value, gnnc.plan.rows) and summed over workers by an all-reduce whose backward
+    sums the gradients, so every worker normalises with the statistics of the whole graph.
+    """
+    x, weight, bias = ins
+    eps, momentum = float(e.attr("eps")), float(e.attr("momentum"))
+    # the running mean and variance (OpDef.state), when the run keeps them
+    running = [(ctx.state or {}).get(f"{e.outs[0].name}.{s.suffix}") for s in op_def(e.op).state]
+    if not ctx.training:
+        mean, var = running
+        if mean is None:  # no state kept: a fresh layer's statistics
+            mean, var = torch.zeros_like(weight), torch.ones_like(weight)
+        return (x - mean) / torch.sqrt(var + eps) * weight + bias
+    n_own = x.shape[0] if ctx.comm is None else ctx.comm.owned_rows()
+    own = x[:n_own].double()
+    stats = torch.cat([own.sum(0), (own * own).sum(0), own.new_tensor([float(n_own)])])
+    if ctx.comm is not None:
+        stats = ctx.comm.all_reduce(stats, e)
+    d = x.shape[1]
+    n = stats[-1].detach()
+    mean = stats[:d] / n
+    var = (stats[d:2 * d] / n - mean * mean).clamp(min=0.0)
+    if running[0] is not None:
+        with torch.no_grad():
+            running[0].mul_(1 - momentum).add_(momentum * mean.float())
+            running[1].mul_(1 - momentum).add_(momentum * (var * n / (n - 1).clamp(min=1)).float())
+    return (x - mean.float()) / torch.sqrt(var.float() + eps) * weight + bias
 
 
 @implements(*COMM_OPS)
@@ -273,20 +352,35 @@ def init_params(program: Program, seed: int,
     out: dict[str, torch.nn.Parameter] = {}
     for p in program.params():
         shape = tuple(eval_dim(d, cfg) for d in p.value.type.shape)
-        out[p.value.name] = torch.nn.Parameter(_init(p, shape, gen).to(device))
+        out[p.value.name] = torch.nn.Parameter(_init(p.init, shape, gen).to(device))
     return out
 
 
-def _init(p: Param, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    if p.init == "zeros":
+def init_state(program: Program, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The running state of every op that keeps one (OpDef.state), keyed `<result>.<suffix>`, in program order,
+    on `device`."""
+    cfg = program.config_dict()
+    out: dict[str, torch.Tensor] = {}
+    for layer in program.layers:
+        for e in layer.eqns:
+            for spec in op_def(e.op).state:
+                shape = tuple(eval_dim(d, cfg) for d in spec.shape(e, e.ins[0].type))
+                out[f"{e.outs[0].name}.{spec.suffix}"] = _init(spec.init, shape, None).to(device)
+    return out
+
+
+def _init(init: str | float, shape: tuple[int, ...], gen: torch.Generator | None) -> torch.Tensor:
+    if isinstance(init, float):
+        return torch.full(shape, init)
+    if init == "zeros":
         return torch.zeros(shape)
-    if p.init == "ones":
+    if init == "ones":
         return torch.ones(shape)
-    if p.init == "glorot":
+    if init == "glorot":
         fan = (shape[-2] + shape[-1]) if len(shape) >= 2 else 2 * shape[-1] if shape else 2
         a = math.sqrt(6.0 / fan)
         return (torch.rand(shape, generator=gen) * 2 - 1) * a
-    raise GnncError(f"unknown initialiser '{p.init}'")
+    raise GnncError(f"unknown initialiser '{init}'")
 
 
 def graph_inputs(graph: Graph) -> dict[str, torch.Tensor]:
@@ -295,8 +389,9 @@ def graph_inputs(graph: Graph) -> dict[str, torch.Tensor]:
 
 
 def check_graph_fits(program: Program, graph: Graph) -> None:
-    """The program's bound dims must match the graph it runs on."""
+    """The program's bound dims, and the edge data it reads, must match the graph it runs on."""
     check_dims_fit(program, graph.num_features, graph.num_classes, graph.name)
+    edge_data.check_fits(program, graph.edge_data, graph.name, program.config_dict())
 
 
 def check_dims_fit(program: Program, num_features: int, num_classes: int, name: str) -> None:

@@ -34,6 +34,10 @@ is served on a socket bound to 127.0.0.1 (TCPStore on its own binds every
 interface whatever host it is given) and gloo is pinned to the loopback
 interface. Under torchrun, a rank that serves the store binds MASTER_ADDR.
 
+A worker hands its result back as a file in the launcher's private temporary
+directory, written with torch.save and read with `torch.load(weights_only=True)`:
+tensors and plain containers only, so even that file is data, never code.
+
 Exit codes keep one meaning in one process and in N: `WorkerFailedError`
 carries 2 only when the root cause is a worker's GnncError (bad input), and 1
 for a crash, a killed or a hung worker.
@@ -45,6 +49,7 @@ import ctypes
 import dataclasses
 import datetime
 import errno
+import io
 import json
 import multiprocessing.connection
 import os
@@ -69,6 +74,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from gnnc.files import atomic_write
 from gnnc.errors import GnncError
+from gnnc.runtime.main_guard import check_main_guard
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -343,8 +349,9 @@ def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
            start_method: str = "spawn", grace_s: float = DEFAULT_GRACE_S) -> list[T]:
     """Run `fn(cfg, *args)` in `nproc` new processes on this machine; return the results by rank.
 
-    `fn` must be importable by name (a module-level function) and its result
-    picklable. The rendezvous store is served by this process on 127.0.0.1 at
+    `fn` must be importable by name (a module-level function) and return
+    tensors, numbers, strings, None and lists, tuples and dicts of them
+    (`check_plain`). The rendezvous store is served by this process on 127.0.0.1 at
     `port`, or at a free port chosen by the OS when `port` is None. If any
     worker raises, crashes, is killed or hangs (no progress within
     `timeout_s`), the others are stopped and `WorkerFailedError` names the
@@ -365,6 +372,7 @@ def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
         # starting them would leave the first ones running unsupervised.
         raise LaunchError(f"the worker function and its arguments must be picklable "
                           f"(a module-level function): {exc}") from exc
+    check_main_guard(nproc, start_method)  # a 'spawn' worker would run an unguarded script's call again
     with stop_on_signals():
         return _launch(fn, nproc, args, device, port, timeout_s, start_method, grace_s)
 
@@ -386,7 +394,8 @@ def _launch(fn: Callable[..., T], nproc: int, args: tuple, device: str, port: in
             _terminate([p for p in ctx.processes if p.is_alive()])
         pids = {rank: int(p.pid) for rank, p in enumerate(ctx.processes)}
         if any(code != 0 for code in exit_codes.values()):
-            reports = {rank: _read_report(run_dir, rank, ctx.error_files[rank]) for rank in range(nproc)}
+            reports = {rank: _read_report(run_dir, rank, ctx.error_files[rank], exit_codes[rank])
+                       for rank in range(nproc)}
             raise _failure_error(exit_codes, terminated, reports, pids)
         return [_read_result(run_dir, rank) for rank in range(nproc)]
     finally:
@@ -400,12 +409,16 @@ def _launch(fn: Callable[..., T], nproc: int, args: tuple, device: str, port: in
 def _worker_entry(local_rank: int, fn: Callable[..., Any], base: DistConfig, args: tuple,
                   run_dir: str, launcher_pid: int) -> None:
     """Body of a local worker process (torch.multiprocessing calls it with the local rank)."""
+    (Path(run_dir) / f"started-{local_rank}").touch()  # how the launcher tells a start-up failure (_read_report)
     _die_with_launcher(launcher_pid)
     cfg = dataclasses.replace(base, rank=local_rank, local_rank=local_rank)
     directory = Path(run_dir)
     try:
         result = run_worker(fn, cfg, *args)
-        atomic_write(directory / f"result-{cfg.rank}.pkl", pickle.dumps(result))
+        check_plain(result)  # what torch.load(weights_only=True) reads back
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        atomic_write(directory / f"result-{cfg.rank}.pt", buf.getvalue())
     except BaseException as exc:
         # The launcher prints the root cause's traceback; this report is how it learns it.
         atomic_write(directory / f"failure-{cfg.rank}.json", json.dumps(_describe(exc)).encode())
@@ -576,8 +589,9 @@ def _terminate(procs: list[Any]) -> None:
             p.join()
 
 
-def _read_report(run_dir: Path, rank: int, error_file: str | None) -> dict[str, Any] | None:
-    """The exception rank `rank` reported, or torch.multiprocessing's traceback file, or None."""
+def _read_report(run_dir: Path, rank: int, error_file: str | None, exit_code: int) -> dict[str, Any] | None:
+    """The exception rank `rank` reported, or torch.multiprocessing's traceback file, or what a rank that
+    exited before gnnc's worker code started can be said to have done, or None."""
     path = run_dir / f"failure-{rank}.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -585,18 +599,52 @@ def _read_report(run_dir: Path, rank: int, error_file: str | None) -> dict[str, 
         # The worker failed before our wrapper could report (torch.multiprocessing
         # pickles the traceback text into this file).
         with open(error_file, "rb") as fh:
-            text = pickle.load(fh)
+            text = _TextOnly(fh).load()
         last = text.strip().splitlines()[-1] if text.strip() else "unknown error"
         return {"type": last.split(":")[0], "message": last, "communication": False,
                 "gnnc_error": False, "traceback": text[-4000:], "time": 0.0}
+    if exit_code > 0 and not (run_dir / f"started-{rank}").exists():
+        # It died while Python set the process up, before _worker_entry: with 'spawn' that is the re-import of
+        # the main module (a script without `if __name__ == "__main__":`, or one that fails on import).
+        return {"type": "WorkerStartError", "communication": False, "gnnc_error": False, "time": 0.0,
+                "message": f"exited with status {exit_code} before gnnc's worker code started: each worker "
+                           "first imports the main module again (the 'spawn' start method), so a script must "
+                           "keep its top-level code under `if __name__ == \"__main__\":`; its stderr above "
+                           "shows what failed",
+                "traceback": "(none reported: see the worker's stderr above)"}
     return None
 
 
+class _TextOnly(pickle.Unpickler):
+    """Reads torch.multiprocessing's error file, a pickled str: no global (so no callable) may be loaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused {module}.{name}: the error file holds text only")
+
+
+def check_plain(value: Any, where: str = "the result") -> None:
+    """Raise TypeError unless `value` is tensors, numbers, strings, None, and lists, tuples and dicts of them."""
+    if value is None or type(value) in (bool, int, float, str) or isinstance(value, torch.Tensor):
+        return
+    if type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            check_plain(item, f"{where}[{i}]")
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) not in (str, int):
+                raise TypeError(f"{where}: a worker's result may use str and int keys only, not {type(key).__name__}")
+            check_plain(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}: a worker's result "
+                    "holds tensors, numbers, strings, None, lists, tuples and dicts only")
+
+
 def _read_result(run_dir: Path, rank: int) -> Any:
-    path = run_dir / f"result-{rank}.pkl"
+    path = run_dir / f"result-{rank}.pt"
     if not path.exists():
         raise LaunchError(f"rank {rank} exited cleanly but left no result")
-    return pickle.loads(path.read_bytes())
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _signal_name(code: int) -> str:

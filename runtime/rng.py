@@ -122,8 +122,9 @@ def dropout(x: torch.Tensor, key: int, rows: torch.Tensor, p: float, col_offset:
 
 def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.empty_like(x)
-    x2, k2, o2 = x.reshape(len(x), -1), keep.reshape(len(x), -1), out.view(len(x), -1)
-    for b in _blocks(len(x), x2.shape[1] if len(x) else 0):
+    width = math.prod(x.shape[1:])  # not reshape(n, -1): a rank may hold no row (an empty part)
+    x2, k2, o2 = x.reshape(len(x), width), keep.reshape(len(x), width), out.view(len(x), width)
+    for b in _blocks(len(x), width):
         torch.mul(x2[b], k2[b], out=o2[b])
         o2[b].mul_(scale)
     return out

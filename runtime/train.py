@@ -30,11 +30,12 @@ import torch
 
 from gnnc.errors import GnncError, GraphInputError
 from gnnc.ir import Program
-from gnnc.plan.precision import DEFAULT_PRECISION
+from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
 from gnnc.runtime import device as devices
 from gnnc.runtime import rng
 from gnnc.graph import GraphView
-from gnnc.runtime.executor import ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params
+from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params,
+                                   init_state)
 from gnnc.graph import Graph
 
 
@@ -56,6 +57,31 @@ class TrainConfig:
     device: str = "cpu"  # where the tensors live (gnnc.runtime.device.resolve_device made it 'cpu' or 'cuda')
     precision: str = DEFAULT_PRECISION  # fp32, bf16 or fp16 (gnnc.plan.precision)
 
+    def __post_init__(self) -> None:
+        """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+        def number(value: Any) -> bool:  # lr 0 is allowed, as torch allows it: a run that only evaluates
+            return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value >= 0)
+
+        checks = [("--epochs or training(epochs=...)", self.epochs, whole(self.epochs), "a whole number of at least 1"),
+                  ("--lr or training(lr=...)", self.lr, number(self.lr), "a finite number of at least 0"),
+                  ("--weight-decay or training(weight_decay=...)", self.weight_decay,
+                   number(self.weight_decay), "a finite number of at least 0"),
+                  ("training(graph_weight_decay=...)", self.graph_weight_decay,
+                   self.graph_weight_decay is None or number(self.graph_weight_decay),
+                   "a finite number of at least 0"),
+                  ("training(patience=...)", self.patience, self.patience is None or whole(self.patience),
+                   "a whole number of at least 1"),
+                  ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
+                   "a whole number of at least 1"),
+                  ("--precision", self.precision, self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}")]
+        for where, value, ok, want in checks:
+            if not ok:
+                raise GnncError(f"{where}: must be {want}, not {value!r}")
+
     @staticmethod
     def resolve(program: Program, **flags: Any) -> "TrainConfig":
         merged = dict(program.training)
@@ -71,18 +97,41 @@ class TrainingDiverged(GnncError):
 
 @dataclass
 class RunResult:
+    """What a training run returns, from one process or from N (`gnnc.run`; `gnnc run --json` prints `summary()`).
+
+    `logits` are every vertex's, in global vertex order (None when a
+    distributed run was asked not to gather them); `history` has one record
+    per epoch; `bytes_sent_per_epoch` is 0 and `world_size` 1 in one process.
+    """
+
     test_acc: float
     val_acc: float
     final_test_acc: float
     train_loss: float
     epoch_time_s: float
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     history: list[dict[str, float]] = field(default_factory=list)
     best_epoch: int = 0
+    graph: str = ""
+    world_size: int = 1
+    strategies: list[str] = field(default_factory=list)
+    bytes_sent_per_epoch: int = 0
+    peak_rss_bytes: int = 0
+    predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
 
     def summary(self) -> dict[str, Any]:
-        return {"test_acc": self.test_acc, "val_acc": self.val_acc, "final_test_acc": self.final_test_acc,
-                "train_loss": self.train_loss, "epoch_time_s": self.epoch_time_s, "best_epoch": self.best_epoch}
+        """Every field but the logits and the history (JSON-ready)."""
+        return {k: getattr(self, k) for k in SUMMARY_FIELDS}
+
+    @staticmethod
+    def from_summary(summary: dict[str, Any]) -> "RunResult":
+        """The result a distributed run's rank 0 returns as a dict (gnnc.runtime.distributed.worker)."""
+        return RunResult(**{k: summary[k] for k in SUMMARY_FIELDS if k in summary}, logits=summary.get("logits"),
+                         history=list(summary.get("history") or []))
+
+
+SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
+                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes")
 
 
 class Worker:
@@ -117,11 +166,14 @@ class Worker:
         self.inputs = {k: move(t) for k, t in graph_inputs(graph).items()}
         self.ids = torch.arange(graph.num_nodes, device=self.device)
         self.cfg = cfg
+        # running state of ops (batch_norm's statistics), and the values hoisted out of the loop, once per run
+        self.state, self.hoisted = init_state(program, self.device), {}
 
     def context(self, training: bool, epoch: int) -> ExecContext:
         kb = rng.stream_key(self.cfg.seed, epoch)
         return ExecContext(self.views, self.ids, self.program.config_dict(), training,
-                           lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels)
+                           lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels,
+                           state=self.state, hoist_cache=self.hoisted)
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and loss; at bf16/fp16 the products run in autocast (fp32 master weights)."""
@@ -163,13 +215,16 @@ def make_optimizer(program: Program, params: dict[str, torch.nn.Parameter], cfg:
 
 
 class _Params(torch.nn.Module):
-    """Parameters as a Module for checkpoints (IR names hold dots, which Module keys may not)."""
+    """Parameters, and the ops' running state as buffers, as a Module for checkpoints (IR names hold dots,
+    which Module keys may not)."""
 
-    def __init__(self, params: dict[str, torch.nn.Parameter]):
+    def __init__(self, params: dict[str, torch.nn.Parameter], state: dict[str, torch.Tensor] | None = None):
         super().__init__()
         self.names = list(params)
         for i, p in enumerate(params.values()):
             self.register_parameter(f"p{i}", p)
+        for i, t in enumerate((state or {}).values()):
+            self.register_buffer(f"s{i}", t)
 
 
 def _counts(logits: torch.Tensor, own: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -227,6 +282,26 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             **({} if cfg.precision == DEFAULT_PRECISION else {"precision": cfg.precision})}
 
 
+def check_graph_inputs(name: str, stand_ins: dict[str, str]) -> None:
+    """Before a run: refuse a graph whose labels were made up, and state on stderr what else was.
+
+    `stand_ins` is `Graph.stand_ins` (or what a plan recorded of it): an
+    edge list has no labels, so every vertex has label 0 and a run would
+    report perfect accuracy having learned nothing. Made-up features or a
+    made-up split still train, but a reader of the results must know.
+    """
+    if "y" in stand_ins:
+        missing = "labels (y) and no features (x)" if "x" in stand_ins else "labels (y)"
+        raise GraphInputError(f"graph '{name}' cannot be trained: it has no {missing}, so every vertex stands in "
+                              "with label 0 and there is nothing to learn. A graph without labels can be "
+                              "partitioned and compiled, not trained: give one with labels (an .npz with "
+                              "edge_index, x and y, a PyG Data, a networkx graph with node attributes x and y, an "
+                              "OGB directory; see `gnnc datasets`)")
+    for field in ("x", "split"):
+        if field in stand_ins:
+            print(f"note: graph '{name}': {stand_ins[field]}", file=sys.stderr)
+
+
 def check_trainable(worker: Worker, cfg: TrainConfig) -> None:
     """Refuse, before the first epoch, a run that cannot train (every rank raises alike)."""
     if worker.train_vertices() == 0:
@@ -268,7 +343,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             def restored(_epoch: int, extra: dict[str, Any]) -> None:
                 history.extend(extra.get("history", []))
 
-            start = resume_or_start(ckpt, cfg.resume, _Params(params), opt, restored)
+            start = resume_or_start(ckpt, cfg.resume, _Params(params, worker.state), opt, restored)
             if worker.rank == 0:
                 for note in ckpt.resume_notes:
                     print(note, file=sys.stderr)
@@ -305,7 +380,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             if on_epoch is not None:
                 on_epoch(rec)
             if ckpt is not None:
-                ckpt.maybe_save(epoch, _Params(params), opt, {"history": history})
+                ckpt.maybe_save(epoch, _Params(params, worker.state), opt, {"history": history})
             if bar is not None:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}", test=f"{rec['test_acc']:.3f}")
                 bar.update(1)
@@ -334,6 +409,11 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
           on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Train `program` on `graph` in this process; the logits come back on the host."""
+    from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
+
+    check_graph_inputs(graph.name, graph.stand_ins)
     summary, logits, history = fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
-                     summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"])
+                     summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"], graph=graph.name,
+                     strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
+                     bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes())

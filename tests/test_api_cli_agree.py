@@ -9,6 +9,7 @@ import torch
 
 from conftest import EXAMPLES, ROOT
 import gnnc
+from gnnc.runtime.train import RunResult
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -36,4 +37,8 @@ def test_api_and_cli_agree(tmp_path) -> None:
             "depcomm", "--epochs", "3", "--seed", "1", "--dump-logits", str(tmp_path / "d.pt"), "--json")
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["world_size"] == 2 and summary["strategies"] == ["depcomm", "depcomm"]
-    assert torch.allclose(dist["logits"], torch.load(tmp_path / "d.pt"), rtol=0, atol=0)
+    assert torch.allclose(dist.logits, torch.load(tmp_path / "d.pt"), rtol=0, atol=0)
+    # one result type for one process and for N (issue 21, item 11), with the summary the CLI prints
+    assert type(result) is type(dist) is RunResult and (result.world_size, dist.world_size) == (1, 2)
+    assert result.summary().keys() == dist.summary().keys() and dist.strategies == ["depcomm", "depcomm"]
+    assert set(dist.summary()) <= set(summary) and dist.test_acc == summary["test_acc"]

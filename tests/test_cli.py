@@ -104,11 +104,11 @@ def test_passes_listed() -> None:
 
 
 def test_run_summary_folds_repeated_strategies() -> None:
-    from gnnc.cli import _runs
+    from gnnc.plan.strategies import describe_assignment
 
-    assert _runs(["depcache"] * 64) == "depcache x64"
-    assert _runs(["pushpull", "depcomm", "depcomm"]) == "pushpull,depcomm x2"
-    assert _runs(["depcomm", "bcast1d", "depcomm"]) == "depcomm,bcast1d,depcomm"
+    assert describe_assignment(["depcache"] * 64) == "depcache x64"
+    assert describe_assignment(["pushpull", "depcomm", "depcomm"]) == "pushpull,depcomm x2"
+    assert describe_assignment(["depcomm", "bcast1d", "depcomm"]) == "depcomm,bcast1d,depcomm"
 
 
 def test_a_pass_run_without_what_it_requires_exits_2() -> None:
@@ -141,3 +141,62 @@ def test_partition_choices_come_from_the_registry() -> None:
     compile_parser = build_parser()._subparsers._group_actions[0].choices["compile"]
     [action] = [a for a in compile_parser._actions if a.dest == "partition"]
     assert list(action.choices) == list(METHODS)
+
+
+def test_compile_help_states_the_default_pipeline() -> None:
+    from gnnc.cli import build_parser
+    from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+
+    compile_parser = build_parser()._subparsers._group_actions[0].choices["compile"]
+    text = " ".join(compile_parser.format_help().split())  # argparse wraps at hyphens: undo the line breaks
+    text = text.replace("- ", "-")
+    assert f"default: {','.join(DEFAULT_PIPELINE)}" in text
+    assert f"--workers N>1 by {','.join(DISTRIBUTED_PIPELINE)}" in text
+
+
+def test_every_training_setting_is_documented() -> None:
+    from gnnc.frontend.elaborate import TRAINING_KEYS
+
+    language = (ROOT / "docs" / "language.md").read_text()
+    item = language.split("- `training(", 1)[1].split("\n- ", 1)[0]  # the list item that describes training(...)
+    signature = item.split(")`", 1)[0]
+    for key in TRAINING_KEYS:
+        assert f"{key}=" in signature, f"docs/language.md: training(...) does not list '{key}'"
+        if key not in ("epochs", "lr", "weight_decay"):  # the others need a word on what they do
+            assert f"`{key}" in item.split(")`", 1)[1], f"docs/language.md does not say what '{key}' does"
+
+
+TWO_MODELS = """layer L(in, out) {
+  apply h = linear(h, out)
+}
+model A(features, classes) {
+  h = L(features, classes)(xx)
+  loss = cross_entropy(h, y, mask = train)
+}
+model B(features, classes, hidden = 4) {
+  h = L(features, classes)(x)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
+def test_check_checks_every_model_and_model_picks_one(tmp_path, capsys) -> None:
+    """An error in an earlier model is reported (issue 21, item 5); --model NAME checks, compiles, runs NAME."""
+    from gnnc import cli
+
+    path = tmp_path / "two.gnn"
+    path.write_text(TWO_MODELS)
+    r = gnnc("check", str(path))
+    assert r.returncode == 2 and r.stderr.startswith(f"{path}:5:28: unknown name 'xx'; did you mean 'x'?")
+    assert "Traceback" not in r.stderr
+    assert cli.main(["check", str(path), "--model", "B", "--set", "hidden=8"]) == 0
+    path.write_text(TWO_MODELS.replace("(xx)", "(x)"))
+    capsys.readouterr()
+    assert cli.main(["check", str(path), "--set", "hidden=8"]) == 0  # applies to the models that declare it
+    assert capsys.readouterr().out.strip() == f"{path}: ok (2 models: A, B)"
+    assert cli.main(["compile", str(path), "--model", "A", "--passes", "infer-shapes", "--print-after",
+                     "infer-shapes"]) == 0
+    assert "program A(" in capsys.readouterr().out
+    assert cli.main(["run", str(path), "--model", "C", "--graph", "planetoid:cora"]) == 2
+    err = capsys.readouterr().err
+    assert "no model named 'C'" in err and "(its models: A, B)" in err

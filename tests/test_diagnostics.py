@@ -37,7 +37,7 @@ CASES = [
     ('layer L(in, out) with loops {\n  apply h = linear(h, out)\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
      "bad.gnn:1:23: unknown layer option 'loops' (known: self_loops)"),
     ('layer L(in, out) {\n  scatter m = edge.weight2 * src.h\n  gather a = sum(m)\n  apply h = linear(a, out)\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
-     "bad.gnn:2:15: unknown edge data 'edge.weight2' (known: gcn_norm, or an edge value of this layer)"),
+     "bad.gnn:2:15: unknown edge data 'edge.weight2' (known without a graph: gcn_norm, weight, attr; or an edge value of this layer); did you mean 'weight'?"),
     ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nmodel M(features, classes) {\n  h = L(features, classes, 3)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
      "bad.gnn:5:7: layer 'L' takes 2 parameters, got 3"),
     ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nmodel M(features, classes) {\n  h = L(features)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
@@ -74,6 +74,11 @@ CASES = [
      "bad.gnn:2:7: unknown layer 'GCN'"),
     ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nmodel M(features, classes) {\n  x = L(features, classes)(x)\n  loss = cross_entropy(x, y, mask = train)\n}\n',
      "bad.gnn:5:3: 'x' is a graph input and cannot be assigned"),
+    # the declared `in` is the input's width (issue 21, item 4), reported at the call
+    ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nmodel M(features, hidden = 16, classes) {\n  h = L(features, hidden)(x)\n  h = L(64, classes)(h)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
+     "bad.gnn:6:7: layer 'L' is called with in = 64 but its input is hidden (16) wide"),
+    ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nmodel M(features, hidden = 16, wide = 32, classes) {\n  h = L(features, hidden)(x)\n  h = L(wide, classes)(h)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
+     "bad.gnn:6:7: layer 'L' is called with in = wide (32) but its input is hidden (16) wide"),
 ]
 
 
@@ -100,3 +105,23 @@ def test_error_text_has_caret_under_column() -> None:
     assert text[0].startswith("bad.gnn:2:3: ")
     assert text[1] == "    scater m = src.h"
     assert text[2] == "    ^"
+
+
+def test_more_logits_than_classes_is_a_warning_at_the_loss(capsys) -> None:
+    """Legal (the extra logits are never a label) but rarely meant: compiling for the graph says so."""
+    import warnings
+
+    from conftest import random_graph
+    from gnnc.errors import GnncWarning
+
+    source = ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nmodel M(features, classes) {\n'
+              '  h = L(features, 16)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n')
+    graph = random_graph(n=20, e=40, f=4, c=3)
+    with pytest.warns(GnncWarning) as seen:
+        api.compile(api.load_model_source(source, "wide.gnn"), graph)
+    assert str(seen[0].message).splitlines() == [
+        "wide.gnn:6:10: warning: the logits are 16 wide but graph 'random0' has 3 classes: 13 of them never match "
+        "a label", "    loss = cross_entropy(h, y, mask = train)", "           ^"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as many logits as classes: no warning
+        api.compile(api.load_model_source(source.replace("16", "classes"), "ok.gnn"), graph)

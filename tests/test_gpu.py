@@ -105,7 +105,7 @@ def test_gnnc_run_on_two_gpus(tmp_path) -> None:
     model = api.load_model(EXAMPLES / "gcn.gnn")
     one = api.run(model, graph, epochs=50, seed=0, device="cuda")
     two = api.run(model, "planetoid:cora", epochs=50, seed=0, nproc=2, strategy="depcomm", device="cuda")
-    assert two["world_size"] == 2 and abs(two["test_acc"] - one.test_acc) <= 0.01
+    assert two.world_size == 2 and abs(two.test_acc - one.test_acc) <= 0.01
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

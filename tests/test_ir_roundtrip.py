@@ -74,3 +74,38 @@ def test_use_before_definition_is_reported() -> None:
     lines[i - 1], lines[i] = lines[i], lines[i - 1]
     with pytest.raises(IRSyntaxError, match="used before it is defined"):
         parse_ir("\n".join(lines))
+
+
+FEATURES = """
+layer L(in, out, eps = 0.5) with self_loops {
+  param     e = eps
+  param     w[out] = glorot
+  scatter   m = sigmoid(dot(edge.attr)) * edge.weight * src.h
+  gather    a = sum(m)
+  transform z = (1 + e) * h + a
+  apply     h = max(linear(z, out) * w, linear(z, out), 0 - w)
+}
+model M(features, hidden = 8, classes) {
+  param g = -1.5e-3
+  h = batch_norm(L(features, hidden)(x), momentum = 0.2)
+  h = min(g * h, h)
+  h = linear(h, classes)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
+@pytest.mark.parametrize("dims", [{}, {"features": 5, "classes": 3}], ids=["unbound", "bound"])
+def test_params_edge_data_batch_norm_and_max_round_trip(dims) -> None:
+    """`param` initial values, edge data widths (symbolic without a graph), batch_norm, maximum and hoist's marks."""
+    model = api.load_model_source(FEATURES, "features.gnn")
+    edges = {"weight": None, "attr": 4} if dims else None
+    p = elaborate(model.module, {}, dims, edge_data=edges)
+    stages = [p]
+    run_pipeline(p, DEFAULT_PIPELINE, after=lambda _n, q: stages.append(q))
+    for program in stages:
+        text = str(program)
+        assert parse_ir(text) == program and str(parse_ir(text)) == text
+    text = str(stages[-1])
+    assert "= -0.0015" in text and "batch_norm[eps=1e-05, momentum=0.2]" in text and "maximum(" in text
+    assert ("width=4" if dims else "width=edge_attr") in text

@@ -180,3 +180,12 @@ def test_rewrite_check_catches_a_wrong_rewrite() -> None:
 
     with pytest.raises(AssertionError, match="outputs changed by the rewrite"):
         assert_rewrite_exact("lower,test-wrong-rewrite", EXAMPLES / "gin.gnn")
+
+
+def test_rewrite_exact_makes_its_random_graph_as_wide_as_the_dims() -> None:
+    # the default random graph has 8 features; dims of another width used to end in a raw torch shape error
+    assert_rewrite_exact("reorder-gemm", SAGE, dims={"features": 16, "classes": 5})
+    from gnnc.testing import random_graph
+
+    with pytest.raises(AssertionError, match="dims features=16 does not fit the graph given, which has features=8"):
+        assert_rewrite_exact("reorder-gemm", SAGE, dims={"features": 16, "classes": 3}, graph=random_graph())

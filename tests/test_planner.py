@@ -124,7 +124,7 @@ def test_explain_and_json_list_every_alternative(tmp_path) -> None:
                         "planetoid:cora", "--workers", "4", "--cluster", "neutronstar-ecs", "--explain", "--json"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "<- chosen" in r.stdout and "depcomm,depcomm" in r.stdout
+    assert "<- chosen" in r.stdout and "depcomm x2" in r.stdout
     # the per-layer table prices every legal strategy of every layer, pushpull included for GCN's first
     import re
 

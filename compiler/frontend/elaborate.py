@@ -4,7 +4,10 @@ It binds model parameters (defaults, `--set` overrides, dims taken from the
 graph), unrolls `repeat` loops, instantiates each layer call as a graph
 `Layer` (its parameters bound, its statements turned into equations, in SSA
 form), groups the model-level statements between them into `dense` layers,
-and creates the learnable parameters each op needs. It reports unknown
+and creates the learnable parameters each op needs and those a `param`
+declaration states. `edge.NAME` reads the graph's edge data, typed by what
+the graph holds (without a graph: `weight`, a number per edge, and `attr`, a
+vector per edge, PyG's fields). It reports unknown
 names, unknown ops, ops in the wrong primitive and neighbour access outside
 `scatter`, each at the user's file:line:col. Types are left for the
 `infer-shapes` pass.
@@ -14,6 +17,7 @@ the symbol `hidden`, with its value in the program's `config`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -22,7 +26,7 @@ import sympy
 from gnnc.errors import GnncError, GnncTypeError, Loc
 from gnnc.errors import GnncTypeError as _E
 from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, LayerDef, ModelDef, Module, Name, Neg,
-                                  Num, Repeat, Stmt)
+                                  Num, ParamDecl, Repeat, Stmt)
 from gnnc.ir import VIEWS, Eqn, Layer, Param, Program, Type, Value, attrs_of, ops
 from gnnc.ir.expr import as_expr
 
@@ -92,8 +96,10 @@ class _Block:
 
 
 class Elaborator:
-    def __init__(self, module: Module, config: dict[str, Any]):
+    def __init__(self, module: Module, config: dict[str, Any], edge_data: dict[str, int | None] | None = None):
         self.module = module
+        # the graph's edge data by name and width (None: a number per edge); None: no graph at hand
+        self.edge_data = edge_data
         self.file = module.file
         self.config = config
         self.layer_defs = {d.name: d for d in module.layers}
@@ -142,6 +148,8 @@ class Elaborator:
                 self._repeat(s, env)
             elif isinstance(s, CallStmt):
                 self._call_stmt(s, env)
+            elif isinstance(s, ParamDecl):
+                self._param_decl(s, env, None)
 
     def _assign(self, s: Assign, env: dict[str, Bound]) -> None:
         if s.target in GRAPH_INPUTS:
@@ -217,13 +225,36 @@ class Elaborator:
 
     def _flush_dense(self, final: bool = False) -> None:
         b = self.block
-        if b.eqns:
+        if b.eqns or b.params:  # a model's `param` may be declared before a layer call that reads it
             self.layers.append(Layer(b.name, "dense", _free_inputs(b.eqns, b.params), (), tuple(b.eqns),
                                      tuple(b.params)))
             if not final:
                 self.block = self._new_dense()
-        elif b.params:  # pragma: no cover - params come with equations
-            raise AssertionError("dense block with params and no equations")
+
+    def _param_decl(self, d: ParamDecl, scope: dict[str, Bound], env: dict[str, Bound] | None) -> None:
+        """`param NAME[shape] = INIT`: a learnable tensor of the block being built, bound to NAME."""
+        blk = self.block
+        reserved = ("src", "dst", "edge") + (("h",) if blk.kind == "graph" else tuple(GRAPH_INPUTS))
+        if d.name in reserved:
+            what = "the layer's input" if d.name == "h" else (
+                "a graph input" if d.name in GRAPH_INPUTS else "reserved for neighbour access")
+            raise self.err(f"'{d.name}' is {what} and cannot name a parameter", d.name_loc)
+        prim = "transform" if blk.kind == "graph" else "model"
+        shape = tuple(self._dim(e, scope, prim, env, f"param {d.name}'s size") for e in d.shape)
+        want = f"param {d.name}'s initial value must be a number or one of {', '.join(ops.INITIALISERS)}"
+        if isinstance(d.init, Name) and d.init.id in ops.INITIALISERS:
+            init: str | float = d.init.id
+        elif isinstance(d.init, Name) and d.init.id not in scope and d.init.id not in (env or {}):
+            raise self.err(want + ops.suggest(d.init.id, ops.INITIALISERS), d.init.loc)
+        else:
+            v = self._expr(d.init, scope, prim, env)
+            value = None if isinstance(v, Value) else _evaluate(v.expr, self.config)
+            if value is None or isinstance(value, bool) or not math.isfinite(float(value)):
+                raise self.err(want, _loc(d.init))
+            init = float(value)
+        v = Value(self.names.version(f"{blk.name}.{d.name}"), Type("param", shape))
+        blk.params.append(Param(v, init))
+        scope[d.name] = v
 
     def _instantiate(self, c: Call, env: dict[str, Bound]) -> Value:
         d = self.layer_defs[c.func]
@@ -245,6 +276,9 @@ class Elaborator:
         scope["h"] = h_in
         output: Value | None = None
         for st in d.stmts:
+            if isinstance(st, ParamDecl):
+                self._param_decl(st, scope, env)
+                continue
             output = self._layer_stmt(st, scope, env) or output
         if output is None:
             raise self.err(f"layer '{d.name}' has no apply statement; the last apply defines "
@@ -401,12 +435,27 @@ class Elaborator:
                 raise self.err(f"edge.{e.field} reads edge data: only scatter and gather see edges", e.loc)
             if e.field in scope and isinstance(scope[e.field], Value):
                 return scope[e.field]  # an edge value computed in this layer (attention weights)
-            if e.field not in ops.EDGE_DATA:
-                raise self.err(f"unknown edge data 'edge.{e.field}' (known: "
-                               f"{', '.join(ops.EDGE_DATA)}, or an edge value of this layer)"
-                               f"{ops.suggest(e.field, ops.EDGE_DATA)}", e.loc)
-            return self._emit("edata", (), None, {"name": e.field}, e.loc)
+            if e.field in ops.EDGE_DATA:
+                return self._emit("edata", (), None, {"name": e.field}, e.loc)
+            return self._graph_edge_data(e)
         raise self.err(f"'{e.base}.{e.field}': only src., dst. and edge. can be used with a dot", e.loc)
+
+    def _graph_edge_data(self, e: Attr) -> Value:
+        """`edge.NAME` of the graph's own edge data: typed by the graph's array ([E]: a number, [E, d]: d)."""
+        if self.edge_data is None:  # no graph: PyG's field names, edge_weight [E] and edge_attr [E, edge_attr]
+            known: dict[str, Any] = {n: None if n == "weight" else sympy.Symbol(f"edge_{n}")
+                                     for n in ops.EDGE_DATA_WITHOUT_GRAPH}
+            where = "known without a graph: " + ", ".join(ops.EDGE_DATA + ops.EDGE_DATA_WITHOUT_GRAPH)
+        else:
+            known = {k: None if w is None else sympy.Integer(w) for k, w in self.edge_data.items()}
+            where = ("the graph has " + (", ".join(sorted(known)) if known else "none") + "; gnnc computes gcn_norm")
+        if e.field not in known:
+            raise self.err(f"unknown edge data 'edge.{e.field}' ({where}; or an edge value of this layer)"
+                           f"{ops.suggest(e.field, list(known) + list(ops.EDGE_DATA))}", e.loc)
+        attrs: dict[str, Any] = {"name": e.field}
+        if known[e.field] is not None:
+            attrs["width"] = known[e.field]
+        return self._emit("edata", (), None, attrs, e.loc)
 
     def _materialize(self, b: Bound, loc: Loc) -> Value:
         if isinstance(b, Value):
@@ -426,9 +475,11 @@ class Elaborator:
                 raise self.err(f"layer '{c.func}' needs its input: {c.func}(...)(h)", c.loc)
             return self._instantiate(c, env if env is not None else scope)
         f = c.func
-        if f in ops.GATHER_REDUCERS and f not in ops.OPS:
+        if f in ops.GATHER_REDUCERS and (f not in ops.OPS or (len(c.args) < 2 and not c.kwargs)):
             raise self.err(f"reducer '{f}' can only be used in a gather statement"
-                           + (" (or sum/mean/max in sync)" if f in ops.SYNC_REDUCERS else ""), c.loc)
+                           + (" (or sum/mean/max in sync)" if f in ops.SYNC_REDUCERS else "")
+                           + (f"; {f}(a, b, ...) of two or more values is elementwise" if f in ops.OPS else ""),
+                           c.loc)
         if f == "cross_entropy":
             raise self.err("cross_entropy can only define the model's loss", c.loc)
         if f == "training":
@@ -512,12 +563,18 @@ class Elaborator:
             if not (isinstance(v, Const) and isinstance(v.expr, bool)):
                 raise self.err(f"{arg.name} must be true or false", loc)
             return v.expr
-        # a dim: a positive integer, possibly symbolic
+        return self._dim_of(v, _loc(e), f"{op.name}'s output size")
+
+    def _dim(self, e: Expr, scope, prim, env, what: str) -> Any:
+        return self._dim_of(self._expr(e, scope, prim, env), _loc(e), what)
+
+    def _dim_of(self, v: Bound, loc: Loc, what: str) -> Any:
+        """A dim: a positive integer, possibly symbolic; `what` names it in errors."""
         if isinstance(v, Value) or isinstance(v.expr, bool):
-            raise self.err(f"{op.name}'s output size must be a dim (a number or integer parameter)", _loc(e))
+            raise self.err(f"{what} must be a dim (a number or integer parameter)", loc)
         value = _evaluate(v.expr, self.config)
         if value is not None and (float(value) != int(value) or int(value) <= 0):
-            raise self.err(f"{op.name}'s output size must be a positive integer, got {value}", _loc(e))
+            raise self.err(f"{what} must be a positive integer, got {value}", loc)
         return as_expr(v.expr)
 
     def _check_args(self, c: Call, lo: int, hi: int, kw: set[str]) -> None:
@@ -559,7 +616,7 @@ def _with_outputs(layers: list[Layer], logits: Value, loss: Value) -> list[Layer
     out = []
     later_reads: set[str] = {logits.name, loss.name}
     for layer in reversed(layers):
-        defined = [o for e in layer.eqns for o in e.outs]
+        defined = [p.value for p in layer.params] + [o for e in layer.eqns for o in e.outs]
         keep = [v for v in defined if v.name in later_reads]
         if layer.kind == "graph":
             keep = list(layer.outputs) + [v for v in keep if v not in layer.outputs]
@@ -661,8 +718,13 @@ def _parse_setting(name: str, text: str, default: Any) -> Any:
 
 
 def elaborate(module: Module, overrides: dict[str, str] | None = None,
-              graph_dims: dict[str, int] | None = None, model_name: str | None = None) -> Program:
-    """Elaborate the module's model (the named one, or the only/last one) into IR."""
+              graph_dims: dict[str, int] | None = None, model_name: str | None = None,
+              edge_data: dict[str, int | None] | None = None) -> Program:
+    """Elaborate the module's model (the named one, or the only/last one) into IR.
+
+    `edge_data`: the graph's edge data, name -> width (None: a number per edge), or None
+    without a graph (gnnc.graph.edge_data.shapes gives it).
+    """
     if not module.models:
         raise _E("no model in this file; define one with `model NAME(...) { ... }`",
                  Loc(module.file, 1, 1), module.source)
@@ -682,7 +744,9 @@ def elaborate(module: Module, overrides: dict[str, str] | None = None,
     else:
         found = [m for m in module.models if m.name == model_name]
         if not found:
-            raise GnncError(f"no model named '{model_name}' in {module.file}")
+            names = [m.name for m in module.models]
+            raise GnncError(f"no model named '{model_name}' in {module.file} (its models: {', '.join(names)})"
+                            f"{ops.suggest(model_name, names)}")
         model = found[0]
     cfg = resolve_config(model, overrides or {}, graph_dims or {})
-    return Elaborator(module, cfg).model(model)
+    return Elaborator(module, cfg, edge_data).model(model)

@@ -95,11 +95,22 @@ class Stmt:
 
 
 @dataclass(frozen=True)
+class ParamDecl:
+    """`param NAME[d1, d2] = INIT` in a layer or a model: a learnable tensor (a scalar without a shape)."""
+
+    name: str
+    shape: tuple[Expr, ...]
+    init: Expr  # a number, or the name of an initialiser (zeros, ones, glorot)
+    loc: Loc
+    name_loc: Loc
+
+
+@dataclass(frozen=True)
 class LayerDef:
     name: str
     params: tuple[ParamDef, ...]
     options: tuple[tuple[str, Loc], ...]
-    stmts: tuple[Stmt, ...]
+    stmts: tuple[Stmt | ParamDecl, ...]
     loc: Loc
 
 
@@ -127,7 +138,7 @@ class CallStmt:
     loc: Loc
 
 
-ModelStmt = Union[Assign, Repeat, CallStmt]
+ModelStmt = Union[Assign, Repeat, CallStmt, ParamDecl]
 
 
 @dataclass(frozen=True)
@@ -264,6 +275,14 @@ class _Build(Transformer):
         prim, target, expr = items
         return Stmt(str(prim), str(target), expr, self._loc(prim), self._loc(target))
 
+    @v_args(meta=True)
+    def param_decl(self, meta, items):
+        name, shape, init = items
+        return ParamDecl(str(name), tuple(shape or ()), init, Loc(self.file, meta.line, meta.column), self._loc(name))
+
+    def param_shape(self, items):
+        return [i for i in items if i is not None]
+
     def layer_def(self, items):
         name_tok, params, options, *stmts = items
         return LayerDef(str(name_tok), tuple(params or ()), tuple(options or ()),
@@ -290,6 +309,7 @@ _TERMINAL_WORDS = {
     "LPAR": "'('", "RPAR": "')'", "LBRACE": "'{'", "RBRACE": "'}'", "COMMA": "','", "EQUAL": "'='",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "DOT": "'.'", "__ANON_0": "'..'",
     "LAYER": "'layer'", "MODEL": "'model'", "WITH": "'with'", "REPEAT": "'repeat'", "IN": "'in'",
+    "PARAM": "'param'", "LSQB": "'['", "RSQB": "']'",
     "$END": "the end of the file",
 }
 

@@ -4,15 +4,21 @@ One entry point so that every command (`compile`, `run`, `partition`) and
 the Python API accept the same graphs, validate them the same way and share
 one on-disk cache. Specs:
 
-* `planetoid:cora`, `planetoid:citeseer` — shipped with gnnc (public split).
+* `planetoid:cora`, `planetoid:citeseer` — shipped with gnnc (public split),
+  features row-normalised as PyG's NormalizeFeatures does;
+  `planetoid:cora,normalize=false` keeps the raw 0/1 features.
 * `rmat:n=..,deg=..,features=..,classes=..,seed=..`, `sbm:n=..,blocks=..,...`
   — generators (`gnnc.graph.generators`).
 * `FILE.npz` — arrays `edge_index` [2, E] (integer), `x` [N, F] (numeric),
   `y` [N] (integer), optional `train_mask`/`val_mask`/`test_mask` (bool [N];
-  without them, a seeded 60/20/20 split).
+  without them, a seeded 60/20/20 split, stated on stderr when a run trains
+  on it; `FILE.npz,split_seed=N` picks the seed, 0 by default), optional edge
+  data `edge_NAME` ([E] or [E, d]: `edge_weight`, `edge_attr`, ...; see
+  gnnc.graph.edge_data).
 * `FILE.pt` / `FILE.pth` — a PyG `Data` saved with `torch.save`, or a dict
   of tensors with the same field names; read with `torch.load(weights_only=True)`,
-  so the file cannot run code (PyG's classes are replaced by inert stand-ins).
+  so the file cannot run code (PyG's classes are replaced by inert stand-ins);
+  its `edge_weight`, `edge_attr` and other `edge_*` fields are edge data.
 * an OGB-style directory: `raw/edge.csv(.gz)` (src,dst per line),
   `raw/node-feat.csv(.gz)`, `raw/node-label.csv(.gz)`, optional
   `raw/num-node-list.csv(.gz)` and `split/<name>/{train,valid,test}.csv(.gz)`
@@ -20,7 +26,13 @@ one on-disk cache. Specs:
 * any other file — a SNAP-style edge list: one `src dst` pair per line
   (whitespace, tab or comma separated; lines starting with `#` or `%` are
   comments; a third column such as a weight is ignored). It carries no vertex
-  data: N is the largest id + 1, x is one constant feature, y is all 0.
+  data: N is the largest id + 1, x is one constant feature, y is all 0, and
+  the graph records these as stand-ins (`Graph.stand_ins`): it can be
+  partitioned and compiled, but training refuses it, naming what is missing.
+  Errors name the file's line (`FILE:LINE: ...`, counted from 1).
+
+A spec may end in options, `,key=value` each: `normalize=true|false` for
+`planetoid:`, `split_seed=N` for a file without masks.
 
 Edges are kept exactly as given, directed src -> dst: self-loops and duplicate
 edges stay in the `plain` view (each duplicate is one more message, as in
@@ -30,9 +42,11 @@ both directions, as PyG's datasets do.
 
 Every problem with the input raises GraphInputError naming the field: ids out
 of range or negative, NaN/inf features, label/feature row mismatch, wrong
-dtype or shape, an empty graph. Parsed files and generated graphs are cached
-as `.npz` under `cache_dir`, keyed by the sha256 of the input's bytes (or of
-the generator spec), so loading the same input again does not re-parse it.
+dtype or shape, an empty graph, vertex ids or labels so large that the arrays
+they imply cannot fit in the memory available (`gnnc.host`). Parsed files and
+generated graphs are cached as `.npz` under `cache_dir`, keyed by the sha256
+of the input's bytes (or of the generator spec), so loading the same input again does not re-parse it;
+an entry that does not read back whole and consistent is built again.
 """
 from __future__ import annotations
 
@@ -40,8 +54,12 @@ import gzip
 import hashlib
 import io
 import os
+import json
 import pickle
+import re
 import warnings
+import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,14 +69,28 @@ import torch
 
 from gnnc.errors import GraphInputError
 from gnnc.files import atomic_writer
-from gnnc.graph import Graph, index_dtype
+from gnnc.graph import Graph, edge_data, index_dtype
 from gnnc.graph.generators import GENERATORS, generate, split_masks
 from gnnc.graph.planetoid import load_planetoid
+from gnnc.host import available_memory, format_bytes
 
 # Bump when a loader's output for the same input bytes changes: old cache entries are then ignored.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 3  # 2: stand-ins recorded; 3: edge data (edge_weight, edge_attr, ...) kept
 MASKS = ("train_mask", "val_mask", "test_mask")
-SPLIT_SEED = 0  # the 60/20/20 split of inputs without masks
+SPLIT_SEED = 0  # the 60/20/20 split of inputs without masks (`,split_seed=N` after the spec picks another)
+# what stands in for vertex data an input does not give (Graph.stand_ins)
+NO_FEATURES = "it has no vertex features (x); each vertex gets one constant feature 1.0"
+NO_LABELS = "it has no labels (y); each vertex gets label 0"
+# the options a spec may end with (`,key=value`), per kind of spec
+SPEC_OPTIONS = {"planetoid": ("normalize",), "file": ("split_seed",)}
+_OPTION_TAIL = re.compile(r"^(?P<base>.+?)(?P<options>(?:,[A-Za-z_]+=[^,]*)+)$")
+_EDGE_KEY = "edata."  # the cache's arrays of edge data
+
+
+def made_up_split(seed: int) -> str:
+    """The sentence a graph's `split` stand-in carries."""
+    return (f"it has no train/val/test masks; a random 60/20/20 split stands in (seed {seed}; "
+            f"append ',split_seed=N' to the graph spec for another)")
 
 
 def default_cache_dir() -> Path:
@@ -75,17 +107,21 @@ def available_datasets() -> list[tuple[str, str]]:
     """(spec, one-line description) of the graphs gnnc can name, for `gnnc datasets`."""
     return [
         ("planetoid:cora", "Cora citation graph: 2708 vertices, 10556 edges, 1433 features, 7 classes "
-                           "(public split)"),
+                           "(public split; features row-normalised, each row sums to 1, as PyG's "
+                           "NormalizeFeatures; ',normalize=false' keeps the raw 0/1 features)"),
         ("planetoid:citeseer", "CiteSeer citation graph: 3327 vertices, 9104 edges, 3703 features, 6 classes "
-                               "(public split)"),
+                               "(public split; row-normalised likewise, ',normalize=false' for raw)"),
         ("rmat:n=N,deg=D,features=F,classes=C,seed=S", "R-MAT power-law graph (a=0.57, b=0.19, c=0.19), "
                                                        "undirected, N*D edges"),
         ("sbm:n=N,blocks=B,deg=D,intra=P,features=F,classes=C,seed=S",
          "contextual stochastic block model: a fraction P of edges inside blocks, classes follow blocks"),
-        ("FILE.npz", "arrays edge_index, x, y, optional train_mask/val_mask/test_mask"),
-        ("FILE.pt", "a PyG Data (or dict of tensors) saved with torch.save"),
+        ("FILE.npz", "arrays edge_index, x, y, optional train_mask/val_mask/test_mask (without them a "
+                     "random 60/20/20 split, seed 0; 'FILE.npz,split_seed=N' for another) and edge_NAME "
+                     "(edge_weight, edge_attr, ...)"),
+        ("FILE.pt", "a PyG Data (or dict of tensors) saved with torch.save, edge_weight/edge_attr included"),
         ("DIR", "an OGB-style dataset directory (raw/edge.csv.gz, raw/node-feat.csv.gz, ...)"),
-        ("FILE", "an edge list: one 'src dst' pair per line"),
+        ("FILE", "an edge list: one 'src dst' pair per line (no features or labels: it can be "
+                 "partitioned and compiled, not trained)"),
     ]
 
 
@@ -93,11 +129,21 @@ def load_graph(spec: str, cache_dir: str | os.PathLike | None = None, use_cache:
     """The graph a spec names (see the module docstring); GraphInputError if it is unusable."""
     spec = str(spec)
     if spec.startswith("planetoid:"):
-        return load_planetoid(spec.split(":", 1)[1])
+        name, options = _spec_options(spec.split(":", 1)[1], "planetoid", spec)
+        return load_planetoid(name, normalize=_bool_option(options.get("normalize", "true"), "normalize", spec))
     kind = spec.partition(":")[0]
     if kind in GENERATORS:
         key = hashlib.sha256(f"generator:{spec}".encode()).hexdigest()
         return _cached(key, lambda: generate(spec), cache_dir, use_cache)
+    tail = _OPTION_TAIL.match(spec)
+    if tail is not None and not Path(spec).exists() and Path(tail.group("base")).exists():
+        base, options = _spec_options(spec, "file", spec)
+        graph = _load_file(base, cache_dir, use_cache)
+        return _with_split_seed(graph, _int_option(options["split_seed"], "split_seed", spec), spec)
+    return _load_file(spec, cache_dir, use_cache)
+
+
+def _load_file(spec: str, cache_dir: str | os.PathLike | None, use_cache: bool) -> Graph:
     path = Path(spec)
     if not path.exists():
         raise GraphInputError(f"graph '{spec}': no such file or directory, and not a known spec "
@@ -112,17 +158,65 @@ def load_graph(spec: str, cache_dir: str | os.PathLike | None = None, use_cache:
     return _cached(key, lambda: _load_by_kind(kind)(path), cache_dir, use_cache)
 
 
+def _spec_options(text: str, kind: str, spec: str) -> tuple[str, dict[str, str]]:
+    """`BASE,key=value,...` as BASE and its options; GraphInputError for an option `kind` does not take."""
+    m = _OPTION_TAIL.match(text)
+    if m is None:
+        return text, {}
+    options: dict[str, str] = {}
+    for item in m.group("options")[1:].split(","):
+        key, _, value = item.partition("=")
+        if key not in SPEC_OPTIONS[kind]:
+            raise GraphInputError(f"graph '{spec}': unknown option '{key}' "
+                                  f"(known for this kind of graph: {', '.join(SPEC_OPTIONS[kind])})")
+        options[key] = value
+    return m.group("base"), options
+
+
+def _bool_option(value: str, key: str, spec: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise GraphInputError(f"graph '{spec}': {key}={value}: expected true or false")
+    return value.lower() == "true"
+
+
+def _int_option(value: str, key: str, spec: str) -> int:
+    if not value.isdigit():
+        raise GraphInputError(f"graph '{spec}': {key}={value}: expected a non-negative integer")
+    return int(value)
+
+
+def _with_split_seed(graph: Graph, seed: int, spec: str) -> Graph:
+    """`graph` with its made-up split drawn again from `seed`; refused for a graph that has its own split."""
+    if "split" not in graph.stand_ins:
+        raise GraphInputError(f"graph '{spec}': split_seed applies to a graph without train/val/test masks, "
+                              f"and this one has its own")
+    masks = split_masks(graph.num_nodes, np.random.default_rng(seed))
+    train, val, test = (torch.from_numpy(m) for m in masks)
+    return Graph(graph.num_nodes, graph.src, graph.dst, graph.x, graph.y, train, val, test, name=graph.name,
+                 stand_ins={**graph.stand_ins, "split": made_up_split(seed)})
+
+
 # --- validation ------------------------------------------------------------------------------------
 
 
 def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None, name: str,
-                source: str) -> Graph:
+                source: str, num_nodes: int | None = None, edges: Mapping[str, Any] | None = None) -> Graph:
     """Validate raw arrays and make a Graph; `source` prefixes every message.
 
     edge_index: integer [2, E]; x: numeric [N, F]; y: integer [N] (or [N, 1]);
     masks: bool or 0/1 [N] each, all three or none (then a seeded 60/20/20
-    split). N comes from x.
+    split); edges: edge data by `edge.NAME` name ([E] or [E, d] each,
+    gnnc.graph.edge_data). N comes from x. An input without features or
+    labels passes None for x or y and gives `num_nodes`: stand-ins are made
+    and recorded in `Graph.stand_ins`, as is a made-up split.
     """
+    stand_ins: dict[str, str] = {}
+    if x is None and num_nodes is not None:
+        x = np.ones((num_nodes, 1), dtype=np.float32)
+        stand_ins["x"] = NO_FEATURES
+    if y is None and num_nodes is not None:
+        y = np.zeros(len(x), dtype=np.int64)
+        stand_ins["y"] = NO_LABELS
     ei = _array(edge_index, "edge_index", source)
     xa = _array(x, "x", source)
     ya = _array(y, "y", source)
@@ -159,6 +253,12 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
         raise GraphInputError(f"{source}: y: has {ya.shape[0]} rows but x has {n} (one label per vertex)")
     if len(ya) and int(ya.min()) < 0:
         raise GraphInputError(f"{source}: y: holds negative label {int(ya.min())} at row {int(np.argmin(ya))}")
+    if len(ya):
+        top = int(ya.max())
+        # every model scores each vertex against every class: [N, classes] float32, and its gradient
+        _check_fits(2 * 4 * n * (top + 1), f"{source}: y: label {top} at row {int(np.argmax(ya))} makes "
+                    f"{top + 1} classes (labels are 0..classes-1), so the class scores of the {n} vertices",
+                    "number the classes from 0")
     dt = index_dtype(n)
     src, dst = ei[0].astype(dt), ei[1].astype(dt)
     given = {k: v for k, v in (masks or {}).items() if v is not None}
@@ -169,8 +269,11 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
         mask_arrays = [_mask(given[k], k, n, source) for k in MASKS]
     else:
         mask_arrays = list(split_masks(n, np.random.default_rng(SPLIT_SEED)))
+        stand_ins["split"] = made_up_split(SPLIT_SEED)
+    arrays = {k: _array(v, edge_data.PREFIX + k, source) for k, v in (edges or {}).items()}
+    data = edge_data.validate(arrays, int(ei.shape[1]), source)
     return Graph(n, src, dst, torch.from_numpy(xf), torch.from_numpy(ya.astype(np.int64)),
-                 *(torch.from_numpy(m) for m in mask_arrays), name=name)
+                 *(torch.from_numpy(m) for m in mask_arrays), name=name, stand_ins=stand_ins, edge_data=data)
 
 
 def _array(value: Any, field: str, source: str) -> np.ndarray:
@@ -198,6 +301,13 @@ def _check_ids(ei: np.ndarray, n: int, source: str) -> None:
                               f"x has {n} rows, so ids must be < {n}")
 
 
+def _check_fits(nbytes: int, what: str, advice: str) -> None:
+    """Refuse input whose implied arrays (`what` needs `nbytes`) exceed the memory available now."""
+    room = available_memory()
+    if room is not None and nbytes > room.bytes:
+        raise GraphInputError(f"{what} would need {format_bytes(nbytes)}, more than the {room}; {advice}")
+
+
 def _mask(value: Any, field: str, n: int, source: str) -> np.ndarray:
     m = _array(value, field, source)
     if m.ndim != 1 or m.shape[0] != n:
@@ -215,17 +325,26 @@ def _mask(value: Any, field: str, n: int, source: str) -> np.ndarray:
 def load_npz(path: Path) -> Graph:
     """`edge_index`, `x`, `y` and optional masks from an `.npz` (no pickled objects allowed)."""
     try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        raise GraphInputError(f"{path}: not a readable .npz file ({err.strerror or err})") from None
+    if head not in (b"PK\x03\x04", b"PK\x05\x06"):  # np.load would take anything else for a pickle or .npy
+        raise GraphInputError(f"{path}: not an .npz file (no zip archive header; write it with numpy.savez)")
+    try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except ValueError as err:  # object arrays need pickle: refused
-        raise GraphInputError(f"{path}: holds an array that needs pickle to read ({err})") from None
-    except (OSError, EOFError) as err:
+    except ValueError as err:
+        if "pickle" in str(err):  # object arrays need pickle: refused
+            raise GraphInputError(f"{path}: holds an array that needs pickle to read ({err})") from None
         raise GraphInputError(f"{path}: not a readable .npz file ({err})") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:  # a truncated or damaged archive
+        raise GraphInputError(f"{path}: not a readable .npz file (truncated or damaged: {err})") from None
     for field in ("edge_index", "x", "y"):
         if field not in arrays:
             raise GraphInputError(f"{path}: {field}: missing (the file has {', '.join(sorted(arrays)) or 'nothing'})")
     return build_graph(arrays["edge_index"], arrays["x"], arrays["y"], {k: arrays.get(k) for k in MASKS},
-                       path.stem, str(path))
+                       path.stem, str(path), edges=edge_data.edge_fields(arrays))
 
 
 def load_edge_list(path: Path) -> Graph:
@@ -242,16 +361,38 @@ def load_edge_list(path: Path) -> Graph:
             warnings.simplefilter("ignore")  # "empty input" is reported below, naming the file
             pairs = np.loadtxt(io.StringIO(text), dtype=np.int64, comments=("#", "%"), ndmin=2, usecols=(0, 1))
     except ValueError as err:
-        raise GraphInputError(f"{path}: edge list: {err}") from None
+        raise GraphInputError(_bad_edge_line(path, text) or f"{path}: edge list: {err}") from None
     if pairs.size == 0:
         raise GraphInputError(f"{path}: empty graph: the edge list has no edges")
     ei = pairs.T
     if int(ei.min()) < 0:
-        _check_ids(ei, 1, str(path))
+        row = int(np.nonzero((ei < 0).any(axis=0))[0][0])
+        raise GraphInputError(f"{path}:{_data_lines(text)[row]}: edge list: negative vertex id "
+                              f"{int(ei[:, row].min())}")
     n = int(ei.max()) + 1
-    x = np.ones((n, 1), dtype=np.float32)
-    y = np.zeros(n, dtype=np.int64)
-    return build_graph(ei, x, y, None, path.stem, str(path))
+    # N is the largest id + 1: the stand-in features, labels and masks of every vertex up to it (15 bytes each)
+    _check_fits(15 * n, f"{path}:{_data_lines(text)[int(np.argmax(ei.max(axis=0)))]}: edge list: vertex id {n - 1} "
+                f"makes N = {n} vertices (ids are 0..N-1), whose features, labels and masks",
+                "number the vertices from 0")
+    return build_graph(ei, None, None, None, path.stem, str(path), num_nodes=n)
+
+
+def _data_lines(text: str) -> list[int]:
+    """The line number (from 1) of every data row of an edge list, as np.loadtxt counts its rows."""
+    return [k for k, line in enumerate(text.splitlines(), 1) if re.split(r"[#%]", line, maxsplit=1)[0].strip()]
+
+
+def _bad_edge_line(path: Path, text: str) -> str | None:
+    """`FILE:LINE: ...` for the first line of an edge list that is not `src dst`; None if every line is."""
+    lines = text.splitlines()
+    for k in _data_lines(text):
+        fields = re.split(r"[#%]", lines[k - 1], maxsplit=1)[0].split()
+        if len(fields) < 2:
+            return f"{path}:{k}: edge list: expected 'src dst', got {' '.join(fields)!r}"
+        for f in fields[:2]:
+            if not re.fullmatch(r"[+-]?\d+", f):
+                return f"{path}:{k}: edge list: {f!r} is not an integer vertex id"
+    return None
 
 
 def _ogb_files(root: Path) -> list[Path]:
@@ -370,17 +511,21 @@ def _pyg_fields(obj: Any) -> dict[str, Any] | None:
     return None
 
 
-def _from_fields(fields: Mapping[str, Any], name: str, source: str) -> Graph:
-    for field in ("edge_index", "x", "y"):
+def _from_fields(fields: Mapping[str, Any], name: str, source: str,
+                 required: tuple[str, ...] = ("edge_index", "x", "y"), num_nodes: int | None = None) -> Graph:
+    """A Graph from PyG's field names (edge_index, x, y, masks); a field outside `required` may be
+    absent, given `num_nodes`, and is then made up (see build_graph)."""
+    for field in required:
         if fields.get(field) is None:
             raise GraphInputError(f"{source}: {field}: missing")
-    return build_graph(fields["edge_index"], fields["x"], fields["y"], {k: fields.get(k) for k in MASKS},
-                       name, source)
+    return build_graph(fields["edge_index"], fields.get("x"), fields.get("y"), {k: fields.get(k) for k in MASKS},
+                       name, source, num_nodes, edges=edge_data.edge_fields(fields))
 
 
 def from_pyg(data: Any, name: str = "pyg") -> Graph:
-    """A Graph from an in-memory PyG `Data` (duck-typed: edge_index, x, y, optional masks)."""
-    fields = {k: getattr(data, k, None) for k in ("edge_index", "x", "y", *MASKS)}
+    """A Graph from an in-memory PyG `Data` (duck-typed: edge_index, x, y, optional masks and edge_* fields)."""
+    fields = {k: getattr(data, k, None) for k in ("edge_index", "x", "y", "edge_weight", "edge_attr", *MASKS)}
+    fields.update({k: v for k, v in (_pyg_fields(data) or {}).items() if k.startswith(edge_data.PREFIX)})
     return _from_fields(fields, name, "PyG Data")
 
 
@@ -424,16 +569,37 @@ def _write_cached(graph: Graph, path: Path, key: str) -> None:
     with atomic_writer(path) as f:
         np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
                  src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=graph.y.numpy(),
-                 **{k: getattr(graph, k).numpy() for k in MASKS})
+                 stand_ins=np.array(json.dumps(graph.stand_ins, sort_keys=True)),
+                 **{k: getattr(graph, k).numpy() for k in MASKS},
+                 **{_EDGE_KEY + k: v.numpy() for k, v in graph.edge_data.items()})
 
 
 def _read_cached(path: Path, key: str) -> Graph | None:
-    """None when the entry is unreadable or belongs to another key (then it is rebuilt)."""
+    """None when the entry is unreadable, inconsistent or belongs to another key (then it is rebuilt).
+
+    Every member is read whole, so the zip's CRC-32 catches a damaged one; the arrays must agree
+    with each other, as `build_graph` made them.
+    """
     try:
         with np.load(path, allow_pickle=False) as f:
             if str(f["key"]) != key:
                 return None
-            return Graph(int(f["num_nodes"]), f["src"], f["dst"], torch.from_numpy(f["x"]),
-                         torch.from_numpy(f["y"]), *(torch.from_numpy(f[k]) for k in MASKS), name=str(f["name"]))
-    except (OSError, ValueError, KeyError, EOFError):
+            stand_ins = json.loads(str(f["stand_ins"]))
+            a = {k: f[k] for k in ("num_nodes", "name", "src", "dst", "x", "y", *MASKS)}
+            edges = {k[len(_EDGE_KEY):]: f[k] for k in f.files if k.startswith(_EDGE_KEY)}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
         return None
+    n = int(a["num_nodes"]) if a["num_nodes"].shape == () and a["num_nodes"].dtype.kind in "iu" else -1
+    consistent = (n > 0 and a["x"].ndim == 2 and len(a["x"]) == n and a["x"].dtype == np.float32
+                  and a["src"].shape == a["dst"].shape and a["src"].ndim == 1 and a["src"].dtype.kind in "iu"
+                  and a["dst"].dtype == a["src"].dtype and a["y"].shape == (n,) and a["y"].dtype == np.int64
+                  and all(a[k].shape == (n,) and a[k].dtype == bool for k in MASKS)
+                  and (len(a["src"]) == 0 or (0 <= min(a["src"].min(), a["dst"].min())
+                                              and max(a["src"].max(), a["dst"].max()) < n))
+                  and all(v.ndim >= 1 and len(v) == len(a["src"]) for v in edges.values())
+                  and isinstance(stand_ins, dict) and all(isinstance(v, str) for v in stand_ins.values()))
+    if not consistent:
+        return None
+    return Graph(n, a["src"], a["dst"], torch.from_numpy(a["x"]), torch.from_numpy(a["y"]),
+                 *(torch.from_numpy(a[k]) for k in MASKS), name=str(a["name"]), stand_ins=stand_ins,
+                 edge_data={k: torch.from_numpy(v) for k, v in edges.items()})

@@ -7,8 +7,12 @@ public one (PyG's `Planetoid(split='public')`): the first 20 per class for
 training, the next 500 for validation, the 1000 listed test vertices; edges
 are the adjacency lists without self-loops or duplicates, ordered as PyG's
 processed `edge_index` (by destination, then source); features are
-row-normalised (PyG's NormalizeFeatures). CiteSeer's test indices skip some vertices, which get zero
-features and label 0, as in PyG.
+row-normalised by default (PyG's NormalizeFeatures: each row divided by its
+sum, so it sums to 1), which is what the published GCN/GAT results and PyG's
+examples train on; `normalize=False` (`planetoid:cora,normalize=false`)
+keeps the raw 0/1 bag-of-words features, as `Planetoid(...)` without a
+transform gives them. CiteSeer's test indices skip some vertices, which get
+zero features and label 0, as in PyG.
 """
 from __future__ import annotations
 
@@ -58,7 +62,8 @@ def _read(path: Path):
         raise GraphInputError(f"{path}: not a readable Planetoid file ({err})") from None
 
 
-def load_planetoid(name: str, root: Path = DATA_DIR) -> Graph:
+def load_planetoid(name: str, root: Path = DATA_DIR, normalize: bool = True) -> Graph:
+    """The public split of `name`; `normalize`: divide each feature row by its sum (see the module docstring)."""
     name = name.lower()
     if name not in NAMES:
         raise GraphInputError(f"unknown Planetoid dataset '{name}' (known: {', '.join(NAMES)})")
@@ -92,8 +97,9 @@ def load_planetoid(name: str, root: Path = DATA_DIR) -> Graph:
     # coalesce as PyG's processed edge_index: duplicates removed, sorted by (dst, src)
     e = np.unique(e[1] * n + e[0])
     src, dst = e % n, e // n
-    x = x - x.min()  # NormalizeFeatures shifts to a zero minimum (a no-op on these 0/1 features), then
-    rowsum = x.sum(1, keepdims=True)  # divides by the row sum clamped at 1
-    x = x / np.maximum(rowsum, np.float32(1.0))
+    if normalize:
+        x = x - x.min()  # NormalizeFeatures shifts to a zero minimum (a no-op on these 0/1 features), then
+        rowsum = x.sum(1, keepdims=True)  # divides by the row sum clamped at 1
+        x = x / np.maximum(rowsum, np.float32(1.0))
     return Graph(n, src, dst, torch.from_numpy(x), torch.from_numpy(y), *(torch.from_numpy(m) for m in masks),
                  name=name)

@@ -6,8 +6,9 @@ structure is a CSR over destinations (`CSR`: for each destination, its
 sources). Layers may ask for a *view* of the edges: `plain` (the edges as
 given, self-loops and duplicates kept, as PyG's SAGEConv/GINConv see them) or
 `self_loops` (every existing self-loop removed, then exactly one added per
-vertex, as PyG's GCNConv/GATConv/GCN2Conv see an unweighted graph). Views and
-their CSRs are built once per graph and cached.
+vertex, as PyG's GCNConv/GATConv/GCN2Conv see the graph). Named edge data
+(`edge.weight`, `edge.attr`, ...: gnnc.graph.edge_data) follows the edges into
+each view. Views and their CSRs are built once per graph and cached.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gnnc.graph import edge_data as _edge_data
 from gnnc.ir import VIEWS
-
 
 
 def sorted_unique(keys: np.ndarray) -> np.ndarray:
@@ -123,7 +124,12 @@ class Graph:
     val_mask: torch.Tensor
     test_mask: torch.Tensor
     name: str = "graph"
+    edge_data: dict[str, torch.Tensor] = field(default_factory=dict)  # `edge.NAME`: float32 [E] or [E, d]
     _views: dict = field(default_factory=dict, repr=False, compare=False)
+    # Vertex data the input did not give and the loader made up, each with a sentence saying what stands in:
+    # "x" (one constant feature), "y" (label 0 everywhere: nothing to learn, so training refuses the graph),
+    # "split" (a seeded random train/val/test split, which training states on stderr).
+    stand_ins: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def num_edges(self) -> int:
@@ -160,20 +166,36 @@ class Graph:
             self._views[key] = CSR.from_edges(s, d, self.num_nodes)
         return self._views[key]
 
-    def gcn_norm(self, view: str = "self_loops") -> torch.Tensor:
-        """deg^-1/2[src] * deg^-1/2[dst] per edge of the view, in edge order.
+    def edge_values(self, view: str = "plain") -> dict[str, torch.Tensor]:
+        """The named edge data in the view's edge order (self-loops as gnnc.graph.edge_data says)."""
+        if view == "plain":
+            return self.edge_data
+        key = ("edge_data", view)
+        if key not in self._views:
+            self.edges(view)  # an unknown view is refused there
+            self._views[key] = {name: _edge_data.with_self_loops(name, v, self.src, self.dst, self.num_nodes)
+                                for name, v in self.edge_data.items()}
+        return self._views[key]
 
-        deg is the in-degree (PyG's gcn_norm: scatter over the target), so the
-        coefficients match GCNConv's on directed graphs too.
+    def gcn_norm(self, view: str = "self_loops") -> torch.Tensor:
+        """deg^-1/2[src] * w * deg^-1/2[dst] per edge of the view, in edge order (PyG's gcn_norm).
+
+        w is the edge weight (`edge_weight`; 1 without one; a self-loop the view adds
+        has weight 1) and deg the weighted in-degree (a scatter over the target), so
+        the coefficients match GCNConv's, with or without `edge_weight`, on directed
+        graphs too. A degree that is not positive gives 0 (as PyG's inf -> 0; a
+        negative one gives NaN there too).
         """
         key = ("gcn_norm", view)
         if key not in self._views:
             s, d = self.edges(view)
-            deg = np.bincount(d, minlength=self.num_nodes).astype(np.float64)
-            inv = np.zeros_like(deg)
-            nz = deg > 0
-            inv[nz] = deg[nz] ** -0.5
-            self._views[key] = torch.as_tensor(inv[s] * inv[d], dtype=torch.float32)
+            weight = self.edge_values(view).get(_edge_data.WEIGHT)
+            w = np.ones(len(s)) if weight is None else weight.numpy().astype(np.float64)
+            deg = np.bincount(d, weights=w, minlength=self.num_nodes)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                inv = deg ** -0.5
+            inv[np.isinf(inv)] = 0.0
+            self._views[key] = torch.as_tensor(inv[s] * w * inv[d], dtype=torch.float32)
         return self._views[key]
 
 
@@ -200,8 +222,15 @@ class GraphView:
     @staticmethod
     def build(graph: Graph, view: str) -> "GraphView":
         csr = graph.csr(view)
-        return GraphView(csr, csr.indices, csr.dst_index(), csr.eids,
-                         {"gcn_norm": graph.gcn_norm(view)[csr.eids]}, csr.in_degree().to(torch.float32))
+        return GraphView(csr, csr.indices, csr.dst_index(), csr.eids, view_edge_data(graph, view, csr.eids),
+                         csr.in_degree().to(torch.float32))
+
+
+def view_edge_data(graph: Graph, view: str, eids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """gcn_norm and the named edge data of the view's edges `eids` (ids in the view's edge order)."""
+    out = {"gcn_norm": graph.gcn_norm(view)[eids]}
+    out.update((name, values[eids]) for name, values in graph.edge_values(view).items())
+    return out
 
 
 SPARSE_INPUT_DENSITY = 0.05  # below this, input features are kept sparse (dropout at nonzeros, sparse matmul)

@@ -157,10 +157,10 @@ class Param(_Record):
     """A learnable tensor of a layer, with its initialiser."""
 
     value: Value
-    init: str  # glorot | zeros | ones
+    init: str | float  # glorot | zeros | ones, or a number every element starts at
 
     def __str__(self) -> str:
-        return f"{self.value.typed()} = {self.init}"
+        return f"{self.value.typed()} = {_fmt_attr(self.init)}"
 
 
 @dataclass(frozen=True)

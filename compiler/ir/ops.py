@@ -26,7 +26,10 @@ DENSE_PRIMS = frozenset({"transform", "apply", "model"})
 NOT_GATHER = frozenset({"scatter", "transform", "apply", "model"})
 GATHER_REDUCERS = ("sum", "mean", "max", "min", "softmax")
 SYNC_REDUCERS = ("sum", "mean", "max")
-EDGE_DATA = ("gcn_norm",)
+EDGE_DATA = ("gcn_norm",)  # edge data gnnc computes; the graph brings the rest (edge.weight, edge.attr, ...)
+# edge data a model may read when no graph is at hand to say what it holds (PyG's field names)
+EDGE_DATA_WITHOUT_GRAPH = ("weight", "attr")
+INITIALISERS = ("zeros", "ones", "glorot")  # a learnable parameter's named initialisers (or a number)
 
 
 def same_dim(a: sympy.Expr, b: sympy.Expr) -> bool:
@@ -45,10 +48,18 @@ def _err(eqn: Eqn, msg: str) -> GnncTypeError:
     return GnncTypeError(msg, eqn.loc)
 
 
+# values that are the same for every vertex and edge: they combine with either
+_UNIFORM = ("scalar", "param")
+
+
 def _combine_domain(eqn: Eqn, a: Type, b: Type) -> str:
-    if a.domain == "scalar":
+    if a.domain == b.domain:
+        return a.domain
+    if a.domain in _UNIFORM and b.domain in _UNIFORM:
+        return "param"
+    if a.domain in _UNIFORM:
         return b.domain
-    if b.domain == "scalar" or a.domain == b.domain:
+    if b.domain in _UNIFORM:
         return a.domain
     v, e = (eqn.ins[0], eqn.ins[1]) if a.domain == "vertex" else (eqn.ins[1], eqn.ins[0])
     raise _err(eqn, f"cannot combine a vertex value with an edge value in '{eqn.op}'; "
@@ -103,7 +114,8 @@ def _src_dst(eqn: Eqn, ts: list[Type]) -> list[Type]:
 
 
 def _edata(eqn: Eqn, ts: list[Type]) -> list[Type]:
-    return [Type("edge", ())]
+    width = eqn.attr("width")  # a graph's [E, d] edge data; one number per edge without it
+    return [Type("edge", () if width is None else (width,))]
 
 
 def _gather(eqn: Eqn, ts: list[Type]) -> list[Type]:
@@ -174,6 +186,23 @@ def _mean_heads(eqn: Eqn, ts: list[Type]) -> list[Type]:
 def _sync(eqn: Eqn, ts: list[Type]) -> list[Type]:
     _need(eqn, ts[0], ("vertex",), "a vertex value")
     return [ts[0]]
+
+
+def _elementwise_of_many(eqn: Eqn, ts: list[Type]) -> list[Type]:
+    """maximum / minimum of several values: they combine as `a + b` does, pairwise."""
+    out = ts[0]
+    for t in ts[1:]:
+        out = Type(_combine_domain(eqn, out, t), broadcast(eqn, out.shape, t.shape))
+    return [out]
+
+
+def _batch_norm(eqn: Eqn, ts: list[Type]) -> list[Type]:
+    x = ts[0]
+    _need(eqn, x, ("vertex",), "a vertex value")
+    if len(x.shape) != 1:
+        raise _err(eqn, f"batch_norm normalises each feature over the vertices and needs one feature dim, "
+                        f"got {fmt_shape(x.shape)}")
+    return [x]
 
 
 def _cross_entropy(eqn: Eqn, ts: list[Type]) -> list[Type]:
@@ -259,7 +288,13 @@ class OpDef:
     linear_in: given which inputs depend on a layer's input, whether the result is linear in it
         (P3/pushpull legality); nonlinear_why says why not, as legality reports it;
     needs_whole_rows: mixes the feature dim, so it cannot run on a feature slice before pushpull;
-    comm: a communication op insert-comm inserts.
+    comm: a communication op insert-comm inserts;
+    varies_per_step: the result may differ between training steps for the same inputs (dropout draws new
+        masks, batch_norm switches statistics between training and evaluation): never computed once;
+    state: non-trainable tensors the op keeps between steps (batch_norm's running statistics), as
+        ParamSpecs, held by the runtime under `<result name>.<suffix>` and saved in checkpoints;
+    allreduce_elements: in a distributed run, the elements it all-reduces per call (batch_norm's
+        statistics over every rank's rows), from the equation; predict-bytes counts them.
     """
 
     name: str
@@ -280,6 +315,9 @@ class OpDef:
     nonlinear_why: str = "is not linear in the layer's input"
     needs_whole_rows: bool = False
     comm: bool = False
+    varies_per_step: bool = False
+    state: tuple[ParamSpec, ...] = ()
+    allreduce_elements: Callable[[Eqn], Any] | None = None
 
     @property
     def ir_op(self) -> str:
@@ -360,7 +398,7 @@ define_activation("silu")
 define_op(OpDef("dropout", _elementwise, NOT_GATHER,
                 args=(Arg("p", "probability", required=True, missing="dropout needs a probability: dropout(x, 0.5)"),),
                 elide=lambda attrs: attrs["p"] == 0.0, elementwise=True, reads_structure=_on_edges,
-                nonlinear_why="inside the layer before the sync is not supported with pushpull"))
+                nonlinear_why="inside the layer before the sync is not supported with pushpull", varies_per_step=True))
 
 
 def _linear_width(e: Eqn) -> Any:
@@ -389,6 +427,24 @@ define_op(OpDef("layer_norm", _elementwise, DENSE_PRIMS,
                 params=(ParamSpec("weight", "ones", lambda e, x: x.shape[-1:]),
                         ParamSpec("bias", "zeros", lambda e, x: x.shape[-1:])), needs_whole_rows=True))
 define_op(OpDef("l2_normalize", _elementwise, DENSE_PRIMS, needs_whole_rows=True))
+# BatchNorm1d over the vertices (every rank's owned rows together in a distributed run): batch statistics in
+# training (biased variance), running statistics (momentum, unbiased variance) in evaluation
+define_op(OpDef(
+    "batch_norm", _batch_norm, DENSE_PRIMS,
+    args=(Arg("eps", "number", default=1e-5, positional=False),
+          Arg("momentum", "number", default=0.1, positional=False)),
+    params=(ParamSpec("weight", "ones", lambda e, x: x.shape[-1:]),
+            ParamSpec("bias", "zeros", lambda e, x: x.shape[-1:])),
+    state=(ParamSpec("running_mean", "zeros", lambda e, x: x.shape[-1:]),
+           ParamSpec("running_var", "ones", lambda e, x: x.shape[-1:])),
+    allreduce_elements=lambda e: 2 * e.ins[0].type.shape[-1] + 1,  # sums, sums of squares, the row count
+    needs_whole_rows=True, varies_per_step=True, nonlinear_why="normalises with statistics of the input"))
+# elementwise maximum / minimum of two or more values (jumping knowledge's max over layer outputs): `max(a, b)`;
+# with one argument `max` is the gather (or sync) reducer
+define_op(OpDef("maximum", _elementwise_of_many, tensors=None, row_wise=True))
+define_op(OpDef("minimum", _elementwise_of_many, tensors=None, row_wise=True))
+define_op(OpDef("max", None, ELEMENTWISE_PRIMS, tensors=None, emits="maximum"))
+define_op(OpDef("min", None, ELEMENTWISE_PRIMS, tensors=None, emits="minimum"))
 define_op(OpDef("cross_entropy", _cross_entropy, frozenset({"model"}), tensors=3, row_wise=True))
 
 # binary arithmetic (`a + b`): operands broadcast per head; P3 may add partial sums, scale by a constant

@@ -9,7 +9,7 @@ IR as text. The text is line-oriented:
       training k=v, ...                       (optional)
       inputs %x:vertex:f32[features], ...
     layer NAME KIND [OP(k=v, ...) edges=VIEW] [[k=v, ...]] [@line:col]
-      param %p:param:f32[d1,d2] = INIT
+      param %p:param:f32[d1,d2] = INIT         (zeros, ones, glorot or a number)
       in %v:TYPE, ...
       %o:TYPE = op[k=v, ...](%a, %b)  # PRIM [line:col]
       out %v, ...
@@ -25,6 +25,7 @@ comes from plan files, and a plan is data.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Callable
 
@@ -34,7 +35,7 @@ from gnnc.errors import GnncError, Loc
 from gnnc.ir.core import Eqn, Layer, Param, Program, Type, Value, attrs_of
 from gnnc.ir.expr import ExprSyntaxError, parse_expr
 
-DIM_ATTRS = {"out", "heads"}
+DIM_ATTRS = {"out", "heads", "width"}
 STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init"}
 _NAME = r"[A-Za-z0-9_.~^]+"
 _TYPE_RE = re.compile(r"^(vertex|edge|param|scalar):([a-z0-9]+)\[(.*)\]$")
@@ -217,11 +218,16 @@ def _layer(k: int, line: str, next_line, scope: dict[str, Value], file: str, fai
     local = dict(scope)
     k, line = next_line()
     while line.startswith("  param "):
-        pm = re.match(r"^  param (.+) = ([a-z]+)$", line)
+        pm = re.match(r"^  param (.+) = ([a-z]+|[-+0-9.e]+)$", line)
         if not pm:
-            raise fail("expected '  param %name:TYPE = INIT'", k)
+            raise fail("expected '  param %name:TYPE = INIT' (an initialiser's name or a number)", k)
         v = _typed_value(pm.group(1))
-        params.append(Param(v, pm.group(2)))
+        init: str | float = pm.group(2)
+        if not init[0].isalpha():
+            init = float(init)
+            if not math.isfinite(init):
+                raise fail(f"param %{v.name}: initial value {pm.group(2)} is not finite", k)
+        params.append(Param(v, init))
         local[v.name] = v
         k, line = next_line()
     if not line.startswith("  in"):

@@ -23,7 +23,8 @@ from gnnc.files import atomic_write
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.precision import PRECISIONS
-from gnnc.plan.shards import write_plan_shards
+from gnnc.plan.shard_files import read_manifest
+from gnnc.plan.shards import check_shards_match, write_plan_shards
 
 PLAN_SCHEMA = "gnnc.plan/1"
 PLAN_FILES = {"parts.npy", "shards/manifest.json"}  # the files beside plan.json that `shards` checksums
@@ -160,7 +161,14 @@ class Plan:
             if data["precision"] not in PRECISIONS:
                 raise PlanError(f"{path}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
             meta["precision"] = data["precision"]
+        stand_ins = data.get("graph_stand_ins", {})
+        if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
+            raise PlanError(f"{path}: 'graph_stand_ins' must map field names to descriptions")
+        if stand_ins:
+            meta["graph_stand_ins"] = stand_ins
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
+        if shard_dir is not None:
+            check_shards_match(read_manifest(shard_dir), program, str(shard_dir))
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 
 

@@ -31,8 +31,10 @@ and C^0 is loaded with the shard; a segment that starts later first
 fetches the rows of C^s it does not own (the replicate transition: one
 row per (vertex, needing worker), gradients summed back at the owner).
 Each segment has its own row order; values pass between segments as owned
-rows, a prefix of every order. Edge data (gcn_norm) and dropout ids are
-global, so every worker computes what one process computes for its rows.
+rows, a prefix of every order. Edge data (gcn_norm, the graph's edge.NAME)
+and dropout ids are global: every edge a worker holds, its halo's included,
+carries its own values, so every worker computes what one process computes
+for its rows.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ import numpy as np
 import torch
 
 from gnnc.graph import CSR, Graph, GraphView
+from gnnc.graph.storage import view_edge_data
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.strategies import STRATEGIES
 
@@ -289,8 +292,7 @@ def _view(graph: Graph, view: str, sel: np.ndarray, local_src: np.ndarray, local
           n_dst: int, n_src: int) -> GraphView:
     csr = CSR.from_edges(local_src, local_dst, n_dst, n_src)
     global_eids = torch.as_tensor(sel, dtype=torch.int64)[csr.eids]
-    norm = graph.gcn_norm(view)[global_eids]
-    return GraphView(csr, csr.indices, csr.dst_index(), global_eids, {"gcn_norm": norm},
+    return GraphView(csr, csr.indices, csr.dst_index(), global_eids, view_edge_data(graph, view, global_eids),
                      csr.in_degree().to(torch.float32))
 
 

@@ -20,6 +20,7 @@ Shard arrays (part i, n_i owned vertices, r_i remote ones):
   send_ptr [P+1], send_idx  rows sent to part j: local rows send_idx[send_ptr[j]:send_ptr[j+1]],
                         ordered by global id (the order j expects them in)
   x, y, train_mask, val_mask, test_mask   the owned vertices' data
+  edata.<NAME> [nnz] or [nnz, d]  the graph's edge data `edge.NAME` of those edges, in the same order
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import json
 import os
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ SHARD_FORMAT = 1
 MANIFEST = "manifest.json"
 ARRAYS = ("global_ids", "remote_ids", "remote_owner", "indptr", "indices", "edge_ids", "send_ptr", "send_idx",
           "x", "y", "train_mask", "val_mask", "test_mask")
+EDGE_DATA = "edata."  # prefix of the arrays of edge data
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,6 +67,7 @@ class Shard:
     train_mask: np.ndarray
     val_mask: np.ndarray
     test_mask: np.ndarray
+    edge_data: dict[str, np.ndarray] = field(default_factory=dict)  # `edge.NAME` of the shard's edges
 
     def sends_to(self, part: int) -> np.ndarray:
         """Local rows this part sends to `part` each layer."""
@@ -169,6 +172,7 @@ def write_shards(graph: Graph, assignment: np.ndarray, parts: int, out_dir: str 
             "send_ptr": send_ptr, "send_idx": np.concatenate(send) if send else np.zeros(0, np.int64),
             "x": x[owned], "y": y[owned], "train_mask": masks[0][owned], "val_mask": masks[1][owned],
             "test_mask": masks[2][owned],
+            **{EDGE_DATA + k: v.numpy()[sel] for k, v in graph.edge_data.items()},
         }
         local[owned] = -1
         local[remote[i]] = -1
@@ -233,8 +237,13 @@ def verify_shards(shard_dir: str | os.PathLike) -> dict[str, Any]:
 def read_shard(shard_dir: str | os.PathLike, part: int) -> Shard:
     """Part's shard, read only after its size and checksum match the manifest."""
     manifest = read_manifest(shard_dir)
-    arrays = load_npz(shard_dir, manifest, part, ARRAYS)
-    return Shard(part=part, parts=manifest["parts"], num_nodes=manifest["num_nodes"], **arrays)
+    arrays = load_npz(shard_dir, manifest, part)
+    edges = {k[len(EDGE_DATA):]: arrays.pop(k) for k in list(arrays) if k.startswith(EDGE_DATA)}
+    missing = [k for k in ARRAYS if k not in arrays]
+    if missing:
+        raise PlanError(f"{shard_dir}: shard of part {part} lacks {', '.join(missing)}")
+    return Shard(part=part, parts=manifest["parts"], num_nodes=manifest["num_nodes"], edge_data=edges,
+                 **{k: arrays[k] for k in ARRAYS})
 
 
 def assemble(shard_dir: str | os.PathLike) -> Graph:
@@ -248,11 +257,14 @@ def assemble(shard_dir: str | os.PathLike) -> Graph:
     x = np.empty((n, f), dtype=np.float32)
     y = np.empty(n, dtype=np.int64)
     masks = [np.empty(n, dtype=bool) for _ in range(3)]
+    edges = {k: np.empty((e,) + v.shape[1:], dtype=v.dtype) for k, v in shards[0].edge_data.items()}
     for sh in shards:
         s, d = sh.global_edges()
         src[sh.edge_ids], dst[sh.edge_ids] = s, d
+        for k, v in edges.items():
+            v[sh.edge_ids] = sh.edge_data[k]
         x[sh.global_ids], y[sh.global_ids] = sh.x, sh.y
         for m, own in zip(masks, (sh.train_mask, sh.val_mask, sh.test_mask)):
             m[sh.global_ids] = own
     return Graph(n, src, dst, torch.from_numpy(x), torch.from_numpy(y), *(torch.from_numpy(m) for m in masks),
-                 name=manifest["graph"])
+                 name=manifest["graph"], edge_data={k: torch.from_numpy(v) for k, v in edges.items()})

@@ -11,6 +11,7 @@ last and atomically):
   x                        input features of C^0 (pushpull: every row, this rank's feature slice)
   y, train, val, test      labels and split masks of the owned rows
   g<k>.indptr/indices/eids/norm    local CSR of distinct layer structure k (global edge ids, gcn_norm)
+  g<k>.edata.<NAME>        the graph's edge data `edge.NAME` on those edges, halo edges included
   g<k>.ids                 global ids of its rows, in its segment's order
   g<k>.send_ptr/send_idx/recv      its halo plan, when it has one
   g<k>.entry.*             the rows fetched on entering a depcache/hybrid segment after layer 0
@@ -57,8 +58,10 @@ class RankData:
 
 
 def _csr_arrays(prefix: str, view: GraphView) -> dict[str, np.ndarray]:
-    return {f"{prefix}.indptr": view.csr.indptr.numpy(), f"{prefix}.indices": view.csr.indices.numpy(),
-            f"{prefix}.eids": view.edge_ids.numpy(), f"{prefix}.norm": view.edge_data["gcn_norm"].numpy()}
+    out = {f"{prefix}.indptr": view.csr.indptr.numpy(), f"{prefix}.indices": view.csr.indices.numpy(),
+           f"{prefix}.eids": view.edge_ids.numpy(), f"{prefix}.norm": view.edge_data["gcn_norm"].numpy()}
+    out.update((f"{prefix}.edata.{k}", v.numpy()) for k, v in view.edge_data.items() if k != "gcn_norm")
+    return out
 
 
 def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphView:
@@ -66,8 +69,10 @@ def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphV
     indices = torch.from_numpy(arrays[f"{prefix}.indices"].astype(np.int64))
     eids = torch.from_numpy(arrays[f"{prefix}.eids"].astype(np.int64))
     csr = CSR(indptr, indices, torch.arange(len(indices)), len(indptr) - 1, n_src)
-    return GraphView(csr, csr.indices, csr.dst_index(), eids, {"gcn_norm": torch.from_numpy(arrays[f"{prefix}.norm"])},
-                     csr.in_degree().to(torch.float32))
+    data = {"gcn_norm": torch.from_numpy(arrays[f"{prefix}.norm"])}
+    named = f"{prefix}.edata."
+    data.update((k[len(named):], torch.from_numpy(v)) for k, v in arrays.items() if k.startswith(named))
+    return GraphView(csr, csr.indices, csr.dst_index(), eids, data, csr.in_degree().to(torch.float32))
 
 
 def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets) -> \
@@ -77,7 +82,7 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
     rows = lg.rows.numpy()
     owned = rows[: lg.n_owned]
     arrays: dict[str, np.ndarray] = {"rows": rows, "n_owned": np.array(lg.n_owned)}
-    layout: dict[str, Any] = {"layers": {}, "block_rows": lg.block_rows}
+    layout: dict[str, Any] = {"layers": {}, "block_rows": lg.block_rows, "n_owned": lg.n_owned}
     ids: dict[int, int] = {}
     for s in specs:
         g = lg.layers[s.name]
@@ -93,14 +98,18 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
                 arrays[f"g{k}.entry.perm"] = g.entry_perm.numpy()
         layout["layers"][s.name] = {"structure": k, "view": s.view, "n_in": g.n_in, "n_out": g.n_out,
                                     "n_src": g.views[s.view].csr.n_src if s.view in g.views else None,
-                                    "halo": g.halo is not None, "entry": g.entry is not None, "blocks": g.blocks}
+                                    "nnz": g.views[s.view].csr.nnz if s.view in g.views else 0,
+                                    "halo": g.halo is not None, "entry": g.entry is not None, "blocks": g.blocks,
+                                    # what the row sets were made for: checked against the IR on load
+                                    "strategy": s.strategy, "segment": s.segment}
     first = specs[0] if specs else None
     if first is not None and STRATEGIES[first.strategy].layout_in == "feature":  # P3's first layer
         lo, hi = feature_slices(graph.num_features, world)[rank]
         arrays["x"] = graph.x[:, lo:hi].numpy()
-        arrays.update(_csr_arrays(f"full.{first.view}", GraphView.build(graph, first.view)))
+        full = GraphView.build(graph, first.view)
+        arrays.update(_csr_arrays(f"full.{first.view}", full))
         arrays["block_order"] = np.argsort(parts, kind="stable").astype(np.int64)
-        layout["pushpull"] = {"view": first.view, "cols": [lo, hi]}
+        layout["pushpull"] = {"view": first.view, "cols": [lo, hi], "nnz": full.csr.nnz}
     else:
         n_in = lg.layers[first.name].n_in if first is not None else lg.n_owned
         arrays["x"] = graph.x[torch.as_tensor(rows[:n_in])].numpy()
@@ -144,6 +153,27 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
                          "num_classes": graph.num_classes, "train_count": int(graph.train_mask.sum()),
                          "parts": world, "shards": entries})
     return read_manifest(out)
+
+
+def check_shards_match(manifest: dict[str, Any], program, where: str) -> None:
+    """Refuse shards written for other strategies or segments than `program` states (an edited IR).
+
+    Each rank's rows, halo plans and structures were cut for the strategies the
+    plan was compiled with; running them under other names would report one
+    strategy while executing another.
+    """
+    specs = layer_specs(program)
+    for entry in manifest["shards"]:
+        layers = (entry.get("layout") or {}).get("layers") or {}
+        for s in specs:
+            got = layers.get(s.name) or {}
+            if "strategy" not in got:
+                raise PlanError(f"{where}: the shards do not say which strategies they were cut for (written by "
+                                f"an older gnnc); compile the plan again")
+            if (got["strategy"], got.get("segment"), got.get("view")) != (s.strategy, s.segment, s.view):
+                raise PlanError(f"{where}: layer {s.name} runs {s.strategy} (segment from layer {s.segment}) in "
+                                f"the plan's IR, but its shards were cut for {got['strategy']} (segment from layer "
+                                f"{got.get('segment')}): the IR was edited after compiling; compile the plan again")
 
 
 def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:

@@ -118,3 +118,14 @@ def names(*, runnable: bool | None = None, plannable: bool | None = None,
                  if (runnable is None or s.runnable == runnable)
                  and (plannable is None or s.plannable == plannable)
                  and (single_worker is None or s.single_worker == single_worker))
+
+
+def describe_assignment(per_layer: list[str] | tuple[str, ...]) -> str:
+    """Per-layer strategies with repeats folded: a 64-layer GCNII reads `depcache x64`, not 64 names."""
+    runs: list[tuple[str, int]] = []
+    for name in per_layer:
+        if runs and runs[-1][0] == name:
+            runs[-1] = (name, runs[-1][1] + 1)
+        else:
+            runs.append((name, 1))
+    return ",".join(name if n == 1 else f"{name} x{n}" for name, n in runs)

@@ -9,7 +9,10 @@ collectives (`collectives`) by a function registered against its strategy's
 descriptor (`registry`; one module per family: `neutronstar`, `p3`, `mggcn`,
 `local`), plus the layout changes between segments (`layouts`); evaluated on
 numpy arrays (`evaluation`), solved for crossovers (`crossovers`), drawn as
-the predicted epoch (`schedule`) and fitted to this machine (`fit`).
+the predicted epoch (`schedule`) and fitted to this machine (`fit`). A whole
+run's peak memory per process (`memory`) adds parameters, optimizer state,
+the graph and the process to the same per-layer formula; `gnnc run` checks it
+against the memory available before it allocates.
 
 Rules every formula follows: compute is op-aware; compute and communication
 that overlap take the max, not the sum; communication is alpha-beta.

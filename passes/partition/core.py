@@ -12,19 +12,18 @@ graph has one home.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from gnnc.errors import GnncError
 from gnnc.graph import Graph, sorted_unique
+from gnnc.passes.partition.methods import METHODS, Method  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,32 +50,6 @@ class Partition:
     def members(self, part: int) -> np.ndarray:
         """Global ids of the vertices of `part`, increasing."""
         return np.nonzero(self.assignment == part)[0]
-
-
-@dataclass(frozen=True)
-class Method:
-    """A registered partitioner: its name, a one-line summary and the module that runs it."""
-
-    name: str
-    summary: str
-    module: str
-
-    def runner(self) -> Callable[..., tuple[np.ndarray, dict[str, Any]]]:
-        return importlib.import_module(self.module).run
-
-
-METHODS: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
-    Method("hash", "P3: vertex id hashed to a part, no preprocessing; edges stay with their destination",
-           "gnnc.passes.partition.hash"),
-    Method("chunk", "NeutronStar: contiguous id ranges balanced by vertices plus in-edges",
-           "gnnc.passes.partition.chunk"),
-    Method("metis", "METIS k-way (pymetis): edge-cut by default; G3's multi-constraint volume variant",
-           "gnnc.passes.partition.metis"),
-    Method("g3", "G3 Algorithm 1: multi-constraint METIS, then swaps that balance the remote sets |B_i|",
-           "gnnc.passes.partition.g3"),
-    Method("random", "MG-GCN: seeded symmetric random permutation, then uniform row blocks",
-           "gnnc.passes.partition.random"),
-)})
 
 
 class PartitionInput:
@@ -166,8 +139,10 @@ def induced_subgraph(graph: Graph, vertices: np.ndarray) -> Graph:
     s, d = local[graph.src], local[graph.dst]
     keep = (s >= 0) & (d >= 0)
     idx = torch.as_tensor(vertices)
+    kept = torch.from_numpy(keep)
     return Graph(len(vertices), s[keep], d[keep], graph.x[idx], graph.y[idx], graph.train_mask[idx],
-                 graph.val_mask[idx], graph.test_mask[idx], name=f"{graph.name}[sub]")
+                 graph.val_mask[idx], graph.test_mask[idx], name=f"{graph.name}[sub]",
+                 edge_data={k: v[kept] for k, v in graph.edge_data.items()})
 
 
 def chunks_for_pipeline(graph: Graph, chunks: int, partition: Partition | None = None, part: int = 0,

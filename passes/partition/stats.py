@@ -94,13 +94,18 @@ class PartStats:
         }
 
 
-def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, view: str = "plain") -> PartStats:
-    """The statistics of `partition` on `graph` for an L-layer model (see PartStats)."""
+def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, view: str = "plain",
+                  num_parts: int | None = None) -> PartStats:
+    """The statistics of `partition` on `graph` for an L-layer model (see PartStats).
+
+    `num_parts` counts the parts of an assignment array whose last parts are empty (the
+    largest part id + 1 otherwise).
+    """
     if isinstance(partition, Partition):
         part, parts = np.asarray(partition.assignment, dtype=np.int64), partition.parts
     else:
         part = np.asarray(partition, dtype=np.int64)
-        parts = int(part.max()) + 1 if len(part) else 1
+        parts = num_parts if num_parts is not None else int(part.max()) + 1 if len(part) else 1
     if layers < 0:
         raise ValueError(f"layers must be >= 0, got {layers}")
     n = graph.num_nodes

@@ -1,0 +1,122 @@
+"""A run's predicted memory against what the machine has, checked before the run allocates it.
+
+Why this module exists: `--set hidden=2000000` on Cora needs far more memory
+than the machine has; without a check, the first epoch allocates until the
+kernel kills the process, 112 s later, with no word. Both ways `gnnc run`
+trains (in this process, and on N worker processes) pass `check_run_memory`
+first: it counts what each process will hold (its rows and edges per layer:
+the whole graph in one process, the manifest of each rank's shard in N),
+prices that with the cost model's memory formula
+(`gnnc.passes.cost.memory.run_memory`) and compares it with
+`gnnc.host.available_memory()`. More than is available is refused (exit 2)
+with the estimate broken down; more than WARN_FRACTION of it is a warning
+on stderr. Workers of a torchrun job are not checked (they share machines
+this process cannot see).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from gnnc.errors import GnncError
+from gnnc.graph import Graph
+from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
+from gnnc.passes.choose_strategy import layer_dims, layer_shape
+from gnnc.passes.cost.memory import LayerRows, MemoryEstimate, ProcessCounts, run_memory
+from gnnc.passes.predict_bytes import param_dependent
+from gnnc.plan.plan_file import Plan
+from gnnc.plan.shard_files import read_manifest
+
+WARN_FRACTION = 0.8  # warn when a run is predicted to take more than this share of the available memory
+
+
+def estimate_run_memory(plan: Plan, graph: Graph | None = None,
+                        shard_dir: str | Path | None = None) -> MemoryEstimate:
+    """Predicted peak bytes of each process: one process on `graph`, or one per shard in `shard_dir`."""
+    program = plan.program
+    dims, heads = layer_dims(program)
+    needs = param_dependent(program)
+    shapes = [layer_shape(layer, needs) for layer in program.graph_layers()]
+    if shard_dir is not None:
+        processes = shard_counts(program, read_manifest(shard_dir))
+    elif graph is not None:
+        processes = [single_process_counts(program, graph)]
+    else:
+        raise ValueError("estimate_run_memory needs the graph (one process) or the shards (several)")
+    return run_memory(program, dims, heads, shapes, processes)
+
+
+def single_process_counts(program, graph: Graph) -> ProcessCounts:
+    """One process holds every row and edge of every layer, and the whole graph."""
+    n = graph.num_nodes
+    edges = {"plain": graph.num_edges,
+             "self_loops": int(np.count_nonzero(np.asarray(graph.src) != np.asarray(graph.dst))) + n}
+    layers = tuple(LayerRows(n, 0, n, edges[layer.edges]) for layer in program.graph_layers())
+    arrays = [graph.x, graph.y, graph.train_mask, graph.val_mask, graph.test_mask, *graph.edge_data.values()]
+    held = sum(t.numel() * t.element_size() for t in arrays) + np.asarray(graph.src).nbytes * 2
+    return ProcessCounts(layers, float(held))
+
+
+def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:
+    """Each rank's rows and edges per layer from its shard's layout, and the bytes of its shard file."""
+    out = []
+    for entry in manifest["shards"]:
+        layout = entry["layout"]["layers"]
+        layers = []
+        for k, layer in enumerate(program.graph_layers()):
+            info = layout[layer.name]
+            pushpull = entry["layout"].get("pushpull")
+            if k == 0 and pushpull is not None:
+                # P3: partial results of every vertex from a slice of the features, summed at the owners
+                n, (lo, hi) = manifest["num_nodes"], pushpull["cols"]
+                layers.append(LayerRows(n, 0, n + info["n_out"], pushpull["nnz"], in_width=hi - lo))
+                continue
+            n_src = info.get("n_src") or info["n_in"]
+            layers.append(LayerRows(info["n_in"], max(n_src - info["n_in"], 0), info["n_out"], info["nnz"]))
+        out.append(ProcessCounts(tuple(layers), float(entry["bytes"])))
+    return out
+
+
+def check_run_memory(plan: Plan, graph: Graph | None = None, shard_dir: str | Path | None = None,
+                     warn: Callable[[str], None] | None = None) -> MemoryEstimate:
+    """Refuse (GnncError) a run predicted not to fit in the memory available; warn when it comes close.
+
+    With `graph`, the run is in this process, which already holds part of what it needs (the
+    interpreter, the graph): only the rest must be available. With `shard_dir`, the run starts one
+    new process per shard.
+    """
+    estimate = estimate_run_memory(plan, graph, shard_dir)
+    room = available_memory()
+    if room is None:
+        return estimate
+    held = (resident_bytes() or 0) if shard_dir is None else 0
+    need = max(estimate.total - held, 0.0)
+    if need > room.bytes:
+        raise GnncError(describe(estimate, need, room))
+    if need > WARN_FRACTION * room.bytes:
+        (warn or _stderr)(f"warning: this run is predicted to need {format_bytes(need)} more memory, "
+                          f"{need / room.bytes:.0%} of the {room}")
+    return estimate
+
+
+def describe(estimate: MemoryEstimate, need: float, room: AvailableMemory) -> str:
+    """Why a run does not fit: the need, the largest process's terms and its largest parameter."""
+    n = len(estimate.per_process)
+    terms = " + ".join(f"{name} {format_bytes(v)}" for name, v in estimate.terms.items())
+    if n > 1:
+        text = (f"this run's {n} worker processes are predicted to need {format_bytes(need)} in all, more than "
+                f"the {room}; the largest needs {terms}")
+    else:
+        text = (f"this run is predicted to need {format_bytes(need)} more than this process holds, more than the "
+                f"{room}; in all it needs {terms}")
+    if estimate.parameters:
+        p = estimate.parameters[0]
+        text += f"; the largest parameter is {p.name} {p.shape} ({format_bytes(p.bytes)})"
+    return text + ". Make the model smaller (--set), or run it on more or larger machines"
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)

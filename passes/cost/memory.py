@@ -1,0 +1,145 @@
+"""The peak memory of each process of a training run, predicted before anything is allocated.
+
+Why this module exists: the planner prices the memory each strategy keeps
+alive per layer (`compute.layer_memory`, inside every strategy's `Cost`), but
+a run also holds its parameters, their gradients and Adam's two moments, the
+graph arrays it loaded and an interpreter with torch; and a run on one
+process has no planner at all. `run_memory` adds those terms to the same
+per-layer formula, evaluated on the rows and edges each rank really holds,
+so that `gnnc run` can refuse a run that cannot fit (issue 20, item 10)
+instead of being killed by the kernel minutes later. One function, so that a
+fuller model of the epoch (its time too) extends it rather than a copy.
+
+The terms, per process (bytes):
+
+* parameters: every parameter's elements at its dtype's size.
+* optimizer state: a gradient and Adam's exp_avg and exp_avg_sq per
+  parameter, 3x the parameters.
+* activations: `layer_memory` of every graph layer (its input rows, the
+  aggregated buffer with received rows, its output rows, the structure it
+  aggregates over), plus, for the backward pass, the gradients of one
+  layer's input and output alive at once (the widest layer's).
+* graph: the arrays the process loaded (features, labels, masks, edges or
+  its shard).
+* process: an interpreter with torch and gnnc's runtime and the collective
+  library, before any graph (`PROCESS_BASELINE_BYTES`, measured).
+
+What it leaves out: dense layers between graph layers beyond the value
+each graph layer reads (a dropout's boolean mask, an activation's saved
+output), the evaluation forward after each step (it runs without autograd,
+after the step's activations are freed) and the allocator's slack.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sympy import Symbol
+
+from gnnc.ir import Program
+from gnnc.ir.dims import eval_dim
+from gnnc.passes.cost.compute import layer_memory
+from gnnc.passes.cost.evaluation import compile_expr
+from gnnc.passes.cost.symbols import LayerShape, b, b_idx, d, heads
+
+# Resident memory of a rank that trained a 3-vertex graph: the interpreter, torch, gnnc's runtime and gloo,
+# and next to no data. Measured (VmHWM) with `gnnc run examples/gcn.gnn --graph G --nproc 2 --json`
+# on a 3-vertex graph, torch 2.13.0 CPU, Linux x86-64: 314 MiB (329,195,520 bytes).
+PROCESS_BASELINE_BYTES = 329_195_520
+# Adam keeps a gradient, exp_avg and exp_avg_sq beside each parameter.
+OPTIMIZER_COPIES = 3
+# the per-process counts `layer_memory` is evaluated on, one value per process
+IN, HALO, OUT, EDGES, WIDTH = (Symbol(name, nonnegative=True)
+                               for name in ("in_rows", "halo_rows", "out_rows", "edges", "in_width"))
+ROWS = {IN: "in_rows", HALO: "halo_rows", OUT: "out_rows", EDGES: "edges"}
+BYTES_PER = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "bool": 1}
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """What one process holds for one graph layer: the arguments of `layer_memory`."""
+
+    in_rows: float
+    halo_rows: float
+    out_rows: float
+    edges: float
+    in_width: float | None = None  # columns of the input held, when not all of d_l (P3's feature slice)
+
+
+@dataclass(frozen=True)
+class ProcessCounts:
+    """One process of a run: its rows and edges per graph layer, and the bytes of graph it loads."""
+
+    layers: tuple[LayerRows, ...]
+    graph_bytes: float
+
+
+@dataclass(frozen=True)
+class ParameterSize:
+    name: str
+    shape: str  # as the IR states it, with values: "[features=1433, hidden=16]"
+    bytes: float
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted peak bytes of every process of a run; `terms` are the largest process's, by what holds them."""
+
+    per_process: tuple[float, ...]
+    terms: dict[str, float]
+    parameters: tuple[ParameterSize, ...] = field(default=())  # largest first
+
+    @property
+    def peak(self) -> float:
+        return max(self.per_process)
+
+    @property
+    def total(self) -> float:
+        return sum(self.per_process)
+
+
+def parameter_sizes(program: Program) -> list[ParameterSize]:
+    """Every parameter with its shape and bytes, largest first."""
+    cfg = program.config_dict()
+    out = []
+    for p in program.params():
+        t = p.value.type
+        dims = [eval_dim(x, cfg) for x in t.shape]
+        shape = "[" + ", ".join(str(v) if str(x) == str(v) else f"{x}={v}" for x, v in zip(t.shape, dims)) + "]"
+        out.append(ParameterSize(p.value.name, f"{t.dtype}{shape}", BYTES_PER.get(t.dtype, 4) * math.prod(dims)))
+    return sorted(out, key=lambda s: -s.bytes)
+
+
+def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[float], shapes: Sequence[LayerShape],
+               processes: Sequence[ProcessCounts], baseline_bytes: float = PROCESS_BASELINE_BYTES,
+               bytes_per_element: int = 4, index_bytes: int = 8) -> MemoryEstimate:
+    """The peak memory of each process (see the module docstring for the terms).
+
+    dims, head_counts, shapes: the graph layers' widths d_0..d_L, heads and LayerShapes (as the planner
+    reads them off the IR: `choose_strategy.layer_dims`, `layer_shape`).
+    """
+    sizes = parameter_sizes(program)
+    params = float(sum(s.bytes for s in sizes))
+    n = len(processes)
+    table: dict[Symbol, Any] = {b: float(bytes_per_element), b_idx: float(index_bytes)}
+    table.update({d(i): float(w) for i, w in enumerate(dims)})
+    table.update({heads(i): float(h) for i, h in enumerate(head_counts)})
+    kept, backward = np.zeros(n), np.zeros(n)
+    for i, shape in enumerate(shapes):
+        for sym, field_name in ROWS.items():
+            table[sym] = np.array([float(getattr(p.layers[i], field_name)) for p in processes])
+        table[WIDTH] = np.array([float(dims[i] if p.layers[i].in_width is None else p.layers[i].in_width)
+                                 for p in processes])
+        kept += compile_expr(layer_memory(i, shape, IN, HALO, OUT, EDGES).subs(d(i), WIDTH))(table, n)
+        # the backward pass holds the gradients of one layer's input and output at a time
+        backward = np.maximum(backward, compile_expr(b * (IN * WIDTH + OUT * shape.out_width(i)))(table, n))
+    terms = {"parameters": np.full(n, params), "optimizer state": np.full(n, OPTIMIZER_COPIES * params),
+             "activations": kept + backward, "graph": np.array([float(p.graph_bytes) for p in processes]),
+             "process": np.full(n, float(baseline_bytes))}
+    per_process = sum(terms.values())
+    top = int(np.argmax(per_process))
+    return MemoryEstimate(tuple(float(v) for v in per_process), {k: float(v[top]) for k, v in terms.items()},
+                          tuple(sizes))
