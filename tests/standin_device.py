@@ -14,6 +14,9 @@ same branches it takes for CUDA (everything that is not the CPU), so everything 
 `.to(device)`, every tensor it creates "on the device" is made where it says. A dispatch mode
 (`StandinDevice`) runs each op on the wrapped CPU data and wraps the result, and records:
 
+`torch.tensor(data, device=...)` and `t.new_tensor(data)` build their tensors below the dispatcher; the
+stand-in makes them on the host and copies them over, as CUDA does.
+
 * `mix`: an op whose tensors sit on both sides (0-dim CPU tensors excepted: torch allows them beside CUDA
   tensors as scalars); on a GPU these raise "Expected all tensors to be on the same device";
 * while `watch()` is on (the epoch loop): `read` (`.item()`, `bool()`, `int()`, `float()`, `.tolist()`,
@@ -167,6 +170,9 @@ class _Functions(TorchFunctionMode):
         if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_standin(kwargs.get("device")):
             device = kwargs.pop("device")
             return func(*args, **kwargs).to(device)
+        if func is torch.Tensor.new_tensor and self.sd.on_device(args[0]):  # like torch.tensor on its device
+            kwargs.setdefault("dtype", args[0].dtype)
+            return torch.tensor(*args[1:], **kwargs).to(STANDIN)
         name = _HOST_READ_METHODS.get(func)
         if name is not None and args and self.sd.on_device(args[0]):
             self.sd.note("read", f"Tensor.{name}()")

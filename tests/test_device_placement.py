@@ -29,8 +29,28 @@ from gnnc.runtime.train import TrainConfig, Worker, fit, make_optimizer, train_s
 from standin_device import STANDIN, StandinDevice
 
 STEPS = 2
+# every example, one with sparse (bag-of-words) inputs, and GraphSAGE with a batch norm between its layers
+# (running statistics; on several ranks an all-reduce of its sums); SGC's propagation is hoisted out of the loop
 EXAMPLE_CASES = {"gcn": ("gcn", {}), "sage": ("sage", {}), "gin": ("gin", {}), "gat": ("gat", {}),
-                 "gcnii": ("gcnii", {"layers": 3}), "gin-sparse": ("gin", {})}
+                 "gcnii": ("gcnii", {"layers": 3}), "sgc": ("sgc", {}), "gin-sparse": ("gin", {}),
+                 "sage-bn": ("sage", {})}
+SAGE_BN = """
+model SAGEBN(features, hidden = 16, classes) {
+  h = SAGE(features, hidden)(x)
+  h = batch_norm(relu(h))
+  h = dropout(h, 0.5)
+  h = SAGE(hidden, classes)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
+def model_for(case: str):
+    name, params = EXAMPLE_CASES[case]
+    if case == "sage-bn":  # examples/sage.gnn's layer, another model
+        layers = (EXAMPLES / "sage.gnn").read_text().split("model ")[0]
+        return api.load_model_source(layers + SAGE_BN, "sage-bn.gnn", **params)
+    return api.load_model(EXAMPLES / f"{name}.gnn", **params)
 
 
 def graph_for(case: str):
@@ -41,8 +61,7 @@ def graph_for(case: str):
 
 
 def program_for(case: str, graph):
-    name, params = EXAMPLE_CASES[case]
-    return api.compile(api.load_model(EXAMPLES / f"{name}.gnn", **params), graph).program
+    return api.compile(model_for(case), graph).program
 
 
 def steps(worker, params, opt) -> torch.Tensor:
@@ -79,7 +98,7 @@ def test_a_training_step_of_every_example_stays_on_the_device(case: str) -> None
         with sd.watch():
             logits = steps(worker, params, opt)
         touched = [*params.values(), *(p.grad for p in params.values()), *optimizer_tensors(opt),
-                   *worker.inputs.values(), worker.ids, logits]
+                   *worker.inputs.values(), *worker.state.values(), worker.ids, logits]
         assert all(sd.on_device(t) for t in touched), "a tensor of the run is not on the device"
         assert sd.problems() == [], "\n".join(sd.problems())
         got = sd.host(logits)
@@ -106,10 +125,12 @@ def test_fit_reads_the_device_once_per_epoch() -> None:
 
 # --- every strategy, per rank ------------------------------------------------------------------------
 
-STRATEGY_CASES = [("gcn", s) for s in ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull,depcomm",
-                                       "depcomm,depcache", "depcache,depcomm")] + \
-                 [("gat", "depcomm"), ("gat", "bcast1d"), ("sage", "pushpull,bcast1d"), ("gin-sparse", "hybrid"),
-                  ("gcnii", "depcache,depcache,depcomm")]
+# every strategy and every communication op (halo, fetch, bcast_rows, reduce_scatter, batch_norm's all-reduce,
+# the gradient all-reduce), each at least once
+STRATEGY_CASES = [("gcn", s) for s in ("depcomm", "bcast1d", "pushpull,depcomm", "depcomm,depcache",
+                                       "depcache,depcomm")] + \
+                 [("gat", "depcomm"), ("sage", "pushpull,bcast1d"), ("gin-sparse", "hybrid"),
+                  ("gcnii", "depcache,depcache,depcomm"), ("sgc", "depcomm"), ("sage-bn", "bcast1d")]
 
 
 def standin_steps(cfg: DistConfig, jobs: list[DistJob]) -> list[dict[str, Any] | None]:
@@ -125,7 +146,7 @@ def standin_steps(cfg: DistConfig, jobs: list[DistJob]) -> list[dict[str, Any] |
             with sd.watch():
                 logits = steps(w, params, opt)
             touched = [*params.values(), *(p.grad for p in params.values()), *optimizer_tensors(opt),
-                       *w.inputs.values(), logits]
+                       *w.inputs.values(), *w.state.values(), logits]
             placed = all(sd.on_device(t) for t in touched)
             gathered = w.gather_logits(logits)
         every: list[Any] = [None] * cfg.world_size
@@ -139,9 +160,7 @@ def test_the_per_rank_step_of_every_strategy_stays_on_the_device(tmp_path) -> No
     jobs, expected = [], []
     for case, strategy in STRATEGY_CASES:
         graph = graph_for(case)
-        name, params = EXAMPLE_CASES[case]
-        model = api.load_model(EXAMPLES / f"{name}.gnn", **params)
-        plan = api.compile(model, graph, workers=world, strategy=strategy, partition="metis")
+        plan = api.compile(model_for(case), graph, workers=world, strategy=strategy, partition="metis")
         shards = plan.write_shards(tmp_path / f"{case}-{strategy}")
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(progress=False, device=STANDIN.type)))
         expected.append(cpu_logits(program_for(case, graph), graph))

@@ -21,7 +21,7 @@ from gnnc.runtime.train import TrainConfig, Worker
 
 GPUS = torch.cuda.device_count()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device")]
-EXAMPLE_CASES = {"gcn": {}, "sage": {}, "gin": {}, "gat": {}, "gcnii": {"layers": 4}}
+EXAMPLE_CASES = {"gcn": {}, "sage": {}, "gin": {}, "gat": {}, "gcnii": {"layers": 4}, "sgc": {}}
 TOL = 1e-4
 
 
