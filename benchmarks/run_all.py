@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["vs_pyg.py", "kernels.py", "partition.py", "distributed.py", "prediction.py", "hoist.py"]
+BENCHMARKS = ["vs_pyg.py", "kernels.py", "partition.py", "distributed.py", "prediction.py", "hoist.py", "sampling.py"]
 
 
 def main() -> int:

@@ -20,8 +20,10 @@ import sympy
 
 from gnnc.cluster import resolve_cluster
 from gnnc.errors import GnncError, GnncWarning, PlanError
+from gnnc.graph import Graph
 from gnnc.graph.in_memory import as_graph
 from gnnc.graph.loaders import load_graph as _load
+from gnnc.graph.sampling import SamplingConfig
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
 from gnnc.memory_check import check_run_memory
@@ -39,11 +41,15 @@ from gnnc.passes.predict_bytes import param_dependent
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.precision import DEFAULT_PRECISION, check_precision
 from gnnc.plan.shard_files import verify_shards
+from gnnc.plan.approximation import approximations, require_exact
+from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.device import check_gpu_count, resolve_device
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 from gnnc.runtime.main_guard import check_main_guard
+from gnnc.runtime.minibatch import train_minibatch
+from gnnc.runtime.minibatch_dist import SampledJob, sampled_worker
 from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
 
 
@@ -59,6 +65,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             graph_spec: str | None = None, after=None, strategy: str | list[str] | None = None,
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
+            sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
             precision: str = DEFAULT_PRECISION, device: str = "cpu") -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
@@ -70,13 +77,26 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     (choose-strategy), unless the pipeline text set them already.
     `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
     Algorithm 4's choice of the dependencies a hybrid segment caches.
+    `sampling` (fan-outs and batch size) compiles for sampled minibatch training: the planner prices
+    the sampled strategies (dp-sample, pushpull) on a dry run of the sampler with `seed`. `schedule`
+    (gnnc.plan.schedules) orders the steps; an approximate strategy or schedule needs `approximate`.
     `precision` (gnnc.plan.precision) sets the bytes predicted per exchanged
     element and the rates the planner prices; the plan records it, and a run
     of the plan uses it. `device` picks which of this machine's probes
     (`gnnc probe --device`) the `local` cluster is.
     """
     check_precision(precision)
+    if sampling is not None and precision != DEFAULT_PRECISION:
+        raise GnncError(f"--precision {precision}: sampled minibatch training (--fanout) runs in fp32 for now")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise GnncError(f"unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+    if schedule is not None and SCHEDULES[schedule].sampled_only and sampling is None:
+        raise GnncError(f"schedule '{schedule}' pipelines sampled minibatches: give --fanout and --batch-size")
+    named = [] if strategy is None else strategy.split(",") if isinstance(strategy, str) else list(strategy)
+    require_exact(named, schedule, approximate)
     if workers == "auto":
+        if sampling is not None:
+            raise GnncError("--workers auto plans full-graph training; give a worker count with --fanout")
         return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
                              precision, device)
     workers = int(workers)
@@ -90,13 +110,14 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow)
     # recorded only when not the default, so an fp32 plan is the file it always was
     meta: dict[str, Any] = {} if precision == DEFAULT_PRECISION else {"precision": precision}
-    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, precision=precision)
+    ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
+                      approximate=approximate, precision=precision)
     if getattr(graph, "stand_ins", None):
         meta["graph_stand_ins"] = dict(graph.stand_ins)  # `gnnc run PLAN` refuses or states them without the graph
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
-        method = partition or _default_partition(strategy)
+        method = partition or (SAMPLED_PARTITION if sampling is not None else _default_partition(strategy))
         ctx.partition = partition_graph(graph, workers, method, seed=seed)
         ctx.cluster = resolve_cluster(cluster, device)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
@@ -104,8 +125,18 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if graph is not None:
         _warn_unused_logits(program, graph, model)
     results = ctx.results
-    if results.predicted_bytes is not None:
+    if sampling is not None:
+        sampling.layer_fanouts(len(program.graph_layers()))  # one fan-out per graph layer, or exit 2
+        meta["sampling"] = sampling.to_json()
+        meta["schedule"] = results.schedule or schedule or "sequential"
+        if results.predicted_bytes is not None:
+            meta["predicted_bytes_per_epoch"] = results.predicted_bytes
+    elif results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
+    chosen = [layer.attr("strategy", "local") for layer in program.graph_layers()]
+    notes = approximations(chosen, meta.get("schedule"))
+    if notes:  # an exact plan says nothing (and stays byte for byte what it was)
+        meta["approximations"] = notes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
     report = results.planner
@@ -147,6 +178,10 @@ def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | 
         if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
             raise GnncError(f"--{key}: no pass of the pipeline ({', '.join(s.name for s in pipeline)}) takes it")
     return [with_values(spec, given) for spec in pipeline]
+
+
+# P3 and its comparison with DGL hash-partition the vertices (P3 section 3.1, and section 5 for DGL)
+SAMPLED_PARTITION = "hash"
 
 
 def _default_partition(strategy: str | None) -> str:
@@ -202,14 +237,15 @@ def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
 def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int = 0, lr: float | None = None,
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
-        want_logits: bool = True, device: str = "cpu", precision: str | None = None):
+        want_logits: bool = True, sampling: SamplingConfig | None = None, schedule: str | None = None,
+        approximate: bool = False, device: str = "cpu", precision: str | None = None):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
     `device`: cpu, cuda or auto (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16,
     by default the plan's. Returns a RunResult either way (logits in global vertex order, on the host).
     With nproc > 1 the workers are new processes started with 'spawn', which
     imports the caller's main module again in each: a script must call this
-    under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line).
+    under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line). `sampling` trains sampled minibatches.
     """
     workers = target.workers if isinstance(target, Plan) else nproc
     if workers > 1:
@@ -218,13 +254,15 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
                                                              partition=partition, seed=seed,
                                                              graph_spec=graph if isinstance(graph, str) else None,
+                                                             sampling=sampling, schedule=schedule,
+                                                             approximate=approximate,
                                                              precision=precision or DEFAULT_PRECISION)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress, device=resolve_device(device),
                               precision=plan_precision(plan, precision))
     if plan.workers == 1:
         predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
-        result = train(plan.program, g, cfg, metrics_path=metrics, on_epoch=on_epoch)
+        result = train_local(plan, g, cfg, metrics, on_epoch)
         result.predicted_peak_rss_bytes = int(predicted.peak)
         return result
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
@@ -238,6 +276,21 @@ def plan_precision(plan: Plan, asked: str | None) -> str:
         raise GnncError(f"--precision {asked}: the plan was compiled for {compiled}; recompile it with "
                         f"`gnnc compile ... --precision {asked}`")
     return compiled
+
+
+def _check_sampled_on_cpu(plan: Plan, cfg: TrainConfig) -> None:
+    """Sampled minibatch training runs on the CPU for now: its runtime (gnnc.runtime.minibatch) builds its
+    blocks and exchanges on the host."""
+    if plan.sampling is not None and cfg.device != "cpu":
+        raise GnncError(f"--device {cfg.device}: sampled minibatch training (--fanout) runs on the CPU for now")
+
+
+def train_local(plan: Plan, graph: Graph, cfg: TrainConfig, metrics: str | None = None, on_epoch=None):
+    """Train a one-worker plan in this process: full-graph steps, or sampled minibatches when it samples."""
+    _check_sampled_on_cpu(plan, cfg)
+    if plan.sampling is not None:
+        return train_minibatch(plan.program, graph, cfg, plan.sampling, plan.schedule, metrics, on_epoch)
+    return train(plan.program, graph, cfg, metrics_path=metrics, on_epoch=on_epoch)
 
 
 def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logits: bool = True,
@@ -255,6 +308,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    _check_sampled_on_cpu(plan, cfg)
     if cfg.device == "cuda" and not started_by_torchrun():
         check_gpu_count(plan.workers)  # each local rank takes its own GPU
     if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():
@@ -266,15 +320,22 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     else:  # saved shards: what the plan recorded of the graph it was compiled on
         check_graph_inputs(str(plan.graph_spec), plan.meta.get("graph_stand_ins") or {})
 
+    def job_for(shard_dir: str):
+        if plan.sampling is not None:
+            return sampled_worker, SampledJob(str(plan.program), shard_dir, cfg, plan.sampling, plan.schedule,
+                                              metrics, want_logits)
+        return worker, DistJob(str(plan.program), shard_dir, cfg, metrics, want_logits)
+
     if plan.shard_dir is not None:
         if not started_by_torchrun():
             verify_shards(plan.shard_dir)  # refuse a damaged plan before any process starts
-        job = DistJob(str(plan.program), str(plan.shard_dir), cfg, metrics, want_logits)
+        fn, job = job_for(str(plan.shard_dir))
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return _result(join_torchrun(worker, job, device=cfg.device, timeout_s=timeout))
-        predicted = check_run_memory(plan, shard_dir=plan.shard_dir)  # before any worker starts
-        return _result(launch(worker, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
+            return _result(join_torchrun(fn, job, device=cfg.device, timeout_s=timeout))
+        # before any worker starts (the memory check reads full-graph shards; sampled ones are not estimated)
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir) if plan.sampling is None else None
+        return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
@@ -283,10 +344,10 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
-        predicted = check_run_memory(plan, shard_dir=tmp)  # before any worker starts
-        job = DistJob(str(plan.program), tmp, cfg, metrics, want_logits)
+        predicted = check_run_memory(plan, shard_dir=tmp) if plan.sampling is None else None  # before any worker starts
+        fn, job = job_for(tmp)
         try:
-            return _result(launch(worker, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
+            return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
 

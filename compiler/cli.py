@@ -19,6 +19,7 @@ from gnnc.errors import GnncError, GnncWarning, InternalError
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.precision import PRECISIONS
+from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
 
 
@@ -78,7 +79,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     device = _resolve_device(args.device, here=False)
     plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
-                       precision=args.precision, device=device)
+                       precision=args.precision, device=device, **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -87,11 +88,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"wrote {Path(args.output) / 'plan.json'}")
     if args.json:
         planner = plan.meta.get("planner") or {}
+        predicted_bytes = plan.meta.get("predicted_bytes_per_epoch") or plan.meta.get("predicted_bytes_per_step")
         _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
-                    "workers": plan.workers, "exact": True, "passes": plan.passes,
-                    "partition": plan.meta.get("partition"),
+                    "workers": plan.workers, "exact": not plan.meta.get("approximations"),
+                    "approximations": plan.meta.get("approximations", []), "passes": plan.passes,
+                    "partition": plan.meta.get("partition"), "schedule": plan.meta.get("schedule"),
                     "predicted": {"epoch_time_s": planner.get("predicted_time_s"),
-                                  "bytes_per_epoch": sum((plan.meta.get("predicted_bytes_per_step") or {}).values()),
+                                  "bytes_per_epoch": sum((predicted_bytes or {}).values()),
                                   "peak_memory_bytes": planner.get("predicted_memory_bytes")},
                     "alternatives": [{k: v for k, v in a.items() if k != "formulas"}
                                      for a in planner.get("alternatives", [])]})
@@ -145,7 +148,7 @@ def _run(args: argparse.Namespace) -> int:
     from gnnc import api
     from gnnc.memory_check import check_run_memory
     from gnnc.plan_flags import check_run_flags
-    from gnnc.runtime.train import TrainConfig, train
+    from gnnc.runtime.train import TrainConfig
 
     device = _resolve_device(args.device)  # before anything is loaded: no GPU is a one-line exit 2
 
@@ -170,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
         plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
                            partition=args.partition, seed=args.seed, graph_spec=spec,
-                           precision=args.precision or "fp32", device=device)
+                           precision=args.precision or "fp32", device=device, **_sampled_options(args))
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
@@ -185,7 +188,7 @@ def _run(args: argparse.Namespace) -> int:
             return 0  # a rank other than 0 of a torchrun job: rank 0 reports
     else:
         predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
-        result = train(plan.program, graph, cfg, metrics_path=args.metrics)
+        result = api.train_local(plan, graph, cfg, metrics=args.metrics)
         result.predicted_peak_rss_bytes = int(predicted.peak)
     logits = result.logits
     summary = result.summary()
@@ -203,6 +206,31 @@ def _run(args: argparse.Namespace) -> int:
               f"{summary['final_test_acc']:.4f}; train loss {summary['train_loss']:.4f}; "
               f"{summary['epoch_time_s'] * 1000:.1f} ms/epoch")
     return 0
+
+
+def _sampled_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--fanout/--batch-size (sampled minibatches), --schedule and --approximate, as api.compile takes them."""
+    from gnnc.graph.sampling import SamplingConfig  # deferred: gnnc.graph loads torch
+
+    if args.fanout is None and args.batch_size is not None:
+        raise GnncError("--batch-size needs --fanout (full-graph training has no batches)")
+    sampling = None if args.fanout is None else SamplingConfig.parse(args.fanout, args.batch_size)
+    return {"sampling": sampling, "schedule": args.schedule, "approximate": args.approximate}
+
+
+def _add_sampled_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--fanout", metavar="K1,K2",
+                   help="train sampled minibatches: in-neighbours sampled per vertex, hop by hop from the seeds "
+                        "(25,10: 25 per seed, then 10 of each of those; -1: all), one per graph layer")
+    c.add_argument("--batch-size", type=int, metavar="B", help="seeds per minibatch (with --fanout)")
+    c.add_argument("--schedule", choices=list(SCHEDULES),
+                   help="step schedule: " + "; ".join(f"{s.name}: {s.summary}" + ("" if s.exact else " (approximate)")
+                                                      for s in SCHEDULES.values()))
+    c.add_argument("--approximate", action="store_true",
+                   help="allow approximate strategies and schedules (" + ", ".join(
+                       [n for n in STRATEGIES if not STRATEGIES[n].exact]
+                       + [n for n in SCHEDULES if not SCHEDULES[n].exact]) + "): the planner may choose them "
+                       "and --strategy/--schedule may name them")
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
@@ -235,6 +263,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     device = _resolve_device(args.device)
     threads = args.threads or max(1, torch.get_num_threads())
+    if args.network:
+        if device != "cpu":
+            raise GnncError(f"--network measures the links between CPU ranks with gloo, not --device {args.device}'s "
+                            "GPUs; to price GPUs on the measured network, run `gnnc probe --device cuda -o GPU.json` "
+                            "on one machine and pass --base GPU.json")
+        return _probe_network(args, threads)
     measured = probe(threads, device)
     features, hidden, classes = PROBE_WIDTHS
     model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
@@ -246,6 +280,61 @@ def cmd_probe(args: argparse.Namespace) -> int:
     profile.save(path)
     print(profile.to_json(), end="")  # stdout stays the profile's JSON, for scripts
     print(describe_unit_costs(profile), end="", file=sys.stderr)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _probe_network(args: argparse.Namespace, threads: int) -> int:
+    """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
+
+    The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `--base`
+    (a profile `gnnc probe` wrote) or, without it, from measuring this host once the links are done.
+    """
+    # deferred: a command loads torch and the planner only when it needs them
+    from gnnc import api
+    from gnnc.cluster import ClusterProfile, load_profile
+    from gnnc.passes.cost.fit import fit_profile
+    from gnnc.runtime.launch import join_torchrun, started_by_torchrun
+    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, machine_fields, probe_layer_samples
+    from gnnc.runtime.probe_network import network_probe, profile_fields
+
+    if not started_by_torchrun():
+        raise GnncError("gnnc probe --network measures the links between the ranks of a torchrun job: start it "
+                        "with torchrun on every host (benchmarks/cluster/emulated.py probe does so for the "
+                        "emulated cluster)")
+    if not args.output:
+        raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
+    base = load_profile(args.base) if args.base else None  # read before the job: a bad file fails fast
+    measured = join_torchrun(network_probe, timeout_s=args.timeout)
+    if measured is None:
+        return 0  # a rank other than 0: rank 0 writes the profile
+    network = profile_fields(measured)
+    workers = network["workers"]
+    if base is not None:
+        profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
+                                            "unit_costs": []}, "probe")
+    else:
+        features, hidden, classes = PROBE_WIDTHS
+        model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden,
+                                      classes=classes)
+        program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
+        profile = ClusterProfile.from_dict({**machine_fields(threads), **network, "name": "measured", "t_c": None},
+                                           "probe")
+        # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
+        fitted = fit_profile(program, samples, PROBE_WIDTHS, profile.worker_bandwidth(workers))
+        profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
+    path = Path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    print(profile.to_json(), end="")
+    inter = [link for link in profile.links if not link.same_host] or list(profile.links)
+    print(f"{len(profile.links)} links: bandwidth {min(x.bandwidth for x in inter) * 8 / 1e9:.3g}.."
+          f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
+          f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
+          f"(profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us)", file=sys.stderr)
+    for c in profile.collectives:
+        print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
+              f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -337,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the device the plan will run on: `--cluster local` is its `gnnc probe --device` profile")
     c.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="bytes predicted per exchanged element and the rates priced (fp32: 4 bytes, bf16/fp16: 2)")
+    _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_compile)
 
@@ -378,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--precision", choices=PRECISIONS,
                    help="fp32 (default, exact), bf16 or fp16: products in 16 bits under autocast, fp32 master "
                         "weights, fp16 with loss scaling; a plan runs at the precision it was compiled for")
+    _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     c.add_argument("--no-progress", action="store_true")
@@ -391,6 +482,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int)
     c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
                    help="measure the CPU, or this machine's GPUs (rates, NCCL link, unit costs) with cuda/auto")
+    c.add_argument("--network", action="store_true",
+                   help="under torchrun: measure the links and collectives between the job's ranks (rank 0 "
+                        "writes the profile of the job's machines)")
+    c.add_argument("--base", metavar="PROFILE.json",
+                   help="with --network: take each machine's own figures from this profile instead of measuring")
+    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --network: how long a rank waits for its peers")
     c.set_defaults(fn=cmd_probe)
 
     c = sub.add_parser("clusters", help="list the cluster presets")

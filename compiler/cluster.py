@@ -25,6 +25,9 @@ The JSON format (`version` 1) holds every field of `ClusterProfile` by name. `gn
 writes `unit_costs`, NeutronStar's T_v, T_e, T_c per layer width as it fitted them (a list of
 `LayerUnitCosts` objects); the field is optional, left out when empty, so files without it (and
 every older profile) still load, and a profile without a fit is written exactly as before.
+`gnnc probe --network` (under torchrun) adds `links` and `collectives`, what it measured between
+the job's ranks (`LinkMeasurement`, `CollectiveMeasurement`), optional and left out when empty in
+the same way.
 """
 from __future__ import annotations
 
@@ -69,6 +72,36 @@ class LayerUnitCosts:
 
 
 @dataclass(frozen=True)
+class LinkMeasurement:
+    """One direction of a link between two ranks, as `gnnc probe --network` measured it.
+
+    src, dst: the ranks; same_host: whether they share a host (the link is then the machine's own).
+    latency: seconds, half the round trip of a one-element message.
+    bandwidth: bytes/s of a large message from src to dst.
+    """
+
+    src: int
+    dst: int
+    same_host: bool
+    latency: float
+    bandwidth: float
+
+
+@dataclass(frozen=True)
+class CollectiveMeasurement:
+    """One collective over every rank, as `gnnc probe --network` measured it.
+
+    op: "all_reduce" or "all_to_all"; bytes: the buffer each rank holds; seconds: the median call;
+    bandwidth: bytes/s each rank sent (a ring all-reduce sends 2(P-1)/P of the buffer, an all-to-all (P-1)/P).
+    """
+
+    op: str
+    bytes: int
+    seconds: float
+    bandwidth: float
+
+
+@dataclass(frozen=True)
 class ClusterProfile:
     """The machines a plan runs on.
 
@@ -95,6 +128,9 @@ class ClusterProfile:
     description: one line for `gnnc clusters`.
     unit_costs: the per-layer-width T_v, T_e, T_c behind t_v, t_e, t_c, in NeutronStar's units
         (`LayerUnitCosts`); empty unless `gnnc probe` fitted them.
+    links, collectives: what `gnnc probe --network` measured between the ranks of a torchrun job
+        (per link and direction; per collective), behind inter_bandwidth, intra_bandwidth and latency;
+        empty otherwise.
     gemm_rate_bf16, gemm_rate_fp16: dense FLOP/s of one worker in bfloat16 / float16 with float32
         accumulation (a GPU's tensor cores), what `--precision bf16|fp16` prices dense maps at;
         None: no faster than gemm_rate (the type has no hardware path there, or nobody measured it).
@@ -117,6 +153,8 @@ class ClusterProfile:
     t_c: float | None = None
     description: str = ""
     unit_costs: tuple[LayerUnitCosts, ...] = ()
+    links: tuple[LinkMeasurement, ...] = ()
+    collectives: tuple[CollectiveMeasurement, ...] = ()
     gemm_rate_bf16: float | None = None
     gemm_rate_fp16: float | None = None
     spmm_rate_16: float | None = None
@@ -185,9 +223,10 @@ class ClusterProfile:
 
     def to_dict(self) -> dict[str, Any]:
         data = {"version": PROFILE_VERSION, **asdict(self)}
-        data["unit_costs"] = [dict(u) for u in data["unit_costs"]]
-        if not data["unit_costs"]:
-            del data["unit_costs"]  # optional: a profile without a fit reads as it always did
+        for key in ("unit_costs", "links", "collectives"):
+            data[key] = [dict(u) for u in data[key]]
+            if not data[key]:
+                del data[key]  # optional: a profile without a fit or a network probe reads as it always did
         for key in _OPTIONAL_RATES:
             if data[key] is None:
                 del data[key]  # likewise: a profile without 16-bit rates is written as before
@@ -221,7 +260,10 @@ class ClusterProfile:
                 raise GnncError(f"{where}: missing field '{name}'")
             else:
                 values[name] = f.default
-        values["unit_costs"] = _unit_costs_from_json(values["unit_costs"], where)
+        values["unit_costs"] = _records_from_json(values["unit_costs"], LayerUnitCosts, "unit_costs", where,
+                                                  frozenset({"const"}))
+        values["links"] = _records_from_json(values["links"], LinkMeasurement, "links", where)
+        values["collectives"] = _records_from_json(values["collectives"], CollectiveMeasurement, "collectives", where)
         _validate(values, where)  # with the caller's `where` (the file), before __post_init__ repeats it
         # JSON integers in float fields (e.g. "latency": 0) become floats, so equal profiles compare equal
         return cls(**{k: float(v) if _FIELD_KIND[k].startswith("float") and v is not None else v
@@ -232,8 +274,8 @@ _FIELD_KIND = MappingProxyType({
     "name": "str", "workers": "int", "devices_per_node": "int", "intra_bandwidth": "float",
     "inter_bandwidth": "float", "latency": "float", "topology": "str", "memory_per_worker": "float",
     "memory_bandwidth": "float", "gemm_rate": "float", "spmm_rate": "float", "t_v": "float?",
-    "t_e": "float?", "t_c": "float?", "description": "str", "unit_costs": "unit_costs",
-    "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
+    "t_e": "float?", "t_c": "float?", "description": "str", "unit_costs": "unit_costs", "links": "links",
+    "collectives": "collectives", "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
 })
 _OPTIONAL_RATES = ("gemm_rate_bf16", "gemm_rate_fp16", "spmm_rate_16")
 _UNITS = MappingProxyType({
@@ -244,22 +286,44 @@ _UNITS = MappingProxyType({
 })
 
 
-def _unit_costs_from_json(value: Any, where: str) -> tuple[LayerUnitCosts, ...]:
-    """`unit_costs` from JSON (a list of objects) or as built in Python; a bad entry is named."""
+def _records_from_json(value: Any, kind: type, name: str, where: str,
+                       optional: frozenset[str] = frozenset()) -> tuple[Any, ...]:
+    """`unit_costs`, `links` or `collectives` from JSON (a list of objects with `kind`'s fields, those in
+    `optional` may be left out) or as built in Python; a bad entry is named."""
     if not isinstance(value, (list, tuple)):
-        raise GnncError(f"{where}: field 'unit_costs' must be a list, got {value!r}")
-    known = {f.name for f in fields(LayerUnitCosts)}
+        raise GnncError(f"{where}: field '{name}' must be a list, got {value!r}")
+    known = {f.name for f in fields(kind)}
     out = []
     for i, entry in enumerate(value):
-        if isinstance(entry, LayerUnitCosts):
+        if isinstance(entry, kind):
             out.append(entry)
-            continue
-        if not isinstance(entry, dict) or set(entry) - known or {"d_in", "d_out", "row_width", "T_v", "T_e",
-                                                                  "T_c"} - set(entry):
-            raise GnncError(f"{where}: field 'unit_costs' entry {i} must be an object with the fields "
-                            f"{', '.join(sorted(known))} (const optional), got {entry!r}")
-        out.append(LayerUnitCosts(**entry))
+        elif isinstance(entry, dict) and known - optional <= set(entry) <= known:
+            out.append(kind(**entry))
+        else:
+            extra = f" ({', '.join(sorted(optional))} optional)" if optional else ""
+            raise GnncError(f"{where}: field '{name}' entry {i} must be an object with the fields "
+                            f"{', '.join(sorted(known))}{extra}, got {entry!r}")
     return tuple(out)
+
+
+def _check_measurements(value: Any, kind: type, name: str, where: str) -> None:
+    """Each `links`/`collectives` entry: integer ranks and bytes, a known op, finite positive times and rates."""
+    if not isinstance(value, tuple) or not all(isinstance(u, kind) for u in value):
+        raise GnncError(f"{where}: field '{name}' must be a tuple of {kind.__name__}, got {value!r}")
+    for i, u in enumerate(value):
+        for f in fields(kind):
+            v = getattr(u, f.name)
+            if f.name in ("src", "dst", "bytes"):
+                ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            elif f.name == "same_host":
+                ok = isinstance(v, bool)
+            elif f.name == "op":
+                ok = v in ("all_reduce", "all_to_all")
+            else:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+                    v >= 0 if f.name == "latency" else v > 0)
+            if not ok:
+                raise GnncError(f"{where}: field '{name}' entry {i}: '{f.name}' is not valid, got {v!r}")
 
 
 def _check_unit_costs(value: Any, where: str) -> None:
@@ -286,6 +350,9 @@ def _check_types(data: dict[str, Any], where: str) -> None:
         kind = _FIELD_KIND[key]
         if kind == "unit_costs":
             _check_unit_costs(value, where)
+            continue
+        if kind in ("links", "collectives"):
+            _check_measurements(value, LinkMeasurement if kind == "links" else CollectiveMeasurement, kind, where)
             continue
         if kind == "str":
             ok = isinstance(value, str)

@@ -19,7 +19,7 @@ from gnnc.ir import Program
 from gnnc.ir.ops import COMM_OPS
 from gnnc.ir.ops import fmt_shape
 from gnnc.plan.strategies import describe_assignment
-from gnnc.runtime.metrics import read_metrics
+from gnnc.runtime.metrics import epoch_records, read_metrics
 
 
 def table(program: Program) -> str:
@@ -129,6 +129,12 @@ def explain(plan) -> str:
     for layer in plan.program.graph_layers():
         lines.append(f"  {layer.name} {layer.op}: {layer.attr('strategy', 'local')}"
                      + ("" if plan.workers > 1 else " (one worker)"))
+    sampling = plan.sampling
+    if sampling is not None:
+        lines.append(f"sampled minibatches: fan-out {sampling.text} (hop order), batch {sampling.batch_size}, "
+                     f"schedule {plan.schedule}")
+    for note in plan.meta.get("approximations", []):
+        lines.append(f"approximate: {note}")
     planner = plan.meta.get("planner")
     if planner:
         cluster = planner.get("cluster")
@@ -136,10 +142,12 @@ def explain(plan) -> str:
                      f": predicted {planner['predicted_time_s'] * 1000:.3f} ms/epoch, "
                      f"{planner['predicted_memory_bytes'] / 2**20:.1f} MiB/worker")
         alternatives = sorted(planner.get("alternatives", []), key=lambda a: a["time_s"])
-        rows = [(describe_assignment(a["strategies"]), f"{a['time_s'] * 1000:.3f}", f"{a['bytes'] / 1e6:.3f}",
-                 f"{a['memory_bytes'] / 2**20:.1f}",
-                 (" <- chosen" if a["strategies"] == planner["strategies"] else "")
-                 + (f" (user cost: {'; '.join(a['user_costs'])})" if a.get("user_costs") else ""))
+        rows = [(describe_assignment(a["strategies"]) + (f" [{a['schedule']}]" if "schedule" in a else ""),
+                 f"{a['time_s'] * 1000:.3f}", f"{a['bytes'] / 1e6:.3f}", f"{a['memory_bytes'] / 2**20:.1f}",
+                 (" <- chosen" if a["strategies"] == planner["strategies"]
+                  and a.get("schedule", plan.schedule) == plan.schedule else "")
+                 + (f" (user cost: {'; '.join(a['user_costs'])})" if a.get("user_costs") else "")
+                 + (" (approximate: " + "; ".join(a["approximate"]) + ")" if a.get("approximate") else ""))
                 for a in alternatives]
         lines += _columns(("strategies", "time ms", "MB/epoch", "MiB/worker"), rows)
         lines += _why(planner, alternatives, names)
@@ -249,7 +257,9 @@ def schedule_of(plan) -> dict[str, Any]:
     schedule = (plan.meta.get("planner") or {}).get("schedule")
     if not schedule:
         why = ("the planner did not run for it (one worker, or --strategy fixed every layer)"
-               if not plan.meta.get("planner") else "it was compiled by a gnnc that did not record one")
+               if not plan.meta.get("planner") else
+               "the planner predicts sampled minibatch training per epoch, not stage by stage"
+               if plan.sampling is not None else "it was compiled by a gnnc that did not record one")
         raise GnncError(f"this plan has no predicted schedule: {why}; compile it with --workers N and without "
                         f"--strategy to let the planner predict one")
     return schedule
@@ -349,7 +359,7 @@ def _epoch_blocks(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def read_run(path: str) -> list[dict[str, Any]]:
     """The records of `gnnc run --metrics PATH`, checked for the fields a trace needs."""
     try:
-        records = read_metrics(path)
+        records = epoch_records(read_metrics(path))  # a sampled run's minibatch records are not drawn
     except FileNotFoundError:
         raise GnncError(f"--metrics {path}: no such file") from None
     except (OSError, ValueError) as err:

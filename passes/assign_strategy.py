@@ -23,6 +23,7 @@ from gnnc.passes.manager import PassContext, register_pass
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 DEFAULT_STRATEGY = "depcomm"  # what several workers run when neither the user nor the planner chose
+DEFAULT_SAMPLED = "dp-sample"  # the same for sampled minibatches
 
 
 def spans_segment(name: str) -> bool:
@@ -30,7 +31,7 @@ def spans_segment(name: str) -> bool:
     return STRATEGIES[name].span == "segment"
 
 
-def strategies_for(program: Program, spec: str | list[str] | None, workers: int) -> list[str]:
+def strategies_for(program: Program, spec: str | list[str] | None, workers: int, batching: str = "full") -> list[str]:
     layers = program.graph_layers()
     if workers == 1:
         (local,) = strategy_names(single_worker=True)
@@ -38,9 +39,11 @@ def strategies_for(program: Program, spec: str | list[str] | None, workers: int)
             raise GnncError(f"--strategy {spec}: one worker runs every layer locally; use --nproc N > 1")
         return [local] * len(layers)
     if spec is None:
-        spec = DEFAULT_STRATEGY
+        spec = DEFAULT_STRATEGY if batching == "full" else DEFAULT_SAMPLED
     names = spec.split(",") if isinstance(spec, str) else list(spec)
-    if len(names) == 1:
+    if len(names) == 1 and batching == "sampled" and names[0] in STRATEGIES and STRATEGIES[names[0]].first_layer_only:
+        names = names + [DEFAULT_SAMPLED] * (len(layers) - 1)  # P3: the layers after its first run data-parallel
+    elif len(names) == 1:
         names = names * len(layers)
     if len(names) != len(layers):
         raise GnncError(f"--strategy names {len(names)} strategies for {len(layers)} graph layers")
@@ -49,6 +52,10 @@ def strategies_for(program: Program, spec: str | list[str] | None, workers: int)
             raise GnncError(f"unknown strategy '{s}' (known: {', '.join(STRATEGIES)})")
         if STRATEGIES[s].single_worker:
             raise GnncError(f"layer {layer.name} ({layer.op}): '{s}' needs a single worker")
+        if batching not in STRATEGIES[s].batching:
+            mode = "full-graph steps" if batching == "full" else "sampled minibatches (--fanout)"
+            raise GnncError(f"layer {layer.name} ({layer.op}): '{s}' does not train {mode}, which run "
+                            f"{', '.join(strategy_names(batching=batching, single_worker=False))}")
         if not STRATEGIES[s].runnable:
             raise GnncError(f"layer {layer.name} ({layer.op}): the runtime does not execute '{s}' yet "
                             f"(it runs {', '.join(strategy_names(runnable=True, single_worker=False))})")
@@ -123,7 +130,7 @@ def check_segment_inputs(program: Program, names: list[str], starts: list[int]) 
 @register_pass("assign-strategy", "annotate graph layers with their strategy: choose-strategy's, else the default",
                requires=("typed",), preserves=(PlanningInputs,))
 def assign_strategy(program: Program, ctx: PassContext) -> Program:
-    names = strategies_for(program, ctx.results.strategy, ctx.workers)
+    names = strategies_for(program, ctx.results.strategy, ctx.workers, "full" if ctx.sampling is None else "sampled")
     starts = segment_starts(names, ctx.results.segments)
     check_segment_inputs(program, names, starts)
     it = iter(zip(names, starts))

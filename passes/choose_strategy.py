@@ -86,12 +86,13 @@ def layer_dims(program: Program) -> tuple[list[float], list[float]]:
     return dims, heads
 
 
-def candidates(program: Program, allow: list[str] | None) -> list[str]:
-    plannable = strategy_names(plannable=True)
+def candidates(program: Program, allow: list[str] | None, approximate: bool = False) -> list[str]:
+    plannable = strategy_names(plannable=True, batching="full")
     allowed = list(allow) if allow else list(plannable)
     for s in allowed:
         if s not in plannable:
             raise GnncError(f"--allow {s}: the planner chooses among {', '.join(plannable)}")
+    allowed = [s for s in allowed if STRATEGIES[s].exact or approximate]  # approximate ones: --approximate only
     first = program.graph_layers()[0]
     # a strategy that splits the input features needs a first layer linear in them (P3's legality)
     return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
@@ -149,7 +150,7 @@ class PricedPlan:
 
 
 def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
-               planned: PlanningInputs | None = None) -> PricedPlan:
+               planned: PlanningInputs | None = None, approximate: bool = False) -> PricedPlan:
     """Segment costs (time, memory) for the DP, and the compiled formulas behind them.
 
     `planned`: the planning inputs when the caller has them already (the pass's analysis cache).
@@ -161,7 +162,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     if planned is None:
         planned = PlanningInputs(*planning_inputs(program, graph, parts, profile))
     stats, inputs, shapes = planned.stats, planned.inputs, planned.shapes
-    allowed = candidates(program, allow)
+    allowed = candidates(program, allow, approximate)
     seg_cost: dict[tuple[int, int, str], tuple[float, float]] = {}
     formulas: dict[tuple[int, int, str], Any] = {}
     values: dict[tuple[int, int, str], Any] = {}
@@ -183,7 +184,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
                 from gnnc.passes.select_hybrid import select
 
                 chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost)
-                extra, value = chosen.values, chosen.value
+                extra, value, cost = chosen.values, chosen.value, chosen.formula
             else:
                 value = evaluate_cost(cost, inputs, extra)
             seg_cost[(start, end, s)] = (value.time, value.memory)
@@ -208,8 +209,8 @@ def _shape(param, program: Program) -> list[int]:
 
 
 def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
-           planned: PlanningInputs | None = None) -> PlannerReport:
-    priced = plan_costs(program, graph, parts, profile, allow, planned)
+           planned: PlanningInputs | None = None, approximate: bool = False) -> PlannerReport:
+    priced = plan_costs(program, graph, parts, profile, allow, planned, approximate)
     formulas, values, inputs, allreduce, allowed = (priced.formulas, priced.values, priced.inputs, priced.allreduce,
                                                     priced.allowed)
     L = len(program.graph_layers())
@@ -275,8 +276,17 @@ def choose_strategy(program: Program, ctx: PassContext, opts: ChooseStrategyOpti
         return program
     if ctx.workers == 1:
         return program
+    if ctx.sampling is not None:  # sampled minibatches: P3's question on a dry run of the sampler
+        # cycle: plan_sampled reads this module's layer shapes and report
+        from gnnc.passes.plan_sampled import choose_sampled
+
+        report, ctx.results.schedule = choose_sampled(program, ctx, list(opts.allow) or None)
+        ctx.results.strategy = ",".join(report.strategies)
+        ctx.results.segments = report.segments
+        ctx.results.planner = report
+        return program
     planned = ctx.analyses.get(PlanningInputs, program)
-    report = choose(program, ctx.graph, ctx.parts, ctx.cluster, list(opts.allow) or None, planned)
+    report = choose(program, ctx.graph, ctx.parts, ctx.cluster, list(opts.allow) or None, planned, ctx.approximate)
     ctx.results.strategy = ",".join(report.strategies)
     ctx.results.segments = report.segments
     ctx.results.planner = report

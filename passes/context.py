@@ -62,7 +62,8 @@ class PassResults:
     planner: choose-strategy's PlannerReport (choice, alternatives, crossovers, schedule).
     hybrid_cached: {graph layer: [global ids per worker]} each hybrid segment caches (select-hybrid).
     hybrid_selection: select-hybrid's prediction, one entry per hybrid segment.
-    predicted_bytes: bytes per training step by communication kind (predict-bytes).
+    predicted_bytes: bytes per training step by communication kind (predict-bytes; per epoch when sampled).
+    schedule: the step schedule (gnnc.plan.schedules) the planner chose, None: the caller's or sequential.
     """
 
     strategy: str | list[str] | None = None
@@ -71,6 +72,7 @@ class PassResults:
     hybrid_cached: dict[int, list[Any]] | None = None
     hybrid_selection: list[dict[str, Any]] | None = None
     predicted_bytes: dict[str, int] | None = None
+    schedule: str | None = None
 
 
 @dataclass
@@ -83,6 +85,10 @@ class PassContext:
     cluster: the cluster profile the cost model prices on, resolved once by the caller.
     hybrid_cached: a hybrid selection fixed by the caller (gnnc.compile(hybrid_cached=...)),
         which select-hybrid checks and uses instead of choosing one.
+    sampling: the fan-outs and batch size of sampled minibatch training (`--fanout`), None for
+        full-graph steps; the planner then prices the sampled strategies on a seeded dry run.
+    seed: the run's seed (the dry run samples what the run will).
+    approximate: the planner may choose approximate strategies and schedules (`--approximate`).
     precision: the run's precision (gnnc.plan.precision): the bytes of each exchanged element
         (predict-bytes) and the rates and bytes the cost model prices.
     """
@@ -92,6 +98,9 @@ class PassContext:
     partition: "Partition | None" = None
     cluster: "ClusterProfile | None" = None
     hybrid_cached: dict[int, list[Any]] | None = None
+    sampling: Any = None  # a gnnc.graph.sampling.SamplingConfig
+    seed: int = 0
+    approximate: bool = False
     precision: str = DEFAULT_PRECISION
     results: PassResults = field(default_factory=PassResults)
     analyses: AnalysisCache = field(init=False, repr=False)

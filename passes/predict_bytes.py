@@ -103,6 +103,12 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
 def predict_bytes(program: Program, ctx: PassContext) -> Program:
     if ctx.workers == 1:
         return program
+    if ctx.sampling is not None:  # per epoch, from the planner's dry run of the sampler
+        # cycle: plan_sampled imports this module's byte conventions
+        from gnnc.passes.plan_sampled import predict_sampled
+
+        program, ctx.results.predicted_bytes = predict_sampled(program, ctx)
+        return program
     program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached, ctx.precision)
     ctx.results.predicted_bytes = totals
     return program

@@ -598,6 +598,37 @@ def reduce_scatter(x: Tensor, sizes: Sequence[int], stats: CommStats, *, dim: in
     return _run(_GatherScatter(sizes, dim, False, stats, label, group), x)
 
 
+class Posted:
+    """A gather or reduce-scatter posted outside autograd; `wait()` returns its result.
+
+    For callers that schedule the phases of several steps themselves (P3's pipeline in
+    gnnc.runtime.minibatch): they post a phase's exchange, run other steps' phases, then wait.
+    `direction` is the byte counters' ("bwd" for the gradient a backward phase sends).
+    """
+
+    def __init__(self, op: _GatherScatter, direction: str, post: Any, x: Tensor):
+        self.op = op
+        self.direction = direction
+        op._timed(direction, post, x, direction)
+
+    def wait(self) -> Tensor:
+        return self.op._timed(self.direction, self.op._finish)
+
+
+def post_all_gather(x: Tensor, sizes: Sequence[int], stats: CommStats, *, label: str, direction: str = "fwd",
+                    group: Group = None) -> Posted:
+    """`all_gather` along dim 0, posted; no autograd (the caller sends gradients itself)."""
+    op = _GatherScatter(sizes, 0, True, stats, label, group)
+    return Posted(op, direction, op._post_gather, x.detach().contiguous())
+
+
+def post_reduce_scatter(x: Tensor, sizes: Sequence[int], stats: CommStats, *, label: str, direction: str = "fwd",
+                        group: Group = None) -> Posted:
+    """`reduce_scatter` along dim 0, posted; no autograd."""
+    op = _GatherScatter(sizes, 0, False, stats, label, group)
+    return Posted(op, direction, op._post_scatter, x.detach().contiguous())
+
+
 # --- staged broadcast (MG-GCN bcast1d) ---------------------------------------------------------
 
 

@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 from gnnc.ir import Eqn, Program
-from gnnc.ir.ops import op_def, reads_structure
+from gnnc.ir.ops import reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.runtime import comm
 from gnnc.runtime import device as devices
-from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params, init_state
+from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
 from gnnc.runtime.launch import DistConfig
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.shards import RankData, load_rank
@@ -122,7 +122,7 @@ class FeaturePhase:
     cols: tuple[int, int]  # this worker's feature slice [start, stop)
 
 
-class DistInterpreter(Interpreter):
+class DistInterpreter(PrefixRowsInterpreter):
     """Runs each layer in its strategy's layout: feature-sliced up to P3's pull, rows elsewhere.
 
     Rows of different layers are prefixes of one order (gnnc.plan.rows),
@@ -190,15 +190,6 @@ class DistInterpreter(Interpreter):
                 env[e.outs[0].name] = local + remote
                 continue
             env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
-
-    def compute(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
-        if op_def(e.op).row_wise:
-            vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
-            n = min((ins[k].shape[0] for k in vertex), default=0)
-            ins = [_dense(t)[:n] if k in vertex and t.shape[0] != n else t for k, t in enumerate(ins)]
-        elif e.op == "sddmm" and view is not None:
-            ins = [ins[0], ins[1][: view.csr.n_dst]]  # destination side: the layer's output rows
-        return super().compute(e, ins, view, ctx)
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:
@@ -391,9 +382,13 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
+    return train_and_report(DistWorker(cfg, job), cfg, job)
+
+
+def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> dict[str, Any] | None:
+    """Train rank `w` (`job`: train, metrics_path, want_logits); rank 0 returns the summary."""
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
-    w = DistWorker(cfg, job)
     summary, logits, history = fit(w, job.train, job.metrics_path)
     peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64, device=w.device)).cpu()
     gathered = w.gather_logits(logits) if job.want_logits else None

@@ -125,6 +125,25 @@ class Interpreter:
         return impl.fn(e, ins, view, ctx)
 
 
+class PrefixRowsInterpreter(Interpreter):
+    """An interpreter for values whose row sets are prefixes of one order, as distributed layers' rows
+    (gnnc.plan.rows) and a minibatch's blocks (a block's destinations are the first of its sources) are:
+    a vertex-wise op meeting two of them keeps the shorter prefix, and an `sddmm` reads its
+    destination side from the layer's output rows."""
+
+    def compute(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+        if op_def(e.op).row_wise:
+            vertex = [k for k, v in enumerate(e.ins) if v.type is not None and v.type.domain == "vertex"]
+            n = min((ins[k].shape[0] for k in vertex), default=0)
+            ins = [_dense(t)[:n] if k in vertex and t.shape[0] != n else t for k, t in enumerate(ins)]
+        elif e.op == "sddmm" and view is not None:
+            ins = [ins[0], ins[1][: view.csr.n_dst]]  # destination side: the layer's output rows
+        return super().compute(e, ins, view, ctx)
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    return x.to_dense() if x.is_sparse else x
+
 _NOT_KEPT = torch.empty(0)
 
 

@@ -32,7 +32,9 @@ unwind like Ctrl-C: the workers are stopped and temporary files removed.
 Nothing listens beyond this machine for a local launch: the rendezvous store
 is served on a socket bound to 127.0.0.1 (TCPStore on its own binds every
 interface whatever host it is given) and gloo is pinned to the loopback
-interface. Under torchrun, a rank that serves the store binds MASTER_ADDR.
+interface. Under torchrun, a rank that serves the store binds MASTER_ADDR, and
+gloo listens on the interface that reaches MASTER_ADDR (gnnc.runtime.netif),
+unless GLOO_SOCKET_IFNAME names one.
 
 A worker hands its result back as a file in the launcher's private temporary
 directory, written with torch.save and read with `torch.load(weights_only=True)`:
@@ -75,6 +77,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from gnnc.files import atomic_write
 from gnnc.errors import GnncError
 from gnnc.runtime.main_guard import check_main_guard
+from gnnc.runtime.netif import interface_toward
+from gnnc.runtime.peers import PeerTable, diagnose, exchange_addresses
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -237,9 +241,13 @@ class DistConfig:
         if "MASTER_ADDR" not in env:
             raise LaunchError("environment variable MASTER_ADDR is not set: this process was not "
                               "started by torchrun")
+        # gloo listens where the job's peers can reach it: the interface named in GLOO_SOCKET_IFNAME,
+        # else the one that carries this machine's traffic to the rendezvous host (gloo's own default,
+        # what the hostname resolves to, is loopback on many machines and in every network namespace).
+        ifname = env.get("GLOO_SOCKET_IFNAME") or interface_toward(env["MASTER_ADDR"], port)
         return cls(rank=rank, world_size=world_size, local_rank=local_rank,
                    master_addr=env["MASTER_ADDR"], master_port=port, device=device,
-                   timeout_s=timeout_s, store_hosted=hosted, gloo_ifname=None,
+                   timeout_s=timeout_s, store_hosted=hosted, gloo_ifname=ifname,
                    store_prefix=f"/worker/attempt_{attempt}" if hosted else "")
 
 
@@ -335,13 +343,41 @@ def join_torchrun(fn: Callable[Concatenate[DistConfig, P], T], *args: P.args,
     others, and the process-group timeout bounds every collective meanwhile.
     `record` writes the exception to the file torchrun names in
     TORCHELASTIC_ERROR_FILE, so torchrun's failure summary shows it.
+
+    A job across machines can lose a link, and then gloo says only that it
+    timed out: the ranks exchange their addresses once the group is up, and a
+    rank whose collective fails asks which peers still answer
+    (gnnc.runtime.peers) and names the others in its last line on stderr.
     """
     cfg = DistConfig.from_env(device=device, timeout_s=timeout_s)
+    tables: list[PeerTable] = []
+
+    def with_peer_table(cfg: DistConfig, *args: P.args, **kwargs: P.kwargs) -> T:
+        if cfg.world_size > 1:
+            tables.append(exchange_addresses(cfg.master_addr, cfg.master_port))
+        return fn(cfg, *args, **kwargs)
+
     try:
-        return record(run_worker)(fn, cfg, *args, **kwargs)
+        return record(run_worker)(with_peer_table, cfg, *args, **kwargs)
     except BaseException as exc:
         traceback.print_exception(exc)
+        if tables and _is_communication_error(exc):
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            print(f"gnnc: rank {cfg.rank} of {cfg.world_size} stops: a collective failed ({first}); "
+                  f"{diagnose(tables[0], cfg.rank)}", file=sys.stderr)
         _exit_after_failure(exc)
+
+
+def end_joined_rank(code: int) -> NoReturn:
+    """End a torchrun rank whose command is done, skipping the interpreter's teardown.
+
+    As for a local worker (`_worker_entry`), the teardown runs the destructors
+    of torch.distributed's C++ objects, whose threads can race it: seen as a
+    rank that had finished its run dying of SIGABRT ("terminate called without
+    an active exception") in 1 of 14 runs across two emulated hosts, which
+    torchrun then reports as the job's failure.
+    """
+    _exit_now(code)
 
 
 def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",

@@ -95,6 +95,41 @@ class EpochRecord:
         return asdict(self)
 
 
+@dataclass
+class MinibatchRecord:
+    """What one rank measured in one minibatch of a sampled run (gnnc.runtime.minibatch); a metrics file
+    holds them beside the EpochRecords, marked `"kind": "minibatch"`.
+
+    Per graph layer (first layer first): the block's sampled source vertices, destination vertices and
+    edges of this rank's seeds. `loss`: this rank's share of the step's loss (the shares add up to it).
+    `phase_s`: seconds per phase (sample, gather, forward_m, forward_d, backward_d, backward_m,
+    allreduce, step). `bytes_by_op`: what the communication ops sent between this minibatch's
+    sampling and its optimizer step, by "label/op/direction" as in EpochRecord (under the pipelined
+    schedule that window also holds its neighbours' exchanges).
+    """
+
+    epoch: int
+    batch: int
+    rank: int
+    world_size: int
+    seeds: int
+    sampled_vertices: list[int]
+    sampled_dst: list[int]
+    sampled_edges: list[int]
+    loss: float | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    bytes_by_op: dict[str, int] = field(default_factory=dict)
+    kind: str = "minibatch"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def epoch_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The per-epoch records of a metrics file (without the per-minibatch ones of a sampled run)."""
+    return [r for r in records if r.get("kind") != "minibatch"]
+
+
 def _drop_epochs_from(path: Path, first: int) -> None:
     """Rewrite `path` (atomically) without the records of epoch `first` and later."""
     kept = []
@@ -157,9 +192,14 @@ class MetricsLog:
 
     def log(self, record: EpochRecord) -> list[dict[str, Any]] | None:
         """Append every rank's record for this epoch; rank 0 gets them back, the others None."""
+        got = self.log_many([record])
+        return None if got is None else [rec for recs in got for rec in recs]
+
+    def log_many(self, records: list[Any]) -> list[list[dict[str, Any]]] | None:
+        """Append every rank's records (EpochRecord or MinibatchRecord, one gather for all), rank by rank."""
         if self.path is None:
             return None
-        mine = record.to_json()
+        mine = [r.to_json() for r in records]
         if self.distributed and self.world_size > 1:
             gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
             dst = 0 if self.group is None else dist.get_global_rank(self.group, 0)
@@ -170,10 +210,11 @@ class MetricsLog:
             return None
         if self._fd is None:
             raise ValueError(f"metrics file {self.path} is closed")
-        for rec in gathered:
-            line = (json.dumps(rec, sort_keys=True, allow_nan=True) + "\n").encode()
-            # One write per line: a crash leaves whole lines before it.
-            os.write(self._fd, line)
+        for recs in gathered:
+            for rec in recs:
+                line = (json.dumps(rec, sort_keys=True, allow_nan=True) + "\n").encode()
+                # One write per line: a crash leaves whole lines before it.
+                os.write(self._fd, line)
         return gathered
 
     def close(self) -> None:
@@ -203,6 +244,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     epoch time; bytes_sent_per_epoch: bytes of all ranks, median over epochs;
     losses and accuracies: rank 0's last epoch; peak_rss_bytes: max over ranks.
     """
+    records = epoch_records(records)
     if not records:
         return {}
     by_epoch: dict[int, list[dict[str, Any]]] = {}

@@ -234,18 +234,23 @@ def probe_layer_samples(compile_program: Callable[[object], object], threads: in
     return program, samples
 
 
+def machine_fields(threads: int) -> dict:
+    """The machine's own figures (kernel rates, memory), as ClusterProfile fields."""
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return {"memory_per_worker": float(pages), "memory_bandwidth": memory_bandwidth(threads),
+            "gemm_rate": gemm_rate(threads), "spmm_rate": spmm_rate(threads)}
+
+
 def probe(threads: int, device: str = "cpu") -> dict:
     """Every measurement of the machine itself (kernel rates, memory, the link), as ClusterProfile fields."""
     if device == "cuda":
         return gpu_profile(threads)
     latency, bandwidth = link()
-    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     # `gnnc run --nproc N` runs its workers as processes on this one machine: one per core at most
     workers = max(1, os.cpu_count() or 1)
     return {"name": "local", "workers": workers, "devices_per_node": workers, "intra_bandwidth": bandwidth,
             "inter_bandwidth": bandwidth, "latency": latency, "topology": "loopback (gloo)",
-            "memory_per_worker": float(pages), "memory_bandwidth": memory_bandwidth(threads),
-            "gemm_rate": gemm_rate(threads), "spmm_rate": spmm_rate(threads),
+            **machine_fields(threads),
             "description": f"this machine as measured by gnnc probe ({threads} threads, {os.cpu_count()} cores)"}
 
 

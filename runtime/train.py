@@ -180,6 +180,20 @@ class Worker:
         with devices.autocast(self.device, self.cfg.precision):
             return forward(self.interp, params, self.inputs, self.context(training, epoch))
 
+    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int,
+                    scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+        """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch).
+        Returns the epoch's training loss (on the device: `fit` reads it with the epoch's metrics)."""
+        return train_step(self, params, opt, scaler, epoch)
+
+    def run_settings(self) -> dict[str, Any]:
+        """What else defines this worker's run, for the resume fingerprint (a sampled run's sampling)."""
+        return {}
+
+    def take_records(self) -> list[Any]:
+        """Metrics records of this epoch's steps besides the epoch's own (a sampled run's minibatches)."""
+        return []
+
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The logits and inputs of the rows this worker owns (the ones it reports)."""
         return logits, self.inputs
@@ -279,7 +293,8 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs,
             # a 16-bit run follows another trajectory (the device does not: a CPU checkpoint resumes on a GPU);
             # named only when not fp32, so checkpoints written before precisions existed still resume
-            **({} if cfg.precision == DEFAULT_PRECISION else {"precision": cfg.precision})}
+            **({} if cfg.precision == DEFAULT_PRECISION else {"precision": cfg.precision}),
+            **worker.run_settings()}
 
 
 def check_graph_inputs(name: str, stand_ins: dict[str, str]) -> None:
@@ -356,7 +371,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
             t0 = time.perf_counter()
-            loss = train_step(worker, params, opt, scaler, epoch)
+            loss = worker.train_epoch(params, opt, epoch, scaler)
             if worker.device.type == "cuda":
                 torch.cuda.synchronize(worker.device)  # the step's kernels are queued, not done: time them done
             elapsed = time.perf_counter() - t0
@@ -371,7 +386,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                    "time_s": slowest, "bytes_sent": int(counts[7])}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
-            log.log(record)
+            log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
             if not math.isfinite(rec["loss"]):
                 # Every rank sees the same summed loss, so all stop here together; no checkpoint of it.
                 raise TrainingDiverged(
@@ -407,12 +422,13 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 
 
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
-          on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Train `program` on `graph` in this process; the logits come back on the host."""
+          on_epoch: Callable[[dict[str, Any]], None] | None = None, worker: Worker | None = None) -> RunResult:
+    """Train `program` on `graph` in this process (`worker`: another kind of one-process Worker, such as
+    gnnc.runtime.minibatch's sampled minibatches; by default full-graph steps); the logits come back on the host."""
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
     check_graph_inputs(graph.name, graph.stand_ins)
-    summary, logits, history = fit(Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
+    summary, logits, history = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
                      summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"], graph=graph.name,
                      strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],

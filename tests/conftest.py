@@ -48,6 +48,15 @@ def random_graph(n: int = 40, e: int = 160, f: int = 12, c: int = 4, seed: int =
     return Graph(n, src.astype(np.int64), dst.astype(np.int64), x, y, train, val, test, f"random{seed}")
 
 
+def process_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 @pytest.fixture
 def small_graph() -> Graph:
     return random_graph()

@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import process_alive as _alive
 from gnnc.errors import GnncError
 from gnnc.runtime.launch import (DistConfig, LaunchError, PortInUseError, WorkerFailedError,
                                  launch)
@@ -32,15 +33,6 @@ FAILURE_DEADLINE_S = 60.0
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _children(pid: int) -> list[int]:

@@ -15,15 +15,19 @@ from gnnc.cli import build_parser
 from gnnc.errors import GnncError
 from gnnc.ir.ops import COMM_OPS
 from gnnc.passes.cost.layouts import boundary
-from gnnc.passes.cost.registry import has_formula, register_cost, segment_cost
+from gnnc.passes.cost.registry import has_formula, register_cost, sampled_formula, segment_cost
 from gnnc.passes.cost.symbols import LayerShape
+from gnnc.plan.sampled_shards import SAMPLED_LAYOUTS
 from gnnc.plan.strategies import LAYOUTS, STRATEGIES, StrategyDef, names, strategy
 from gnnc.runtime.distributed import EXCHANGES
 
 
 def test_the_registry_holds_the_strategies_design_md_names() -> None:
-    assert set(STRATEGIES) == {"depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "pipeline", "local"}
-    assert names(plannable=True) == ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull")  # the planner's order
+    assert set(STRATEGIES) == {"depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "dp-sample", "pipeline",
+                               "local"}
+    # the planner's order, full-graph and sampled (--fanout)
+    assert names(plannable=True, batching="full") == ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull")
+    assert names(plannable=True, batching="sampled") == ("pushpull", "dp-sample")
     assert names(runnable=False) == ("pipeline",)
     assert names(single_worker=True) == ("local",)
     assert [s.name for s in STRATEGIES.values() if not s.exact] == ["pipeline"]
@@ -37,10 +41,15 @@ def test_the_registry_holds_the_strategies_design_md_names() -> None:
 @pytest.mark.parametrize("name", names(runnable=True))
 def test_every_runnable_strategy_has_a_cost_formula_and_runtime_exchanges(name: str) -> None:
     sd = STRATEGIES[name]
-    assert has_formula(name)
-    span = (0, 1) if sd.span == "layer" else (0, 2)
-    cost = segment_cost(name, *span, [LayerShape()] * (span[1] - span[0]))
-    assert cost.name.startswith(f"{name}[")
+    if "full" in sd.batching:
+        assert has_formula(name)
+        span = (0, 1) if sd.span == "layer" else (0, 2)
+        cost = segment_cost(name, *span, [LayerShape()] * (span[1] - span[0]))
+        assert cost.name.startswith(f"{name}[")
+    if "sampled" in sd.batching and not sd.single_worker:  # one worker is not planned
+        assert has_formula(name, "sampled")
+        assert sampled_formula(name)(0, LayerShape()).name.startswith(f"{name}[")
+        assert sd.layout_in in SAMPLED_LAYOUTS, f"{name}: the sampled runtime holds no {sd.layout_in} layout"
     for op in sd.comm_ops:
         assert op in EXCHANGES, f"{name}: no runtime exchange for its op {op!r}"
         assert op in COMM_OPS, f"{name}: {op!r} is not a communication op of the IR"
@@ -80,3 +89,17 @@ def test_the_cli_lists_exactly_the_registry() -> None:
     with pytest.raises(SystemExit) as err:
         parser.parse_args(["compile", "m.gnn", "--allow", "depcomm,local"])
     assert err.value.code == 2
+
+
+def test_approximate_strategies_and_schedules_are_refused_without_the_flag_by_their_descriptors() -> None:
+    from gnnc.plan.approximation import approximations, require_exact
+    from gnnc.plan.schedules import SCHEDULES
+
+    inexact = [s.name for s in STRATEGIES.values() if not s.exact]
+    assert inexact == ["pipeline"] and [s.name for s in SCHEDULES.values() if not s.exact] == ["2f2b"]
+    assert approximations(["depcomm", "pushpull"], "sequential") == []
+    with pytest.raises(GnncError, match="strategy pipeline: a layer reads the historical embeddings.*--approximate"):
+        require_exact(["depcomm", "pipeline"], None, approximate=False)
+    with pytest.raises(GnncError, match="schedule 2f2b: each minibatch's gradient"):
+        require_exact(["pushpull"], "2f2b", approximate=False)
+    require_exact(["pipeline"], "2f2b", approximate=True)

@@ -18,11 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from gnnc.errors import PlanError
+from gnnc.errors import GnncError, PlanError
+from gnnc.graph.sampling import SamplingConfig
 from gnnc.files import atomic_write
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.precision import PRECISIONS
+from gnnc.plan.sampled_shards import check_sampled_shards_match, write_sampled_shards
+from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.shard_files import read_manifest
 from gnnc.plan.shards import check_shards_match, write_plan_shards
 
@@ -54,6 +57,17 @@ class Plan:
     cached: Any = None  # hybrid: per graph layer, per rank, the dependencies cached (global ids)
     graph: Any = field(default=None, repr=False, compare=False)  # what it was compiled on (not saved)
     shard_dir: Path | None = None  # per-rank shards, once written (`save`) or found (`load`)
+
+    @property
+    def sampling(self) -> SamplingConfig | None:
+        """The fan-outs and batch size of a plan for sampled minibatches, None for full-graph steps."""
+        data = self.meta.get("sampling")
+        return None if data is None else SamplingConfig.from_json(data, "plan")
+
+    @property
+    def schedule(self) -> str:
+        """The step schedule (gnnc.plan.schedules)."""
+        return self.meta.get("schedule") or "sequential"
 
     def to_json(self) -> dict[str, Any]:
         ir = str(self.program)
@@ -98,6 +112,9 @@ class Plan:
         """Every rank's shard of this plan (gnnc.plan.shards) into `directory`."""
         if self.graph is None or self.parts is None:
             raise PlanError("writing a plan's shards needs the graph it was compiled for and its partition")
+        if self.sampling is not None:
+            write_sampled_shards(self.program, self.graph, self.parts, self.workers, directory)
+            return Path(directory)
         write_plan_shards(self.program, self.graph, self.parts, self.workers, directory,
                           self.cached, progress)
         return Path(directory)
@@ -156,7 +173,9 @@ class Plan:
                     parts = np.load(io.BytesIO(blob), allow_pickle=False)
                 except (ValueError, OSError, EOFError) as err:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
-        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid") if k in data}
+        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
+                                     "schedule", "predicted_bytes_per_epoch", "approximations") if k in data}
+        _check_sampled_fields(meta, path)
         if "precision" in data:
             if data["precision"] not in PRECISIONS:
                 raise PlanError(f"{path}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
@@ -168,8 +187,29 @@ class Plan:
             meta["graph_stand_ins"] = stand_ins
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
         if shard_dir is not None:
-            check_shards_match(read_manifest(shard_dir), program, str(shard_dir))
+            manifest = read_manifest(shard_dir)
+            if manifest.get("kind") == "sampled":  # sampled shards: the feature layout the first layer reads
+                check_sampled_shards_match(manifest, program, str(shard_dir))
+            else:
+                check_shards_match(manifest, program, str(shard_dir))
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
+
+
+def _check_sampled_fields(meta: dict[str, Any], path: Path) -> None:
+    """A plan's sampling, schedule and approximations fields are data of known shape, or a PlanError."""
+    try:
+        if "sampling" in meta:
+            SamplingConfig.from_json(meta["sampling"], str(path))
+    except GnncError as err:
+        raise PlanError(err.message) from None
+    if "schedule" in meta and meta["schedule"] not in SCHEDULES:
+        raise PlanError(f"{path}: unknown schedule {meta['schedule']!r} (known: {', '.join(SCHEDULES)})")
+    notes = meta.get("approximations", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise PlanError(f"{path}: 'approximations' must be a list of sentences")
+    counts = meta.get("predicted_bytes_per_epoch", {})
+    if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
+        raise PlanError(f"{path}: 'predicted_bytes_per_epoch' must map names to integers")
 
 
 def _jsonable(v: Any) -> Any:

@@ -27,6 +27,12 @@ LAYOUTS = ("vertex", "feature", "replicated")  # how a value's N x width rows ar
 # "all": every vertex's row (a feature slice of it, or the whole graph on one worker).
 RowRule = Literal["owned", "neighbourhood", "selected", "blocks", "all"]
 
+# How a strategy trains: "full" (every step on the whole graph) and/or "sampled" (`--fanout`: every step on
+# a minibatch's sampled blocks, gnnc.graph.sampling). P3's push-pull is one strategy in both: the same
+# layer-1 split (a feature slice per worker, partial sums pulled to the owners), on the whole graph or on
+# the pushed layer-1 block of each minibatch.
+BATCHING = ("full", "sampled")
+
 
 @dataclass(frozen=True)
 class StrategyDef:
@@ -35,6 +41,7 @@ class StrategyDef:
     span: "layer" (a segment of one layer) or "segment" (consecutive layers as one unit).
     layout_in, layout_out: the layout (LAYOUTS) the strategy reads at its entry and leaves at its exit.
     exact: computes the single-process function (else the planner considers it only with --approximate).
+    approximates: what an approximate strategy changes (for --explain and the refusal without --approximate).
     comm_op: the op insert-comm puts before each read of neighbours' rows, None when none is needed.
     sync_op: the op a `sync` becomes (P3's pull), None when a sync stays a no-op.
     entry_op: the op that fetches the input's rows when a segment starts after the first graph layer.
@@ -44,6 +51,7 @@ class StrategyDef:
     rows: the row rule (RowRule above).
     halo: reads remote rows through a halo (possibly empty, as under DepCache).
     default_partition: the partition method compile uses for it when the user names none.
+    batching: the ways of training it runs in (BATCHING).
     """
 
     name: str
@@ -62,11 +70,18 @@ class StrategyDef:
     rows: RowRule = "owned"
     halo: bool = False
     default_partition: str | None = None
+    approximates: str = ""
+    batching: tuple[str, ...] = ("full",)
 
     def __post_init__(self) -> None:
         for layout in (self.layout_in, self.layout_out):
             if layout not in LAYOUTS:
                 raise ValueError(f"strategy {self.name}: layout {layout!r} is not one of {LAYOUTS}")
+        if not self.batching or not set(self.batching) <= set(BATCHING):
+            raise ValueError(f"strategy {self.name}: batching {self.batching!r} is not a subset of {BATCHING}")
+        if self.exact == bool(self.approximates):
+            raise ValueError(f"strategy {self.name}: an approximate strategy says what it approximates, "
+                             f"an exact one does not")
 
     @property
     def nested_rows(self) -> bool:
@@ -94,12 +109,20 @@ STRATEGIES: Mapping[str, StrategyDef] = _registry(
     StrategyDef("bcast1d", "MG-GCN's 1D SpMM: every row block broadcast in P stages",
                 "layer", "vertex", "vertex", comm_op="bcast_rows", rows="blocks", default_partition="random"),
     StrategyDef("pushpull", "P3's push-pull: the first layer on a feature slice, partial sums pulled to owners",
-                "layer", "feature", "vertex", sync_op="reduce_scatter", first_layer_only=True, rows="all"),
+                "layer", "feature", "vertex", sync_op="reduce_scatter", first_layer_only=True, rows="all",
+                batching=("full", "sampled")),
+    # DistDGL: every worker trains the seeds it owns on their sampled blocks (sampled: no exchange inside a
+    # layer); the first block's input features of remote vertices are pulled from their owners
+    StrategyDef("dp-sample", "DistDGL's data-parallel minibatches: each worker samples the seeds it owns and "
+                "pulls the features of sampled remote vertices", "layer", "vertex", "vertex",
+                rows="owned", default_partition="hash", batching=("sampled",)),
     # GNNPipe: each worker a contiguous range of layers over the whole graph, chunks pipelined
     StrategyDef("pipeline", "GNNPipe's layer pipeline with historical embeddings (approximate)",
-                "segment", "replicated", "replicated", exact=False, runnable=False, plannable=False, rows="all"),
+                "segment", "replicated", "replicated", exact=False, runnable=False, plannable=False, rows="all",
+                approximates="a layer reads the historical embeddings of neighbours not yet computed this epoch"),
     StrategyDef("local", "one worker runs every layer on the whole graph",
-                "layer", "replicated", "replicated", plannable=False, single_worker=True, rows="all"),
+                "layer", "replicated", "replicated", plannable=False, single_worker=True, rows="all",
+                batching=("full", "sampled")),
 )
 
 
@@ -112,12 +135,15 @@ def strategy(name: str) -> StrategyDef:
 
 
 def names(*, runnable: bool | None = None, plannable: bool | None = None,
-          single_worker: bool | None = None) -> tuple[str, ...]:
+          single_worker: bool | None = None, batching: str | None = None,
+          exact: bool | None = None) -> tuple[str, ...]:
     """The registered strategies' names, in registry order, filtered by the given facts."""
     return tuple(s.name for s in STRATEGIES.values()
                  if (runnable is None or s.runnable == runnable)
                  and (plannable is None or s.plannable == plannable)
-                 and (single_worker is None or s.single_worker == single_worker))
+                 and (single_worker is None or s.single_worker == single_worker)
+                 and (batching is None or batching in s.batching)
+                 and (exact is None or s.exact == exact))
 
 
 def describe_assignment(per_layer: list[str] | tuple[str, ...]) -> str:

@@ -15,13 +15,23 @@ import sympy
 from gnnc.passes.cost.symbols import Max, P, b_grad, bw, alpha, Cost, ZERO
 
 
-def all_to_all_time(send_bytes: sympy.Expr, recv_bytes: sympy.Expr) -> sympy.Expr:
+def all_to_all_time(send_bytes: sympy.Expr, recv_bytes: sympy.Expr, starts: sympy.Expr | None = None) -> sympy.Expr:
     """Personalised exchange with every peer (NeutronStar's ring order: P-1 steps).
 
     Full-duplex links: a worker's sends and receives proceed together, so the
-    larger of the two sets the time; one message start per step.
+    larger of the two sets the time; one message start per step, or `starts`
+    of them where the caller knows how many messages a worker really starts.
     """
-    return Max(send_bytes, recv_bytes) / bw + (P - 1) * alpha
+    return Max(send_bytes, recv_bytes) / bw + (P - 1 if starts is None else starts) * alpha
+
+
+def any_moved(rows: sympy.Expr) -> sympy.Expr:
+    """1 when a worker moves at least one row (`rows`, a count, is positive), else 0.
+
+    The runtime's ring exchange posts no message for an empty chunk
+    (gnnc.runtime.comm), so an exchange that carries nothing starts none.
+    """
+    return sympy.Min(1, rows, evaluate=False)
 
 
 def all_reduce_time(nbytes: sympy.Expr) -> sympy.Expr:
@@ -37,9 +47,10 @@ def reduce_scatter_time(send_bytes: sympy.Expr) -> sympy.Expr:
     return send_bytes / bw + (P - 1) * alpha
 
 
-def all_gather_time(recv_bytes: sympy.Expr) -> sympy.Expr:
-    """All-gather where this worker must receive `recv_bytes` (every other block); ring: P-1 steps."""
-    return recv_bytes / bw + (P - 1) * alpha
+def all_gather_time(recv_bytes: sympy.Expr, starts: sympy.Expr | None = None) -> sympy.Expr:
+    """All-gather where this worker must receive `recv_bytes` (every other block); ring: P-1 steps
+    (message starts), or `starts` where the caller knows how many a worker really starts."""
+    return recv_bytes / bw + (P - 1 if starts is None else starts) * alpha
 
 
 def broadcast_time(nbytes: sympy.Expr) -> sympy.Expr:

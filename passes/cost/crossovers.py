@@ -125,3 +125,26 @@ def _solve_bracket(diff: sympy.Expr, fn: Callable[[float], float], symbol: Symbo
         else:
             hi_x = mid
     return 0.5 * (lo_x + hi_x)
+
+
+def bytes_crossover(first: Cost, second: Cost, symbol: Symbol, inputs: CostInputs,
+                    extra: Values | None = None) -> list[Crossover]:
+    """Values of `symbol` where two costs send the same bytes, summed over workers (positive roots).
+
+    Bytes are sums of products of counts and widths, so the difference is a polynomial in `symbol`
+    (linear in a width) that sympy solves exactly. `first_faster_above`: the first sends fewer above it.
+    """
+    values = {s: v for s, v in table(inputs, extra).items() if s != symbol}
+    subs = [{s: sympy.Float(float(v[i])) for s, v in values.items()} for i in range(inputs.workers)]
+    diff = sum((as_expr(first.bytes) - as_expr(second.bytes)).xreplace(sub) for sub in subs)
+    diff = sympy.expand(diff)
+    if symbol not in diff.free_symbols:
+        return []
+    out = []
+    for root in sympy.solve(sympy.Eq(diff, 0), symbol):
+        value = complex(root)
+        if abs(value.imag) > 1e-12 or value.real <= 0:
+            continue
+        above = float(diff.subs(symbol, value.real * (1 + 1e-6)))
+        out.append(Crossover(symbol, value.real, sympy.Eq(diff, 0), above < 0))
+    return out

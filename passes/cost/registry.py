@@ -21,26 +21,40 @@ from gnnc.plan.strategies import names, strategy
 
 
 Formula = Callable[..., Cost]
-_FORMULAS: dict[str, Formula] = {}  # strategy name -> its built-in formula
+# (strategy name, batching) -> its built-in formula; batching is "full" or "sampled"
+# (gnnc.plan.strategies.BATCHING): P3's push-pull has one of each
+_FORMULAS: dict[tuple[str, str], Formula] = {}
 _USER_COSTS: dict[str, Formula] = {}  # strategy name -> a user's replacement (gnnc.register_cost)
 
 
-def cost_formula(name: str) -> Callable[[Formula], Formula]:
-    """Decorator: the built-in formula of strategy `name` (a registered descriptor, priced once)."""
+def cost_formula(name: str, batching: str = "full") -> Callable[[Formula], Formula]:
+    """Decorator: the built-in formula of strategy `name` (a registered descriptor, priced once per batching)."""
     sd = strategy(name)
-    if name in _FORMULAS:
-        raise ValueError(f"strategy {name!r} already has a cost formula ({_FORMULAS[name].__qualname__})")
+    if batching not in sd.batching:
+        raise ValueError(f"strategy {name!r} does not train {batching!r} (its descriptor: {sd.batching})")
+    if (name, batching) in _FORMULAS:
+        raise ValueError(f"strategy {name!r} already has a {batching} cost formula "
+                         f"({_FORMULAS[(name, batching)].__qualname__})")
 
     def deco(fn: Formula) -> Formula:
-        _FORMULAS[sd.name] = fn
+        _FORMULAS[(sd.name, batching)] = fn
         return fn
 
     return deco
 
 
-def has_formula(name: str) -> bool:
-    """Whether strategy `name` has a built-in formula (every runnable strategy does: tests/test_strategies.py)."""
-    return name in _FORMULAS
+def has_formula(name: str, batching: str = "full") -> bool:
+    """Whether strategy `name` has a built-in formula for `batching` (every runnable strategy has one for
+    each way it trains: tests/test_strategies.py)."""
+    return (name, batching) in _FORMULAS
+
+
+def sampled_formula(name: str) -> Formula:
+    """The built-in formula of strategy `name` on sampled minibatches (gnnc.passes.cost.sampled)."""
+    fn = _FORMULAS.get((name, "sampled"))
+    if fn is None:
+        raise ValueError(f"no sampled cost formula for strategy {name!r}")
+    return fn
 
 
 def register_cost(strategy_name: str) -> Callable[[Formula], Formula]:
@@ -67,7 +81,7 @@ def user_cost(name: str) -> Formula | None:
 
 def segment_cost(strategy_name: str, start: int, end: int, shapes: Sequence[LayerShape], **options: Any) -> Cost:
     """The built-in formula of `strategy_name` on layers [start, end) (per-layer strategies: end = start + 1)."""
-    fn = _FORMULAS.get(strategy_name)
+    fn = _FORMULAS.get((strategy_name, "full"))
     if fn is None:
         raise ValueError(f"no cost formula for strategy {strategy_name!r}")
     if strategy(strategy_name).span == "layer":

@@ -1,0 +1,340 @@
+"""Sampled minibatch training: every step runs the program's IR on one minibatch's blocks.
+
+Why this module exists: the IR does not change for minibatches. A block
+(gnnc.graph.sampling) becomes a GraphView with n_src != n_dst, each graph
+layer runs on its own block, and because a block's destinations are the first
+of its sources every row set of a step is a prefix of the first block's
+sources, which `PrefixRowsInterpreter` already handles (as it does for the
+distributed row sets). The loss of a step averages over the batch's seeds.
+Evaluation is not sampled: `Worker.forward` in evaluation mode runs every
+layer on the whole graph (full-neighbourhood, layer-wise inference).
+
+A step is four phases, so that P3's pipeline can interleave minibatches:
+the model-parallel forward (the equations up to the first graph layer's
+sync), the exchange at that sync, the data-parallel forward and backward of
+the rest, the exchange of the sync's gradient, and the model-parallel
+backward. `SEQUENTIAL` runs them in that order, one minibatch at a time, on
+the current weights (exact). `P3_2F2B` (approximate, `--approximate`) keeps
+three minibatches in flight, two forward and two backward phases per tick,
+each minibatch on the weights it was given (weight stashing) and those lag
+the optimizer by `staleness` steps: w_{t+1} = w_t - lr * grad f(w_{t-3}), as
+P3's equation (3). One process has nothing to overlap, but it trains with
+the same weights, so its accuracy is that of the distributed pipeline
+(gnnc.runtime.minibatch_dist supplies the exchanges there).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from gnnc.errors import GnncError
+from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
+from gnnc.graph.storage import view_edge_data
+from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView
+from gnnc.ir import Program
+from gnnc.plan.schedules import SCHEDULES
+from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter
+from gnnc.runtime.metrics import MinibatchRecord
+from gnnc.runtime.train import RunResult, TrainConfig, Worker, train
+
+SYNC_OPS = ("sync", "reduce_scatter")  # where the first graph layer's partial results are combined
+
+
+def block_view(block: Block, sview: SamplingView, graph: Graph) -> GraphView:
+    """A block as the GraphView a layer runs on: its CSR (local ids), global edge ids, edge data, degrees.
+
+    The edge data are the whole graph's for those edges (gcn_norm scaled by deg/k on sampled edges:
+    gnnc.graph.sampling says why). A pushed block without edge ids (P3's push of a graph without edge data)
+    has its gcn_norm from its edges' endpoints instead, which is the same coefficient.
+    """
+    indices = torch.from_numpy(block.indices)
+    csr = CSR(torch.from_numpy(block.indptr), indices, torch.arange(block.nnz), block.n_dst, block.n_src)
+    eids = torch.from_numpy(block.eids)
+    if block.nnz and int(eids.min()) < 0:
+        if graph.edge_data:
+            raise AssertionError("a block without edge ids on a graph with edge data")
+        data = {"gcn_norm": torch.from_numpy(sview.edge_norm(block))}
+    else:
+        data = view_edge_data(graph, sview.view, eids)
+        data["gcn_norm"] = data["gcn_norm"] * torch.from_numpy(sview.edge_scale(block)).to(torch.float32)
+    return GraphView(csr, indices, csr.dst_index(), eids, data, csr.in_degree().to(torch.float32))
+
+
+class BlockRunner(PrefixRowsInterpreter):
+    """Runs a range of the program's equations, each graph layer on the view given for it."""
+
+    def __init__(self, program: Program):
+        super().__init__(program)
+        self.eqns = [(layer, e) for layer in program.layers for e in layer.eqns]
+        first = program.graph_layers()[0].name
+        self.split = next((k for k, (layer, e) in enumerate(self.eqns)
+                           if layer.name == first and e.op in SYNC_OPS), None)
+
+    def run(self, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor], ctx: ExecContext,
+            views: dict[str, GraphView], start: int = 0, stop: int | None = None) -> None:
+        for layer, e in self.eqns[start:stop]:
+            view = views.get(layer.name) if layer.kind == "graph" else None
+            ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
+            env[e.outs[0].name] = self.eqn(e, self.inputs_of(e, ins, ctx), view, ctx)
+
+    def inputs_of(self, e, ins: list[torch.Tensor], ctx: ExecContext) -> list[torch.Tensor]:
+        """The inputs an equation runs on (a distributed runner slices weights here)."""
+        return ins
+
+
+@dataclass
+class Flight:
+    """One minibatch in flight: its blocks, its stashed weights and what each phase leaves for the next."""
+
+    batch: MiniBatch
+    step: int
+    count: float  # seeds of the whole batch (the loss averages over them)
+    weights: dict[str, torch.Tensor]
+    views: dict[str, GraphView] = field(default_factory=dict)
+    env: dict[str, torch.Tensor] = field(default_factory=dict)
+    ctx: Any = None
+    partial: torch.Tensor | None = None  # the first layer's value before its sync
+    combined: torch.Tensor | None = None  # after the sync: a leaf of the data-parallel phase
+    pending: Any = None  # an exchange in flight (distributed), else the value itself
+    loss: torch.Tensor | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    bytes_before: dict[str, int] = field(default_factory=dict)
+    sizes: list[int] = field(default_factory=list)  # push-pull: each worker's first-layer destinations
+    m_ctx: Any = None  # push-pull: the model-parallel phase's context (every block's rows, a feature slice)
+
+
+class MinibatchWorker(Worker):
+    """One process, sampled minibatches; the distributed worker (minibatch_dist) overrides the exchanges."""
+
+    def __init__(self, program: Program, graph: Graph, cfg: TrainConfig, sampling: SamplingConfig,
+                 schedule: str = "sequential"):
+        super().__init__(program, graph, cfg)
+        self._setup_sampling(program, graph, sampling, schedule)
+        self.features = graph.x
+        self.labels = graph.y
+        self.train_ids = np.nonzero(graph.train_mask.numpy())[0]
+
+    def _setup_sampling(self, program: Program, graph: Graph, sampling: SamplingConfig, schedule: str) -> None:
+        layers = program.graph_layers()
+        self.structure = graph  # edge views, edge data and gcn_norm of the whole graph
+        self.sampling = sampling
+        self.sampler = NeighbourSampler(graph, [layer.edges for layer in layers],
+                                        sampling.layer_fanouts(len(layers)), self.cfg.seed)
+        self.runner = BlockRunner(program)
+        self.m_runner = self.runner  # the model-parallel phase's (push-pull: a feature-sliced one)
+        if schedule not in SCHEDULES:
+            raise GnncError(f"unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+        self.schedule = SCHEDULES[schedule]
+        if self.schedule.staleness and self.runner.split is None:
+            raise GnncError(f"schedule '{schedule}' pipelines the phases around the first graph layer's sync, "
+                            f"and layer {layers[0].name} has none")
+        self.records: list[MinibatchRecord] = []
+        # the pipelined schedule's weight versions: (optimizer steps taken, weights), the newest last
+        self.versions: collections.deque = collections.deque(maxlen=self.schedule.staleness + 2)
+        self.updates = 0
+
+    # --- the pieces a distributed worker replaces -------------------------------------------------------
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """The global minibatches of an epoch (every rank computes the same list)."""
+        return self.sampler.epoch_batches(epoch, self.train_ids, self.sampling.batch_size)
+
+    def my_seeds(self, seeds: np.ndarray) -> np.ndarray:
+        """The seeds of a global batch this worker trains on (all of them in one process)."""
+        return seeds
+
+    def batch_inputs(self, mb: MiniBatch) -> dict[str, torch.Tensor]:
+        """The program's inputs on a minibatch: features of the first block's sources, labels of the seeds."""
+        seeds = torch.from_numpy(mb.seeds)
+        x = sparse_if_sparse(self.features[torch.from_numpy(mb.blocks[0].src_ids)])  # bag of words stays sparse
+        n = len(mb.seeds)
+        return {"x": x, "y": self.labels[seeds], "train": torch.ones(n, dtype=torch.bool),
+                "val": torch.zeros(n, dtype=torch.bool), "test": torch.zeros(n, dtype=torch.bool)}
+
+    def views_of(self, mb: MiniBatch) -> dict[str, GraphView]:
+        layers = self.program.graph_layers()
+        return {layer.name: block_view(block, self.sampler.views[layer.edges], self.structure)
+                for layer, block in zip(layers, mb.blocks)}
+
+    def start_sync(self, f: Flight) -> None:
+        """Post the exchange of the first layer's sync (one process: the partial result is the whole)."""
+        f.pending = f.partial
+
+    def finish_sync(self, f: Flight) -> torch.Tensor:
+        return f.pending
+
+    def start_sync_grad(self, f: Flight) -> None:
+        f.pending = f.combined.grad if f.combined.grad is not None else torch.zeros_like(f.combined)
+
+    def finish_sync_grad(self, f: Flight) -> torch.Tensor:
+        return f.pending
+
+    # --- the four phases ----------------------------------------------------------------------------------
+
+    def prepare(self, epoch: int, index: int, seeds: np.ndarray, step: int, weights: dict[str, torch.Tensor],
+                fanouts: list[int] | None = None, training: bool = True) -> Flight:
+        """Sample this worker's seeds of a global batch and gather the step's inputs.
+
+        `fanouts` overrides the sampler's (all FULL: full-neighbourhood inference)."""
+        t0 = time.perf_counter()
+        mb = self.sampler.sample(self.my_seeds(seeds), epoch, index, fanouts)
+        t1 = time.perf_counter()
+        f = Flight(mb, step, float(len(seeds)), weights,
+                   bytes_before={"/".join(k): c.bytes for k, c in self.stats.counts.items()})
+        f.views = self.views_of(mb)
+        f.env = dict(self.batch_inputs(mb))
+        # no hoist cache: a value computed once per run on the whole graph does not fit a minibatch's blocks
+        f.ctx = dataclasses.replace(self.context(training, step), views={}, hoist_cache=None,
+                                    vertex_ids=torch.from_numpy(mb.blocks[0].src_ids), loss_count=f.count)
+        f.phase_s = {"sample": t1 - t0, "gather": time.perf_counter() - t1}
+        return f
+
+    def forward_m(self, f: Flight) -> None:
+        """Model-parallel forward: the equations before the first layer's sync; then post the sync."""
+        t0 = time.perf_counter()
+        split = self.runner.split
+        if split is not None:
+            self.m_runner.run(f.env, f.weights, self.m_context(f), f.views, 0, split)
+            f.partial = f.env[self.runner.eqns[split][1].ins[0].name]
+            self.start_sync(f)
+        f.phase_s["forward_m"] = time.perf_counter() - t0
+
+    def m_context(self, f: Flight) -> ExecContext:
+        return f.ctx
+
+    def forward_d(self, f: Flight) -> None:
+        """Data-parallel forward: the sync's result (a leaf, so the phases can be separated), then the rest."""
+        t0 = time.perf_counter()
+        split = self.runner.split
+        start = 0
+        if split is not None:
+            f.combined = self.finish_sync(f).detach().requires_grad_(True)
+            f.env[self.runner.eqns[split][1].outs[0].name] = f.combined
+            start = split + 1
+        self.runner.run(f.env, f.weights, f.ctx, f.views, start)
+        f.loss = f.env[self.program.loss.name]
+        f.phase_s["forward_d"] = time.perf_counter() - t0
+
+    def backward_d(self, f: Flight) -> None:
+        t0 = time.perf_counter()
+        f.loss.backward()
+        if f.combined is not None:
+            self.start_sync_grad(f)
+        f.phase_s["backward_d"] = time.perf_counter() - t0
+
+    def backward_m(self, f: Flight) -> None:
+        t0 = time.perf_counter()
+        if f.combined is not None:
+            grad = self.finish_sync_grad(f)
+            if f.partial.requires_grad:
+                f.partial.backward(grad)
+        f.phase_s["backward_m"] = time.perf_counter() - t0
+
+    def apply(self, f: Flight, params: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer) -> None:
+        """The flight's gradients into the parameters, summed over workers, and one optimizer step."""
+        t0 = time.perf_counter()
+        if f.weights is not params:
+            for name, p in params.items():
+                g = f.weights[name].grad
+                p.grad = None if g is None else g
+        self.reduce_grads(params)
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        f.phase_s.update(allreduce=t1 - t0, step=time.perf_counter() - t1)
+        self.record(f)
+
+    def record(self, f: Flight) -> None:
+        now = {"/".join(k): c.bytes for k, c in self.stats.counts.items()}
+        sent = {k: v - f.bytes_before.get(k, 0) for k, v in now.items() if v - f.bytes_before.get(k, 0)}
+        blocks = f.batch.blocks
+        self.records.append(MinibatchRecord(
+            f.batch.epoch, f.batch.index, self.rank, self.world_size, len(f.batch.seeds),
+            [b.n_src for b in blocks], [b.n_dst for b in blocks], [b.nnz for b in blocks],
+            float(f.loss.detach()), dict(f.phase_s), sent))
+
+    def run_settings(self) -> dict[str, Any]:
+        return {"sampling": f"fan-out {self.sampling.text}, batch {self.sampling.batch_size}",
+                "schedule": self.schedule.name}
+
+    def take_records(self) -> list[Any]:
+        out, self.records = self.records, []
+        return out
+
+    # --- an epoch -----------------------------------------------------------------------------------------
+
+    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int,
+                    scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+        if scaler is not None:
+            raise AssertionError("sampled minibatch training runs in fp32 (gnnc.compile refuses 16 bits with it)")
+        batches = self.epoch_batches(epoch)
+        first_step = epoch * len(batches)
+        opt.zero_grad(set_to_none=True)
+        if self.schedule.staleness:
+            losses = self._pipelined(params, opt, epoch, batches, first_step)
+        else:
+            losses = []
+            for index, seeds in enumerate(batches):
+                f = self.prepare(epoch, index, seeds, first_step + index, params)
+                self.forward_m(f)
+                self.forward_d(f)
+                self.backward_d(f)
+                self.backward_m(f)
+                self.apply(f, params, opt)
+                losses.append(f.loss.detach())
+        # the epoch's loss: each step's loss is a mean over its batch; weight them by their sizes
+        sizes = torch.tensor([float(len(s)) for s in batches], dtype=torch.float64)
+        mine = torch.stack(losses).to(torch.float64)
+        return (mine * sizes).sum() / sizes.sum()
+
+    def _pipelined(self, params, opt, epoch: int, batches: list[np.ndarray], first_step: int) -> list[torch.Tensor]:
+        """P3's 2F2B: at tick t the model-parallel forward of minibatch t, the data-parallel forward and
+        backward of t-1, the model-parallel backward of t-2 and its optimizer step; each minibatch runs on
+        the weights of `staleness` optimizer steps before it (kept in `self.versions`, weight stashing)."""
+        lag = self.schedule.staleness
+        if not self.versions:  # the first epoch of this process (a resumed run starts at its checkpoint)
+            self.updates = first_step
+            self.versions.append((first_step, _snapshot(params)))
+        flights: dict[int, Flight] = {}
+        losses: list[torch.Tensor] = []
+        n = len(batches)
+        for tick in range(n + 2):
+            if tick < n:
+                step = first_step + tick
+                flights[tick] = self.prepare(epoch, tick, batches[tick], step, self._stashed(step - lag))
+                self.forward_m(flights[tick])
+            if 0 <= tick - 1 < n:
+                self.forward_d(flights[tick - 1])
+                self.backward_d(flights[tick - 1])
+            if 0 <= tick - 2 < n:
+                done = flights.pop(tick - 2)
+                self.backward_m(done)
+                self.apply(done, params, opt)
+                self.updates += 1
+                self.versions.append((self.updates, _snapshot(params)))
+                losses.append(done.loss.detach())
+        return losses
+
+    def _stashed(self, version: int) -> dict[str, torch.Tensor]:
+        """Leaves holding the weights after `version` optimizer steps (the first kept, before it)."""
+        version = max(version, self.versions[0][0])
+        for v, weights in self.versions:
+            if v == version:
+                return {k: w.clone().requires_grad_(True) for k, w in weights.items()}
+        raise AssertionError(f"weights of step {version} are not stashed (kept: {[v for v, _ in self.versions]})")
+
+
+def _snapshot(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    return {k: p.detach().clone() for k, p in params.items()}
+
+
+def train_minibatch(program: Program, graph: Graph, cfg: TrainConfig, sampling: SamplingConfig,
+                    schedule: str = "sequential", metrics_path: str | None = None, on_epoch=None) -> RunResult:
+    """Train `program` on sampled minibatches of `graph` in this process (evaluation on the whole graph)."""
+    return train(program, graph, cfg, metrics_path, on_epoch, MinibatchWorker(program, graph, cfg, sampling, schedule))

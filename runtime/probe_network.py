@@ -1,0 +1,131 @@
+"""`gnnc probe --network`: measure the links between the ranks of a torchrun job, for a cluster profile.
+
+Why this module exists: `gnnc probe` alone measures one machine, and its
+"link" is two processes on loopback. A plan for several machines is priced
+on their network, so under torchrun every rank joins one measurement:
+
+* per link, in both directions, one pair at a time while the other ranks
+  wait (so no link shares its bandwidth with another measurement): the
+  latency, half the median round trip of a one-element message, and the
+  bandwidth, a `NETWORK_BYTES` message's size over the median time it
+  takes to arrive (its round trip with a one-element reply, less two
+  latencies: the alpha-beta reading of the time);
+* the collectives the runtime uses: an all-reduce and an all-to-all of
+  `NETWORK_BYTES` per rank, each the median of a few after a warm-up.
+
+Ranks on one host are recognised by their address on the job's network (the
+one they reach MASTER_ADDR from). `profile_fields` turns the measurements
+into ClusterProfile fields: the median cross-host link is the profile's
+`inter_bandwidth` and `latency`, the median same-host link its
+`intra_bandwidth`, and every link and collective is kept (`links`,
+`collectives`) beside them.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gnnc.runtime.launch import DistConfig
+from gnnc.runtime.peers import exchange_addresses
+
+NETWORK_BYTES = 16 * 2**20  # 134 ms at 1 Gb/s, 5 ms at 25 Gb/s: start-up costs vanish in it
+REPEATS = 5
+# One-element round trips cost microseconds but vary by milliseconds on a loaded machine (gloo's I/O
+# thread must be scheduled on both ends): many of them, for a median that holds still.
+SMALL_REPEATS = 30
+
+
+def _round_trip(out: torch.Tensor, back: torch.Tensor, peer: int, first: bool) -> float:
+    """Seconds for `out` to go from the first rank of the pair to the other and `back` to return
+    (meaningful on the first rank only)."""
+    t0 = time.perf_counter()
+    if first:
+        dist.send(out, peer)
+        dist.recv(back, peer)
+    else:
+        dist.recv(out, peer)
+        dist.send(back, peer)
+    return time.perf_counter() - t0
+
+
+def _measure_pair(rank: int, a: int, b: int, large: torch.Tensor, repeats: int) -> list[dict[str, Any]]:
+    """Ranks a and b measure their link a->b, then b->a; each direction is timed by its sender, which
+    returns it (the receiver's clock would also count the wait for the sender to start)."""
+    peer = b if rank == a else a
+    one, reply = torch.zeros(1), torch.zeros(1)
+    out = []
+    for src, dst in ((a, b), (b, a)):
+        first = rank == src
+        small = [_round_trip(one, reply, peer, first) for _ in range(SMALL_REPEATS + 1)][1:]
+        times = [_round_trip(large, reply, peer, first) for _ in range(repeats + 1)][1:]
+        if first:
+            latency, seconds = statistics.median(small) / 2, statistics.median(times)
+            out.append({"src": src, "dst": dst, "latency": latency,
+                        "bandwidth": large.numel() * large.element_size() / max(seconds - 2 * latency, 1e-9)})
+    return out
+
+
+def _collective(op: str, world: int, nbytes: int, repeats: int) -> dict[str, Any]:
+    """The median seconds of one collective over `nbytes` per rank, and the bandwidth it shows per rank."""
+    n = nbytes // 4 // world * world
+    x = torch.ones(n)
+    y = torch.empty_like(x)
+
+    def once() -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        if op == "all_reduce":
+            dist.all_reduce(x)
+        else:
+            dist.all_to_all_single(y, x)
+        return time.perf_counter() - t0
+
+    seconds = statistics.median([once() for _ in range(repeats + 1)][1:])
+    # what each rank sends: a ring all-reduce 2(P-1)/P of the buffer (its "bus bandwidth"), an all-to-all (P-1)/P
+    sent = n * 4 * (world - 1) / world * (2 if op == "all_reduce" else 1)
+    return {"op": op, "bytes": n * 4, "seconds": seconds, "bandwidth": sent / seconds}
+
+
+def network_probe(cfg: DistConfig, nbytes: int = NETWORK_BYTES, repeats: int = REPEATS) -> dict[str, Any] | None:
+    """Every rank runs this under torchrun (`join_torchrun`); rank 0 returns the measurements, others None."""
+    world = cfg.world_size
+    addresses = exchange_addresses(cfg.master_addr, cfg.master_port).addresses
+    large = torch.ones(nbytes // 4)
+    links: list[dict[str, Any]] = []
+    for a in range(world):
+        for b in range(a + 1, world):
+            dist.barrier()  # one link at a time: the others wait here
+            if cfg.rank in (a, b):
+                links += _measure_pair(cfg.rank, a, b, large, repeats)
+    dist.barrier()
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, links)
+    collectives = [_collective(op, world, nbytes, repeats) for op in ("all_reduce", "all_to_all")]
+    if cfg.rank != 0:
+        return None
+    for link in (x for part in gathered for x in part):
+        link["same_host"] = addresses[link["src"]] == addresses[link["dst"]]
+    return {"addresses": list(addresses), "links": sorted((x for part in gathered for x in part),
+                                                          key=lambda x: (x["src"], x["dst"])),
+            "collectives": collectives}
+
+
+def profile_fields(measured: dict[str, Any]) -> dict[str, Any]:
+    """ClusterProfile fields from `network_probe`'s measurements (the machine's own figures come elsewhere)."""
+    addresses = measured["addresses"]
+    per_host = {a: addresses.count(a) for a in addresses}
+    links = measured["links"]
+    cross = [x for x in links if not x["same_host"]] or links
+    same = [x for x in links if x["same_host"]]
+    inter = statistics.median(x["bandwidth"] for x in cross)
+    hosts, ranks = len(per_host), max(per_host.values())
+    return {"workers": len(addresses), "devices_per_node": ranks, "inter_bandwidth": inter,
+            "intra_bandwidth": statistics.median(x["bandwidth"] for x in same) if same else inter,
+            "latency": statistics.median(x["latency"] for x in cross), "topology": "ethernet (measured)",
+            "description": f"{hosts} hosts x {ranks} ranks as measured by gnnc probe --network",
+            "links": [{k: x[k] for k in ("src", "dst", "same_host", "latency", "bandwidth")} for x in links],
+            "collectives": measured["collectives"]}
