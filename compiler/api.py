@@ -36,8 +36,10 @@ from gnnc.passes.cost.symbols import CostInputs
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
 from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.pipeline_plan import pipeline_summary
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import param_dependent
+from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.precision import DEFAULT_PRECISION, check_precision
 from gnnc.plan.shard_files import verify_shards
@@ -66,7 +68,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
             sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
-            precision: str = DEFAULT_PRECISION, device: str = "cpu") -> Plan:
+            pipeline_groups: int = 0, precision: str = DEFAULT_PRECISION, device: str = "cpu") -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -80,6 +82,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     `sampling` (fan-outs and batch size) compiles for sampled minibatch training: the planner prices
     the sampled strategies (dp-sample, pushpull) on a dry run of the sampler with `seed`. `schedule`
     (gnnc.plan.schedules) orders the steps; an approximate strategy or schedule needs `approximate`.
+    GNNPipe's `pipeline` runs `pipeline_groups` workers per stage (0: the planner chooses).
     `precision` (gnnc.plan.precision) sets the bytes predicted per exchanged
     element and the rates the planner prices; the plan records it, and a run
     of the plan uses it. `device` picks which of this machine's probes
@@ -107,7 +110,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1 and passes is None:
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
     if workers > 1:
-        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow)
+        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, pipeline_groups=pipeline_groups)
     # recorded only when not the default, so an fp32 plan is the file it always was
     meta: dict[str, Any] = {} if precision == DEFAULT_PRECISION else {"precision": precision}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
@@ -139,6 +142,12 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["approximations"] = notes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
+    parts = ctx.parts
+    if results.pipeline is not None and is_pipeline(program):  # a pipeline's partition is its chunking
+        parts = results.pipeline.parts
+        meta["partition"] = {"method": "metis", "parts": int(parts.max()) + 1, "seed": 0,  # pipeline_plan's
+                             "of": "pipeline chunks: part k*G+g is member g's share of chunk k"}
+        meta["pipeline"] = pipeline_summary(results.pipeline, results.pipeline_bytes)
     report = results.planner
     if report is not None:
         meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else ctx.cluster.name,
@@ -148,7 +157,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
                            # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
                            "schedule": report.schedule}
-    return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, ctx.parts,
+    return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
                 results.hybrid_cached, graph if workers > 1 else None)
 
 
@@ -166,13 +175,13 @@ def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
-                          allow: list[str] | None) -> list[PassSpec]:
-    """The pipeline with the compile's `strategy` and `allow` given to the passes that take them.
+                          allow: list[str] | None, pipeline_groups: int = 0) -> list[PassSpec]:
+    """The pipeline with the compile's `strategy`, `allow` and `pipeline_groups` given to the passes that take them.
 
     A value no pass in the pipeline takes is an error, not a silently ignored request.
     """
     given = {"strategy": strategy if strategy is None or isinstance(strategy, str) else ",".join(strategy),
-             "allow": None if allow is None else tuple(allow)}
+             "allow": None if allow is None else tuple(allow), "pipeline_groups": pipeline_groups}
     given = {k: v for k, v in given.items() if v}
     for key in given:
         if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
@@ -238,7 +247,7 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
         want_logits: bool = True, sampling: SamplingConfig | None = None, schedule: str | None = None,
-        approximate: bool = False, device: str = "cpu", precision: str | None = None):
+        approximate: bool = False, pipeline_groups: int = 0, device: str = "cpu", precision: str | None = None):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
     `device`: cpu, cuda or auto (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16,
@@ -256,6 +265,7 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
                                                              graph_spec=graph if isinstance(graph, str) else None,
                                                              sampling=sampling, schedule=schedule,
                                                              approximate=approximate,
+                                                             pipeline_groups=pipeline_groups,
                                                              precision=precision or DEFAULT_PRECISION)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress, device=resolve_device(device),
@@ -278,16 +288,20 @@ def plan_precision(plan: Plan, asked: str | None) -> str:
     return compiled
 
 
-def _check_sampled_on_cpu(plan: Plan, cfg: TrainConfig) -> None:
-    """Sampled minibatch training runs on the CPU for now: its runtime (gnnc.runtime.minibatch) builds its
-    blocks and exchanges on the host."""
-    if plan.sampling is not None and cfg.device != "cpu":
+def _check_host_only(plan: Plan, cfg: TrainConfig) -> None:
+    """Sampled minibatch training and GNNPipe's pipeline run on the CPU for now: their runtimes
+    (gnnc.runtime.minibatch, gnnc.runtime.pipeline) build their blocks, chunks and exchanges on the host."""
+    if cfg.device == "cpu":
+        return
+    if plan.sampling is not None:
         raise GnncError(f"--device {cfg.device}: sampled minibatch training (--fanout) runs on the CPU for now")
+    if is_pipeline(plan.program):
+        raise GnncError(f"--device {cfg.device}: GNNPipe's pipeline runs on the CPU for now")
 
 
 def train_local(plan: Plan, graph: Graph, cfg: TrainConfig, metrics: str | None = None, on_epoch=None):
     """Train a one-worker plan in this process: full-graph steps, or sampled minibatches when it samples."""
-    _check_sampled_on_cpu(plan, cfg)
+    _check_host_only(plan, cfg)
     if plan.sampling is not None:
         return train_minibatch(plan.program, graph, cfg, plan.sampling, plan.schedule, metrics, on_epoch)
     return train(plan.program, graph, cfg, metrics_path=metrics, on_epoch=on_epoch)
@@ -308,7 +322,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-    _check_sampled_on_cpu(plan, cfg)
+    _check_host_only(plan, cfg)
     if cfg.device == "cuda" and not started_by_torchrun():
         check_gpu_count(plan.workers)  # each local rank takes its own GPU
     if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():

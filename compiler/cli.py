@@ -215,7 +215,8 @@ def _sampled_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.fanout is None and args.batch_size is not None:
         raise GnncError("--batch-size needs --fanout (full-graph training has no batches)")
     sampling = None if args.fanout is None else SamplingConfig.parse(args.fanout, args.batch_size)
-    return {"sampling": sampling, "schedule": args.schedule, "approximate": args.approximate}
+    return {"sampling": sampling, "schedule": args.schedule, "approximate": args.approximate,
+            "pipeline_groups": args.pipeline_groups}
 
 
 def _add_sampled_flags(c: argparse.ArgumentParser) -> None:
@@ -231,6 +232,9 @@ def _add_sampled_flags(c: argparse.ArgumentParser) -> None:
                        [n for n in STRATEGIES if not STRATEGIES[n].exact]
                        + [n for n in SCHEDULES if not SCHEDULES[n].exact]) + "): the planner may choose them "
                        "and --strategy/--schedule may name them")
+    c.add_argument("--pipeline-groups", type=int, default=0, metavar="G",
+                   help="pipeline: G workers per stage, running it graph-parallel (default: the planner's choice, "
+                        "or one per stage)")
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:

@@ -154,12 +154,25 @@ def explain(plan) -> str:
         for c in planner.get("crossovers", []):
             lines.append(f"  crossover: {c}")
         lines += _segment_table(planner, names)
+    lines += _pipeline_lines(plan.meta.get("pipeline"))
     considered = plan.meta.get("workers_considered")
     if considered:
         lines.append("workers considered: " + ", ".join(
             f"{c['workers']}: {c['time_s'] * 1000:.3f} ms" if c["time_s"] is not None else f"{c['workers']}: -"
             for c in considered))
     return "\n".join(lines) + "\n"
+
+
+def _pipeline_lines(pipeline: dict | None) -> list[str]:
+    """The pipeline a plan runs: stages, groups, chunks, GPipe's bubble, the history it reads."""
+    if not pipeline:
+        return []
+    bubble = pipeline["bubble"]
+    split = ", ".join(f"{a}..{z - 1}" for a, z in pipeline["split"])
+    return [f"pipeline: {pipeline['stages']} stages of {pipeline['groups']} worker(s) (graph layers {split}), "
+            f"{pipeline['chunks']} chunks; bubble: each pass takes {bubble['stretch']:.3f}x its stages' work "
+            f"({bubble['idle_fraction']:.1%} idle); {pipeline['history_reads_per_layer']} history rows read per "
+            f"layer and epoch, refreshed every {pipeline['history_every']} epochs"]
 
 
 def _columns(header: tuple[str, ...], rows: list[tuple[str, ...]], left: int = 1) -> list[str]:

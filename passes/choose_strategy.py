@@ -10,7 +10,10 @@ transitions between layouts included. The planner only offers what the
 runtime executes: depcomm and bcast1d per layer, pushpull on the first layer
 where it is legal, depcache and hybrid as segments of consecutive layers
 (hybrid priced with the selection select-hybrid will make: Algorithm 4's,
-or communicate-all / cache-all when they predict less); `--allow` narrows
+or communicate-all / cache-all when they predict less), and, with
+`--approximate` only, GNNPipe's pipeline over every layer (priced with the
+stages, chunks and groups stage-pipeline will run: gnnc.passes.pipeline_plan;
+its choice goes to `ctx.results.pipeline`); `--allow` narrows
 that (`choose-strategy{allow=depcomm,depcache}`); `strategy=S1,S2` fixes
 the choice instead (`--strategy`). The choice goes to assign-strategy in
 `ctx.results.strategy` and `ctx.results.segments`; the choice and every
@@ -39,9 +42,12 @@ from gnnc.passes.cost.symbols import CostInputs, LayerShape, bw, d
 from gnnc.passes.legality import pushpull_blocker
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.partition.stats import compute_stats
+from gnnc.passes.pipeline_plan import price as price_pipeline
 from gnnc.passes.pipeline_text import option
 from gnnc.passes.predict_bytes import param_dependent
 from gnnc.passes.segment_dp import solve
+from gnnc.plan.approximation import approximations, require_exact
+from gnnc.plan.precision import DEFAULT_PRECISION
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -59,6 +65,7 @@ class PlannerReport:
     segment_costs: list[dict[str, Any]] = field(default_factory=list)
     # the chosen assignment's epoch, stage by stage and worker by worker (`predicted_schedule`)
     schedule: dict[str, Any] = field(default_factory=dict)
+    pipeline: Any = None  # the chosen pipeline (a pipeline_plan.PipelineChoice), when one was chosen
 
 
 def layer_shape(layer: Layer, needs_grad: set[str]):
@@ -87,12 +94,16 @@ def layer_dims(program: Program) -> tuple[list[float], list[float]]:
 
 
 def candidates(program: Program, allow: list[str] | None, approximate: bool = False) -> list[str]:
+    """The strategies the planner prices: `allow` (default every plannable one), exact ones only unless
+    `approximate` (naming an approximate one without it is an error that says what it approximates)."""
     plannable = strategy_names(plannable=True, batching="full")
-    allowed = list(allow) if allow else list(plannable)
+    allowed = list(allow) if allow else [s for s in plannable if approximate or STRATEGIES[s].exact]
     for s in allowed:
         if s not in plannable:
             raise GnncError(f"--allow {s}: the planner chooses among {', '.join(plannable)}")
-    allowed = [s for s in allowed if STRATEGIES[s].exact or approximate]  # approximate ones: --approximate only
+        if not (approximate or STRATEGIES[s].exact):
+            raise GnncError(f"--allow {s}: '{s}' is approximate ({STRATEGIES[s].approximates}); "
+                            f"pass --approximate to allow it")
     first = program.graph_layers()[0]
     # a strategy that splits the input features needs a first layer linear in them (P3's legality)
     return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
@@ -147,13 +158,22 @@ class PricedPlan:
     allreduce_cost: Any
     allreduce: Any
     allowed: list[str]
+    pipelines: list[Any] = field(default_factory=list)
 
 
 def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
-               planned: PlanningInputs | None = None, approximate: bool = False) -> PricedPlan:
+               planned: PlanningInputs | None = None, approximate: bool = False,
+               pipeline_groups: int = 0) -> PricedPlan:
     """Segment costs (time, memory) for the DP, and the compiled formulas behind them.
 
     `planned`: the planning inputs when the caller has them already (the pass's analysis cache).
+    `approximate`: price the approximate strategies too; `pipeline_groups`: the pipeline's group
+    size when the user fixed it (0: every size, the cheapest kept).
+
+    The DP's table holds every assignment's time before the all-reduce of replicated weights,
+    which `choose` adds to each; a pipeline replicates no weight across its stages (its groups
+    reduce their stage's weights inside its own cost), so its entry is its time minus that
+    all-reduce, and the sum comes out as its own time.
     """
     # cycle: assign-strategy reads choose-strategy's PlanningInputs
     from gnnc.passes.assign_strategy import segment_can_start_at
@@ -163,12 +183,26 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
         planned = PlanningInputs(*planning_inputs(program, graph, parts, profile))
     stats, inputs, shapes = planned.stats, planned.inputs, planned.shapes
     allowed = candidates(program, allow, approximate)
+    params = sum(float(np.prod([float(x) for x in _shape(p, program)])) for p in program.params())
+    allreduce_cost = grad_allreduce(params)
+    allreduce = evaluate_cost(allreduce_cost, inputs)
+    pipelines: list[Any] = []
     seg_cost: dict[tuple[int, int, str], tuple[float, float]] = {}
     formulas: dict[tuple[int, int, str], Any] = {}
     values: dict[tuple[int, int, str], Any] = {}
     extras: dict[tuple[int, int, str], Any] = {}
     for s in allowed:
         sd = STRATEGIES[s]
+        if sd.whole_model:
+            if inputs.precision != DEFAULT_PRECISION:
+                continue  # the pipeline runs in fp32 (predict-bytes refuses it at 16 bits): not a candidate
+            pipelines = price_pipeline(program, graph, inputs, shapes, profile, int(parts.max()) + 1, pipeline_groups)
+            if pipelines:
+                best = pipelines[0]
+                key = (0, L, s)
+                seg_cost[key] = (best.value.time - allreduce.time, best.value.memory)
+                formulas[key], values[key], extras[key] = best.cost, best.value, best.extra
+            continue
         if sd.span == "segment":  # every span a segment may hold (GCNII's only from layer 0)
             spans = [(start, end) for start in range(L) for end in range(start + 1, L + 1)
                      if segment_can_start_at(program, start, end)]
@@ -197,10 +231,8 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             for layer in range(1, L):
                 if a != b_:
                     trans[(a, b_, layer)] = evaluate_cost(boundary(a, b_, layer), inputs).time
-    params = sum(float(np.prod([float(x) for x in _shape(p, program)])) for p in program.params())
-    allreduce_cost = grad_allreduce(params)
-    return PricedPlan(seg_cost, trans, formulas, values, extras, inputs, shapes, allreduce_cost,
-                      evaluate_cost(allreduce_cost, inputs), allowed)
+    return PricedPlan(seg_cost, trans, formulas, values, extras, inputs, shapes, allreduce_cost, allreduce, allowed,
+                      pipelines)
 
 
 def _shape(param, program: Program) -> list[int]:
@@ -209,8 +241,9 @@ def _shape(param, program: Program) -> list[int]:
 
 
 def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
-           planned: PlanningInputs | None = None, approximate: bool = False) -> PlannerReport:
-    priced = plan_costs(program, graph, parts, profile, allow, planned, approximate)
+           planned: PlanningInputs | None = None, approximate: bool = False,
+           pipeline_groups: int = 0) -> PlannerReport:
+    priced = plan_costs(program, graph, parts, profile, allow, planned, approximate, pipeline_groups)
     formulas, values, inputs, allreduce, allowed = (priced.formulas, priced.values, priced.inputs, priced.allreduce,
                                                     priced.allowed)
     L = len(program.graph_layers())
@@ -222,11 +255,12 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
         alternatives.append({
             "strategies": list(alt.strategies),
             "time_s": alt.time + allreduce.time,
-            "bytes": sum(values[k].bytes for k in segs) + allreduce.bytes,
+            "bytes": sum(values[k].bytes for k in segs) + (0.0 if _own_allreduce(segs) else allreduce.bytes),
             "memory_bytes": alt.memory,
             "formulas": {f"{k[2]}[{k[0]}:{k[1]}]": formulas[k].describe() for k in segs},
             "user_costs": sorted({f"{k[2]}: {user_cost(k[2]).__module__}.{user_cost(k[2]).__name__}"
                                   for k in segs if user_cost(k[2]) is not None}),
+            **({"approximate": notes} if (notes := approximations(alt.strategies)) else {}),
         })
     crossovers = []
     # whole-model formulas: a segment strategy's span over every layer, a per-layer one's every layer
@@ -240,9 +274,20 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
     crossovers += _pushpull_crossovers(priced)
     segment_costs = [{"layers": [k[0], k[1]], "strategy": k[2], "time_s": v.time, "bytes": v.bytes,
                       "memory_bytes": v.memory} for k, v in sorted(values.items())]
-    return PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers,
-                         [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
-                         predicted_schedule(best.segments, priced))
+    segment_costs += [{"layers": [0, L], "strategy": "pipeline", "groups": c.groups, "stages": c.stages,
+                       "chunks": c.chunks, "time_s": c.value.time, "bytes": c.value.bytes,
+                       "memory_bytes": c.value.memory} for c in priced.pipelines[1:]]
+    report = PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers,
+                           [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
+                           predicted_schedule(best.segments, priced))
+    if _own_allreduce([(seg.start, seg.end, seg.strategy) for seg in best.segments]):
+        report.pipeline = priced.pipelines[0]
+    return report
+
+
+def _own_allreduce(segments) -> bool:
+    """Whether an assignment reduces its weights in its own cost (a pipeline: no weight is replicated)."""
+    return any(STRATEGIES[k[2]].whole_model for k in segments)
 
 
 def _pushpull_crossovers(priced: PricedPlan) -> list[str]:
@@ -266,12 +311,14 @@ def _pushpull_crossovers(priced: PricedPlan) -> list[str]:
 class ChooseStrategyOptions:
     allow: tuple[str, ...] = option((), "strategies the planner may choose (empty: every plannable one)")
     strategy: str = option("", "fix the strategies instead of planning: one, or one per graph layer (S1,S2)")
+    pipeline_groups: int = option(0, "the pipeline's workers per stage, when it is priced (0: every size)")
 
 
 @register_pass("choose-strategy", "pick per-layer strategies by predicted cost: segment DP over the cost model",
                options=ChooseStrategyOptions, requires=("typed", "partition"))
 def choose_strategy(program: Program, ctx: PassContext, opts: ChooseStrategyOptions) -> Program:
     if opts.strategy:
+        require_exact(opts.strategy.split(","), None, ctx.approximate)  # the pipeline text's too, not only the API's
         ctx.results.strategy = opts.strategy
         return program
     if ctx.workers == 1:
@@ -286,8 +333,10 @@ def choose_strategy(program: Program, ctx: PassContext, opts: ChooseStrategyOpti
         ctx.results.planner = report
         return program
     planned = ctx.analyses.get(PlanningInputs, program)
-    report = choose(program, ctx.graph, ctx.parts, ctx.cluster, list(opts.allow) or None, planned, ctx.approximate)
+    report = choose(program, ctx.graph, ctx.parts, ctx.cluster, list(opts.allow) or None, planned,
+                    ctx.approximate, opts.pipeline_groups)
     ctx.results.strategy = ",".join(report.strategies)
     ctx.results.segments = report.segments
     ctx.results.planner = report
+    ctx.results.pipeline = report.pipeline
     return program

@@ -64,6 +64,10 @@ class PassResults:
     hybrid_selection: select-hybrid's prediction, one entry per hybrid segment.
     predicted_bytes: bytes per training step by communication kind (predict-bytes; per epoch when sampled).
     schedule: the step schedule (gnnc.plan.schedules) the planner chose, None: the caller's or sequential.
+    pipeline: the pipeline the graph layers run (a gnnc.passes.pipeline_plan.PipelineChoice: stages,
+        groups, chunks, the chunking and its prediction), priced by choose-strategy, fixed by stage-pipeline.
+    pipeline_bytes: predict-bytes' count of what a pipeline sends besides the training step (a history
+        refresh, once every alpha epochs).
     """
 
     strategy: str | list[str] | None = None
@@ -72,6 +76,8 @@ class PassResults:
     hybrid_cached: dict[int, list[Any]] | None = None
     hybrid_selection: list[dict[str, Any]] | None = None
     predicted_bytes: dict[str, int] | None = None
+    pipeline: Any = None
+    pipeline_bytes: dict[str, int] | None = None
     schedule: str | None = None
 
 

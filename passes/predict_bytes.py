@@ -31,19 +31,34 @@ at every precision.
 A backward message exists only when its input depends on a parameter
 (autograd skips the dual op otherwise). Each comm equation gets attributes
 `bytes_fwd` and `bytes_bwd`; the program's total is in `ctx.results.predicted_bytes`.
+
+A pipeline (gnnc.plan.pipeline) counts instead, per training step: `pipe`,
+every vertex's boundary row into each stage after the first (its width the
+boundary values side by side), and its gradient back where it has one;
+`history`, the chunk rows a member fetches from its group peers in each
+history layer (G > 1; the out-of-chunk rows come from the history and cost
+nothing), and their gradients back, plus the chunk rows it hands its peers'
+histories as the chunk passes (forward only); `allreduce`, each group's all-reduce of
+its stage's weights, 2 (G-1) x their size (nothing with one worker per
+stage). A history refresh, once every alpha epochs, sends the boundary rows
+forward once more and fetches, per history layer, the peer rows of the
+member's chunks: `ctx.results.pipeline_bytes`.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
 
 STATISTICS_BYTES = 8  # float64: batch_norm sums its statistics in double precision, at every precision
+PIPELINE_ELEMENT_BYTES = element_bytes(DEFAULT_PRECISION)  # a pipeline runs in fp32 (16 bits refused below)
 
 
 def _width(shape, config) -> int:
@@ -98,6 +113,43 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
     return program.replace(layers=tuple(layers)), totals
 
 
+def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Program, dict[str, int], dict[str, int]]:
+    """A pipeline's bytes (module docstring): the program with its history ops annotated, the training
+    step's totals, and a refresh's."""
+    sched = plan_pipeline.schedule_of(program)
+    config = program.config_dict()
+    needs_grad = param_dependent(program)
+    G, K = sched.groups, sched.chunks
+    step = {"pipe": 0, "history": 0, "allreduce": 0}
+    refresh = {"pipe": 0, "history": 0}
+    for s in range(1, sched.stages):
+        width = plan_pipeline.boundary_width(program, sched.stage_of, s) * PIPELINE_ELEMENT_BYTES
+        step["pipe"] += graph.num_nodes * width * (2 if sched.pipe_grad[s - 1] else 1)
+        refresh["pipe"] += graph.num_nodes * width
+    rows: dict[str, plan_pipeline.GroupRows] = {}
+    layers = []
+    for layer in program.layers:
+        eqns = []
+        for e in layer.eqns:
+            if e.op == "history":
+                if layer.edges not in rows:
+                    rows[layer.edges] = plan_pipeline.group_rows(graph, layer.edges, parts, K, G)
+                moved = rows[layer.edges]
+                w = _width(e.ins[0].type.shape, config) * PIPELINE_ELEMENT_BYTES
+                grads = int(moved.received.sum()) * w
+                fwd = grads + int(moved.later_received.sum()) * w
+                bwd = grads if e.ins[0].name in needs_grad else 0
+                step["history"] += fwd + bwd
+                refresh["history"] += int(moved.refresh.sum()) * w
+                e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
+            eqns.append(e)
+        layers.append(layer.replace(eqns=tuple(eqns)))
+        if G > 1:
+            numel = sum(_width(p.value.type.shape, config) for p in layer.params)
+            step["allreduce"] += 2 * (G - 1) * numel * GRAD_BYTES
+    return program.replace(layers=tuple(layers)), step, refresh
+
+
 @register_pass("predict-bytes", "annotate communication ops with their exact bytes per training step",
                requires=("strategies", "partition"))
 def predict_bytes(program: Program, ctx: PassContext) -> Program:
@@ -109,6 +161,12 @@ def predict_bytes(program: Program, ctx: PassContext) -> Program:
 
         program, ctx.results.predicted_bytes = predict_sampled(program, ctx)
         return program
-    program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached, ctx.precision)
+    if plan_pipeline.is_pipeline(program):
+        if ctx.precision != DEFAULT_PRECISION:
+            raise GnncError(f"--precision {ctx.precision}: GNNPipe's pipeline runs in {DEFAULT_PRECISION} for now")
+        program, totals, ctx.results.pipeline_bytes = predict_pipeline(program, ctx.graph, ctx.results.pipeline.parts)
+    else:
+        program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached,
+                                  ctx.precision)
     ctx.results.predicted_bytes = totals
     return program

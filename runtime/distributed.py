@@ -23,6 +23,7 @@ from gnnc.runtime import comm
 from gnnc.runtime import device as devices
 from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
 from gnnc.runtime.launch import DistConfig
+from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.shards import RankData, load_rank
 from gnnc.runtime.train import TrainConfig, Worker, fit
@@ -382,7 +383,10 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
 
 def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
-    return train_and_report(DistWorker(cfg, job), cfg, job)
+    from gnnc.runtime.pipeline import PipelineWorker  # reason: a cycle; the pipeline's worker imports this module
+
+    return train_and_report(PipelineWorker(cfg, job) if is_pipeline(parse_ir(job.ir)) else DistWorker(cfg, job),
+                            cfg, job)
 
 
 def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> dict[str, Any] | None:

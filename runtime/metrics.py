@@ -71,6 +71,8 @@ class EpochRecord:
     compute_s: float = 0.0
     comm_s: float = 0.0  # blocked in communication ops other than the gradient all-reduce
     allreduce_s: float = 0.0
+    pipe_s: float = 0.0  # of comm_s: blocked in pipeline send/recv, waiting on the neighbouring stages
+    bubble_fraction: float = 0.0  # pipe_s / epoch_s: the pipeline's bubble as this stage saw it
     bytes_sent: int = 0
     bytes_by_op: dict[str, int] = field(default_factory=dict)  # "label/op/direction" -> bytes
     peak_rss_bytes: int = 0
@@ -81,13 +83,20 @@ class EpochRecord:
                    epoch_s: float, loss: float | None = None, train_acc: float | None = None,
                    val_acc: float | None = None, test_acc: float | None = None,
                    extra: dict[str, Any] | None = None) -> "EpochRecord":
-        """A record from this epoch's CommStats; compute time is what communication did not take."""
+        """A record from this epoch's CommStats; compute time is what communication did not take.
+
+        A pipeline stage waits on its neighbours inside its send/recv ops (gnnc.runtime.comm's `pipe`):
+        that time, over the epoch's, is the stage's measured bubble (GPipe predicts (S-1)/(K+S-1) of
+        the epoch idle, K chunks through S stages; the plan's `pipeline.bubble`), transfer included.
+        """
         allreduce_s = stats.total_seconds("allreduce")
         comm_s = stats.total_seconds() - allreduce_s
+        pipe_s = stats.total_seconds("pipe")
         return cls(epoch=epoch, rank=rank, world_size=world_size, loss=loss, train_acc=train_acc,
                    val_acc=val_acc, test_acc=test_acc, epoch_s=epoch_s,
                    compute_s=max(0.0, epoch_s - comm_s - allreduce_s), comm_s=comm_s,
-                   allreduce_s=allreduce_s, bytes_sent=stats.total_bytes(),
+                   allreduce_s=allreduce_s, pipe_s=pipe_s, bubble_fraction=pipe_s / epoch_s if epoch_s > 0 else 0.0,
+                   bytes_sent=stats.total_bytes(),
                    bytes_by_op={k: int(v["bytes"]) for k, v in stats.as_dict().items()},
                    peak_rss_bytes=peak_rss_bytes(), extra=dict(extra or {}))
 

@@ -182,8 +182,9 @@ class Worker:
 
     def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int,
                     scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
-        """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch).
-        Returns the epoch's training loss (on the device: `fit` reads it with the epoch's metrics)."""
+        """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch,
+        gnnc.runtime.pipeline runs its chunks through the stages). Returns the epoch's training loss (on the
+        device: `fit` reads it with the epoch's metrics)."""
         return train_step(self, params, opt, scaler, epoch)
 
     def run_settings(self) -> dict[str, Any]:

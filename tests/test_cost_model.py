@@ -364,7 +364,7 @@ def test_segment_cost_dispatch() -> None:
     with pytest.raises(ValueError, match="one layer at a time"):
         segment_cost("bcast1d", 0, 2, [sh, sh])
     with pytest.raises(ValueError, match="no cost formula"):
-        segment_cost("pipeline", 0, 1, [sh])
+        segment_cost("ring", 0, 1, [sh])
 
 
 def test_from_stats_sums_per_level_hops() -> None:

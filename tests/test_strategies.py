@@ -20,15 +20,17 @@ from gnnc.passes.cost.symbols import LayerShape
 from gnnc.plan.sampled_shards import SAMPLED_LAYOUTS
 from gnnc.plan.strategies import LAYOUTS, STRATEGIES, StrategyDef, names, strategy
 from gnnc.runtime.distributed import EXCHANGES
+from gnnc.runtime.pipeline import EXCHANGES as PIPELINE_EXCHANGES
 
 
 def test_the_registry_holds_the_strategies_design_md_names() -> None:
     assert set(STRATEGIES) == {"depcomm", "depcache", "hybrid", "pushpull", "bcast1d", "dp-sample", "pipeline",
                                "local"}
     # the planner's order, full-graph and sampled (--fanout)
-    assert names(plannable=True, batching="full") == ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull")
+    assert names(plannable=True, batching="full") == ("depcomm", "depcache", "hybrid", "bcast1d", "pushpull",
+                                                      "pipeline")
     assert names(plannable=True, batching="sampled") == ("pushpull", "dp-sample")
-    assert names(runnable=False) == ("pipeline",)
+    assert names(runnable=False) == ()
     assert names(single_worker=True) == ("local",)
     assert [s.name for s in STRATEGIES.values() if not s.exact] == ["pipeline"]
     assert [s.name for s in STRATEGIES.values() if s.span == "segment"] == ["depcache", "hybrid", "pipeline"]
@@ -51,19 +53,19 @@ def test_every_runnable_strategy_has_a_cost_formula_and_runtime_exchanges(name: 
         assert sampled_formula(name)(0, LayerShape()).name.startswith(f"{name}[")
         assert sd.layout_in in SAMPLED_LAYOUTS, f"{name}: the sampled runtime holds no {sd.layout_in} layout"
     for op in sd.comm_ops:
-        assert op in EXCHANGES, f"{name}: no runtime exchange for its op {op!r}"
+        assert op in EXCHANGES or op in PIPELINE_EXCHANGES, f"{name}: no runtime exchange for its op {op!r}"
         assert op in COMM_OPS, f"{name}: {op!r} is not a communication op of the IR"
     assert sd.layout_in in LAYOUTS and sd.layout_out in LAYOUTS
 
 
 def test_every_exchange_serves_a_strategy() -> None:
     used = {op for sd in STRATEGIES.values() for op in sd.comm_ops}
-    assert set(EXCHANGES) == used == set(COMM_OPS)
+    assert set(EXCHANGES) | set(PIPELINE_EXCHANGES) == used == set(COMM_OPS)
 
 
 def test_a_strategy_without_a_formula_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="no cost formula for strategy 'pipeline'"):
-        segment_cost("pipeline", 0, 1, [LayerShape()])
+    with pytest.raises(ValueError, match="no cost formula for strategy 'ring'"):
+        segment_cost("ring", 0, 1, [LayerShape()])
     with pytest.raises(GnncError, match="not a strategy the planner chooses"):
         register_cost("local")
 

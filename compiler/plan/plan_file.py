@@ -23,6 +23,8 @@ from gnnc.graph.sampling import SamplingConfig
 from gnnc.files import atomic_write
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
+from gnnc.plan.pipeline import is_pipeline
+from gnnc.plan.pipeline_shards import write_pipeline_shards
 from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.sampled_shards import check_sampled_shards_match, write_sampled_shards
 from gnnc.plan.schedules import SCHEDULES
@@ -115,6 +117,9 @@ class Plan:
         if self.sampling is not None:
             write_sampled_shards(self.program, self.graph, self.parts, self.workers, directory)
             return Path(directory)
+        if is_pipeline(self.program):  # its partition is the chunking; each rank holds its chunks' structure
+            write_pipeline_shards(self.program, self.graph, self.parts, self.workers, directory, progress)
+            return Path(directory)
         write_plan_shards(self.program, self.graph, self.parts, self.workers, directory,
                           self.cached, progress)
         return Path(directory)
@@ -174,8 +179,10 @@ class Plan:
                 except (ValueError, OSError, EOFError) as err:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
-                                     "schedule", "predicted_bytes_per_epoch", "approximations") if k in data}
+                                     "schedule", "predicted_bytes_per_epoch", "approximations", "pipeline")
+                if k in data}
         _check_sampled_fields(meta, path)
+        _check_pipeline_field(meta, path)
         if "precision" in data:
             if data["precision"] not in PRECISIONS:
                 raise PlanError(f"{path}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
@@ -210,6 +217,27 @@ def _check_sampled_fields(meta: dict[str, Any], path: Path) -> None:
     counts = meta.get("predicted_bytes_per_epoch", {})
     if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
         raise PlanError(f"{path}: 'predicted_bytes_per_epoch' must map names to integers")
+
+
+def _check_pipeline_field(meta: dict[str, Any], path: Path) -> None:
+    """A plan's `pipeline` record (what --explain and inspect show of it) is data of known shape, or a PlanError;
+    what runs is the IR's annotations (gnnc.plan.pipeline)."""
+    pipe = meta.get("pipeline")
+    if pipe is None:
+        return
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    ok = (isinstance(pipe, dict) and all(count(pipe.get(k)) for k in ("stages", "groups", "chunks", "history_every",
+                                                                        "history_reads_per_layer"))
+          and isinstance(pipe.get("split"), list)
+          and all(isinstance(s, list) and len(s) == 2 and all(count(x) for x in s) for s in pipe["split"])
+          and isinstance(pipe.get("bubble"), dict)
+          and all(isinstance(pipe["bubble"].get(k), (int, float)) for k in ("stretch", "idle_fraction")))
+    if not ok:
+        raise PlanError(f"{path}: 'pipeline' must hold the stage, group, chunk and history counts, the split and "
+                        f"the bubble")
 
 
 def _jsonable(v: Any) -> Any:

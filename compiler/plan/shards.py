@@ -148,6 +148,11 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
         del arrays
         if progress is not None:
             progress(rank)
+    return write_plan_manifest(out, graph, world, entries)
+
+
+def write_plan_manifest(out: Path, graph: Graph, world: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A plan's shard manifest (written last, after every rank's shard); returns it as read back."""
     write_manifest(out, {"kind": "plan", "graph": graph.name, "num_nodes": graph.num_nodes,
                          "num_edges": graph.num_edges, "num_features": graph.num_features,
                          "num_classes": graph.num_classes, "train_count": int(graph.train_mask.sum()),

@@ -51,6 +51,8 @@ class StrategyDef:
     rows: the row rule (RowRule above).
     halo: reads remote rows through a halo (possibly empty, as under DepCache).
     default_partition: the partition method compile uses for it when the user names none.
+    approximates: what an approximate strategy changes (for --explain and the refusal without --approximate).
+    whole_model: its one segment spans every graph layer (the planner prices only the span 0..L).
     batching: the ways of training it runs in (BATCHING).
     """
 
@@ -71,6 +73,7 @@ class StrategyDef:
     halo: bool = False
     default_partition: str | None = None
     approximates: str = ""
+    whole_model: bool = False
     batching: tuple[str, ...] = ("full",)
 
     def __post_init__(self) -> None:
@@ -116,10 +119,13 @@ STRATEGIES: Mapping[str, StrategyDef] = _registry(
     StrategyDef("dp-sample", "DistDGL's data-parallel minibatches: each worker samples the seeds it owns and "
                 "pulls the features of sampled remote vertices", "layer", "vertex", "vertex",
                 rows="owned", default_partition="hash", batching=("sampled",)),
-    # GNNPipe: each worker a contiguous range of layers over the whole graph, chunks pipelined
+    # GNNPipe: each stage (a group of workers) a contiguous range of layers over the whole graph, chunks
+    # pipelined; a neighbour outside the chunk is read from the history (gnnc.plan.pipeline)
     StrategyDef("pipeline", "GNNPipe's layer pipeline with historical embeddings (approximate)",
-                "segment", "replicated", "replicated", exact=False, runnable=False, plannable=False, rows="all",
-                approximates="a layer reads the historical embeddings of neighbours not yet computed this epoch"),
+                "segment", "replicated", "replicated", exact=False, comm_op="history", rows="all",
+                approximates="a layer reads the historical embeddings of neighbours not yet computed this epoch "
+                             "(an earlier epoch's), and every neighbour outside its chunk without gradient",
+                whole_model=True),
     StrategyDef("local", "one worker runs every layer on the whole graph",
                 "layer", "replicated", "replicated", plannable=False, single_worker=True, rows="all",
                 batching=("full", "sampled")),

@@ -7,7 +7,7 @@ where the choice would flip. So every cost is a sympy expression over named
 symbols (`symbols`), built from compute terms (`compute`) and alpha-beta
 collectives (`collectives`) by a function registered against its strategy's
 descriptor (`registry`; one module per family: `neutronstar`, `p3`, `mggcn`,
-`local`, and `sampled` for sampled minibatches), plus the layout changes between segments (`layouts`); evaluated on
+`local`, `gnnpipe`, and `sampled` for sampled minibatches), plus the layout changes between segments (`layouts`); evaluated on
 numpy arrays (`evaluation`), solved for crossovers (`crossovers`), drawn as
 the predicted epoch (`schedule`) and fitted to this machine (`fit`). A whole
 run's peak memory per process (`memory`) adds parameters, optimizer state,
@@ -19,4 +19,4 @@ that overlap take the max, not the sum; communication is alpha-beta.
 Import what you use from its module (`from gnnc.passes.cost.neutronstar
 import depcomm`); importing the package registers every built-in formula.
 """
-from gnnc.passes.cost import local, mggcn, neutronstar, p3, sampled  # noqa: F401  (importing registers their formulas)
+from gnnc.passes.cost import gnnpipe, local, mggcn, neutronstar, p3, sampled  # noqa: F401  (they register)

@@ -26,6 +26,7 @@ from gnnc.ir.expr import as_expr
 from gnnc.passes.cost.evaluation import evaluate, evaluate_cost
 from gnnc.passes.cost.layouts import boundary
 from gnnc.passes.cost.symbols import R_gemm, R_spmm, alpha, bw
+from gnnc.plan.strategies import STRATEGIES
 
 if TYPE_CHECKING:  # the planner's priced tables; importing it at run time would be a cycle (it calls us)
     from gnnc.passes.choose_strategy import PricedPlan
@@ -192,11 +193,15 @@ def _stage_record(expr, times: np.ndarray, start: float, evaluate, info: dict[st
             "split": bool(split), "pieces": pieces}
 
 
-def _segment_stages(start: int, end: int, n: int) -> list[tuple[str, list[int]]]:
+def _segment_stages(start: int, end: int, n: int, whole_model: bool = False) -> list[tuple[str, list[int]]]:
     """(direction, layers) of each of a segment's n stages: one per layer and direction (DepComm,
     Hybrid: forward layer by layer, then backward in reverse), one per direction spanning every layer
-    (DepCache), else (a user cost of another shape) steps over the whole segment."""
+    (DepCache; a whole-model pipeline, whose later stages are steps: its history refresh, its groups'
+    all-reduce), else (a user cost of another shape) steps over the whole segment."""
     k = end - start
+    if whole_model:
+        layers = list(range(start, end))
+        return [("forward", layers), ("backward", layers)] + [("step", layers)] * (n - 2)
     if n == 2 * k:
         return [("forward", [start + i]) for i in range(k)] + [("backward", [end - 1 - j]) for j in range(k)]
     if n == 2:
@@ -240,7 +245,8 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
         order = _FORWARD_ORDER.get(seg.strategy, _DEFAULT_ORDER)
         seg_f: list[_StageSpec] = []
         seg_b: list[_StageSpec] = []
-        for (direction, layers), expr, times in zip(_segment_stages(seg.start, seg.end, len(cost.stages)),
+        whole = STRATEGIES[seg.strategy].whole_model
+        for (direction, layers), expr, times in zip(_segment_stages(seg.start, seg.end, len(cost.stages), whole),
                                                     cost.stages, value.stage_times):
             info = {"kind": "segment", "strategy": seg.strategy, "segment": [seg.start, seg.end],
                     "direction": direction, "layers": layers}
@@ -249,10 +255,12 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
         backward.append(seg_b + into_b)
         prev = seg.strategy
     ar = priced.allreduce_cost
+    # a pipeline replicates no weight: its own cost holds its groups' all-reduce
+    reduced = not any(STRATEGIES[seg.strategy].whole_model for seg in segments)
     stages_in_order = forward + [s for block in reversed(backward) for s in block] + [
         (expr, times, None, {"kind": "allreduce", "strategy": None, "segment": None, "direction": "backward",
                              "layers": []}, _DEFAULT_ORDER)
-        for expr, times in zip(ar.stages, priced.allreduce.stage_times)]
+        for expr, times in zip(ar.stages, priced.allreduce.stage_times) if reduced]
     stages, clock = [], 0.0
     for expr, times, extra, info, order in stages_in_order:
         if float(np.max(times)) <= 0.0:
