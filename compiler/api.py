@@ -288,20 +288,8 @@ def plan_precision(plan: Plan, asked: str | None) -> str:
     return compiled
 
 
-def _check_host_only(plan: Plan, cfg: TrainConfig) -> None:
-    """Sampled minibatch training and GNNPipe's pipeline run on the CPU for now: their runtimes
-    (gnnc.runtime.minibatch, gnnc.runtime.pipeline) build their blocks, chunks and exchanges on the host."""
-    if cfg.device == "cpu":
-        return
-    if plan.sampling is not None:
-        raise GnncError(f"--device {cfg.device}: sampled minibatch training (--fanout) runs on the CPU for now")
-    if is_pipeline(plan.program):
-        raise GnncError(f"--device {cfg.device}: GNNPipe's pipeline runs on the CPU for now")
-
-
 def train_local(plan: Plan, graph: Graph, cfg: TrainConfig, metrics: str | None = None, on_epoch=None):
     """Train a one-worker plan in this process: full-graph steps, or sampled minibatches when it samples."""
-    _check_host_only(plan, cfg)
     if plan.sampling is not None:
         return train_minibatch(plan.program, graph, cfg, plan.sampling, plan.schedule, metrics, on_epoch)
     return train(plan.program, graph, cfg, metrics_path=metrics, on_epoch=on_epoch)
@@ -322,7 +310,9 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-    _check_host_only(plan, cfg)
+    if plan.sampling is not None and cfg.device != "cpu":  # its control messages and blocks stay on the host
+        raise GnncError(f"--device {cfg.device}: sampled minibatch training on several workers (--fanout with "
+                        f"--nproc {plan.workers}) runs on the CPU for now; one process runs it on the device")
     if cfg.device == "cuda" and not started_by_torchrun():
         check_gpu_count(plan.workers)  # each local rank takes its own GPU
     if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():

@@ -110,7 +110,8 @@ class MinibatchRecord:
     holds them beside the EpochRecords, marked `"kind": "minibatch"`.
 
     Per graph layer (first layer first): the block's sampled source vertices, destination vertices and
-    edges of this rank's seeds. `loss`: this rank's share of the step's loss (the shares add up to it).
+    edges of this rank's seeds. `loss`: this rank's share of the step's loss (the shares add up to it;
+    a device tensor until the epoch's records are taken, then read with one another).
     `phase_s`: seconds per phase (sample, gather, forward_m, forward_d, backward_d, backward_m,
     allreduce, step). `bytes_by_op`: what the communication ops sent between this minibatch's
     sampling and its optimizer step, by "label/op/direction" as in EpochRecord (under the pipelined
