@@ -6,9 +6,12 @@ devices and, inside the loop, every host read of a device tensor (`.item()`, `bo
 and every collective given host tensors (NCCL takes device tensors only). On it run:
 
 * a full training step (forward, backward, optimizer) and the evaluation forward of every example, twice
-  (the second with every cache built and the optimizer's state made), through `train_step`, the function
-  `fit` runs; and `fit` itself, whose only reads are one per epoch (its metrics) and one before the first;
-* the per-rank step of every strategy on 2 gloo ranks, with the same check on each rank.
+  (the second with every cache built and the optimizer's state made), through the worker's `train_epoch`,
+  which `fit` runs; and `fit` itself, whose only reads are one per epoch (its metrics) and one before the first;
+* the per-rank step of every strategy on 2 gloo ranks, with the same check on each rank (GNNPipe's pipeline:
+  its refresh, its pipelined step through two stages, its history);
+* sampled minibatches in one process (sequential and P3's 2F2B): each minibatch's blocks and inputs are
+  sampled on the host and copied to the device (uploads, by design), and nothing else crosses.
 
 The values are real, so the stand-in runs are also compared with the same steps on the CPU.
 """
@@ -22,10 +25,15 @@ import torch
 
 from conftest import EXAMPLES, random_graph
 from gnnc import api
+from gnnc.graph.sampling import SamplingConfig
+from gnnc.ir.text import parse_ir
+from gnnc.plan.pipeline import is_pipeline
 from gnnc.runtime.distributed import DistJob, DistWorker
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.launch import DistConfig, launch
-from gnnc.runtime.train import TrainConfig, Worker, fit, make_optimizer, train_step
+from gnnc.runtime.minibatch import MinibatchWorker
+from gnnc.runtime.pipeline import PipelineWorker
+from gnnc.runtime.train import TrainConfig, Worker, fit, make_optimizer
 from standin_device import STANDIN, StandinDevice
 
 STEPS = 2
@@ -68,7 +76,7 @@ def steps(worker, params, opt) -> torch.Tensor:
     """STEPS training steps as `fit` takes them, each followed by the evaluation forward; the last logits."""
     logits = None
     for epoch in range(STEPS):
-        train_step(worker, params, opt, None, epoch)
+        worker.train_epoch(params, opt, epoch)
         with torch.no_grad():
             logits, _ = worker.forward(params, False, epoch)
     return logits
@@ -126,32 +134,47 @@ def test_fit_reads_the_device_once_per_epoch() -> None:
 # --- every strategy, per rank ------------------------------------------------------------------------
 
 # every strategy and every communication op (halo, fetch, bcast_rows, reduce_scatter, batch_norm's all-reduce,
-# the gradient all-reduce), each at least once
+# the gradient all-reduce, the pipeline's pipe and history), each at least once
 STRATEGY_CASES = [("gcn", s) for s in ("depcomm", "bcast1d", "pushpull,depcomm", "depcomm,depcache",
                                        "depcache,depcomm")] + \
                  [("gat", "depcomm"), ("sage", "pushpull,bcast1d"), ("gin-sparse", "hybrid"),
-                  ("gcnii", "depcache,depcache,depcomm"), ("sgc", "depcomm"), ("sage-bn", "bcast1d")]
+                  ("gcnii", "depcache,depcache,depcomm"), ("sgc", "depcomm"), ("sage-bn", "bcast1d"),
+                  ("gcnii", "pipeline")]
+
+
+def rank_worker(cfg: DistConfig, job: DistJob, device: torch.device):
+    """The worker `gnnc.runtime.distributed.worker` runs for `job`, on `device`."""
+    return (PipelineWorker if is_pipeline(parse_ir(job.ir)) else DistWorker)(cfg, job, device=device)
 
 
 def standin_steps(cfg: DistConfig, jobs: list[DistJob]) -> list[dict[str, Any] | None]:
-    """Each job's per-rank steps on the stand-in device; rank 0 returns the problems seen by every rank."""
+    """Each job's per-rank steps on the stand-in device; rank 0 returns the problems seen by every rank.
+    An approximate strategy (the pipeline) computes another function than one process: its steps on the
+    CPU come back beside (`reference`)."""
     import torch.distributed as dist
 
     out = []
     for job in jobs:
+        reference = None
+        if is_pipeline(parse_ir(job.ir)):
+            w = rank_worker(cfg, job, torch.device("cpu"))
+            params = init_params(w.program, job.train.seed)
+            reference = w.gather_logits(steps(w, params, make_optimizer(w.program, params, job.train)))
         with StandinDevice() as sd:
-            w = DistWorker(cfg, job, device=STANDIN)
+            w = rank_worker(cfg, job, STANDIN)
             params = init_params(w.program, job.train.seed, w.device)
             opt = make_optimizer(w.program, params, job.train)
             with sd.watch():
                 logits = steps(w, params, opt)
-            touched = [*params.values(), *(p.grad for p in params.values()), *optimizer_tensors(opt),
-                       *w.inputs.values(), *w.state.values(), logits]
+            # a pipeline rank's parameters of the other stages have no gradient
+            touched = [*params.values(), *(p.grad for p in params.values() if p.grad is not None),
+                       *optimizer_tensors(opt), *w.inputs.values(), *getattr(w, "state", {}).values(),
+                       *getattr(w, "history", {}).values(), logits]
             placed = all(sd.on_device(t) for t in touched)
             gathered = w.gather_logits(logits)
         every: list[Any] = [None] * cfg.world_size
         dist.all_gather_object(every, (placed, sd.problems()))
-        out.append(None if cfg.rank else {"logits": gathered, "ranks": every})
+        out.append(None if cfg.rank else {"logits": gathered, "ranks": every, "reference": reference})
     return out
 
 
@@ -160,13 +183,16 @@ def test_the_per_rank_step_of_every_strategy_stays_on_the_device(tmp_path) -> No
     jobs, expected = [], []
     for case, strategy in STRATEGY_CASES:
         graph = graph_for(case)
-        plan = api.compile(model_for(case), graph, workers=world, strategy=strategy, partition="metis")
+        exact = strategy != "pipeline"
+        plan = api.compile(model_for(case), graph, workers=world, strategy=strategy,
+                           **({"partition": "metis"} if exact else {"approximate": True}))
         shards = plan.write_shards(tmp_path / f"{case}-{strategy}")
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(progress=False, device=STANDIN.type)))
-        expected.append(cpu_logits(program_for(case, graph), graph))
+        expected.append(cpu_logits(program_for(case, graph), graph) if exact else None)
     results = launch(standin_steps, world, jobs)[0]
     failures = []
     for (case, strategy), got, want in zip(STRATEGY_CASES, results, expected):
+        want = got["reference"] if want is None else want
         for rank, (placed, problems) in enumerate(got["ranks"]):
             if not placed:
                 failures.append(f"{case} {strategy} rank {rank}: a tensor of the run is not on the device")
@@ -174,4 +200,43 @@ def test_the_per_rank_step_of_every_strategy_stays_on_the_device(tmp_path) -> No
         if not torch.allclose(got["logits"], want, rtol=1e-4, atol=1e-5):
             failures.append(f"{case} {strategy}: logits differ from one process on the CPU by "
                             f"{(got['logits'] - want).abs().max():.2e}")
+    assert not failures, "\n".join(failures)
+
+
+# --- sampled minibatches in one process ------------------------------------------------------------
+
+SAMPLED_CASES = [("sage", "sequential"), ("gat", "sequential"), ("gcn", "2f2b")]
+
+
+def sampled_epochs(program, graph, device: torch.device, schedule: str) -> tuple[MinibatchWorker, dict, Any]:
+    cfg = TrainConfig(progress=False, device=device.type)
+    worker = MinibatchWorker(program, graph, cfg, SamplingConfig((4, 3), 8), schedule)
+    params = init_params(program, cfg.seed, worker.device)
+    opt = make_optimizer(program, params, cfg)
+    return worker, params, opt
+
+
+def test_sampled_minibatches_in_one_process_stay_on_the_device() -> None:
+    failures = []
+    for case, schedule in SAMPLED_CASES:
+        graph = graph_for(case)
+        program = program_for(case, graph)
+        worker, params, opt = sampled_epochs(program, graph, torch.device("cpu"), schedule)
+        want_losses = [worker.train_epoch(params, opt, epoch) for epoch in range(STEPS)]
+        want = [r.loss for r in worker.take_records()]
+        with StandinDevice() as sd:
+            worker, params, opt = sampled_epochs(program, graph, STANDIN, schedule)
+            with sd.watch():
+                losses = [worker.train_epoch(params, opt, epoch) for epoch in range(STEPS)]
+            got = [r.loss for r in worker.take_records()]  # after the loop: the epoch's one read of them
+            touched = [*params.values(), *(p.grad for p in params.values() if p.grad is not None),
+                       *optimizer_tensors(opt), *losses]
+            if not all(sd.on_device(t) for t in touched):
+                failures.append(f"{case} {schedule}: a tensor of the run is not on the device")
+            # each minibatch's blocks and inputs are uploaded by design; nothing else may cross
+            failures += [f"{case} {schedule}: {p}" for p in sd.problems(("mix", "read", "sync", "collective"))]
+            got_losses = [float(sd.host(t)) for t in losses]
+        if got != pytest.approx(want, rel=1e-5) or got_losses != pytest.approx([float(t) for t in want_losses],
+                                                                                rel=1e-5):
+            failures.append(f"{case} {schedule}: losses {got_losses} differ from the CPU's {want_losses}")
     assert not failures, "\n".join(failures)
