@@ -390,7 +390,7 @@ def one_step(cfg: DistConfig, job: DistJob, epoch: int = 0) -> dict[str, Any] | 
     gathered = w.gather_logits(logits)
     total = w.sum(loss.reshape(1))
     every: list[Any] = [None] * cfg.world_size
-    dist.all_gather_object(every, ({k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None},
+    dist.all_gather_object(every, ({k: p.grad.detach().cpu() for k, p in params.items() if p.grad is not None},
                                    {"/".join(key): c.bytes for key, c in w.stats.counts.items()}, refreshed))
     if cfg.rank != 0:
         return None
