@@ -53,10 +53,12 @@ def test_every_command_refuses_cuda_without_a_gpu_the_same_way(argv: list[str], 
 
 
 @needs_no_gpu
-@pytest.mark.parametrize("script", ["vs_pyg.py", "kernels.py", "distributed.py", "prediction.py"])
+@pytest.mark.parametrize("script", ["vs_pyg.py", "kernels.py", "distributed.py", "prediction.py", "gnnpipe.py",
+                                    "minibatch.py --section accuracy"])
 def test_the_benchmarks_refuse_cuda_without_a_gpu(script: str, monkeypatch, capsys) -> None:
+    script, *args = script.split()
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.setattr(sys, "argv", [script, "--device", "cuda"])
+    monkeypatch.setattr(sys, "argv", [script, *args, "--device", "cuda"])
     with pytest.raises(SystemExit) as stop:
         runpy.run_path(str(ROOT / "benchmarks" / script), run_name="__main__")
     assert stop.value.code == 2
