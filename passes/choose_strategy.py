@@ -231,7 +231,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
                 if a != b_:
                     trans[(a, b_, layer)] = evaluate_cost(boundary(a, b_, layer), inputs).time
     return PricedPlan(seg_cost, trans, formulas, values, extras, inputs, shapes, allreduce_cost, allreduce, allowed,
-                      pipelines)
+                      pipelines=pipelines)
 
 
 def _shape(param, program: Program) -> list[int]:

@@ -361,7 +361,8 @@ class DistWorker(Worker):
         return logits[:n], {k: v[:n] for k, v in self.inputs.items() if k != "x"}
 
     def reduce_grads(self, params) -> None:
-        assert self._reducer is not None, "reduce_grads before any forward pass"
+        if self._reducer is None:  # a step that never ran forward() (a sampled minibatch's phases): after backward
+            self._reducer = comm.GradAllReduce(list(params.values()), self.stats)
         self._reducer.finish()
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from gnnc.files import atomic_write
 from gnnc.runtime.comm import CommStats
+from gnnc.runtime.memory import release_free_heap
 
 
 def _status_bytes(field: str) -> int | None:
@@ -76,6 +77,7 @@ def peak_rss_bytes() -> int:
 def reset_peak_rss() -> int | None:
     """Start a new high-water mark of this process's memory (Linux: /proc/self/clear_refs); returns the
     resident bytes now, the base a later `peak_rss_since` is measured from, or None where it cannot."""
+    release_free_heap()  # the base is what live data holds, not freed pages the heap kept
     hwm = _status_bytes("VmHWM")
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
