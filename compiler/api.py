@@ -68,7 +68,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
             sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
-            pipeline_groups: int = 0, precision: str = DEFAULT_PRECISION, device: str = "cpu") -> Plan:
+            memory_cap: int | None = None, pipeline_groups: int = 0, precision: str = DEFAULT_PRECISION,
+            device: str = "cpu") -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -82,6 +83,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     `sampling` (fan-outs and batch size) compiles for sampled minibatch training: the planner prices
     the sampled strategies (dp-sample, pushpull) on a dry run of the sampler with `seed`. `schedule`
     (gnnc.plan.schedules) orders the steps; an approximate strategy or schedule needs `approximate`.
+    `memory_cap` (bytes of activation memory per worker) goes to the schedule pass, which runs layers in
+    G3's bins to meet it (full-graph training).
     GNNPipe's `pipeline` runs `pipeline_groups` workers per stage (0: the planner chooses).
     `precision` (gnnc.plan.precision) sets the bytes predicted per exchanged
     element and the rates the planner prices; the plan records it, and a run
@@ -101,16 +104,21 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         if sampling is not None:
             raise GnncError("--workers auto plans full-graph training; give a worker count with --fanout")
         return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
-                             precision, device)
+                             precision, device, memory_cap)
     workers = int(workers)
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
+    if memory_cap and (workers == 1 or sampling is not None):
+        raise GnncError("--memory-cap bounds a worker's activations by running layers in bins, which the "
+                        "distributed runtime does for full-graph training: compile for --workers N > 1 "
+                        "(run with --nproc N), without --fanout")
     program = model.program(graph)
     pipeline = [as_spec(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     if workers > 1 and passes is None:
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
     if workers > 1:
-        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, pipeline_groups=pipeline_groups)
+        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap,
+                                         pipeline_groups=pipeline_groups)
     # recorded only when not the default, so an fp32 plan is the file it always was
     meta: dict[str, Any] = {} if precision == DEFAULT_PRECISION else {"precision": precision}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
@@ -142,6 +150,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["approximations"] = notes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
+    if results.schedule_report is not None:
+        meta["schedule_report"] = results.schedule_report
     parts = ctx.parts
     if results.pipeline is not None and is_pipeline(program):  # a pipeline's partition is its chunking
         parts = results.pipeline.parts
@@ -175,13 +185,16 @@ def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
-                          allow: list[str] | None, pipeline_groups: int = 0) -> list[PassSpec]:
-    """The pipeline with the compile's `strategy`, `allow` and `pipeline_groups` given to the passes that take them.
+                          allow: list[str] | None, memory_cap: int | None = None,
+                          pipeline_groups: int = 0) -> list[PassSpec]:
+    """The pipeline with the compile's `strategy`, `allow`, `memory_cap` and `pipeline_groups` given to the
+    passes that take them.
 
     A value no pass in the pipeline takes is an error, not a silently ignored request.
     """
     given = {"strategy": strategy if strategy is None or isinstance(strategy, str) else ",".join(strategy),
-             "allow": None if allow is None else tuple(allow), "pipeline_groups": pipeline_groups}
+             "allow": None if allow is None else tuple(allow), "memory_cap": memory_cap,
+             "pipeline_groups": pipeline_groups}
     given = {k: v for k, v in given.items() if v}
     for key in given:
         if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
@@ -201,7 +214,7 @@ def _default_partition(strategy: str | None) -> str:
 
 
 def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
-                  precision: str, device: str) -> Plan:
+                  precision: str, device: str, memory_cap=None) -> Plan:
     """--workers auto: the worker count (1, 2, 4, ... up to the cluster's) with the least predicted time."""
     profile = resolve_cluster(cluster, device)
     best = compile(model, graph, 1, passes, graph_spec, after, precision=precision)
@@ -210,7 +223,7 @@ def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, 
     n = 2
     while n <= profile.workers:
         plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow,
-                       precision=precision)
+                       memory_cap=memory_cap, precision=precision)
         t = plan.meta.get("planner", {}).get("predicted_time_s")
         considered.append({"workers": n, "time_s": t})
         if t is not None and t < best_time:

@@ -118,6 +118,7 @@ class RunResult:
     bytes_sent_per_epoch: int = 0
     peak_rss_bytes: int = 0
     predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
+    activation_peak_bytes: int = 0  # how far a training step raised the resident set, largest over steady epochs
 
     def summary(self) -> dict[str, Any]:
         """Every field but the logits and the history (JSON-ready)."""
@@ -131,7 +132,8 @@ class RunResult:
 
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
-                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes")
+                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
+                  "activation_peak_bytes")
 
 
 class Worker:
@@ -268,18 +270,18 @@ def train_step(worker: Worker, params: dict[str, torch.nn.Parameter], opt: torch
     return loss.detach()
 
 
-def epoch_metrics(worker: Worker, loss: torch.Tensor, logits: torch.Tensor, elapsed: float,
-                  sent: int) -> tuple[float, list[float], float]:
-    """(this rank's loss, the sums over ranks of [loss, correct and labelled per split, bytes], the slowest
-    rank's seconds): the epoch's one read of device values on the host."""
+def epoch_metrics(worker: Worker, loss: torch.Tensor, logits: torch.Tensor, maxima: list[float],
+                  sent: int) -> tuple[float, list[float], list[float]]:
+    """(this rank's loss, the sums over ranks of [loss, correct and labelled per split, bytes], the largest
+    over ranks of each of `maxima` (seconds, activation bytes)): the epoch's one read of device values on the host."""
     own_logits, own = worker.owned(logits)
     dev = loss.device
     local = torch.cat([loss.reshape(1).to(torch.float64), _counts(own_logits, own),
                        torch.tensor([float(sent)], dtype=torch.float64, device=dev)])
     summed = worker.sum(local)
-    slowest = worker.max(torch.tensor([elapsed], dtype=torch.float64, device=dev))
-    host = torch.cat([local[:1], summed, slowest]).tolist()
-    return host[0], host[1:-1], host[-1]
+    largest = worker.max(torch.tensor(maxima, dtype=torch.float64, device=dev))
+    host = torch.cat([local[:1], summed, largest]).tolist()
+    return host[0], host[1:1 + len(summed)], host[1 + len(summed):]
 
 
 def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
@@ -335,7 +337,8 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     JSON lines by rank 0; a resumed run first drops the records of the epochs
     it is about to run again.
     """
-    from gnnc.runtime.metrics import EpochRecord, MetricsLog  # deferred: metrics loads torch.distributed
+    # deferred: metrics loads torch.distributed
+    from gnnc.runtime.metrics import EpochRecord, MetricsLog, peak_memory_since, reset_peak_memory
 
     check_trainable(worker, cfg)
     params = init_params(worker.program, cfg.seed, worker.device)
@@ -371,20 +374,23 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         log = MetricsLog(metrics_path, drop_from_epoch=start if cfg.resume else None)
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
+            base = reset_peak_memory(worker.device)  # the step's activation memory: how far it raises the peak
             t0 = time.perf_counter()
             loss = worker.train_epoch(params, opt, epoch, scaler)
             if worker.device.type == "cuda":
                 torch.cuda.synchronize(worker.device)  # the step's kernels are queued, not done: time them done
             elapsed = time.perf_counter() - t0
+            activation = peak_memory_since(worker.device, base)
             # the training step's bytes and times, taken before the evaluation's exchanges add to them
             sent = worker.stats.total_bytes()
-            record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed)
+            record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
+                                            activation_peak_bytes=activation)
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
-            record.loss, counts, slowest = epoch_metrics(worker, loss, logits, elapsed, sent)
+            record.loss, counts, (slowest, most) = epoch_metrics(worker, loss, logits, [elapsed, activation], sent)
             rec = {"epoch": epoch, "loss": float(counts[0]), "train_acc": float(counts[1] / max(counts[2], 1)),
                    "val_acc": float(counts[3] / max(counts[4], 1)), "test_acc": float(counts[5] / max(counts[6], 1)),
-                   "time_s": slowest, "bytes_sent": int(counts[7])}
+                   "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most)}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
             log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
@@ -418,7 +424,9 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     steady = times[1:] or times
     summary = {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "final_test_acc": history[-1]["test_acc"],
                "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(steady),
-               "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"]}
+               "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
+               # the training step's activation memory, largest over workers and epochs after the first
+               "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history))}
     return summary, logits, history
 
 
@@ -433,4 +441,5 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
                      summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"], graph=graph.name,
                      strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
-                     bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes())
+                     bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
+                     activation_peak_bytes=summary["activation_peak_bytes"])

@@ -9,7 +9,9 @@ and every collective given host tensors (NCCL takes device tensors only). On it 
   (the second with every cache built and the optimizer's state made), through the worker's `train_epoch`,
   which `fit` runs; and `fit` itself, whose only reads are one per epoch (its metrics) and one before the first;
 * the per-rank step of every strategy on 2 gloo ranks, with the same check on each rank (GNNPipe's pipeline:
-  its refresh, its pipelined step through two stages, its history);
+  its refresh, its pipelined step through two stages, its history), under every kind of schedule the
+  schedule pass writes: overlapped halos and staged broadcasts split by source part (the default; max and
+  min aggregations too), nothing overlapped, and G3's bins (eager bins of held rows, recomputed in backward);
 * sampled minibatches in one process (sequential and P3's 2F2B): each minibatch's blocks and inputs are
   sampled on the host and copied to the device (uploads, by design), and nothing else crosses.
 
@@ -27,6 +29,7 @@ from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.ir.text import parse_ir
+from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.runtime.distributed import DistJob, DistWorker
 from gnnc.runtime.executor import init_params
@@ -53,7 +56,33 @@ model SAGEBN(features, hidden = 16, classes) {
 """
 
 
+# max and min aggregations, which a split exchange combines part by part (gnnc.runtime.parts)
+EXTREMES = """
+layer MaxConv(in, out) {
+  scatter   m = src.h
+  gather    a = max(m)
+  transform t = linear(a, out) + linear(h, out, bias = false)
+  apply     h = t
+}
+layer MinConv(in, out) {
+  scatter   m = src.h
+  gather    a = min(m)
+  transform t = linear(a, out)
+  apply     h = t
+}
+model Extremes(features, hidden = 8, classes) {
+  h = MaxConv(features, hidden)(x)
+  h = relu(h)
+  h = MinConv(hidden, classes)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
 def model_for(case: str):
+    case = case.split("@")[0]
+    if case == "extremes":
+        return api.load_model_source(EXTREMES, "extremes.gnn")
     name, params = EXAMPLE_CASES[case]
     if case == "sage-bn":  # examples/sage.gnn's layer, another model
         layers = (EXAMPLES / "sage.gnn").read_text().split("model ")[0]
@@ -62,6 +91,8 @@ def model_for(case: str):
 
 
 def graph_for(case: str):
+    if case.endswith("@sbm"):  # communities: a part holds whole ones, so some bins read only held rows
+        return api.load_graph("sbm:n=80,blocks=4,deg=4,intra=0.97,features=10,classes=4,seed=1")
     g = random_graph(n=40, e=160, f=12, c=4, seed=2)
     if case.endswith("-sparse"):  # bag-of-words inputs: kept sparse, moved and dropped out as such
         g.x = g.x * (torch.rand(g.x.shape, generator=torch.Generator().manual_seed(5)) < 0.03)
@@ -126,8 +157,10 @@ def test_fit_reads_the_device_once_per_epoch() -> None:
     reads = Counter(e.function for e in sd.events if e.kind == "read")
     # the training count before the first epoch, then the epoch's metrics: nothing else
     assert reads == {"train_vertices": 1, "epoch_metrics": epochs}, sd.problems()
-    # what goes to the device in `fit` are its parameters, once, before the first epoch
-    assert {e.function for e in sd.events if e.kind == "upload"} == {"init_params"}, sd.problems()
+    # what goes to the device in `fit` are its parameters, once, before the first epoch, and the host's own
+    # figures of each epoch (its seconds and activation bytes) for the maximum over ranks
+    uploads = Counter(e.function for e in sd.events if e.kind == "upload")
+    assert set(uploads) == {"init_params", "epoch_metrics"} and uploads["epoch_metrics"] == epochs, sd.problems()
     assert sd.problems(("mix", "collective")) == []
 
 
@@ -139,7 +172,23 @@ STRATEGY_CASES = [("gcn", s) for s in ("depcomm", "bcast1d", "pushpull,depcomm",
                                        "depcache,depcomm")] + \
                  [("gat", "depcomm"), ("sage", "pushpull,bcast1d"), ("gin-sparse", "hybrid"),
                   ("gcnii", "depcache,depcache,depcomm"), ("sgc", "depcomm"), ("sage-bn", "bcast1d"),
-                  ("gcnii", "pipeline")]
+                  ("gcnii", "pipeline"), ("extremes", "depcomm"), ("extremes", "bcast1d")]
+# the schedule pass's other choices (the cases above run its default: every halo overlapped, every broadcast
+# staged, gradient buckets reduced during backward)
+SCHEDULES = {"none": "schedule{overlap=off staged=off grad_overlap=off}", "bins": "schedule{bins=3}"}
+SCHEDULED_CASES = [("gcn", "depcomm,bcast1d", "none"), ("gcn@sbm", "depcomm", "bins"),
+                   ("gat@sbm", "hybrid,depcache", "bins"), ("extremes@sbm", "depcomm", "bins")]
+
+
+def assert_schedule(text: str, case: str, strategy: str, schedule: str | None) -> None:
+    """The case runs the schedule it is named for (a pass that silently ignored an option would leave the
+    new paths untested)."""
+    if schedule == "none":
+        assert "overlap=true" not in text and "staged=true" not in text and "grad_overlap=false" in text, case
+    elif schedule == "bins":
+        assert "bins=3" in text and "bin=true" in text, case
+    elif case in ("gcn", "extremes") and strategy in ("depcomm", "bcast1d"):
+        assert "split=true" in text, (case, strategy)  # overlapped halo / staged broadcast, run part by part
 
 
 def rank_worker(cfg: DistConfig, job: DistJob, device: torch.device):
@@ -181,17 +230,21 @@ def standin_steps(cfg: DistConfig, jobs: list[DistJob]) -> list[dict[str, Any] |
 def test_the_per_rank_step_of_every_strategy_stays_on_the_device(tmp_path) -> None:
     world = 2
     jobs, expected = [], []
-    for case, strategy in STRATEGY_CASES:
+    cases = [(case, strategy, None) for case, strategy in STRATEGY_CASES] + SCHEDULED_CASES
+    for case, strategy, schedule in cases:
         graph = graph_for(case)
         exact = strategy != "pipeline"
-        plan = api.compile(model_for(case), graph, workers=world, strategy=strategy,
-                           **({"partition": "metis"} if exact else {"approximate": True}))
-        shards = plan.write_shards(tmp_path / f"{case}-{strategy}")
+        options: dict[str, Any] = {"partition": "metis"} if exact else {"approximate": True}
+        if schedule is not None:
+            options["passes"] = DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [SCHEDULES[schedule]]
+        plan = api.compile(model_for(case), graph, workers=world, strategy=strategy, **options)
+        assert_schedule(str(plan.program), case, strategy, schedule)
+        shards = plan.write_shards(tmp_path / f"{case}-{strategy}-{schedule}")
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(progress=False, device=STANDIN.type)))
         expected.append(cpu_logits(program_for(case, graph), graph) if exact else None)
     results = launch(standin_steps, world, jobs)[0]
     failures = []
-    for (case, strategy), got, want in zip(STRATEGY_CASES, results, expected):
+    for (case, strategy, _), got, want in zip(cases, results, expected):
         want = got["reference"] if want is None else want
         for rank, (placed, problems) in enumerate(got["ranks"]):
             if not placed:
