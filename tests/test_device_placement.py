@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import EXAMPLES, random_graph
+from conftest import EXAMPLES, EXTREMES, SCHEDULES, random_graph
 from gnnc import api
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.ir.text import parse_ir
@@ -56,27 +56,6 @@ model SAGEBN(features, hidden = 16, classes) {
 """
 
 
-# max and min aggregations, which a split exchange combines part by part (gnnc.runtime.parts)
-EXTREMES = """
-layer MaxConv(in, out) {
-  scatter   m = src.h
-  gather    a = max(m)
-  transform t = linear(a, out) + linear(h, out, bias = false)
-  apply     h = t
-}
-layer MinConv(in, out) {
-  scatter   m = src.h
-  gather    a = min(m)
-  transform t = linear(a, out)
-  apply     h = t
-}
-model Extremes(features, hidden = 8, classes) {
-  h = MaxConv(features, hidden)(x)
-  h = relu(h)
-  h = MinConv(hidden, classes)(h)
-  loss = cross_entropy(h, y, mask = train)
-}
-"""
 
 
 def model_for(case: str):
@@ -173,9 +152,7 @@ STRATEGY_CASES = [("gcn", s) for s in ("depcomm", "bcast1d", "pushpull,depcomm",
                  [("gat", "depcomm"), ("sage", "pushpull,bcast1d"), ("gin-sparse", "hybrid"),
                   ("gcnii", "depcache,depcache,depcomm"), ("sgc", "depcomm"), ("sage-bn", "bcast1d"),
                   ("gcnii", "pipeline"), ("extremes", "depcomm"), ("extremes", "bcast1d")]
-# the schedule pass's other choices (the cases above run its default: every halo overlapped, every broadcast
-# staged, gradient buckets reduced during backward)
-SCHEDULES = {"none": "schedule{overlap=off staged=off grad_overlap=off}", "bins": "schedule{bins=3}"}
+# the schedule pass's other choices (the cases above run its default)
 SCHEDULED_CASES = [("gcn", "depcomm,bcast1d", "none"), ("gcn@sbm", "depcomm", "bins"),
                    ("gat@sbm", "hybrid,depcache", "bins"), ("extremes@sbm", "depcomm", "bins")]
 
