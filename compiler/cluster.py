@@ -173,6 +173,10 @@ class ClusterProfile:
         empty otherwise.
     op_rates: what each class of the IR's other ops costs per element (`OpRate`), as `gnnc probe`
         measured it; a class it does not list is derived (`op_rate`).
+    gemm_rate_bf16, gemm_rate_fp16: dense FLOP/s of one worker in bfloat16 / float16 with float32
+        accumulation (a GPU's tensor cores), what `--precision bf16|fp16` prices dense maps at;
+        None: no faster than gemm_rate (the type has no hardware path there, or nobody measured it).
+    spmm_rate_16: edge-feature multiply-adds per second with 16-bit rows; None: spmm_rate.
     """
 
     name: str
@@ -196,6 +200,9 @@ class ClusterProfile:
     links: tuple[LinkMeasurement, ...] = ()
     collectives: tuple[CollectiveMeasurement, ...] = ()
     op_rates: tuple[OpRate, ...] = ()
+    gemm_rate_bf16: float | None = None
+    gemm_rate_fp16: float | None = None
+    spmm_rate_16: float | None = None
 
     def __post_init__(self) -> None:
         _validate({f.name: getattr(self, f.name) for f in fields(self)}, f"cluster profile '{self.name}'")
@@ -253,6 +260,25 @@ class ClusterProfile:
         """Edge-feature multiply-adds/s of an aggregation forward alone: from t_e_forward, else the rate above."""
         return 1.0 / self.t_e_forward if self.t_e_forward is not None else self.effective_spmm_rate
 
+    def rates_at(self, precision: str) -> tuple[float, float]:
+        """(GEMM FLOP/s, SpMM multiply-adds/s) of one worker computing at `precision` (gnnc.plan.precision).
+
+        fp32: the effective rates. bf16/fp16: the 16-bit figures where the profile has them; the fp32 ones
+        otherwise (a conservative price: no slower, perhaps no faster).
+        """
+        if precision == "fp32":
+            return self.effective_gemm_rate, self.effective_spmm_rate
+        gemm = {"bf16": self.gemm_rate_bf16, "fp16": self.gemm_rate_fp16}[precision]
+        return (gemm if gemm is not None else self.effective_gemm_rate,
+                self.spmm_rate_16 if self.spmm_rate_16 is not None else self.effective_spmm_rate)
+
+    def forward_rates_at(self, precision: str) -> tuple[float, float]:
+        """`rates_at` for dense maps and aggregations forward alone (the evaluation pass): fp32 from
+        t_v_forward and t_e_forward where the probe fitted them; at 16 bits the 16-bit rates."""
+        if precision == "fp32":
+            return self.effective_gemm_rate_forward, self.effective_spmm_rate_forward
+        return self.rates_at(precision)
+
     def effective_bandwidth(self, workers: int | None = None) -> float:
         """Bytes/s per worker for exchanges: from the measured t_c when there is one."""
         return 1.0 / self.t_c if self.t_c is not None else self.worker_bandwidth(workers)
@@ -277,9 +303,9 @@ class ClusterProfile:
             data[key] = [dict(u) for u in data[key]]
             if not data[key]:
                 del data[key]  # optional: a profile without a fit or a network probe reads as it always did
-        for key in ("t_v_forward", "t_e_forward"):
+        for key in _OPTIONAL_RATES:
             if data[key] is None:
-                del data[key]  # likewise
+                del data[key]  # likewise: a profile without 16-bit or forward rates is written as before
         return data
 
     def to_json(self) -> str:
@@ -327,12 +353,15 @@ _FIELD_KIND = MappingProxyType({
     "memory_bandwidth": "float", "gemm_rate": "float", "spmm_rate": "float", "t_v": "float?",
     "t_e": "float?", "t_c": "float?", "t_v_forward": "float?", "t_e_forward": "float?", "description": "str",
     "unit_costs": "unit_costs", "links": "links", "collectives": "collectives", "op_rates": "op_rates",
+    "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
 })
+_OPTIONAL_RATES = ("t_v_forward", "t_e_forward", "gemm_rate_bf16", "gemm_rate_fp16", "spmm_rate_16")
 _UNITS = MappingProxyType({
     "intra_bandwidth": "bytes/s", "inter_bandwidth": "bytes/s", "latency": "seconds",
     "memory_per_worker": "bytes", "memory_bandwidth": "bytes/s", "gemm_rate": "FLOP/s",
     "spmm_rate": "edge-feature multiply-adds/s", "t_v": "seconds", "t_e": "seconds", "t_c": "seconds/byte",
     "t_v_forward": "seconds", "t_e_forward": "seconds",
+    "gemm_rate_bf16": "FLOP/s", "gemm_rate_fp16": "FLOP/s", "spmm_rate_16": "edge-feature multiply-adds/s",
 })
 
 
@@ -446,7 +475,7 @@ def _validate(p: dict[str, Any], where: str) -> None:
         if p[key] < 1:
             raise GnncError(f"{where}: field '{key}' must be at least 1, got {p[key]}")
     for key in ("intra_bandwidth", "inter_bandwidth", "memory_per_worker", "memory_bandwidth", "gemm_rate",
-                "spmm_rate", "t_v", "t_e", "t_c", "t_v_forward", "t_e_forward"):
+                "spmm_rate", "t_v", "t_e", "t_c", *_OPTIONAL_RATES):
         value = p[key]
         if value is None:
             continue
@@ -487,18 +516,22 @@ def _spmm_rate(memory_bandwidth: float, bytes_per_element: int = 4) -> float:
 
     Each multiply-add reads one source element that, on a large sparse graph,
     is not reused from cache (MG-GCN: SpMM is bandwidth-bound), so the rate is
-    the memory bandwidth over the bytes of one FP32 element. A derivation from
-    the datasheet's bandwidth, not a measurement.
+    the memory bandwidth over the bytes of one element (4 in FP32, 2 in 16
+    bits). A derivation from the datasheet's bandwidth, not a measurement.
     """
     return memory_bandwidth / bytes_per_element
 
 
 def _gpu(name: str, description: str, *, workers: int, devices_per_node: int, intra: float, inter: float,
-         latency: float, topology: str, memory: float, bandwidth: float, fp32: float) -> ClusterProfile:
+         latency: float, topology: str, memory: float, bandwidth: float, fp32: float,
+         bf16: float | None = None, fp16: float | None = None) -> ClusterProfile:
+    """A GPU cluster: fp32, bf16 and fp16 the GPU's dense rates (the 16-bit ones with fp32 accumulation,
+    None where the datasheet gives no tensor-core figure for the type); SpMM rates from its memory bandwidth."""
     return ClusterProfile(name=name, workers=workers, devices_per_node=devices_per_node, intra_bandwidth=intra,
                           inter_bandwidth=inter, latency=latency, topology=topology, memory_per_worker=memory,
                           memory_bandwidth=bandwidth, gemm_rate=fp32, spmm_rate=_spmm_rate(bandwidth),
-                          description=description)
+                          description=description, gemm_rate_bf16=bf16, gemm_rate_fp16=fp16,
+                          spmm_rate_16=_spmm_rate(bandwidth, 2))
 
 
 def _p3() -> ClusterProfile:
@@ -531,18 +564,21 @@ def _neutronstar_ibv() -> ClusterProfile:
 def _g3() -> ClusterProfile:
     # G3 (SIGMOD'23) cluster, DESIGN.md: 16 machines x 1 RTX 3090, 10 Gb/s.
     # NVIDIA GeForce RTX 3090 specifications / Ampere GA102 whitepaper: 35.6 TFLOPS peak FP32,
-    # 24 GB GDDR6X at 936 GB/s, PCIe 4.0 x16 host link.
+    # 24 GB GDDR6X at 936 GB/s, PCIe 4.0 x16 host link. GA102 whitepaper, appendix: RTX 3090 peak FP16 and
+    # BF16 Tensor TFLOPS with FP32 accumulate 71 dense (142 with sparsity).
     return _gpu("g3", "G3: 16 machines x 1 RTX 3090, 10 Gb/s Ethernet", workers=16, devices_per_node=1,
                 intra=PCIE4_X16, inter=10 * GBIT, latency=ETHERNET_LATENCY, topology="ethernet",
-                memory=24 * GIB, bandwidth=936 * GB, fp32=35.6 * TFLOPS)
+                memory=24 * GIB, bandwidth=936 * GB, fp32=35.6 * TFLOPS, bf16=71 * TFLOPS, fp16=71 * TFLOPS)
 
 
 def _gnnpipe() -> ClusterProfile:
     # GNNPipe cluster, DESIGN.md: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between.
-    # NVIDIA RTX A5000 datasheet: 27.8 TFLOPS FP32, 24 GB GDDR6 at 768 GB/s, PCIe 4.0 x16.
+    # NVIDIA RTX A5000 datasheet: 27.8 TFLOPS FP32, 24 GB GDDR6 at 768 GB/s, PCIe 4.0 x16; tensor
+    # performance 222.2 TFLOPS with sparsity, i.e. 111.1 dense (FP16 and BF16, FP32 accumulation).
     return _gpu("gnnpipe", "GNNPipe: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between",
                 workers=8, devices_per_node=4, intra=PCIE4_X16, inter=200 * GBIT, latency=INFINIBAND_LATENCY,
-                topology="pcie+infiniband", memory=24 * GIB, bandwidth=768 * GB, fp32=27.8 * TFLOPS)
+                topology="pcie+infiniband", memory=24 * GIB, bandwidth=768 * GB, fp32=27.8 * TFLOPS,
+                bf16=111.1 * TFLOPS, fp16=111.1 * TFLOPS)
 
 
 def _dgx1() -> ClusterProfile:
@@ -551,9 +587,12 @@ def _dgx1() -> ClusterProfile:
     # 25 GB/s per direction (DESIGN.md: "6 links x 25 GB/s"; NVIDIA's "300 GB/s" counts both ways).
     # A GPU's links reach only 4 of its 7 peers (some pairs have two links), so 150 GB/s is its
     # total send rate, not what one pair gets: the profile keeps the aggregate and names the topology.
+    # V100 SXM2 datasheet: 125 TFLOPS tensor performance (FP16 products, FP32 accumulation); Volta has no
+    # BF16 tensor cores, so bf16 is priced at the FP32 rate.
     return _gpu("dgx1", "DGX-1: 8 V100 (SXM2), NVLink hybrid cube-mesh, 6 links x 25 GB/s", workers=8,
                 devices_per_node=8, intra=6 * 25 * GB, inter=6 * 25 * GB, latency=GPU_LINK_LATENCY,
-                topology="nvlink-hybrid-cube-mesh", memory=16 * GIB, bandwidth=900 * GB, fp32=15.7 * TFLOPS)
+                topology="nvlink-hybrid-cube-mesh", memory=16 * GIB, bandwidth=900 * GB, fp32=15.7 * TFLOPS,
+                fp16=125 * TFLOPS)
 
 
 def _dgx_a100() -> ClusterProfile:
@@ -561,9 +600,11 @@ def _dgx_a100() -> ClusterProfile:
     # A100 datasheet (SXM4 40 GB): 19.5 TFLOPS FP32 (without tensor cores), 1,555 GB/s HBM2,
     # NVLink "600 GB/s" (DESIGN.md: NVSwitch 600 GB/s) = 12 NVLink3 links x 25 GB/s per direction x 2
     # directions, i.e. 300 GB/s each way; the profile records one direction, like every other link.
+    # A100 datasheet: BF16 and FP16 Tensor Core 312 TFLOPS dense (624 with sparsity).
     return _gpu("dgx-a100", "DGX A100: 8 A100 (40 GB), NVSwitch 600 GB/s (300 GB/s each way)", workers=8,
                 devices_per_node=8, intra=300 * GB, inter=300 * GB, latency=GPU_LINK_LATENCY,
-                topology="nvswitch", memory=40 * GIB, bandwidth=1555 * GB, fp32=19.5 * TFLOPS)
+                topology="nvswitch", memory=40 * GIB, bandwidth=1555 * GB, fp32=19.5 * TFLOPS,
+                bf16=312 * TFLOPS, fp16=312 * TFLOPS)
 
 
 # Read-only: presets are built on demand, so nothing here can be changed by a caller.
@@ -580,19 +621,22 @@ _PRESETS = MappingProxyType({
 PRESET_NAMES = (*_PRESETS, "local")
 
 
-def default_probe_file() -> Path:
-    """Where `gnnc probe` writes this machine's profile unless told otherwise."""
+def default_probe_file(device: str = "cpu") -> Path:
+    """Where `gnnc probe --device DEVICE` writes this machine's profile unless told otherwise: one file
+    per device (`probe.json` for the CPU, `probe-cuda.json` for the GPUs)."""
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gnnc" / "probe.json"
+    return Path(base) / "gnnc" / ("probe.json" if device == "cpu" else f"probe-{device}.json")
 
 
-def preset(name: str, probe_file: str | os.PathLike[str] | None = None) -> ClusterProfile:
-    """A named preset; `local` is the profile `gnnc probe` wrote (to `probe_file` or the default place)."""
+def preset(name: str, probe_file: str | os.PathLike[str] | None = None, device: str = "cpu") -> ClusterProfile:
+    """A named preset; `local` is the profile `gnnc probe --device DEVICE` wrote (to `probe_file` or the
+    default place for that device)."""
     if name == "local":
-        path = Path(probe_file) if probe_file is not None else default_probe_file()
+        path = Path(probe_file) if probe_file is not None else default_probe_file(device)
         if not path.exists():
-            raise GnncError(f"cluster 'local' is measured by `gnnc probe`, and {path} does not exist yet; "
-                            f"run `gnnc probe` or name another cluster ({', '.join(_PRESETS)})")
+            flag = "" if device == "cpu" else f" --device {device}"
+            raise GnncError(f"cluster 'local' is measured by `gnnc probe{flag}`, and {path} does not exist yet; "
+                            f"run `gnnc probe{flag}` or name another cluster ({', '.join(_PRESETS)})")
         return replace(load_profile(path), name="local")
     make = _PRESETS.get(name)
     if make is None:
@@ -615,10 +659,10 @@ def list_presets(probe_file: str | os.PathLike[str] | None = None) -> list[tuple
     return out
 
 
-def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None) -> ClusterProfile:
-    """`--cluster PRESET|FILE`: a preset name, else a JSON profile file."""
+def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None, device: str = "cpu") -> ClusterProfile:
+    """`--cluster PRESET|FILE`: a preset name, else a JSON profile file; `local` is `device`'s probe."""
     if spec in PRESET_NAMES:
-        return preset(spec, probe_file)
+        return preset(spec, probe_file, device)
     if os.path.exists(spec) or spec.endswith(".json"):
         return load_profile(spec)
     raise GnncError(f"--cluster {spec}: neither a preset ({', '.join(PRESET_NAMES)}) nor a profile file")
@@ -627,8 +671,9 @@ def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None) ->
 DEFAULT_CLUSTER = "neutronstar-ecs"  # what the planner prices on when no --cluster is given
 
 
-def resolve_cluster(spec: "str | ClusterProfile | None") -> ClusterProfile:
-    """The profile a compile prices on: a preset or file name, a profile as given, else the default preset."""
+def resolve_cluster(spec: "str | ClusterProfile | None", device: str = "cpu") -> ClusterProfile:
+    """The profile a compile prices on: a preset or file name, a profile as given, else the default preset.
+    `device` (`gnnc compile --device`) picks which of this machine's probes `local` reads."""
     if spec is None or spec == "":
         return preset(DEFAULT_CLUSTER)
-    return load_cluster(spec) if isinstance(spec, str) else spec
+    return load_cluster(spec, device=device) if isinstance(spec, str) else spec

@@ -328,7 +328,7 @@ def schedule_of(plan) -> dict[str, Any]:
 
 def predicted_epoch(plan) -> dict[str, Any]:
     """The predicted epoch of a plan's schedule (`schedule_of`): its time, the training step's part and the
-    evaluation pass's (its stages, the count reductions included); None each without a schedule."""
+    evaluation pass's; None each without a schedule."""
     try:
         schedule = schedule_of(plan)
     except GnncError:
@@ -339,7 +339,7 @@ def predicted_epoch(plan) -> dict[str, Any]:
 
 
 # what a stage of the predicted epoch that belongs to no layer does
-_EPOCH_STAGES = {"allreduce": "gradient all-reduce", "optimizer": "optimizer step", "metrics": "evaluation counts"}
+_EPOCH_STAGES = {"allreduce": "gradient all-reduce", "optimizer": "optimizer step"}
 
 
 def _prediction(plan, schedule: dict[str, Any]) -> dict[str, Any]:
@@ -618,7 +618,7 @@ def _draw_gantt(ax, plan, schedule: dict[str, Any], lo: float, hi: float) -> Non
 
 def _stage_label(stage: dict[str, Any], names: list[str]) -> str:
     if stage["kind"] in _EPOCH_STAGES:
-        return {"allreduce": "all-reduce", "optimizer": "optimizer", "metrics": "counts"}[stage["kind"]]
+        return {"allreduce": "all-reduce", "optimizer": "optimizer"}[stage["kind"]]
     if stage["kind"] == "transition":
         return f"{stage['strategy']}"
     layers = stage["layers"]
@@ -652,7 +652,7 @@ def _legend(fig, plan, schedule: dict[str, Any]) -> int:
     handles = [Patch(color=_LAYER_COLORS[i % cycle], label=names[i] if i + cycle not in used
                      else f"{names[i]}, {names[i + cycle]}{', ...' if i + 2 * cycle in used else ''}")
                for i in used if i < cycle]
-    handles.append(Patch(color=_OTHER_COLOR, label="all-reduce, optimizer, counts, layout changes"))
+    handles.append(Patch(color=_OTHER_COLOR, label="all-reduce, optimizer, layout changes"))
     handles.append(Patch(facecolor="#ffffff", edgecolor="#555555", hatch="///", label="backward"))
     if any(p["overlap"] is not None for st in schedule["stages"] for p in st["pieces"]):
         handles.append(Patch(facecolor="#ffffff", edgecolor="#333333", linestyle="--", label="overlapped (max)"))

@@ -38,7 +38,7 @@ from gnnc.ir import Layer, Program
 from gnnc.ir.dims import eval_dim
 from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.crossovers import crossover
-from gnnc.passes.cost.epoch import metrics_cost, optimizer_cost
+from gnnc.passes.cost.epoch import optimizer_cost
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.layouts import boundary
 from gnnc.passes.cost.memory import OPTIMIZER_COPIES, WARN_FRACTION, parameter_sizes
@@ -54,6 +54,7 @@ from gnnc.passes.pipeline_text import option
 from gnnc.passes.predict_bytes import param_dependent
 from gnnc.passes.segment_dp import solve
 from gnnc.plan.approximation import approximations, require_exact
+from gnnc.plan.precision import DEFAULT_PRECISION
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -122,8 +123,10 @@ def candidates(program: Program, allow: list[str] | None, approximate: bool = Fa
     return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
 
 
-def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None):
-    """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape.
+def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None,
+                    precision: str = "fp32"):
+    """What every cost formula is evaluated on: partition statistics, cost inputs (at the run's
+    precision), each graph layer's shape.
 
     `workers`: the plan's worker count, when its last parts may be empty (the largest part id + 1 otherwise).
     """
@@ -132,7 +135,7 @@ def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers
     stats = compute_stats(graph, parts, len(layers), view, num_parts=workers)
     dims, heads = layer_dims(program)
     density = input_density(graph.x)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads,
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads, precision=precision,
                                    op_work=program_op_work(program, input_density=density), input_density=density)
     needs_grad = param_dependent(program)
     sparse = sparse_values(program) if density < 1.0 else set()
@@ -149,7 +152,7 @@ class PlanningInputs:
 
     @classmethod
     def compute(cls, program: Program, ctx: PassContext) -> "PlanningInputs":
-        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers))
+        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers, ctx.precision))
 
 
 @dataclass
@@ -161,7 +164,7 @@ class PricedPlan:
         CostValue and the extra symbol values it was evaluated with (a Hybrid selection, else None).
     allreduce: the gradient all-reduce (Cost and CostValue), paid once per step after the backward.
     epoch: what every assignment pays besides its segments, transitions and all-reduce (Cost and
-        CostValue, gnnc.passes.cost.epoch): the optimizer step, then the evaluation's count reductions.
+        CostValue, gnnc.passes.cost.epoch): the optimizer step.
     """
 
     seg_cost: dict[tuple[int, int, str], tuple[float, float]]
@@ -182,8 +185,8 @@ class PricedPlan:
 
 
 def epoch_costs(program: Program, inputs: CostInputs) -> tuple[Any, Any]:
-    """The optimizer step and the metrics reductions of one epoch of `program` (module epoch), and their value."""
-    cost = optimizer_cost(*optimizer_work(program)) + metrics_cost(inputs.workers)
+    """The optimizer step of one epoch of `program` (gnnc.passes.cost.epoch), and its value."""
+    cost = optimizer_cost(*optimizer_work(program))
     return cost, evaluate_cost(cost, inputs)
 
 
@@ -220,6 +223,8 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     for s in allowed:
         sd = STRATEGIES[s]
         if sd.whole_model:
+            if inputs.precision != DEFAULT_PRECISION:
+                continue  # the pipeline runs in fp32 (predict-bytes refuses it at 16 bits): not a candidate
             pipelines = price_pipeline(program, graph, inputs, shapes, profile, int(parts.max()) + 1, pipeline_groups)
             if pipelines:
                 best = pipelines[0]

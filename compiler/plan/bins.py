@@ -25,6 +25,7 @@ bin by bin, so putting the sent rows first buys nothing more here.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +98,11 @@ class Bins:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Bins":
+        """These bins with every tensor mapped by `fn` (copied to the run's device with the layer)."""
+        return Bins([fn(r) for r in self.rows], [v.map_tensors(fn) for v in self.views],
+                    [fn(s) for s in self.sources], [fn(p) for p in self.pos], list(self.held))
 
 
 def _bin_view(v: GraphView, rows: torch.Tensor, n_in: int) -> tuple[GraphView, torch.Tensor, torch.Tensor, bool]:

@@ -1,12 +1,13 @@
-"""The rest of a training epoch around the strategies' steps: the evaluation pass, the optimizer, the metrics.
+"""The rest of a training epoch around the strategies' steps: the evaluation pass and the optimizer.
 
 Why this module exists: a run (gnnc.runtime.train.fit) does more per epoch
 than forward, backward and the gradient all-reduce. After the step, Adam
 updates every parameter; then the run evaluates: one more forward pass in
 evaluation mode (dropout is the identity, nothing is kept for backward; the
-exchanges move their forward rows again) and, on several workers, a small
-all-reduce of the accuracy counts. The planner prices them here so the
-predicted epoch is what a run measures: its step and its evaluation.
+exchanges move their forward rows again). The planner prices them here so
+the predicted epoch is what a run measures: its step and its evaluation (the
+all-reduce of the epoch's counts that follows, 2(P-1) message start-ups, is
+in neither).
 
 * `with_evaluation`: a segment's (or a layout change's) cost with its
   evaluation stages appended, its forward stages with the other ops' training
@@ -16,9 +17,7 @@ predicted epoch is what a run measures: its step and its evaluation.
   and the training rates are fitted to forward plus backward);
   `Cost.evaluation` counts them, so the schedule draws them after the step;
 * `optimizer_cost`: Adam's step, per parameter element and per parameter
-  tensor, at the profile's measured rates;
-* `metrics_cost`: the all-reduce of the run's counts (a 9-element float64
-  sum), a ring all-reduce (`all_reduce_time`).
+  tensor, at the profile's measured rates.
 
 Which of a cost's stages are forward follows its shape, as the schedule
 reads it (gnnc.passes.cost.schedule): one forward and one backward stage per
@@ -29,15 +28,8 @@ from __future__ import annotations
 
 import sympy
 
-from gnnc.passes.cost.collectives import all_reduce_time
 from gnnc.passes.cost.symbols import (R_gemm, R_gemm_e, R_spmm, R_spmm_e, T_opt, T_opt_call, Cost, ZERO, op_time,
                                       OP_SIDES)
-
-# what a distributed run's evaluation all-reduces (gnnc.runtime.train.fit): the loss, the train/val/test
-# correct and total counts, the bytes the step and the evaluation sent (9 float64 sums). The maxima of the
-# times it reduces next (3 float64) come after what either timing measures, and are not priced.
-METRICS_ALLREDUCES = (9 * 8,)
-
 
 def forward_stages(cost: Cost, layers: int) -> tuple[sympy.Expr, ...]:
     """The forward stages of a training cost over `layers` graph layers: the first half when it has one
@@ -69,10 +61,3 @@ def with_evaluation(cost: Cost, start: int, end: int) -> Cost:
 def optimizer_cost(elements: float, tensors: int) -> Cost:
     """One Adam step: every parameter element, and the per-tensor work of the step (its dispatch)."""
     return Cost("optimizer", (elements * T_opt + tensors * T_opt_call,), ZERO, ZERO)
-
-
-def metrics_cost(workers: int) -> Cost:
-    """The run's per-epoch reductions of its counts (nothing on one worker)."""
-    if workers <= 1:
-        return Cost("metrics", (), ZERO, ZERO)
-    return Cost("metrics", (sympy.Add(*(all_reduce_time(n) for n in METRICS_ALLREDUCES)),), ZERO, ZERO)

@@ -219,8 +219,8 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
     Stages in the order they run: for each segment its forward stages (after the layout transition
     into it, if any), then the segments' backward stages in reverse (each followed by its
     transition's backward), then the gradient all-reduce and the optimizer step; then the
-    evaluation pass (each transition's and segment's evaluation stages, in forward order) and the
-    run's count reductions (gnnc.passes.cost.epoch). Every stage lasts as long as its slowest
+    evaluation pass (each transition's and segment's evaluation stages, in forward order;
+    gnnc.passes.cost.epoch). Every stage lasts as long as its slowest
     worker (the cost model's rule), so stage k starts where stage k-1's slowest worker ended; the
     total is the planner's predicted epoch time. Each stage lists its pieces with their start and
     duration per worker (seconds from the epoch's start); pieces sharing an `overlap` id run side
@@ -269,7 +269,7 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
     buckets = [(expr, times, None, {"kind": "allreduce", "strategy": None, "segment": None, "direction": "backward",
                                     "layers": []}, _DEFAULT_ORDER)
                for expr, times in zip(ar.stages, priced.allreduce.stage_times) if reduced]
-    step, after = _epoch_stages(priced)
+    step = _optimizer_stage(priced)
     overlap = bool(getattr(priced, "grad_overlap", False))
     stages, clock = [], 0.0
 
@@ -288,21 +288,19 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
         record = _overlapped_allreduce(buckets, stages, clock, getattr(priced, "grad_ready", ()), len(priced.shapes))
         stages.append(record)
         clock += record["time_s"]
-    draw(step + evaluation + after)
+    draw(step + evaluation)
     return {"per": "worker", "workers": inputs.workers, "cluster": inputs.profile.name, "time_s": clock,
             "stages": stages}
 
 
-def _epoch_stages(priced: PricedPlan) -> tuple[list[_StageSpec], list[_StageSpec]]:
-    """The optimizer's stage (after the all-reduce) and the count reductions' (after the evaluation pass)."""
+def _optimizer_stage(priced: PricedPlan) -> list[_StageSpec]:
+    """The optimizer's stage, after the all-reduce (none for a priced plan without one)."""
     cost, value = getattr(priced, "epoch_cost", None), getattr(priced, "epoch", None)
     if cost is None or value is None:
-        return [], []
-    specs = [(expr, times, None, {"kind": kind, "strategy": None, "segment": None, "direction": direction,
-                                  "layers": []}, _DEFAULT_ORDER)
-             for (kind, direction), expr, times in zip((("optimizer", "step"), ("metrics", "evaluation")),
-                                                       cost.stages, value.stage_times)]
-    return specs[:1], specs[1:]
+        return []
+    return [(expr, times, None, {"kind": "optimizer", "strategy": None, "segment": None, "direction": "step",
+                                 "layers": []}, _DEFAULT_ORDER)
+            for expr, times in zip(cost.stages, value.stage_times)]
 
 
 def _overlapped_allreduce(buckets: list[_StageSpec], stages: list[dict[str, Any]], end: float,

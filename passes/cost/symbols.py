@@ -49,6 +49,7 @@ from sympy import Symbol
 
 from gnnc.cluster import ClusterProfile
 from gnnc.ir.expr import as_expr
+from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 
 
 def Max(*args: sympy.Expr) -> sympy.Expr:
@@ -62,7 +63,8 @@ P = Symbol("P", positive=True)  # workers
 N = Symbol("N", positive=True)  # vertices of the graph
 E_tot = Symbol("E_tot", positive=True)  # edges of the graph (in-edges of all vertices)
 V_max = Symbol("V_max", positive=True)  # the largest part's vertex count
-b = Symbol("b", positive=True)  # bytes per feature element (4 for float32)
+b = Symbol("b", positive=True)  # bytes per feature element (4 for float32, 2 at bf16/fp16)
+b_grad = Symbol("b_grad", positive=True)  # bytes per parameter-gradient element (4: fp32 master weights)
 b_idx = Symbol("b_idx", positive=True)  # bytes per stored edge index (8 for int64)
 bw = Symbol("bw", positive=True)  # bytes/s one worker sends to its peers
 alpha = Symbol("alpha", nonnegative=True)  # seconds to start one message
@@ -233,7 +235,7 @@ class CostInputs:
     profile: ClusterProfile
     heads: tuple[float, ...] = ()
     remote_edges: np.ndarray | None = None
-    bytes_per_element: int = 4
+    precision: str = DEFAULT_PRECISION  # of the activations (gnnc.plan.precision): their bytes and the rates
     index_bytes: int = 8
     inner_edges: np.ndarray | None = None
     op_work: tuple[LayerOpWork, ...] = ()  # per graph layer (gnnc.passes.cost.ops); () prices those ops at 0
@@ -257,10 +259,15 @@ class CostInputs:
     def workers(self) -> int:
         return len(self.vertices)
 
+    @property
+    def bytes_per_element(self) -> int:
+        """Bytes of one activation element at this precision."""
+        return element_bytes(self.precision)
+
     @classmethod
     def from_stats(cls, stats: Any, dims: Sequence[float], profile: ClusterProfile, *,
                    heads: Sequence[float] = (), hop_levels: str = "per-level",
-                   remote_edges: np.ndarray | None = None, bytes_per_element: int = 4,
+                   remote_edges: np.ndarray | None = None, precision: str = DEFAULT_PRECISION,
                    op_work: Sequence[LayerOpWork] = (), input_density: float = 1.0) -> CostInputs:
         """Fill from `gnnc.passes.partition.stats.PartStats` (fields vertices, edges, remote, send,
         lhop_vertices, lhop_edges).
@@ -281,7 +288,7 @@ class CostInputs:
         return cls(np.asarray(stats.vertices, np.float64), np.asarray(stats.edges, np.float64),
                    np.asarray(stats.remote, np.float64), np.asarray(stats.send, np.float64), hv, he,
                    tuple(float(x) for x in dims), profile, tuple(float(h) for h in heads),
-                   None if remote_edges is None else np.asarray(remote_edges, np.float64), bytes_per_element,
+                   None if remote_edges is None else np.asarray(remote_edges, np.float64), precision,
                    inner_edges=None if inner is None else np.asarray(inner, np.float64), op_work=tuple(op_work),
                    input_density=float(input_density))
 
@@ -297,12 +304,14 @@ class CostInputs:
         prof = self.profile
         vertices = np.asarray(self.vertices, np.float64)
         edges = np.asarray(self.edges, np.float64)
+        gemm_rate, spmm_rate = prof.rates_at(self.precision)
+        gemm_rate_e, spmm_rate_e = prof.forward_rates_at(self.precision)
         out: dict[Symbol, np.ndarray | float] = {
             P: float(p), N: float(vertices.sum()), E_tot: float(edges.sum()), V_max: float(vertices.max()),
-            b: float(self.bytes_per_element), b_idx: float(self.index_bytes),
+            b: float(self.bytes_per_element), b_grad: float(GRAD_BYTES), b_idx: float(self.index_bytes),
             bw: prof.effective_bandwidth(p), alpha: prof.latency,
-            R_gemm: prof.effective_gemm_rate, R_spmm: prof.effective_spmm_rate, rho: float(self.input_density),
-            R_gemm_e: prof.effective_gemm_rate_forward, R_spmm_e: prof.effective_spmm_rate_forward,
+            R_gemm: gemm_rate, R_spmm: spmm_rate, rho: float(self.input_density),
+            R_gemm_e: gemm_rate_e, R_spmm_e: spmm_rate_e,
             V: vertices, E: edges, B: np.asarray(self.remote, np.float64), S: np.asarray(self.send, np.float64),
             E_r: edges if self.remote_edges is None else np.asarray(self.remote_edges, np.float64),
             E_in: np.zeros_like(edges) if self.inner_edges is None else np.asarray(self.inner_edges, np.float64),
