@@ -284,8 +284,10 @@ def epoch_metrics(worker: Worker, loss: torch.Tensor, logits: torch.Tensor, maxi
     one read of device values on the host."""
     own_logits, own = worker.owned(logits)
     dev = loss.device
+    # the step's and the evaluation's bytes, each a scalar: the host's one upload of several values is `maxima`
     local = torch.cat([loss.reshape(1).to(torch.float64), _counts(own_logits, own),
-                       torch.tensor([float(sent), float(eval_sent)], dtype=torch.float64, device=dev)])
+                       torch.tensor([float(sent)], dtype=torch.float64, device=dev),
+                       torch.tensor([float(eval_sent)], dtype=torch.float64, device=dev)])
     summed = worker.sum(local)
     largest = worker.max(torch.tensor(maxima, dtype=torch.float64, device=dev))
     host = torch.cat([local[:1], summed, largest]).tolist()
