@@ -170,9 +170,13 @@ def run_grid(cases: Sequence[GridCase], epochs: int, log=print) -> tuple[list[di
                                               cluster=cluster)
                     base = base or profile
                     measured = json.loads(profile.read_text())
+                    calls = {r["op"]: r["forward"] for r in measured.get("op_rates", [])}
                     profiles.append({"workers": workers, "bandwidth": bandwidth,
                                      "link_bytes_per_s": measured["inter_bandwidth"],
-                                     "latency_s": measured["latency"], "seconds": time.monotonic() - t0})
+                                     "latency_s": measured["latency"], "seconds": time.monotonic() - t0,
+                                     "gemm_flops": 2.0 / measured["t_v"] if measured.get("t_v") else None,
+                                     "spmm_rate": 1.0 / measured["t_e"] if measured.get("t_e") else None,
+                                     "call_s": calls.get("call")})
                     log(f"x{workers} {bandwidth}: link {measured['inter_bandwidth'] * 8 / 1e9:.2f} Gb/s, latency "
                         f"{measured['latency'] * 1e6:.0f} us ({time.monotonic() - t0:.0f} s to measure)")
                     for case in (c for c in mine if c.bandwidth == bandwidth):
@@ -316,11 +320,18 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
              "counts), the slowest rank's; predicted = the plan's schedule (the same two parts). Bytes: what every "
              "rank's exchanges sent in the step and in the evaluation, against predict-bytes' count of both. "
              "Memory: the largest rank's peak resident set against gnnc.memory_check's estimate on its shard.", "",
-             "## Links", "", "| workers | shaped | measured link | latency (median) | seconds to measure |",
-             "|---|---|---|---|---|"]
+             "## Profiles (`gnnc probe --network`; each worker count's machines measured once, every rank at once)",
+             "", "| workers | shaped | measured link | latency (median) | dense maps (t_v) | aggregation (t_e) | "
+             "op dispatch | seconds to measure |", "|---|---|---|---|---|---|---|---|"]
+
+    def rate(value, scale, unit) -> str:
+        return "-" if value is None else f"{value / scale:.3g} {unit}"
+
     for p in profiles:
         lines.append(f"| {p['workers']} | {p['bandwidth']} | {p['link_bytes_per_s'] * 8 / 1e9:.2f} Gb/s | "
-                     f"{p['latency_s'] * 1e6:.0f} us | {p['seconds']:.0f} |")
+                     f"{p['latency_s'] * 1e6:.0f} us | {rate(p.get('gemm_flops'), 1e9, 'GFLOP/s')} | "
+                     f"{rate(p.get('spmm_rate'), 1e9, 'G/s')} | {rate(p.get('call_s'), 1e-6, 'us')} | "
+                     f"{p['seconds']:.0f} |")
     lines += ["", "## Decisions", "",
               f"- chosen within 10% of the measured-fastest: {s['A']}/{s['N']}; misses: "
               + (", ".join(sorted(set(by_case(rows)) - set(s["within_10"]))) or "none"),
