@@ -316,8 +316,9 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
              "Each case compiles, for the profile measured at its link speed, the planner's choice and every pure "
              "assignment it priced, and trains each for "
              f"{meta['epochs']} epochs on the emulated hosts; measured = the median of the epochs after the first "
-             "of the training step plus the evaluation after it (its forward pass and the all-reduce of its "
-             "counts), the slowest rank's; predicted = the plan's schedule (the same two parts). Bytes: what every "
+             "of the training step plus the evaluation's forward pass after it (the slowest rank's step and "
+             "evaluation; the all-reduce of the epoch's counts after them is in neither side); predicted = the "
+             "plan's schedule (the same two parts). Bytes: what every "
              "rank's exchanges sent in the step and in the evaluation, against predict-bytes' count of both. "
              "Memory: the largest rank's peak resident set against gnnc.memory_check's estimate on its shard.", "",
              "## Profiles (`gnnc probe --network`; each worker count's machines measured once, every rank at once)",
