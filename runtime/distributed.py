@@ -324,12 +324,7 @@ class DistWorker(Worker):
 
     def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
         """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
-        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the one-process Worker
-
-        return_freed_memory()
-        torch.set_num_threads(1)
-        self.device = devices.rank_device(job.train.device, cfg.local_rank) if device is None else device
-        devices.check_precision_on(self.device, job.train.precision)
+        self.device = devices.start_rank(job.train.device, job.train.precision, cfg.local_rank, device)
         program = parse_ir(job.ir)
         data = load_rank(job.shard_dir, cfg.rank, cfg.world_size)
         check_dims_fit(program, data.num_features, data.num_classes, data.graph_name)

@@ -69,12 +69,7 @@ class PipelineWorker(Worker):
 
     def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
         """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
-        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the other workers
-
-        return_freed_memory()
-        torch.set_num_threads(1)
-        self.device = devices.rank_device(job.train.device, cfg.local_rank) if device is None else device
-        devices.check_precision_on(self.device, job.train.precision)
+        self.device = devices.start_rank(job.train.device, job.train.precision, cfg.local_rank, device)
         program = parse_ir(job.ir)
         sched = plan_pipeline.schedule_of(program)
         if sched is None or sched.workers != cfg.world_size:
