@@ -332,7 +332,8 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             activation = peak_rss_since(base)
             sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
-                                            loss=float(loss.detach()), activation_peak_bytes=activation)
+                                            loss=float(loss.detach()), activation_peak_bytes=activation,
+                                            step_base_bytes=base or 0)
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
             own_logits, own = worker.owned(logits)
