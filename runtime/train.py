@@ -326,14 +326,14 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
             base = reset_peak_rss()  # the step's activation memory: how far it raises the resident set
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             loss = worker.train_epoch(params, opt, epoch)
-            elapsed = time.perf_counter() - t0
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             activation = peak_rss_since(base)
             sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
                                             loss=float(loss.detach()), activation_peak_bytes=activation,
-                                            step_base_bytes=base or 0)
+                                            step_base_bytes=base or 0, cpu_s=cpu)
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
             own_logits, own = worker.owned(logits)
