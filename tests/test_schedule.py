@@ -332,10 +332,16 @@ def test_compile_memory_cap_and_explain(cora, tmp_path, capsys) -> None:
     assert exit_.value.code == 2 and "expected a number of bytes" in capsys.readouterr().err
 
 
-def test_a_training_step_reports_its_activation_memory() -> None:
-    """One process: how far the step raised the resident set (Linux), steady epochs only."""
+def test_a_training_step_reports_its_activation_memory(tmp_path) -> None:
+    """One process: how far the step raised the resident set (Linux), steady epochs only; the metrics have
+    the base it is measured above and the step's CPU seconds."""
+    import json
+
     from conftest import random_graph
 
     graph = random_graph(n=400, e=3000, f=64, c=4)
-    result = gnnc.run(gnnc.load_model(EXAMPLES / "gcn.gnn", hidden=64), graph, epochs=3, seed=0)
+    result = gnnc.run(gnnc.load_model(EXAMPLES / "gcn.gnn", hidden=64), graph, epochs=3, seed=0,
+                      metrics=str(tmp_path / "m.jsonl"))
     assert result.activation_peak_bytes > 0 and all("activation_peak_bytes" in r for r in result.history)
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert all(r["step_base_bytes"] > 2**20 and 0 < r["cpu_s"] for r in records)
