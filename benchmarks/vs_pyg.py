@@ -10,7 +10,12 @@ backward, and the dense products).
 
     python benchmarks/vs_pyg.py                   # 200K vertices, 2M edges, 128 features, hidden 128
     python benchmarks/vs_pyg.py --n 20000 --quick  # a smaller graph, fewer epochs
-    python benchmarks/vs_pyg.py --device cuda      # where a GPU is present
+    python benchmarks/vs_pyg.py --device cuda      # where a GPU is present (auto: CUDA when present)
+    python benchmarks/vs_pyg.py --device cuda --n 2400000 --m 62000000 --features 100 --hidden 256 --classes 47
+
+On CUDA every tensor of both systems is on the GPU, epochs are timed to the
+completion of their kernels, and peak memory is torch's peak allocation on
+the GPU; a system that runs out of GPU memory reports it in its row.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from device_arg import add_device_argument, resolve_device_or_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,30 +72,30 @@ def run_one(system: str, model: str, args) -> dict:
     sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
     if system == "gnnc":
         from gnnc import api
-        from gnnc.runtime.train import TrainConfig, Worker, make_optimizer
+        from gnnc.runtime.device import grad_scaler
+        from gnnc.runtime.train import TrainConfig, Worker, make_optimizer, train_step
         from gnnc.runtime.executor import init_params
 
         params = {"gcn": {"hidden": args.hidden}, "sage": {"hidden": args.hidden},
                   "gat": {"hidden": args.hidden // args.heads, "heads": args.heads}}[model]
         plan = api.compile(api.load_model(ROOT / "examples" / f"{model}.gnn", **params), graph)
-        cfg = TrainConfig(seed=0, progress=False)
+        cfg = TrainConfig(seed=0, progress=False, device=args.device, precision=args.precision)
         worker = Worker(plan.program, graph, cfg)
-        p = init_params(plan.program, 0)
+        del graph  # the worker holds what it needs, on the device
+        p = init_params(plan.program, 0, worker.device)
         opt = make_optimizer(plan.program, p, cfg)
+        scaler = grad_scaler(worker.device, cfg.precision)
         epoch = [0]
 
         def step():
-            opt.zero_grad(set_to_none=True)
-            _, loss = worker.forward(p, True, epoch[0])
-            loss.backward()
-            opt.step()
+            train_step(worker, p, opt, scaler, epoch[0])  # what `gnnc run` does each epoch
             epoch[0] += 1
     elif system == "pyg":
         import torch.nn.functional as F
         from torch_geometric import nn as pyg
 
-        ei = torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)])
-        x, y, mask = graph.x, graph.y, graph.train_mask
+        ei = torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)]).to(device)
+        x, y, mask = graph.x.to(device), graph.y.to(device), graph.train_mask.to(device)
         h, c = args.hidden, args.classes
         if model == "gcn":
             convs = torch.nn.ModuleList([pyg.GCNConv(args.features, h), pyg.GCNConv(h, c)])
@@ -97,6 +104,7 @@ def run_one(system: str, model: str, args) -> dict:
         else:
             convs = torch.nn.ModuleList([pyg.GATConv(args.features, h // args.heads, heads=args.heads, dropout=0.6),
                                          pyg.GATConv(h, c, heads=1, dropout=0.6)])
+        convs = convs.to(device)
         opt = torch.optim.Adam(convs.parameters(), lr=0.01, weight_decay=5e-4)
         p_drop = 0.6 if model == "gat" else 0.5
         act = F.elu if model == "gat" else F.relu
@@ -113,10 +121,12 @@ def run_one(system: str, model: str, args) -> dict:
     elif system == "floor":
         csr = graph.csr("self_loops")
         a = torch.sparse_csr_tensor(csr.indptr, csr.indices, torch.rand(csr.nnz), (csr.n_dst, csr.n_src))
-        at = a.to_sparse_coo().t().to_sparse_csr()
+        at = a.to_sparse_coo().t().to_sparse_csr().to(device)
+        a = a.to(device)
         n, f, h, c = args.n, args.features, args.hidden, args.classes
-        xs, w1, w2 = torch.randn(n, f), torch.randn(f, h), torch.randn(h, c)
-        g2 = torch.randn(n, c)
+        xs, w1, w2 = (torch.randn(n, f, device=device), torch.randn(f, h, device=device),
+                      torch.randn(h, c, device=device))
+        g2 = torch.randn(n, c, device=device)
 
         def step():
             # GCN's work: forward X W1, A (X W1), H W2, A (H W2); backward A^T G2, G2 W2^T, H^T G2', A^T G1, X^T G1'
@@ -147,17 +157,20 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--models", default="gcn,sage,gat")
-    ap.add_argument("--device", default="cpu")
+    add_device_argument(ap)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="gnnc's (PyG's stays fp32)")
     ap.add_argument("--quick", action="store_true", help="3 epochs after 1 warm-up")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON (benchmarks/gpu_check.py reads it)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: system:model in this process
     args = ap.parse_args()
+    args.device = resolve_device_or_exit(args.device)
     if args.quick:
         args.epochs, args.warmup = 3, 1
     if args.one:
         system, model = args.one.split(":")
         print(json.dumps(run_one(system, model, args)))
         return
-    passthrough = [a for a in sys.argv[1:]]
+    passthrough = _without_option(sys.argv[1:], ("--device", "--json")) + ["--device", args.device]
     rows = {}
     print(f"graph: {args.n} vertices, {args.m} edges, {args.features} features, hidden {args.hidden}, "
           f"{args.threads} threads, device {args.device}; median of {args.epochs} epochs after {args.warmup}")
@@ -183,6 +196,23 @@ def main() -> None:
         print(f"{model:6s} {g['epoch_s']:13.3f} {p['epoch_s']:12.3f} {p['epoch_s'] / g['epoch_s']:8.1f}x "
               f"{g['peak_bytes'] / 2**20:9.0f} {p['peak_bytes'] / 2**20:8.0f} {g['peak_bytes'] / p['peak_bytes']:9.2f} "
               f"{floor_s} {ratio_floor}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "one"},
+                                               "rows": [{"system": s, "model": m, **r} for (s, m), r in rows.items()]},
+                                              indent=2))
+
+
+def _without_option(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """argv without `--name VALUE` / `--name=VALUE` for each name (the parent re-adds what it resolved)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        elif not any(a.startswith(n + "=") for n in names):
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":

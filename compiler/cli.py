@@ -18,6 +18,7 @@ from typing import Any
 from gnnc.errors import GnncError, GnncWarning, InternalError
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
 
@@ -89,9 +90,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     workers = args.workers if args.workers == "auto" else int(args.workers)
     allow = args.allow.split(",") if args.allow else None
+    # the device the plan is for: it picks the `local` profile; a GPU need not be here to compile for one
+    device = _resolve_device(args.device, here=False)
     plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
-                       memory_cap=args.memory_cap, **_sampled_options(args))
+                       memory_cap=args.memory_cap, precision=args.precision, device=device, **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -147,6 +150,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return stop.exit_code
 
 
+def _resolve_device(spec: str, here: bool = True) -> str:
+    from gnnc.runtime.device import resolve_device  # deferred: the device module loads torch
+
+    return resolve_device(spec, here)
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
 
@@ -155,6 +164,8 @@ def _run(args: argparse.Namespace) -> int:
     from gnnc.memory_check import check_run_memory
     from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.train import TrainConfig
+
+    device = _resolve_device(args.device)  # before anything is loaded: no GPU is a one-line exit 2
 
     target = Path(args.target)
     if target.is_dir():
@@ -179,13 +190,15 @@ def _run(args: argparse.Namespace) -> int:
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
         plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
                            partition=args.partition, seed=args.seed, graph_spec=spec,
-                           memory_cap=args.memory_cap, **_sampled_options(args))
+                           memory_cap=args.memory_cap, precision=args.precision or "fp32", device=device,
+                           **_sampled_options(args))
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
     cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
                               seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
-                              checkpoint_every=args.checkpoint_every, resume=args.resume)
+                              checkpoint_every=args.checkpoint_every, resume=args.resume, device=device,
+                              precision=api.plan_precision(plan, args.precision))
     if plan.workers > 1:
         result = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
                               timeout_s=args.timeout)
@@ -198,6 +211,7 @@ def _run(args: argparse.Namespace) -> int:
     logits = result.logits
     summary = result.summary()
     summary["epochs"] = cfg.epochs
+    summary["device"], summary["precision"] = cfg.device, cfg.precision
     if args.dump_logits:
         torch.save(logits, args.dump_logits)
     if args.json:
@@ -269,16 +283,21 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from gnnc.passes.cost.fit import describe_unit_costs, fit_profile
     from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, probe, probe_layer_samples
 
+    device = _resolve_device(args.device)
     threads = args.threads or max(1, torch.get_num_threads())
     if args.network:
+        if device != "cpu":
+            raise GnncError(f"--network measures the links between CPU ranks with gloo, not --device {args.device}'s "
+                            "GPUs; to price GPUs on the measured network, run `gnnc probe --device cuda -o GPU.json` "
+                            "on one machine and pass --base GPU.json")
         return _probe_network(args, threads)
-    measured = probe(threads)
+    measured = probe(threads, device)
     features, hidden, classes = PROBE_WIDTHS
     model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
-    program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
+    program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads, device=device)
     fitted = fit_profile(program, samples, PROBE_WIDTHS, measured["intra_bandwidth"])
     profile = ClusterProfile.from_dict({**measured, **fitted}, "probe")
-    path = Path(args.output) if args.output else default_probe_file()
+    path = Path(args.output) if args.output else default_probe_file(device)
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(path)
     print(profile.to_json(), end="")  # stdout stays the profile's JSON, for scripts
@@ -427,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     f"default: {','.join(DEFAULT_PIPELINE)}, followed with --workers N>1 by "
                                     f"{','.join(DISTRIBUTED_PIPELINE)}")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
+    c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
+                   help="the device the plan will run on: `--cluster local` is its `gnnc probe --device` profile")
+    c.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bytes predicted per exchanged element and the rates priced (fp32: 4 bytes, bf16/fp16: 2)")
     _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_compile)
@@ -465,6 +488,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     c.add_argument("--dump-logits", metavar="FILE.pt")
+    c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
+                   help="cpu, cuda (exit 2 without a GPU; with --nproc N rank r takes GPU r and NCCL) or auto "
+                        "(cuda when a GPU is present)")
+    c.add_argument("--precision", choices=PRECISIONS,
+                   help="fp32 (default, exact), bf16 or fp16: products in 16 bits under autocast, fp32 master "
+                        "weights, fp16 with loss scaling; a plan runs at the precision it was compiled for")
     _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
@@ -477,6 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
     c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
     c.add_argument("--threads", type=int)
+    c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
+                   help="measure the CPU, or this machine's GPUs (rates, NCCL link, unit costs) with cuda/auto")
     c.add_argument("--network", action="store_true",
                    help="under torchrun: measure the links and collectives between the job's ranks (rank 0 "
                         "writes the profile of the job's machines)")

@@ -131,6 +131,10 @@ class ClusterProfile:
     links, collectives: what `gnnc probe --network` measured between the ranks of a torchrun job
         (per link and direction; per collective), behind inter_bandwidth, intra_bandwidth and latency;
         empty otherwise.
+    gemm_rate_bf16, gemm_rate_fp16: dense FLOP/s of one worker in bfloat16 / float16 with float32
+        accumulation (a GPU's tensor cores), what `--precision bf16|fp16` prices dense maps at;
+        None: no faster than gemm_rate (the type has no hardware path there, or nobody measured it).
+    spmm_rate_16: edge-feature multiply-adds per second with 16-bit rows; None: spmm_rate.
     """
 
     name: str
@@ -151,6 +155,9 @@ class ClusterProfile:
     unit_costs: tuple[LayerUnitCosts, ...] = ()
     links: tuple[LinkMeasurement, ...] = ()
     collectives: tuple[CollectiveMeasurement, ...] = ()
+    gemm_rate_bf16: float | None = None
+    gemm_rate_fp16: float | None = None
+    spmm_rate_16: float | None = None
 
     def __post_init__(self) -> None:
         _validate({f.name: getattr(self, f.name) for f in fields(self)}, f"cluster profile '{self.name}'")
@@ -198,6 +205,18 @@ class ClusterProfile:
         """Edge-feature multiply-adds per second: from the measured t_e when there is one."""
         return 1.0 / self.t_e if self.t_e is not None else self.spmm_rate
 
+    def rates_at(self, precision: str) -> tuple[float, float]:
+        """(GEMM FLOP/s, SpMM multiply-adds/s) of one worker computing at `precision` (gnnc.plan.precision).
+
+        fp32: the effective rates. bf16/fp16: the 16-bit figures where the profile has them; the fp32 ones
+        otherwise (a conservative price: no slower, perhaps no faster).
+        """
+        if precision == "fp32":
+            return self.effective_gemm_rate, self.effective_spmm_rate
+        gemm = {"bf16": self.gemm_rate_bf16, "fp16": self.gemm_rate_fp16}[precision]
+        return (gemm if gemm is not None else self.effective_gemm_rate,
+                self.spmm_rate_16 if self.spmm_rate_16 is not None else self.effective_spmm_rate)
+
     def effective_bandwidth(self, workers: int | None = None) -> float:
         """Bytes/s per worker for exchanges: from the measured t_c when there is one."""
         return 1.0 / self.t_c if self.t_c is not None else self.worker_bandwidth(workers)
@@ -208,6 +227,9 @@ class ClusterProfile:
             data[key] = [dict(u) for u in data[key]]
             if not data[key]:
                 del data[key]  # optional: a profile without a fit or a network probe reads as it always did
+        for key in _OPTIONAL_RATES:
+            if data[key] is None:
+                del data[key]  # likewise: a profile without 16-bit rates is written as before
         return data
 
     def to_json(self) -> str:
@@ -253,12 +275,14 @@ _FIELD_KIND = MappingProxyType({
     "inter_bandwidth": "float", "latency": "float", "topology": "str", "memory_per_worker": "float",
     "memory_bandwidth": "float", "gemm_rate": "float", "spmm_rate": "float", "t_v": "float?",
     "t_e": "float?", "t_c": "float?", "description": "str", "unit_costs": "unit_costs", "links": "links",
-    "collectives": "collectives",
+    "collectives": "collectives", "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
 })
+_OPTIONAL_RATES = ("gemm_rate_bf16", "gemm_rate_fp16", "spmm_rate_16")
 _UNITS = MappingProxyType({
     "intra_bandwidth": "bytes/s", "inter_bandwidth": "bytes/s", "latency": "seconds",
     "memory_per_worker": "bytes", "memory_bandwidth": "bytes/s", "gemm_rate": "FLOP/s",
     "spmm_rate": "edge-feature multiply-adds/s", "t_v": "seconds", "t_e": "seconds", "t_c": "seconds/byte",
+    "gemm_rate_bf16": "FLOP/s", "gemm_rate_fp16": "FLOP/s", "spmm_rate_16": "edge-feature multiply-adds/s",
 })
 
 
@@ -352,7 +376,7 @@ def _validate(p: dict[str, Any], where: str) -> None:
         if p[key] < 1:
             raise GnncError(f"{where}: field '{key}' must be at least 1, got {p[key]}")
     for key in ("intra_bandwidth", "inter_bandwidth", "memory_per_worker", "memory_bandwidth", "gemm_rate",
-                "spmm_rate", "t_v", "t_e", "t_c"):
+                "spmm_rate", "t_v", "t_e", "t_c", *_OPTIONAL_RATES):
         value = p[key]
         if value is None:
             continue
@@ -393,18 +417,22 @@ def _spmm_rate(memory_bandwidth: float, bytes_per_element: int = 4) -> float:
 
     Each multiply-add reads one source element that, on a large sparse graph,
     is not reused from cache (MG-GCN: SpMM is bandwidth-bound), so the rate is
-    the memory bandwidth over the bytes of one FP32 element. A derivation from
-    the datasheet's bandwidth, not a measurement.
+    the memory bandwidth over the bytes of one element (4 in FP32, 2 in 16
+    bits). A derivation from the datasheet's bandwidth, not a measurement.
     """
     return memory_bandwidth / bytes_per_element
 
 
 def _gpu(name: str, description: str, *, workers: int, devices_per_node: int, intra: float, inter: float,
-         latency: float, topology: str, memory: float, bandwidth: float, fp32: float) -> ClusterProfile:
+         latency: float, topology: str, memory: float, bandwidth: float, fp32: float,
+         bf16: float | None = None, fp16: float | None = None) -> ClusterProfile:
+    """A GPU cluster: fp32, bf16 and fp16 the GPU's dense rates (the 16-bit ones with fp32 accumulation,
+    None where the datasheet gives no tensor-core figure for the type); SpMM rates from its memory bandwidth."""
     return ClusterProfile(name=name, workers=workers, devices_per_node=devices_per_node, intra_bandwidth=intra,
                           inter_bandwidth=inter, latency=latency, topology=topology, memory_per_worker=memory,
                           memory_bandwidth=bandwidth, gemm_rate=fp32, spmm_rate=_spmm_rate(bandwidth),
-                          description=description)
+                          description=description, gemm_rate_bf16=bf16, gemm_rate_fp16=fp16,
+                          spmm_rate_16=_spmm_rate(bandwidth, 2))
 
 
 def _p3() -> ClusterProfile:
@@ -437,18 +465,21 @@ def _neutronstar_ibv() -> ClusterProfile:
 def _g3() -> ClusterProfile:
     # G3 (SIGMOD'23) cluster, DESIGN.md: 16 machines x 1 RTX 3090, 10 Gb/s.
     # NVIDIA GeForce RTX 3090 specifications / Ampere GA102 whitepaper: 35.6 TFLOPS peak FP32,
-    # 24 GB GDDR6X at 936 GB/s, PCIe 4.0 x16 host link.
+    # 24 GB GDDR6X at 936 GB/s, PCIe 4.0 x16 host link. GA102 whitepaper, appendix: RTX 3090 peak FP16 and
+    # BF16 Tensor TFLOPS with FP32 accumulate 71 dense (142 with sparsity).
     return _gpu("g3", "G3: 16 machines x 1 RTX 3090, 10 Gb/s Ethernet", workers=16, devices_per_node=1,
                 intra=PCIE4_X16, inter=10 * GBIT, latency=ETHERNET_LATENCY, topology="ethernet",
-                memory=24 * GIB, bandwidth=936 * GB, fp32=35.6 * TFLOPS)
+                memory=24 * GIB, bandwidth=936 * GB, fp32=35.6 * TFLOPS, bf16=71 * TFLOPS, fp16=71 * TFLOPS)
 
 
 def _gnnpipe() -> ClusterProfile:
     # GNNPipe cluster, DESIGN.md: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between.
-    # NVIDIA RTX A5000 datasheet: 27.8 TFLOPS FP32, 24 GB GDDR6 at 768 GB/s, PCIe 4.0 x16.
+    # NVIDIA RTX A5000 datasheet: 27.8 TFLOPS FP32, 24 GB GDDR6 at 768 GB/s, PCIe 4.0 x16; tensor
+    # performance 222.2 TFLOPS with sparsity, i.e. 111.1 dense (FP16 and BF16, FP32 accumulation).
     return _gpu("gnnpipe", "GNNPipe: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between",
                 workers=8, devices_per_node=4, intra=PCIE4_X16, inter=200 * GBIT, latency=INFINIBAND_LATENCY,
-                topology="pcie+infiniband", memory=24 * GIB, bandwidth=768 * GB, fp32=27.8 * TFLOPS)
+                topology="pcie+infiniband", memory=24 * GIB, bandwidth=768 * GB, fp32=27.8 * TFLOPS,
+                bf16=111.1 * TFLOPS, fp16=111.1 * TFLOPS)
 
 
 def _dgx1() -> ClusterProfile:
@@ -457,9 +488,12 @@ def _dgx1() -> ClusterProfile:
     # 25 GB/s per direction (DESIGN.md: "6 links x 25 GB/s"; NVIDIA's "300 GB/s" counts both ways).
     # A GPU's links reach only 4 of its 7 peers (some pairs have two links), so 150 GB/s is its
     # total send rate, not what one pair gets: the profile keeps the aggregate and names the topology.
+    # V100 SXM2 datasheet: 125 TFLOPS tensor performance (FP16 products, FP32 accumulation); Volta has no
+    # BF16 tensor cores, so bf16 is priced at the FP32 rate.
     return _gpu("dgx1", "DGX-1: 8 V100 (SXM2), NVLink hybrid cube-mesh, 6 links x 25 GB/s", workers=8,
                 devices_per_node=8, intra=6 * 25 * GB, inter=6 * 25 * GB, latency=GPU_LINK_LATENCY,
-                topology="nvlink-hybrid-cube-mesh", memory=16 * GIB, bandwidth=900 * GB, fp32=15.7 * TFLOPS)
+                topology="nvlink-hybrid-cube-mesh", memory=16 * GIB, bandwidth=900 * GB, fp32=15.7 * TFLOPS,
+                fp16=125 * TFLOPS)
 
 
 def _dgx_a100() -> ClusterProfile:
@@ -467,9 +501,11 @@ def _dgx_a100() -> ClusterProfile:
     # A100 datasheet (SXM4 40 GB): 19.5 TFLOPS FP32 (without tensor cores), 1,555 GB/s HBM2,
     # NVLink "600 GB/s" (DESIGN.md: NVSwitch 600 GB/s) = 12 NVLink3 links x 25 GB/s per direction x 2
     # directions, i.e. 300 GB/s each way; the profile records one direction, like every other link.
+    # A100 datasheet: BF16 and FP16 Tensor Core 312 TFLOPS dense (624 with sparsity).
     return _gpu("dgx-a100", "DGX A100: 8 A100 (40 GB), NVSwitch 600 GB/s (300 GB/s each way)", workers=8,
                 devices_per_node=8, intra=300 * GB, inter=300 * GB, latency=GPU_LINK_LATENCY,
-                topology="nvswitch", memory=40 * GIB, bandwidth=1555 * GB, fp32=19.5 * TFLOPS)
+                topology="nvswitch", memory=40 * GIB, bandwidth=1555 * GB, fp32=19.5 * TFLOPS,
+                bf16=312 * TFLOPS, fp16=312 * TFLOPS)
 
 
 # Read-only: presets are built on demand, so nothing here can be changed by a caller.
@@ -486,19 +522,22 @@ _PRESETS = MappingProxyType({
 PRESET_NAMES = (*_PRESETS, "local")
 
 
-def default_probe_file() -> Path:
-    """Where `gnnc probe` writes this machine's profile unless told otherwise."""
+def default_probe_file(device: str = "cpu") -> Path:
+    """Where `gnnc probe --device DEVICE` writes this machine's profile unless told otherwise: one file
+    per device (`probe.json` for the CPU, `probe-cuda.json` for the GPUs)."""
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gnnc" / "probe.json"
+    return Path(base) / "gnnc" / ("probe.json" if device == "cpu" else f"probe-{device}.json")
 
 
-def preset(name: str, probe_file: str | os.PathLike[str] | None = None) -> ClusterProfile:
-    """A named preset; `local` is the profile `gnnc probe` wrote (to `probe_file` or the default place)."""
+def preset(name: str, probe_file: str | os.PathLike[str] | None = None, device: str = "cpu") -> ClusterProfile:
+    """A named preset; `local` is the profile `gnnc probe --device DEVICE` wrote (to `probe_file` or the
+    default place for that device)."""
     if name == "local":
-        path = Path(probe_file) if probe_file is not None else default_probe_file()
+        path = Path(probe_file) if probe_file is not None else default_probe_file(device)
         if not path.exists():
-            raise GnncError(f"cluster 'local' is measured by `gnnc probe`, and {path} does not exist yet; "
-                            f"run `gnnc probe` or name another cluster ({', '.join(_PRESETS)})")
+            flag = "" if device == "cpu" else f" --device {device}"
+            raise GnncError(f"cluster 'local' is measured by `gnnc probe{flag}`, and {path} does not exist yet; "
+                            f"run `gnnc probe{flag}` or name another cluster ({', '.join(_PRESETS)})")
         return replace(load_profile(path), name="local")
     make = _PRESETS.get(name)
     if make is None:
@@ -521,10 +560,10 @@ def list_presets(probe_file: str | os.PathLike[str] | None = None) -> list[tuple
     return out
 
 
-def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None) -> ClusterProfile:
-    """`--cluster PRESET|FILE`: a preset name, else a JSON profile file."""
+def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None, device: str = "cpu") -> ClusterProfile:
+    """`--cluster PRESET|FILE`: a preset name, else a JSON profile file; `local` is `device`'s probe."""
     if spec in PRESET_NAMES:
-        return preset(spec, probe_file)
+        return preset(spec, probe_file, device)
     if os.path.exists(spec) or spec.endswith(".json"):
         return load_profile(spec)
     raise GnncError(f"--cluster {spec}: neither a preset ({', '.join(PRESET_NAMES)}) nor a profile file")
@@ -533,8 +572,9 @@ def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None) ->
 DEFAULT_CLUSTER = "neutronstar-ecs"  # what the planner prices on when no --cluster is given
 
 
-def resolve_cluster(spec: "str | ClusterProfile | None") -> ClusterProfile:
-    """The profile a compile prices on: a preset or file name, a profile as given, else the default preset."""
+def resolve_cluster(spec: "str | ClusterProfile | None", device: str = "cpu") -> ClusterProfile:
+    """The profile a compile prices on: a preset or file name, a profile as given, else the default preset.
+    `device` (`gnnc compile --device`) picks which of this machine's probes `local` reads."""
     if spec is None or spec == "":
         return preset(DEFAULT_CLUSTER)
-    return load_cluster(spec) if isinstance(spec, str) else spec
+    return load_cluster(spec, device=device) if isinstance(spec, str) else spec

@@ -47,6 +47,7 @@ from gnnc.passes.pipeline_text import option
 from gnnc.passes.predict_bytes import param_dependent
 from gnnc.passes.segment_dp import solve
 from gnnc.plan.approximation import approximations, require_exact
+from gnnc.plan.precision import DEFAULT_PRECISION
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -110,8 +111,10 @@ def candidates(program: Program, allow: list[str] | None, approximate: bool = Fa
     return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
 
 
-def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None):
-    """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape.
+def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None,
+                    precision: str = "fp32"):
+    """What every cost formula is evaluated on: partition statistics, cost inputs (at the run's
+    precision), each graph layer's shape.
 
     `workers`: the plan's worker count, when its last parts may be empty (the largest part id + 1 otherwise).
     """
@@ -119,7 +122,7 @@ def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers
     view = "self_loops" if any(layer.edges == "self_loops" for layer in layers) else "plain"
     stats = compute_stats(graph, parts, len(layers), view, num_parts=workers)
     dims, heads = layer_dims(program)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads)
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads, precision=precision)
     needs_grad = param_dependent(program)
     return stats, inputs, [layer_shape(layer, needs_grad) for layer in layers]
 
@@ -134,7 +137,7 @@ class PlanningInputs:
 
     @classmethod
     def compute(cls, program: Program, ctx: PassContext) -> "PlanningInputs":
-        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers))
+        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers, ctx.precision))
 
 
 @dataclass
@@ -195,6 +198,8 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     for s in allowed:
         sd = STRATEGIES[s]
         if sd.whole_model:
+            if inputs.precision != DEFAULT_PRECISION:
+                continue  # the pipeline runs in fp32 (predict-bytes refuses it at 16 bits): not a candidate
             pipelines = price_pipeline(program, graph, inputs, shapes, profile, int(parts.max()) + 1, pipeline_groups)
             if pipelines:
                 best = pipelines[0]

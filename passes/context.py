@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from gnnc.plan.precision import DEFAULT_PRECISION
+
 if TYPE_CHECKING:  # annotations only: the context sits below the modules that build these
     from gnnc.cluster import ClusterProfile
     from gnnc.ir import Program
@@ -98,6 +100,8 @@ class PassContext:
         full-graph steps; the planner then prices the sampled strategies on a seeded dry run.
     seed: the run's seed (the dry run samples what the run will).
     approximate: the planner may choose approximate strategies and schedules (`--approximate`).
+    precision: the run's precision (gnnc.plan.precision): the bytes of each exchanged element
+        (predict-bytes) and the rates and bytes the cost model prices.
     """
 
     graph: Any = None  # a Graph (its module moves below passes and runtime; no import here)
@@ -108,6 +112,7 @@ class PassContext:
     sampling: Any = None  # a gnnc.graph.sampling.SamplingConfig
     seed: int = 0
     approximate: bool = False
+    precision: str = DEFAULT_PRECISION
     results: PassResults = field(default_factory=PassResults)
     analyses: AnalysisCache = field(init=False, repr=False)
 

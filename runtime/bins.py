@@ -65,7 +65,7 @@ def run_binned(interp: Any, layer: Any, env: dict[str, Any], params: dict[str, t
         runs.append((rest, _apply(interp, per_bin, outputs, uses, env, params, ctx, bins, rest, sources_held=False)))
     rows = torch.cat([bins.rows[b] for order, _ in runs for b in order])
     back = torch.empty_like(rows)
-    back[rows] = torch.arange(len(rows))
+    back[rows] = torch.arange(len(rows), device=rows.device)
     for k, name in enumerate(outputs):
         env[name] = torch.cat([out[k] for _, out in runs]).index_select(0, back)
     if streams and not streams[0].taken(1):

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from gnnc.files import atomic_write
@@ -97,6 +98,22 @@ def peak_rss_since(base: int | None) -> int:
     return max(hwm - base, 0)
 
 
+def reset_peak_memory(device: torch.device) -> int | None:
+    """`reset_peak_rss` for a run on `device`: on CUDA the allocator's peak is reset instead, and the base is
+    the bytes allocated now (the allocator's own counters: no wait for the GPU)."""
+    if device.type != "cuda":
+        return reset_peak_rss()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def peak_memory_since(device: torch.device, base: int | None) -> int:
+    """`peak_rss_since` for a run on `device`: on CUDA how far the allocator's peak rose above `base`."""
+    if device.type != "cuda":
+        return peak_rss_since(base)
+    return max(torch.cuda.max_memory_allocated(device) - (base or 0), 0)
+
+
 @dataclass
 class EpochRecord:
     """What one rank measured in one epoch; times in seconds, sizes in bytes."""
@@ -160,7 +177,8 @@ class MinibatchRecord:
     holds them beside the EpochRecords, marked `"kind": "minibatch"`.
 
     Per graph layer (first layer first): the block's sampled source vertices, destination vertices and
-    edges of this rank's seeds. `loss`: this rank's share of the step's loss (the shares add up to it).
+    edges of this rank's seeds. `loss`: this rank's share of the step's loss (the shares add up to it;
+    a device tensor until the epoch's records are taken, then read with one another).
     `phase_s`: seconds per phase (sample, gather, forward_m, forward_d, backward_d, backward_m,
     allreduce, step). `bytes_by_op`: what the communication ops sent between this minibatch's
     sampling and its optimizer step, by "label/op/direction" as in EpochRecord (under the pipelined

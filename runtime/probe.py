@@ -8,6 +8,12 @@ its one-way time). Each figure is the median of several timed repetitions
 after a warm-up. The profile offers one worker per core: `gnnc run --nproc N`
 runs its workers as processes on this machine.
 
+`gnnc probe --device cuda` measures the GPUs instead (`gpu_profile`): the same
+rates on GPU 0 (timed to completion of the GPU's work), plus the bf16 and fp16
+dense rates and the 16-bit SpMM rate `--precision` prices, its memory, and
+NCCL between GPUs 0 and 1 (on a single GPU, its pinned host link: there is no
+peer); one worker per GPU, as `gnnc run --nproc N --device cuda` runs them.
+
 NeutronStar's T_v, T_e, T_c (seconds per vertex computed, per edge
 aggregated, per row communicated: the constants of its Algorithm 4 and
 Eq. 1-3) need more, because the rates above time bare kernels while a
@@ -32,53 +38,69 @@ import torch.distributed as dist
 
 from gnnc.graph import CSR
 from gnnc.graph.generators import rmat
+from gnnc.runtime.comm import collective_device
+from gnnc.runtime.device import place
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.kernels import spmm
 from gnnc.runtime.launch import DistConfig, launch
 from gnnc.runtime.train import TrainConfig, Worker
 
+CPU = torch.device("cpu")
 
-def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+
+def _sync_for(device: torch.device) -> Callable[[], None]:
+    """What makes a timing include the work it started: the GPU's queue drained on CUDA, nothing on CPU."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
+                 sync: Callable[[], None] = lambda: None) -> float:
     for _ in range(warmup):
         fn()
+    sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def gemm_rate(threads: int, n: int = 1024) -> float:
+def gemm_rate(threads: int, n: int = 1024, device: torch.device = CPU, dtype: torch.dtype = torch.float32) -> float:
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2.0 * n**3 / _median_time(lambda: a @ b)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return 2.0 * n**3 / _median_time(lambda: a @ b, sync=_sync_for(device))
 
 
-def spmm_rate(threads: int, n: int = 100_000, deg: int = 10, width: int = 64) -> float:
+def spmm_rate(threads: int, n: int = 100_000, deg: int = 10, width: int = 64, device: torch.device = CPU,
+              dtype: torch.dtype = torch.float32) -> float:
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, n, (n * deg,), generator=g), torch.randint(0, n, (n * deg,), generator=g)
-    csr = CSR.from_edges(src.numpy(), dst.numpy(), n)
-    x = torch.randn(n, width)
-    return csr.nnz * width / _median_time(lambda: spmm(csr, x))
+    csr = place(CSR.from_edges(src.numpy(), dst.numpy(), n), device)
+    x = torch.randn(n, width, device=device, dtype=dtype)
+    return csr.nnz * width / _median_time(lambda: spmm(csr, x), sync=_sync_for(device))
 
 
-def memory_bandwidth(threads: int, mib: int = 256) -> float:
+def memory_bandwidth(threads: int, mib: int = 256, device: torch.device = CPU) -> float:
     torch.set_num_threads(threads)
-    a = torch.empty(mib * 2**20 // 4)
+    a = torch.empty(mib * 2**20 // 4, device=device)
     b = torch.empty_like(a)
-    return 2.0 * a.numel() * 4 / _median_time(lambda: b.copy_(a))  # read + write
+    return 2.0 * a.numel() * 4 / _median_time(lambda: b.copy_(a), sync=_sync_for(device))  # read + write
 
 
 def _pingpong(cfg: DistConfig, sizes: list[int], repeats: int) -> dict[int, float]:
     """Rank 0 sends `size` floats to rank 1, which sends them back; median one-way seconds."""
+    device = collective_device()
+    sync = _sync_for(device)
     out = {}
     for size in sizes:
-        buf = torch.zeros(size)
+        buf = torch.zeros(size, device=device)
         times = []
         for i in range(repeats + 1):
             dist.barrier()
+            sync()
             t0 = time.perf_counter()
             if cfg.rank == 0:
                 dist.send(buf, 1)
@@ -86,18 +108,33 @@ def _pingpong(cfg: DistConfig, sizes: list[int], repeats: int) -> dict[int, floa
             else:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
+            sync()
             if i:
                 times.append((time.perf_counter() - t0) / 2)
         out[size] = statistics.median(times)
     return out
 
 
-def link(repeats: int = 10) -> tuple[float, float]:
-    """(latency seconds, bandwidth bytes/s) of gloo between two processes on this machine."""
+def link(repeats: int = 10, device: str = "cpu") -> tuple[float, float]:
+    """(latency seconds, bandwidth bytes/s) between two processes on this machine: gloo, or NCCL between
+    GPUs 0 and 1 with `device="cuda"`."""
     small, large = 1, 4 * 2**20
-    times = launch(_pingpong, 2, [small, large], repeats)[0]
-    latency = times[small]
-    return latency, large * 4 / max(times[large] - latency, 1e-9)
+    times = launch(_pingpong, 2, [small, large], repeats, device=device)[0]
+    return _latency_bandwidth(times[small], times[large], large * 4)
+
+
+def _latency_bandwidth(t_small: float, t_large: float, large_bytes: int) -> tuple[float, float]:
+    """alpha and beta from one-way times of a tiny and a large message."""
+    return t_small, large_bytes / max(t_large - t_small, 1e-9)
+
+
+def host_link(device: torch.device, repeats: int = 10) -> tuple[float, float]:
+    """(latency, bandwidth) of copies between pinned host memory and `device`: a lone GPU's only link."""
+    small, large = torch.zeros(1).pin_memory(), torch.zeros(4 * 2**20).pin_memory()
+    sync = _sync_for(device)
+    t_small = _median_time(lambda: small.to(device, non_blocking=True), repeats, sync=sync)
+    t_large = _median_time(lambda: large.to(device, non_blocking=True), repeats, sync=sync)
+    return _latency_bandwidth(t_small, t_large, large.numel() * 4)
 
 
 # --- NeutronStar's unit costs ---------------------------------------------------------------------
@@ -127,15 +164,15 @@ PROBE_WIDTHS = (128, 64, 16)  # features, hidden, classes: a wide first layer an
 PROBE_GRAPHS = ((30000, 4.0), (30000, 16.0), (90000, 4.0), (90000, 10.0))
 
 
-def layer_times(program, graph, repeats: int = 5) -> list[float]:
+def layer_times(program, graph, repeats: int = 5, device: str = "cpu") -> list[float]:
     """Seconds of one forward plus backward (the fastest of `repeats`) of each graph layer of `program` on `graph`.
 
     Each layer runs alone through gnnc's executor (`Interpreter.run_layer`) on the inputs a training
     step gives it (the layers before it run first), with the gradient flowing where it would in
     training: to the weights always, to the input unless the layer reads the input features.
     """
-    worker = Worker(program, graph, TrainConfig(progress=False))
-    params = init_params(program, 0)
+    worker = Worker(program, graph, TrainConfig(progress=False, device=device))
+    params = init_params(program, 0, worker.device)
     ctx = worker.context(True, 0)
     env = dict(worker.inputs)
     seen = dict(worker.inputs)  # every layer's outputs: the interpreter lets go of a value after its last reader
@@ -157,11 +194,12 @@ def layer_times(program, graph, repeats: int = 5) -> list[float]:
             for p in params.values():
                 p.grad = None
 
-        out.append(_min_time(step, repeats=repeats))
+        out.append(_min_time(step, repeats=repeats, sync=_sync_for(worker.device)))
     return out
 
 
-def _min_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+def _min_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
+              sync: Callable[[], None] = lambda: None) -> float:
     """The fastest of `repeats` timed calls: what a layer costs when nothing else interrupts it.
 
     The fit needs the cost, not this moment's contention: on shared cores a slow repetition was
@@ -169,17 +207,19 @@ def _min_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> fl
     """
     for _ in range(warmup):
         fn()
+    sync()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        sync()
         best = min(best, time.perf_counter() - t0)
     return best
 
 
 def probe_layer_samples(compile_program: Callable[[object], object], threads: int,
                         graphs: Sequence[tuple[int, float]] = PROBE_GRAPHS, widths: tuple[int, int, int] = PROBE_WIDTHS,
-                        repeats: int = 3) -> tuple[object, list[tuple[int, list[int], list[float]]]]:
+                        repeats: int = 3, device: str = "cpu") -> tuple[object, list[tuple[int, list[int], list[float]]]]:
     """Time PROBE_MODEL's layers on each test graph: (the program, [(V, E per layer, seconds per layer)]).
 
     `compile_program(graph)` compiles PROBE_MODEL with these widths for a graph (the caller's: the
@@ -193,7 +233,7 @@ def probe_layer_samples(compile_program: Callable[[object], object], threads: in
         graph = rmat(n, deg, features=features, classes=classes, seed=seed)
         program = program or compile_program(graph)
         edges = [graph.csr(layer.edges).nnz for layer in program.graph_layers()]
-        samples.append((graph.num_nodes, edges, layer_times(program, graph, repeats)))
+        samples.append((graph.num_nodes, edges, layer_times(program, graph, repeats, device)))
     return program, samples
 
 
@@ -204,8 +244,10 @@ def machine_fields(threads: int) -> dict:
             "gemm_rate": gemm_rate(threads), "spmm_rate": spmm_rate(threads)}
 
 
-def probe(threads: int) -> dict:
+def probe(threads: int, device: str = "cpu") -> dict:
     """Every measurement of the machine itself (kernel rates, memory, the link), as ClusterProfile fields."""
+    if device == "cuda":
+        return gpu_profile(threads)
     latency, bandwidth = link()
     # `gnnc run --nproc N` runs its workers as processes on this one machine: one per core at most
     workers = max(1, os.cpu_count() or 1)
@@ -213,3 +255,27 @@ def probe(threads: int) -> dict:
             "inter_bandwidth": bandwidth, "latency": latency, "topology": "loopback (gloo)",
             **machine_fields(threads),
             "description": f"this machine as measured by gnnc probe ({threads} threads, {os.cpu_count()} cores)"}
+
+
+def gpu_profile(threads: int) -> dict:
+    """This machine's GPUs as ClusterProfile fields: rates measured on GPU 0, one worker per GPU."""
+    gpu = torch.device("cuda", 0)
+    count = torch.cuda.device_count()
+    latency, bandwidth = link(device="cuda") if count >= 2 else host_link(gpu)
+    props = torch.cuda.get_device_properties(gpu)
+    bf16 = gemm_rate(threads, 4096, gpu, torch.bfloat16) if torch.cuda.is_bf16_supported() else None
+    return gpu_fields(name=props.name, count=count, memory=float(props.total_memory), latency=latency,
+                      bandwidth=bandwidth, memory_bandwidth=memory_bandwidth(threads, 1024, gpu),
+                      fp32=gemm_rate(threads, 4096, gpu), bf16=bf16, fp16=gemm_rate(threads, 4096, gpu, torch.float16),
+                      spmm=spmm_rate(threads, device=gpu), spmm_16=spmm_rate(threads, device=gpu, dtype=torch.float16))
+
+
+def gpu_fields(*, name: str, count: int, memory: float, latency: float, bandwidth: float, memory_bandwidth: float,
+               fp32: float, bf16: float | None, fp16: float, spmm: float, spmm_16: float) -> dict:
+    """The profile of `count` GPUs called `name`, from what `gpu_profile` measured on one of them."""
+    link_kind = "NCCL between GPUs 0 and 1" if count >= 2 else "a single GPU: its pinned host link"
+    return {"name": "local", "workers": count, "devices_per_node": count, "intra_bandwidth": bandwidth,
+            "inter_bandwidth": bandwidth, "latency": latency, "topology": "nccl" if count >= 2 else "pcie-host",
+            "memory_per_worker": memory, "memory_bandwidth": memory_bandwidth, "gemm_rate": fp32,
+            "spmm_rate": spmm, "gemm_rate_bf16": bf16, "gemm_rate_fp16": fp16, "spmm_rate_16": spmm_16,
+            "description": f"this machine's {count} x {name} as measured by gnnc probe --device cuda ({link_kind})"}

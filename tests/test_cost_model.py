@@ -27,7 +27,7 @@ from gnnc.passes.cost.neutronstar import depcache, depcomm, hybrid, hybrid_value
 from gnnc.passes.cost.p3 import pushpull
 from gnnc.passes.cost.registry import segment_cost
 from gnnc.passes.cost.symbols import (B, E, E_r, E_tot, N, P, R_gemm, R_spmm, S, V, V_max, Cost, CostInputs, LayerShape,
-                                      alpha, b, b_idx, bw, comm_rows, d, heads, hop_edges, hop_vertices)
+                                      alpha, b, b_grad, b_idx, bw, comm_rows, d, heads, hop_edges, hop_vertices)
 from gnnc.runtime import comm
 from gnnc.graph import Graph
 from gnnc.passes.partition.stats import compute_stats
@@ -54,9 +54,11 @@ def test_compute_and_collectives_by_hand() -> None:
 
 def test_grad_allreduce_time_and_bytes() -> None:
     c = grad_allreduce(1000)
-    vals = {P: 4, b: 4, bw: 1e6, alpha: 1e-3}
+    # fp32 master gradients: priced at b_grad whatever the activations' element size b (bf16 here)
+    vals = {P: 4, b: 2, b_grad: 4, bw: 1e6, alpha: 1e-3}
+    assert b not in c.free_symbols
     assert num(c.stages[0], vals) == pytest.approx(0.006 + 0.006)
-    assert num(c.bytes, vals) * 4 == pytest.approx(2 * 3 * 1000 * 4)  # the job's payload: 2(P-1)·n·b
+    assert num(c.bytes, vals) * 4 == pytest.approx(2 * 3 * 1000 * 4)  # the job's payload: 2(P-1)·n·b_grad
     assert num(grad_allreduce(1000, buckets=3).stages[0], vals) == pytest.approx(0.006 + 0.018)
 
 

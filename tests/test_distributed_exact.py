@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import EXAMPLES, random_graph
+from conftest import EXAMPLES, EXTREMES, SCHEDULES, random_graph
 from gnnc import api
 from gnnc.runtime import rng
 from gnnc.runtime.distributed import DistJob, one_step_each
@@ -31,30 +31,6 @@ STRATEGIES = ["depcomm", "depcache", "hybrid", "bcast1d", "depcomm,bcast1d", "de
               "depcomm,depcache", "pushpull,depcomm", "pushpull,bcast1d", "pushpull,hybrid"]
 PUSHPULL_LEGAL = {"gcn", "sage"}  # SAGE: sink-bias puts its bias after the sync; GIN: ReLU, GAT: attention
 SEED = 3
-# schedules other than the default one (every halo overlapped, every broadcast staged, gradients reduced
-# during backward): nothing overlapped (what ran before the schedule pass), and G3's bins
-SCHEDULES = {"none": "schedule{overlap=off staged=off grad_overlap=off}", "bins": "schedule{bins=3}"}
-# max and min aggregations, split by source part, binned, staged: ReLU's zeros tie across parts
-EXTREMES = """
-layer MaxConv(in, out) {
-  scatter   m = src.h
-  gather    a = max(m)
-  transform t = linear(a, out) + linear(h, out, bias = false)
-  apply     h = t
-}
-layer MinConv(in, out) {
-  scatter   m = src.h
-  gather    a = min(m)
-  transform t = linear(a, out)
-  apply     h = t
-}
-model Extremes(features, hidden = 8, classes) {
-  h = MaxConv(features, hidden)(x)
-  h = relu(h)
-  h = MinConv(hidden, classes)(h)
-  loss = cross_entropy(h, y, mask = train)
-}
-"""
 
 
 def communities():

@@ -35,6 +35,7 @@ each at most 1/k of the layer plus its heaviest row.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,6 +208,11 @@ class Bins:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Bins":
+        """These bins with every tensor mapped by `fn` (copied to the run's device with the layer)."""
+        return Bins([fn(r) for r in self.rows], [v.map_tensors(fn) for v in self.views],
+                    [fn(s) for s in self.sources], [fn(p) for p in self.pos], list(self.held))
 
 
 def _bin_view(v: GraphView, rows: torch.Tensor, n_in: int) -> tuple[GraphView, torch.Tensor, torch.Tensor, bool]:

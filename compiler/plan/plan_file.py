@@ -25,6 +25,7 @@ from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.pipeline_shards import write_pipeline_shards
+from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.sampled_shards import check_sampled_shards_match, write_sampled_shards
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.shard_files import read_manifest
@@ -182,6 +183,10 @@ class Plan:
                                      "schedule_report") if k in data}
         _check_sampled_fields(meta, path)
         _check_pipeline_field(meta, path)
+        if "precision" in data:
+            if data["precision"] not in PRECISIONS:
+                raise PlanError(f"{path}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
+            meta["precision"] = data["precision"]
         stand_ins = data.get("graph_stand_ins", {})
         if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
             raise PlanError(f"{path}: 'graph_stand_ins' must map field names to descriptions")

@@ -218,14 +218,14 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
     rg = (RX if first else recompute_rows(layer - 1)) if shape.gemm_first else rv
     # a worker that moves no row at this layer starts no message (its ring posts nothing)
     exch = all_to_all_time(cs * w * b, cr * w * b, (P - 1) * any_moved(cs + cr))
-    local_f = spmm_time(E - E_r, w) + compute_forward(layer, shape, rg, re)
+    # as depcomm's: the attention scores are computed while the rows are in flight
+    local_f = (spmm_time(E - E_r, w) + compute_forward(layer, shape, rg, re)
+               + (attention_time(E, heads(layer)) if shape.attention else ZERO))
 
     def window(exchange: sympy.Expr, local: sympy.Expr) -> sympy.Expr:
         return Max(exchange, local) if overlap else exchange + local
 
-    fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
-           + (attention_time(E, heads(layer)) if shape.attention else ZERO)
-           + window(exch, local_f) + spmm_time(E_r, w))
+    fwd = gemm_time(V, d(layer), shape.out_width(layer), shape.gemms) + window(exch, local_f) + spmm_time(E_r, w)
     bwd = compute_backward(layer, shape, V, ZERO)
     local_b = compute_backward(layer, shape, rg, re)
     nbytes = cs * w * b

@@ -42,6 +42,7 @@ from sympy import Symbol
 
 from gnnc.cluster import ClusterProfile
 from gnnc.ir.expr import as_expr
+from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 
 
 def Max(*args: sympy.Expr) -> sympy.Expr:
@@ -55,7 +56,8 @@ P = Symbol("P", positive=True)  # workers
 N = Symbol("N", positive=True)  # vertices of the graph
 E_tot = Symbol("E_tot", positive=True)  # edges of the graph (in-edges of all vertices)
 V_max = Symbol("V_max", positive=True)  # the largest part's vertex count
-b = Symbol("b", positive=True)  # bytes per feature element (4 for float32)
+b = Symbol("b", positive=True)  # bytes per feature element (4 for float32, 2 at bf16/fp16)
+b_grad = Symbol("b_grad", positive=True)  # bytes per parameter-gradient element (4: fp32 master weights)
 b_idx = Symbol("b_idx", positive=True)  # bytes per stored edge index (8 for int64)
 bw = Symbol("bw", positive=True)  # bytes/s one worker sends to its peers
 alpha = Symbol("alpha", nonnegative=True)  # seconds to start one message
@@ -180,7 +182,7 @@ class CostInputs:
     profile: ClusterProfile
     heads: tuple[float, ...] = ()
     remote_edges: np.ndarray | None = None
-    bytes_per_element: int = 4
+    precision: str = DEFAULT_PRECISION  # of the activations (gnnc.plan.precision): their bytes and the rates
     index_bytes: int = 8
     inner_edges: np.ndarray | None = None
     max_in_degree: np.ndarray | None = None
@@ -203,10 +205,15 @@ class CostInputs:
     def workers(self) -> int:
         return len(self.vertices)
 
+    @property
+    def bytes_per_element(self) -> int:
+        """Bytes of one activation element at this precision."""
+        return element_bytes(self.precision)
+
     @classmethod
     def from_stats(cls, stats: Any, dims: Sequence[float], profile: ClusterProfile, *,
                    heads: Sequence[float] = (), hop_levels: str = "per-level",
-                   remote_edges: np.ndarray | None = None, bytes_per_element: int = 4) -> CostInputs:
+                   remote_edges: np.ndarray | None = None, precision: str = DEFAULT_PRECISION) -> CostInputs:
         """Fill from `gnnc.passes.partition.stats.PartStats` (fields vertices, edges, remote, send,
         lhop_vertices, lhop_edges).
 
@@ -227,7 +234,7 @@ class CostInputs:
         return cls(np.asarray(stats.vertices, np.float64), np.asarray(stats.edges, np.float64),
                    np.asarray(stats.remote, np.float64), np.asarray(stats.send, np.float64), hv, he,
                    tuple(float(x) for x in dims), profile, tuple(float(h) for h in heads),
-                   None if remote_edges is None else np.asarray(remote_edges, np.float64), bytes_per_element,
+                   None if remote_edges is None else np.asarray(remote_edges, np.float64), precision,
                    inner_edges=None if inner is None else np.asarray(inner, np.float64),
                    max_in_degree=None if heaviest is None else np.asarray(heaviest, np.float64))
 
@@ -243,11 +250,12 @@ class CostInputs:
         prof = self.profile
         vertices = np.asarray(self.vertices, np.float64)
         edges = np.asarray(self.edges, np.float64)
+        gemm_rate, spmm_rate = prof.rates_at(self.precision)
         out: dict[Symbol, np.ndarray | float] = {
             P: float(p), N: float(vertices.sum()), E_tot: float(edges.sum()), V_max: float(vertices.max()),
-            b: float(self.bytes_per_element), b_idx: float(self.index_bytes),
+            b: float(self.bytes_per_element), b_grad: float(GRAD_BYTES), b_idx: float(self.index_bytes),
             bw: prof.effective_bandwidth(p), alpha: prof.latency,
-            R_gemm: prof.effective_gemm_rate, R_spmm: prof.effective_spmm_rate,
+            R_gemm: gemm_rate, R_spmm: spmm_rate,
             V: vertices, E: edges, B: np.asarray(self.remote, np.float64), S: np.asarray(self.send, np.float64),
             E_r: edges if self.remote_edges is None else np.asarray(self.remote_edges, np.float64),
             E_in: np.zeros_like(edges) if self.inner_edges is None else np.asarray(self.inner_edges, np.float64),
