@@ -167,7 +167,9 @@ class CostInputs:
     of an aggregation overlap the exchange; None means unknown, and then no
     overlap is assumed (every edge waits for the exchange). `inner_edges` (the
     in-edges of vertices with no remote in-neighbour: the work G3's bins can
-    do before the halo arrives) likewise; None means none.
+    do before the halo arrives) likewise; None means none. `max_in_degree`
+    (the largest in-degree among V_i: the heaviest row a bin of G3's can
+    hold) None means unknown, and no row is heavier than a bin's share.
     """
 
     vertices: np.ndarray
@@ -183,10 +185,11 @@ class CostInputs:
     precision: str = DEFAULT_PRECISION  # of the activations (gnnc.plan.precision): their bytes and the rates
     index_bytes: int = 8
     inner_edges: np.ndarray | None = None
+    max_in_degree: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p = len(self.vertices)
-        optional = tuple(k for k in ("remote_edges", "inner_edges") if getattr(self, k) is not None)
+        optional = tuple(k for k in ("remote_edges", "inner_edges", "max_in_degree") if getattr(self, k) is not None)
         for name in ("edges", "remote", "send") + optional:
             if np.shape(getattr(self, name)) != (p,):
                 raise ValueError(f"CostInputs.{name} must have one entry per worker ({p}), "
@@ -227,11 +230,13 @@ class CostInputs:
         if remote_edges is None:
             remote_edges = getattr(stats, "remote_edges", None)
         inner = getattr(stats, "inner_edges", None)
+        heaviest = getattr(stats, "max_in_degree", None)
         return cls(np.asarray(stats.vertices, np.float64), np.asarray(stats.edges, np.float64),
                    np.asarray(stats.remote, np.float64), np.asarray(stats.send, np.float64), hv, he,
                    tuple(float(x) for x in dims), profile, tuple(float(h) for h in heads),
                    None if remote_edges is None else np.asarray(remote_edges, np.float64), precision,
-                   inner_edges=None if inner is None else np.asarray(inner, np.float64))
+                   inner_edges=None if inner is None else np.asarray(inner, np.float64),
+                   max_in_degree=None if heaviest is None else np.asarray(heaviest, np.float64))
 
     @functools.cached_property
     def table(self) -> Mapping[Symbol, np.ndarray]:
