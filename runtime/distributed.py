@@ -19,7 +19,7 @@ import torch.distributed as dist
 from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import COMM_OPS, reads_structure
 from gnnc.ir.text import parse_ir
-from gnnc.plan.bins import layer_bins
+from gnnc.plan.bins import bins_of
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
@@ -346,9 +346,8 @@ class DistWorker(Worker):
         check_schedule(program)
         hold_parts_views(program, lg)
         for layer in program.graph_layers():  # a binned layer's bins: structure, built with the shard
-            sched = layer_schedule(layer)
-            if sched.binned:
-                layer_bins(lg.layers[layer.name], layer.edges, sched.bins, sched.bin_order)
+            if layer_schedule(layer).binned:
+                bins_of(lg.layers[layer.name], layer, program.config_dict())
         build_split_parts(program, lg)
         # The shard goes to the device once, every structure derived from it (parts, bins) built first, on the
         # host: built there during the first epoch, they would read the device (on CPU this changes nothing).

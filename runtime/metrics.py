@@ -142,13 +142,20 @@ class EpochRecord:
     bytes_by_op: dict[str, int] = field(default_factory=dict)  # "label/op/direction" -> bytes
     peak_rss_bytes: int = 0
     activation_peak_bytes: int = 0  # how far the training step raised resident memory (peak_rss_since)
+    # the resident set at the step's start, what activation_peak_bytes is measured above: what the first
+    # step builds and keeps (kernels' cached structure) shows as the next step's larger base
+    step_base_bytes: int = 0
+    # the process's CPU seconds in the step (every thread): well under epoch_s, the rank waited for a core
+    # or a peer (a loaded machine shows it in every rank, a slower peer in the others)
+    cpu_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_stats(cls, epoch: int, rank: int, world_size: int, stats: CommStats, *,
                    epoch_s: float, loss: float | None = None, train_acc: float | None = None,
                    val_acc: float | None = None, test_acc: float | None = None,
-                   extra: dict[str, Any] | None = None, activation_peak_bytes: int = 0) -> "EpochRecord":
+                   extra: dict[str, Any] | None = None, activation_peak_bytes: int = 0,
+                   step_base_bytes: int = 0, cpu_s: float = 0.0) -> "EpochRecord":
         """A record from this epoch's CommStats; compute time is what communication did not take.
 
         A pipeline stage waits on its neighbours inside its send/recv ops (gnnc.runtime.comm's `pipe`):
@@ -165,7 +172,7 @@ class EpochRecord:
                    bytes_sent=stats.total_bytes(),
                    bytes_by_op={k: int(v["bytes"]) for k, v in stats.as_dict().items()},
                    peak_rss_bytes=peak_rss_bytes(), activation_peak_bytes=int(activation_peak_bytes),
-                   extra=dict(extra or {}))
+                   step_base_bytes=int(step_base_bytes), cpu_s=cpu_s, extra=dict(extra or {}))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

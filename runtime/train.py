@@ -385,16 +385,17 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
             base = reset_peak_memory(worker.device)  # the step's activation memory: how far it raises the peak
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             loss = worker.train_epoch(params, opt, epoch, scaler)
             if worker.device.type == "cuda":
                 torch.cuda.synchronize(worker.device)  # the step's kernels are queued, not done: time them done
-            elapsed = time.perf_counter() - t0
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             activation = peak_memory_since(worker.device, base)
             # the training step's bytes and times, taken before the evaluation's exchanges add to them
             sent = worker.stats.total_bytes()
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
-                                            activation_peak_bytes=activation)
+                                            activation_peak_bytes=activation, step_base_bytes=base or 0,
+                                            cpu_s=cpu)
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
             if worker.device.type == "cuda":

@@ -295,6 +295,37 @@ def test_activation_estimate_counts_every_value_by_hand() -> None:
     np.testing.assert_allclose(act.peak, act.kept + (v + bb) * 16 * 4)  # + the gradient of the largest value
 
 
+def test_binned_activation_estimate_by_hand() -> None:
+    """The same GCN in 2 bins (`schedule{bins=2}`): each layer keeps its output rows, not its per-bin
+    values; one bin holds half the layer's rows and edges plus its heaviest row (in-degrees with self-loops
+    2 and 3) and gathers at most one source row per edge; backward holds the recomputed bin twice and the
+    whole gradient of the rows the bins gather, once more for the held rows (both parts have rows with no
+    remote in-neighbour, so some bins run before the halo arrives)."""
+    from gnnc.passes.choose_strategy import PlanningInputs
+    from gnnc.passes.cost.activations import estimate
+    from gnnc.testing import run_pass
+    from test_pass_filecheck import PREPARED, GCN, DIMS, context
+
+    ctx = context("depcomm")
+    program = run_pass(PREPARED + ",assign-strategy,insert-comm,predict-bytes,schedule{bins=2}", str(GCN),
+                       dims=DIMS, ctx=ctx, prepare=False)
+    inputs = PlanningInputs.compute(program, ctx).inputs
+    assert inputs.max_in_degree.tolist() == [2, 3] and inputs.inner_edges.tolist() == [1, 1]
+    act = estimate(program, inputs)
+    v, bb, e, heaviest = np.array([2, 2]), np.array([1, 2]), np.array([3, 4]), np.array([2, 3])
+    kept = (v * 3 * 4 * 1.25 + v * 16 * 4 + (v + bb) * 16 * 4 + v * 16 * 4  # dropout(x); t, halo, output
+            + v * 16 * 4 * 2.25 + v * 2 * 4 + (v + bb) * 2 * 4 + v * 2 * 4)  # relu, dropout; layer 1 likewise
+    np.testing.assert_allclose(act.kept, kept)
+    # per row: the aggregation, sync and bias outputs (16 each, 2 in layer 1); per edge gcn_norm; per source t
+    weight0 = (v * 48 + e) / 2 + 48 + heaviest
+    bin0 = weight0 + np.minimum(np.minimum(weight0, e), v + bb) * 16
+    weight1 = (v * 6 + e) / 2 + 6 + heaviest
+    bin1 = weight1 + np.minimum(np.minimum(weight1, e), v + bb) * 2
+    np.testing.assert_allclose(act.bin_working, np.maximum(bin0, bin1) * 4)
+    grads0 = (v + bb) * 16 + v * 16
+    np.testing.assert_allclose(act.peak, kept + (2 * bin0 + grads0) * 4)
+
+
 def test_bcast1d_by_hand() -> None:
     c = bcast1d(0, LayerShape())
     vals = {N: 400, V: 100, V_max: 120, E: 500, P: 4, d(0): 16, d(1): 8, b: 4, bw: 1e5, alpha: 0.0,

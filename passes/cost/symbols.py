@@ -222,7 +222,9 @@ class CostInputs:
     of an aggregation overlap the exchange; None means unknown, and then no
     overlap is assumed (every edge waits for the exchange). `inner_edges` (the
     in-edges of vertices with no remote in-neighbour: the work G3's bins can
-    do before the halo arrives) likewise; None means none.
+    do before the halo arrives) likewise; None means none. `max_in_degree`
+    (the largest in-degree among V_i: the heaviest row a bin of G3's can
+    hold) None means unknown, and no row is heavier than a bin's share.
     """
 
     vertices: np.ndarray
@@ -240,10 +242,11 @@ class CostInputs:
     inner_edges: np.ndarray | None = None
     op_work: tuple[LayerOpWork, ...] = ()  # per graph layer (gnnc.passes.cost.ops); () prices those ops at 0
     input_density: float = 1.0  # the input features' nonzero fraction when stored sparse (gnnc.graph.input_density)
+    max_in_degree: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p = len(self.vertices)
-        optional = tuple(k for k in ("remote_edges", "inner_edges") if getattr(self, k) is not None)
+        optional = tuple(k for k in ("remote_edges", "inner_edges", "max_in_degree") if getattr(self, k) is not None)
         for name in ("edges", "remote", "send") + optional:
             if np.shape(getattr(self, name)) != (p,):
                 raise ValueError(f"CostInputs.{name} must have one entry per worker ({p}), "
@@ -285,12 +288,14 @@ class CostInputs:
         if remote_edges is None:
             remote_edges = getattr(stats, "remote_edges", None)
         inner = getattr(stats, "inner_edges", None)
+        heaviest = getattr(stats, "max_in_degree", None)
         return cls(np.asarray(stats.vertices, np.float64), np.asarray(stats.edges, np.float64),
                    np.asarray(stats.remote, np.float64), np.asarray(stats.send, np.float64), hv, he,
                    tuple(float(x) for x in dims), profile, tuple(float(h) for h in heads),
                    None if remote_edges is None else np.asarray(remote_edges, np.float64), precision,
                    inner_edges=None if inner is None else np.asarray(inner, np.float64), op_work=tuple(op_work),
-                   input_density=float(input_density))
+                   input_density=float(input_density),
+                   max_in_degree=None if heaviest is None else np.asarray(heaviest, np.float64))
 
     @functools.cached_property
     def table(self) -> Mapping[Symbol, np.ndarray]:
