@@ -29,16 +29,13 @@ from gnnc.ir.expr import as_expr
 from gnnc.memory_check import check_run_memory
 from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
                              load_model_source)  # (the API's names)
-from gnnc.passes.choose_strategy import layer_dims, layer_shape
+from gnnc.passes.choose_strategy import epoch_costs, planning_inputs
 from gnnc.passes.cost.evaluation import evaluate_cost
-from gnnc.passes.cost.local import local
-from gnnc.passes.cost.symbols import CostInputs
+from gnnc.passes.cost.registry import segment_cost
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
-from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_plan import pipeline_summary
 from gnnc.passes.pipeline_text import PassSpec, with_values
-from gnnc.passes.predict_bytes import param_dependent
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.precision import DEFAULT_PRECISION, check_precision
@@ -144,6 +141,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             meta["predicted_bytes_per_epoch"] = results.predicted_bytes
     elif results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
+    if results.predicted_eval_bytes is not None:
+        meta["predicted_eval_bytes_per_epoch"] = results.predicted_eval_bytes
     chosen = [layer.attr("strategy", "local") for layer in program.graph_layers()]
     notes = approximations(chosen, meta.get("schedule"))
     if notes:  # an exact plan says nothing (and stays byte for byte what it was)
@@ -167,6 +166,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
                            # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
                            "schedule": report.schedule}
+    if report is not None and report.memory_warning:
+        warnings.warn(GnncWarning(report.memory_warning), stacklevel=2)
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
                 results.hybrid_cached, graph if workers > 1 else None)
 
@@ -234,16 +235,14 @@ def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, 
 
 
 def _single_time(plan: Plan, graph: Any, profile, precision: str = DEFAULT_PRECISION) -> float:
-    """Predicted epoch time on one worker of `profile` (the `local` formula of every graph layer)."""
+    """Predicted epoch time on one worker of `profile`: the `local` formula of every graph layer (its evaluation
+    pass included), and the optimizer step (gnnc.passes.cost.epoch), as a plan for several workers is priced."""
     import numpy as np
 
-
-    layers = plan.program.graph_layers()
-    stats = compute_stats(graph, np.zeros(graph.num_nodes, dtype=np.int64), len(layers), "self_loops")
-    dims, heads = layer_dims(plan.program)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(1), heads=heads, precision=precision)
-    needs = param_dependent(plan.program)
-    return sum(evaluate_cost(local(i, layer_shape(layer, needs)), inputs).time for i, layer in enumerate(layers))
+    parts = np.zeros(graph.num_nodes, dtype=np.int64)
+    _, inputs, shapes = planning_inputs(plan.program, graph, parts, profile, workers=1, precision=precision)
+    layers = [evaluate_cost(segment_cost("local", i, i + 1, shapes[i:i + 1]), inputs).time for i in range(len(shapes))]
+    return sum(layers) + epoch_costs(plan.program, inputs)[1].time
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):

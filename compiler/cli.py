@@ -108,8 +108,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
                     "workers": plan.workers, "exact": not plan.meta.get("approximations"),
                     "approximations": plan.meta.get("approximations", []), "passes": plan.passes,
                     "partition": plan.meta.get("partition"), "schedule": plan.meta.get("schedule"),
-                    "predicted": {"epoch_time_s": planner.get("predicted_time_s"),
+                    "predicted": {**inspect_plan.predicted_epoch(plan),
                                   "bytes_per_epoch": sum((predicted_bytes or {}).values()),
+                                  "eval_bytes_per_epoch": sum((plan.meta.get("predicted_eval_bytes_per_epoch")
+                                                               or {}).values()),
                                   "peak_memory_bytes": planner.get("predicted_memory_bytes")},
                     "alternatives": [{k: v for k, v in a.items() if k != "formulas"}
                                      for a in planner.get("alternatives", [])]})
@@ -280,8 +282,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.cluster import ClusterProfile, default_probe_file
-    from gnnc.passes.cost.fit import describe_unit_costs, fit_profile
-    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, probe, probe_layer_samples
+    from gnnc.passes.cost.fit import describe_unit_costs
 
     device = _resolve_device(args.device)
     threads = args.threads or max(1, torch.get_num_threads())
@@ -291,11 +292,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
                             "GPUs; to price GPUs on the measured network, run `gnnc probe --device cuda -o GPU.json` "
                             "on one machine and pass --base GPU.json")
         return _probe_network(args, threads)
+    from gnnc.runtime.probe import probe  # deferred: loads torch.distributed
+
     measured = probe(threads, device)
-    features, hidden, classes = PROBE_WIDTHS
-    model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
-    program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads, device=device)
-    fitted = fit_profile(program, samples, PROBE_WIDTHS, measured["intra_bandwidth"])
+    fitted = _fit_machine(api, threads, measured["intra_bandwidth"], device)
     profile = ClusterProfile.from_dict({**measured, **fitted}, "probe")
     path = Path(args.output) if args.output else default_probe_file(device)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -306,18 +306,39 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_machine(api, threads: int, bandwidth: float, device: str = "cpu") -> dict:
+    """Time this machine's ops (every op class, then PROBE_MODEL's layers) and fit the cost model's rates to
+    them: op_rates, NeutronStar's unit costs and t_v, t_e, t_c at `bandwidth` (ClusterProfile fields)."""
+    # deferred: a command loads torch and the planner only when it needs them
+    from gnnc.passes.cost.fit import fit_op_rates, fit_profile
+    from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, PROBE_WIDTHS,
+                                    probe_layer_samples, probe_op_samples)
+
+    features, hidden, classes = PROBE_OPS_WIDTHS
+    ops_model = api.load_model_source(PROBE_OPS_MODEL, "<gnnc probe>", features=features, hidden=hidden,
+                                      classes=classes)
+    rates = fit_op_rates(probe_op_samples(lambda graph: api.compile(ops_model, graph).program, threads,
+                                          device=device))
+    features, hidden, classes = PROBE_WIDTHS
+    model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
+    program, samples, forward = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads,
+                                                    device=device)
+    return fit_profile(program, samples, PROBE_WIDTHS, bandwidth, rates, forward)
+
+
 def _probe_network(args: argparse.Namespace, threads: int) -> int:
     """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
 
     The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `--base`
-    (a profile `gnnc probe` wrote) or, without it, from measuring this host once the links are done.
+    (a profile `gnnc probe` wrote) or, without it, from measuring the machines once the links are done:
+    every rank measures at once, as a job's ranks compute at once (ranks sharing cores see the rates a
+    share gives), and rank 0 writes what it measured.
     """
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.cluster import ClusterProfile, load_profile
-    from gnnc.passes.cost.fit import fit_profile
     from gnnc.runtime.launch import join_torchrun, started_by_torchrun
-    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, machine_fields, probe_layer_samples
+    from gnnc.runtime.probe import machine_fields
     from gnnc.runtime.probe_network import network_probe, profile_fields
 
     if not started_by_torchrun():
@@ -328,22 +349,21 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
         raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
     base = load_profile(args.base) if args.base else None  # read before the job: a bad file fails fast
     measured = join_torchrun(network_probe, timeout_s=args.timeout)
-    if measured is None:
+    if measured is None and base is not None:
         return 0  # a rank other than 0: rank 0 writes the profile
-    network = profile_fields(measured)
-    workers = network["workers"]
     if base is not None:
+        network = profile_fields(measured)
         profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
                                             "unit_costs": []}, "probe")
     else:
-        features, hidden, classes = PROBE_WIDTHS
-        model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden,
-                                      classes=classes)
-        program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
-        profile = ClusterProfile.from_dict({**machine_fields(threads), **network, "name": "measured", "t_c": None},
-                                           "probe")
+        machine = machine_fields(threads)  # every rank, at once (the docstring); rank 0 keeps its own
+        if measured is None:
+            _fit_machine(api, threads, 1.0)
+            return 0
+        network = profile_fields(measured)
+        profile = ClusterProfile.from_dict({**machine, **network, "name": "measured", "t_c": None}, "probe")
         # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
-        fitted = fit_profile(program, samples, PROBE_WIDTHS, profile.worker_bandwidth(workers))
+        fitted = _fit_machine(api, threads, profile.worker_bandwidth(network["workers"]))
         profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -353,7 +373,8 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
     print(f"{len(profile.links)} links: bandwidth {min(x.bandwidth for x in inter) * 8 / 1e9:.3g}.."
           f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
           f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
-          f"(profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us)", file=sys.stderr)
+          f"idle (profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us per message "
+          f"while the ranks compute)", file=sys.stderr)
     for c in profile.collectives:
         print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
               f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)

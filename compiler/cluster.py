@@ -27,7 +27,9 @@ writes `unit_costs`, NeutronStar's T_v, T_e, T_c per layer width as it fitted th
 every older profile) still load, and a profile without a fit is written exactly as before.
 `gnnc probe --network` (under torchrun) adds `links` and `collectives`, what it measured between
 the job's ranks (`LinkMeasurement`, `CollectiveMeasurement`), optional and left out when empty in
-the same way.
+the same way. `gnnc probe` also writes `op_rates` (`OpRate`: seconds per element of each class of the
+IR's other ops, forward and backward), optional likewise; a profile without them prices those ops from
+its memory bandwidth (`ClusterProfile.op_rate`).
 """
 from __future__ import annotations
 
@@ -101,6 +103,41 @@ class CollectiveMeasurement:
     bandwidth: float
 
 
+# The classes of ops the cost model prices per element (gnnc.passes.cost.ops says which op is which),
+# and what a profile without a measurement derives their cost from: bytes moved per element, forward
+# and backward, read at the memory bandwidth (memory-bound work: a derivation, not a measurement).
+#   elementwise: read and write one float (8); backward reads the gradient and the saved input, writes one (12)
+#   dropout: read and write one float, one mask byte (9), backward the same (9); `dropout_row`, per row
+#       dropped out, is what drawing a row's mask costs besides its elements (its key's hash): 0 derived
+#   copy: a row gathered or assembled (index_select, cat, index_add): read and write one float (8, 8)
+#   attention: sddmm and edge_softmax per edge and head: two edge operations at the SpMM rate's 16 bytes
+#       each (the estimate the cost model used before op costs were measured: 4 per edge and head for
+#       score, leaky_relu, softmax and dropout, of which leaky_relu and dropout are now their own ops)
+#   loss: cross_entropy per logit: log-softmax reads twice and writes once, plus the pick (16); backward (12)
+#   optimizer: Adam per parameter element: reads param, grad, two moments, writes param and moments (28)
+# `call` (seconds per op executed, forward or backward) and `optimizer_call` (per parameter tensor of
+# an optimizer step) are not per element; without a measurement they are CALL_OVERHEAD_S.
+OP_CLASSES = ("elementwise", "dropout", "dropout_row", "copy", "attention", "loss", "optimizer", "optimizer_call",
+              "call")
+_OP_BYTES = MappingProxyType({"elementwise": (8.0, 12.0), "dropout": (9.0, 9.0), "dropout_row": (0.0, 0.0),
+                              "copy": (8.0, 8.0),
+                              "attention": (32.0, 32.0), "loss": (16.0, 12.0), "optimizer": (28.0, 0.0)})
+CALL_OVERHEAD_S = 10e-6  # assumed: a framework's dispatch of one op (Python, a kernel launch), ~10 us
+
+
+@dataclass(frozen=True)
+class OpRate:
+    """What one class of ops costs on these machines, as `gnnc probe` measured it (through gnnc's executor).
+
+    op: one of OP_CLASSES; forward, backward: seconds per element (per op executed for `call`,
+    per parameter tensor for `optimizer_call`; an optimizer step has no backward: 0).
+    """
+
+    op: str
+    forward: float
+    backward: float
+
+
 @dataclass(frozen=True)
 class ClusterProfile:
     """The machines a plan runs on.
@@ -125,12 +162,17 @@ class ClusterProfile:
         per byte of a communicated row. They override the rates above where
         the cost model needs them (`effective_*`); None: derive from rates.
         `gnnc probe` fits them (gnnc.passes.cost.fit) to timings of gnnc's own executor (runtime/probe.py).
+    t_v_forward, t_e_forward: the same fitted to the dense maps and aggregations forward alone, as
+        the evaluation pass runs them (a dense map's backward products run at another rate);
+        None: t_v, t_e (`effective_*_forward`).
     description: one line for `gnnc clusters`.
     unit_costs: the per-layer-width T_v, T_e, T_c behind t_v, t_e, t_c, in NeutronStar's units
         (`LayerUnitCosts`); empty unless `gnnc probe` fitted them.
     links, collectives: what `gnnc probe --network` measured between the ranks of a torchrun job
         (per link and direction; per collective), behind inter_bandwidth, intra_bandwidth and latency;
         empty otherwise.
+    op_rates: what each class of the IR's other ops costs per element (`OpRate`), as `gnnc probe`
+        measured it; a class it does not list is derived (`op_rate`).
     gemm_rate_bf16, gemm_rate_fp16: dense FLOP/s of one worker in bfloat16 / float16 with float32
         accumulation (a GPU's tensor cores), what `--precision bf16|fp16` prices dense maps at;
         None: no faster than gemm_rate (the type has no hardware path there, or nobody measured it).
@@ -151,10 +193,13 @@ class ClusterProfile:
     t_v: float | None = None
     t_e: float | None = None
     t_c: float | None = None
+    t_v_forward: float | None = None
+    t_e_forward: float | None = None
     description: str = ""
     unit_costs: tuple[LayerUnitCosts, ...] = ()
     links: tuple[LinkMeasurement, ...] = ()
     collectives: tuple[CollectiveMeasurement, ...] = ()
+    op_rates: tuple[OpRate, ...] = ()
     gemm_rate_bf16: float | None = None
     gemm_rate_fp16: float | None = None
     spmm_rate_16: float | None = None
@@ -205,6 +250,16 @@ class ClusterProfile:
         """Edge-feature multiply-adds per second: from the measured t_e when there is one."""
         return 1.0 / self.t_e if self.t_e is not None else self.spmm_rate
 
+    @property
+    def effective_gemm_rate_forward(self) -> float:
+        """FLOP/s of a dense map forward alone (the evaluation pass): from t_v_forward, else the rate above."""
+        return 2.0 / self.t_v_forward if self.t_v_forward is not None else self.effective_gemm_rate
+
+    @property
+    def effective_spmm_rate_forward(self) -> float:
+        """Edge-feature multiply-adds/s of an aggregation forward alone: from t_e_forward, else the rate above."""
+        return 1.0 / self.t_e_forward if self.t_e_forward is not None else self.effective_spmm_rate
+
     def rates_at(self, precision: str) -> tuple[float, float]:
         """(GEMM FLOP/s, SpMM multiply-adds/s) of one worker computing at `precision` (gnnc.plan.precision).
 
@@ -217,19 +272,40 @@ class ClusterProfile:
         return (gemm if gemm is not None else self.effective_gemm_rate,
                 self.spmm_rate_16 if self.spmm_rate_16 is not None else self.effective_spmm_rate)
 
+    def forward_rates_at(self, precision: str) -> tuple[float, float]:
+        """`rates_at` for dense maps and aggregations forward alone (the evaluation pass): fp32 from
+        t_v_forward and t_e_forward where the probe fitted them; at 16 bits the 16-bit rates."""
+        if precision == "fp32":
+            return self.effective_gemm_rate_forward, self.effective_spmm_rate_forward
+        return self.rates_at(precision)
+
     def effective_bandwidth(self, workers: int | None = None) -> float:
         """Bytes/s per worker for exchanges: from the measured t_c when there is one."""
         return 1.0 / self.t_c if self.t_c is not None else self.worker_bandwidth(workers)
 
+    def op_rate(self, op: str, direction: str) -> float:
+        """Seconds per element of op class `op` (OP_CLASSES) going `direction` ("forward", "backward"):
+        the measured figure where `op_rates` has one, else derived from the memory bandwidth (the
+        bytes of `_OP_BYTES`) or, for `call` and `optimizer_call`, CALL_OVERHEAD_S."""
+        if op not in OP_CLASSES or direction not in ("forward", "backward"):
+            raise ValueError(f"no op rate for {op!r} {direction!r} (classes: {', '.join(OP_CLASSES)})")
+        for rate in self.op_rates:
+            if rate.op == op:
+                return rate.forward if direction == "forward" else rate.backward
+        if op in ("call", "optimizer_call"):
+            return 0.0 if op == "optimizer_call" and direction == "backward" else CALL_OVERHEAD_S
+        forward, backward = _OP_BYTES[op]
+        return (forward if direction == "forward" else backward) / self.memory_bandwidth
+
     def to_dict(self) -> dict[str, Any]:
         data = {"version": PROFILE_VERSION, **asdict(self)}
-        for key in ("unit_costs", "links", "collectives"):
+        for key in ("unit_costs", "links", "collectives", "op_rates"):
             data[key] = [dict(u) for u in data[key]]
             if not data[key]:
                 del data[key]  # optional: a profile without a fit or a network probe reads as it always did
         for key in _OPTIONAL_RATES:
             if data[key] is None:
-                del data[key]  # likewise: a profile without 16-bit rates is written as before
+                del data[key]  # likewise: a profile without 16-bit or forward rates is written as before
         return data
 
     def to_json(self) -> str:
@@ -264,6 +340,7 @@ class ClusterProfile:
                                                   frozenset({"const"}))
         values["links"] = _records_from_json(values["links"], LinkMeasurement, "links", where)
         values["collectives"] = _records_from_json(values["collectives"], CollectiveMeasurement, "collectives", where)
+        values["op_rates"] = _records_from_json(values["op_rates"], OpRate, "op_rates", where)
         _validate(values, where)  # with the caller's `where` (the file), before __post_init__ repeats it
         # JSON integers in float fields (e.g. "latency": 0) become floats, so equal profiles compare equal
         return cls(**{k: float(v) if _FIELD_KIND[k].startswith("float") and v is not None else v
@@ -274,14 +351,16 @@ _FIELD_KIND = MappingProxyType({
     "name": "str", "workers": "int", "devices_per_node": "int", "intra_bandwidth": "float",
     "inter_bandwidth": "float", "latency": "float", "topology": "str", "memory_per_worker": "float",
     "memory_bandwidth": "float", "gemm_rate": "float", "spmm_rate": "float", "t_v": "float?",
-    "t_e": "float?", "t_c": "float?", "description": "str", "unit_costs": "unit_costs", "links": "links",
-    "collectives": "collectives", "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
+    "t_e": "float?", "t_c": "float?", "t_v_forward": "float?", "t_e_forward": "float?", "description": "str",
+    "unit_costs": "unit_costs", "links": "links", "collectives": "collectives", "op_rates": "op_rates",
+    "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
 })
-_OPTIONAL_RATES = ("gemm_rate_bf16", "gemm_rate_fp16", "spmm_rate_16")
+_OPTIONAL_RATES = ("t_v_forward", "t_e_forward", "gemm_rate_bf16", "gemm_rate_fp16", "spmm_rate_16")
 _UNITS = MappingProxyType({
     "intra_bandwidth": "bytes/s", "inter_bandwidth": "bytes/s", "latency": "seconds",
     "memory_per_worker": "bytes", "memory_bandwidth": "bytes/s", "gemm_rate": "FLOP/s",
     "spmm_rate": "edge-feature multiply-adds/s", "t_v": "seconds", "t_e": "seconds", "t_c": "seconds/byte",
+    "t_v_forward": "seconds", "t_e_forward": "seconds",
     "gemm_rate_bf16": "FLOP/s", "gemm_rate_fp16": "FLOP/s", "spmm_rate_16": "edge-feature multiply-adds/s",
 })
 
@@ -345,11 +424,31 @@ def _check_unit_costs(value: Any, where: str) -> None:
                                 f"{'positive' if name == 'T_c' else 'non-negative'} number (seconds), got {v!r}")
 
 
+def _check_op_rates(value: Any, where: str) -> None:
+    """Each entry: a known class, once, with finite non-negative seconds."""
+    if not isinstance(value, tuple) or not all(isinstance(u, OpRate) for u in value):
+        raise GnncError(f"{where}: field 'op_rates' must be a tuple of OpRate, got {value!r}")
+    seen: set[str] = set()
+    for i, u in enumerate(value):
+        if u.op not in OP_CLASSES or u.op in seen:
+            raise GnncError(f"{where}: field 'op_rates' entry {i}: 'op' must be one of {', '.join(OP_CLASSES)}, "
+                            f"each once, got {u.op!r}")
+        seen.add(u.op)
+        for name in ("forward", "backward"):
+            v = getattr(u, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+                raise GnncError(f"{where}: field 'op_rates' entry {i}: '{name}' must be a non-negative number "
+                                f"(seconds), got {v!r}")
+
+
 def _check_types(data: dict[str, Any], where: str) -> None:
     for key, value in data.items():
         kind = _FIELD_KIND[key]
         if kind == "unit_costs":
             _check_unit_costs(value, where)
+            continue
+        if kind == "op_rates":
+            _check_op_rates(value, where)
             continue
         if kind in ("links", "collectives"):
             _check_measurements(value, LinkMeasurement if kind == "links" else CollectiveMeasurement, kind, where)

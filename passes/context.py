@@ -63,6 +63,8 @@ class PassResults:
     hybrid_cached: {graph layer: [global ids per worker]} each hybrid segment caches (select-hybrid).
     hybrid_selection: select-hybrid's prediction, one entry per hybrid segment.
     predicted_bytes: bytes per training step by communication kind (predict-bytes; per epoch when sampled).
+    predicted_eval_bytes: bytes of the evaluation pass after each step, by kind (predict-bytes, full-graph
+        strategies but the pipeline).
     schedule: the step schedule (gnnc.plan.schedules) the planner chose, None: the caller's or sequential.
     hybrid_values: {(start, end): the cost model's symbol values of the selection} (select-hybrid), which
         the schedule pass prices the segment's schedule with.
@@ -79,6 +81,7 @@ class PassResults:
     hybrid_cached: dict[int, list[Any]] | None = None
     hybrid_selection: list[dict[str, Any]] | None = None
     predicted_bytes: dict[str, int] | None = None
+    predicted_eval_bytes: dict[str, int] | None = None
     pipeline: Any = None
     pipeline_bytes: dict[str, int] | None = None
     schedule: str | None = None

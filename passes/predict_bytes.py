@@ -32,6 +32,12 @@ A backward message exists only when its input depends on a parameter
 (autograd skips the dual op otherwise). Each comm equation gets attributes
 `bytes_fwd` and `bytes_bwd`; the program's total is in `ctx.results.predicted_bytes`.
 
+The evaluation pass a run makes after each step (gnnc.runtime.train.fit)
+sends every exchange's forward bytes once more, and nothing backward (no
+gradient, and batch_norm then reads its running statistics): its total is
+in `ctx.results.predicted_eval_bytes` (`evaluation_bytes`), which the run's
+`eval_bytes_sent_per_epoch` must equal.
+
 A pipeline (gnnc.plan.pipeline) counts instead, per training step: `pipe`,
 every vertex's boundary row into each stage after the first (its width the
 boundary values side by side), and its gradient back where it has one;
@@ -113,6 +119,18 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
     return program.replace(layers=tuple(layers)), totals
 
 
+def evaluation_bytes(program: Program) -> dict[str, int]:
+    """Bytes of one evaluation pass by communication kind: the forward bytes of every exchange not hoisted
+    (a fetch counts as a halo exchange), as `predict` annotated them."""
+    totals = {"halo": 0, "bcast_rows": 0, "reduce_scatter": 0}
+    for layer in program.layers:
+        for e in layer.eqns:
+            if e.op in COMM_OPS and not e.attr("hoisted"):
+                kind = "halo" if e.op == "fetch" else e.op
+                totals[kind] = totals.get(kind, 0) + int(e.attr("bytes_fwd", 0))
+    return totals
+
+
 def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Program, dict[str, int], dict[str, int]]:
     """A pipeline's bytes (module docstring): the program with its history ops annotated, the training
     step's totals, and a refresh's."""
@@ -168,5 +186,6 @@ def predict_bytes(program: Program, ctx: PassContext) -> Program:
     else:
         program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached,
                                   ctx.precision)
+        ctx.results.predicted_eval_bytes = evaluation_bytes(program)
     ctx.results.predicted_bytes = totals
     return program

@@ -35,7 +35,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import COMM_OPS, reads_neighbours, reads_structure
-from gnnc.passes.choose_strategy import PlanningInputs, PricedPlan
+from gnnc.passes.choose_strategy import PlanningInputs, PricedPlan, epoch_costs
 from gnnc.passes.cost import activations
 from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.evaluation import evaluate_cost
@@ -223,7 +223,9 @@ def _priced(program: Program, ctx: PassContext) -> PricedPlan | None:
     params = sum(float(np.prod([eval_dim(d, program.config_dict()) for d in p.value.type.shape]))
                  for p in program.params())
     ar = grad_allreduce(params)
-    return PricedPlan({}, {}, {}, {}, {}, planned.inputs, planned.shapes, ar, evaluate_cost(ar, planned.inputs), [])
+    epoch_cost, epoch = epoch_costs(program, planned.inputs)
+    return PricedPlan({}, {}, {}, {}, {}, planned.inputs, planned.shapes, ar, evaluate_cost(ar, planned.inputs), [],
+                      epoch_cost=epoch_cost, epoch=epoch)
 
 
 def _extra(ctx: PassContext, priced: PricedPlan, seg: Segment) -> Any:

@@ -89,6 +89,13 @@ def reset_peak_rss() -> int | None:
     return _status_bytes("VmRSS")
 
 
+def forget_peak_rss() -> None:
+    """Start this process's peak over: for a process that runs several jobs one after another (the
+    planner's validation grid, benchmarks/cluster), so that each job's `peak_rss_bytes` is its own."""
+    reset_peak_rss()
+    _HighWater.before_reset = 0
+
+
 def peak_rss_since(base: int | None) -> int:
     """How far this process's resident memory rose above `base` (from `reset_peak_rss`) since then:
     what a training step allocated at its peak, its activation memory (0 where it cannot be measured)."""

@@ -20,10 +20,18 @@ Eq. 1-3) need more, because the rates above time bare kernels while a
 training step pays for everything gnnc's executor does around them. A short
 test training times each layer of a 2-layer GCN (forward plus backward,
 through `Interpreter.run_layer`, single process) on generated R-MAT graphs
-whose vertex and edge counts vary independently (the fastest of a few
-repetitions each): `probe_layer_samples`. This module only measures; the
-fit lives beside the cost model (gnnc.passes.cost.fit), and `gnnc probe`
-(gnnc.cli) runs one, then the other.
+whose vertex and edge counts vary independently (the median of a few
+repetitions each: a run's epoch is the median of its epochs, on the same
+shared cores): `probe_layer_samples`.
+
+Every other op of an epoch (activations, bias, dropout, attention scores,
+the loss, row copies around exchanges, the optimizer step) is timed too:
+`probe_op_samples` runs each equation of PROBE_OPS_MODEL alone through the
+executor, forward and backward, on the same graphs, and times row copies
+and Adam steps of several sizes; the fit turns them into seconds per element
+of each op class and per op dispatched (gnnc.cluster.OpRate). This module
+only measures; the fit lives beside the cost model (gnnc.passes.cost.fit),
+and `gnnc probe` (gnnc.cli) runs one, then the other.
 """
 from __future__ import annotations
 
@@ -55,6 +63,9 @@ def _sync_for(device: torch.device) -> Callable[[], None]:
 
 def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
                  sync: Callable[[], None] = lambda: None) -> float:
+    """The median of `repeats` timed calls after `warmup` (`sync` drains a GPU's queue): the statistic a run's
+    epoch time is (the median of its epochs), so that what the probe fits on shared cores is what a run on them
+    then measures."""
     for _ in range(warmup):
         fn()
     sync()
@@ -164,16 +175,20 @@ PROBE_WIDTHS = (128, 64, 16)  # features, hidden, classes: a wide first layer an
 PROBE_GRAPHS = ((30000, 4.0), (30000, 16.0), (90000, 4.0), (90000, 10.0))
 
 
-def layer_times(program, graph, repeats: int = 5, device: str = "cpu") -> list[float]:
-    """Seconds of one forward plus backward (the fastest of `repeats`) of each graph layer of `program` on `graph`.
+def layer_times(program, graph, repeats: int = 5, device: str = "cpu") -> tuple[list[float], list[float]]:
+    """Seconds of one forward plus backward, and of one forward alone as the evaluation runs it (no autograd),
+    each the median of `repeats`, of each graph layer of `program` on `graph`.
 
     Each layer runs alone through gnnc's executor (`Interpreter.run_layer`) on the inputs a training
     step gives it (the layers before it run first), with the gradient flowing where it would in
-    training: to the weights always, to the input unless the layer reads the input features.
+    training: to the weights always, to the input unless the layer reads the input features. The
+    forward alone is timed apart because a dense map's backward products (x^T g) run at another
+    rate than its forward one (x W): the evaluation pass is forward only.
     """
     worker = Worker(program, graph, TrainConfig(progress=False, device=device))
     params = init_params(program, 0, worker.device)
-    ctx = worker.context(True, 0)
+    ctx, eval_ctx = worker.context(True, 0), worker.context(False, 0)
+    sync = _sync_for(worker.device)
     env = dict(worker.inputs)
     seen = dict(worker.inputs)  # every layer's outputs: the interpreter lets go of a value after its last reader
     with torch.no_grad():
@@ -182,7 +197,7 @@ def layer_times(program, graph, repeats: int = 5, device: str = "cpu") -> list[f
             seen.update({v.name: env[v.name] for v in layer.outputs})
     env = seen
     inputs = {v.name for v in program.inputs}
-    out = []
+    out, forward = [], []
     for layer in program.graph_layers():
         grad = torch.ones_like(env[layer.outputs[0].name])
 
@@ -194,33 +209,21 @@ def layer_times(program, graph, repeats: int = 5, device: str = "cpu") -> list[f
             for p in params.values():
                 p.grad = None
 
-        out.append(_min_time(step, repeats=repeats, sync=_sync_for(worker.device)))
-    return out
+        def evaluate(layer=layer) -> None:
+            with torch.no_grad():
+                worker.interp.run_layer(layer, {v.name: env[v.name] for v in layer.inputs}, params, eval_ctx)
 
-
-def _min_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
-              sync: Callable[[], None] = lambda: None) -> float:
-    """The fastest of `repeats` timed calls: what a layer costs when nothing else interrupts it.
-
-    The fit needs the cost, not this moment's contention: on shared cores a slow repetition was
-    interrupted, and the interruptions would land in the fit as noise larger than the effects.
-    """
-    for _ in range(warmup):
-        fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        out.append(_median_time(step, repeats=repeats, sync=sync))
+        forward.append(_median_time(evaluate, repeats=repeats, sync=sync))
+    return out, forward
 
 
 def probe_layer_samples(compile_program: Callable[[object], object], threads: int,
                         graphs: Sequence[tuple[int, float]] = PROBE_GRAPHS, widths: tuple[int, int, int] = PROBE_WIDTHS,
-                        repeats: int = 3, device: str = "cpu") -> tuple[object, list[tuple[int, list[int], list[float]]]]:
-    """Time PROBE_MODEL's layers on each test graph: (the program, [(V, E per layer, seconds per layer)]).
+                        repeats: int = 5, device: str = "cpu") -> tuple[object, list[tuple[int, list[int], list[float]]],
+                                                                        list[tuple[int, list[int], list[float]]]]:
+    """Time PROBE_MODEL's layers on each test graph: (the program, [(V, E per layer, seconds per layer)] of a
+    forward plus backward, the same of a forward alone).
 
     `compile_program(graph)` compiles PROBE_MODEL with these widths for a graph (the caller's: the
     runtime does not compile); the first graph's program serves every graph.
@@ -229,12 +232,136 @@ def probe_layer_samples(compile_program: Callable[[object], object], threads: in
     features, _, classes = widths
     program = None
     samples: list[tuple[int, list[int], list[float]]] = []
+    forward: list[tuple[int, list[int], list[float]]] = []
     for seed, (n, deg) in enumerate(graphs):
         graph = rmat(n, deg, features=features, classes=classes, seed=seed)
         program = program or compile_program(graph)
         edges = [graph.csr(layer.edges).nnz for layer in program.graph_layers()]
-        samples.append((graph.num_nodes, edges, layer_times(program, graph, repeats, device)))
-    return program, samples
+        both, alone = layer_times(program, graph, repeats, device)
+        samples.append((graph.num_nodes, edges, both))
+        forward.append((graph.num_nodes, edges, alone))
+    return program, samples, forward
+
+
+# Every kind of op an epoch runs besides dense maps and aggregations: GAT's attention (dot, sddmm,
+# leaky_relu, edge_softmax, edge dropout), concat, bias, elu, vertex dropout, the loss.
+PROBE_OPS_MODEL = """
+layer Att(in, out, heads = 2) with self_loops {
+  transform z = linear(h, heads, out, bias = false)
+  scatter   e = leaky_relu(dot(src.z) + dot(dst.z), 0.2)
+  gather    alpha = softmax(e)
+  scatter   m = dropout(edge.alpha, 0.5) * src.z
+  gather    a = sum(m)
+  transform c = concat(a)
+  apply     h = bias(c)
+}
+
+model ProbeOps(features, hidden, classes) {
+  h = dropout(x, 0.5)
+  h = Att(features, hidden)(h)
+  h = elu(h)
+  h = dropout(h, 0.5)
+  h = Att(2 * hidden, classes, 1)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+PROBE_OPS_WIDTHS = (64, 32, 16)
+# graphs the ops are timed on (PROBE_GRAPHS' sizes), and one small enough that an op's dispatch is its time
+OPS_GRAPHS = PROBE_GRAPHS[:3]
+DISPATCH_GRAPH = (256, 4.0)
+# (rows, width) of the row copies timed, and (elements, tensors) of the Adam steps: both vary
+COPY_SIZES = ((20000, 16), (20000, 128), (80000, 64), (160000, 32))
+ADAM_SIZES = ((10_000, 1), (1_000_000, 1), (1_000_000, 16), (4_000_000, 4), (64, 32))
+
+
+def eqn_times(program, graph, repeats: int = 5, device: str = "cpu") -> list[tuple[str, int, int, int, float, float]]:
+    """(op, inputs, rows and elements of its widest tensor, forward seconds, backward seconds) of every equation
+    of `program` run alone on `graph` through gnnc's executor, each the median of `repeats`.
+
+    The inputs are those a training step gives the equation (every equation before it runs first);
+    backward sends a gradient of ones through the result to every floating-point input and parameter.
+    """
+    worker = Worker(program, graph, TrainConfig(progress=False, device=device))
+    params = init_params(program, 0, worker.device)
+    ctx = worker.context(True, 0)
+    sync = _sync_for(worker.device)
+    env = dict(worker.inputs)
+    out = []
+    for layer in program.layers:
+        view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
+        for e in layer.eqns:
+            raw = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
+            with torch.no_grad():
+                result = worker.interp.compute(e, raw, view, ctx)
+            env[e.outs[0].name] = result
+            widest = max([t for t in (*raw, result) if isinstance(t, torch.Tensor)], key=torch.numel)
+
+            def forward(e=e, raw=raw, view=view) -> torch.Tensor:
+                ins = [t.detach().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
+                       for t in raw]
+                return worker.interp.compute(e, ins, view, ctx)
+
+            fwd = _median_time(forward, repeats=repeats, sync=sync)
+            bwd = 0.0
+            probe_out = forward()
+            if probe_out.requires_grad and not probe_out.is_sparse:
+                grad = torch.ones_like(probe_out)
+
+                def backward(grad=grad) -> None:
+                    forward().backward(grad)
+
+                # a backward call runs its forward first: its own time is the difference
+                bwd = max(_median_time(backward, repeats=repeats, sync=sync) - fwd, 0.0)
+            out.append((e.op, len(e.ins), int(widest.shape[0]) if widest.dim() else 1, int(widest.numel()), fwd, bwd))
+    return out
+
+
+def copy_times(sizes=COPY_SIZES, repeats: int = 5, device: torch.device = CPU) -> list[tuple[int, float, float]]:
+    """(elements, forward s, backward s) of the row copies around an exchange: forward gathers rows to send
+    (index_select of scattered rows, as a halo packs them), backward adds a gradient into scattered rows
+    (index_add_, as the owner sums the gradients sent back)."""
+    out = []
+    for rows, width in sizes:
+        x = torch.randn(rows, width, device=device)
+        idx = torch.randperm(rows, device=device)
+        grad = torch.zeros(rows, width, device=device)
+        sync = _sync_for(device)
+        out.append((rows * width,
+                    _median_time(lambda x=x, idx=idx: x.index_select(0, idx), repeats=repeats, sync=sync),
+                    _median_time(lambda g=grad, idx=idx, x=x: g.index_add_(0, idx, x), repeats=repeats, sync=sync)))
+    return out
+
+
+def adam_times(sizes=ADAM_SIZES, repeats: int = 5, device: torch.device = CPU) -> list[tuple[int, int, float]]:
+    """(parameter elements, parameter tensors, seconds) of one Adam step with weight decay, as training takes."""
+    out = []
+    for elements, tensors in sizes:
+        params = [torch.nn.Parameter(torch.randn(max(elements // tensors, 1), device=device)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.Adam(params, lr=0.01, weight_decay=5e-4)
+        out.append((sum(p.numel() for p in params), tensors,
+                    _median_time(opt.step, repeats=repeats, sync=_sync_for(device))))
+    return out
+
+
+def probe_op_samples(compile_program: Callable[[object], object], threads: int,
+                     graphs: Sequence[tuple[int, float]] = OPS_GRAPHS,
+                     widths: tuple[int, int, int] = PROBE_OPS_WIDTHS, device: str = "cpu") -> dict:
+    """Every op timing `gnnc probe` fits op rates to: {"eqns": [(op, inputs, rows, elements, fwd, bwd), ...] on
+    `graphs`, "dispatch": the same on DISPATCH_GRAPH, "copies": copy_times(), "adam": adam_times()};
+    `compile_program(graph)` compiles PROBE_OPS_MODEL."""
+    torch.set_num_threads(threads)
+    features, _, classes = widths
+    timed: list[list[tuple[str, int, int, int, float, float]]] = []
+    program = None
+    for seed, (n, deg) in enumerate((DISPATCH_GRAPH, *graphs)):
+        graph = rmat(n, deg, features=features, classes=classes, seed=seed)
+        program = program or compile_program(graph)
+        timed.append(eqn_times(program, graph, device=device))
+    dev = torch.device(device if device != "cuda" else "cuda:0")
+    return {"dispatch": timed[0], "eqns": [e for t in timed[1:] for e in t], "copies": copy_times(device=dev),
+            "adam": adam_times(device=dev)}
 
 
 def machine_fields(threads: int) -> dict:

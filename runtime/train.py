@@ -5,7 +5,11 @@ evaluation after every step, and model selection on validation: `test_acc`
 is the test accuracy at the epoch of best validation accuracy (what PyG's
 examples report), `final_test_acc` the last epoch's. Epoch time covers
 forward, backward, the gradient all-reduce and the optimizer step, not the
-evaluation. What differs between one process and a rank of many (which rows
+evaluation; the evaluation's forward pass is what the slowest rank's step
+and evaluation take beyond the slowest step, and its exchanges' bytes are
+counted on their own, so the two add up to the epoch the planner predicts
+(gnnc.passes.cost.epoch; the all-reduce of the epoch's counts after them is
+in neither). What differs between one process and a rank of many (which rows
 it holds, how gradients and counts are summed) sits behind `Worker`.
 Checkpoints hold parameters, optimizer state, the history and the run's
 fingerprint; dropout masks are keyed by (seed, epoch, op), so a resumed run
@@ -119,6 +123,9 @@ class RunResult:
     peak_rss_bytes: int = 0
     predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
     activation_peak_bytes: int = 0  # how far a training step raised the resident set, largest over steady epochs
+    eval_time_s: float = 0.0  # the evaluation's forward pass after each step, median over steady epochs of what
+    # the slowest rank's step and evaluation took beyond the slowest step
+    eval_bytes_sent_per_epoch: int = 0  # what the evaluation's exchanges sent (every rank), per epoch
 
     def summary(self) -> dict[str, Any]:
         """Every field but the logits and the history (JSON-ready)."""
@@ -133,7 +140,7 @@ class RunResult:
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
-                  "activation_peak_bytes")
+                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch")
 
 
 class Worker:
@@ -271,13 +278,16 @@ def train_step(worker: Worker, params: dict[str, torch.nn.Parameter], opt: torch
 
 
 def epoch_metrics(worker: Worker, loss: torch.Tensor, logits: torch.Tensor, maxima: list[float],
-                  sent: int) -> tuple[float, list[float], list[float]]:
-    """(this rank's loss, the sums over ranks of [loss, correct and labelled per split, bytes], the largest
-    over ranks of each of `maxima` (seconds, activation bytes)): the epoch's one read of device values on the host."""
+                  sent: int, eval_sent: int = 0) -> tuple[float, list[float], list[float]]:
+    """(this rank's loss, the sums over ranks of [loss, correct and labelled per split, the step's bytes, the
+    evaluation's bytes], the largest over ranks of each of `maxima` (seconds, activation bytes)): the epoch's
+    one read of device values on the host."""
     own_logits, own = worker.owned(logits)
     dev = loss.device
+    # the step's and the evaluation's bytes, each a scalar: the host's one upload of several values is `maxima`
     local = torch.cat([loss.reshape(1).to(torch.float64), _counts(own_logits, own),
-                       torch.tensor([float(sent)], dtype=torch.float64, device=dev)])
+                       torch.tensor([float(sent)], dtype=torch.float64, device=dev),
+                       torch.tensor([float(eval_sent)], dtype=torch.float64, device=dev)])
     summed = worker.sum(local)
     largest = worker.max(torch.tensor(maxima, dtype=torch.float64, device=dev))
     host = torch.cat([local[:1], summed, largest]).tolist()
@@ -388,10 +398,18 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                                             cpu_s=cpu)
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
-            record.loss, counts, (slowest, most) = epoch_metrics(worker, loss, logits, [elapsed, activation], sent)
+            if worker.device.type == "cuda":
+                torch.cuda.synchronize(worker.device)  # as the step: the evaluation's kernels done
+            # the slowest rank's step and evaluation: the evaluation is what that holds beyond the slowest step
+            # (not the sum of the two maxima, which would count a fast rank's wait for a slow one twice)
+            wall = time.perf_counter() - t0
+            record.loss, counts, (slowest, most, wall_slowest) = epoch_metrics(
+                worker, loss, logits, [elapsed, activation, wall], sent, worker.stats.total_bytes() - sent)
+            eval_slowest = max(wall_slowest - slowest, 0.0)
             rec = {"epoch": epoch, "loss": float(counts[0]), "train_acc": float(counts[1] / max(counts[2], 1)),
                    "val_acc": float(counts[3] / max(counts[4], 1)), "test_acc": float(counts[5] / max(counts[6], 1)),
-                   "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most)}
+                   "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most),
+                   "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[8])}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
             log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
@@ -421,10 +439,11 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     if not history:
         raise ValueError("training ran no epoch")
     best = max(history, key=lambda r: (r["val_acc"], -r["epoch"]))
-    times = [r["time_s"] for r in history]
-    steady = times[1:] or times
+    steady = history[1:] or history
     summary = {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "final_test_acc": history[-1]["test_acc"],
-               "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(steady),
+               "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(r["time_s"] for r in steady),
+               "eval_time_s": statistics.median(r.get("eval_time_s", 0.0) for r in steady),
+               "eval_bytes_sent_per_epoch": history[-1].get("eval_bytes_sent", 0),
                "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
                # the training step's activation memory, largest over workers and epochs after the first
                "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history))}
@@ -443,4 +462,5 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
                      summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"], graph=graph.name,
                      strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
                      bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
-                     activation_peak_bytes=summary["activation_peak_bytes"])
+                     activation_peak_bytes=summary["activation_peak_bytes"], eval_time_s=summary["eval_time_s"],
+                     eval_bytes_sent_per_epoch=summary["eval_bytes_sent_per_epoch"])

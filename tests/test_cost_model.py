@@ -34,8 +34,15 @@ from gnnc.passes.partition.stats import compute_stats
 from gnnc.plan.rows import LayerSpec, all_row_sets, build_local_graph
 
 
+OTHER_OPS = ("Tin_", "Tout_", "Tedge_", "Tcall_", "Tcopy_", "Topt")
+
+
 def num(expr, values: dict) -> float:
-    return float(sympy.sympify(expr).subs(values))
+    """`expr` on `values`; the other ops' seconds (gnnc.passes.cost.ops) not given are 0: the hand-computed
+    numbers below are the kernels' and the exchanges' (test_other_ops_by_hand checks the rest)."""
+    expr = sympy.sympify(expr)
+    rest = {s: 0 for s in expr.free_symbols if s not in values and s.name.startswith(OTHER_OPS)}
+    return float(expr.subs({**values, **rest}))
 
 
 # --- building blocks ---------------------------------------------------------------------------
@@ -605,11 +612,15 @@ def test_raising_degree_never_moves_depcomm_to_depcache(n, deg, more, workers, d
     gnnpipe machine, dims 974/138/16, degree 0.7 -> 1.7): when a row costs
     about as much to send as to recompute, and the L-hop set DepCache
     recomputes saturates (it cannot outgrow the graph) sooner than |B_i|,
-    DepComm's exchange grows faster than DepCache's recomputation.
+    DepComm's exchange grows faster than DepCache's recomputation. The same
+    happens across a 100 Gb/s InfiniBand network (found: P = 8 on
+    neutronstar-ibv, dims 879/304/2, n = 303,198, degree 2 -> 40; the model
+    before the other ops were priced flips there too), so the property is
+    checked on the Ethernet clusters.
     """
     prof = preset(profile)
     workers = min(workers, prof.workers)
-    assume(workers > prof.devices_per_node)
+    assume(workers > prof.devices_per_node and prof.topology == "ethernet")
     dims_f = tuple(float(x) for x in dims)
     comm1, cache1 = _times(_model_inputs(float(n), deg, workers, dims_f, prof))
     comm2, cache2 = _times(_model_inputs(float(n), deg * more, workers, dims_f, prof))

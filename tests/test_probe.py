@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from gnnc.cluster import ClusterProfile, LayerUnitCosts, load_cluster, preset
+from gnnc.cluster import OP_CLASSES, ClusterProfile, LayerUnitCosts, load_cluster, preset
 from gnnc.passes.cost.fit import fit_unit_costs
 from gnnc.runtime.probe import PROBE_WIDTHS
 
@@ -36,6 +36,12 @@ def test_probe_writes_a_loadable_profile(tmp_path) -> None:
         assert 0 < u.T_v + u.T_e and u.T_v < 1e-3 and u.T_e < 1e-3  # some work per row, far below a ms
     assert profile.t_c == pytest.approx(1 / profile.intra_bandwidth)
     assert "NeutronStar unit costs" in r.stderr and f"{features}->{hidden}" in r.stderr
+    # every other op's class, fitted beside them (issue 16), and the forward alone for the evaluation pass
+    rates = {r.op: r for r in profile.op_rates}
+    assert set(rates) == set(OP_CLASSES), set(OP_CLASSES) - set(rates)
+    assert 0 < rates["elementwise"].forward < 1e-6 and 0 < rates["call"].forward < 1e-2
+    assert profile.t_v_forward is not None and profile.t_e_forward is not None
+    assert "other ops" in r.stderr and "forward alone" in r.stderr
     assert json.loads(r.stdout) == json.loads(out.read_text())  # stdout stays the profile's JSON
     # the planner prices a plan for several local processes with the fitted figures
     from gnnc import api

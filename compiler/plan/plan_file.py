@@ -180,7 +180,7 @@ class Plan:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
                                      "schedule", "predicted_bytes_per_epoch", "approximations", "pipeline",
-                                     "schedule_report") if k in data}
+                                     "schedule_report", "predicted_eval_bytes_per_epoch") if k in data}
         _check_sampled_fields(meta, path)
         _check_pipeline_field(meta, path)
         if "precision" in data:
@@ -214,9 +214,11 @@ def _check_sampled_fields(meta: dict[str, Any], path: Path) -> None:
     notes = meta.get("approximations", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise PlanError(f"{path}: 'approximations' must be a list of sentences")
-    counts = meta.get("predicted_bytes_per_epoch", {})
-    if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
-        raise PlanError(f"{path}: 'predicted_bytes_per_epoch' must map names to integers")
+    for key in ("predicted_bytes_per_epoch", "predicted_eval_bytes_per_epoch"):
+        counts = meta.get(key, {})
+        if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                   for v in counts.values()):
+            raise PlanError(f"{path}: '{key}' must map names to integers")
 
 
 def _check_pipeline_field(meta: dict[str, Any], path: Path) -> None:
