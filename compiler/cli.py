@@ -180,6 +180,8 @@ def _run(args: argparse.Namespace) -> int:
     logits = result.logits
     summary = result.summary()
     summary["epochs"] = cfg.epochs
+    if summary["cpu_kernels"] not in ("", "compiled"):  # slower, never wrong: said once, not an error
+        print(f"note: CPU kernels: {summary['cpu_kernels']}", file=sys.stderr)
     if args.dump_logits:
         torch.save(logits, args.dump_logits)
     if args.json:

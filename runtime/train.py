@@ -31,6 +31,7 @@ import torch
 from gnnc.errors import GnncError, GraphInputError
 from gnnc.ir import Program
 from gnnc.runtime import rng
+from gnnc.runtime.kernels import native
 from gnnc.graph import GraphView
 from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params,
                                    init_state)
@@ -113,6 +114,7 @@ class RunResult:
     bytes_sent_per_epoch: int = 0
     peak_rss_bytes: int = 0
     predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
+    cpu_kernels: str = ""  # gnnc.runtime.kernels.native.status() of the (first) process: compiled, or torch and why
 
     def summary(self) -> dict[str, Any]:
         """Every field but the logits and the history (JSON-ready)."""
@@ -126,7 +128,8 @@ class RunResult:
 
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
-                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes")
+                  "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
+                  "cpu_kernels")
 
 
 class Worker:
@@ -372,7 +375,8 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     steady = times[1:] or times
     summary = {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "final_test_acc": history[-1]["test_acc"],
                "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(steady),
-               "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"]}
+               "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
+               "cpu_kernels": native.status()}
     return summary, logits, history
 
 
@@ -387,4 +391,5 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
                      summary["epoch_time_s"], logits, history, summary["best_epoch"], graph=graph.name,
                      strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
-                     bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes())
+                     bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
+                     cpu_kernels=summary["cpu_kernels"])

@@ -5,14 +5,19 @@ up as a slower run nowhere else). Each example then runs a training forward and 
 the chains fused against the same pass with the compiled kernels off (every chain declines, its
 equations run) and against the reference implementations in float64: logits and every parameter
 gradient. (The kernels themselves are checked in float64 in test_native_kernels; a model's hoisted
-edge weights are float32.)
+edge weights are float32.) `gnnc run` says which kernels ran.
 """
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import EXAMPLES, random_graph
+from conftest import EXAMPLES, ROOT, random_graph
 
 from gnnc import api
 from gnnc.graph import GraphView
@@ -97,6 +102,27 @@ def test_fused_chains_equal_the_equations(name: str, graph, monkeypatch: pytest.
     for k, g in want_grads.items():
         assert _rel(grads[k], torch_grads[k]) < 1e-5, k
         assert _rel(grads[k], g) < 1e-4, k
+
+
+def test_gnnc_run_says_which_kernels_ran(graph, tmp_path) -> None:
+    """GNNC_NATIVE=0 turns the compiled kernels off: the run trains as before and its summary says so."""
+    path = tmp_path / "g.pt"
+    torch.save({"edge_index": torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)]), "x": graph.x,
+                "y": graph.y, "train_mask": graph.train_mask, "val_mask": graph.val_mask,
+                "test_mask": graph.test_mask}, path)
+    out = {}
+    for switch in ("1", "0"):
+        env = dict(os.environ, GNNC_NATIVE=switch)
+        r = subprocess.run([sys.executable, "-m", "gnnc", "run", str(EXAMPLES / "gcn.gnn"), "--graph", str(path),
+                            "--epochs", "3", "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert r.returncode == 0, r.stderr
+        out[switch] = (json.loads(r.stdout.strip().splitlines()[-1]), r.stderr)
+    off, off_stderr = out["0"]
+    assert off["cpu_kernels"] == "torch (compiled kernels turned off by GNNC_NATIVE=0)"
+    assert "note: CPU kernels: torch (compiled kernels turned off by GNNC_NATIVE=0)" in off_stderr
+    on, on_stderr = out["1"]
+    assert on["cpu_kernels"] == "compiled" or on["cpu_kernels"].startswith("torch (compiled kernels unavailable")
+    assert abs(on["train_loss"] - off["train_loss"]) < 1e-5 * abs(off["train_loss"])
 
 
 @compiled
