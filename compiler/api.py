@@ -66,7 +66,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
             sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
-            pipeline_groups: int = 0) -> Plan:
+            memory_cap: int | None = None, pipeline_groups: int = 0) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -80,6 +80,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     `sampling` (fan-outs and batch size) compiles for sampled minibatch training: the planner prices
     the sampled strategies (dp-sample, pushpull) on a dry run of the sampler with `seed`. `schedule`
     (gnnc.plan.schedules) orders the steps; an approximate strategy or schedule needs `approximate`.
+    `memory_cap` (bytes of activation memory per worker) goes to the schedule pass, which runs layers in
+    G3's bins to meet it (full-graph training).
     GNNPipe's `pipeline` runs `pipeline_groups` workers per stage (0: the planner chooses).
     """
     if schedule is not None and schedule not in SCHEDULES:
@@ -91,16 +93,22 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers == "auto":
         if sampling is not None:
             raise GnncError("--workers auto plans full-graph training; give a worker count with --fanout")
-        return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow)
+        return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
+                             memory_cap)
     workers = int(workers)
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
+    if memory_cap and (workers == 1 or sampling is not None):
+        raise GnncError("--memory-cap bounds a worker's activations by running layers in bins, which the "
+                        "distributed runtime does for full-graph training: compile for --workers N > 1 "
+                        "(run with --nproc N), without --fanout")
     program = model.program(graph)
     pipeline = [as_spec(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     if workers > 1 and passes is None:
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
     if workers > 1:
-        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, pipeline_groups=pipeline_groups)
+        pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap,
+                                         pipeline_groups=pipeline_groups)
     meta: dict[str, Any] = {}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
                       approximate=approximate)
@@ -131,6 +139,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         meta["approximations"] = notes
     if results.hybrid_selection is not None:
         meta["hybrid"] = results.hybrid_selection
+    if results.schedule_report is not None:
+        meta["schedule_report"] = results.schedule_report
     parts = ctx.parts
     if results.pipeline is not None and is_pipeline(program):  # a pipeline's partition is its chunking
         parts = results.pipeline.parts
@@ -164,13 +174,16 @@ def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
 
 
 def _with_compile_options(pipeline: list[PassSpec], strategy: str | list[str] | None,
-                          allow: list[str] | None, pipeline_groups: int = 0) -> list[PassSpec]:
-    """The pipeline with the compile's `strategy`, `allow` and `pipeline_groups` given to the passes that take them.
+                          allow: list[str] | None, memory_cap: int | None = None,
+                          pipeline_groups: int = 0) -> list[PassSpec]:
+    """The pipeline with the compile's `strategy`, `allow`, `memory_cap` and `pipeline_groups` given to the
+    passes that take them.
 
     A value no pass in the pipeline takes is an error, not a silently ignored request.
     """
     given = {"strategy": strategy if strategy is None or isinstance(strategy, str) else ",".join(strategy),
-             "allow": None if allow is None else tuple(allow), "pipeline_groups": pipeline_groups}
+             "allow": None if allow is None else tuple(allow), "memory_cap": memory_cap,
+             "pipeline_groups": pipeline_groups}
     given = {k: v for k, v in given.items() if v}
     for key in given:
         if not any(spec.options is not None and hasattr(spec.options, key) for spec in pipeline):
@@ -189,7 +202,8 @@ def _default_partition(strategy: str | None) -> str:
     return (sd.default_partition if sd is not None else None) or "metis"
 
 
-def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow) -> Plan:
+def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
+                  memory_cap=None) -> Plan:
     """--workers auto: the worker count (1, 2, 4, ... up to the cluster's) with the least predicted time."""
     profile = resolve_cluster(cluster)
     best = compile(model, graph, 1, passes, graph_spec, after)
@@ -197,7 +211,8 @@ def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, 
     considered = [{"workers": 1, "time_s": best_time}]
     n = 2
     while n <= profile.workers:
-        plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow)
+        plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow,
+                       memory_cap=memory_cap)
         t = plan.meta.get("planner", {}).get("predicted_time_s")
         considered.append({"workers": n, "time_s": t})
         if t is not None and t < best_time:

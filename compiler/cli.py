@@ -32,6 +32,21 @@ def _sets(values: list[str] | None) -> dict[str, str]:
     return out
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def memory_bytes(text: str) -> int:
+    """An argparse type: bytes, as a number with an optional K, M or G (binary) suffix: 300M, 1.5G."""
+    unit = text[-1:].upper() if text[-1:].upper() in _UNITS and not text[-1:].isdigit() else ""
+    try:
+        value = float(text[: len(text) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = -1
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes (300M, 1.5G), not '{text}'")
+    return int(value)
+
+
 def _emit_json(obj: dict[str, Any]) -> None:
     print(json.dumps(obj, sort_keys=True))
 
@@ -76,7 +91,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     allow = args.allow.split(",") if args.allow else None
     plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
-                       **_sampled_options(args))
+                       memory_cap=args.memory_cap, **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -148,6 +163,8 @@ def _run(args: argparse.Namespace) -> int:
             raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
                             f"to change it")
         check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
+        if args.memory_cap:
+            raise GnncError("--memory-cap is decided when a plan is compiled; recompile it with --memory-cap")
         spec = args.graph or plan.graph_spec
         graph = None
         if plan.shard_dir is None or plan.workers == 1:
@@ -161,7 +178,8 @@ def _run(args: argparse.Namespace) -> int:
         graph = api.load_graph(spec)
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
         plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
-                           partition=args.partition, seed=args.seed, graph_spec=spec, **_sampled_options(args))
+                           partition=args.partition, seed=args.seed, graph_spec=spec,
+                           memory_cap=args.memory_cap, **_sampled_options(args))
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
@@ -403,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=list(METHODS))
+    c.add_argument("--memory-cap", type=memory_bytes, metavar="BYTES",
+                   help="activation memory per worker (300M, 1.5G): layers run in G3's bins to stay under it")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.add_argument("--passes", help="pass pipeline, comma-separated, options in braces, e.g. "
                                     "'infer-shapes,check,choose-strategy{allow=depcomm,hybrid}' (see `gnnc passes`); "
@@ -435,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=list(METHODS))
+    c.add_argument("--memory-cap", type=memory_bytes, metavar="BYTES",
+                   help="activation memory per worker (300M, 1.5G): layers run in G3's bins to stay under it")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
     c.add_argument("--epochs", type=int)
     c.add_argument("--seed", type=int, default=0)

@@ -154,6 +154,7 @@ def explain(plan) -> str:
         for c in planner.get("crossovers", []):
             lines.append(f"  crossover: {c}")
         lines += _segment_table(planner, names)
+    lines += _schedule_lines(plan.meta.get("schedule_report"), names)
     lines += _pipeline_lines(plan.meta.get("pipeline"))
     considered = plan.meta.get("workers_considered")
     if considered:
@@ -256,6 +257,49 @@ def _segment_table(planner: dict, names: list[str]) -> list[str]:
             *_columns(("layers", "strategy", "time ms", "MB/epoch", "MiB/worker"), rows, left=2)]
 
 
+def _options_text(options: dict[str, Any]) -> str:
+    words = {"overlap": ("overlapped", "not overlapped"), "staged": ("staged", "gathered")}
+    parts = [words[k][0 if v else 1] for k, v in options.items() if k in words]
+    if options.get("bins", 1) > 1:
+        parts.append(f"{options['bins']} bins")
+    return ", ".join(parts) or "-"
+
+
+def _schedule_lines(schedule: dict | None, names: list[str]) -> list[str]:
+    """What the schedule pass compared and chose, per segment, for the gradient all-reduce and the memory cap."""
+    if not schedule:
+        return []
+    head = "schedule"
+    if schedule.get("predicted_time_s") is not None:
+        head += f" (predicted {schedule['predicted_time_s'] * 1000:.3f} ms/epoch)"
+    lines = [head + ":"]
+    for seg in schedule.get("segments", []):
+        a, b = seg["layers"]
+        span = names[a] if b == a + 1 else f"{names[a]}..{names[b - 1]}"
+        alts = " | ".join(f"{_options_text(alt['options'])} {alt['time_s'] * 1000:.3f} ms" if "time_s" in alt
+                          else _options_text(alt["options"]) for alt in seg.get("alternatives", []))
+        line = f"  {span:14s} {seg['strategy']:10s} {_options_text(seg['options'])}"
+        if len(seg.get("alternatives", [])) > 1 or seg["options"].get("bins", 1) > 1:
+            line += f"  (priced: {alts})"
+        if seg.get("why"):
+            line += f"; {seg['why']}"
+        lines.append(line)
+    grad = schedule.get("grad_alternatives")
+    if grad is not None:
+        priced = ", ".join(f"{'during' if g['grad_overlap'] else 'after'} backward {g['time_s'] * 1000:.3f} ms"
+                           for g in grad)
+        lines.append(f"  gradient all-reduce: {schedule.get('grad_buckets', 1)} bucket(s), "
+                     f"{'during' if schedule.get('grad_overlap') else 'after'} backward (epoch: {priced})")
+    if schedule.get("activation_bytes") is not None:
+        cap = schedule.get("memory_cap")
+        lines.append(f"  activations: predicted {schedule['activation_bytes'] / 2**20:.1f} MiB per worker at the "
+                     f"peak ({schedule['activation_kept_bytes'] / 2**20:.1f} MiB kept whatever the bins)"
+                     + (f", under the memory cap of {cap / 2**20:.1f} MiB" if cap else ""))
+    for note in schedule.get("notes", []):
+        lines.append(f"  note: {note}")
+    return lines
+
+
 # --- the predicted schedule: Gantt chart and trace ---------------------------------------------------
 
 PREDICTED_PID = 1  # worker w of the prediction is process PREDICTED_PID + w in a trace
@@ -266,8 +310,10 @@ _TIDS = {"compute": TID_COMPUTE, "mixed": TID_COMPUTE, "communication": TID_COMM
 
 
 def schedule_of(plan) -> dict[str, Any]:
-    """The predicted schedule the plan stores; a GnncError (exit 2) when it has none."""
-    schedule = (plan.meta.get("planner") or {}).get("schedule")
+    """The predicted schedule the plan stores (the planner's, redrawn by the schedule pass; or the schedule
+    pass's alone when the strategies were fixed); a GnncError (exit 2) when it has none."""
+    schedule = (plan.meta.get("planner") or {}).get("schedule") or \
+        (plan.meta.get("schedule_report") or {}).get("predicted")
     if not schedule:
         why = ("the planner did not run for it (one worker, or --strategy fixed every layer)"
                if not plan.meta.get("planner") else
@@ -276,6 +322,14 @@ def schedule_of(plan) -> dict[str, Any]:
         raise GnncError(f"this plan has no predicted schedule: {why}; compile it with --workers N and without "
                         f"--strategy to let the planner predict one")
     return schedule
+
+
+def _prediction(plan, schedule: dict[str, Any]) -> dict[str, Any]:
+    """The predicted epoch time, strategies and cluster of the plan's prediction (the planner's, or the
+    schedule pass's when the strategies were fixed)."""
+    return plan.meta.get("planner") or {
+        "predicted_time_s": schedule["time_s"], "cluster": schedule.get("cluster"),
+        "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
 
 
 def _layer_names(plan) -> list[str]:
@@ -416,7 +470,7 @@ def measured_events(records: list[dict[str, Any]], label: str) -> list[dict[str,
 def trace(plan, metrics: str | None = None) -> str:
     """The predicted epoch (and a measured run) as Chrome trace JSON: Perfetto and chrome://tracing read it."""
     schedule = schedule_of(plan)
-    planner = plan.meta["planner"]
+    planner = _prediction(plan, schedule)
     events = predicted_events(plan)
     other = {"predicted_epoch_s": planner["predicted_time_s"], "strategies": planner["strategies"],
              "cluster": schedule.get("cluster") or planner.get("cluster"), "schedule_per": schedule["per"],
@@ -462,7 +516,7 @@ def gantt(plan) -> bytes:
         _draw_gantt(ax, plan, schedule, lo, hi)
     if zoom_end is not None:
         axes[1, 0].set_title("zoom: the stages before the long one", fontsize=9, loc="left")
-    planner = plan.meta["planner"]
+    planner = _prediction(plan, schedule)
     unit, scale = _time_unit(total)
     fig.suptitle(f"{plan.program.name}, predicted epoch: {total * scale:.3g} {unit} on {workers} workers "
                  f"({_runs(planner['strategies'])}; cluster {schedule.get('cluster') or planner.get('cluster')})",

@@ -62,8 +62,10 @@ class PlannerReport:
     segments: list[tuple[int, int, str]] = field(default_factory=list)  # the chosen (start, end, strategy)
     # every segment priced: {"layers": [start, end], "strategy", "time_s", "bytes", "memory_bytes"}
     segment_costs: list[dict[str, Any]] = field(default_factory=list)
-    # the chosen assignment's epoch, stage by stage and worker by worker (`predicted_schedule`)
+    # the chosen assignment's epoch, stage by stage and worker by worker (`predicted_schedule`); the
+    # schedule pass redraws it from the schedule it annotates (gnnc.passes.cost.scheduled)
     schedule: dict[str, Any] = field(default_factory=dict)
+    priced: Any = field(default=None, repr=False)  # the PricedPlan behind it (not saved with the plan)
     pipeline: Any = None  # the chosen pipeline (a pipeline_plan.PipelineChoice), when one was chosen
 
 
@@ -155,6 +157,8 @@ class PricedPlan:
     allreduce_cost: Any
     allreduce: Any
     allowed: list[str]
+    grad_ready: tuple[int, ...] = ()
+    grad_overlap: bool = False
     pipelines: list[Any] = field(default_factory=list)
 
 
@@ -227,7 +231,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
                 if a != b_:
                     trans[(a, b_, layer)] = evaluate_cost(boundary(a, b_, layer), inputs).time
     return PricedPlan(seg_cost, trans, formulas, values, extras, inputs, shapes, allreduce_cost, allreduce, allowed,
-                      pipelines)
+                      pipelines=pipelines)
 
 
 def _shape(param, program: Program) -> list[int]:
@@ -274,7 +278,7 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
                        "memory_bytes": c.value.memory} for c in priced.pipelines[1:]]
     report = PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers,
                            [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
-                           predicted_schedule(best.segments, priced))
+                           predicted_schedule(best.segments, priced), priced)
     if _own_allreduce([(seg.start, seg.end, seg.strategy) for seg in best.segments]):
         report.pipeline = priced.pipelines[0]
     return report

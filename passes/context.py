@@ -62,6 +62,9 @@ class PassResults:
     hybrid_selection: select-hybrid's prediction, one entry per hybrid segment.
     predicted_bytes: bytes per training step by communication kind (predict-bytes; per epoch when sampled).
     schedule: the step schedule (gnnc.plan.schedules) the planner chose, None: the caller's or sequential.
+    hybrid_values: {(start, end): the cost model's symbol values of the selection} (select-hybrid), which
+        the schedule pass prices the segment's schedule with.
+    schedule_report: what the schedule pass compared and chose, and the predicted epoch drawn from it.
     pipeline: the pipeline the graph layers run (a gnnc.passes.pipeline_plan.PipelineChoice: stages,
         groups, chunks, the chunking and its prediction), priced by choose-strategy, fixed by stage-pipeline.
     pipeline_bytes: predict-bytes' count of what a pipeline sends besides the training step (a history
@@ -77,6 +80,8 @@ class PassResults:
     pipeline: Any = None
     pipeline_bytes: dict[str, int] | None = None
     schedule: str | None = None
+    hybrid_values: dict[tuple[int, int], Any] | None = None
+    schedule_report: dict[str, Any] | None = None
 
 
 @dataclass

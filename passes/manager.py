@@ -93,6 +93,7 @@ _BUILTIN_MODULES: dict[str, str] = {
     "infer-shapes": "infer_shapes", "check": "check", "lower": "lower", "reorder-gemm": "reorder_gemm",
     "sink-bias": "sink_bias", "choose-strategy": "choose_strategy", "assign-strategy": "assign_strategy",
     "select-hybrid": "select_hybrid", "insert-comm": "insert_comm", "predict-bytes": "predict_bytes", "hoist": "hoist",
+    "schedule": "schedule",
     "stage-pipeline": "stage_pipeline",
 }
 

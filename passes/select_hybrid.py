@@ -131,12 +131,15 @@ def select_hybrid(program: Program, ctx: PassContext) -> Program:
     planned = ctx.analyses.get(PlanningInputs, program)
     cached: dict[int, list[np.ndarray]] = {}
     report = []
+    values = {}
     for start, end in spans:
         sel = select(planned.stats, planned.inputs, planned.shapes, ctx.cluster.memory_per_worker, start, end)
         cached.update(sel.cached)
+        values[(start, end)] = sel.values
         report.append({"layers": [start, end], "source": sel.source, "predicted_time_s": sel.time,
                        "cached_per_layer": [[int(len(ids)) for ids in sel.cached[k]] for k in range(start, end)],
                        "communicated_per_layer": [[int(x) for x in sel.received[:, m]] for m in range(end - start)]})
     ctx.results.hybrid_cached = cached
     ctx.results.hybrid_selection = report
+    ctx.results.hybrid_values = values
     return program

@@ -457,6 +457,7 @@ class _VertexFeature(_Op):
 
     def _assemble(self) -> Tensor:
         self.work.wait()
+        self.work = None  # a finished Work still holds the tensors it moved; the op lives until backward
         r, rows, cols = self.rank, self.rows, self.cols
         parts = torch.split(self.flat_out, self.recv_sizes)
         self.flat_in = self.flat_out = None  # type: ignore[assignment]
@@ -550,6 +551,7 @@ class _GatherScatter(_Op):
     def _finish(self) -> Tensor:
         if self.work is not None:  # None: every block is empty, nothing was sent
             self.work.wait()
+            self.work = None  # a finished Work still holds the tensors it moved
         big = max(self.sizes)
         if self.mode == "gather":
             blocks = [self.buf_out[k * big: k * big + self.sizes[k]] for k in range(self.world)]
@@ -629,17 +631,21 @@ def post_reduce_scatter(x: Tensor, sizes: Sequence[int], stats: CommStats, *, la
 class _BroadcastBlock(_Op):
     name = "broadcast"
 
-    def __init__(self, root: int, shape: Sequence[int], stats: CommStats, label: str, group: Group):
+    def __init__(self, root: int, shape: Sequence[int], stats: CommStats, label: str, group: Group,
+                 owns_grad: bool = False):
         super().__init__(stats, label, group)
         self.root = root
         self.shape = tuple(int(s) for s in shape)
+        self.owns_grad = owns_grad  # the block's one reader hands over a fresh gradient: reduce in it
 
     def forward_start(self, x: Tensor) -> None:
         if self.rank == self.root:
             if tuple(x.shape) != self.shape:
                 raise PlanError(f"rank {self.rank}: broadcast block has shape {tuple(x.shape)}, "
                                 f"the plan says {self.shape}")
-            self.buf = x.detach().clone()  # a fresh tensor: the output must not alias x
+            # sent from the rows as they are: nothing writes into a broadcast block (its readers only
+            # multiply it), so the root's output may share them instead of copying a block per stage
+            self.buf = x.detach().contiguous()
             self._count("fwd", _nbytes(self.buf.numel() * (self.world - 1), x.dtype))
         else:
             self.buf = x.new_empty(self.shape)
@@ -648,11 +654,13 @@ class _BroadcastBlock(_Op):
 
     def forward_finish(self) -> Tensor:
         self.work.wait()
+        self.work = None
         out, self.buf = self.buf, None
         return out
 
     def backward_start(self, grad: Tensor) -> None:
-        self.gbuf = grad.clone()  # reduce writes into its input on some backends
+        # reduce writes into its input on some backends: a gradient autograd may share is copied first
+        self.gbuf = grad if self.owns_grad else grad.clone()
         if self.rank != self.root:
             self._count("bwd", _nbytes(grad.numel(), grad.dtype))
         self.work = dist.reduce(self.gbuf, _global(self.group, self.root), op=dist.ReduceOp.SUM,
@@ -660,6 +668,7 @@ class _BroadcastBlock(_Op):
 
     def backward_finish(self) -> Tensor | None:
         self.work.wait()
+        self.work = None
         g, self.gbuf = self.gbuf, None
         # Only the root's block fed the broadcast; the others' inputs get no gradient.
         return g if self.rank == self.root else None
@@ -672,8 +681,10 @@ def broadcast_block(x_local: Tensor, root: int, shape: Sequence[int], stats: Com
 
 
 def start_broadcast_block(x_local: Tensor, root: int, shape: Sequence[int], stats: CommStats, *,
-                          label: str = "bcast", group: Group = None) -> CommHandle:
-    return _start(_BroadcastBlock(root, shape, stats, label, group), x_local)
+                          label: str = "bcast", group: Group = None, owns_grad: bool = False) -> CommHandle:
+    """`broadcast_block`, posted: `wait()` on the handle gives the block. `owns_grad`: the block has one
+    reader whose backward makes a fresh gradient for it, which the backward reduce may then overwrite."""
+    return _start(_BroadcastBlock(root, shape, stats, label, group, owns_grad), x_local)
 
 
 def staged_broadcast(x_local: Tensor, row_counts: Sequence[int], stats: CommStats, *,
@@ -713,6 +724,7 @@ class _PipeSend(_Op):
 
     def forward_finish(self) -> Tensor:
         self.work.wait()
+        self.work = None
         self.buf = None
         _, dtype, device = self.meta
         return torch.zeros(0, dtype=dtype, device=device)
@@ -724,6 +736,7 @@ class _PipeSend(_Op):
 
     def backward_finish(self) -> Tensor:
         self.work.wait()
+        self.work = None
         g, self.buf = self.buf, None
         return g
 
@@ -745,6 +758,7 @@ class _PipeRecv(_Op):
 
     def forward_finish(self) -> Tensor:
         self.work.wait()
+        self.work = None
         out, self.buf = self.buf, None
         return out
 
@@ -755,6 +769,7 @@ class _PipeRecv(_Op):
 
     def backward_finish(self) -> Tensor:
         self.work.wait()
+        self.work = None
         self.buf = None
         return torch.zeros(0, dtype=self.dtype, device=self.device)
 
@@ -831,7 +846,8 @@ class GradAllReduce:
     """Sum the gradients of replicated parameters over ranks, a few flat buckets at a time.
 
     Buckets hold parameters in reverse order (the order backward usually
-    produces their gradients), each up to `bucket_bytes`. `reduce()` runs after
+    produces their gradients), each up to `bucket_bytes`, unless `buckets`
+    gives them (lists of indices into `params`). `reduce()` runs after
     backward. With `overlap=True`, a hook on every parameter
     (`register_post_accumulate_grad_hook`) posts a bucket's all-reduce as soon
     as all its gradients exist, while backward continues; call `finish()`
@@ -843,15 +859,20 @@ class GradAllReduce:
 
     def __init__(self, params: Iterable[torch.nn.Parameter], stats: CommStats, *,
                  bucket_bytes: int = 4 << 20, overlap: bool = False, label: str = "grads",
-                 group: Group = None):
+                 group: Group = None, buckets: Sequence[Sequence[int]] | None = None):
         self.params = [p for p in params if p.requires_grad]
         self.stats = stats
         self.label = label
         self.group = group
         self.rank, self.world = _rank_world(group)
         self.buckets: list[list[int]] = []
+        if buckets is not None:  # given (a plan's schedule): indices into `params`, posted in this order
+            self.buckets = [list(b) for b in buckets if len(b)]
+            if sorted(i for b in self.buckets for i in b) != list(range(len(self.params))):
+                raise PlanError(f"gradient buckets {self.buckets} do not hold each of the "
+                                f"{len(self.params)} parameters once")
         size = 0
-        for i in reversed(range(len(self.params))):
+        for i in reversed(range(len(self.params)) if buckets is None else ()):
             p = self.params[i]
             nbytes = p.numel() * p.element_size()
             if not self.buckets or (size + nbytes > bucket_bytes and self.buckets[-1]):

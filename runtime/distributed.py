@@ -17,14 +17,19 @@ import torch
 import torch.distributed as dist
 
 from gnnc.ir import Eqn, Program
-from gnnc.ir.ops import reads_structure
+from gnnc.ir.ops import COMM_OPS, reads_structure
 from gnnc.ir.text import parse_ir
-from gnnc.runtime import comm
-from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
-from gnnc.runtime.launch import DistConfig
+from gnnc.plan.bins import layer_bins
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.rows import LayerGraph, LocalGraph
+from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
+                                      split_eqn, split_exchange)
 from gnnc.plan.shards import RankData, load_rank
+from gnnc.runtime import comm
+from gnnc.runtime.bins import run_binned
+from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
+from gnnc.runtime.launch import DistConfig
+from gnnc.runtime.parts import PartRun, Parts, PartStream, run_split
 from gnnc.runtime.train import TrainConfig, Worker, fit
 
 
@@ -53,16 +58,9 @@ class Exchange:
         self.block_order = data.block_order
         self.block_sizes = data.lg.block_rows
 
-    def start_halo(self, x: torch.Tensor, e: Eqn) -> "InFlight":
-        """Post this layer's halo exchange of `x`; the caller works on the held rows meanwhile."""
-        layer = self.layer
-        assert layer is not None and layer.halo is not None
-        held = _dense(x)[: layer.n_in]
-        return InFlight(held, comm.start_halo_exchange(held, layer.halo, self.stats, label=e.outs[0].name.split(".")[0]))
-
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
-        """Run communication op `op` (one of EXCHANGES) on `x`; the byte counters are labelled by its value."""
-        return EXCHANGES[op](self, x, e.outs[0].name.split(".")[0])
+        """Run communication op `op` (one of EXCHANGES) on `x`, as its schedule says; bytes labelled by its value."""
+        return EXCHANGES[op](self, x, e)
 
     def owned_rows(self) -> int:
         """How many rows of a vertex value are this rank's own: its first ones (gnnc.plan.rows)."""
@@ -70,37 +68,78 @@ class Exchange:
 
     def all_reduce(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """The sum over ranks of `x`, computed by equation `e` from each rank's own rows (batch_norm)."""
-        return comm.all_reduce_sum(x, self.stats, label=e.outs[0].name.split(".")[0])
+        return comm.all_reduce_sum(x, self.stats, label=_label(e))
 
-    def _reduce_scatter(self, x: torch.Tensor, label: str) -> torch.Tensor:
+    def start_parts(self, e: Eqn, x: torch.Tensor) -> PartStream:
+        """Post a split exchange (gnnc.plan.schedule_attrs): its rows come part by part as the readers ask for them."""
+        label = _label(e)
+        if e.op == "halo":
+            layer = self.layer
+            assert layer is not None and layer.halo is not None
+            held = _dense(x)[: layer.n_in]  # a sparse input (bag of words) travels as dense rows
+            handle = comm.start_halo_exchange(held, layer.halo, self.stats, label=label,
+                                              method=exchange_schedule(e).method)
+            return PartStream(held, _waited(handle), 2)
+        if e.op == "bcast_rows":
+            return PartStream(None, self._stages(_dense(x)[: self.lg.n_owned], label), len(self.block_sizes))
+        raise AssertionError(f"{e.op} cannot deliver its rows in parts")
+
+    def _stages(self, own: torch.Tensor, label: str):
+        """MG-GCN's broadcast stages: stage 0 posted now, stage j+1 posted before stage j is waited for."""
+        sizes, width = self.block_sizes, tuple(own.shape[1:])
+
+        def post(j: int) -> comm.CommHandle:
+            # a staged block has one reader (the schedule pass checks it), whose gradient is its own
+            return comm.start_broadcast_block(own, j, (sizes[j], *width), self.stats, label=label, owns_grad=True)
+
+        handle = post(0)
+
+        def later():
+            nonlocal handle
+            for j in range(len(sizes)):
+                nxt = post(j + 1) if j + 1 < len(sizes) else None
+                block, handle = handle.wait(), nxt
+                yield block
+
+        return later()
+
+    def part_run(self, layer, e: Eqn) -> PartRun:
+        """The source parts of `layer`'s edges that its split exchange `e` delivers."""
+        lgl = self.layer
+        assert lgl is not None
+        return PartRun(lgl.parts(layer.edges, part_bounds(lgl, e.op, self.block_sizes)),
+                       release=e.op == "bcast_rows")
+
+    def _reduce_scatter(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """P3's pull: every vertex's partial sums, summed at its owner (rows in block order)."""
-        return comm.reduce_scatter(x[self.block_order], self.block_sizes, self.stats, dim=0, label=label)
+        return comm.reduce_scatter(x[self.block_order], self.block_sizes, self.stats, dim=0, label=_label(e))
 
-    def _halo(self, x: torch.Tensor, label: str) -> torch.Tensor:
+    def _halo(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """DepComm / Hybrid: the held rows followed by the remote rows of this layer's halo."""
         layer = self.layer
         assert layer is not None and layer.halo is not None
         held = _dense(x)[: layer.n_in]  # a sparse input (bag of words) travels as dense rows
-        return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=label)], dim=0)
+        return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=_label(e),
+                                                   method=exchange_schedule(e).method)], dim=0)
 
-    def _fetch(self, x: torch.Tensor, label: str) -> torch.Tensor:
+    def _fetch(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """Entering a depcache/hybrid segment: the rows of C^s it does not own, in the segment's order."""
         layer = self.layer
         assert layer is not None and layer.entry is not None and layer.entry_perm is not None
         own = _dense(x)[: self.lg.n_owned]
-        got = comm.halo_exchange(own, layer.entry, self.stats, label=label)
+        got = comm.halo_exchange(own, layer.entry, self.stats, label=_label(e), method=exchange_schedule(e).method)
         return torch.cat([own, got], dim=0)[layer.entry_perm]
 
-    def _bcast_rows(self, x: torch.Tensor, label: str) -> torch.Tensor:
-        """MG-GCN's staged broadcast: every rank's row block, in block order."""
+    def _bcast_rows(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
+        """MG-GCN's broadcast, every block gathered first (`staged=false`): every rank's row block, in block order."""
         own = _dense(x)[: self.lg.n_owned]
-        blocks = [h for _, h in comm.staged_broadcast(own, self.lg.block_rows, self.stats, label=label)]
+        blocks = [h for _, h in comm.staged_broadcast(own, self.lg.block_rows, self.stats, label=_label(e))]
         return torch.cat(blocks, dim=0)
 
 
 # The runtime side of each communication op a strategy's descriptor names (gnnc.plan.strategies:
 # comm_op, sync_op, entry_op): a strategy's exchange is one entry here.
-EXCHANGES: dict[str, Callable[[Exchange, torch.Tensor, str], torch.Tensor]] = {
+EXCHANGES: dict[str, Callable[[Exchange, torch.Tensor, Eqn], torch.Tensor]] = {
     "halo": Exchange._halo,
     "fetch": Exchange._fetch,
     "bcast_rows": Exchange._bcast_rows,
@@ -130,7 +169,6 @@ class DistInterpreter(PrefixRowsInterpreter):
         self.phase = phase
         self.in_phase = phase is not None
         self.sliced: set[str] = {"x"} if phase is not None else set()
-        self._overlapped: dict[str, set[str]] = {}
         self._ids = lg.rows  # ids of the rows the values of the running layer hold
 
     def run_layer(self, layer, env, params, ctx):
@@ -147,7 +185,7 @@ class DistInterpreter(PrefixRowsInterpreter):
             return self._run_rows(layer, env, params, ctx)
         p = self.phase
         fctx = _with(ctx, views=p.views, vertex_ids=p.ids, col_offset=p.cols[0])
-        for e in layer.eqns:
+        for k, e in enumerate(layer.eqns):
             ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
             sliced_in = any(v.name in self.sliced for v in e.ins)
             if e.op == "linear" and sliced_in:
@@ -156,85 +194,107 @@ class DistInterpreter(PrefixRowsInterpreter):
                 self.sliced.update(o.name for o in e.outs)
             view = fctx.views.get(layer.edges) if layer.kind == "graph" else None
             env[e.outs[0].name] = self.eqn(e, ins, view, fctx if self.in_phase else ctx)
+            self.drop_dead(env, layer, k)
             if e.op == "reduce_scatter":
                 self.in_phase = False  # the pull: owned rows from here on
                 fctx = ctx
 
     def _run_rows(self, layer, env, params, ctx: ExecContext) -> None:
-        """A layer on rows; a halo read only by a sum aggregation overlaps with the held rows' share of it.
+        """A layer on rows, as its schedule annotations say (gnnc.plan.schedule_attrs).
 
-        NeutronStar's DepComm: the remote chunks are posted in ring order and
-        the edges from held rows are aggregated while they are in flight; the
-        edges from halo rows are added once the chunks have arrived. Backward
-        overlaps the same way (gnnc.runtime.comm's split ops).
+        A binned layer runs bin by bin (gnnc.runtime.bins). Otherwise a split
+        exchange (an overlapped halo: NeutronStar's DepComm, its chunks posted
+        in ring order; a staged broadcast: MG-GCN) is posted where it stands
+        and the equations marked `split` run once per source part as the
+        parts arrive (gnnc.runtime.parts); the others run on whole values.
+        Backward overlaps the same way (gnnc.runtime.comm's split ops).
         """
-        overlap = self._overlapped.get(layer.name)
-        if overlap is None:
-            overlap = self._overlapped[layer.name] = _overlappable(layer)
+        if layer.kind == "graph" and layer_schedule(layer).binned:
+            run_binned(self, layer, env, params, ctx)
+            self.drop_dead(env, layer)
+            return
         view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
-        for e in layer.eqns:
+        exchange = split_exchange(layer) if layer.kind == "graph" else None
+        run = ctx.comm.part_run(layer, exchange) if exchange is not None else None
+        for k, e in enumerate(layer.eqns):
             ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
-            if e.op == "halo" and e.outs[0].name in overlap:
-                env[e.outs[0].name] = ctx.comm.start_halo(ins[0], e)
-                continue
-            if ins and isinstance(ins[0], InFlight):
-                split = ctx.comm.layer.split(layer.edges)
-                w = ins[1:]
-                local = self.eqn(e, [ins[0].held, *(t[split.local_pos] for t in w)], split.local, ctx)
-                remote = self.eqn(e, [ins[0].handle.wait(), *(t[split.remote_pos] for t in w)], split.remote, ctx)
-                env[e.outs[0].name] = local + remote
-                continue
-            env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
-
+            if e.op in COMM_OPS and exchange_schedule(e).split:
+                env[e.outs[0].name] = ctx.comm.start_parts(e, ins[0])
+            elif split_eqn(e):
+                # never hoisted (the schedule pass splits no hoisted equation): computed, not cached
+                env[e.outs[0].name] = run_split(e, ins, run, lambda eq, xs, v: self.compute(eq, xs, v, ctx),
+                                                ctx.use_kernels)
+            else:
+                env[e.outs[0].name] = self.eqn(e, [whole(x) for x in ins], view, ctx)
+            self.drop_dead(env, layer, k)
 
 def _dense(x: torch.Tensor) -> torch.Tensor:
     return x.to_dense() if x.is_sparse else x
 
 
-@dataclass
-class InFlight:
-    """A halo exchange posted but not waited for: the held rows, and the handle of the remote ones."""
+def whole(x: Any) -> Any:
+    """A value as one tensor: a split exchange's rows all together (an edge value split by part never is)."""
+    if isinstance(x, PartStream):
+        return x.whole()
+    if isinstance(x, Parts):
+        raise AssertionError("an edge value split by source part read by an equation that does not run per part")
+    return x
 
-    held: torch.Tensor
-    handle: comm.CommHandle
+
+def _label(e: Eqn) -> str:
+    """The byte counters' label of a communication equation: the value it exchanges."""
+    return e.outs[0].name.split(".")[0]
 
 
-def hold_split_views(program: Program, lg: LocalGraph) -> None:
-    """Hold a layer structure split (LayerGraph.hold_split) when every layer using it overlaps its halo.
+def _waited(handle: comm.CommHandle):
+    yield handle.wait()
 
-    A layer qualifies when its halo is read only by the sum aggregation and its
-    other graph ops read no structure (GCN, GIN: `edata` and that `spmm`).
-    """
-    users: dict[int, list[bool]] = {}
+
+def hold_parts_views(program: Program, lg: LocalGraph) -> None:
+    """Hold a layer structure by source parts only (LayerGraph.hold_parts) when every layer using it reads
+    its structure only in equations that run per part (a split exchange's readers, gnnc.plan.schedule_attrs)."""
+    users: dict[int, list[tuple[Any, Eqn | None]]] = {}
     for layer in program.graph_layers():
         lgl = lg.layers[layer.name]
-        if lgl.halo is None:
+        exchange = split_exchange(layer)
+        only_parts = exchange is not None and not layer_schedule(layer).binned and all(
+            not reads_structure(e) or split_eqn(e) for e in layer.eqns)
+        users.setdefault(id(lgl), []).append((layer, exchange if only_parts else None))
+    for uses in users.values():
+        kinds = {e.op for _, e in uses if e is not None}
+        if any(e is None for _, e in uses) or len(kinds) != 1:
             continue
-        overlapped = _overlappable(layer)
-        ok = bool(overlapped) and all(not reads_structure(e) or (e.op == "spmm" and e.ins[0].name in overlapped)
-                                      for e in layer.eqns)
-        users.setdefault(id(lgl), []).append(ok)
-    for layer in program.graph_layers():
+        layer, e = uses[0]
         lgl = lg.layers[layer.name]
-        if lgl.halo is not None and all(users[id(lgl)]) and layer.edges in lgl.views \
-                and lgl.views[layer.edges].csr is not None:
-            lgl.hold_split(layer.edges)
-
-
-def _overlappable(layer) -> set[str]:
-    """Halo values whose only reader is a sum aggregation (`spmm`, reduce=sum): their sum splits by source."""
-    readers: dict[str, list[Eqn]] = {}
-    for e in layer.eqns:
-        for v in e.ins:
-            readers.setdefault(v.name, []).append(e)
-    out = set()
-    for e in layer.eqns:
-        if e.op != "halo" or e.attr("hoisted"):  # a hoisted halo runs once, its result is cached
+        if layer.edges not in lgl.views or lgl.views[layer.edges].csr is None:
             continue
-        r = readers.get(e.outs[0].name, [])
-        if len(r) == 1 and r[0].op == "spmm" and r[0].attr("reduce") == "sum" and r[0].ins[0].name == e.outs[0].name:
-            out.add(e.outs[0].name)
-    return out
+        if all(other.edges == layer.edges for other, _ in uses):
+            lgl.hold_parts(layer.edges, part_bounds(lgl, e.op, lg.block_rows))
+
+
+def grad_buckets(program: Program) -> list[list[int]] | None:
+    """The gradient buckets the schedule annotates (`grad_bucket`), as indices into the parameters in
+    program order (init_params' order), last ones first; None when the plan names none."""
+    index = {p.value.name: i for i, p in enumerate(program.params())}
+    buckets: dict[int, list[int]] = {}
+    for layer in program.layers:
+        b = layer_schedule(layer).grad_bucket
+        if b is None and layer.params:
+            return None
+        if b is not None:
+            buckets.setdefault(b, []).extend(index[p.value.name] for p in layer.params)
+    return [sorted(buckets[b], reverse=True) for b in sorted(buckets)]
+
+
+def part_bounds(lgl: LayerGraph, op: str, block_rows: list[int]) -> tuple[int, ...]:
+    """Where each source part of a split exchange starts: held rows then halo rows, or every rank's block."""
+    if op == "halo":
+        assert lgl.halo is not None
+        return (0, lgl.n_in, lgl.n_in + lgl.halo.n_halo)
+    out = [0]
+    for n in block_rows:
+        out.append(out[-1] + int(n))
+    return tuple(out)
 
 
 def _with(ctx: ExecContext, **changes: Any) -> ExecContext:
@@ -273,7 +333,12 @@ class DistWorker(Worker):
         phase = None
         if data.full_views is not None:
             phase = FeaturePhase(data.full_views, torch.arange(data.num_nodes), data.cols)
-        hold_split_views(program, lg)
+        check_schedule(program)
+        hold_parts_views(program, lg)
+        for layer in program.graph_layers():  # a binned layer's bins: structure, built with the shard
+            sched = layer_schedule(layer)
+            if sched.binned:
+                layer_bins(lg.layers[layer.name], layer.edges, sched.bins, sched.bin_order)
         self.interp = DistInterpreter(program, lg, phase)
         self.views: dict[str, Any] = {}
         self.ids = lg.rows
@@ -285,12 +350,18 @@ class DistWorker(Worker):
     def context(self, training: bool, epoch: int) -> ExecContext:
         return _with(super().context(training, epoch), comm=self.exchange)
 
+    def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._reducer is None:  # before the first backward: an overlapped all-reduce hooks the parameters
+            self._reducer = comm.GradAllReduce(list(params.values()), self.stats, buckets=grad_buckets(self.program),
+                                               overlap=program_schedule(self.program).grad_overlap)
+        return super().forward(params, training, epoch)
+
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         n = self.lg.n_owned
         return logits[:n], {k: v[:n] for k, v in self.inputs.items() if k != "x"}
 
     def reduce_grads(self, params) -> None:
-        if self._reducer is None:
+        if self._reducer is None:  # a step that never ran forward() (a sampled minibatch's phases): after backward
             self._reducer = comm.GradAllReduce(list(params.values()), self.stats)
         self._reducer.finish()
 

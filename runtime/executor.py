@@ -87,6 +87,20 @@ def _segment_reduce(m: torch.Tensor, dst: torch.Tensor, n: int, reduce: str, deg
     return torch.zeros(shape, dtype=m.dtype).scatter_reduce(0, idx, m, red, include_self=False)
 
 
+def dying_values(program: Program) -> dict[tuple[str, int], list[str]]:
+    """(layer, equation index) -> the values it is the last reader of (never the logits or the loss)."""
+    last: dict[str, tuple[str, int]] = {}
+    for layer in program.layers:
+        for k, e in enumerate(layer.eqns):
+            for v in e.ins:
+                last[v.name] = (layer.name, k)
+    out: dict[tuple[str, int], list[str]] = {}
+    for name, at in last.items():
+        if name not in (program.logits.name, program.loss.name):
+            out.setdefault(at, []).append(name)
+    return out
+
+
 def dropout_stream(e: Eqn) -> int:
     """A dropout's RNG stream: keyed by the name of the value it produces, which passes that
     insert or move equations (communication, rewrites) keep."""
@@ -94,12 +108,17 @@ def dropout_stream(e: Eqn) -> int:
 
 
 class Interpreter:
-    """Runs the equations of a program; `run_layer` is the unit distributed executors reuse."""
+    """Runs the equations of a program; `run_layer` is the unit distributed executors reuse.
+
+    A value leaves `env` after its last reader has run (`drop_dead`): what backward needs autograd
+    keeps, and the rest is freed as the forward pass goes, not at its end.
+    """
 
     def __init__(self, program: Program):
         self.program = program
         self.config = program.config_dict()
         self.kept = kept_hoisted(program)
+        self._dying = dying_values(program)
         self.chains = fusion.find_chains(program)  # run by one compiled kernel each, in one process
         self.in_chains = fusion.inner_results(self.chains)
 
@@ -107,14 +126,22 @@ class Interpreter:
                   ctx: ExecContext) -> None:
         view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
         fuse = ctx.use_kernels and ctx.comm is None
-        for e in layer.eqns:
+        for k, e in enumerate(layer.eqns):
             name = e.outs[0].name
             if fuse and name in self.chains and fusion.run(self.chains[name], env, params, ctx):
-                continue
-            if fuse and name in self.in_chains and name in env:
-                continue  # computed when its chain ran
-            ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
-            env[name] = self.eqn(e, ins, view, ctx)
+                pass
+            elif fuse and name in self.in_chains and name in env:
+                pass  # computed when its chain ran
+            else:
+                ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
+                env[name] = self.eqn(e, ins, view, ctx)
+            self.drop_dead(env, layer, k)
+
+    def drop_dead(self, env: dict[str, Any], layer: Layer, k: int | None = None) -> None:
+        """Forget the values whose last reader is equation k of `layer` (every equation of it: k None)."""
+        for j in range(len(layer.eqns)) if k is None else (k,):
+            for name in self._dying.get((layer.name, j), ()):
+                env.pop(name, None)
 
     def eqn(self, e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
         """One equation's result: from the run's cache if it is hoisted and computed already, else `compute`d."""

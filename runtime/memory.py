@@ -27,11 +27,28 @@ MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more are mmapped, and unma
 
 def return_freed_memory() -> bool:
     """Fix glibc's mmap threshold in this process; True if it took effect."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
-    except (OSError, AttributeError):
-        return False
+    libc = _libc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def release_free_heap() -> None:
+    """Give the heap's free pages back (glibc malloc_trim): blocks under the mmap threshold that were
+    freed stay resident otherwise, so a step that reuses them would seem to allocate nothing."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+_LIBC: list[ctypes.CDLL | None] = []
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not _LIBC:
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name) if name is not None else None
+            _LIBC.append(libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt")
+                         else None)
+        except OSError:
+            _LIBC.append(None)
+    return _LIBC[0]

@@ -32,28 +32,69 @@ import torch.distributed as dist
 
 from gnnc.files import atomic_write
 from gnnc.runtime.comm import CommStats
+from gnnc.runtime.memory import release_free_heap
+
+
+def _status_bytes(field: str) -> int | None:
+    """A memory line of /proc/self/status (VmHWM, VmRSS) in bytes; None where there is none."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class _HighWater:
+    """The kernel keeps one high-water mark per process, and `reset_peak_rss` clears it; what it held
+    before the last clear is kept here, so `peak_rss_bytes` stays the process's peak (one per process,
+    like the counter it extends)."""
+
+    before_reset = 0
 
 
 def peak_rss_bytes() -> int:
     """This process's peak resident set size so far.
 
     On Linux it is VmHWM, the high-water mark of this process's own memory
-    since it was exec'd. getrusage's ru_maxrss is not: it keeps the peak of
+    since it was exec'd (and the largest it held before any `reset_peak_rss`).
+    getrusage's ru_maxrss is not: it keeps the peak of
     the image exec replaced, and a worker spawned by fork + exec starts as a
     copy of its launcher, so ru_maxrss would report the launcher's size
     (measured: 2.4 GiB for a rank whose own peak was 1.5 GiB, when the
     launcher had partitioned the graph).
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    hwm = _status_bytes("VmHWM")
+    if hwm is not None:
+        return max(hwm, _HighWater.before_reset)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes.
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def reset_peak_rss() -> int | None:
+    """Start a new high-water mark of this process's memory (Linux: /proc/self/clear_refs); returns the
+    resident bytes now, the base a later `peak_rss_since` is measured from, or None where it cannot."""
+    release_free_heap()  # the base is what live data holds, not freed pages the heap kept
+    hwm = _status_bytes("VmHWM")
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")  # 5: reset the peak resident set size to the current one (proc(5))
+    except OSError:
+        return None
+    _HighWater.before_reset = max(_HighWater.before_reset, hwm or 0)
+    return _status_bytes("VmRSS")
+
+
+def peak_rss_since(base: int | None) -> int:
+    """How far this process's resident memory rose above `base` (from `reset_peak_rss`) since then:
+    what a training step allocated at its peak, its activation memory (0 where it cannot be measured)."""
+    hwm = _status_bytes("VmHWM")
+    if base is None or hwm is None:
+        return 0
+    return max(hwm - base, 0)
 
 
 @dataclass
@@ -76,13 +117,14 @@ class EpochRecord:
     bytes_sent: int = 0
     bytes_by_op: dict[str, int] = field(default_factory=dict)  # "label/op/direction" -> bytes
     peak_rss_bytes: int = 0
+    activation_peak_bytes: int = 0  # how far the training step raised resident memory (peak_rss_since)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_stats(cls, epoch: int, rank: int, world_size: int, stats: CommStats, *,
                    epoch_s: float, loss: float | None = None, train_acc: float | None = None,
                    val_acc: float | None = None, test_acc: float | None = None,
-                   extra: dict[str, Any] | None = None) -> "EpochRecord":
+                   extra: dict[str, Any] | None = None, activation_peak_bytes: int = 0) -> "EpochRecord":
         """A record from this epoch's CommStats; compute time is what communication did not take.
 
         A pipeline stage waits on its neighbours inside its send/recv ops (gnnc.runtime.comm's `pipe`):
@@ -98,7 +140,8 @@ class EpochRecord:
                    allreduce_s=allreduce_s, pipe_s=pipe_s, bubble_fraction=pipe_s / epoch_s if epoch_s > 0 else 0.0,
                    bytes_sent=stats.total_bytes(),
                    bytes_by_op={k: int(v["bytes"]) for k, v in stats.as_dict().items()},
-                   peak_rss_bytes=peak_rss_bytes(), extra=dict(extra or {}))
+                   peak_rss_bytes=peak_rss_bytes(), activation_peak_bytes=int(activation_peak_bytes),
+                   extra=dict(extra or {}))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -251,7 +294,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     epoch_time_s: median over epochs after the first of the slowest rank's
     epoch time; bytes_sent_per_epoch: bytes of all ranks, median over epochs;
-    losses and accuracies: rank 0's last epoch; peak_rss_bytes: max over ranks.
+    losses and accuracies: rank 0's last epoch; peak_rss_bytes: max over ranks;
+    activation_peak_bytes: max over ranks and the epochs after the first.
     """
     records = epoch_records(records)
     if not records:
@@ -271,5 +315,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "test_acc": last.get("test_acc"),
         "world_size": last.get("world_size"),
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in records),
+        "activation_peak_bytes": max((r.get("activation_peak_bytes", 0) for e in timed for r in by_epoch[e]),
+                                     default=0),
         "epochs": len(epochs),
     }

@@ -138,9 +138,12 @@ def layer_times(program, graph, repeats: int = 5) -> list[float]:
     params = init_params(program, 0)
     ctx = worker.context(True, 0)
     env = dict(worker.inputs)
+    seen = dict(worker.inputs)  # every layer's outputs: the interpreter lets go of a value after its last reader
     with torch.no_grad():
         for layer in program.layers:
             worker.interp.run_layer(layer, env, params, ctx)
+            seen.update({v.name: env[v.name] for v in layer.outputs})
+    env = seen
     inputs = {v.name for v in program.inputs}
     out = []
     for layer in program.graph_layers():

@@ -114,6 +114,7 @@ class RunResult:
     bytes_sent_per_epoch: int = 0
     peak_rss_bytes: int = 0
     predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
+    activation_peak_bytes: int = 0  # how far a training step raised the resident set, largest over steady epochs
     cpu_kernels: str = ""  # gnnc.runtime.kernels.native.status() of the (first) process: compiled, or torch and why
 
     def summary(self) -> dict[str, Any]:
@@ -129,7 +130,7 @@ class RunResult:
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
-                  "cpu_kernels")
+                  "activation_peak_bytes", "cpu_kernels")
 
 
 class Worker:
@@ -290,7 +291,8 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     JSON lines by rank 0; a resumed run first drops the records of the epochs
     it is about to run again.
     """
-    from gnnc.runtime.metrics import EpochRecord, MetricsLog  # deferred: metrics loads torch.distributed
+    # deferred: metrics loads torch.distributed
+    from gnnc.runtime.metrics import EpochRecord, MetricsLog, peak_rss_since, reset_peak_rss
 
     check_trainable(worker, cfg)
     params = init_params(worker.program, cfg.seed)
@@ -325,12 +327,14 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         log = MetricsLog(metrics_path, drop_from_epoch=start if cfg.resume else None)
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
+            base = reset_peak_rss()  # the step's activation memory: how far it raises the resident set
             t0 = time.perf_counter()
             loss = worker.train_epoch(params, opt, epoch)
             elapsed = time.perf_counter() - t0
+            activation = peak_rss_since(base)
             sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
-                                            loss=float(loss.detach()))
+                                            loss=float(loss.detach()), activation_peak_bytes=activation)
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
             own_logits, own = worker.owned(logits)
@@ -338,10 +342,10 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                 [float(loss.detach())] + _correct(own_logits, own["y"], own["train"])
                 + _correct(own_logits, own["y"], own["val"]) + _correct(own_logits, own["y"], own["test"])
                 + [float(sent)], dtype=torch.float64))
-            slowest = float(worker.max(torch.tensor([elapsed], dtype=torch.float64))[0])
+            slowest, most = (float(v) for v in worker.max(torch.tensor([elapsed, activation], dtype=torch.float64)))
             rec = {"epoch": epoch, "loss": float(counts[0]), "train_acc": float(counts[1] / max(counts[2], 1)),
                    "val_acc": float(counts[3] / max(counts[4], 1)), "test_acc": float(counts[5] / max(counts[6], 1)),
-                   "time_s": slowest, "bytes_sent": int(counts[7])}
+                   "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most)}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
             log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
@@ -376,6 +380,8 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     summary = {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "final_test_acc": history[-1]["test_acc"],
                "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(steady),
                "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
+               # the training step's activation memory, largest over workers and epochs after the first
+               "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
                "cpu_kernels": native.status()}
     return summary, logits, history
 
@@ -392,4 +398,4 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
                      summary["epoch_time_s"], logits, history, summary["best_epoch"], graph=graph.name,
                      strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
                      bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
-                     cpu_kernels=summary["cpu_kernels"])
+                     activation_peak_bytes=summary["activation_peak_bytes"], cpu_kernels=summary["cpu_kernels"])

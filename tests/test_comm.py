@@ -256,10 +256,13 @@ def _replica_loss(model: torch.nn.Module, r: int) -> torch.Tensor:
     return loss
 
 
-def _check_grad_allreduce(rank: int, world: int, overlap: bool) -> dict[str, Any]:
+def _check_grad_allreduce(rank: int, world: int, overlap: bool, given: bool = False) -> dict[str, Any]:
     model = _model(SEED)
     stats = CommStats()
-    reducer = comm.GradAllReduce(model.parameters(), stats, bucket_bytes=96, overlap=overlap)
+    n = len(list(model.parameters()))
+    # given: the schedule's buckets (indices into the parameters, the last ones first), posted during backward
+    buckets = [list(range(n - 1, n // 2 - 1, -1)), list(range(n // 2 - 1, -1, -1))] if given else None
+    reducer = comm.GradAllReduce(model.parameters(), stats, bucket_bytes=96, overlap=overlap, buckets=buckets)
     _replica_loss(model, rank).backward()
     reducer.finish()
     reducer.remove_hooks()
@@ -269,6 +272,15 @@ def _check_grad_allreduce(rank: int, world: int, overlap: bool) -> dict[str, Any
     numel = sum(p.numel() for p in model.parameters())
     return {"bwd": err, "bytes": _bytes(stats, "allreduce", "bwd"), "numel": numel,
             "buckets": len(reducer.buckets)}
+
+
+def _check_bad_buckets() -> str:
+    """Buckets that miss a parameter are refused before anything is posted."""
+    try:
+        comm.GradAllReduce(_model(SEED).parameters(), CommStats(), buckets=[[0]])
+    except PlanError as err:
+        return str(err)
+    return "accepted"
 
 
 def _check_pipe(rank: int, world: int) -> dict[str, Any]:
@@ -320,6 +332,8 @@ def _run_checks(cfg: DistConfig) -> dict[str, Any]:
         "staged_broadcast": _check_staged_broadcast(r, m),
         "grads_sync": _check_grad_allreduce(r, m, overlap=False),
         "grads_overlap": _check_grad_allreduce(r, m, overlap=True),
+        "grads_given": _check_grad_allreduce(r, m, overlap=True, given=True),
+        "grads_bad_buckets": _check_bad_buckets(),
         "pipe": _check_pipe(r, m),
     }
 
@@ -378,7 +392,11 @@ def test_staged_broadcast_matches_one_process(reports: list[dict[str, Any]]) -> 
     _assert_exact(reports, "staged_broadcast")
 
 
-@pytest.mark.parametrize("name", ["grads_sync", "grads_overlap"])
+def test_given_buckets_must_hold_every_parameter_once(reports: list[dict[str, Any]]) -> None:
+    assert all("do not hold each of the" in rep["grads_bad_buckets"] for rep in reports)
+
+
+@pytest.mark.parametrize("name", ["grads_sync", "grads_overlap", "grads_given"])
 def test_bucketed_grad_allreduce_sums_replica_gradients(reports: list[dict[str, Any]], name: str) -> None:
     world = len(reports)
     for rank, rep in enumerate(reports):

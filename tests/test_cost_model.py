@@ -225,6 +225,67 @@ def test_pushpull_by_hand() -> None:
     assert num(pushed.stages[0] - c.stages[0], {**vals, b_idx: 8}) == pytest.approx(3750 * 8 / 1e6)
 
 
+def test_depcomm_without_overlap_every_edge_waits() -> None:
+    """The schedule's overlap=false: the exchange, then every edge (forward and backward)."""
+    c = depcomm(0, LayerShape(gemm_first=True, input_grad=True), overlap=False)
+    gemm = 2 * 100 * 64 * 16 / 1e8
+    exch = 40 * 16 * 4 / 1e6 + 1e-3
+    spmm_all = 600 * 16 / 1e7
+    assert num(c.stages[0], DEPCOMM_VALUES) == pytest.approx(gemm + exch + spmm_all)
+    assert num(c.stages[1], DEPCOMM_VALUES) == pytest.approx(2 * gemm + exch + spmm_all)
+    on = depcomm(0, LayerShape(gemm_first=True, input_grad=True))
+    assert num(on.stages[0], DEPCOMM_VALUES) < num(c.stages[0], DEPCOMM_VALUES)  # overlap never costs more
+    assert num(on.bytes, DEPCOMM_VALUES) == num(c.bytes, DEPCOMM_VALUES)  # nor changes what is sent
+
+
+def test_depcomm_in_bins_runs_the_inner_rows_eagerly_and_recomputes_in_backward() -> None:
+    """G3's bins: bins with no remote in-edge (Ein_i edges) overlap the exchange; backward repeats the
+    per-bin forward (here the aggregation: the dense map runs first, on every row)."""
+    from gnnc.passes.cost.symbols import E_in
+
+    vals = {**DEPCOMM_VALUES, E_in: 250}
+    c = depcomm(0, LayerShape(gemm_first=True, input_grad=False), bins=4)
+    gemm = 2 * 100 * 64 * 16 / 1e8
+    exch = 40 * 16 * 4 / 1e6 + 1e-3
+    held, rest = 250 * 16 / 1e7, 350 * 16 / 1e7
+    assert num(c.stages[0], vals) == pytest.approx(gemm + max(exch, held) + rest)
+    plain = depcomm(0, LayerShape(gemm_first=True, input_grad=False))
+    assert num(c.stages[1], vals) == pytest.approx(num(plain.stages[1], vals) + 600 * 16 / 1e7)
+
+
+def test_bcast1d_gathered_waits_for_every_block_and_holds_n_rows() -> None:
+    vals = {N: 400, V: 100, V_max: 120, E: 500, P: 4, d(0): 16, d(1): 8, b: 4, b_idx: 8, bw: 1e5, alpha: 0.0,
+            R_gemm: 1e9, R_spmm: 1e6}
+    staged, gathered = bcast1d(0, LayerShape()), bcast1d(0, LayerShape(), staged=False)
+    gemm, spmm, stages = 2 * 100 * 16 * 8 / 1e9, 500 * 8 / 1e6, 400 * 8 * 4 / 1e5
+    assert num(gathered.stages[0], vals) == pytest.approx(gemm + stages + spmm)
+    assert num(staged.stages[0], vals) < num(gathered.stages[0], vals)
+    # MG-GCN's memory: two blocks of the broadcast value, not all N rows
+    assert num(gathered.memory - staged.memory, vals) == pytest.approx((400 - 2 * 120) * 8 * 4)
+    assert num(staged.bytes, vals) == num(gathered.bytes, vals)
+
+
+def test_activation_estimate_counts_every_value_by_hand() -> None:
+    """GCN under DepComm on tests/test_pass_filecheck.py's 4-vertex graph: V = (2, 2), B = (1, 2), E = (3, 4)
+    in-edges with self-loops; hidden 16, 3 features, 2 classes; float32. A dropout also keeps its mask."""
+    from gnnc.passes.choose_strategy import PlanningInputs
+    from gnnc.passes.cost.activations import estimate
+    from gnnc.testing import run_pass
+    from test_pass_filecheck import PREPARED, GCN, DIMS, context
+
+    ctx = context("depcomm")
+    program = run_pass(PREPARED + ",assign-strategy,insert-comm,predict-bytes,schedule", str(GCN), dims=DIMS,
+                       ctx=ctx, prepare=False)
+    act = estimate(program, PlanningInputs.compute(program, ctx).inputs)
+    v, bb, e = np.array([2, 2]), np.array([1, 2]), np.array([3, 4])
+    dropout_x = v * 3 * 4 * 1.25
+    layer0 = v * 16 * 4 + (v + bb) * 16 * 4 + e * 4 + 3 * v * 16 * 4  # t, halo, gcn_norm, spmm, sync, bias
+    dense1 = v * 16 * 4 * (1 + 1.25)  # relu, dropout
+    layer1 = v * 2 * 4 + (v + bb) * 2 * 4 + e * 4 + 3 * v * 2 * 4
+    np.testing.assert_allclose(act.kept, dropout_x + layer0 + dense1 + layer1)
+    np.testing.assert_allclose(act.peak, act.kept + (v + bb) * 16 * 4)  # + the gradient of the largest value
+
+
 def test_bcast1d_by_hand() -> None:
     c = bcast1d(0, LayerShape())
     vals = {N: 400, V: 100, V_max: 120, E: 500, P: 4, d(0): 16, d(1): 8, b: 4, bw: 1e5, alpha: 0.0,

@@ -20,6 +20,9 @@ from gnnc.ir.text import parse_ir
 from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
+from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+from gnnc.plan.bins import layer_bins
+from gnnc.plan.shards import load_rank
 
 MODELS = ["gcn", "sage", "gin", "gat"]
 # one strategy for every layer, mixed per layer, and depcache/hybrid segments entered after layer 0 (a fetch)
@@ -27,6 +30,35 @@ STRATEGIES = ["depcomm", "depcache", "hybrid", "bcast1d", "depcomm,bcast1d", "de
               "depcomm,depcache", "pushpull,depcomm", "pushpull,bcast1d", "pushpull,hybrid"]
 PUSHPULL_LEGAL = {"gcn", "sage"}  # SAGE: sink-bias puts its bias after the sync; GIN: ReLU, GAT: attention
 SEED = 3
+# schedules other than the default one (every halo overlapped, every broadcast staged, gradients reduced
+# during backward): nothing overlapped (what ran before the schedule pass), and G3's bins
+SCHEDULES = {"none": "schedule{overlap=off staged=off grad_overlap=off}", "bins": "schedule{bins=3}"}
+# max and min aggregations, split by source part, binned, staged: ReLU's zeros tie across parts
+EXTREMES = """
+layer MaxConv(in, out) {
+  scatter   m = src.h
+  gather    a = max(m)
+  transform t = linear(a, out) + linear(h, out, bias = false)
+  apply     h = t
+}
+layer MinConv(in, out) {
+  scatter   m = src.h
+  gather    a = min(m)
+  transform t = linear(a, out)
+  apply     h = t
+}
+model Extremes(features, hidden = 8, classes) {
+  h = MaxConv(features, hidden)(x)
+  h = relu(h)
+  h = MinConv(hidden, classes)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
+def communities():
+    """A graph with communities: a METIS part holds whole communities, so most of its rows are inner."""
+    return api.load_graph("sbm:n=160,blocks=8,deg=4,intra=0.97,features=10,classes=4,seed=1")
 
 
 def hub_graph():
@@ -85,7 +117,34 @@ def cases(world: int, tmp):
     # GIN aggregates its input itself: a sparse (bag-of-words) input crosses the halo and the broadcast
     runs.append(("gin-sparse", "gin", {}, ["depcomm", "hybrid", "bcast1d", "depcache"], ("metis",),
                  sparse_features(graph)))
+    # (key, model, strategies, schedule) beside the default schedule's cases above; bins on a graph with
+    # communities, so that some bins read only held rows and run while the halo is in flight
+    scheduled = [(name, name, "depcomm,bcast1d", "none") for name in MODELS]
+    scheduled += [(f"{name}@sbm", name, strategy, "bins") for name in MODELS
+                  for strategy in ("depcomm", "hybrid,depcache")]
+    scheduled += [("extremes", "extremes", strategy, None) for strategy in ("depcomm", "bcast1d")]
+    scheduled += [("extremes@sbm", "extremes", strategy, "bins") for strategy in ("depcomm", "hybrid")]
     out = []
+    for key, name, strategy, sched in scheduled:
+        model = (api.load_model_source(EXTREMES, "extremes.gnn") if name == "extremes"
+                 else api.load_model(EXAMPLES / f"{name}.gnn"))
+        g = communities() if key.endswith("@sbm") else graph
+        single = api.compile(model, g).program
+        passes = DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [SCHEDULES[sched] if sched else "schedule"]
+        names = strategy.split(",") * (2 if "," not in strategy else 1)
+        cached = None
+        if "hybrid" in names:
+            cached = half_of_the_dependencies(g, parts_for(g, world, "metis"), world,
+                                              [k for k, n in enumerate(names) if n == "hybrid"])
+        plan = api.compile(model, g, workers=world, strategy=strategy, partition="metis", hybrid_cached=cached,
+                           passes=passes)
+        assert_schedule(plan.program, sched)
+        shards = plan.write_shards(tmp / f"{key}-{strategy}-{sched}")
+        if key == "gcn@sbm" and strategy == "depcomm":  # the eager path runs: a bin of held rows exists
+            lg = load_rank(shards, 0, world).lg.layers["l0"]
+            assert any(layer_bins(lg, "self_loops", 3).held)
+        job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
+        out.append(((key, strategy, f"schedule={sched}"), single, g, job, plan.meta["predicted_bytes_per_step"]))
     for key, name, params, strategies, methods, g in runs:
         model = api.load_model(EXAMPLES / f"{name}.gnn", **params)
         single = api.compile(model, g).program
@@ -114,17 +173,32 @@ def halo_bytes_in_plan(job: DistJob) -> int:
     return sum(e.attr("bytes_fwd", 0) for layer in program.layers for e in layer.eqns if e.op == "halo")
 
 
+def assert_schedule(program, sched: str | None) -> None:
+    """The case runs the schedule it is named for (so a pass that silently ignored an option would fail)."""
+    text = str(program)
+    if sched == "none":
+        assert "overlap=true" not in text and "staged=true" not in text and "grad_overlap=false" in text
+    elif sched == "bins":
+        assert "bins=3" in text and "bin=true" in text
+    else:
+        assert "split=true" in text
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_strategies_match_one_process(world: int, tmp_path) -> None:
     todo = cases(world, tmp_path)
     results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
     refs: dict[str, tuple] = {}
+    seen = {key for key, *_ in todo}
+    assert {("gat@sbm", "depcomm", "schedule=bins"), ("extremes", "bcast1d", "schedule=None")} <= seen
     failures = []
     op_names = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
     # every halo's bytes, hoisted ones (GIN's first aggregation of x: sent in the first step only) included
     halo_bytes = {key: halo_bytes_in_plan(job) for key, _, _, job, _ in todo}
     for (key, single, graph, _, predicted), got in zip(todo, results):
-        if "hybrid" in key[1]:  # half the dependencies cached: a real mix, not depcomm nor depcache
+        # half the dependencies cached: a real mix, not depcomm nor depcache (on the hub graph; the graph with
+        # communities has few remote dependencies to split)
+        if "hybrid" in key[1] and not key[0].endswith("@sbm"):
             assert 0 < halo_bytes[key], key
             if key[1] == "hybrid" and (key[0], "depcomm", key[2]) in halo_bytes:
                 assert halo_bytes[key] < halo_bytes[(key[0], "depcomm", key[2])], key

@@ -220,8 +220,12 @@ def test_misuse_is_a_user_error(saved, args, message, capsys) -> None:
     assert message in capsys.readouterr().err
 
 
-def test_a_plan_the_planner_did_not_choose_has_no_schedule(graph, tmp_path, capsys) -> None:
+def test_a_plan_with_fixed_strategies_has_the_schedule_pass_prediction(graph, tmp_path, capsys) -> None:
+    """No planner ran, but the schedule pass priced what it annotated; one worker has no prediction."""
     plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph, workers=2, strategy="depcomm")
+    assert "planner" not in plan.meta and plan.meta["schedule_report"]["predicted"]["stages"]
     plan.save(tmp_path / "fixed")
-    assert main(["inspect", str(tmp_path / "fixed"), "--format", "trace"]) == 2
+    assert main(["inspect", str(tmp_path / "fixed"), "--format", "trace", "-o", str(tmp_path / "t.json")]) == 0
+    api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph).save(tmp_path / "one")
+    assert main(["inspect", str(tmp_path / "one"), "--format", "trace"]) == 2
     assert "no predicted schedule" in capsys.readouterr().err

@@ -127,6 +127,26 @@ def test_spmm_matches_reference(kind: str, reduce: str, feat: tuple[int, ...], w
     compare(lambda x, w=None: kernels.spmm(csr, x, w, reduce), lambda x, w=None: ref.spmm(csr, x, w, reduce), inputs)
 
 
+@pytest.mark.parametrize("kind", GRAPHS)
+@pytest.mark.parametrize("feat,wkind", SPMM_CASES)
+def test_spmm_add_matches_reference(kind: str, feat: tuple[int, ...], wkind: str) -> None:
+    """acc + spmm, accumulated in place (a split or staged aggregation's running sum): value and the
+    gradients of acc, x and the weights."""
+    csr = make_csr(kind, seed=len(feat) + 3)
+    gen = torch.Generator().manual_seed(seed_of("add", kind, feat, wkind))
+    acc = torch.randn((csr.n_dst,) + feat, generator=gen)
+    x = torch.randn((csr.n_src,) + feat, generator=gen)
+    w = make_weight(csr, wkind, feat, gen)
+
+    def ours(acc, x, w=None):
+        return kernels.spmm_add_(acc * 1.0, csr, x, w)  # a fresh accumulator: the op writes into it
+
+    def theirs(acc, x, w=None):
+        return acc + ref.spmm(csr, x, w, "sum")
+
+    compare(ours, theirs, [acc, x] if w is None else [acc, x, w])
+
+
 @pytest.mark.parametrize("reduce", kernels.REDUCES)
 @pytest.mark.parametrize("kind", ["square", "bipartite_wide"])
 def test_generic_spmm_matches_reference(kind: str, reduce: str) -> None:

@@ -211,7 +211,9 @@ class Program(_Record):
     `config` holds every model parameter's value (defaults, `--set`
     overrides, and dims bound from the graph such as `features`);
     `training` holds the training settings the model states (epochs, lr...).
-    `logits` and `loss` name the values the executor returns.
+    `logits` and `loss` name the values the executor returns. `attrs` carries
+    program-wide annotations of later passes (the schedule pass's gradient
+    all-reduce mode), printed on an `attrs` line when there are any.
     """
 
     name: str
@@ -222,6 +224,10 @@ class Program(_Record):
     loss: Value
     training: tuple[tuple[str, Any], ...] = ()
     source_file: str = "<string>"
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(key, default)
 
     def config_dict(self) -> dict[str, Any]:
         return dict(self.config)
@@ -237,6 +243,8 @@ class Program(_Record):
         lines = [f"program {self.name}({cfg})", f"  source {json.dumps(self.source_file)}"]
         if self.training:
             lines.append("  training " + ", ".join(f"{k}={_fmt_attr(v)}" for k, v in self.training))
+        if self.attrs:
+            lines.append("  attrs " + ", ".join(f"{k}={_fmt_attr(v)}" for k, v in self.attrs))
         lines.append("  inputs " + ", ".join(v.typed() for v in self.inputs))
         for layer in self.layers:
             lines.append(str(layer))

@@ -7,6 +7,7 @@ IR as text. The text is line-oriented:
     program NAME(k=v, ...)
       source "file.gnn"
       training k=v, ...                       (optional)
+      attrs k=v, ...                          (optional: program annotations)
       inputs %x:vertex:f32[features], ...
     layer NAME KIND [OP(k=v, ...) edges=VIEW] [[k=v, ...]] [@line:col]
       param %p:param:f32[d1,d2] = INIT         (zeros, ones, glorot or a number)
@@ -36,7 +37,7 @@ from gnnc.ir.core import Eqn, Layer, Param, Program, Type, Value, attrs_of
 from gnnc.ir.expr import ExprSyntaxError, parse_expr
 
 DIM_ATTRS = {"out", "heads", "width"}
-STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init"}
+STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init", "method", "bin_order"}
 _NAME = r"[A-Za-z0-9_.~^]+"
 _TYPE_RE = re.compile(r"^(vertex|edge|param|scalar):([a-z0-9]+)\[(.*)\]$")
 _EQN_RE = re.compile(r"^(?P<outs>.+?) = (?P<op>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<attrs>.*?)\])?"
@@ -186,6 +187,10 @@ def _parse(next_line, fail) -> Program:
     if line.startswith("  training "):
         training = tuple(sorted(_kv(line[len("  training "):], "training setting", typed=False).items()))
         k, line = next_line()
+    attrs: tuple = ()
+    if line.startswith("  attrs "):
+        attrs = tuple(sorted(_kv(line[len("  attrs "):], "program attribute").items()))
+        k, line = next_line()
     if not line.startswith("  inputs "):
         raise fail("expected '  inputs ...'", k)
     inputs = tuple(_typed_value(p) for p in _split_top(line[len("  inputs "):]))
@@ -200,7 +205,7 @@ def _parse(next_line, fail) -> Program:
             if m.group(1) not in scope or m.group(2) not in scope:
                 raise fail("result names an undefined value", k)
             return Program(name, config, inputs, tuple(layers), scope[m.group(1)], scope[m.group(2)],
-                           training, source_file)
+                           training, source_file, attrs)
         layers.append(_layer(k, line, next_line, scope, source_file, fail))
 
 

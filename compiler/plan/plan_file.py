@@ -178,8 +178,8 @@ class Plan:
                 except (ValueError, OSError, EOFError) as err:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
-                                     "schedule", "predicted_bytes_per_epoch", "approximations", "pipeline")
-                if k in data}
+                                     "schedule", "predicted_bytes_per_epoch", "approximations", "pipeline",
+                                     "schedule_report") if k in data}
         _check_sampled_fields(meta, path)
         _check_pipeline_field(meta, path)
         stand_ins = data.get("graph_stand_ins", {})

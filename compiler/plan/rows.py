@@ -178,28 +178,35 @@ def entry_rows(sets: list[RowSets], start: int) -> int:
 
 
 @dataclass
-class SplitView:
-    """A halo layer's edges split by source: held rows (computed while the halo is in flight) and halo rows.
+class SourceParts:
+    """A layer view's edges grouped by the part of the source rows they read (gnnc.plan.schedule_attrs: `split`).
 
-    `local_pos` / `remote_pos` select each part's edges in the order per-edge
-    data of the layer's view is held in (index tensors; slices once the
-    view is held split, see `LayerGraph.hold_split`).
+    Part p reads source rows [bounds[p], bounds[p+1]) of the layer's exchange:
+    for an overlapped halo, the held rows and then the halo rows; for a staged
+    broadcast, rank p's row block. `views[p]` holds part p's edges with their
+    sources numbered from 0 within the part (destinations, edge data, edge ids
+    and in-degrees as the whole view has them), and `pos[p]` selects them in
+    the order per-edge data of the whole view is held in (index tensors;
+    slices once the view is held by parts, see `LayerGraph.hold_parts`).
     """
 
-    local: GraphView
-    remote: GraphView
-    local_pos: torch.Tensor | slice
-    remote_pos: torch.Tensor | slice
+    bounds: tuple[int, ...]
+    views: list[GraphView]
+    pos: list[torch.Tensor | slice]
+
+    def __len__(self) -> int:
+        return len(self.views)
 
 
-def _sub_view(view: GraphView, pos: torch.Tensor, cols: torch.Tensor, n_src: int) -> GraphView:
+def sub_view(view: GraphView, pos: torch.Tensor, cols: torch.Tensor, n_src: int) -> GraphView:
+    """The edges of `view` at positions `pos` (ascending, so still grouped by destination), sources `cols`."""
     counts = torch.bincount(view.dst[pos], minlength=view.csr.n_dst)
     indptr = torch.zeros(view.csr.n_dst + 1, dtype=torch.int64)
     indptr[1:] = torch.cumsum(counts, 0)
     edge_ids = view.edge_ids[pos]
     csr = CSR(indptr, cols, edge_ids, view.csr.n_dst, n_src)
-    # only a sum aggregation reads a split view, its weights sliced by the caller: no edge data of its own
-    return GraphView(csr, csr.indices, csr.dst_index(), edge_ids, {}, view.deg)
+    return GraphView(csr, csr.indices, csr.dst_index(), edge_ids, {k: v[pos] for k, v in view.edge_data.items()},
+                     view.deg)
 
 
 @dataclass
@@ -220,35 +227,45 @@ class LayerGraph:
     ids: torch.Tensor | None = None
     entry: HaloPlan | None = None
     entry_perm: torch.Tensor | None = None
-    _split: dict[str, SplitView] = field(default_factory=dict, repr=False)
+    _parts: dict[tuple[str, tuple[int, ...]], SourceParts] = field(default_factory=dict, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)  # what the runtime derives from the structure once
 
-    def split(self, view: str) -> SplitView:
-        """The view's edges from held rows and from halo rows (built once)."""
-        if view not in self._split:
+    def parts(self, view: str, bounds: tuple[int, ...]) -> SourceParts:
+        """The view's edges grouped by source rows [bounds[p], bounds[p+1]) (built once)."""
+        key = (view, tuple(bounds))
+        if key not in self._parts:
             v = self.views[view]
-            is_local = v.src < self.n_in
-            local_pos = torch.nonzero(is_local).flatten()
-            remote_pos = torch.nonzero(~is_local).flatten()
-            self._split[view] = SplitView(_sub_view(v, local_pos, v.src[local_pos], self.n_in),
-                                          _sub_view(v, remote_pos, v.src[remote_pos] - self.n_in,
-                                                    v.csr.n_src - self.n_in),
-                                          local_pos, remote_pos)
-        return self._split[view]
+            if v.csr is None:
+                raise AssertionError(f"the {view} structure is held by parts {[k[1] for k in self._parts]}, "
+                                     f"not {bounds}")
+            part = torch.bucketize(v.src, torch.as_tensor(bounds[1:-1], dtype=torch.int64), right=True)
+            views, pos = [], []
+            for p in range(len(bounds) - 1):
+                at = torch.nonzero(part == p).flatten()
+                views.append(sub_view(v, at, v.src[at] - bounds[p], bounds[p + 1] - bounds[p]))
+                pos.append(at)
+            self._parts[key] = SourceParts(tuple(bounds), views, pos)
+        return self._parts[key]
 
-    def hold_split(self, view: str) -> None:
-        """Keep only the split: the view's per-edge data reordered held-row edges first, its CSR dropped.
+    def hold_parts(self, view: str, bounds: tuple[int, ...]) -> None:
+        """Keep only the parts: the view's per-edge data reordered part by part, its CSR dropped.
 
-        For layers where nothing but the overlapped sum reads the view's
-        structure (the rest reads only its edge data): the whole CSR next to
-        its two halves would be the rank's largest duplicate.
+        For layers where only equations run per part read the view's
+        structure (the others read only its edge data): the whole CSR next to
+        its parts would be the rank's largest duplicate.
         """
-        sp = self.split(view)
+        sp = self.parts(view, bounds)
         full = self.views[view]
-        order = torch.cat([sp.local_pos, sp.remote_pos])
-        n_local = len(sp.local_pos)
+        order = torch.cat([torch.as_tensor(p) for p in sp.pos])
         self.views[view] = GraphView(None, None, None, full.edge_ids[order],  # type: ignore[arg-type]
                                      {k: v[order] for k, v in full.edge_data.items()}, full.deg)
-        self._split[view] = SplitView(sp.local, sp.remote, slice(0, n_local), slice(n_local, None))
+        sizes = [int(len(p)) for p in sp.pos]
+        offsets = [0]
+        for n in sizes:
+            offsets.append(offsets[-1] + n)
+        self._parts = {k: v for k, v in self._parts.items() if k[0] != view}
+        self._parts[(view, tuple(bounds))] = SourceParts(sp.bounds, sp.views,
+                                                         [slice(offsets[p], offsets[p + 1]) for p in range(len(sizes))])
 
 
 @dataclass

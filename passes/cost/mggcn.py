@@ -10,7 +10,7 @@ from gnnc.passes.cost.symbols import Max, P, N, V_max, b, b_idx, bw, alpha, V, E
 
 
 @cost_formula("bcast1d")
-def bcast1d(layer: int, shape: LayerShape) -> Cost:
+def bcast1d(layer: int, shape: LayerShape, staged: bool = True) -> Cost:
     """MG-GCN's 1D SpMM (section 5.1): P stages, stage j broadcasting row block H_j.
 
     Every worker multiplies its tile A_ij while the next block is broadcast
@@ -25,20 +25,26 @@ def bcast1d(layer: int, shape: LayerShape) -> Cost:
 
     Beyond the seed: MG-GCN skips the first layer's backward SpMM and shares
     L+3 buffers, both relying on approximate weight gradients; gnnc keeps
-    gradients exact, so the backward mirrors the forward and the gathered
-    N x width rows stay in memory.
+    gradients exact, so the backward mirrors the forward.
+
+    The schedule (gnnc.plan.schedule_attrs) prices in `staged`: stage j multiplies
+    the block received from rank j while stage j+1 is in flight, so a worker
+    holds two blocks (2·V_max rows) of the broadcast value, not N; without it
+    every block is gathered first (N rows held) and the multiply waits for
+    the last stage.
     """
     w = shape.width(layer)
     stages = N * w * b / bw + P * sympy.ceiling(sympy.log(P, 2)) * alpha
     first = broadcast_time(V_max * w * b)
     rest = stages - first
+    window = first + Max(rest, spmm_time(E, w)) if staged else stages + spmm_time(E, w)
     fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
-           + (attention_time(E, heads(layer)) if shape.attention else ZERO)
-           + first + Max(rest, spmm_time(E, w)))
+           + (attention_time(E, heads(layer)) if shape.attention else ZERO) + window)
     bwd = compute_backward(layer, shape, V, ZERO)
     nbytes = V * w * (P - 1) * b
     if shape.exchange_grad:
-        bwd += first + Max(rest, spmm_time(E, w))
+        bwd += window
         nbytes += (N - V) * w * b
-    memory = b * (V * d(layer) + N * w + V * shape.out_width(layer)) + E * (b_idx + b)
+    held = 2 * V_max if staged else N
+    memory = b * (V * d(layer) + held * w + V * shape.out_width(layer)) + E * (b_idx + b)
     return Cost(f"bcast1d[{layer}]", (fwd, bwd), nbytes, memory)

@@ -21,13 +21,13 @@ from gnnc.passes.cost.compute import (gemm_time, spmm_time, attention_time, comp
                                       layer_memory)
 from gnnc.passes.cost.evaluation import compile_expr, table
 from gnnc.passes.cost.registry import cost_formula
-from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, d, heads, hop_vertices, hop_edges,
+from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, heads, hop_vertices, hop_edges,
                                       comm_rows, comm_sent, recompute_rows, recompute_edges, RX, LayerShape,
                                       CostInputs, Cost, ZERO)
 
 
 @cost_formula("depcomm")
-def depcomm(layer: int, shape: LayerShape) -> Cost:
+def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) -> Cost:
     """DepComm (NeutronStar) / G3's peer-to-peer push: halo exchange of remote in-neighbour rows.
 
     Worker i sends S_i rows and receives B_i rows of the exchanged value (one
@@ -42,26 +42,56 @@ def depcomm(layer: int, shape: LayerShape) -> Cost:
     dense map runs first, else d_in); (2) a layer reading the input features
     sends nothing back (x has no gradient), so its traffic is half of the
     2·b·H·|B_i| above; (3) time is full-duplex alpha-beta,
-    max(S_i, B_i)·width·b/bw + (P-1)·alpha; (4) the aggregation over edges
-    with a local source, E_i - Er_i, overlaps the exchange (max, not sum),
-    as NeutronStar computes while chunks are in flight.
+    max(S_i, B_i)·width·b/bw + (P-1)·alpha.
+
+    The schedule (gnnc.plan.schedule_attrs) prices in: `overlap` (the halo split
+    into start and wait): the work on edges with a held source, E_i - Er_i
+    (and the attention scores, computed while the feature rows are in
+    flight), overlaps the exchange (max, not sum), as NeutronStar computes
+    while chunks are in flight; without it every edge waits. `bins` (G3):
+    with k > 1 bins, the bins whose rows have no remote in-neighbour (Ein_i
+    edges) run while the halo is in flight (eager computation), and backward
+    recomputes every bin's forward before its own backward.
     """
     w = shape.width(layer)
     gemm_rows = V
-    local_edges, remote_edges = E - E_r, E_r
     exch = all_to_all_time(S * w * b, B * w * b)
-    fwd = (gemm_time(gemm_rows, d(layer), shape.out_width(layer), shape.gemms)
-           + (attention_time(E, heads(layer)) if shape.attention else ZERO)
-           + Max(exch, spmm_time(local_edges, w)) + spmm_time(remote_edges, w))
+    attention = attention_time(E, heads(layer)) if shape.attention else ZERO
+    gemm = gemm_time(gemm_rows, d(layer), shape.out_width(layer), shape.gemms)
+    if bins > 1:
+        held = spmm_time(E_in, w) + (attention_time(E_in, heads(layer)) if shape.attention else ZERO)
+        rest = spmm_time(E - E_in, w) + (attention_time(E - E_in, heads(layer)) if shape.attention else ZERO)
+        window = Max(exch, held) + rest if overlap else exch + held + rest
+    elif overlap:
+        window = Max(exch, attention + spmm_time(E - E_r, w)) + spmm_time(E_r, w)
+    else:
+        window = exch + attention + spmm_time(E, w)
+    fwd = gemm + window
     bwd_dense = compute_backward(layer, shape, gemm_rows, ZERO)
     nbytes = S * w * b
     if shape.exchange_grad:
-        bwd = bwd_dense + Max(exch, spmm_time(local_edges, w)) + spmm_time(remote_edges, w)
+        if overlap:
+            bwd = bwd_dense + Max(exch, spmm_time(E - E_r, w)) + spmm_time(E_r, w)
+        else:
+            bwd = bwd_dense + exch + spmm_time(E, w)
         nbytes += B * w * b
     else:
         bwd = bwd_dense
+    if bins > 1:
+        bwd += _bin_recompute(layer, shape, V, E)
     memory = layer_memory(layer, shape, V, B, V, E)
     return Cost(f"depcomm[{layer}]", (fwd, bwd), nbytes, memory)
+
+
+def _bin_recompute(layer: int, shape: LayerShape, rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
+    """The forward work backward repeats when a layer runs in bins: what runs per bin (the aggregation,
+    the attention, and the dense map when it comes after the aggregation)."""
+    t = spmm_time(edges, shape.width(layer))
+    if shape.attention:
+        t += attention_time(edges, heads(layer))
+    if not shape.gemm_first:
+        t += gemm_time(rows, d(layer), shape.out_width(layer), shape.gemms)
+    return t
 
 
 def _fetch_rows(rows: sympy.Expr, width: sympy.Expr, with_grad: bool,
@@ -80,7 +110,8 @@ def _fetch_rows(rows: sympy.Expr, width: sympy.Expr, with_grad: bool,
 
 
 @cost_formula("depcache")
-def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool | None = None) -> Cost:
+def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool | None = None,
+             bins: int = 1) -> Cost:
     """DepCache (NeutronStar): replicate the (end-start)-hop in-neighbourhood and recompute it.
 
     With k = end - start layers, layer start+m computes the rows within
@@ -96,7 +127,8 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
     the rows of h^start in its k-hop neighbourhood (HV_k - V_i rows, and
     their gradients back); at layer 0 the input features are static, loaded
     once with the partition, and cost nothing per epoch. `fetch_input`
-    overrides that rule.
+    overrides that rule. With `bins` > 1 (G3's bins, gnnc.plan.schedule_attrs) backward
+    first recomputes each bin's forward.
     """
     k = end - start
     if k < 1 or len(shapes) != k:
@@ -108,6 +140,8 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
         gemm_rows = in_rows if shape.gemm_first else out_rows
         fwd_terms.append(compute_forward(layer, shape, gemm_rows, edges))
         bwd_terms.append(compute_backward(layer, shape, gemm_rows, edges))
+        if bins > 1:
+            bwd_terms.append(_bin_recompute(layer, shape, out_rows, edges))
         memory_terms.append(layer_memory(layer, shape, in_rows, ZERO, out_rows, edges))
     fwd, bwd, memory = sympy.Add(*fwd_terms), sympy.Add(*bwd_terms), sympy.Add(*memory_terms)
     nbytes = ZERO
@@ -118,7 +152,8 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
 
 
 @cost_formula("hybrid")
-def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool | None = None) -> Cost:
+def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool | None = None,
+           overlap: bool = True, bins: int = 1) -> Cost:
     """Hybrid (NeutronStar): the cost of a given cache/communicate selection over a segment.
 
     Per worker and layer l the selection gives CR_l rows received and CS_l
@@ -142,6 +177,9 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
     than DepCache on Cora x 4 at 50 us per message (issue 16). Whole
     selections are priced by `gnnc.passes.select_hybrid.select`, which prices
     the one that caches everything as what the runtime then runs: DepCache.
+    The schedule's `overlap` and `bins` as for `depcomm` (without overlap
+    nothing runs while the rows are in flight; bins recompute their forward
+    in backward).
     """
     k = end - start
     if k < 1 or len(shapes) != k:
@@ -151,7 +189,7 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
     byte_terms: list[sympy.Expr] = []  # summed once: sympy re-sorts a sum at every +=
     memory_terms: list[sympy.Expr] = []
     for m, shape in enumerate(shapes):
-        fwd, bwd, nbytes, memory = _hybrid_layer(start + m, shape, m == 0)
+        fwd, bwd, nbytes, memory = _hybrid_layer(start + m, shape, m == 0, overlap, bins)
         stages_f.append(fwd)
         stages_b.append(bwd)
         byte_terms.append(nbytes)
@@ -166,7 +204,8 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
 
 
 @functools.lru_cache(maxsize=4096)
-def _hybrid_layer(layer: int, shape: LayerShape, first: bool) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = True,
+                  bins: int = 1) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
     """One layer of a Hybrid segment: forward and backward stage, bytes, memory (see `hybrid`).
 
     They depend on the segment only through whether the layer is its first, so a
@@ -180,17 +219,23 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool) -> tuple[sympy.Exp
     # a worker that moves no row at this layer starts no message (its ring posts nothing)
     exch = all_to_all_time(cs * w * b, cr * w * b, (P - 1) * any_moved(cs + cr))
     local_f = spmm_time(E - E_r, w) + compute_forward(layer, shape, rg, re)
+
+    def window(exchange: sympy.Expr, local: sympy.Expr) -> sympy.Expr:
+        return Max(exchange, local) if overlap else exchange + local
+
     fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
            + (attention_time(E, heads(layer)) if shape.attention else ZERO)
-           + Max(exch, local_f) + spmm_time(E_r, w))
+           + window(exch, local_f) + spmm_time(E_r, w))
     bwd = compute_backward(layer, shape, V, ZERO)
     local_b = compute_backward(layer, shape, rg, re)
     nbytes = cs * w * b
     if shape.exchange_grad:
-        bwd += Max(exch, spmm_time(E - E_r, w) + local_b) + spmm_time(E_r, w)
+        bwd += window(exch, spmm_time(E - E_r, w) + local_b) + spmm_time(E_r, w)
         nbytes += cr * w * b
     else:
         bwd += local_b
+    if bins > 1:
+        bwd += _bin_recompute(layer, shape, V + rv, E + re)
     # the recomputed rows come with their own inputs and structure
     memory = layer_memory(layer, shape, V, cr, V, E) + layer_memory(layer, shape, ZERO, ZERO, rv, re)
     return fwd, bwd, nbytes, memory

@@ -257,17 +257,53 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
     ar = priced.allreduce_cost
     # a pipeline replicates no weight: its own cost holds its groups' all-reduce
     reduced = not any(STRATEGIES[seg.strategy].whole_model for seg in segments)
-    stages_in_order = forward + [s for block in reversed(backward) for s in block] + [
-        (expr, times, None, {"kind": "allreduce", "strategy": None, "segment": None, "direction": "backward",
-                             "layers": []}, _DEFAULT_ORDER)
-        for expr, times in zip(ar.stages, priced.allreduce.stage_times) if reduced]
+    buckets = [(expr, times, None, {"kind": "allreduce", "strategy": None, "segment": None, "direction": "backward",
+                                    "layers": []}, _DEFAULT_ORDER)
+               for expr, times in zip(ar.stages, priced.allreduce.stage_times) if reduced]
+    overlap = bool(getattr(priced, "grad_overlap", False))
     stages, clock = [], 0.0
-    for expr, times, extra, info, order in stages_in_order:
+    for expr, times, extra, info, order in forward + [s for block in reversed(backward) for s in block] + (
+            [] if overlap else buckets):
         if float(np.max(times)) <= 0.0:
             continue  # nothing happens (e.g. a layout change that is free forward)
         record = _stage_record(expr, times, clock, lambda e, x=extra: evaluate(e, inputs, x), info, order,
                                gemm_first)
         stages.append(record)
         clock += record["time_s"]
+    if overlap and buckets:
+        record = _overlapped_allreduce(buckets, stages, clock, getattr(priced, "grad_ready", ()), len(priced.shapes))
+        stages.append(record)
+        clock += record["time_s"]
     return {"per": "worker", "workers": inputs.workers, "cluster": inputs.profile.name, "time_s": clock,
             "stages": stages}
+
+
+def _overlapped_allreduce(buckets: list[_StageSpec], stages: list[dict[str, Any]], end: float,
+                          ready: Sequence[int], layers: int) -> dict[str, Any]:
+    """The gradient all-reduce posted bucket by bucket during backward (the schedule's `grad_overlap`).
+
+    Bucket b can start once the backward stage of graph layer ready[b] has ended (ready[b] = the
+    number of graph layers: at the start of backward); the buckets share one link, in order. The
+    stage that follows backward lasts as long as the all-reduce outlasts it (0 when it hides).
+    """
+    backward = [s for s in stages if s["direction"] == "backward" and s["kind"] != "allreduce"]
+    start = backward[0]["start_s"] if backward else end
+    done: dict[int, float] = {}
+    for s in backward:
+        for layer in s["layers"]:
+            done[layer] = max(done.get(layer, 0.0), s["start_s"] + s["time_s"])
+    workers = len(buckets[0][1])
+    link = np.full(workers, start, dtype=np.float64)
+    pieces = []
+    for k, (expr, times, _extra, _info, _order) in enumerate(buckets):
+        layer = ready[k] if k < len(ready) else 0
+        at = start if layer >= layers else done.get(layer, end)
+        begin = np.maximum(link, at)
+        link = begin + np.asarray(times, dtype=np.float64)
+        # None: the buckets run beside the backward stages before this one, not beside each other
+        pieces.append({"layer": None, "op": "communication", "track": "communication", "overlap": None,
+                       "start_s": [float(x) for x in begin], "time_s": [float(x) for x in times]})
+    tail = np.maximum(link - end, 0.0)
+    return {"kind": "allreduce", "strategy": None, "segment": None, "direction": "backward", "layers": [],
+            "start_s": end, "time_s": float(tail.max()), "worker_time_s": [float(x) for x in tail], "split": True,
+            "overlapped": True, "pieces": pieces}

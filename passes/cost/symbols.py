@@ -68,6 +68,7 @@ E = Symbol("E_i", nonnegative=True)  # |E_i|: in-edges of the owned vertices
 B = Symbol("B_i", nonnegative=True)  # |B_i|: distinct remote in-neighbours (rows received per exchange)
 S = Symbol("S_i", nonnegative=True)  # rows sent per exchange (one per (owned vertex, remote worker) pair)
 E_r = Symbol("Er_i", nonnegative=True)  # in-edges of owned vertices whose source is remote
+E_in = Symbol("Ein_i", nonnegative=True)  # in-edges of the owned vertices with no remote in-neighbour
 
 # Attention: multiply-adds per edge and head beyond the aggregation (score add, leaky_relu + exp,
 # normalisation, dropout mask). An estimate of elementwise edge work; no seed paper gives one.
@@ -162,7 +163,9 @@ class CostInputs:
     (column 0: V_i and E_i); a DepCache segment of k layers needs columns
     0..k. `remote_edges` (in-edges with a remote source) lets the local part
     of an aggregation overlap the exchange; None means unknown, and then no
-    overlap is assumed (every edge waits for the exchange).
+    overlap is assumed (every edge waits for the exchange). `inner_edges` (the
+    in-edges of vertices with no remote in-neighbour: the work G3's bins can
+    do before the halo arrives) likewise; None means none.
     """
 
     vertices: np.ndarray
@@ -177,10 +180,12 @@ class CostInputs:
     remote_edges: np.ndarray | None = None
     bytes_per_element: int = 4
     index_bytes: int = 8
+    inner_edges: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p = len(self.vertices)
-        for name in ("edges", "remote", "send") + (("remote_edges",) if self.remote_edges is not None else ()):
+        optional = tuple(k for k in ("remote_edges", "inner_edges") if getattr(self, k) is not None)
+        for name in ("edges", "remote", "send") + optional:
             if np.shape(getattr(self, name)) != (p,):
                 raise ValueError(f"CostInputs.{name} must have one entry per worker ({p}), "
                                  f"has shape {np.shape(getattr(self, name))}")
@@ -212,10 +217,14 @@ class CostInputs:
             hv, he = np.cumsum(hv, axis=1), np.cumsum(he, axis=1)
         elif hop_levels != "cumulative":
             raise ValueError(f"hop_levels must be 'per-level' or 'cumulative', not {hop_levels!r}")
+        if remote_edges is None:
+            remote_edges = getattr(stats, "remote_edges", None)
+        inner = getattr(stats, "inner_edges", None)
         return cls(np.asarray(stats.vertices, np.float64), np.asarray(stats.edges, np.float64),
                    np.asarray(stats.remote, np.float64), np.asarray(stats.send, np.float64), hv, he,
                    tuple(float(x) for x in dims), profile, tuple(float(h) for h in heads),
-                   None if remote_edges is None else np.asarray(remote_edges, np.float64), bytes_per_element)
+                   None if remote_edges is None else np.asarray(remote_edges, np.float64), bytes_per_element,
+                   inner_edges=None if inner is None else np.asarray(inner, np.float64))
 
     @functools.cached_property
     def table(self) -> Mapping[Symbol, np.ndarray]:
@@ -236,6 +245,7 @@ class CostInputs:
             R_gemm: prof.effective_gemm_rate, R_spmm: prof.effective_spmm_rate,
             V: vertices, E: edges, B: np.asarray(self.remote, np.float64), S: np.asarray(self.send, np.float64),
             E_r: edges if self.remote_edges is None else np.asarray(self.remote_edges, np.float64),
+            E_in: np.zeros_like(edges) if self.inner_edges is None else np.asarray(self.inner_edges, np.float64),
         }
         for k in range(np.shape(self.hop_vertices)[1]):
             out[hop_vertices(k)] = np.asarray(self.hop_vertices, np.float64)[:, k]

@@ -33,6 +33,10 @@ class PartStats:
         each layer under DepComm.
     send[i]: rows part i sends each layer, one per (vertex, receiving part) pair = sum_j send_matrix[i, j].
     send_matrix[i, j]: |V_i ∩ B_j|, rows part i sends to part j (zero diagonal).
+    remote_edges[i]: in-edges of V_i whose source another part owns: the edges that wait for the halo
+        when its exchange overlaps the local ones (DepComm's overlap).
+    inner_edges[i]: in-edges of the vertices of V_i with no remote in-neighbour: the work of G3's bins
+        that can run before the halo arrives (eager computation).
     lhop_vertices[i, l], l = 0..L: vertices at in-distance exactly l from V_i (l = 0: V_i itself);
         DepCache for L layers replicates the levels 1..L.
     lhop_edges[i, l]: in-edges of the vertices at level l. DepCache computes the in-edges of levels
@@ -61,6 +65,8 @@ class PartStats:
     remote: np.ndarray
     send: np.ndarray
     send_matrix: np.ndarray
+    remote_edges: np.ndarray
+    inner_edges: np.ndarray
     lhop_vertices: np.ndarray
     lhop_edges: np.ndarray
     dep_ptr: np.ndarray
@@ -121,6 +127,10 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     receiver, dep = keys // n, keys % n
     owner = part[dep]
     remote = np.bincount(receiver, minlength=parts)
+    remote_edges = np.bincount(part[dst[cross]], minlength=parts)
+    boundary = np.zeros(n, dtype=bool)
+    boundary[dst[cross]] = True
+    inner_edges = np.bincount(part[dst[~boundary[dst]]], minlength=parts)
     send_matrix = np.bincount(owner * parts + receiver, minlength=parts * parts).reshape(parts, parts)
     order = np.lexsort((dep, owner, receiver))
     dep_ids = dep[order]
@@ -142,6 +152,7 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     return PartStats(
         parts=parts, layers=layers, view=view, num_nodes=n, num_edges=len(src),
         vertices=vertices, edges=edges, remote=remote, send=send_matrix.sum(axis=1), send_matrix=send_matrix,
+        remote_edges=remote_edges, inner_edges=inner_edges,
         lhop_vertices=lhop_vertices, lhop_edges=lhop_edges, dep_ptr=dep_ptr, dep_ids=dep_ids,
         dep_subtree_edges=dep_subtree_edges, dep_subtree_vertices=dep_subtree_vertices, edge_cut=edge_cut,
         replication_factor=float((vertices.sum() + remote.sum()) / n),

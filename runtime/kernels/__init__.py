@@ -26,7 +26,7 @@ from gnnc.runtime.implementations import implements
 from gnnc.runtime.kernels import cpu
 from gnnc.runtime.kernels.cpu import REDUCES, SDDMM_OPS
 
-__all__ = ["spmm", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
+__all__ = ["spmm", "spmm_add_", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
 
 
 def _triton_for(*tensors: torch.Tensor) -> ModuleType | None:
@@ -71,6 +71,19 @@ def spmm(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None = None, reduce: 
     if backend is not None:
         return backend.spmm(csr, x, weight, reduce)
     return cpu.spmm(csr, x, weight, reduce)
+
+
+def spmm_add_(acc: torch.Tensor, csr: CSR, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """acc += spmm(csr, x, weight, "sum"), in place where the CPU kernel can (one buffer for a sum over
+    source parts, gnnc.runtime.parts); elsewhere the product is added. Differentiable like spmm."""
+    if acc.shape != (csr.n_dst, *x.shape[1:]):
+        raise ValueError(f"accumulator has shape {tuple(acc.shape)}, the product {(csr.n_dst, *x.shape[1:])}")
+    if x.device.type != "cpu" or _triton_for(x) is not None:
+        return acc + spmm(csr, x, weight, "sum")
+    _check_float("x", x)
+    if x.shape[0] != csr.n_src or (weight is not None and weight.shape[0] != csr.nnz):
+        raise ValueError(f"x {tuple(x.shape)} / weight for a CSR of {csr.n_src} sources and {csr.nnz} edges")
+    return cpu.spmm_add_(acc, csr, x, weight)
 
 
 def sddmm(csr: CSR, a: torch.Tensor, b: torch.Tensor, op: str = "add") -> torch.Tensor:

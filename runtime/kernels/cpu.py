@@ -308,6 +308,43 @@ class SpMM(torch.autograd.Function):
         return None, gx, gw, None
 
 
+class SpMMAdd(torch.autograd.Function):
+    """acc += sum_{k in row d} weight[k] * x[src_k], in place: a sum accumulated over source parts.
+
+    A staged or split aggregation (gnnc.runtime.parts) adds each part's product into one buffer
+    (MKL's CSR product with beta = 1) instead of allocating the product and adding it; backward
+    passes the gradient to `acc` and, for x and weight, is SpMM's.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, acc: torch.Tensor, csr: CSR, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        need_x, need_w = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        ctx.csr, ctx.w_shape = csr, None if weight is None else tuple(weight.shape)
+        ctx.heads = weight_heads(weight, tuple(x.shape[1:]))
+        ctx.save_for_backward(x if need_w else None, weight if need_x else None)
+        pat = pattern(csr, False, ctx.heads, x.device)
+        xb = _blocks(x, csr.n_src, ctx.heads)
+        if pat.nnz and xb.shape[1]:
+            acc.view(csr.n_dst * ctx.heads, -1).addmm_(pat.matrix(weight, x.dtype), xb)
+        ctx.mark_dirty(acc)
+        return acc
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        csr: CSR = ctx.csr
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        gx = spmm_sum(csr, grad, weight, transposed=True) if ctx.needs_input_grad[2] else None
+        gw = sampled_dot(csr, x, grad, ctx.heads).reshape(ctx.w_shape) if ctx.needs_input_grad[3] else None
+        return grad, None, gx, gw
+
+
+def spmm_add_(acc: torch.Tensor, csr: CSR, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """acc += the weighted sum of x over each row's in-edges, in place (see SpMMAdd)."""
+    return SpMMAdd.apply(acc, csr, x.contiguous(), None if weight is None else weight.contiguous())
+
+
 def _edge_inv_degree(csr: CSR, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """1 / in-degree of each CSR entry's destination, [nnz]."""
     return cached(csr, ("edge_inv_degree", str(device), dtype),

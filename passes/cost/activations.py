@@ -1,0 +1,164 @@
+"""Activation memory of one training step, per worker, as the annotated IR schedules it.
+
+Why this module exists: `--memory-cap` bounds a worker's activation memory,
+and the schedule pass meets it with G3's bins; it needs to know, before
+anything runs, how much each layer keeps alive and how much one bin of it
+needs. This model reads the IR: the runtime keeps every value of the forward
+pass until backward (its interpreter holds them by name, and autograd saves
+most of them), so the memory kept is the sum of the values' sizes; a value
+has the rows its position says (a layer's input rows, the rows its exchange
+delivers, its output rows, or its edges) times its width. In a binned layer
+(gnnc.plan.schedule_attrs: `bins=k`) the values computed per bin live only while
+their bin runs (backward recomputes them), so the layer keeps its outputs and
+one bin's values, twice over in backward (the bin's activations and their
+gradients). A dropout also keeps its mask (a byte per element).
+
+Rows per worker, from the partition statistics: DepComm and Hybrid hold V_i
+rows and receive B_i (Hybrid's cached rows are left out); DepCache holds the
+L-hop neighbourhood of its segment; a staged broadcast holds two row blocks,
+a gathered one all N rows; push-pull's first layer every row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gnnc.ir import Layer, Program
+from gnnc.ir.dims import eval_dim
+from gnnc.ir.ops import COMM_OPS
+from gnnc.plan.schedule_attrs import bin_eqn, exchange_schedule, layer_schedule
+from gnnc.plan.strategies import STRATEGIES
+
+AGGREGATIONS = ("spmm", "gather")
+MASK_FRACTION = 0.25  # a dropout keeps a bool mask (gnnc.runtime.rng): a quarter of a float32 value
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes per worker: what the step keeps alive, one bin's working set at most, and the estimated peak."""
+
+    kept: np.ndarray
+    bin_working: np.ndarray
+    peak: np.ndarray
+    per_layer: dict[str, np.ndarray]  # what each layer keeps (its binned values at one bin's size)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A graph layer's row counts per worker: its input rows, the rows its exchange delivers, its output
+    rows and its edges."""
+
+    rows_in: np.ndarray
+    src: np.ndarray
+    out: np.ndarray
+    edges: np.ndarray
+
+
+def _width(value, cfg) -> float:
+    w = 1.0
+    for d in value.type.shape:
+        w *= eval_dim(d, cfg)
+    return w
+
+
+def _layer_rows(program: Program, inputs) -> list[_Rows]:
+    """Row counts of every graph layer (module docstring)."""
+    v = np.asarray(inputs.vertices, np.float64)
+    e = np.asarray(inputs.edges, np.float64)
+    b = np.asarray(inputs.remote, np.float64)
+    n = float(v.sum())
+    hv, he = np.asarray(inputs.hop_vertices, np.float64), np.asarray(inputs.hop_edges, np.float64)
+    layers = program.graph_layers()
+    out: list[_Rows] = []
+    for k, layer in enumerate(layers):
+        strategy = layer.attr("strategy", "local")
+        rows = STRATEGIES[strategy].rows
+        if rows == "neighbourhood":
+            start = int(layer.attr("segment", k))
+            end = k + 1
+            while end < len(layers) and layers[end].attr("strategy") == strategy and layers[end].attr("segment") == start:
+                end += 1
+            depth = end - k  # this layer's input lies `depth` hops out, its output depth-1
+            col = min(depth, hv.shape[1] - 1)
+            out.append(_Rows(hv[:, col], hv[:, col], hv[:, col - 1], he[:, col - 1]))
+        elif rows == "blocks":
+            staged = any(exchange_schedule(q).split for q in layer.eqns if q.op == "bcast_rows")
+            src = np.full_like(v, 2 * float(v.max())) if staged else np.full_like(v, n)
+            out.append(_Rows(v, src, v, e))
+        elif rows == "all":
+            out.append(_Rows(np.full_like(v, n), np.full_like(v, n), np.full_like(v, n), np.full_like(e, e.sum())))
+        else:
+            out.append(_Rows(v, v + b, v, e))
+    return out
+
+
+def _value_rows(layer: Layer, rows: _Rows, owned: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows of every value a graph layer computes (its input rows, exchanged rows, output rows, edges)."""
+    after: set[str] = set()  # values that depend on an aggregation: output rows
+    out: dict[str, np.ndarray] = {}
+    pulled = False
+    for e in layer.eqns:
+        name = e.outs[0].name
+        typ = e.outs[0].type
+        if e.op == "reduce_scatter":  # P3's pull: owned rows from here
+            pulled = True
+        if typ is not None and typ.domain == "edge":
+            out[name] = rows.edges
+        elif e.op in COMM_OPS and e.op != "reduce_scatter":
+            out[name] = rows.src
+        elif e.op in AGGREGATIONS or any(v.name in after for v in e.ins):
+            after.add(name)
+            out[name] = rows.out
+        else:
+            out[name] = rows.rows_in
+        if pulled:
+            out[name] = owned
+    return out
+
+
+def estimate(program: Program, inputs, bytes_per_element: int = 4) -> Activations:
+    """The activation memory of one training step of `program` (annotated by the schedule pass)."""
+    cfg = program.config_dict()
+    graph_rows = _layer_rows(program, inputs)
+    v = np.asarray(inputs.vertices, np.float64)
+    kept = np.zeros_like(v)
+    working = np.zeros_like(v)
+    largest = np.zeros_like(v)
+    per_layer: dict[str, np.ndarray] = {}
+    graph_index = 0
+    outputs_of_bins: set[str] = set()
+    for layer in program.layers:
+        if layer.kind == "graph":
+            rows = graph_rows[graph_index]
+            graph_index += 1
+            value_rows = _value_rows(layer, rows, v)
+            bins = layer_schedule(layer).bins
+            outputs_of_bins = {o.name for o in layer.outputs}
+        else:
+            # a dense layer's values have the rows of the graph layer after it reads (owned rows after one)
+            nxt = graph_rows[graph_index] if graph_index < len(graph_rows) else None
+            here = nxt.rows_in if nxt is not None and graph_index == 0 else v
+            value_rows = {e.outs[0].name: here for e in layer.eqns}
+            bins = 1
+        layer_kept = np.zeros_like(v)
+        layer_bin = np.zeros_like(v)
+        for e in layer.eqns:
+            value = e.outs[0]
+            if value.type is None or value.type.domain == "scalar":
+                continue
+            size = value_rows[value.name] * _width(value, cfg) * bytes_per_element
+            if e.op == "dropout":
+                size = size * (1 + MASK_FRACTION)
+            if bins > 1 and bin_eqn(e) and value.name not in outputs_of_bins:
+                layer_bin += size / bins
+                largest = np.maximum(largest, size / bins)
+            else:
+                layer_kept += size
+                largest = np.maximum(largest, size)
+        per_layer[layer.name] = layer_kept + layer_bin
+        kept += layer_kept
+        working = np.maximum(working, layer_bin)
+    # backward: a binned layer's recomputed bin and its gradients; the gradient of the largest value alive
+    peak = kept + 2 * working + largest
+    return Activations(kept, working, peak, per_layer)

@@ -1,0 +1,156 @@
+"""The cost of a program as its schedule annotations say: where the cost model reads them.
+
+Why this module exists: the schedule pass writes every execution decision
+into the IR (gnnc.plan.schedule_attrs) and the runtime follows them; the
+prediction must follow the same annotations, or it would drift from what
+runs. This module turns a segment's annotations into the options of its
+strategy's formula (`segment_options`), groups the graph layers into the
+segments the IR assigns (`program_segments`), reads the gradient buckets
+(`grad_buckets`), and re-prices the chosen assignment with all of them
+(`scheduled_plan`), which `predicted_schedule` then draws.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import sympy
+
+from gnnc.ir import Layer, Program
+from gnnc.ir.dims import eval_dim
+from gnnc.passes.cost.collectives import grad_allreduce
+from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.registry import planner_cost, segment_cost, user_cost
+from gnnc.passes.cost.symbols import Cost
+from gnnc.plan.schedule_attrs import exchange_schedule, layer_schedule, program_schedule
+from gnnc.plan.strategies import STRATEGIES
+
+# the schedule options each strategy's built-in formula takes (gnnc.passes.cost.neutronstar, .mggcn)
+SCHEDULE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "depcomm": ("overlap", "bins"),
+    "hybrid": ("overlap", "bins"),
+    "depcache": ("bins",),
+    "bcast1d": ("staged",),
+}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Graph layers [start, end) run by one strategy (what the planner's DP returns, read off the IR)."""
+
+    start: int
+    end: int
+    strategy: str
+
+
+def program_segments(program: Program) -> list[Segment]:
+    """The segments of an annotated program: runs of one depcache/hybrid segment (`segment` attribute),
+    every other graph layer on its own."""
+    out: list[Segment] = []
+    for k, layer in enumerate(program.graph_layers()):
+        strategy = layer.attr("strategy", "local")
+        seg = layer.attr("segment")
+        if (STRATEGIES[strategy].span == "segment" and out and out[-1].strategy == strategy
+                and seg is not None and seg == out[-1].start):
+            out[-1] = Segment(out[-1].start, k + 1, strategy)
+        else:
+            out.append(Segment(k, k + 1, strategy))
+    return out
+
+
+def segment_options(layers: Sequence[Layer], strategy: str) -> dict[str, Any]:
+    """The formula options (SCHEDULE_OPTIONS) of a segment's layers, as their annotations say."""
+    names = SCHEDULE_OPTIONS.get(strategy, ())
+    opts: dict[str, Any] = {}
+    for option, op in (("overlap", "halo"), ("staged", "bcast_rows")):
+        if option in names:
+            ex = [e for layer in layers for e in layer.eqns if e.op == op]
+            opts[option] = bool(ex) and all(exchange_schedule(e).split for e in ex)
+    if "bins" in names:
+        opts["bins"] = max(layer_schedule(layer).bins for layer in layers)
+    return opts
+
+
+CACHE_ALL = object()  # a Hybrid selection that caches every dependency (it has no symbol values of its own)
+
+
+def priced_as(seg: Segment, extra: Any) -> str:
+    """The strategy whose formula prices a segment: a Hybrid segment whose selection caches every dependency
+    runs DepCache's rows with an empty halo, and is priced as DepCache (gnnc.passes.select_hybrid.select)."""
+    return "depcache" if seg.strategy == "hybrid" and extra is CACHE_ALL else seg.strategy
+
+
+def segment_formula(program: Program, seg: Segment, shapes: Sequence[Any], extra: Any = None, **options: Any) -> Cost:
+    """The formula of a segment with the given schedule options (those its formula takes; a user's cost
+    function takes none)."""
+    strategy = priced_as(seg, extra)
+    if user_cost(strategy) is not None:
+        return planner_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end])
+    taken = {k: v for k, v in options.items() if k in SCHEDULE_OPTIONS.get(strategy, ())}
+    return segment_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end], **taken)
+
+
+def annotated_formula(program: Program, seg: Segment, shapes: Sequence[Any], extra: Any = None) -> Cost:
+    """The formula of a segment as the program's annotations schedule it."""
+    layers = program.graph_layers()[seg.start:seg.end]
+    return segment_formula(program, seg, shapes, extra, **segment_options(layers, seg.strategy))
+
+
+def symbol_values(extra: Any) -> Any:
+    """The symbol values to evaluate a segment's formula with (none for a selection priced as DepCache)."""
+    return None if extra is CACHE_ALL else extra
+
+
+def grad_buckets(program: Program) -> tuple[list[float], tuple[int, ...]]:
+    """Elements per gradient bucket, and the graph layer after whose backward each bucket is complete.
+
+    A graph layer's gradients exist once its backward has run; a dense layer's once the backward of
+    the graph layer after it has (after none: at the start of backward, index = number of graph layers).
+    A program without buckets is one bucket complete when backward ends (index 0).
+    """
+    cfg = program.config_dict()
+    sizes: dict[int, float] = {}
+    ready: dict[int, int] = {}
+    n_graph = len(program.graph_layers())
+    position, graph_index = [], 0
+    for layer in program.layers:  # a dense layer's gradients are complete after the next graph layer's backward
+        position.append(graph_index)
+        graph_index += layer.kind == "graph"
+    for layer, at in zip(program.layers, position):
+        if not layer.params:
+            continue
+        bucket = layer_schedule(layer).grad_bucket
+        bucket = 0 if bucket is None else bucket
+        elements = sum(float(np.prod([eval_dim(d, cfg) for d in p.value.type.shape])) for p in layer.params)
+        sizes[bucket] = sizes.get(bucket, 0.0) + elements
+        ready[bucket] = min(ready.get(bucket, n_graph), at)
+    order = sorted(sizes)
+    return [sizes[b] for b in order], tuple(ready[b] for b in order)
+
+
+def scheduled_plan(program: Program, priced: Any, extras: dict[tuple[int, int, str], Any] | None = None) -> Any:
+    """`priced` (a choose-strategy PricedPlan) with the program's segments priced as their annotations
+    schedule them, and the gradient all-reduce split into the annotated buckets.
+
+    `extras`: each segment's symbol values (a Hybrid selection's; CACHE_ALL when it caches every dependency),
+    by segment key.
+    """
+    formulas, values, segment_extras = dict(priced.formulas), dict(priced.values), dict(priced.extras)
+    for seg in program_segments(program):
+        key = (seg.start, seg.end, seg.strategy)
+        extra = (extras or {}).get(key)
+        cost = annotated_formula(program, seg, priced.shapes, extra)
+        formulas[key], segment_extras[key] = cost, symbol_values(extra)
+        values[key] = evaluate_cost(cost, priced.inputs, symbol_values(extra))
+    sizes, ready = grad_buckets(program)
+    allreduce_cost = priced.allreduce_cost
+    if sizes:  # one stage per bucket, in the order they are posted
+        buckets = [grad_allreduce(n) for n in sizes]
+        allreduce_cost = Cost("grad_allreduce", tuple(c.stages[0] for c in buckets),
+                              sympy.Add(*(c.bytes for c in buckets)), sympy.Integer(0))
+    return dataclasses.replace(priced, formulas=formulas, values=values, extras=segment_extras,
+                               allreduce_cost=allreduce_cost, allreduce=evaluate_cost(allreduce_cost, priced.inputs),
+                               grad_ready=ready, grad_overlap=program_schedule(program).grad_overlap)

@@ -1,0 +1,399 @@
+"""schedule: decide how every layer runs, and write each decision into the IR (DESIGN.md section 5, step 8).
+
+The decisions, as attributes the runtime follows and the cost model prices
+(gnnc.plan.schedule_attrs defines them; gnnc.passes.cost.scheduled reads them):
+
+* every halo exchange (depcomm, hybrid) split into start and wait with the
+  local edges between (`halo[overlap=true]`; its readers `split=true`):
+  NeutronStar's overlap, for every aggregation (sum, mean, max, min, the
+  attention softmax); its messages in ring order (`method=ring`);
+* every broadcast of bcast1d staged (`bcast_rows[staged=true]`): MG-GCN's
+  per-stage multiply, two blocks in memory instead of N rows;
+* G3's bins (`bins=k`, `bin_order=boundary_bfs`, the per-bin equations
+  `bin=true`) when `memory_cap` needs them, as few as meet the cap;
+* the gradient all-reduce in buckets of whole layers (`grad_bucket=b`),
+  posted during backward (program attribute `grad_overlap=true`).
+
+Each choice is priced by the cost model: overlap or not, staged or not (the
+strategy's formula with that schedule option), bins by the activation
+memory they leave (gnnc.passes.cost.activations) and the recomputation they
+cost; `auto` takes the cheaper, `on`/`off` fix it. A split exchange is
+moved to just after the equation that produces its input, so it is in
+flight as early as possible. What the pass compared and chose goes to
+`ctx.results.schedule_report` (`--explain` prints it), and the predicted epoch
+(the Gantt chart's) is redrawn from the annotated IR.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gnnc.errors import GnncError
+from gnnc.ir import Eqn, Layer, Program
+from gnnc.ir.dims import eval_dim
+from gnnc.ir.ops import COMM_OPS, reads_neighbours, reads_structure
+from gnnc.passes.choose_strategy import PlanningInputs, PricedPlan
+from gnnc.passes.cost import activations
+from gnnc.passes.cost.collectives import grad_allreduce
+from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.neutronstar import hybrid_values
+from gnnc.passes.cost.schedule import predicted_schedule
+from gnnc.passes.cost.scheduled import (CACHE_ALL, SCHEDULE_OPTIONS, Segment, program_segments, scheduled_plan,
+                                        segment_formula, segment_options, symbol_values)
+from gnnc.passes.manager import PassContext, register_pass
+from gnnc.passes.pipeline_text import option
+from gnnc.plan.schedule_attrs import HALO_METHODS, SPLIT_EXCHANGES
+from gnnc.plan.pipeline import is_pipeline
+
+CHOICES = ("auto", "on", "off")
+MAX_BINS = 1 << 12  # beyond this the bins are a few rows each: the cap is not met by bins
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    overlap: str = option("auto", "split each halo into start and wait, the local edges between: auto, on, off")
+    staged: str = option("auto", "bcast1d: multiply each block as it arrives (MG-GCN's stages): auto, on, off")
+    method: str = option("ring", f"order of a halo's messages: {', '.join(HALO_METHODS)}")
+    bins: int = option(0, "G3's bins per graph layer; 0: as few as memory_cap allows (none without a cap)")
+    memory_cap: int = option(0, "activation memory per worker in bytes (0: no cap)")
+    grad_overlap: str = option("auto", "post each gradient bucket's all-reduce during backward: auto, on, off")
+    bucket_bytes: int = option(4 << 20, "gradient all-reduce buckets hold whole layers up to this many bytes")
+
+
+@dataclass
+class SegmentChoice:
+    """The schedule of one segment: its options, and every alternative the cost model priced."""
+
+    segment: Segment
+    options: dict[str, Any]
+    alternatives: list[dict[str, Any]]
+    why: str = ""
+
+
+def _check(opts: ScheduleOptions) -> None:
+    for name in ("overlap", "staged", "grad_overlap"):
+        if getattr(opts, name) not in CHOICES:
+            raise GnncError(f"schedule: {name} must be one of {', '.join(CHOICES)}, not '{getattr(opts, name)}'")
+    if opts.method not in HALO_METHODS:
+        raise GnncError(f"schedule: method must be one of {', '.join(HALO_METHODS)}, not '{opts.method}'")
+    if opts.bins < 0 or opts.bins > MAX_BINS:
+        raise GnncError(f"schedule: bins must be between 0 and {MAX_BINS}, not {opts.bins}")
+    if opts.memory_cap < 0:
+        raise GnncError(f"--memory-cap must be a positive number of bytes, not {opts.memory_cap}")
+
+
+# --- what may be scheduled how ---------------------------------------------------------------------------
+
+
+def _readers(layer: Layer) -> dict[str, list[tuple[Eqn, int]]]:
+    out: dict[str, list[tuple[Eqn, int]]] = {}
+    for e in layer.eqns:
+        for k, v in enumerate(e.ins):
+            out.setdefault(v.name, []).append((e, k))
+    return out
+
+
+def stageable(layer: Layer) -> str:
+    """Why a bcast1d layer's broadcasts cannot be staged ("" when they can): a staged block is read
+    once, by one equation through the edges, then dropped."""
+    readers = _readers(layer)
+    for e in layer.eqns:
+        if e.op != "bcast_rows":
+            continue
+        uses = readers.get(e.outs[0].name, [])
+        if len(uses) != 1 or uses[0][1] not in reads_neighbours(uses[0][0]):
+            return f"%{e.outs[0].name} is read by {len(uses)} equations; a staged block is read once"
+        if any(v.name == e.outs[0].name for v in layer.outputs):
+            return f"%{e.outs[0].name} leaves the layer"
+    return ""
+
+
+def binnable(layer: Layer) -> bool:
+    """Whether a graph layer may run in bins: its rows are its own (not P3's feature slices or MG-GCN's
+    blocks) and it aggregates over a structure it holds."""
+    return (layer.attr("strategy") in ("depcomm", "hybrid", "depcache")
+            and any(reads_structure(e) for e in layer.eqns))
+
+
+# --- annotating ----------------------------------------------------------------------------------------
+
+
+def _edge(v) -> bool:
+    return v.type is not None and v.type.domain == "edge"
+
+
+def _early(eqns: list[Eqn], layer: Layer) -> list[Eqn]:
+    """Each split exchange moved to just after the equation producing its input (posted as early as can be)."""
+    moving = [e for e in eqns if e.op in SPLIT_EXCHANGES and any(e.attr(f, False) for f in ("overlap", "staged"))]
+    rest = [e for e in eqns if e not in moving]
+    for e in moving:
+        source = e.ins[0].name
+        at = next((i + 1 for i, q in enumerate(rest) if any(o.name == source for o in q.outs)), 0)
+        rest.insert(at, e)
+    return rest
+
+
+def annotate_layer(layer: Layer, options: dict[str, Any], method: str) -> Layer:
+    """`layer` with its schedule written in: exchanges, split or per-bin equations, bins."""
+    overlap, staged, bins = options.get("overlap", False), options.get("staged", False), options.get("bins", 1)
+    eqns: list[Eqn] = []
+    # with a split exchange, every equation on edges runs per part (edges are held part by part), and so
+    # does every reader of the exchange
+    # (a hoisted equation, computed once per run and cached (gnnc.passes.hoist), runs whole: nothing of it
+    # overlaps later steps, and its exchange is not repeated)
+    split_values = {e.outs[0].name for e in layer.eqns if bins == 1 and not e.attr("hoisted") and (
+        e.op == "halo" and overlap or e.op == "bcast_rows" and staged)}
+    binned: set[str] = set()
+    for e in layer.eqns:
+        attrs: dict[str, Any] = {}
+        hoisted = bool(e.attr("hoisted"))
+        if e.op in ("halo", "fetch"):
+            attrs["method"] = method
+        if e.op == "halo":
+            attrs["overlap"] = bool(overlap) and not hoisted
+        if e.op == "bcast_rows":
+            attrs["staged"] = bool(staged) and not hoisted
+        if e.op not in COMM_OPS and not hoisted:
+            if split_values and (any(v.name in split_values for v in e.ins) or any(map(_edge, e.ins))
+                                 or any(map(_edge, e.outs))):
+                attrs["split"] = True
+            if bins > 1 and (reads_structure(e) or any(map(_edge, e.ins)) or any(map(_edge, e.outs))
+                             or any(v.name in binned for v in e.ins)):
+                attrs["bin"] = True
+                binned.update(o.name for o in e.outs)
+        eqns.append(e.with_attrs(**attrs) if attrs else e)
+    attrs = dict(layer.attrs)
+    if bins > 1 and binned:  # (a layer whose aggregations are all hoisted has nothing to run per bin)
+        attrs["bins"] = bins
+        attrs["bin_order"] = "boundary_bfs"
+    return layer.replace(eqns=tuple(_early(eqns, layer)), attrs=tuple(sorted(attrs.items())))
+
+
+def grad_bucket_attrs(program: Program, bucket_bytes: int) -> dict[str, int]:
+    """Layer name -> gradient bucket: layers with parameters in reverse order (the order backward finishes
+    them), a new bucket whenever the next layer would take one past `bucket_bytes`."""
+    cfg = program.config_dict()
+    out: dict[str, int] = {}
+    bucket, size = -1, 0
+    for layer in reversed(program.layers):
+        if not layer.params:
+            continue
+        nbytes = 4 * sum(int(np.prod([eval_dim(d, cfg) for d in p.value.type.shape])) for p in layer.params)
+        if bucket < 0 or (size + nbytes > bucket_bytes and size > 0):
+            bucket, size = bucket + 1, 0
+        out[layer.name] = bucket
+        size += nbytes
+    return out
+
+
+def annotate(program: Program, choices: dict[int, dict[str, Any]], opts: ScheduleOptions, grad_overlap: bool
+             ) -> Program:
+    """The whole program annotated: each graph layer with its options (by graph index), gradient buckets,
+    program attributes."""
+    buckets = grad_bucket_attrs(program, opts.bucket_bytes)
+    layers, k = [], 0
+    for layer in program.layers:
+        if layer.kind == "graph":
+            layer = annotate_layer(layer, choices.get(k, {}), opts.method)
+            k += 1
+        if layer.name in buckets:
+            layer = layer.replace(attrs=tuple(sorted({**dict(layer.attrs), "grad_bucket": buckets[layer.name]}.items())))
+        layers.append(layer)
+    attrs = {**dict(program.attrs), "grad_overlap": grad_overlap}
+    if opts.memory_cap:
+        attrs["memory_cap"] = opts.memory_cap
+    return program.replace(layers=tuple(layers), attrs=tuple(sorted(attrs.items())))
+
+
+# --- pricing -------------------------------------------------------------------------------------------
+
+
+def _priced(program: Program, ctx: PassContext) -> PricedPlan | None:
+    """The planner's priced tables, or the planning inputs priced afresh (fixed strategies); None without a
+    partition (nothing to price on)."""
+    report = ctx.results.planner
+    if report is not None and getattr(report, "priced", None) is not None:
+        return report.priced
+    if ctx.partition is None or ctx.graph is None or ctx.cluster is None:
+        return None
+    planned = ctx.analyses.get(PlanningInputs, program)
+    params = sum(float(np.prod([eval_dim(d, program.config_dict()) for d in p.value.type.shape]))
+                 for p in program.params())
+    ar = grad_allreduce(params)
+    return PricedPlan({}, {}, {}, {}, {}, planned.inputs, planned.shapes, ar, evaluate_cost(ar, planned.inputs), [])
+
+
+def _extra(ctx: PassContext, priced: PricedPlan, seg: Segment) -> Any:
+    """The symbol values a segment's formula needs besides the inputs: a Hybrid selection's (the planner's
+    or select-hybrid's; CACHE_ALL for one that caches every dependency, priced as DepCache); for a selection
+    given by the caller, communicate-all (its overlap and bins are priced as if it cached nothing)."""
+    if seg.strategy != "hybrid":
+        return None
+    key = (seg.start, seg.end, seg.strategy)
+    known = ctx.results.hybrid_values or {}
+    if key in priced.extras or (seg.start, seg.end) in known:
+        chosen = priced.extras[key] if key in priced.extras else known[(seg.start, seg.end)]
+        return CACHE_ALL if chosen is None else chosen
+    inp, k = priced.inputs, seg.end - seg.start
+    p = inp.workers
+    return hybrid_values(seg.start, np.stack([inp.remote] * k, 1), np.stack([inp.send] * k, 1),
+                         np.zeros((p, k)), np.zeros((p, k)), np.zeros(p))
+
+
+def _flags(value: str, legal: bool) -> list[bool]:
+    if not legal or value == "off":
+        return [False]
+    return [True] if value == "on" else [True, False]
+
+
+def choose_segment(program: Program, seg: Segment, priced: PricedPlan | None, extra: Any,
+                   opts: ScheduleOptions) -> SegmentChoice:
+    """The options of one segment: every combination of its legal choices priced, the fastest taken."""
+    layers = program.graph_layers()[seg.start:seg.end]
+    names = SCHEDULE_OPTIONS.get(seg.strategy, ())
+    why = []
+    space: dict[str, list[bool]] = {}
+    if "overlap" in names:
+        legal = opts.method != "ring_paced"
+        if not legal:
+            why.append("ring_paced exchanges complete before the work that could overlap them")
+        space["overlap"] = _flags(opts.overlap, legal)
+    if "staged" in names:
+        blocker = next((w for w in map(stageable, layers) if w), "")
+        if blocker:
+            why.append(f"not staged: {blocker}")
+        space["staged"] = _flags(opts.staged, not blocker)
+    combos: list[dict[str, Any]] = [{}]
+    for name, values in space.items():
+        combos = [{**c, name: v} for c in combos for v in values]
+    bins = {"bins": 1} if "bins" in names else {}
+    alternatives = []
+    best = None
+    for combo in combos:
+        options = {**combo, **bins}
+        alt: dict[str, Any] = {"options": options}
+        if priced is not None:
+            value = evaluate_cost(segment_formula(program, seg, priced.shapes, extra, **options), priced.inputs,
+                                  symbol_values(extra))
+            alt.update(time_s=value.time, memory_bytes=value.memory)
+            if best is None or value.time < best[0]:
+                best = (value.time, options)
+        elif best is None:
+            best = (0.0, options)
+        alternatives.append(alt)
+    assert best is not None
+    if priced is None and len(combos) > 1:
+        why.append("no partition to price on: the first choice")
+    return SegmentChoice(seg, dict(best[1]), alternatives, "; ".join(why))
+
+
+def _fit_cap(program: Program, choices: list[SegmentChoice], opts: ScheduleOptions, priced: PricedPlan | None,
+             grad_overlap: bool) -> tuple[Program, activations.Activations | None, list[str]]:
+    """Bins for the memory cap: as few as bring the predicted activation peak under it (doubling the bins
+    of the layer whose bins hold the most), or the fixed `bins` option. Returns the annotated program."""
+    per_layer: dict[int, dict[str, Any]] = {}
+    for c in choices:
+        for k in range(c.segment.start, c.segment.end):
+            per_layer[k] = dict(c.options)
+    layers = program.graph_layers()
+    notes: list[str] = []
+    if opts.bins > 1:
+        for k, layer in enumerate(layers):
+            if binnable(layer):
+                per_layer[k] = {**per_layer.get(k, {}), "bins": opts.bins}
+            else:
+                notes.append(f"{layer.name} ({layer.attr('strategy')}) does not run in bins")
+    annotated = annotate(program, per_layer, opts, grad_overlap)
+    if priced is None:
+        if opts.memory_cap:
+            raise GnncError("--memory-cap needs the partition to estimate the activations on (--workers N --graph G)")
+        return annotated, None, notes
+    est = activations.estimate(annotated, priced.inputs)
+    if not opts.memory_cap or opts.bins:
+        return annotated, est, notes
+    while float(est.peak.max()) > opts.memory_cap:
+        names = [layer.name for layer in annotated.graph_layers()]
+        grow = [k for k, layer in enumerate(layers) if binnable(layer) and per_layer.get(k, {}).get("bins", 1) < MAX_BINS]
+        if not grow:
+            binned = {k: per_layer.get(k, {}).get("bins", 1) for k in range(len(layers))}
+            raise GnncError(f"--memory-cap {opts.memory_cap}: the predicted activation memory is still "
+                            f"{float(est.peak.max()):.0f} bytes per worker with bins {binned} "
+                            f"({float(est.kept.max()):.0f} bytes are kept whatever the bins: layer inputs and "
+                            f"outputs, exchanged rows, layers that do not run in bins)")
+        k = max(grow, key=lambda i: float(est.per_layer[names[i]].max()))
+        per_layer[k] = {**per_layer.get(k, {}), "bins": 2 * per_layer.get(k, {}).get("bins", 1)}
+        for c in choices:  # a segment's layers run in as many bins as its largest (one formula option)
+            if c.segment.start <= k < c.segment.end:
+                for j in range(c.segment.start, c.segment.end):
+                    if binnable(layers[j]):
+                        per_layer[j] = {**per_layer.get(j, {}), "bins": per_layer[k]["bins"]}
+        annotated = annotate(program, per_layer, opts, grad_overlap)
+        est = activations.estimate(annotated, priced.inputs)
+    return annotated, est, notes
+
+
+@register_pass("schedule", "decide every execution detail: overlap, staged broadcasts, G3 bins, gradient buckets",
+               options=ScheduleOptions, requires=("strategies",))
+def schedule(program: Program, ctx: PassContext, opts: ScheduleOptions) -> Program:
+    _check(opts)
+    if ctx.workers == 1 or ctx.sampling is not None:
+        return program  # one process, or sampled minibatches: gnnc.runtime.minibatch orders their phases
+    if is_pipeline(program):
+        # GNNPipe's stages run chunk by chunk as stage-pipeline laid them out; nothing here applies to them
+        if opts.memory_cap:
+            raise GnncError("--memory-cap runs layers in G3's bins, which the pipeline strategy does not: "
+                            "its stages hold their layers' activations chunk by chunk")
+        return program
+    priced = _priced(program, ctx)
+    choices = []
+    for seg in program_segments(program):
+        extra = _extra(ctx, priced, seg) if priced is not None else None
+        choices.append(choose_segment(program, seg, priced, extra, opts))
+    grad_overlap = opts.grad_overlap != "off"
+    annotated, est, notes = _fit_cap(program, choices, opts, priced, grad_overlap)
+    final = program_segments(annotated)
+    report: dict[str, Any] = {"segments": [], "memory_cap": opts.memory_cap or None, "notes": notes}
+    for c, seg in zip(choices, final):
+        report["segments"].append({"layers": [seg.start, seg.end], "strategy": seg.strategy, "why": c.why,
+                                   "options": segment_options(annotated.graph_layers()[seg.start:seg.end],
+                                                              seg.strategy),
+                                   "alternatives": c.alternatives})
+    if priced is not None:
+        extras = {(s.start, s.end, s.strategy): _extra(ctx, priced, s) for s in final}
+        plan = scheduled_plan(annotated, priced, extras)
+        report["grad_alternatives"] = _grad_alternatives(final, plan)
+        if opts.grad_overlap == "auto":  # the faster; during backward when they tie
+            grad_overlap = min(report["grad_alternatives"], key=lambda a: (a["time_s"], not a["grad_overlap"]))[
+                "grad_overlap"]
+            annotated = annotated.replace(attrs=tuple(sorted({**dict(annotated.attrs),
+                                                              "grad_overlap": grad_overlap}.items())))
+            plan = dataclasses.replace(plan, grad_overlap=grad_overlap)
+        drawn = predicted_schedule(final, plan)
+        report["predicted"] = drawn
+        report["predicted_time_s"] = drawn["time_s"]
+        report["grad_buckets"] = len(plan.allreduce_cost.stages)
+        for entry, seg in zip(report["segments"], final):
+            value = plan.values[(seg.start, seg.end, seg.strategy)]
+            entry.update(time_s=value.time, memory_bytes=value.memory)
+        if est is not None:
+            report["activation_bytes"] = float(est.peak.max())
+            report["activation_kept_bytes"] = float(est.kept.max())
+        planner = ctx.results.planner
+        if planner is not None:
+            planner.schedule = drawn
+            planner.predicted_time_s = drawn["time_s"]
+    report["grad_overlap"] = grad_overlap
+    ctx.results.schedule_report = report
+    return annotated
+
+
+def _grad_alternatives(segments: list[Segment], plan: PricedPlan) -> list[dict[str, Any]]:
+    """The predicted epoch with the gradient all-reduce after backward and during it."""
+    out = []
+    for overlap in (False, True):
+        drawn = predicted_schedule(segments, dataclasses.replace(plan, grad_overlap=overlap))
+        out.append({"grad_overlap": overlap, "time_s": drawn["time_s"]})
+    return out
