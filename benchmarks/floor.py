@@ -112,13 +112,10 @@ def _best_spmm(a: torch.Tensor, width: int) -> Callable[[torch.Tensor], torch.Te
 
 
 def _median(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up: caches, thread pools, the allocator
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of `repeat` calls after one warm-up (caches, thread pools, the allocator)."""
+    from gnnc.runtime.probe import _median_time  # the probe's timing loop, the same here
+
+    return _median_time(fn, repeats=repeat, warmup=1)
 
 
 class _Patterns:
@@ -351,8 +348,6 @@ def report(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     graph = bench_graph(args.graph, args.n, args.m, args.features, args.classes)
-    if args.hidden is None and args.graph not in PLANETOID:
-        args.hidden = 128
     plan = compile_model(args.model, graph, args.hidden, args.heads)
     print(f"{args.model} on {graph.name}: {graph.num_nodes} vertices, {graph.num_edges} edges; {threads_note()}; "
           f"load {loadavg()}", flush=True)
@@ -379,23 +374,37 @@ def report(args: argparse.Namespace) -> None:
     print(f"  {max(wall - sum(per_op.values()), 0.0):9.5f}  (outside torch ops: Python, the interpreter)")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="gcn", help="an example: gcn, sage, gat, gin, ...")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The graph, model and timing options floor.py and vs_pyg.py share (`resolve` fills their defaults)."""
     ap.add_argument("--graph", default="uniform", help="uniform, rmat, cora, citeseer or a gnnc graph spec")
-    ap.add_argument("--n", type=int, default=200_000)
-    ap.add_argument("--m", type=int, default=2_000_000)
+    ap.add_argument("--n", type=int, default=200_000, help="vertices of a generated graph")
+    ap.add_argument("--m", type=int, default=2_000_000, help="edges of a generated graph")
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--hidden", type=int, help="hidden width (GAT: heads x width/heads); default 128, on "
-                    "cora/citeseer the example's own")
+                    "cora/citeseer the examples' own")
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each kernel")
+    ap.add_argument("--epochs", type=int, help="timed epochs (default 5; 50 on cora/citeseer)")
+    ap.add_argument("--warmup", type=int, help="epochs before timing (default 2; 10 on cora/citeseer)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each floor kernel")
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    small = args.graph in PLANETOID
+    if args.hidden is None and not small:
+        args.hidden = 128
+    args.epochs = args.epochs or (50 if small else 5)
+    args.warmup = args.warmup if args.warmup is not None else (10 if small else 2)
+    return args
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gcn", help="an example: gcn, sage, gat, gin, ...")
+    add_arguments(ap)
     ap.add_argument("--top", type=int, default=15, help="ops of the rest to list")
-    report(ap.parse_args())
+    report(resolve(ap.parse_args()))
 
 
 if __name__ == "__main__":

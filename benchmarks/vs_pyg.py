@@ -117,27 +117,11 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--graph", default="uniform", help="uniform, rmat, cora or citeseer (benchmarks/floor.py)")
-    ap.add_argument("--n", type=int, default=200_000)
-    ap.add_argument("--m", type=int, default=2_000_000)
-    ap.add_argument("--features", type=int, default=128)
-    ap.add_argument("--hidden", type=int, help="hidden width (GAT: heads x width/heads); default 128, on "
-                    "cora/citeseer the examples' own")
-    ap.add_argument("--classes", type=int, default=16)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--epochs", type=int, help="timed epochs (default 5; 50 on cora/citeseer)")
-    ap.add_argument("--warmup", type=int, help="epochs before timing (default 2; 10 on cora/citeseer)")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each floor kernel")
+    floor.add_arguments(ap)
     ap.add_argument("--models", default="gcn,sage,gat")
     ap.add_argument("--quick", action="store_true", help="3 epochs after 1 warm-up, 3 runs per floor kernel")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: system:model in this process
-    args = ap.parse_args()
-    small = args.graph in floor.PLANETOID
-    if args.hidden is None and not small:
-        args.hidden = 128
-    args.epochs = args.epochs or (50 if small else 5)
-    args.warmup = args.warmup if args.warmup is not None else (10 if small else 2)
+    args = floor.resolve(ap.parse_args())
     if args.quick:
         args.epochs, args.warmup, args.repeat = 3, 1, 3
     if args.one:
