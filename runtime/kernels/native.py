@@ -4,9 +4,9 @@ Why compiled code: dropout keyed by global ids (gnnc.runtime.rng) is a hash per 
 torch integer ops it took a dozen passes over int32 temporaries per mask (56% of a 200K-vertex GCN
 epoch); GAT's attention as torch ops writes and reads six [edges, heads] tensors forward and more
 backward. One C loop does each in one pass. Plain C with OpenMP, no torch headers and no pybind:
-it compiles in about a second on a fresh machine (a torch C++ extension compiles torch's headers
-first), so nothing has to be shipped prebuilt. Built with -fopenmp, the library needs `libgomp.so.1`, which torch's
-wheel has already loaded under that name: both share one OpenMP runtime and its threads.
+it compiles in 1.3 s of CPU (a torch C++ extension compiles torch's headers first), so nothing has to
+be shipped prebuilt. Built with -fopenmp, the library needs `libgomp.so.1`, which torch's wheel has
+already loaded under that name: both share one OpenMP runtime and its threads.
 
 The library is built once per source, compiler and CPU into a private cache directory (`cache_dir`:
 owned by this user, not writable by others, checked before anything is loaded from it). One process
