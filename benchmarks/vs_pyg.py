@@ -51,7 +51,7 @@ def pyg_epoch(model: str, graph, args):
     import torch.nn.functional as F
     from torch_geometric import nn as pyg
 
-    ei = torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)])
+    ei = torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)]).long()  # R-MAT keeps int32 ids
     x, y, mask = graph.x.to_dense() if graph.x.is_sparse else graph.x, graph.y, graph.train_mask
     width, heads = _sizes(model, args.hidden, args.heads)
     f, c = x.shape[1], int(graph.y.max()) + 1
