@@ -145,7 +145,10 @@ class _build_lock:
         except ImportError:
             return
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some NFS): build unlocked, the rename stays atomic
+            pass
 
     def __exit__(self, *exc: Any) -> None:
         if self.fd is not None:
