@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,6 +265,22 @@ def test_the_build_is_cached_and_renamed_into_place(tmp_path) -> None:
     again, _ = native._build(compiler, tmp_path)
     assert again == first and first.stat().st_mtime_ns == mtime  # found, not rebuilt
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", first.name]  # no temporary left
+
+
+def test_workers_started_together_build_once_and_load_the_same_library(tmp_path) -> None:
+    """Ranks building at once into one fresh directory: one compiles, the others wait and load its file."""
+    import subprocess
+    import sys
+
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    code = ("import ctypes, sys; from pathlib import Path; from gnnc.runtime.kernels import native; "
+            "path, why = native._build(native._compiler(), Path(sys.argv[1])); ctypes.CDLL(str(path)); print(path)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    paths = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(paths) == 1 and sorted(x.name for x in tmp_path.iterdir()) == [".lock", Path(paths.pop()).name]
 
 
 def test_the_cache_directory_must_be_private(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
