@@ -5,7 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench gpu-check clean
+
+# `make gpu-check` (a machine with an NVIDIA GPU): its own venv, so the CPU pin above stays for demo/test.
+# The venv sees the system's site-packages: a python that already holds a CUDA torch and triton keeps them;
+# otherwise pip installs PyPI's Linux torch, the CUDA build, with its triton (network, or PIP_FIND_LINKS).
+GPU_VENV ?= .venv-gpu
+GPU_BIN = $(GPU_VENV)/bin
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -22,5 +28,17 @@ bench: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 	$(BIN)/python benchmarks/run_all.py
 
+# Stops at once, before installing anything, where no NVIDIA GPU is present (nvidia-smi lists none); the benchmarks
+# run even when a GPU test fails (the results file records what ran), and the command then fails.
+gpu-check:
+	@nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || \
+		{ echo "make gpu-check: no CUDA device (nvidia-smi lists no NVIDIA GPU); run it on a machine with one" >&2; exit 2; }
+	test -x $(GPU_BIN)/python || $(PY) -m venv --system-site-packages $(GPU_VENV)
+	$(GPU_BIN)/pip install -q --no-build-isolation -e '.[test,triton]'
+	@$(GPU_BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check: torch ' \
+		+ torch.__version__ + ' in $(GPU_VENV) sees no CUDA device (a CPU build?): install its CUDA build there')"
+	$(GPU_BIN)/python -m pytest -q -p no:cacheprovider -m gpu; tests=$$?; \
+		$(GPU_BIN)/python benchmarks/gpu_check.py -o benchmarks/RESULTS-gpu.md && exit $$tests
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) build *.egg-info

@@ -22,12 +22,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from device_arg import add_device_argument, resolve_device_or_exit
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(model: str, graph: str, nproc: int, strategy: str | None, epochs: int, threads: int,
-        partition: str | None = None) -> dict:
-    args = [model, "--graph", graph, "--nproc", str(nproc)]
+        partition: str | None = None, device: str = "cpu") -> dict:
+    args = [model, "--graph", graph, "--nproc", str(nproc), "--device", device]
     if strategy:
         args += ["--strategy", strategy]
     if partition:
@@ -67,15 +69,17 @@ def main() -> None:
     ap.add_argument("--strategies", default="depcomm,depcomm@hash,depcomm@g3,depcache,hybrid,bcast1d,pushpull+depcomm",
                     help="comma-separated; + joins per-layer strategies, @ names a partition (default: metis, "
                          "random for bcast1d)")
+    add_device_argument(ap)
     args = ap.parse_args()
+    device = resolve_device_or_exit(args.device)  # cuda: each rank takes its own GPU (NCCL)
     print(f"{args.graph}, {Path(args.model).name}, {args.nproc} processes x {args.threads} thread(s), "
-          f"{args.epochs} epochs")
-    base = run(args.model, args.graph, 1, None, args.epochs, args.threads)
+          f"{args.epochs} epochs, device {device}")
+    base = run(args.model, args.graph, 1, None, args.epochs, args.threads, device=device)
     rows = [("single process", base)]
     for s in args.strategies.split(","):
         strategy, _, partition = s.partition("@")  # "depcomm@hash": a partition other than the default
         rows.append((s, run(args.model, args.graph, args.nproc, strategy.replace("+", ","), args.epochs,
-                            args.threads, partition or None)))
+                            args.threads, partition or None, device)))
     print(f"{'strategy':18s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} {'allred s':>8s} "
           f"{'MB/epoch':>9s} {'peak RSS/rank MiB':>18s} {'vs single':>9s} {'test acc':>8s}")
     for name, r in rows:

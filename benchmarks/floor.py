@@ -266,20 +266,22 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def gnnc_epoch(program, graph) -> Callable[[], None]:
+def gnnc_epoch(program, graph, device: str = "cpu", precision: str = "fp32") -> Callable[[], None]:
     """One gnnc epoch as `gnnc run` runs it: the training step (Worker.train_epoch), then the evaluation
     forward pass."""
+    from gnnc.runtime.device import grad_scaler
     from gnnc.runtime.executor import init_params
     from gnnc.runtime.train import TrainConfig, Worker, make_optimizer
 
-    cfg = TrainConfig.resolve(program, seed=0, progress=False)
+    cfg = TrainConfig.resolve(program, seed=0, progress=False, device=device, precision=precision)
     worker = Worker(program, graph, cfg)
-    params = init_params(program, 0)
+    params = init_params(program, 0, worker.device)
     opt = make_optimizer(program, params, cfg)
+    scaler = grad_scaler(worker.device, cfg.precision)
     epoch = [0]
 
     def step() -> None:
-        worker.train_epoch(params, opt, epoch[0])
+        worker.train_epoch(params, opt, epoch[0], scaler)
         with torch.no_grad():
             worker.forward(params, False, epoch[0])
         epoch[0] += 1
@@ -297,21 +299,31 @@ class Timed:
     before_bytes: int
 
 
-def time_epochs(step: Callable[[], None], epochs: int, warmup: int) -> Timed:
-    """Run `warmup` epochs, then time `epochs` (median) and take their peak RSS."""
+def time_epochs(step: Callable[[], None], epochs: int, warmup: int,
+                device: torch.device = torch.device("cpu")) -> Timed:
+    """Run `warmup` epochs, then time `epochs` (median) and take their peak RSS; on a GPU, epochs timed to
+    the completion of their kernels and the peak of torch's allocations there."""
     from gnnc.host import resident_bytes
     from gnnc.runtime.metrics import peak_rss_bytes
 
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     for _ in range(warmup):
         step()
-    before = resident_bytes() or 0
-    reset_peak_rss()
+    sync()
+    before = torch.cuda.memory_allocated(device) if cuda else resident_bytes() or 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        reset_peak_rss()
     times = []
     for _ in range(epochs):
         t0 = time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - t0)
-    return Timed(statistics.median(times), peak_rss_bytes(), before)
+    peak = torch.cuda.max_memory_allocated(device) if cuda else peak_rss_bytes()
+    return Timed(statistics.median(times), peak, before)
 
 
 def profile_epoch(step: Callable[[], None]) -> tuple[float, dict[str, float]]:

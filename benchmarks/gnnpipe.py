@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from device_arg import add_device_argument, resolve_device_or_exit
+
 ROOT = Path(__file__).resolve().parent.parent
 
 GRAPH = "sbm:n=3000,blocks=8,deg=14,intra=0.5,features=64,classes=8,seed=0"
@@ -90,9 +92,11 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    add_device_argument(ap)
     args = ap.parse_args()
+    device = resolve_device_or_exit(args.device)  # cuda: each process takes its own GPU (NCCL)
     model = str(ROOT / "examples" / "gcnii.gnn")
-    common = [model, "--graph", args.graph, "--set", f"layers={args.layers}"]
+    common = [model, "--graph", args.graph, "--set", f"layers={args.layers}", "--device", device]
     ratio = remote_ratio(args.graph, args.nproc)
     pred = predicted(args.graph, args.layers, args.nproc)
     print(f"{args.graph}: sum|B_i|/N = {ratio:.3f} on {args.nproc} METIS parts; GCNII, {args.layers} layers, "

@@ -16,18 +16,28 @@ Each figure is the median of `--repeat` runs (forward and forward + backward
 read off the same runs; one warm-up run per system first); ratios are
 PyG / gnnc and torch.sparse / gnnc (above 1: gnnc is faster).
 
+On CUDA, gnnc's default path is cuSPARSE (through torch's CSR ops); a
+`gnnc-triton` column times the optional Triton kernels beside it, and a
+second table times the GAT layer's other two kernels (SDDMM-dot, edge
+softmax) both ways: what `gnnc.runtime.kernels.TRITON_OPS` is decided on.
+
     python benchmarks/kernels.py                       # CPU; CUDA too where present
     python benchmarks/kernels.py --n 20000 --m 200000  # a quick look
+    python benchmarks/kernels.py --device cuda --n 2400000 --m 62000000 --no-pyg   # products scale
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import torch
+
+from device_arg import add_device_argument, resolve_device_or_exit
 
 
 def time_fwd_bwd(forward: Callable[[], torch.Tensor], grad: torch.Tensor, repeat: int, warmup: bool,
@@ -67,8 +77,19 @@ def make_pyg_layer() -> torch.nn.Module:
     return WeightedSum()
 
 
+def _triton():
+    """gnnc's Triton kernels, where triton imports (the `gnnc[triton]` extra), else None."""
+    try:
+        # deferred: triton is optional
+        from gnnc.runtime.kernels import triton_kernels
+    except ImportError:
+        return None
+    return triton_kernels
+
+
 def bench_device(device: torch.device, args: argparse.Namespace) -> list[dict]:
     from gnnc.runtime import kernels
+    from gnnc.runtime.device import place
     from gnnc.graph import CSR
 
     gen = torch.Generator().manual_seed(0)
@@ -77,12 +98,14 @@ def bench_device(device: torch.device, args: argparse.Namespace) -> list[dict]:
     csr = CSR.from_edges(src, dst, args.n)
     # The same edges in CSR order for every system, so the sums match term by term.
     edge_index = torch.stack([csr.indices, csr.dst_index()]).to(device)
+    csr = place(csr, device)  # structure and transpose on the device, as a run holds them
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's "sparse CSR is beta" notice
         w = torch.rand(args.m, generator=gen).to(device)
         a_csr = torch.sparse_csr_tensor(csr.indptr.to(device), csr.indices.to(device), w, (args.n, args.n))
     pyg = make_pyg_layer().to(device) if not args.no_pyg else None
+    tk = _triton() if device.type == "cuda" else None
 
     rows = []
     shapes = [(f"{f}", (f,), w) for f in args.widths]
@@ -94,6 +117,8 @@ def bench_device(device: torch.device, args: argparse.Namespace) -> list[dict]:
         grad = torch.randn((args.n,) + feat, generator=gen).to(device)
         row = {"width": label}
         systems: dict[str, Callable[[], torch.Tensor]] = {"gnnc": lambda: kernels.spmm(csr, x, weight)}
+        if tk is not None:
+            systems["gnnc-triton"] = lambda: tk.spmm(csr, x, weight)
         if len(feat) == 1:
             systems["torch.sparse"] = lambda: torch.sparse.mm(a_csr, x)
         if pyg is not None:
@@ -103,10 +128,36 @@ def bench_device(device: torch.device, args: argparse.Namespace) -> list[dict]:
             x.grad = None
         rows.append(row)
         print_row(row, device, header=len(rows) == 1)
+    if tk is not None:
+        rows += bench_attention(csr, device, args, tk, gen, sync)
     return rows
 
 
-COLUMNS = ["gnnc", "torch.sparse", "pyg"]
+def bench_attention(csr, device: torch.device, args: argparse.Namespace, tk, gen: torch.Generator,
+                    sync: Callable[[], None]) -> list[dict]:
+    """GAT's SDDMM-dot and edge softmax, torch's path against the Triton kernels (8 heads of 16)."""
+    from gnnc.runtime.kernels import cpu
+
+    heads, depth = 8, 16
+    a = torch.randn(args.n, heads, depth, generator=gen).to(device).requires_grad_(True)
+    b = torch.randn(args.n, heads, depth, generator=gen).to(device).requires_grad_(True)
+    e = torch.randn(csr.nnz, heads, generator=gen).to(device).requires_grad_(True)
+    grad = torch.randn(csr.nnz, heads, generator=gen).to(device)
+    cases = {"sddmm dot": {"torch": lambda: cpu.sddmm(csr, a, b, "dot"), "triton": lambda: tk.sddmm(csr, a, b, "dot")},
+             "edge_softmax": {"torch": lambda: cpu.edge_softmax(csr, e), "triton": lambda: tk.edge_softmax(csr, e)}}
+    rows = []
+    print(f"\nGAT's edge kernels on {device} ({heads} heads of {depth}): seconds, median (fwd+bwd)", flush=True)
+    for op, systems in cases.items():
+        row = {"width": op}
+        for name, forward in systems.items():
+            row[f"{name} fwd"], row[f"{name} fwd+bwd"] = time_fwd_bwd(forward, grad, args.repeat, True, sync)
+        print(f"{op:>14} torch {row['torch fwd+bwd']:.4f}  triton {row['triton fwd+bwd']:.4f}  "
+              f"({row['torch fwd+bwd'] / row['triton fwd+bwd']:.2f}x)", flush=True)
+        rows.append(row)
+    return rows
+
+
+COLUMNS = ["gnnc", "gnnc-triton", "torch.sparse", "pyg"]
 
 
 def print_row(row: dict, device: torch.device, header: bool) -> None:
@@ -139,18 +190,21 @@ def main() -> None:
     p.add_argument("--widths", type=lambda s: [int(v) for v in s.split(",")], default=[32, 64, 128, 256])
     p.add_argument("--repeat", type=int, default=3, help="timed runs per figure (after one warm-up)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
-                   help="'all': CPU, and CUDA when present")
+    add_device_argument(p, default="all", extra="|all")
     p.add_argument("--no-pyg", action="store_true", help="skip PyG (its per-edge rows need nnz x F memory)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON (benchmarks/gpu_check.py reads it)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    devices = [torch.device("cpu")] if args.device in ("cpu", "all") else []
-    if args.device == "cuda" or (args.device == "all" and torch.cuda.is_available()):
-        devices.append(torch.device("cuda"))
+    # 'all' (the default): the CPU, and CUDA when present
+    names = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) if args.device == "all" else \
+        [resolve_device_or_exit(args.device)]
     print(f"uniform random graph: {args.n} vertices, {args.m} edges", flush=True)
-    for device in devices:
-        bench_device(device, args)
+    out = {}
+    for name in names:
+        out[name] = bench_device(torch.device(name), args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"n": args.n, "m": args.m, "rows": out}, indent=2))
 
 
 if __name__ == "__main__":

@@ -24,12 +24,14 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 import gnnc
+from device_arg import add_device_argument, resolve_device_or_exit
 from gnnc import api
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.inspect_plan import explain
@@ -48,15 +50,15 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def accuracy(out: Path, graphs: list[str]) -> dict:
+def accuracy(out: Path, graphs: list[str], device: str = "cpu") -> dict:
     rows = {}
     for spec in graphs:
         graph = gnnc.load_graph(spec)
         model = gnnc.load_model(SAGE)
         full, mini = [], []
         for seed in (0, 1, 2):
-            full.append(gnnc.run(model, graph, epochs=EPOCHS, seed=seed).test_acc)
-            mini.append(gnnc.run(model, graph, epochs=EPOCHS, seed=seed,
+            full.append(gnnc.run(model, graph, epochs=EPOCHS, seed=seed, device=device).test_acc)
+            mini.append(gnnc.run(model, graph, epochs=EPOCHS, seed=seed, device=device,
                                  sampling=SamplingConfig((25, 10), 512)).test_acc)
         rows[spec] = {"full": full, "minibatch": mini, "full_mean": statistics.mean(full),
                       "minibatch_mean": statistics.mean(mini)}
@@ -188,12 +190,19 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks"))
     ap.add_argument("--graphs", default="planetoid:cora,planetoid:citeseer", help="accuracy: the graphs")
     ap.add_argument("--part", choices=["sbm", "cora"], default="sbm", help="pipeline: which half")
+    add_device_argument(ap)
     args = ap.parse_args()
+    device = resolve_device_or_exit(args.device)
+    if device != "cpu" and args.section != "accuracy":
+        print(f"error: --device {args.device}: the {args.section} section runs sampled minibatches on several "
+              "workers, which run on the CPU for now; --section accuracy trains in one process on the device",
+              file=sys.stderr)
+        sys.exit(2)
     torch.set_num_threads(1)  # a shared machine: several threads per process only contend (accuracy is the same)
     out = Path(args.out)
     print(f"loadavg before: {loadavg()}")
     if args.section == "accuracy":
-        result = accuracy(out, args.graphs.split(","))
+        result = accuracy(out, args.graphs.split(","), device)
         name = f"accuracy-{args.graphs.replace(':', '_').replace(',', '+')}"
     elif args.section == "pipeline":
         result = pipeline(out, args.part)

@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from device_arg import add_device_argument, resolve_device_or_exit
 from distributed import ROOT, run_gnnc
 
 
@@ -47,15 +48,17 @@ def main() -> None:
     ap.add_argument("--profile", help="a cluster profile JSON (default: measure this machine with gnnc probe)")
     ap.add_argument("--strategies", default="depcomm,depcache,hybrid,bcast1d")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each plan, taking turns")
+    add_device_argument(ap)
     args = ap.parse_args()
+    device = resolve_device_or_exit(args.device)  # probed, priced and run on the same device
     with tempfile.TemporaryDirectory() as d:
         profile = args.profile
         if profile is None:
             profile = str(Path(d) / "probe.json")
             # one thread: each rank of `gnnc run` computes with one
-            gnnc("probe", "--threads", "1", "-o", profile)
+            gnnc("probe", "--threads", "1", "-o", profile, "--device", device)
         print(f"{args.graph}, {Path(args.model).name}, {args.nproc} processes, {args.partition} partition, "
-              f"{args.epochs} epochs, profile {Path(profile).name}")
+              f"{args.epochs} epochs, profile {Path(profile).name}, device {device}")
         plans = {}
         for strategy in args.strategies.split(","):
             plan = Path(d) / f"plan-{strategy}"
@@ -65,7 +68,8 @@ def main() -> None:
         runs: dict[str, list[dict]] = {strategy: [] for strategy in plans}
         for _ in range(args.repeats):
             for strategy, (plan, _predicted) in plans.items():
-                runs[strategy].append(run_gnnc([str(plan), "--nproc", str(args.nproc)], args.epochs, 1))
+                runs[strategy].append(run_gnnc([str(plan), "--nproc", str(args.nproc), "--device", device],
+                                               args.epochs, 1))
     print(f"{'strategy':10s} {'predicted s':>11s} {'measured s':>10s} {'runs min-max s':>15s} "
           f"{'measured/predicted':>18s} {'compute s':>9s} {'comm s':>7s}")
     rows = []

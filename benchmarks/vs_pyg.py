@@ -21,20 +21,25 @@ the times mean little on a loaded machine.
     python benchmarks/vs_pyg.py --graph rmat        # R-MAT (power-law) of the same size
     python benchmarks/vs_pyg.py --graph cora        # the examples' own sizes (GCN 16, GAT 8 heads x 8)
     python benchmarks/vs_pyg.py --n 20000 --m 200000 --quick
+    python benchmarks/vs_pyg.py --device cuda      # where a GPU is present (auto: CUDA when present)
+    python benchmarks/vs_pyg.py --device cuda --n 2400000 --m 62000000 --features 100 --hidden 256 --classes 47
+
+On CUDA every tensor of both systems is on the GPU, epochs are timed to the completion of their
+kernels, and peak memory is torch's peak allocation on the GPU; a system that runs out of GPU memory
+reports it in its row. The floor is the CPU's (torch's CPU kernels): on a GPU its column stays empty.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import floor  # benchmarks/floor.py: the graphs, the models, the floor and the epoch timing
+from device_arg import add_device_argument, resolve_device_or_exit
 
-HERE = Path(__file__).resolve().parent
 SYSTEMS = ("pyg", "gnnc", "floor")
 
 
@@ -46,13 +51,15 @@ def _sizes(model: str, hidden: int | None, heads: int) -> tuple[int, int]:
 
 
 def pyg_epoch(model: str, graph, args):
-    """PyG's epoch for `model`: a training step, then the evaluation forward pass."""
+    """PyG's epoch for `model` on args.device: a training step, then the evaluation forward pass."""
     import torch
     import torch.nn.functional as F
     from torch_geometric import nn as pyg
 
-    ei = torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)]).long()  # R-MAT keeps int32 ids
-    x, y, mask = graph.x.to_dense() if graph.x.is_sparse else graph.x, graph.y, graph.train_mask
+    device = torch.device(args.device)
+    ei = torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)]).long().to(device)  # R-MAT: int32
+    x = (graph.x.to_dense() if graph.x.is_sparse else graph.x).to(device)
+    y, mask = graph.y.to(device), graph.train_mask.to(device)
     width, heads = _sizes(model, args.hidden, args.heads)
     f, c = x.shape[1], int(graph.y.max()) + 1
     if model == "gcn":
@@ -61,7 +68,7 @@ def pyg_epoch(model: str, graph, args):
         convs = [pyg.SAGEConv(f, width), pyg.SAGEConv(width, c)]
     else:
         convs = [pyg.GATConv(f, width, heads=heads, dropout=0.6), pyg.GATConv(width * heads, c, heads=1, dropout=0.6)]
-    net = torch.nn.ModuleList(convs)
+    net = torch.nn.ModuleList(convs).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=5e-4)
     p = 0.6 if model == "gat" else 0.5
     act = F.elu if model == "gat" else F.relu
@@ -104,9 +111,9 @@ def run_one(system: str, model: str, args) -> dict:
             return_freed_memory()  # as gnnc's worker does: outputs are allocated as in its epoch
             ops = floor.measure_floor(plan.program, graph, args.repeat)
             return {**out, "epoch_s": sum(op.seconds for op in ops), "kernels": len(ops)}
-        step = floor.gnnc_epoch(plan.program, graph)
+        step = floor.gnnc_epoch(plan.program, graph, args.device, args.precision)
         out["cpu_kernels"] = native.status()
-    timed = floor.time_epochs(step, args.epochs, args.warmup)
+    timed = floor.time_epochs(step, args.epochs, args.warmup, torch.device(args.device))
     return {**out, "epoch_s": timed.epoch_s, "peak_bytes": timed.peak_bytes,
             "epoch_bytes": timed.peak_bytes - timed.before_bytes}
 
@@ -119,9 +126,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     floor.add_arguments(ap)
     ap.add_argument("--models", default="gcn,sage,gat")
+    add_device_argument(ap)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="gnnc's (PyG's stays fp32)")
     ap.add_argument("--quick", action="store_true", help="3 epochs after 1 warm-up, 3 runs per floor kernel")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON (benchmarks/gpu_check.py reads it)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: system:model in this process
     args = floor.resolve(ap.parse_args())
+    args.device = resolve_device_or_exit(args.device)
     if args.quick:
         args.epochs, args.warmup, args.repeat = 3, 1, 3
     if args.one:
@@ -129,14 +140,15 @@ def main() -> None:
         print(json.dumps(run_one(system, model, args)))
         return
 
-    forwarded = [a for a in sys.argv[1:] if a != "--quick"]
-    forwarded += ["--epochs", str(args.epochs), "--warmup", str(args.warmup), "--repeat", str(args.repeat)]
+    forwarded = [a for a in _without_option(sys.argv[1:], ("--device", "--json")) if a != "--quick"]
+    forwarded += ["--epochs", str(args.epochs), "--warmup", str(args.warmup), "--repeat", str(args.repeat),
+                  "--device", args.device]
     load_before = floor.loadavg()
     started = time.perf_counter()
     rows: dict[tuple[str, str], dict] = {}
     models = args.models.split(",")
     for model in models:
-        for system in SYSTEMS:
+        for system in SYSTEMS if args.device == "cpu" else SYSTEMS[:2]:
             r = subprocess.run([sys.executable, str(Path(__file__)), *forwarded, "--one", f"{system}:{model}"],
                                capture_output=True, text=True)
             if r.returncode != 0:
@@ -147,13 +159,14 @@ def main() -> None:
     kernels = next((r["cpu_kernels"] for r in rows.values() if "cpu_kernels" in r), "?")
     sizes = "the examples' own sizes" if args.hidden is None else f"hidden {args.hidden} (GAT {args.heads} heads)"
     print(f"graph {first.get('graph', args.graph)}: {first.get('vertices', '?')} vertices, {first.get('edges', '?')} "
-          f"edges; {sizes}; {args.threads} threads; gnnc's CPU kernels: {kernels}")
+          f"edges; {sizes}; {args.threads} threads; device {args.device}, gnnc at {args.precision}; "
+          f"gnnc's CPU kernels: {kernels}")
     print(f"epoch = training step + evaluation forward; median of {args.epochs} after {args.warmup}; "
           f"peak RSS during the timed epochs")
     print(f"{'model':6s} {'PyG s':>8s} {'gnnc s':>8s} {'floor s':>8s} {'PyG/gnnc':>9s} {'gnnc/floor':>10s} "
           f"{'PyG MiB':>8s} {'gnnc MiB':>9s} {'ratio':>6s} {'PyG +MiB':>9s} {'gnnc +MiB':>10s} {'ratio':>6s}")
     for model in models:
-        p, g, fl = (rows[(s, model)] for s in SYSTEMS)
+        p, g, fl = (rows.get((s, model), {}) for s in SYSTEMS)
         errors = [f"{s}: {r['error']}" for s, r in zip(SYSTEMS, (p, g, fl)) if "error" in r]
 
         def sec(t: float | None) -> str:
@@ -168,6 +181,23 @@ def main() -> None:
               f"{mib(pm, 8)} {mib(gm, 9)} {_ratio(gm, pm):>6s} {mib(pe, 9)} {mib(ge, 10)} {_ratio(ge, pe):>6s}"
               + (f"   ({'; '.join(errors)})" if errors else ""))
     print(f"load average {load_before} before, {floor.loadavg()} after ({time.perf_counter() - started:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "one"},
+                                               "rows": [{"system": s, "model": m, **r} for (s, m), r in rows.items()]},
+                                              indent=2))
+
+
+def _without_option(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """argv without `--name VALUE` / `--name=VALUE` for each name (the parent re-adds what it resolved)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        elif not any(a.startswith(n + "=") for n in names):
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":

@@ -29,22 +29,21 @@ from gnnc.ir.expr import as_expr
 from gnnc.memory_check import check_run_memory
 from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
                              load_model_source)  # (the API's names)
-from gnnc.passes.choose_strategy import layer_dims, layer_shape
+from gnnc.passes.choose_strategy import epoch_costs, planning_inputs
 from gnnc.passes.cost.evaluation import evaluate_cost
-from gnnc.passes.cost.local import local
-from gnnc.passes.cost.symbols import CostInputs
+from gnnc.passes.cost.registry import segment_cost
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
-from gnnc.passes.partition.stats import compute_stats
 from gnnc.passes.pipeline_plan import pipeline_summary
 from gnnc.passes.pipeline_text import PassSpec, with_values
-from gnnc.passes.predict_bytes import param_dependent
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
+from gnnc.plan.precision import DEFAULT_PRECISION, check_precision
 from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.approximation import approximations, require_exact
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES
+from gnnc.runtime.device import check_gpu_count, resolve_device
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 from gnnc.runtime.main_guard import check_main_guard
@@ -66,7 +65,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             partition: str | None = None, seed: int = 0, cluster: Any = None,
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
             sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
-            memory_cap: int | None = None, pipeline_groups: int = 0) -> Plan:
+            memory_cap: int | None = None, pipeline_groups: int = 0, precision: str = DEFAULT_PRECISION,
+            device: str = "cpu") -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -83,7 +83,14 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     `memory_cap` (bytes of activation memory per worker) goes to the schedule pass, which runs layers in
     G3's bins to meet it (full-graph training).
     GNNPipe's `pipeline` runs `pipeline_groups` workers per stage (0: the planner chooses).
+    `precision` (gnnc.plan.precision) sets the bytes predicted per exchanged
+    element and the rates the planner prices; the plan records it, and a run
+    of the plan uses it. `device` picks which of this machine's probes
+    (`gnnc probe --device`) the `local` cluster is.
     """
+    check_precision(precision)
+    if sampling is not None and precision != DEFAULT_PRECISION:
+        raise GnncError(f"--precision {precision}: sampled minibatch training (--fanout) runs in fp32 for now")
     if schedule is not None and schedule not in SCHEDULES:
         raise GnncError(f"unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
     if schedule is not None and SCHEDULES[schedule].sampled_only and sampling is None:
@@ -94,7 +101,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         if sampling is not None:
             raise GnncError("--workers auto plans full-graph training; give a worker count with --fanout")
         return _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
-                             memory_cap)
+                             precision, device, memory_cap)
     workers = int(workers)
     if workers < 1:
         raise GnncError(f"--workers must be at least 1, not {workers}")
@@ -109,9 +116,10 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1:
         pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap,
                                          pipeline_groups=pipeline_groups)
-    meta: dict[str, Any] = {}
+    # recorded only when not the default, so an fp32 plan is the file it always was
+    meta: dict[str, Any] = {} if precision == DEFAULT_PRECISION else {"precision": precision}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
-                      approximate=approximate)
+                      approximate=approximate, precision=precision)
     if getattr(graph, "stand_ins", None):
         meta["graph_stand_ins"] = dict(graph.stand_ins)  # `gnnc run PLAN` refuses or states them without the graph
     if workers > 1:
@@ -119,7 +127,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             raise GnncError("compiling for several workers needs the graph (--graph G)")
         method = partition or (SAMPLED_PARTITION if sampling is not None else _default_partition(strategy))
         ctx.partition = partition_graph(graph, workers, method, seed=seed)
-        ctx.cluster = resolve_cluster(cluster)  # once, for every pass that prices
+        ctx.cluster = resolve_cluster(cluster, device)  # once, for every pass that prices
         meta["partition"] = {"method": method, "parts": workers, "seed": seed}
     program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
     if graph is not None:
@@ -133,6 +141,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             meta["predicted_bytes_per_epoch"] = results.predicted_bytes
     elif results.predicted_bytes is not None:
         meta["predicted_bytes_per_step"] = results.predicted_bytes
+    if results.predicted_eval_bytes is not None:
+        meta["predicted_eval_bytes_per_epoch"] = results.predicted_eval_bytes
     chosen = [layer.attr("strategy", "local") for layer in program.graph_layers()]
     notes = approximations(chosen, meta.get("schedule"))
     if notes:  # an exact plan says nothing (and stays byte for byte what it was)
@@ -156,6 +166,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                            "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
                            # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
                            "schedule": report.schedule}
+    if report is not None and report.memory_warning:
+        warnings.warn(GnncWarning(report.memory_warning), stacklevel=2)
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
                 results.hybrid_cached, graph if workers > 1 else None)
 
@@ -203,16 +215,16 @@ def _default_partition(strategy: str | None) -> str:
 
 
 def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, seed, cluster, allow,
-                  memory_cap=None) -> Plan:
+                  precision: str, device: str, memory_cap=None) -> Plan:
     """--workers auto: the worker count (1, 2, 4, ... up to the cluster's) with the least predicted time."""
-    profile = resolve_cluster(cluster)
-    best = compile(model, graph, 1, passes, graph_spec, after)
-    best_time = _single_time(best, graph, profile)
+    profile = resolve_cluster(cluster, device)
+    best = compile(model, graph, 1, passes, graph_spec, after, precision=precision)
+    best_time = _single_time(best, graph, profile, precision)
     considered = [{"workers": 1, "time_s": best_time}]
     n = 2
     while n <= profile.workers:
         plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow,
-                       memory_cap=memory_cap)
+                       memory_cap=memory_cap, precision=precision)
         t = plan.meta.get("planner", {}).get("predicted_time_s")
         considered.append({"workers": n, "time_s": t})
         if t is not None and t < best_time:
@@ -222,17 +234,15 @@ def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, 
     return best
 
 
-def _single_time(plan: Plan, graph: Any, profile) -> float:
-    """Predicted epoch time on one worker of `profile` (the `local` formula of every graph layer)."""
+def _single_time(plan: Plan, graph: Any, profile, precision: str = DEFAULT_PRECISION) -> float:
+    """Predicted epoch time on one worker of `profile`: the `local` formula of every graph layer (its evaluation
+    pass included), and the optimizer step (gnnc.passes.cost.epoch), as a plan for several workers is priced."""
     import numpy as np
 
-
-    layers = plan.program.graph_layers()
-    stats = compute_stats(graph, np.zeros(graph.num_nodes, dtype=np.int64), len(layers), "self_loops")
-    dims, heads = layer_dims(plan.program)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(1), heads=heads)
-    needs = param_dependent(plan.program)
-    return sum(evaluate_cost(local(i, layer_shape(layer, needs)), inputs).time for i, layer in enumerate(layers))
+    parts = np.zeros(graph.num_nodes, dtype=np.int64)
+    _, inputs, shapes = planning_inputs(plan.program, graph, parts, profile, workers=1, precision=precision)
+    layers = [evaluate_cost(segment_cost("local", i, i + 1, shapes[i:i + 1]), inputs).time for i in range(len(shapes))]
+    return sum(layers) + epoch_costs(plan.program, inputs)[1].time
 
 
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
@@ -249,11 +259,12 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
         want_logits: bool = True, sampling: SamplingConfig | None = None, schedule: str | None = None,
-        approximate: bool = False, pipeline_groups: int = 0):
+        approximate: bool = False, pipeline_groups: int = 0, device: str = "cpu", precision: str | None = None):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
-    Returns a RunResult either way (logits in global vertex order). With
-    nproc > 1 the workers are new processes started with 'spawn', which
+    `device`: cpu, cuda or auto (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16,
+    by default the plan's. Returns a RunResult either way (logits in global vertex order, on the host).
+    With nproc > 1 the workers are new processes started with 'spawn', which
     imports the caller's main module again in each: a script must call this
     under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line). `sampling` trains sampled minibatches.
     """
@@ -266,15 +277,27 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
                                                              graph_spec=graph if isinstance(graph, str) else None,
                                                              sampling=sampling, schedule=schedule,
                                                              approximate=approximate,
-                                                             pipeline_groups=pipeline_groups)
+                                                             pipeline_groups=pipeline_groups,
+                                                             precision=precision or DEFAULT_PRECISION)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
-                              progress=progress)
+                              progress=progress, device=resolve_device(device),
+                              precision=plan_precision(plan, precision))
     if plan.workers == 1:
         predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
         result = train_local(plan, g, cfg, metrics, on_epoch)
         result.predicted_peak_rss_bytes = int(predicted.peak)
         return result
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
+
+
+def plan_precision(plan: Plan, asked: str | None) -> str:
+    """The precision a run of `plan` uses: the one it was compiled for (its bytes were predicted for it);
+    asking for another is refused rather than run with predictions that do not hold."""
+    compiled = plan.meta.get("precision", DEFAULT_PRECISION)
+    if asked is not None and check_precision(asked) != compiled:
+        raise GnncError(f"--precision {asked}: the plan was compiled for {compiled}; recompile it with "
+                        f"`gnnc compile ... --precision {asked}`")
+    return compiled
 
 
 def train_local(plan: Plan, graph: Graph, cfg: TrainConfig, metrics: str | None = None, on_epoch=None):
@@ -299,6 +322,11 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
 
 
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if plan.sampling is not None and cfg.device != "cpu":  # its control messages and blocks stay on the host
+        raise GnncError(f"--device {cfg.device}: sampled minibatch training on several workers (--fanout with "
+                        f"--nproc {plan.workers}) runs on the CPU for now; one process runs it on the device")
+    if cfg.device == "cuda" and not started_by_torchrun():
+        check_gpu_count(plan.workers)  # each local rank takes its own GPU
     if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():
         if graph is None:
             raise PlanError("the plan has no shards and no graph was given to write them from")
@@ -320,10 +348,10 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         fn, job = job_for(str(plan.shard_dir))
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
-            return _result(join_torchrun(fn, job, timeout_s=timeout))
+            return _result(join_torchrun(fn, job, device=cfg.device, timeout_s=timeout))
         # before any worker starts (the memory check reads full-graph shards; sampled ones are not estimated)
         predicted = check_run_memory(plan, shard_dir=plan.shard_dir) if plan.sampling is None else None
-        return _result(launch(fn, plan.workers, job, timeout_s=timeout)[0], predicted)
+        return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
@@ -335,7 +363,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         predicted = check_run_memory(plan, shard_dir=tmp) if plan.sampling is None else None  # before any worker starts
         fn, job = job_for(tmp)
         try:
-            return _result(launch(fn, plan.workers, job, timeout_s=timeout)[0], predicted)
+            return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
 

@@ -18,6 +18,7 @@ from typing import Any
 from gnnc.errors import GnncError, GnncWarning, InternalError
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
 
@@ -89,9 +90,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     workers = args.workers if args.workers == "auto" else int(args.workers)
     allow = args.allow.split(",") if args.allow else None
+    # the device the plan is for: it picks the `local` profile; a GPU need not be here to compile for one
+    device = _resolve_device(args.device, here=False)
     plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
-                       memory_cap=args.memory_cap, **_sampled_options(args))
+                       memory_cap=args.memory_cap, precision=args.precision, device=device, **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -105,8 +108,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
                     "workers": plan.workers, "exact": not plan.meta.get("approximations"),
                     "approximations": plan.meta.get("approximations", []), "passes": plan.passes,
                     "partition": plan.meta.get("partition"), "schedule": plan.meta.get("schedule"),
-                    "predicted": {"epoch_time_s": planner.get("predicted_time_s"),
+                    "predicted": {**inspect_plan.predicted_epoch(plan),
                                   "bytes_per_epoch": sum((predicted_bytes or {}).values()),
+                                  "eval_bytes_per_epoch": sum((plan.meta.get("predicted_eval_bytes_per_epoch")
+                                                               or {}).values()),
                                   "peak_memory_bytes": planner.get("predicted_memory_bytes")},
                     "alternatives": [{k: v for k, v in a.items() if k != "formulas"}
                                      for a in planner.get("alternatives", [])]})
@@ -147,6 +152,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return stop.exit_code
 
 
+def _resolve_device(spec: str, here: bool = True) -> str:
+    from gnnc.runtime.device import resolve_device  # deferred: the device module loads torch
+
+    return resolve_device(spec, here)
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
 
@@ -155,6 +166,8 @@ def _run(args: argparse.Namespace) -> int:
     from gnnc.memory_check import check_run_memory
     from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.train import TrainConfig
+
+    device = _resolve_device(args.device)  # before anything is loaded: no GPU is a one-line exit 2
 
     target = Path(args.target)
     if target.is_dir():
@@ -179,13 +192,15 @@ def _run(args: argparse.Namespace) -> int:
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
         plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
                            partition=args.partition, seed=args.seed, graph_spec=spec,
-                           memory_cap=args.memory_cap, **_sampled_options(args))
+                           memory_cap=args.memory_cap, precision=args.precision or "fp32", device=device,
+                           **_sampled_options(args))
     progress = args.progress or (not args.no_progress and sys.stderr.isatty())
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
     cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
                               seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
-                              checkpoint_every=args.checkpoint_every, resume=args.resume)
+                              checkpoint_every=args.checkpoint_every, resume=args.resume, device=device,
+                              precision=api.plan_precision(plan, args.precision))
     if plan.workers > 1:
         result = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
                               timeout_s=args.timeout)
@@ -200,6 +215,7 @@ def _run(args: argparse.Namespace) -> int:
     summary["epochs"] = cfg.epochs
     if summary["cpu_kernels"] not in ("", "compiled"):  # slower, never wrong: said once, not an error
         print(f"note: CPU kernels: {summary['cpu_kernels']}", file=sys.stderr)
+    summary["device"], summary["precision"] = cfg.device, cfg.precision
     if args.dump_logits:
         torch.save(logits, args.dump_logits)
     if args.json:
@@ -268,19 +284,22 @@ def cmd_probe(args: argparse.Namespace) -> int:
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.cluster import ClusterProfile, default_probe_file
-    from gnnc.passes.cost.fit import describe_unit_costs, fit_profile
-    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, probe, probe_layer_samples
+    from gnnc.passes.cost.fit import describe_unit_costs
 
+    device = _resolve_device(args.device)
     threads = args.threads or max(1, torch.get_num_threads())
     if args.network:
+        if device != "cpu":
+            raise GnncError(f"--network measures the links between CPU ranks with gloo, not --device {args.device}'s "
+                            "GPUs; to price GPUs on the measured network, run `gnnc probe --device cuda -o GPU.json` "
+                            "on one machine and pass --base GPU.json")
         return _probe_network(args, threads)
-    measured = probe(threads)
-    features, hidden, classes = PROBE_WIDTHS
-    model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
-    program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
-    fitted = fit_profile(program, samples, PROBE_WIDTHS, measured["intra_bandwidth"])
+    from gnnc.runtime.probe import probe  # deferred: loads torch.distributed
+
+    measured = probe(threads, device)
+    fitted = _fit_machine(api, threads, measured["intra_bandwidth"], device)
     profile = ClusterProfile.from_dict({**measured, **fitted}, "probe")
-    path = Path(args.output) if args.output else default_probe_file()
+    path = Path(args.output) if args.output else default_probe_file(device)
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(path)
     print(profile.to_json(), end="")  # stdout stays the profile's JSON, for scripts
@@ -289,18 +308,39 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_machine(api, threads: int, bandwidth: float, device: str = "cpu") -> dict:
+    """Time this machine's ops (every op class, then PROBE_MODEL's layers) and fit the cost model's rates to
+    them: op_rates, NeutronStar's unit costs and t_v, t_e, t_c at `bandwidth` (ClusterProfile fields)."""
+    # deferred: a command loads torch and the planner only when it needs them
+    from gnnc.passes.cost.fit import fit_op_rates, fit_profile
+    from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, PROBE_WIDTHS,
+                                    probe_layer_samples, probe_op_samples)
+
+    features, hidden, classes = PROBE_OPS_WIDTHS
+    ops_model = api.load_model_source(PROBE_OPS_MODEL, "<gnnc probe>", features=features, hidden=hidden,
+                                      classes=classes)
+    rates = fit_op_rates(probe_op_samples(lambda graph: api.compile(ops_model, graph).program, threads,
+                                          device=device))
+    features, hidden, classes = PROBE_WIDTHS
+    model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
+    program, samples, forward = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads,
+                                                    device=device)
+    return fit_profile(program, samples, PROBE_WIDTHS, bandwidth, rates, forward)
+
+
 def _probe_network(args: argparse.Namespace, threads: int) -> int:
     """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
 
     The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `--base`
-    (a profile `gnnc probe` wrote) or, without it, from measuring this host once the links are done.
+    (a profile `gnnc probe` wrote) or, without it, from measuring the machines once the links are done:
+    every rank measures at once, as a job's ranks compute at once (ranks sharing cores see the rates a
+    share gives), and rank 0 writes what it measured.
     """
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.cluster import ClusterProfile, load_profile
-    from gnnc.passes.cost.fit import fit_profile
     from gnnc.runtime.launch import join_torchrun, started_by_torchrun
-    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, machine_fields, probe_layer_samples
+    from gnnc.runtime.probe import machine_fields
     from gnnc.runtime.probe_network import network_probe, profile_fields
 
     if not started_by_torchrun():
@@ -311,22 +351,21 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
         raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
     base = load_profile(args.base) if args.base else None  # read before the job: a bad file fails fast
     measured = join_torchrun(network_probe, timeout_s=args.timeout)
-    if measured is None:
+    if measured is None and base is not None:
         return 0  # a rank other than 0: rank 0 writes the profile
-    network = profile_fields(measured)
-    workers = network["workers"]
     if base is not None:
+        network = profile_fields(measured)
         profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
                                             "unit_costs": []}, "probe")
     else:
-        features, hidden, classes = PROBE_WIDTHS
-        model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden,
-                                      classes=classes)
-        program, samples = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads)
-        profile = ClusterProfile.from_dict({**machine_fields(threads), **network, "name": "measured", "t_c": None},
-                                           "probe")
+        machine = machine_fields(threads)  # every rank, at once (the docstring); rank 0 keeps its own
+        if measured is None:
+            _fit_machine(api, threads, 1.0)
+            return 0
+        network = profile_fields(measured)
+        profile = ClusterProfile.from_dict({**machine, **network, "name": "measured", "t_c": None}, "probe")
         # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
-        fitted = fit_profile(program, samples, PROBE_WIDTHS, profile.worker_bandwidth(workers))
+        fitted = _fit_machine(api, threads, profile.worker_bandwidth(network["workers"]))
         profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -336,7 +375,8 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
     print(f"{len(profile.links)} links: bandwidth {min(x.bandwidth for x in inter) * 8 / 1e9:.3g}.."
           f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
           f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
-          f"(profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us)", file=sys.stderr)
+          f"idle (profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us per message "
+          f"while the ranks compute)", file=sys.stderr)
     for c in profile.collectives:
         print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
               f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)
@@ -429,6 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     f"default: {','.join(DEFAULT_PIPELINE)}, followed with --workers N>1 by "
                                     f"{','.join(DISTRIBUTED_PIPELINE)}")
     c.add_argument("--print-after", metavar="PASS[,PASS]")
+    c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
+                   help="the device the plan will run on: `--cluster local` is its `gnnc probe --device` profile")
+    c.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bytes predicted per exchanged element and the rates priced (fp32: 4 bytes, bf16/fp16: 2)")
     _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_compile)
@@ -467,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     c.add_argument("--dump-logits", metavar="FILE.pt")
+    c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
+                   help="cpu, cuda (exit 2 without a GPU; with --nproc N rank r takes GPU r and NCCL) or auto "
+                        "(cuda when a GPU is present)")
+    c.add_argument("--precision", choices=PRECISIONS,
+                   help="fp32 (default, exact), bf16 or fp16: products in 16 bits under autocast, fp32 master "
+                        "weights, fp16 with loss scaling; a plan runs at the precision it was compiled for")
     _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
@@ -479,6 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
     c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
     c.add_argument("--threads", type=int)
+    c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
+                   help="measure the CPU, or this machine's GPUs (rates, NCCL link, unit costs) with cuda/auto")
     c.add_argument("--network", action="store_true",
                    help="under torchrun: measure the links and collectives between the job's ranks (rank 0 "
                         "writes the profile of the job's machines)")

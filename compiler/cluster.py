@@ -27,7 +27,9 @@ writes `unit_costs`, NeutronStar's T_v, T_e, T_c per layer width as it fitted th
 every older profile) still load, and a profile without a fit is written exactly as before.
 `gnnc probe --network` (under torchrun) adds `links` and `collectives`, what it measured between
 the job's ranks (`LinkMeasurement`, `CollectiveMeasurement`), optional and left out when empty in
-the same way.
+the same way. `gnnc probe` also writes `op_rates` (`OpRate`: seconds per element of each class of the
+IR's other ops, forward and backward), optional likewise; a profile without them prices those ops from
+its memory bandwidth (`ClusterProfile.op_rate`).
 """
 from __future__ import annotations
 
@@ -101,6 +103,41 @@ class CollectiveMeasurement:
     bandwidth: float
 
 
+# The classes of ops the cost model prices per element (gnnc.passes.cost.ops says which op is which),
+# and what a profile without a measurement derives their cost from: bytes moved per element, forward
+# and backward, read at the memory bandwidth (memory-bound work: a derivation, not a measurement).
+#   elementwise: read and write one float (8); backward reads the gradient and the saved input, writes one (12)
+#   dropout: read and write one float, one mask byte (9), backward the same (9); `dropout_row`, per row
+#       dropped out, is what drawing a row's mask costs besides its elements (its key's hash): 0 derived
+#   copy: a row gathered or assembled (index_select, cat, index_add): read and write one float (8, 8)
+#   attention: sddmm and edge_softmax per edge and head: two edge operations at the SpMM rate's 16 bytes
+#       each (the estimate the cost model used before op costs were measured: 4 per edge and head for
+#       score, leaky_relu, softmax and dropout, of which leaky_relu and dropout are now their own ops)
+#   loss: cross_entropy per logit: log-softmax reads twice and writes once, plus the pick (16); backward (12)
+#   optimizer: Adam per parameter element: reads param, grad, two moments, writes param and moments (28)
+# `call` (seconds per op executed, forward or backward) and `optimizer_call` (per parameter tensor of
+# an optimizer step) are not per element; without a measurement they are CALL_OVERHEAD_S.
+OP_CLASSES = ("elementwise", "dropout", "dropout_row", "copy", "attention", "loss", "optimizer", "optimizer_call",
+              "call")
+_OP_BYTES = MappingProxyType({"elementwise": (8.0, 12.0), "dropout": (9.0, 9.0), "dropout_row": (0.0, 0.0),
+                              "copy": (8.0, 8.0),
+                              "attention": (32.0, 32.0), "loss": (16.0, 12.0), "optimizer": (28.0, 0.0)})
+CALL_OVERHEAD_S = 10e-6  # assumed: a framework's dispatch of one op (Python, a kernel launch), ~10 us
+
+
+@dataclass(frozen=True)
+class OpRate:
+    """What one class of ops costs on these machines, as `gnnc probe` measured it (through gnnc's executor).
+
+    op: one of OP_CLASSES; forward, backward: seconds per element (per op executed for `call`,
+    per parameter tensor for `optimizer_call`; an optimizer step has no backward: 0).
+    """
+
+    op: str
+    forward: float
+    backward: float
+
+
 @dataclass(frozen=True)
 class ClusterProfile:
     """The machines a plan runs on.
@@ -125,12 +162,21 @@ class ClusterProfile:
         per byte of a communicated row. They override the rates above where
         the cost model needs them (`effective_*`); None: derive from rates.
         `gnnc probe` fits them (gnnc.passes.cost.fit) to timings of gnnc's own executor (runtime/probe.py).
+    t_v_forward, t_e_forward: the same fitted to the dense maps and aggregations forward alone, as
+        the evaluation pass runs them (a dense map's backward products run at another rate);
+        None: t_v, t_e (`effective_*_forward`).
     description: one line for `gnnc clusters`.
     unit_costs: the per-layer-width T_v, T_e, T_c behind t_v, t_e, t_c, in NeutronStar's units
         (`LayerUnitCosts`); empty unless `gnnc probe` fitted them.
     links, collectives: what `gnnc probe --network` measured between the ranks of a torchrun job
         (per link and direction; per collective), behind inter_bandwidth, intra_bandwidth and latency;
         empty otherwise.
+    op_rates: what each class of the IR's other ops costs per element (`OpRate`), as `gnnc probe`
+        measured it; a class it does not list is derived (`op_rate`).
+    gemm_rate_bf16, gemm_rate_fp16: dense FLOP/s of one worker in bfloat16 / float16 with float32
+        accumulation (a GPU's tensor cores), what `--precision bf16|fp16` prices dense maps at;
+        None: no faster than gemm_rate (the type has no hardware path there, or nobody measured it).
+    spmm_rate_16: edge-feature multiply-adds per second with 16-bit rows; None: spmm_rate.
     """
 
     name: str
@@ -147,10 +193,16 @@ class ClusterProfile:
     t_v: float | None = None
     t_e: float | None = None
     t_c: float | None = None
+    t_v_forward: float | None = None
+    t_e_forward: float | None = None
     description: str = ""
     unit_costs: tuple[LayerUnitCosts, ...] = ()
     links: tuple[LinkMeasurement, ...] = ()
     collectives: tuple[CollectiveMeasurement, ...] = ()
+    op_rates: tuple[OpRate, ...] = ()
+    gemm_rate_bf16: float | None = None
+    gemm_rate_fp16: float | None = None
+    spmm_rate_16: float | None = None
 
     def __post_init__(self) -> None:
         _validate({f.name: getattr(self, f.name) for f in fields(self)}, f"cluster profile '{self.name}'")
@@ -198,16 +250,62 @@ class ClusterProfile:
         """Edge-feature multiply-adds per second: from the measured t_e when there is one."""
         return 1.0 / self.t_e if self.t_e is not None else self.spmm_rate
 
+    @property
+    def effective_gemm_rate_forward(self) -> float:
+        """FLOP/s of a dense map forward alone (the evaluation pass): from t_v_forward, else the rate above."""
+        return 2.0 / self.t_v_forward if self.t_v_forward is not None else self.effective_gemm_rate
+
+    @property
+    def effective_spmm_rate_forward(self) -> float:
+        """Edge-feature multiply-adds/s of an aggregation forward alone: from t_e_forward, else the rate above."""
+        return 1.0 / self.t_e_forward if self.t_e_forward is not None else self.effective_spmm_rate
+
+    def rates_at(self, precision: str) -> tuple[float, float]:
+        """(GEMM FLOP/s, SpMM multiply-adds/s) of one worker computing at `precision` (gnnc.plan.precision).
+
+        fp32: the effective rates. bf16/fp16: the 16-bit figures where the profile has them; the fp32 ones
+        otherwise (a conservative price: no slower, perhaps no faster).
+        """
+        if precision == "fp32":
+            return self.effective_gemm_rate, self.effective_spmm_rate
+        gemm = {"bf16": self.gemm_rate_bf16, "fp16": self.gemm_rate_fp16}[precision]
+        return (gemm if gemm is not None else self.effective_gemm_rate,
+                self.spmm_rate_16 if self.spmm_rate_16 is not None else self.effective_spmm_rate)
+
+    def forward_rates_at(self, precision: str) -> tuple[float, float]:
+        """`rates_at` for dense maps and aggregations forward alone (the evaluation pass): fp32 from
+        t_v_forward and t_e_forward where the probe fitted them; at 16 bits the 16-bit rates."""
+        if precision == "fp32":
+            return self.effective_gemm_rate_forward, self.effective_spmm_rate_forward
+        return self.rates_at(precision)
+
     def effective_bandwidth(self, workers: int | None = None) -> float:
         """Bytes/s per worker for exchanges: from the measured t_c when there is one."""
         return 1.0 / self.t_c if self.t_c is not None else self.worker_bandwidth(workers)
 
+    def op_rate(self, op: str, direction: str) -> float:
+        """Seconds per element of op class `op` (OP_CLASSES) going `direction` ("forward", "backward"):
+        the measured figure where `op_rates` has one, else derived from the memory bandwidth (the
+        bytes of `_OP_BYTES`) or, for `call` and `optimizer_call`, CALL_OVERHEAD_S."""
+        if op not in OP_CLASSES or direction not in ("forward", "backward"):
+            raise ValueError(f"no op rate for {op!r} {direction!r} (classes: {', '.join(OP_CLASSES)})")
+        for rate in self.op_rates:
+            if rate.op == op:
+                return rate.forward if direction == "forward" else rate.backward
+        if op in ("call", "optimizer_call"):
+            return 0.0 if op == "optimizer_call" and direction == "backward" else CALL_OVERHEAD_S
+        forward, backward = _OP_BYTES[op]
+        return (forward if direction == "forward" else backward) / self.memory_bandwidth
+
     def to_dict(self) -> dict[str, Any]:
         data = {"version": PROFILE_VERSION, **asdict(self)}
-        for key in ("unit_costs", "links", "collectives"):
+        for key in ("unit_costs", "links", "collectives", "op_rates"):
             data[key] = [dict(u) for u in data[key]]
             if not data[key]:
                 del data[key]  # optional: a profile without a fit or a network probe reads as it always did
+        for key in _OPTIONAL_RATES:
+            if data[key] is None:
+                del data[key]  # likewise: a profile without 16-bit or forward rates is written as before
         return data
 
     def to_json(self) -> str:
@@ -242,6 +340,7 @@ class ClusterProfile:
                                                   frozenset({"const"}))
         values["links"] = _records_from_json(values["links"], LinkMeasurement, "links", where)
         values["collectives"] = _records_from_json(values["collectives"], CollectiveMeasurement, "collectives", where)
+        values["op_rates"] = _records_from_json(values["op_rates"], OpRate, "op_rates", where)
         _validate(values, where)  # with the caller's `where` (the file), before __post_init__ repeats it
         # JSON integers in float fields (e.g. "latency": 0) become floats, so equal profiles compare equal
         return cls(**{k: float(v) if _FIELD_KIND[k].startswith("float") and v is not None else v
@@ -252,13 +351,17 @@ _FIELD_KIND = MappingProxyType({
     "name": "str", "workers": "int", "devices_per_node": "int", "intra_bandwidth": "float",
     "inter_bandwidth": "float", "latency": "float", "topology": "str", "memory_per_worker": "float",
     "memory_bandwidth": "float", "gemm_rate": "float", "spmm_rate": "float", "t_v": "float?",
-    "t_e": "float?", "t_c": "float?", "description": "str", "unit_costs": "unit_costs", "links": "links",
-    "collectives": "collectives",
+    "t_e": "float?", "t_c": "float?", "t_v_forward": "float?", "t_e_forward": "float?", "description": "str",
+    "unit_costs": "unit_costs", "links": "links", "collectives": "collectives", "op_rates": "op_rates",
+    "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
 })
+_OPTIONAL_RATES = ("t_v_forward", "t_e_forward", "gemm_rate_bf16", "gemm_rate_fp16", "spmm_rate_16")
 _UNITS = MappingProxyType({
     "intra_bandwidth": "bytes/s", "inter_bandwidth": "bytes/s", "latency": "seconds",
     "memory_per_worker": "bytes", "memory_bandwidth": "bytes/s", "gemm_rate": "FLOP/s",
     "spmm_rate": "edge-feature multiply-adds/s", "t_v": "seconds", "t_e": "seconds", "t_c": "seconds/byte",
+    "t_v_forward": "seconds", "t_e_forward": "seconds",
+    "gemm_rate_bf16": "FLOP/s", "gemm_rate_fp16": "FLOP/s", "spmm_rate_16": "edge-feature multiply-adds/s",
 })
 
 
@@ -321,11 +424,31 @@ def _check_unit_costs(value: Any, where: str) -> None:
                                 f"{'positive' if name == 'T_c' else 'non-negative'} number (seconds), got {v!r}")
 
 
+def _check_op_rates(value: Any, where: str) -> None:
+    """Each entry: a known class, once, with finite non-negative seconds."""
+    if not isinstance(value, tuple) or not all(isinstance(u, OpRate) for u in value):
+        raise GnncError(f"{where}: field 'op_rates' must be a tuple of OpRate, got {value!r}")
+    seen: set[str] = set()
+    for i, u in enumerate(value):
+        if u.op not in OP_CLASSES or u.op in seen:
+            raise GnncError(f"{where}: field 'op_rates' entry {i}: 'op' must be one of {', '.join(OP_CLASSES)}, "
+                            f"each once, got {u.op!r}")
+        seen.add(u.op)
+        for name in ("forward", "backward"):
+            v = getattr(u, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+                raise GnncError(f"{where}: field 'op_rates' entry {i}: '{name}' must be a non-negative number "
+                                f"(seconds), got {v!r}")
+
+
 def _check_types(data: dict[str, Any], where: str) -> None:
     for key, value in data.items():
         kind = _FIELD_KIND[key]
         if kind == "unit_costs":
             _check_unit_costs(value, where)
+            continue
+        if kind == "op_rates":
+            _check_op_rates(value, where)
             continue
         if kind in ("links", "collectives"):
             _check_measurements(value, LinkMeasurement if kind == "links" else CollectiveMeasurement, kind, where)
@@ -352,7 +475,7 @@ def _validate(p: dict[str, Any], where: str) -> None:
         if p[key] < 1:
             raise GnncError(f"{where}: field '{key}' must be at least 1, got {p[key]}")
     for key in ("intra_bandwidth", "inter_bandwidth", "memory_per_worker", "memory_bandwidth", "gemm_rate",
-                "spmm_rate", "t_v", "t_e", "t_c"):
+                "spmm_rate", "t_v", "t_e", "t_c", *_OPTIONAL_RATES):
         value = p[key]
         if value is None:
             continue
@@ -393,18 +516,22 @@ def _spmm_rate(memory_bandwidth: float, bytes_per_element: int = 4) -> float:
 
     Each multiply-add reads one source element that, on a large sparse graph,
     is not reused from cache (MG-GCN: SpMM is bandwidth-bound), so the rate is
-    the memory bandwidth over the bytes of one FP32 element. A derivation from
-    the datasheet's bandwidth, not a measurement.
+    the memory bandwidth over the bytes of one element (4 in FP32, 2 in 16
+    bits). A derivation from the datasheet's bandwidth, not a measurement.
     """
     return memory_bandwidth / bytes_per_element
 
 
 def _gpu(name: str, description: str, *, workers: int, devices_per_node: int, intra: float, inter: float,
-         latency: float, topology: str, memory: float, bandwidth: float, fp32: float) -> ClusterProfile:
+         latency: float, topology: str, memory: float, bandwidth: float, fp32: float,
+         bf16: float | None = None, fp16: float | None = None) -> ClusterProfile:
+    """A GPU cluster: fp32, bf16 and fp16 the GPU's dense rates (the 16-bit ones with fp32 accumulation,
+    None where the datasheet gives no tensor-core figure for the type); SpMM rates from its memory bandwidth."""
     return ClusterProfile(name=name, workers=workers, devices_per_node=devices_per_node, intra_bandwidth=intra,
                           inter_bandwidth=inter, latency=latency, topology=topology, memory_per_worker=memory,
                           memory_bandwidth=bandwidth, gemm_rate=fp32, spmm_rate=_spmm_rate(bandwidth),
-                          description=description)
+                          description=description, gemm_rate_bf16=bf16, gemm_rate_fp16=fp16,
+                          spmm_rate_16=_spmm_rate(bandwidth, 2))
 
 
 def _p3() -> ClusterProfile:
@@ -437,18 +564,21 @@ def _neutronstar_ibv() -> ClusterProfile:
 def _g3() -> ClusterProfile:
     # G3 (SIGMOD'23) cluster, DESIGN.md: 16 machines x 1 RTX 3090, 10 Gb/s.
     # NVIDIA GeForce RTX 3090 specifications / Ampere GA102 whitepaper: 35.6 TFLOPS peak FP32,
-    # 24 GB GDDR6X at 936 GB/s, PCIe 4.0 x16 host link.
+    # 24 GB GDDR6X at 936 GB/s, PCIe 4.0 x16 host link. GA102 whitepaper, appendix: RTX 3090 peak FP16 and
+    # BF16 Tensor TFLOPS with FP32 accumulate 71 dense (142 with sparsity).
     return _gpu("g3", "G3: 16 machines x 1 RTX 3090, 10 Gb/s Ethernet", workers=16, devices_per_node=1,
                 intra=PCIE4_X16, inter=10 * GBIT, latency=ETHERNET_LATENCY, topology="ethernet",
-                memory=24 * GIB, bandwidth=936 * GB, fp32=35.6 * TFLOPS)
+                memory=24 * GIB, bandwidth=936 * GB, fp32=35.6 * TFLOPS, bf16=71 * TFLOPS, fp16=71 * TFLOPS)
 
 
 def _gnnpipe() -> ClusterProfile:
     # GNNPipe cluster, DESIGN.md: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between.
-    # NVIDIA RTX A5000 datasheet: 27.8 TFLOPS FP32, 24 GB GDDR6 at 768 GB/s, PCIe 4.0 x16.
+    # NVIDIA RTX A5000 datasheet: 27.8 TFLOPS FP32, 24 GB GDDR6 at 768 GB/s, PCIe 4.0 x16; tensor
+    # performance 222.2 TFLOPS with sparsity, i.e. 111.1 dense (FP16 and BF16, FP32 accumulation).
     return _gpu("gnnpipe", "GNNPipe: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between",
                 workers=8, devices_per_node=4, intra=PCIE4_X16, inter=200 * GBIT, latency=INFINIBAND_LATENCY,
-                topology="pcie+infiniband", memory=24 * GIB, bandwidth=768 * GB, fp32=27.8 * TFLOPS)
+                topology="pcie+infiniband", memory=24 * GIB, bandwidth=768 * GB, fp32=27.8 * TFLOPS,
+                bf16=111.1 * TFLOPS, fp16=111.1 * TFLOPS)
 
 
 def _dgx1() -> ClusterProfile:
@@ -457,9 +587,12 @@ def _dgx1() -> ClusterProfile:
     # 25 GB/s per direction (DESIGN.md: "6 links x 25 GB/s"; NVIDIA's "300 GB/s" counts both ways).
     # A GPU's links reach only 4 of its 7 peers (some pairs have two links), so 150 GB/s is its
     # total send rate, not what one pair gets: the profile keeps the aggregate and names the topology.
+    # V100 SXM2 datasheet: 125 TFLOPS tensor performance (FP16 products, FP32 accumulation); Volta has no
+    # BF16 tensor cores, so bf16 is priced at the FP32 rate.
     return _gpu("dgx1", "DGX-1: 8 V100 (SXM2), NVLink hybrid cube-mesh, 6 links x 25 GB/s", workers=8,
                 devices_per_node=8, intra=6 * 25 * GB, inter=6 * 25 * GB, latency=GPU_LINK_LATENCY,
-                topology="nvlink-hybrid-cube-mesh", memory=16 * GIB, bandwidth=900 * GB, fp32=15.7 * TFLOPS)
+                topology="nvlink-hybrid-cube-mesh", memory=16 * GIB, bandwidth=900 * GB, fp32=15.7 * TFLOPS,
+                fp16=125 * TFLOPS)
 
 
 def _dgx_a100() -> ClusterProfile:
@@ -467,9 +600,11 @@ def _dgx_a100() -> ClusterProfile:
     # A100 datasheet (SXM4 40 GB): 19.5 TFLOPS FP32 (without tensor cores), 1,555 GB/s HBM2,
     # NVLink "600 GB/s" (DESIGN.md: NVSwitch 600 GB/s) = 12 NVLink3 links x 25 GB/s per direction x 2
     # directions, i.e. 300 GB/s each way; the profile records one direction, like every other link.
+    # A100 datasheet: BF16 and FP16 Tensor Core 312 TFLOPS dense (624 with sparsity).
     return _gpu("dgx-a100", "DGX A100: 8 A100 (40 GB), NVSwitch 600 GB/s (300 GB/s each way)", workers=8,
                 devices_per_node=8, intra=300 * GB, inter=300 * GB, latency=GPU_LINK_LATENCY,
-                topology="nvswitch", memory=40 * GIB, bandwidth=1555 * GB, fp32=19.5 * TFLOPS)
+                topology="nvswitch", memory=40 * GIB, bandwidth=1555 * GB, fp32=19.5 * TFLOPS,
+                bf16=312 * TFLOPS, fp16=312 * TFLOPS)
 
 
 # Read-only: presets are built on demand, so nothing here can be changed by a caller.
@@ -486,19 +621,22 @@ _PRESETS = MappingProxyType({
 PRESET_NAMES = (*_PRESETS, "local")
 
 
-def default_probe_file() -> Path:
-    """Where `gnnc probe` writes this machine's profile unless told otherwise."""
+def default_probe_file(device: str = "cpu") -> Path:
+    """Where `gnnc probe --device DEVICE` writes this machine's profile unless told otherwise: one file
+    per device (`probe.json` for the CPU, `probe-cuda.json` for the GPUs)."""
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gnnc" / "probe.json"
+    return Path(base) / "gnnc" / ("probe.json" if device == "cpu" else f"probe-{device}.json")
 
 
-def preset(name: str, probe_file: str | os.PathLike[str] | None = None) -> ClusterProfile:
-    """A named preset; `local` is the profile `gnnc probe` wrote (to `probe_file` or the default place)."""
+def preset(name: str, probe_file: str | os.PathLike[str] | None = None, device: str = "cpu") -> ClusterProfile:
+    """A named preset; `local` is the profile `gnnc probe --device DEVICE` wrote (to `probe_file` or the
+    default place for that device)."""
     if name == "local":
-        path = Path(probe_file) if probe_file is not None else default_probe_file()
+        path = Path(probe_file) if probe_file is not None else default_probe_file(device)
         if not path.exists():
-            raise GnncError(f"cluster 'local' is measured by `gnnc probe`, and {path} does not exist yet; "
-                            f"run `gnnc probe` or name another cluster ({', '.join(_PRESETS)})")
+            flag = "" if device == "cpu" else f" --device {device}"
+            raise GnncError(f"cluster 'local' is measured by `gnnc probe{flag}`, and {path} does not exist yet; "
+                            f"run `gnnc probe{flag}` or name another cluster ({', '.join(_PRESETS)})")
         return replace(load_profile(path), name="local")
     make = _PRESETS.get(name)
     if make is None:
@@ -521,10 +659,10 @@ def list_presets(probe_file: str | os.PathLike[str] | None = None) -> list[tuple
     return out
 
 
-def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None) -> ClusterProfile:
-    """`--cluster PRESET|FILE`: a preset name, else a JSON profile file."""
+def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None, device: str = "cpu") -> ClusterProfile:
+    """`--cluster PRESET|FILE`: a preset name, else a JSON profile file; `local` is `device`'s probe."""
     if spec in PRESET_NAMES:
-        return preset(spec, probe_file)
+        return preset(spec, probe_file, device)
     if os.path.exists(spec) or spec.endswith(".json"):
         return load_profile(spec)
     raise GnncError(f"--cluster {spec}: neither a preset ({', '.join(PRESET_NAMES)}) nor a profile file")
@@ -533,8 +671,9 @@ def load_cluster(spec: str, probe_file: str | os.PathLike[str] | None = None) ->
 DEFAULT_CLUSTER = "neutronstar-ecs"  # what the planner prices on when no --cluster is given
 
 
-def resolve_cluster(spec: "str | ClusterProfile | None") -> ClusterProfile:
-    """The profile a compile prices on: a preset or file name, a profile as given, else the default preset."""
+def resolve_cluster(spec: "str | ClusterProfile | None", device: str = "cpu") -> ClusterProfile:
+    """The profile a compile prices on: a preset or file name, a profile as given, else the default preset.
+    `device` (`gnnc compile --device`) picks which of this machine's probes `local` reads."""
     if spec is None or spec == "":
         return preset(DEFAULT_CLUSTER)
-    return load_cluster(spec) if isinstance(spec, str) else spec
+    return load_cluster(spec, device=device) if isinstance(spec, str) else spec

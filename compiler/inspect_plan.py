@@ -222,8 +222,8 @@ def _why(planner: dict, alternatives: list[dict], names: list[str]) -> list[str]
 
 
 def _segment_times(alt: dict, costs: dict, names: list[str]) -> str | None:
-    """`l0..l6 depcache 0.142 ms + l7 depcomm 0.405 ms + 1.300 ms all-reduce and layout changes = 1.847 ms`
-    for one alternative, from its segments (the keys of its formulas) and the planner's segment costs; None when
+    """`l0..l6 depcache 0.142 ms + l7 depcomm 0.405 ms + 1.300 ms all-reduce, optimizer and layout changes =
+    1.847 ms` for one alternative, from its segments (the keys of its formulas) and the planner's segment costs; None when
     the plan did not record them."""
     segments = []
     for key in alt.get("formulas") or {}:
@@ -238,7 +238,8 @@ def _segment_times(alt: dict, costs: dict, names: list[str]) -> str | None:
         span = names[a] if b == a + 1 else f"{names[a]}..{names[b - 1]}"
         parts.append(f"{span} {s} {costs[(a, b), s] * 1000:.3f} ms")
     rest = alt["time_s"] - sum(costs[(a, b), s] for a, b, s in segments)
-    return " + ".join(parts) + f" + {rest * 1000:.3f} ms all-reduce and layout changes = {alt['time_s'] * 1000:.3f} ms"
+    return (" + ".join(parts) + f" + {rest * 1000:.3f} ms all-reduce, optimizer and layout changes = "
+            f"{alt['time_s'] * 1000:.3f} ms")
 
 
 def _segment_table(planner: dict, names: list[str]) -> list[str]:
@@ -253,7 +254,8 @@ def _segment_table(planner: dict, names: list[str]) -> list[str]:
         span = names[a] if b == a + 1 else f"{names[a]}..{names[b - 1]}"
         rows.append((span, c["strategy"], f"{c['time_s'] * 1000:.3f}", f"{c['bytes'] / 1e6:.3f}",
                      f"{c['memory_bytes'] / 2**20:.1f}", " <- chosen" if (a, b, c["strategy"]) in chosen else ""))
-    return ["per layer and segment (before the gradient all-reduce and layout transitions):",
+    return ["per layer and segment, evaluation pass included (before the gradient all-reduce, the optimizer and "
+            "layout transitions):",
             *_columns(("layers", "strategy", "time ms", "MB/epoch", "MiB/worker"), rows, left=2)]
 
 
@@ -324,6 +326,22 @@ def schedule_of(plan) -> dict[str, Any]:
     return schedule
 
 
+def predicted_epoch(plan) -> dict[str, Any]:
+    """The predicted epoch of a plan's schedule (`schedule_of`): its time, the training step's part and the
+    evaluation pass's; None each without a schedule."""
+    try:
+        schedule = schedule_of(plan)
+    except GnncError:
+        return {"epoch_time_s": None, "step_time_s": None, "eval_time_s": None}
+    evaluation = sum(st["time_s"] for st in schedule["stages"] if st["direction"] == "evaluation")
+    return {"epoch_time_s": schedule["time_s"], "step_time_s": schedule["time_s"] - evaluation,
+            "eval_time_s": evaluation}
+
+
+# what a stage of the predicted epoch that belongs to no layer does
+_EPOCH_STAGES = {"allreduce": "gradient all-reduce", "optimizer": "optimizer step"}
+
+
 def _prediction(plan, schedule: dict[str, Any]) -> dict[str, Any]:
     """The predicted epoch time, strategies and cluster of the plan's prediction (the planner's, or the
     schedule pass's when the strategies were fixed)."""
@@ -337,8 +355,8 @@ def _layer_names(plan) -> list[str]:
 
 
 def _piece_name(piece: dict[str, Any], stage: dict[str, Any], names: list[str]) -> str:
-    if stage["kind"] == "allreduce":
-        return "gradient all-reduce"
+    if stage["kind"] in _EPOCH_STAGES:
+        return _EPOCH_STAGES[stage["kind"]]
     if stage["kind"] == "transition":
         return f"layout {stage['strategy']}"
     where = names[piece["layer"]] if piece["layer"] is not None else \
@@ -348,8 +366,8 @@ def _piece_name(piece: dict[str, Any], stage: dict[str, Any], names: list[str]) 
 
 
 def _span_name(stage: dict[str, Any], layer: int | None, names: list[str]) -> str:
-    if stage["kind"] == "allreduce":
-        return "gradient all-reduce"
+    if stage["kind"] in _EPOCH_STAGES:
+        return _EPOCH_STAGES[stage["kind"]]
     if stage["kind"] == "transition":
         return f"layout {stage['strategy']} ({stage['direction']})"
     where = names[layer] if layer is not None else "segment"
@@ -599,13 +617,13 @@ def _draw_gantt(ax, plan, schedule: dict[str, Any], lo: float, hi: float) -> Non
 
 
 def _stage_label(stage: dict[str, Any], names: list[str]) -> str:
-    if stage["kind"] == "allreduce":
-        return "all-reduce"
+    if stage["kind"] in _EPOCH_STAGES:
+        return {"allreduce": "all-reduce", "optimizer": "optimizer"}[stage["kind"]]
     if stage["kind"] == "transition":
         return f"{stage['strategy']}"
     layers = stage["layers"]
     where = names[layers[0]] if len(layers) == 1 else f"{names[layers[0]]}..{names[layers[-1]]}"
-    short = {"forward": "fwd", "backward": "bwd"}.get(stage["direction"], stage["direction"])
+    short = {"forward": "fwd", "backward": "bwd", "evaluation": "eval"}.get(stage["direction"], stage["direction"])
     return f"{where} {short} {stage['strategy']}"
 
 
@@ -634,7 +652,7 @@ def _legend(fig, plan, schedule: dict[str, Any]) -> int:
     handles = [Patch(color=_LAYER_COLORS[i % cycle], label=names[i] if i + cycle not in used
                      else f"{names[i]}, {names[i + cycle]}{', ...' if i + 2 * cycle in used else ''}")
                for i in used if i < cycle]
-    handles.append(Patch(color=_OTHER_COLOR, label="all-reduce, layout changes"))
+    handles.append(Patch(color=_OTHER_COLOR, label="all-reduce, optimizer, layout changes"))
     handles.append(Patch(facecolor="#ffffff", edgecolor="#555555", hatch="///", label="backward"))
     if any(p["overlap"] is not None for st in schedule["stages"] for p in st["pieces"]):
         handles.append(Patch(facecolor="#ffffff", edgecolor="#333333", linestyle="--", label="overlapped (max)"))

@@ -25,12 +25,11 @@ from gnnc.errors import GnncError
 from gnnc.graph import Graph
 from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
-from gnnc.passes.cost.memory import LayerRows, MemoryEstimate, ProcessCounts, run_memory
+from gnnc.passes.cost.memory import WARN_FRACTION, LayerRows, MemoryEstimate, ProcessCounts, run_memory
 from gnnc.passes.predict_bytes import param_dependent
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.shard_files import read_manifest
 
-WARN_FRACTION = 0.8  # warn when a run is predicted to take more than this share of the available memory
 
 
 def estimate_run_memory(plan: Plan, graph: Graph | None = None,

@@ -6,8 +6,11 @@ each layer's shape (how many dense maps, whether they run before the
 aggregation, attention, heads). The cost formulas (gnnc.passes.cost)
 price every candidate segment on the cluster profile, and the segment DP
 (passes/segment_dp.py) picks the cheapest assignment under the memory cap,
-transitions between layouts included. The planner only offers what the
-runtime executes: depcomm and bcast1d per layer, pushpull on the first layer
+transitions between layouts included. The cap is the cluster's memory per
+worker less what every assignment holds alike: the weights, their gradients
+and Adam's two moments (a model whose weights alone do not fit is refused);
+a choice above WARN_FRACTION of a worker's memory is warned of
+(`memory_warning`). The planner only offers what the runtime executes: depcomm and bcast1d per layer, pushpull on the first layer
 where it is legal, depcache and hybrid as segments of consecutive layers
 (hybrid priced with the selection select-hybrid will make: Algorithm 4's,
 or communicate-all / cache-all when they predict less), and, with
@@ -30,12 +33,16 @@ from typing import Any
 import numpy as np
 
 from gnnc.errors import GnncError
+from gnnc.graph import input_density
 from gnnc.ir import Layer, Program
 from gnnc.ir.dims import eval_dim
 from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.crossovers import crossover
+from gnnc.passes.cost.epoch import optimizer_cost
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.layouts import boundary
+from gnnc.passes.cost.memory import OPTIMIZER_COPIES, WARN_FRACTION, parameter_sizes
+from gnnc.passes.cost.ops import optimizer_work, program_op_work, sparse_values
 from gnnc.passes.cost.registry import planner_cost, user_cost
 from gnnc.passes.cost.schedule import predicted_schedule
 from gnnc.passes.cost.symbols import CostInputs, LayerShape, bw, d
@@ -47,6 +54,7 @@ from gnnc.passes.pipeline_text import option
 from gnnc.passes.predict_bytes import param_dependent
 from gnnc.passes.segment_dp import solve
 from gnnc.plan.approximation import approximations, require_exact
+from gnnc.plan.precision import DEFAULT_PRECISION
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -67,17 +75,22 @@ class PlannerReport:
     schedule: dict[str, Any] = field(default_factory=dict)
     priced: Any = field(default=None, repr=False)  # the PricedPlan behind it (not saved with the plan)
     pipeline: Any = None  # the chosen pipeline (a pipeline_plan.PipelineChoice), when one was chosen
+    # bytes every worker holds whatever the assignment: the weights, their gradients and Adam's two moments
+    weights_bytes: float = 0.0
+    memory_warning: str = ""  # set when the choice takes more than WARN_FRACTION of a worker's memory
 
 
-def layer_shape(layer: Layer, needs_grad: set[str]):
-    """The cost model's view of one lowered graph layer."""
+def layer_shape(layer: Layer, needs_grad: set[str], sparse: set[str] = frozenset()):
+    """The cost model's view of one lowered graph layer (`sparse`: the values held as sparse input features,
+    gnnc.passes.cost.ops.sparse_values, when the graph's are)."""
     ops = [e.op for e in layer.eqns]
     first_linear = next((i for i, o in enumerate(ops) if o == "linear"), None)
     first_agg = next((i for i, o in enumerate(ops) if o in ("spmm", "gather")), None)
     gemm_first = first_linear is not None and (first_agg is None or first_linear < first_agg)
+    sparse_gemms = sum(1 for e in layer.eqns if e.op == "linear" and e.ins[0].name in sparse)
     return LayerShape(gemms=max(1, ops.count("linear")), gemm_first=gemm_first,
                       attention="sddmm" in ops or "edge_softmax" in ops, mean_heads="mean_heads" in ops,
-                      input_grad=layer.inputs[0].name in needs_grad)
+                      input_grad=layer.inputs[0].name in needs_grad, sparse_gemms=sparse_gemms)
 
 
 def layer_dims(program: Program) -> tuple[list[float], list[float]]:
@@ -110,8 +123,10 @@ def candidates(program: Program, allow: list[str] | None, approximate: bool = Fa
     return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
 
 
-def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None):
-    """What every cost formula is evaluated on: partition statistics, cost inputs, each graph layer's shape.
+def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None,
+                    precision: str = "fp32"):
+    """What every cost formula is evaluated on: partition statistics, cost inputs (at the run's
+    precision), each graph layer's shape.
 
     `workers`: the plan's worker count, when its last parts may be empty (the largest part id + 1 otherwise).
     """
@@ -119,9 +134,12 @@ def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers
     view = "self_loops" if any(layer.edges == "self_loops" for layer in layers) else "plain"
     stats = compute_stats(graph, parts, len(layers), view, num_parts=workers)
     dims, heads = layer_dims(program)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads)
+    density = input_density(graph.x)
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads, precision=precision,
+                                   op_work=program_op_work(program, input_density=density), input_density=density)
     needs_grad = param_dependent(program)
-    return stats, inputs, [layer_shape(layer, needs_grad) for layer in layers]
+    sparse = sparse_values(program) if density < 1.0 else set()
+    return stats, inputs, [layer_shape(layer, needs_grad, sparse) for layer in layers]
 
 
 @dataclass(frozen=True)
@@ -134,7 +152,7 @@ class PlanningInputs:
 
     @classmethod
     def compute(cls, program: Program, ctx: PassContext) -> "PlanningInputs":
-        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers))
+        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers, ctx.precision))
 
 
 @dataclass
@@ -145,6 +163,8 @@ class PricedPlan:
     formulas, values, extras: per segment key (start, end, strategy) its Cost, its evaluated
         CostValue and the extra symbol values it was evaluated with (a Hybrid selection, else None).
     allreduce: the gradient all-reduce (Cost and CostValue), paid once per step after the backward.
+    epoch: what every assignment pays besides its segments, transitions and all-reduce (Cost and
+        CostValue, gnnc.passes.cost.epoch): the optimizer step.
     """
 
     seg_cost: dict[tuple[int, int, str], tuple[float, float]]
@@ -160,6 +180,14 @@ class PricedPlan:
     grad_ready: tuple[int, ...] = ()
     grad_overlap: bool = False
     pipelines: list[Any] = field(default_factory=list)
+    epoch_cost: Any = None
+    epoch: Any = None
+
+
+def epoch_costs(program: Program, inputs: CostInputs) -> tuple[Any, Any]:
+    """The optimizer step of one epoch of `program` (gnnc.passes.cost.epoch), and its value."""
+    cost = optimizer_cost(*optimizer_work(program))
+    return cost, evaluate_cost(cost, inputs)
 
 
 def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
@@ -195,6 +223,8 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     for s in allowed:
         sd = STRATEGIES[s]
         if sd.whole_model:
+            if inputs.precision != DEFAULT_PRECISION:
+                continue  # the pipeline runs in fp32 (predict-bytes refuses it at 16 bits): not a candidate
             pipelines = price_pipeline(program, graph, inputs, shapes, profile, int(parts.max()) + 1, pipeline_groups)
             if pipelines:
                 best = pipelines[0]
@@ -230,8 +260,9 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             for layer in range(1, L):
                 if a != b_:
                     trans[(a, b_, layer)] = evaluate_cost(boundary(a, b_, layer), inputs).time
+    epoch_cost, epoch = epoch_costs(program, inputs)
     return PricedPlan(seg_cost, trans, formulas, values, extras, inputs, shapes, allreduce_cost, allreduce, allowed,
-                      pipelines=pipelines)
+                      pipelines=pipelines, epoch_cost=epoch_cost, epoch=epoch)
 
 
 def _shape(param, program: Program) -> list[int]:
@@ -245,15 +276,23 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
     priced = plan_costs(program, graph, parts, profile, allow, planned, approximate, pipeline_groups)
     formulas, values, inputs, allreduce, allowed = (priced.formulas, priced.values, priced.inputs, priced.allreduce,
                                                     priced.allowed)
+    fixed = allreduce.time + priced.epoch.time  # what every assignment pays besides its segments
     L = len(program.graph_layers())
-    result = solve(L, allowed, priced.seg_cost, priced.trans, memory_cap=profile.memory_per_worker)
+    # a worker's memory holds the weights, their gradients and Adam's moments besides what the segments keep
+    weights = (1 + OPTIMIZER_COPIES) * sum(s.bytes for s in parameter_sizes(program))
+    room = profile.memory_per_worker - weights
+    if room <= 0:
+        raise GnncError(f"the weights, their gradients and Adam's moments take {weights:.6g} bytes per worker, more "
+                        f"than the {profile.memory_per_worker:.6g} bytes cluster '{profile.name}' has; make the model "
+                        f"smaller (--set)")
+    result = solve(L, allowed, priced.seg_cost, priced.trans, memory_cap=room)
     best = result.best
     alternatives = []
     for alt in result.alternatives:
         segs = [(s.start, s.end, s.strategy) for s in alt.segments]
         alternatives.append({
             "strategies": list(alt.strategies),
-            "time_s": alt.time + allreduce.time,
+            "time_s": alt.time + fixed,
             "bytes": sum(values[k].bytes for k in segs) + (0.0 if _own_allreduce(segs) else allreduce.bytes),
             "memory_bytes": alt.memory,
             "formulas": {f"{k[2]}[{k[0]}:{k[1]}]": formulas[k].describe() for k in segs},
@@ -276,11 +315,17 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
     segment_costs += [{"layers": [0, L], "strategy": "pipeline", "groups": c.groups, "stages": c.stages,
                        "chunks": c.chunks, "time_s": c.value.time, "bytes": c.value.bytes,
                        "memory_bytes": c.value.memory} for c in priced.pipelines[1:]]
-    report = PlannerReport(list(best.strategies), best.time + allreduce.time, best.memory, alternatives, crossovers,
+    report = PlannerReport(list(best.strategies), best.time + fixed, best.memory, alternatives, crossovers,
                            [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
                            predicted_schedule(best.segments, priced), priced)
     if _own_allreduce([(seg.start, seg.end, seg.strategy) for seg in best.segments]):
         report.pipeline = priced.pipelines[0]
+    report.weights_bytes = weights
+    if best.memory + weights > WARN_FRACTION * profile.memory_per_worker:
+        report.memory_warning = (f"the chosen plan is predicted to take {best.memory + weights:.6g} bytes per "
+                                 f"worker ({best.memory:.6g} kept by its layers, {weights:.6g} for the weights and "
+                                 f"Adam's state), {(best.memory + weights) / profile.memory_per_worker:.0%} of the "
+                                 f"memory per worker of cluster '{profile.name}'")
     return report
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from gnnc.plan.precision import DEFAULT_PRECISION
+
 if TYPE_CHECKING:  # annotations only: the context sits below the modules that build these
     from gnnc.cluster import ClusterProfile
     from gnnc.ir import Program
@@ -61,6 +63,8 @@ class PassResults:
     hybrid_cached: {graph layer: [global ids per worker]} each hybrid segment caches (select-hybrid).
     hybrid_selection: select-hybrid's prediction, one entry per hybrid segment.
     predicted_bytes: bytes per training step by communication kind (predict-bytes; per epoch when sampled).
+    predicted_eval_bytes: bytes of the evaluation pass after each step, by kind (predict-bytes, full-graph
+        strategies but the pipeline).
     schedule: the step schedule (gnnc.plan.schedules) the planner chose, None: the caller's or sequential.
     hybrid_values: {(start, end): the cost model's symbol values of the selection} (select-hybrid), which
         the schedule pass prices the segment's schedule with.
@@ -77,6 +81,7 @@ class PassResults:
     hybrid_cached: dict[int, list[Any]] | None = None
     hybrid_selection: list[dict[str, Any]] | None = None
     predicted_bytes: dict[str, int] | None = None
+    predicted_eval_bytes: dict[str, int] | None = None
     pipeline: Any = None
     pipeline_bytes: dict[str, int] | None = None
     schedule: str | None = None
@@ -98,6 +103,8 @@ class PassContext:
         full-graph steps; the planner then prices the sampled strategies on a seeded dry run.
     seed: the run's seed (the dry run samples what the run will).
     approximate: the planner may choose approximate strategies and schedules (`--approximate`).
+    precision: the run's precision (gnnc.plan.precision): the bytes of each exchanged element
+        (predict-bytes) and the rates and bytes the cost model prices.
     """
 
     graph: Any = None  # a Graph (its module moves below passes and runtime; no import here)
@@ -108,6 +115,7 @@ class PassContext:
     sampling: Any = None  # a gnnc.graph.sampling.SamplingConfig
     seed: int = 0
     approximate: bool = False
+    precision: str = DEFAULT_PRECISION
     results: PassResults = field(default_factory=PassResults)
     analyses: AnalysisCache = field(init=False, repr=False)
 

@@ -28,9 +28,10 @@ from gnnc.passes.cost.sampled import sampled_values, steps_allreduce
 from gnnc.passes.cost.symbols import Cost, CostInputs, d
 from gnnc.passes.legality import pushpull_blocker
 from gnnc.passes.manager import PassContext
-from gnnc.passes.predict_bytes import BYTES_PER_ELEMENT, _width, param_dependent
+from gnnc.passes.predict_bytes import _width, param_dependent
 from gnnc.passes.sampled_stats import SampledStats
 from gnnc.plan.approximation import approximations, is_exact
+from gnnc.plan.precision import GRAD_BYTES, element_bytes
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import names as strategy_names
 
@@ -136,7 +137,7 @@ def predict_sampled(program: Program, ctx: PassContext) -> tuple[Program, dict[s
         eqns = []
         for e in layer.eqns:
             if e.op == "reduce_scatter":
-                w = _width(e.ins[0].type.shape, cfg) * BYTES_PER_ELEMENT
+                w = _width(e.ins[0].type.shape, cfg) * element_bytes(ctx.precision)
                 fwd = int((world - 1) * stats.destinations[:, 0].sum()) * w
                 bwd = fwd if e.ins[0].name in param_dependent(program) else 0
                 totals["reduce_scatter"], totals["all_gather"] = fwd, bwd
@@ -147,7 +148,7 @@ def predict_sampled(program: Program, ctx: PassContext) -> tuple[Program, dict[s
     if first.attr("strategy") == "dp-sample":
         width = _width(program.inputs[0].type.shape, cfg)
         totals["pull_ids"] = int(stats.pulled.sum()) * ids
-        totals["halo"] = int(stats.served.sum()) * width * BYTES_PER_ELEMENT
+        totals["halo"] = int(stats.served.sum()) * width * element_bytes(ctx.precision)
     numel = sum(_width(p.value.type.shape, cfg) for p in program.params())
-    totals["allreduce"] = stats.batches * 2 * (world - 1) * numel * BYTES_PER_ELEMENT
+    totals["allreduce"] = stats.batches * 2 * (world - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), totals

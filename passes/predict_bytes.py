@@ -23,9 +23,20 @@ relays), so a run's measured bytes must equal these numbers exactly:
 A communication op the `hoist` pass marks runs once per run, not per step:
 it is annotated with its bytes but not counted in the step's totals.
 
+Element sizes follow the run's precision (gnnc.plan.precision): activations
+and their gradients travel in it (4 bytes at fp32, 2 at bf16 and fp16; the
+runtime casts before each exchange), parameter gradients in fp32 (4 bytes)
+at every precision.
+
 A backward message exists only when its input depends on a parameter
 (autograd skips the dual op otherwise). Each comm equation gets attributes
 `bytes_fwd` and `bytes_bwd`; the program's total is in `ctx.results.predicted_bytes`.
+
+The evaluation pass a run makes after each step (gnnc.runtime.train.fit)
+sends every exchange's forward bytes once more, and nothing backward (no
+gradient, and batch_norm then reads its running statistics): its total is
+in `ctx.results.predicted_eval_bytes` (`evaluation_bytes`), which the run's
+`eval_bytes_sent_per_epoch` must equal.
 
 A pipeline (gnnc.plan.pipeline) counts instead, per training step: `pipe`,
 every vertex's boundary row into each stage after the first (its width the
@@ -43,15 +54,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.plan import pipeline as plan_pipeline
+from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
 
-BYTES_PER_ELEMENT = 4  # float32
-STATISTICS_BYTES = 8  # float64: batch_norm sums its statistics in double precision
+STATISTICS_BYTES = 8  # float64: batch_norm sums its statistics in double precision, at every precision
+PIPELINE_ELEMENT_BYTES = element_bytes(DEFAULT_PRECISION)  # a pipeline runs in fp32 (16 bits refused below)
 
 
 def _width(shape, config) -> int:
@@ -72,8 +85,10 @@ def param_dependent(program: Program) -> set[str]:
 
 
 def predict(program: Program, graph, parts: np.ndarray, world: int,
-            cached: dict[int, list[np.ndarray]] | None = None) -> tuple[Program, dict[str, int]]:
+            cached: dict[int, list[np.ndarray]] | None = None,
+            precision: str = DEFAULT_PRECISION) -> tuple[Program, dict[str, int]]:
     config = program.config_dict()
+    elem = element_bytes(precision)
     sets = all_row_sets(graph, parts, world, layer_specs(program), cached)
     graph_index = {layer.name: k for k, layer in enumerate(program.graph_layers())}
     n = graph.num_nodes
@@ -84,7 +99,7 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
         eqns = []
         for e in layer.eqns:
             if e.op in COMM_OPS:
-                w = _width(e.ins[0].type.shape, config) * BYTES_PER_ELEMENT
+                w = _width(e.ins[0].type.shape, config) * elem
                 rows = {"halo": lambda: halo_rows(sets, graph_index[layer.name]),
                         "fetch": lambda: entry_rows(sets, graph_index[layer.name])}.get(e.op, lambda: (world - 1) * n)()
                 fwd = rows * w
@@ -100,8 +115,20 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
             eqns.append(e)
         layers.append(layer.replace(eqns=tuple(eqns)))
     numel = sum(_width(p.value.type.shape, config) for p in program.params())
-    totals["allreduce"] += 2 * (world - 1) * numel * BYTES_PER_ELEMENT
+    totals["allreduce"] += 2 * (world - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), totals
+
+
+def evaluation_bytes(program: Program) -> dict[str, int]:
+    """Bytes of one evaluation pass by communication kind: the forward bytes of every exchange not hoisted
+    (a fetch counts as a halo exchange), as `predict` annotated them."""
+    totals = {"halo": 0, "bcast_rows": 0, "reduce_scatter": 0}
+    for layer in program.layers:
+        for e in layer.eqns:
+            if e.op in COMM_OPS and not e.attr("hoisted"):
+                kind = "halo" if e.op == "fetch" else e.op
+                totals[kind] = totals.get(kind, 0) + int(e.attr("bytes_fwd", 0))
+    return totals
 
 
 def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Program, dict[str, int], dict[str, int]]:
@@ -114,7 +141,7 @@ def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Progra
     step = {"pipe": 0, "history": 0, "allreduce": 0}
     refresh = {"pipe": 0, "history": 0}
     for s in range(1, sched.stages):
-        width = plan_pipeline.boundary_width(program, sched.stage_of, s) * BYTES_PER_ELEMENT
+        width = plan_pipeline.boundary_width(program, sched.stage_of, s) * PIPELINE_ELEMENT_BYTES
         step["pipe"] += graph.num_nodes * width * (2 if sched.pipe_grad[s - 1] else 1)
         refresh["pipe"] += graph.num_nodes * width
     rows: dict[str, plan_pipeline.GroupRows] = {}
@@ -126,7 +153,7 @@ def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Progra
                 if layer.edges not in rows:
                     rows[layer.edges] = plan_pipeline.group_rows(graph, layer.edges, parts, K, G)
                 moved = rows[layer.edges]
-                w = _width(e.ins[0].type.shape, config) * BYTES_PER_ELEMENT
+                w = _width(e.ins[0].type.shape, config) * PIPELINE_ELEMENT_BYTES
                 grads = int(moved.received.sum()) * w
                 fwd = grads + int(moved.later_received.sum()) * w
                 bwd = grads if e.ins[0].name in needs_grad else 0
@@ -137,7 +164,7 @@ def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Progra
         layers.append(layer.replace(eqns=tuple(eqns)))
         if G > 1:
             numel = sum(_width(p.value.type.shape, config) for p in layer.params)
-            step["allreduce"] += 2 * (G - 1) * numel * BYTES_PER_ELEMENT
+            step["allreduce"] += 2 * (G - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), step, refresh
 
 
@@ -153,8 +180,12 @@ def predict_bytes(program: Program, ctx: PassContext) -> Program:
         program, ctx.results.predicted_bytes = predict_sampled(program, ctx)
         return program
     if plan_pipeline.is_pipeline(program):
+        if ctx.precision != DEFAULT_PRECISION:
+            raise GnncError(f"--precision {ctx.precision}: GNNPipe's pipeline runs in {DEFAULT_PRECISION} for now")
         program, totals, ctx.results.pipeline_bytes = predict_pipeline(program, ctx.graph, ctx.results.pipeline.parts)
     else:
-        program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached)
+        program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached,
+                                  ctx.precision)
+        ctx.results.predicted_eval_bytes = evaluation_bytes(program)
     ctx.results.predicted_bytes = totals
     return program

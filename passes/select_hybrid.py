@@ -29,8 +29,8 @@ from gnnc.ir import Program
 from gnnc.passes import hybrid_greedy as hg
 from gnnc.passes.choose_strategy import PlanningInputs # reason: a cycle; choose-strategy prices with select()
 from gnnc.passes.cost.evaluation import compile_cost
-from gnnc.passes.cost.neutronstar import hybrid, hybrid_unit_costs, hybrid_values
-from gnnc.passes.cost.registry import planner_cost
+from gnnc.passes.cost.neutronstar import hybrid_unit_costs, hybrid_values
+from gnnc.passes.cost.registry import planner_cost, segment_cost
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.plan.rows import layer_specs, segments
 
@@ -76,7 +76,7 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
     cap = memory_cap if memory_cap else float("inf")
     if formula is None:
-        formula = hybrid(start, end, shapes[start:end])
+        formula = segment_cost("hybrid", start, end, shapes[start:end])
     priced = compile_cost(formula)
     candidates = [hg.select(deps, costs, unit["own_time"], cap),
                   hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],

@@ -28,20 +28,14 @@ from typing import Any
 
 import torch
 
-from gnnc.ir.ops import reads_neighbours
-from gnnc.plan.bins import Bins, layer_bins
-from gnnc.plan.schedule_attrs import bin_eqn, exchange_schedule, layer_schedule
+from gnnc.plan.bins import EDGES, ROWS, SOURCES, WHOLE, Bins, bin_inputs, bins_of, taken_as
+from gnnc.plan.schedule_attrs import bin_eqn, exchange_schedule
 from gnnc.runtime.parts import PartStream
-
-# how a bin takes a value of the layer: the rows its edges read, its own rows, its edges' entries, whole
-SOURCES, ROWS, EDGES, WHOLE = "sources", "rows", "edges", "whole"
 
 
 def run_binned(interp: Any, layer: Any, env: dict[str, Any], params: dict[str, torch.Tensor], ctx: Any) -> None:
     """Run `layer` (a binned graph layer) into `env`: whole equations first, then the bins (module docstring)."""
-    sched = layer_schedule(layer)
-    lgl = ctx.comm.layer
-    bins = layer_bins(lgl, layer.edges, sched.bins, sched.bin_order)
+    bins = bins_of(ctx.comm.layer, layer, ctx.config)
     view = ctx.views.get(layer.edges)
     per_bin = [e for e in layer.eqns if bin_eqn(e)]
     made = {o.name for e in per_bin for o in e.outs}
@@ -59,7 +53,7 @@ def run_binned(interp: Any, layer: Any, env: dict[str, Any], params: dict[str, t
     outputs = [v.name for v in layer.outputs if v.name in made]
     if not outputs:
         return
-    uses = _uses(per_bin, made)
+    uses = [(v.name, how) for v, how in bin_inputs(layer)]
     held = [b for b in range(len(bins)) if bins.held[b]] if streams else []
     rest = [b for b in range(len(bins)) if b not in held]
     runs: list[tuple[list[int], tuple[torch.Tensor, ...]]] = []
@@ -71,7 +65,7 @@ def run_binned(interp: Any, layer: Any, env: dict[str, Any], params: dict[str, t
         runs.append((rest, _apply(interp, per_bin, outputs, uses, env, params, ctx, bins, rest, sources_held=False)))
     rows = torch.cat([bins.rows[b] for order, _ in runs for b in order])
     back = torch.empty_like(rows)
-    back[rows] = torch.arange(len(rows))
+    back[rows] = torch.arange(len(rows), device=rows.device)
     for k, name in enumerate(outputs):
         env[name] = torch.cat([out[k] for _, out in runs]).index_select(0, back)
     if streams and not streams[0].taken(1):
@@ -79,26 +73,6 @@ def run_binned(interp: Any, layer: Any, env: dict[str, Any], params: dict[str, t
         # so that its backward dual runs on every worker (a peer sends back gradients of the rows it
         # received); their gradient here is 0.
         env[outputs[0]] = _Join.apply(env[outputs[0]], *_arrived(streams))
-
-
-def _uses(eqns: list, made: set[str]) -> list[tuple[str, str]]:
-    """(value, how a bin takes it) for every value the bins read from outside them, in a fixed order."""
-    out: list[tuple[str, str]] = []
-    for e in eqns:
-        for k, v in enumerate(e.ins):
-            if v.name in made:
-                continue
-            if k in reads_neighbours(e):
-                how = SOURCES
-            elif v.type is not None and v.type.domain == "edge":
-                how = EDGES
-            elif v.type is not None and v.type.domain == "vertex":
-                how = ROWS
-            else:
-                how = WHOLE
-            if (v.name, how) not in out:
-                out.append((v.name, how))
-    return out
 
 
 @dataclass
@@ -132,9 +106,7 @@ class _BinRun:
                 if v.name in local:
                     ins.append(local[v.name])
                     continue
-                how = SOURCES if k in reads_neighbours(e) else EDGES if v.type is not None and \
-                    v.type.domain == "edge" else ROWS if v.type is not None and v.type.domain == "vertex" else WHOLE
-                ins.append(given[(v.name, how)])
+                ins.append(given[(v.name, taken_as(e, k))])
             local[e.outs[0].name] = self.interp.compute(e, ins, view, ctx)  # a bin equation is never hoisted
         return tuple(local[name] for name in self.outputs)
 

@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from gnnc.files import atomic_write
 from gnnc.errors import GnncError
+from gnnc.runtime.comm import collective_device
 
 MAGIC = b"GNNC-CHECKPOINT-1\n"
 _DIGEST = 32  # SHA-256
@@ -357,7 +358,7 @@ class Checkpointer:
                 raise CheckpointError(f"the checkpoints in {self.directory} were written by {saved_world} "
                                       f"ranks; this run has {self.world_size}")
         if self.distributed and self.world_size > 1:
-            t = torch.tensor([mine], dtype=torch.int64)
+            t = torch.tensor([mine], dtype=torch.int64, device=collective_device(self.group))
             dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
             mine = int(t.item())
         return None if mine < 0 else mine

@@ -125,6 +125,13 @@ def _nbytes(numel: int, dtype: torch.dtype) -> int:
     return int(numel) * torch.empty((), dtype=dtype).element_size()
 
 
+def collective_device(group: Group = None) -> torch.device:
+    """Where a tensor handed to a collective of `group` must live: this rank's GPU under NCCL, else the host."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _rank_world(group: Group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
@@ -269,8 +276,7 @@ def check_halo_plan(plan: HaloPlan, n_local: int, group: Group = None) -> None:
             raise PlanError(f"rank {rank}: send list for rank {p} must be a 1-D int64 tensor")
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n_local):
             raise PlanError(f"rank {rank}: send list for rank {p} indexes outside its {n_local} rows")
-    device = torch.device("cuda", torch.cuda.current_device()) \
-        if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    device = collective_device(group)
     sent = torch.tensor(plan.send_counts, dtype=torch.int64, device=device)
     told = torch.empty(world, dtype=torch.int64, device=device)
     dist.all_to_all_single(told, sent, group=group)  # told[p] = rows p will send here

@@ -19,13 +19,14 @@ import torch.distributed as dist
 from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import COMM_OPS, reads_structure
 from gnnc.ir.text import parse_ir
-from gnnc.plan.bins import layer_bins
+from gnnc.plan.bins import bins_of
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
                                       split_eqn, split_exchange)
 from gnnc.plan.shards import RankData, load_rank
 from gnnc.runtime import comm
+from gnnc.runtime import device as devices
 from gnnc.runtime.bins import run_binned
 from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
 from gnnc.runtime.launch import DistConfig
@@ -51,16 +52,21 @@ def strategy_of(program: Program) -> set[str]:
 class Exchange:
     """The communication ops of the IR, bound to this rank's layers and byte counters."""
 
-    def __init__(self, data: RankData, stats: comm.CommStats, world: int):
+    def __init__(self, data: RankData, stats: comm.CommStats, world: int, dtype: torch.dtype = torch.float32):
         self.lg = data.lg
         self.stats = stats
         self.layer: LayerGraph | None = None  # the graph layer running now (DistInterpreter sets it)
         self.block_order = data.block_order
         self.block_sizes = data.lg.block_rows
+        self.dtype = dtype  # what exchanged rows travel in: the run's precision (gnnc.plan.precision)
+
+    def _wire(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` in the type it travels in (a no-op at fp32), so each exchange carries what predict-bytes counts."""
+        return x.to(self.dtype) if x.is_floating_point() else x
 
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """Run communication op `op` (one of EXCHANGES) on `x`, as its schedule says; bytes labelled by its value."""
-        return EXCHANGES[op](self, x, e)
+        return EXCHANGES[op](self, self._wire(x), e)
 
     def owned_rows(self) -> int:
         """How many rows of a vertex value are this rank's own: its first ones (gnnc.plan.rows)."""
@@ -76,12 +82,12 @@ class Exchange:
         if e.op == "halo":
             layer = self.layer
             assert layer is not None and layer.halo is not None
-            held = _dense(x)[: layer.n_in]  # a sparse input (bag of words) travels as dense rows
+            held = self._wire(_dense(x)[: layer.n_in])  # a sparse input (bag of words) travels as dense rows
             handle = comm.start_halo_exchange(held, layer.halo, self.stats, label=label,
                                               method=exchange_schedule(e).method)
             return PartStream(held, _waited(handle), 2)
         if e.op == "bcast_rows":
-            return PartStream(None, self._stages(_dense(x)[: self.lg.n_owned], label), len(self.block_sizes))
+            return PartStream(None, self._stages(self._wire(_dense(x)[: self.lg.n_owned]), label), len(self.block_sizes))
         raise AssertionError(f"{e.op} cannot deliver its rows in parts")
 
     def _stages(self, own: torch.Tensor, label: str):
@@ -272,6 +278,16 @@ def hold_parts_views(program: Program, lg: LocalGraph) -> None:
             lgl.hold_parts(layer.edges, part_bounds(lgl, e.op, lg.block_rows))
 
 
+def build_split_parts(program: Program, lg: LocalGraph) -> None:
+    """Group by source part (`LayerGraph.parts`) the structure of every layer whose exchange is split, here on
+    the host before the shard moves to its device: built there, during the first epoch, it would read the device."""
+    for layer in program.graph_layers():
+        exchange = split_exchange(layer)
+        lgl = lg.layers[layer.name]
+        if exchange is not None and not layer_schedule(layer).binned and lgl.views[layer.edges].csr is not None:
+            lgl.parts(layer.edges, part_bounds(lgl, exchange.op, lg.block_rows))
+
+
 def grad_buckets(program: Program) -> list[list[int]] | None:
     """The gradient buckets the schedule annotates (`grad_bucket`), as indices into the parameters in
     program order (init_params' order), last ones first; None when the plan names none."""
@@ -306,11 +322,9 @@ def _with(ctx: ExecContext, **changes: Any) -> ExecContext:
 class DistWorker(Worker):
     """One rank: its shard, the communication bound to it, and sums over ranks."""
 
-    def __init__(self, cfg: DistConfig, job: DistJob):
-        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the one-process Worker
-
-        return_freed_memory()
-        torch.set_num_threads(1)
+    def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
+        """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
+        self.device = devices.start_rank(job.train.device, job.train.precision, cfg.local_rank, device)
         program = parse_ir(job.ir)
         data = load_rank(job.shard_dir, cfg.rank, cfg.world_size)
         check_dims_fit(program, data.num_features, data.num_classes, data.graph_name)
@@ -320,7 +334,7 @@ class DistWorker(Worker):
         self.graph_name = data.graph_name
         self.cfg = job.train
         self.stats = comm.CommStats()
-        self.lg = lg = data.lg
+        lg = data.lg
         checked: set[int] = set()
         for layer in lg.layers.values():
             if id(layer) not in checked:
@@ -329,23 +343,31 @@ class DistWorker(Worker):
                 if layer.entry is not None:
                     comm.check_halo_plan(layer.entry, lg.n_owned)
                 checked.add(id(layer))
-        self.inputs = data.inputs
-        phase = None
-        if data.full_views is not None:
-            phase = FeaturePhase(data.full_views, torch.arange(data.num_nodes), data.cols)
         check_schedule(program)
         hold_parts_views(program, lg)
         for layer in program.graph_layers():  # a binned layer's bins: structure, built with the shard
-            sched = layer_schedule(layer)
-            if sched.binned:
-                layer_bins(lg.layers[layer.name], layer.edges, sched.bins, sched.bin_order)
+            if layer_schedule(layer).binned:
+                bins_of(lg.layers[layer.name], layer, program.config_dict())
+        build_split_parts(program, lg)
+        # The shard goes to the device once, every structure derived from it (parts, bins) built first, on the
+        # host: built there during the first epoch, they would read the device (on CPU this changes nothing).
+        move = devices.mover(self.device)
+        self.lg = lg = devices.place(lg, self.device)
+        data.lg = lg
+        self.inputs = {k: move(t) for k, t in data.inputs.items()}
+        phase = None
+        if data.full_views is not None:
+            phase = FeaturePhase({k: devices.place(v, self.device) for k, v in data.full_views.items()},
+                                 torch.arange(data.num_nodes, device=self.device), data.cols)
+        if data.block_order is not None:
+            data.block_order = move(data.block_order)
         self.interp = DistInterpreter(program, lg, phase)
         self.views: dict[str, Any] = {}
         self.ids = lg.rows
         self.count = data.train_count
-        self.exchange = Exchange(data, self.stats, cfg.world_size)
+        self.exchange = Exchange(data, self.stats, cfg.world_size, devices.compute_dtype(job.train.precision))
         self._reducer: comm.GradAllReduce | None = None
-        self.state, self.hoisted = init_state(program), {}
+        self.state, self.hoisted = init_state(program, self.device), {}
 
     def context(self, training: bool, epoch: int) -> ExecContext:
         return _with(super().context(training, epoch), comm=self.exchange)
@@ -393,17 +415,18 @@ class DistWorker(Worker):
         return out
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
-        return _gather_rows(logits.detach()[: self.lg.n_owned], self.lg.owned, self.num_nodes,
+        """Every rank's owned rows on rank 0's host, in global order (after the epochs)."""
+        return _gather_rows(logits.detach()[: self.lg.n_owned].cpu(), self.lg.owned.cpu(), self.num_nodes,
                             self.rank, self.world_size)
 
 
 def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
-    """Forward (training mode, dropout on) and backward once; rank 0 returns logits and summed grads.
+    """Forward (training mode, dropout on) and backward once; rank 0 returns logits and summed grads (host).
 
     The exactness tests compare this with one process.
     """
     w = DistWorker(cfg, job)
-    params = init_params(w.program, job.train.seed)
+    params = init_params(w.program, job.train.seed, w.device)
     with torch.no_grad():  # computes the hoisted values, once per run: the step measured is a steady one
         w.forward(params, False, 0)
     w.stats.reset()
@@ -420,7 +443,7 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     for per_rank in every:
         for op, nbytes in per_rank.items():
             sent[op] = sent.get(op, 0) + nbytes
-    return {"logits": gathered, "loss": float(total), "grads": {k: p.grad.detach().clone() for k, p in params.items()},
+    return {"logits": gathered, "loss": float(total), "grads": {k: p.grad.detach().to("cpu", copy=True) for k, p in params.items()},
             "bytes_by_op": sent}
 
 
@@ -437,7 +460,7 @@ def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> dict[str, Any]
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
     summary, logits, history = fit(w, job.train, job.metrics_path)
-    peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
+    peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64, device=w.device)).cpu()
     gathered = w.gather_logits(logits) if job.want_logits else None
     if cfg.rank != 0:
         return None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -52,6 +53,7 @@ class ExecContext:
     col_offset: int = 0  # global column of this worker's first feature, when features are sliced (P3)
     state: dict[str, torch.Tensor] | None = None  # running state of ops (init_state); None: nothing kept
     hoist_cache: dict[str, torch.Tensor] | None = None  # hoisted values of this run; None: computed every time
+    fuse: bool = True  # one process runs fused chains (gnnc.runtime.fusion); False: each equation, as a rank does
 
 
 def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,23 +70,24 @@ def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 def _segment_softmax(e: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
     shape = (n,) + tuple(e.shape[1:])
     idx = dst.view(-1, *([1] * (e.dim() - 1))).expand_as(e)
-    mx = torch.full(shape, -math.inf, dtype=e.dtype).scatter_reduce(0, idx, e.detach(), "amax", include_self=True)
+    mx = torch.full(shape, -math.inf, dtype=e.dtype, device=e.device).scatter_reduce(0, idx, e.detach(), "amax",
+                                                                                     include_self=True)
     ex = torch.exp(e - mx[dst])
-    den = torch.zeros(shape, dtype=e.dtype).index_add(0, dst, ex)
+    den = torch.zeros(shape, dtype=e.dtype, device=e.device).index_add(0, dst, ex)
     return ex / den[dst]
 
 
 def _segment_reduce(m: torch.Tensor, dst: torch.Tensor, n: int, reduce: str, deg: torch.Tensor) -> torch.Tensor:
     shape = (n,) + tuple(m.shape[1:])
     if reduce in ("sum", "mean"):
-        out = torch.zeros(shape, dtype=m.dtype).index_add(0, dst, m)
+        out = torch.zeros(shape, dtype=m.dtype, device=m.device).index_add(0, dst, m)
         if reduce == "mean":
             out = out / deg.clamp(min=1).view(-1, *([1] * (m.dim() - 1)))
         return out
     idx = dst.view(-1, *([1] * (m.dim() - 1))).expand_as(m)
     red = {"max": "amax", "min": "amin"}[reduce]
     # rows without in-edges stay 0, as PyG's max/min aggregation gives
-    return torch.zeros(shape, dtype=m.dtype).scatter_reduce(0, idx, m, red, include_self=False)
+    return torch.zeros(shape, dtype=m.dtype, device=m.device).scatter_reduce(0, idx, m, red, include_self=False)
 
 
 def dying_values(program: Program) -> dict[tuple[str, int], list[str]]:
@@ -125,7 +128,7 @@ class Interpreter:
     def run_layer(self, layer: Layer, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
                   ctx: ExecContext) -> None:
         view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
-        fuse = ctx.use_kernels and ctx.comm is None
+        fuse = ctx.use_kernels and ctx.fuse and ctx.comm is None
         for k, e in enumerate(layer.eqns):
             name = e.outs[0].name
             if fuse and name in self.chains and fusion.run(self.chains[name], env, params, ctx):
@@ -306,7 +309,14 @@ def _sddmm(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -
 @implements("linear", sparse_input=True)
 def _linear(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
     x, w = ins[0], ins[1]
-    out = torch.sparse.mm(x, w) if x.is_sparse else x @ w
+    if x.is_sparse:
+        # Sparse input features (bag of words) multiply in fp32 at every precision: autocast would cast
+        # them to 16 bits, whose sparse backward torch 2.13 lacks on the CPU ("expected scalar type Float").
+        off = torch.autocast(x.device.type, enabled=False) if x.device.type in ("cpu", "cuda") else nullcontext()
+        with off:
+            out = torch.sparse.mm(x, w)
+    else:
+        out = x @ w
     if len(ins) > 2:
         out = out + ins[2]
     heads = e.attr("heads")
@@ -383,31 +393,37 @@ def _comm(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecCont
 @implements("cross_entropy")
 def _cross_entropy(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
     logits, y, mask = ins
-    if not bool(mask.any()):
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[mask], y[mask], reduction="sum") / ctx.loss_count
+    # Every row's loss, then the sum over the mask: selecting the rows first (logits[mask]) has a size only
+    # the mask's values give, which a GPU would have to read back to the host. Labels outside the mask
+    # may be anything (unlabelled vertices); they are replaced, and their rows weigh nothing. The loss is
+    # computed in fp32 whatever the precision of the logits.
+    per_row = F.cross_entropy(logits.float(), torch.where(mask, y, 0), reduction="none")
+    return torch.where(mask, per_row, 0.0).sum() / ctx.loss_count
 
 
-def init_params(program: Program, seed: int) -> dict[str, torch.nn.Parameter]:
-    """Parameters in program order from one seeded generator (the same on every rank)."""
+def init_params(program: Program, seed: int,
+                device: torch.device | str = "cpu") -> dict[str, torch.nn.Parameter]:
+    """Parameters in program order from one seeded generator (the same on every rank and device):
+    drawn on the host, then copied to `device` once."""
     gen = torch.Generator().manual_seed(seed)
     cfg = program.config_dict()
     out: dict[str, torch.nn.Parameter] = {}
     for p in program.params():
         shape = tuple(eval_dim(d, cfg) for d in p.value.type.shape)
-        out[p.value.name] = torch.nn.Parameter(_init(p.init, shape, gen))
+        out[p.value.name] = torch.nn.Parameter(_init(p.init, shape, gen).to(device))
     return out
 
 
-def init_state(program: Program) -> dict[str, torch.Tensor]:
-    """The running state of every op that keeps one (OpDef.state), keyed `<result>.<suffix>`, in program order."""
+def init_state(program: Program, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The running state of every op that keeps one (OpDef.state), keyed `<result>.<suffix>`, in program order,
+    on `device`."""
     cfg = program.config_dict()
     out: dict[str, torch.Tensor] = {}
     for layer in program.layers:
         for e in layer.eqns:
             for spec in op_def(e.op).state:
                 shape = tuple(eval_dim(d, cfg) for d in spec.shape(e, e.ins[0].type))
-                out[f"{e.outs[0].name}.{spec.suffix}"] = _init(spec.init, shape, None)
+                out[f"{e.outs[0].name}.{spec.suffix}"] = _init(spec.init, shape, None).to(device)
     return out
 
 

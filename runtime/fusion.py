@@ -30,8 +30,8 @@ layer's bias is fused with what precedes it in the layer (SAGE's add), and the m
 dropout after it with each other, not the bias with the relu.
 
 A chain runs when its first equation is reached (every input of the chain is defined by then, which
-`find_chains` checks) and its tensors are CPU float tensors the compiled library takes; otherwise its
-equations run one by one as before. Only the one-process interpreter fuses: a distributed rank runs the
+`find_chains` checks) and its tensors are CPU float tensors the compiled library takes, outside autocast
+(a 16-bit run's products are autocast's); otherwise its equations run one by one as before. Only the one-process interpreter fuses: a distributed rank runs the
 equations, whose exchanges may sit inside a chain.
 """
 from __future__ import annotations
@@ -226,6 +226,8 @@ def run(chain: Chain, env: dict[str, torch.Tensor], params: dict[str, torch.Tens
     def value(name: str) -> torch.Tensor:
         return env[name] if name in env else params[name]
 
+    if torch.is_autocast_enabled("cpu"):
+        return False  # --precision bf16|fp16: the equations' products run in 16 bits as autocast casts them
     if chain.kind == "attention":
         out = _run_attention(chain, value, ctx)
     else:

@@ -272,14 +272,33 @@ def init_distributed(cfg: DistConfig, store: dist.Store | None = None) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = cfg.gloo_ifname
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
-            raise LaunchError("the run asks for CUDA but this machine has no usable GPU")
-        torch.cuda.set_device(cfg.local_rank % torch.cuda.device_count())
+            raise LaunchError(f"rank {cfg.rank}: the run asks for CUDA but this machine has no usable GPU")
+        if cfg.local_rank >= torch.cuda.device_count():
+            raise LaunchError(f"rank {cfg.rank}: local rank {cfg.local_rank} has no GPU of its own (this machine "
+                              f"has {torch.cuda.device_count()}; each rank takes GPU LOCAL_RANK)")
+        torch.cuda.set_device(cfg.local_rank)
     if store is None:
         store = _connect_store(cfg, serve=cfg.rank == 0 and not cfg.store_hosted)
         if cfg.store_prefix:
             store = dist.PrefixStore(cfg.store_prefix, store)
+    _check_same_device(store, cfg)
     dist.init_process_group(cfg.backend, store=store, rank=cfg.rank,
                             world_size=cfg.world_size, timeout=cfg.timeout)
+
+
+def _check_same_device(store: dist.Store, cfg: DistConfig) -> None:
+    """Refuse a job whose ranks run on different devices (a torchrun job across machines with and without GPUs,
+    or `--device auto` resolving differently on them): gloo and NCCL ranks cannot form one group, and would
+    otherwise hang until the timeout. Every rank reads every rank's device from the rendezvous store first."""
+    store.set(f"gnnc/device/{cfg.rank}", cfg.device)
+    devices = {r: store.get(f"gnnc/device/{r}").decode() for r in range(cfg.world_size)}
+    if len(set(devices.values())) > 1:
+        by_device: dict[str, list[int]] = {}
+        for r, d in devices.items():
+            by_device.setdefault(d, []).append(r)
+        shown = "; ".join(f"{d}: ranks {ranks}" for d, ranks in sorted(by_device.items()))
+        raise LaunchError(f"the job mixes devices ({shown}): every rank must run on the same device; "
+                          "pass the same --device (cpu or cuda) to every rank")
 
 
 def run_worker(fn: Callable[Concatenate[DistConfig, P], T], cfg: DistConfig,

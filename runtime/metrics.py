@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from gnnc.files import atomic_write
@@ -88,6 +89,13 @@ def reset_peak_rss() -> int | None:
     return _status_bytes("VmRSS")
 
 
+def forget_peak_rss() -> None:
+    """Start this process's peak over: for a process that runs several jobs one after another (the
+    planner's validation grid, benchmarks/cluster), so that each job's `peak_rss_bytes` is its own."""
+    reset_peak_rss()
+    _HighWater.before_reset = 0
+
+
 def peak_rss_since(base: int | None) -> int:
     """How far this process's resident memory rose above `base` (from `reset_peak_rss`) since then:
     what a training step allocated at its peak, its activation memory (0 where it cannot be measured)."""
@@ -95,6 +103,22 @@ def peak_rss_since(base: int | None) -> int:
     if base is None or hwm is None:
         return 0
     return max(hwm - base, 0)
+
+
+def reset_peak_memory(device: torch.device) -> int | None:
+    """`reset_peak_rss` for a run on `device`: on CUDA the allocator's peak is reset instead, and the base is
+    the bytes allocated now (the allocator's own counters: no wait for the GPU)."""
+    if device.type != "cuda":
+        return reset_peak_rss()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def peak_memory_since(device: torch.device, base: int | None) -> int:
+    """`peak_rss_since` for a run on `device`: on CUDA how far the allocator's peak rose above `base`."""
+    if device.type != "cuda":
+        return peak_rss_since(base)
+    return max(torch.cuda.max_memory_allocated(device) - (base or 0), 0)
 
 
 @dataclass
@@ -118,13 +142,20 @@ class EpochRecord:
     bytes_by_op: dict[str, int] = field(default_factory=dict)  # "label/op/direction" -> bytes
     peak_rss_bytes: int = 0
     activation_peak_bytes: int = 0  # how far the training step raised resident memory (peak_rss_since)
+    # the resident set at the step's start, what activation_peak_bytes is measured above: what the first
+    # step builds and keeps (kernels' cached structure) shows as the next step's larger base
+    step_base_bytes: int = 0
+    # the process's CPU seconds in the step (every thread): well under epoch_s, the rank waited for a core
+    # or a peer (a loaded machine shows it in every rank, a slower peer in the others)
+    cpu_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_stats(cls, epoch: int, rank: int, world_size: int, stats: CommStats, *,
                    epoch_s: float, loss: float | None = None, train_acc: float | None = None,
                    val_acc: float | None = None, test_acc: float | None = None,
-                   extra: dict[str, Any] | None = None, activation_peak_bytes: int = 0) -> "EpochRecord":
+                   extra: dict[str, Any] | None = None, activation_peak_bytes: int = 0,
+                   step_base_bytes: int = 0, cpu_s: float = 0.0) -> "EpochRecord":
         """A record from this epoch's CommStats; compute time is what communication did not take.
 
         A pipeline stage waits on its neighbours inside its send/recv ops (gnnc.runtime.comm's `pipe`):
@@ -141,7 +172,7 @@ class EpochRecord:
                    bytes_sent=stats.total_bytes(),
                    bytes_by_op={k: int(v["bytes"]) for k, v in stats.as_dict().items()},
                    peak_rss_bytes=peak_rss_bytes(), activation_peak_bytes=int(activation_peak_bytes),
-                   extra=dict(extra or {}))
+                   step_base_bytes=int(step_base_bytes), cpu_s=cpu_s, extra=dict(extra or {}))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,7 +184,8 @@ class MinibatchRecord:
     holds them beside the EpochRecords, marked `"kind": "minibatch"`.
 
     Per graph layer (first layer first): the block's sampled source vertices, destination vertices and
-    edges of this rank's seeds. `loss`: this rank's share of the step's loss (the shares add up to it).
+    edges of this rank's seeds. `loss`: this rank's share of the step's loss (the shares add up to it;
+    a device tensor until the epoch's records are taken, then read with one another).
     `phase_s`: seconds per phase (sample, gather, forward_m, forward_d, backward_d, backward_m,
     allreduce, step). `bytes_by_op`: what the communication ops sent between this minibatch's
     sampling and its optimizer step, by "label/op/direction" as in EpochRecord (under the pipelined

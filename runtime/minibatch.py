@@ -39,6 +39,7 @@ from gnnc.graph.storage import view_edge_data
 from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView
 from gnnc.ir import Program
 from gnnc.plan.schedules import SCHEDULES
+from gnnc.runtime import device as devices
 from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter
 from gnnc.runtime.metrics import MinibatchRecord
 from gnnc.runtime.train import RunResult, TrainConfig, Worker, train
@@ -138,6 +139,7 @@ class MinibatchWorker(Worker):
         # the pipelined schedule's weight versions: (optimizer steps taken, weights), the newest last
         self.versions: collections.deque = collections.deque(maxlen=self.schedule.staleness + 2)
         self.updates = 0
+        self.move = devices.mover(self.device)  # a minibatch's blocks and inputs to the device
 
     # --- the pieces a distributed worker replaces -------------------------------------------------------
 
@@ -150,16 +152,21 @@ class MinibatchWorker(Worker):
         return seeds
 
     def batch_inputs(self, mb: MiniBatch) -> dict[str, torch.Tensor]:
-        """The program's inputs on a minibatch: features of the first block's sources, labels of the seeds."""
+        """The program's inputs on a minibatch: features of the first block's sources, labels of the seeds;
+        gathered on the host, where the features are, and copied to the device once."""
         seeds = torch.from_numpy(mb.seeds)
         x = sparse_if_sparse(self.features[torch.from_numpy(mb.blocks[0].src_ids)])  # bag of words stays sparse
         n = len(mb.seeds)
-        return {"x": x, "y": self.labels[seeds], "train": torch.ones(n, dtype=torch.bool),
-                "val": torch.zeros(n, dtype=torch.bool), "test": torch.zeros(n, dtype=torch.bool)}
+        return {"x": self.move(x), "y": self.move(self.labels[seeds]),
+                "train": torch.ones(n, dtype=torch.bool, device=self.device),
+                "val": torch.zeros(n, dtype=torch.bool, device=self.device),
+                "test": torch.zeros(n, dtype=torch.bool, device=self.device)}
 
     def views_of(self, mb: MiniBatch) -> dict[str, GraphView]:
+        """Each graph layer's block as a view on the device (sampled and built on the host, copied once)."""
         layers = self.program.graph_layers()
-        return {layer.name: block_view(block, self.sampler.views[layer.edges], self.structure)
+        return {layer.name: devices.place(block_view(block, self.sampler.views[layer.edges], self.structure),
+                                          self.device)
                 for layer, block in zip(layers, mb.blocks)}
 
     def start_sync(self, f: Flight) -> None:
@@ -191,7 +198,7 @@ class MinibatchWorker(Worker):
         f.env = dict(self.batch_inputs(mb))
         # no hoist cache: a value computed once per run on the whole graph does not fit a minibatch's blocks
         f.ctx = dataclasses.replace(self.context(training, step), views={}, hoist_cache=None,
-                                    vertex_ids=torch.from_numpy(mb.blocks[0].src_ids), loss_count=f.count)
+                                    vertex_ids=self.move(torch.from_numpy(mb.blocks[0].src_ids)), loss_count=f.count)
         f.phase_s = {"sample": t1 - t0, "gather": time.perf_counter() - t1}
         return f
 
@@ -257,7 +264,7 @@ class MinibatchWorker(Worker):
         self.records.append(MinibatchRecord(
             f.batch.epoch, f.batch.index, self.rank, self.world_size, len(f.batch.seeds),
             [b.n_src for b in blocks], [b.n_dst for b in blocks], [b.nnz for b in blocks],
-            float(f.loss.detach()), dict(f.phase_s), sent))
+            f.loss.detach(), dict(f.phase_s), sent))  # the loss is read on the host with the epoch's records
 
     def run_settings(self) -> dict[str, Any]:
         return {"sampling": f"fan-out {self.sampling.text}, batch {self.sampling.batch_size}",
@@ -265,11 +272,17 @@ class MinibatchWorker(Worker):
 
     def take_records(self) -> list[Any]:
         out, self.records = self.records, []
+        if out:  # every minibatch's loss in one read of the device
+            for r, loss in zip(out, torch.stack([r.loss for r in out]).tolist()):
+                r.loss = loss
         return out
 
     # --- an epoch -----------------------------------------------------------------------------------------
 
-    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
+    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int,
+                    scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+        if scaler is not None:
+            raise AssertionError("sampled minibatch training runs in fp32 (gnnc.compile refuses 16 bits with it)")
         batches = self.epoch_batches(epoch)
         first_step = epoch * len(batches)
         opt.zero_grad(set_to_none=True)
@@ -285,10 +298,9 @@ class MinibatchWorker(Worker):
                 self.backward_m(f)
                 self.apply(f, params, opt)
                 losses.append(f.loss.detach())
-        # the epoch's loss: each step's loss is a mean over its batch; weight them by their sizes
-        sizes = torch.tensor([float(len(s)) for s in batches], dtype=torch.float64)
-        mine = torch.stack(losses).to(torch.float64)
-        return (mine * sizes).sum() / sizes.sum()
+        # the epoch's loss: each step's loss is a mean over its batch; weight them by their sizes (host numbers)
+        weighted = torch.stack([loss.to(torch.float64) * float(len(s)) for loss, s in zip(losses, batches)])
+        return weighted.sum() / float(sum(len(s) for s in batches))
 
     def _pipelined(self, params, opt, epoch: int, batches: list[np.ndarray], first_step: int) -> list[torch.Tensor]:
         """P3's 2F2B: at tick t the model-parallel forward of minibatch t, the data-parallel forward and

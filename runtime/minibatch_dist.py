@@ -104,6 +104,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         graph = data.graph
         check_dims_fit(program, data.num_features, graph.num_classes, graph.name)
         self.rank, self.world_size = cfg.rank, cfg.world_size
+        self.device = torch.device("cpu")  # sampled runs on several workers stay on the host (gnnc.api says so)
         self.program, self.cfg, self.stats = program, job.train, comm.CommStats()
         self.graph_name, self.num_nodes = graph.name, graph.num_nodes
         self.parts = data.parts

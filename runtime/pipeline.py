@@ -44,6 +44,7 @@ from gnnc.ir.text import parse_ir
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.pipeline_shards import load_pipeline_rank
 from gnnc.runtime import comm, rng
+from gnnc.runtime import device as devices
 from gnnc.runtime.distributed import DistJob, DistWorker, _gather_rows
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
 from gnnc.runtime.launch import DistConfig
@@ -66,11 +67,9 @@ def refresh_due(epoch: int, history_every: int, refreshed: int | None) -> bool:
 class PipelineWorker(Worker):
     """One rank of a pipeline plan: its stage, its member's chunks, the history of its layers' inputs."""
 
-    def __init__(self, cfg: DistConfig, job: DistJob):
-        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the other workers
-
-        return_freed_memory()
-        torch.set_num_threads(1)
+    def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
+        """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
+        self.device = devices.start_rank(job.train.device, job.train.precision, cfg.local_rank, device)
         program = parse_ir(job.ir)
         sched = plan_pipeline.schedule_of(program)
         if sched is None or sched.workers != cfg.world_size:
@@ -111,6 +110,11 @@ class PipelineWorker(Worker):
                         comm.check_halo_plan(plan, int(chunk.view.csr.n_dst), self.group)
             if structures.refresh is not None:
                 comm.check_halo_plan(structures.refresh, len(self.ids), self.group)
+        # The shard goes to the device once, checked first on the host (on CPU this changes nothing)
+        move = devices.mover(self.device)
+        data.structures = {v: devices.place(s, self.device) for v, s in data.structures.items()}
+        self.inputs = data.inputs = {k: move(t) for k, t in data.inputs.items()}
+        self.ids = data.rows = move(data.rows)
 
     # --- what a chunk runs on ----------------------------------------------------------------------
 
@@ -206,7 +210,8 @@ class PipelineWorker(Worker):
         n = len(self.ids)
         if self.prev is not None:
             width = sum(self.widths[v.name] for v in self.recv_values)
-            got = comm.pipe_recv((n, width), F32, self.prev, stats, label=label, requires_grad=False)
+            got = comm.pipe_recv((n, width), F32, self.prev, stats, label=label, requires_grad=False,
+                                 device=self.device)
             for k in ks:
                 envs[k].update(self._split(got[slice(*self._rows(k))]))
         self._run_stage(params, envs, base, stats, store, label)
@@ -231,8 +236,11 @@ class PipelineWorker(Worker):
             self._full_pass(params, self.context(True, epoch), self.stats, self.history, "refresh")
         self.refreshed = epoch
 
-    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
+    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int,
+                    scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
         """A refresh when due, the pipelined step, the group's gradient sum, one optimizer step."""
+        if scaler is not None:
+            raise AssertionError("the pipeline runs in fp32 (predict-bytes refuses 16 bits with it)")
         opt.zero_grad(set_to_none=True)
         if refresh_due(epoch, self.sched.history_every, self.refreshed):
             self.refresh(params, epoch)
@@ -246,7 +254,7 @@ class PipelineWorker(Worker):
         rank's rows (on the last stage), detached. `logits` (a dict) receives the last stage's per chunk."""
         base = self.context(True, epoch)
         pending: list[torch.Tensor] = []
-        total = torch.zeros((), dtype=F32)
+        total = torch.zeros((), dtype=F32, device=self.device)
         in_width = sum(self.widths[v.name] for v in self.recv_values)
         for k in chunk_order(self.cfg.seed, epoch, self.sched.chunks):
             a, b = self._rows(k)
@@ -255,7 +263,7 @@ class PipelineWorker(Worker):
             env = self._chunk_inputs(k)
             if self.prev is not None:
                 env.update(self._split(comm.pipe_recv((b - a, in_width), F32, self.prev, self.stats, label="pipe",
-                                                      requires_grad=self.recv_grad)))
+                                                      requires_grad=self.recv_grad, device=self.device)))
             self._run_stage(params, {k: env}, base, self.stats, None, "pipe")
             if self.next is not None:
                 token = comm.pipe_send(self._joined(env), self.next, self.stats, label="pipe")
@@ -278,11 +286,12 @@ class PipelineWorker(Worker):
         """Evaluation: the full pass on current rows (no history); the last stage's logits of its rows."""
         envs = self._full_pass(params, self.context(training, epoch), self.eval_stats, {}, "eval")
         classes = self.data.num_classes
+        none = torch.zeros((0, classes), device=self.device)
         if not self.last:
-            return torch.zeros((0, classes)), torch.zeros(())
+            return none, torch.zeros((), device=self.device)
         ks = sorted(envs)
-        logits = torch.cat([envs[k][self.program.logits.name] for k in ks], dim=0) if ks else torch.zeros((0, classes))
-        loss = sum((envs[k][self.program.loss.name] for k in ks), torch.zeros(()))
+        logits = torch.cat([envs[k][self.program.logits.name] for k in ks], dim=0) if ks else none
+        loss = sum((envs[k][self.program.loss.name] for k in ks), torch.zeros((), device=self.device))
         return logits, loss
 
     # --- what fit asks of a worker -----------------------------------------------------------------
@@ -314,7 +323,7 @@ class PipelineWorker(Worker):
     max = DistWorker.max
 
     def train_vertices(self) -> int:
-        mine = self.inputs["train"].sum() if self.last else torch.zeros((), dtype=torch.int64)
+        mine = self.inputs["train"].sum() if self.last else torch.zeros((), dtype=torch.int64, device=self.device)
         return int(self.sum(mine.reshape(1).to(torch.int64))[0])
 
     def graph_tensors(self) -> list[torch.Tensor]:
@@ -326,7 +335,7 @@ class PipelineWorker(Worker):
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
         ids = self.ids if self.last else self.ids[:0]
-        return _gather_rows(logits.detach(), ids, self.num_nodes, self.rank, self.world_size)
+        return _gather_rows(logits.detach().cpu(), ids.cpu(), self.num_nodes, self.rank, self.world_size)
 
 
 # The runtime side of the communication ops a pipeline's IR holds (gnnc.plan.strategies: the pipeline's
@@ -347,7 +356,7 @@ def _stage_group(sched: plan_pipeline.PipelineSchedule, stage: int) -> dist.Proc
 
 
 def _row_slice(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
-    return t.index_select(0, torch.arange(a, b)).coalesce() if t.is_sparse else t[a:b]
+    return t.index_select(0, torch.arange(a, b, device=t.device)).coalesce() if t.is_sparse else t[a:b]
 
 
 def _feature_shape(v, config: dict[str, Any]) -> tuple[int, ...]:
@@ -364,7 +373,7 @@ def one_step(cfg: DistConfig, job: DistJob, epoch: int = 0) -> dict[str, Any] | 
     gradient and the bytes by "label/op/direction" summed over ranks, of the step and of the refresh.
     Tests compare it with one process."""
     w = PipelineWorker(cfg, job)
-    params = init_params(w.program, job.train.seed)
+    params = init_params(w.program, job.train.seed, w.device)
     w.refresh(params, 0)
     refreshed = {"/".join(key): c.bytes for key, c in w.stats.counts.items()}
     w.stats.reset()
@@ -372,11 +381,11 @@ def one_step(cfg: DistConfig, job: DistJob, epoch: int = 0) -> dict[str, Any] | 
     loss = w.pipelined_step(params, epoch, captured)
     w.reduce_grads(params)
     ks = sorted(captured)
-    logits = torch.cat([captured[k] for k in ks]) if ks else torch.zeros((0, w.data.num_classes))
+    logits = torch.cat([captured[k] for k in ks]) if ks else torch.zeros((0, w.data.num_classes), device=w.device)
     gathered = w.gather_logits(logits)
     total = w.sum(loss.reshape(1))
     every: list[Any] = [None] * cfg.world_size
-    dist.all_gather_object(every, ({k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None},
+    dist.all_gather_object(every, ({k: p.grad.detach().cpu() for k, p in params.items() if p.grad is not None},
                                    {"/".join(key): c.bytes for key, c in w.stats.counts.items()}, refreshed))
     if cfg.rank != 0:
         return None

@@ -8,19 +8,35 @@ its one-way time). Each figure is the median of several timed repetitions
 after a warm-up. The profile offers one worker per core: `gnnc run --nproc N`
 runs its workers as processes on this machine.
 
+`gnnc probe --device cuda` measures the GPUs instead (`gpu_profile`): the same
+rates on GPU 0 (timed to completion of the GPU's work), plus the bf16 and fp16
+dense rates and the 16-bit SpMM rate `--precision` prices, its memory, and
+NCCL between GPUs 0 and 1 (on a single GPU, its pinned host link: there is no
+peer); one worker per GPU, as `gnnc run --nproc N --device cuda` runs them.
+
 NeutronStar's T_v, T_e, T_c (seconds per vertex computed, per edge
 aggregated, per row communicated: the constants of its Algorithm 4 and
 Eq. 1-3) need more, because the rates above time bare kernels while a
 training step pays for everything gnnc's executor does around them. A short
 test training times each layer of a 2-layer GCN (forward plus backward,
-through `Interpreter.run_layer`, single process) on generated R-MAT graphs
-whose vertex and edge counts vary independently (the fastest of a few
-repetitions each): `probe_layer_samples`. This module only measures; the
-fit lives beside the cost model (gnnc.passes.cost.fit), and `gnnc probe`
-(gnnc.cli) runs one, then the other.
+through `Interpreter.run_layer`, single process, each equation on its own as
+a distributed rank runs it: no fused chain) on generated R-MAT graphs
+whose vertex and edge counts vary independently (the median of a few
+repetitions each: a run's epoch is the median of its epochs, on the same
+shared cores): `probe_layer_samples`.
+
+Every other op of an epoch (activations, bias, dropout, attention scores,
+the loss, row copies around exchanges, the optimizer step) is timed too:
+`probe_op_samples` runs each equation of PROBE_OPS_MODEL alone through the
+executor, forward and backward, on the same graphs, and times row copies
+and Adam steps of several sizes; the fit turns them into seconds per element
+of each op class and per op dispatched (gnnc.cluster.OpRate). This module
+only measures; the fit lives beside the cost model (gnnc.passes.cost.fit),
+and `gnnc probe` (gnnc.cli) runs one, then the other.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -32,53 +48,72 @@ import torch.distributed as dist
 
 from gnnc.graph import CSR
 from gnnc.graph.generators import rmat
+from gnnc.runtime.comm import collective_device
+from gnnc.runtime.device import place
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.kernels import spmm
 from gnnc.runtime.launch import DistConfig, launch
 from gnnc.runtime.train import TrainConfig, Worker
 
+CPU = torch.device("cpu")
 
-def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+
+def _sync_for(device: torch.device) -> Callable[[], None]:
+    """What makes a timing include the work it started: the GPU's queue drained on CUDA, nothing on CPU."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
+                 sync: Callable[[], None] = lambda: None) -> float:
+    """The median of `repeats` timed calls after `warmup` (`sync` drains a GPU's queue): the statistic a run's
+    epoch time is (the median of its epochs), so that what the probe fits on shared cores is what a run on them
+    then measures."""
     for _ in range(warmup):
         fn()
+    sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def gemm_rate(threads: int, n: int = 1024) -> float:
+def gemm_rate(threads: int, n: int = 1024, device: torch.device = CPU, dtype: torch.dtype = torch.float32) -> float:
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2.0 * n**3 / _median_time(lambda: a @ b)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return 2.0 * n**3 / _median_time(lambda: a @ b, sync=_sync_for(device))
 
 
-def spmm_rate(threads: int, n: int = 100_000, deg: int = 10, width: int = 64) -> float:
+def spmm_rate(threads: int, n: int = 100_000, deg: int = 10, width: int = 64, device: torch.device = CPU,
+              dtype: torch.dtype = torch.float32) -> float:
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, n, (n * deg,), generator=g), torch.randint(0, n, (n * deg,), generator=g)
-    csr = CSR.from_edges(src.numpy(), dst.numpy(), n)
-    x = torch.randn(n, width)
-    return csr.nnz * width / _median_time(lambda: spmm(csr, x))
+    csr = place(CSR.from_edges(src.numpy(), dst.numpy(), n), device)
+    x = torch.randn(n, width, device=device, dtype=dtype)
+    return csr.nnz * width / _median_time(lambda: spmm(csr, x), sync=_sync_for(device))
 
 
-def memory_bandwidth(threads: int, mib: int = 256) -> float:
+def memory_bandwidth(threads: int, mib: int = 256, device: torch.device = CPU) -> float:
     torch.set_num_threads(threads)
-    a = torch.empty(mib * 2**20 // 4)
+    a = torch.empty(mib * 2**20 // 4, device=device)
     b = torch.empty_like(a)
-    return 2.0 * a.numel() * 4 / _median_time(lambda: b.copy_(a))  # read + write
+    return 2.0 * a.numel() * 4 / _median_time(lambda: b.copy_(a), sync=_sync_for(device))  # read + write
 
 
 def _pingpong(cfg: DistConfig, sizes: list[int], repeats: int) -> dict[int, float]:
     """Rank 0 sends `size` floats to rank 1, which sends them back; median one-way seconds."""
+    device = collective_device()
+    sync = _sync_for(device)
     out = {}
     for size in sizes:
-        buf = torch.zeros(size)
+        buf = torch.zeros(size, device=device)
         times = []
         for i in range(repeats + 1):
             dist.barrier()
+            sync()
             t0 = time.perf_counter()
             if cfg.rank == 0:
                 dist.send(buf, 1)
@@ -86,18 +121,33 @@ def _pingpong(cfg: DistConfig, sizes: list[int], repeats: int) -> dict[int, floa
             else:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
+            sync()
             if i:
                 times.append((time.perf_counter() - t0) / 2)
         out[size] = statistics.median(times)
     return out
 
 
-def link(repeats: int = 10) -> tuple[float, float]:
-    """(latency seconds, bandwidth bytes/s) of gloo between two processes on this machine."""
+def link(repeats: int = 10, device: str = "cpu") -> tuple[float, float]:
+    """(latency seconds, bandwidth bytes/s) between two processes on this machine: gloo, or NCCL between
+    GPUs 0 and 1 with `device="cuda"`."""
     small, large = 1, 4 * 2**20
-    times = launch(_pingpong, 2, [small, large], repeats)[0]
-    latency = times[small]
-    return latency, large * 4 / max(times[large] - latency, 1e-9)
+    times = launch(_pingpong, 2, [small, large], repeats, device=device)[0]
+    return _latency_bandwidth(times[small], times[large], large * 4)
+
+
+def _latency_bandwidth(t_small: float, t_large: float, large_bytes: int) -> tuple[float, float]:
+    """alpha and beta from one-way times of a tiny and a large message."""
+    return t_small, large_bytes / max(t_large - t_small, 1e-9)
+
+
+def host_link(device: torch.device, repeats: int = 10) -> tuple[float, float]:
+    """(latency, bandwidth) of copies between pinned host memory and `device`: a lone GPU's only link."""
+    small, large = torch.zeros(1).pin_memory(), torch.zeros(4 * 2**20).pin_memory()
+    sync = _sync_for(device)
+    t_small = _median_time(lambda: small.to(device, non_blocking=True), repeats, sync=sync)
+    t_large = _median_time(lambda: large.to(device, non_blocking=True), repeats, sync=sync)
+    return _latency_bandwidth(t_small, t_large, large.numel() * 4)
 
 
 # --- NeutronStar's unit costs ---------------------------------------------------------------------
@@ -127,16 +177,22 @@ PROBE_WIDTHS = (128, 64, 16)  # features, hidden, classes: a wide first layer an
 PROBE_GRAPHS = ((30000, 4.0), (30000, 16.0), (90000, 4.0), (90000, 10.0))
 
 
-def layer_times(program, graph, repeats: int = 5) -> list[float]:
-    """Seconds of one forward plus backward (the fastest of `repeats`) of each graph layer of `program` on `graph`.
+def layer_times(program, graph, repeats: int = 5, device: str = "cpu") -> tuple[list[float], list[float]]:
+    """Seconds of one forward plus backward, and of one forward alone as the evaluation runs it (no autograd),
+    each the median of `repeats`, of each graph layer of `program` on `graph`.
 
     Each layer runs alone through gnnc's executor (`Interpreter.run_layer`) on the inputs a training
     step gives it (the layers before it run first), with the gradient flowing where it would in
-    training: to the weights always, to the input unless the layer reads the input features.
+    training: to the weights always, to the input unless the layer reads the input features. The
+    forward alone is timed apart because a dense map's backward products (x^T g) run at another
+    rate than its forward one (x W): the evaluation pass is forward only.
     """
-    worker = Worker(program, graph, TrainConfig(progress=False))
-    params = init_params(program, 0)
-    ctx = worker.context(True, 0)
+    worker = Worker(program, graph, TrainConfig(progress=False, device=device))
+    params = init_params(program, 0, worker.device)
+    # each equation on its own, as a distributed rank runs it and as eqn_times times the other ops: the fit
+    # takes those ops' modelled time off these timings, which a fused chain would make smaller than modelled
+    ctx, eval_ctx = (dataclasses.replace(worker.context(training, 0), fuse=False) for training in (True, False))
+    sync = _sync_for(worker.device)
     env = dict(worker.inputs)
     seen = dict(worker.inputs)  # every layer's outputs: the interpreter lets go of a value after its last reader
     with torch.no_grad():
@@ -145,7 +201,7 @@ def layer_times(program, graph, repeats: int = 5) -> list[float]:
             seen.update({v.name: env[v.name] for v in layer.outputs})
     env = seen
     inputs = {v.name for v in program.inputs}
-    out = []
+    out, forward = [], []
     for layer in program.graph_layers():
         grad = torch.ones_like(env[layer.outputs[0].name])
 
@@ -157,30 +213,21 @@ def layer_times(program, graph, repeats: int = 5) -> list[float]:
             for p in params.values():
                 p.grad = None
 
-        out.append(_min_time(step, repeats=repeats))
-    return out
+        def evaluate(layer=layer) -> None:
+            with torch.no_grad():
+                worker.interp.run_layer(layer, {v.name: env[v.name] for v in layer.inputs}, params, eval_ctx)
 
-
-def _min_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
-    """The fastest of `repeats` timed calls: what a layer costs when nothing else interrupts it.
-
-    The fit needs the cost, not this moment's contention: on shared cores a slow repetition was
-    interrupted, and the interruptions would land in the fit as noise larger than the effects.
-    """
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        out.append(_median_time(step, repeats=repeats, sync=sync))
+        forward.append(_median_time(evaluate, repeats=repeats, sync=sync))
+    return out, forward
 
 
 def probe_layer_samples(compile_program: Callable[[object], object], threads: int,
                         graphs: Sequence[tuple[int, float]] = PROBE_GRAPHS, widths: tuple[int, int, int] = PROBE_WIDTHS,
-                        repeats: int = 3) -> tuple[object, list[tuple[int, list[int], list[float]]]]:
-    """Time PROBE_MODEL's layers on each test graph: (the program, [(V, E per layer, seconds per layer)]).
+                        repeats: int = 5, device: str = "cpu") -> tuple[object, list[tuple[int, list[int], list[float]]],
+                                                                        list[tuple[int, list[int], list[float]]]]:
+    """Time PROBE_MODEL's layers on each test graph: (the program, [(V, E per layer, seconds per layer)] of a
+    forward plus backward, the same of a forward alone).
 
     `compile_program(graph)` compiles PROBE_MODEL with these widths for a graph (the caller's: the
     runtime does not compile); the first graph's program serves every graph.
@@ -189,12 +236,136 @@ def probe_layer_samples(compile_program: Callable[[object], object], threads: in
     features, _, classes = widths
     program = None
     samples: list[tuple[int, list[int], list[float]]] = []
+    forward: list[tuple[int, list[int], list[float]]] = []
     for seed, (n, deg) in enumerate(graphs):
         graph = rmat(n, deg, features=features, classes=classes, seed=seed)
         program = program or compile_program(graph)
         edges = [graph.csr(layer.edges).nnz for layer in program.graph_layers()]
-        samples.append((graph.num_nodes, edges, layer_times(program, graph, repeats)))
-    return program, samples
+        both, alone = layer_times(program, graph, repeats, device)
+        samples.append((graph.num_nodes, edges, both))
+        forward.append((graph.num_nodes, edges, alone))
+    return program, samples, forward
+
+
+# Every kind of op an epoch runs besides dense maps and aggregations: GAT's attention (dot, sddmm,
+# leaky_relu, edge_softmax, edge dropout), concat, bias, elu, vertex dropout, the loss.
+PROBE_OPS_MODEL = """
+layer Att(in, out, heads = 2) with self_loops {
+  transform z = linear(h, heads, out, bias = false)
+  scatter   e = leaky_relu(dot(src.z) + dot(dst.z), 0.2)
+  gather    alpha = softmax(e)
+  scatter   m = dropout(edge.alpha, 0.5) * src.z
+  gather    a = sum(m)
+  transform c = concat(a)
+  apply     h = bias(c)
+}
+
+model ProbeOps(features, hidden, classes) {
+  h = dropout(x, 0.5)
+  h = Att(features, hidden)(h)
+  h = elu(h)
+  h = dropout(h, 0.5)
+  h = Att(2 * hidden, classes, 1)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+PROBE_OPS_WIDTHS = (64, 32, 16)
+# graphs the ops are timed on (PROBE_GRAPHS' sizes), and one small enough that an op's dispatch is its time
+OPS_GRAPHS = PROBE_GRAPHS[:3]
+DISPATCH_GRAPH = (256, 4.0)
+# (rows, width) of the row copies timed, and (elements, tensors) of the Adam steps: both vary
+COPY_SIZES = ((20000, 16), (20000, 128), (80000, 64), (160000, 32))
+ADAM_SIZES = ((10_000, 1), (1_000_000, 1), (1_000_000, 16), (4_000_000, 4), (64, 32))
+
+
+def eqn_times(program, graph, repeats: int = 5, device: str = "cpu") -> list[tuple[str, int, int, int, float, float]]:
+    """(op, inputs, rows and elements of its widest tensor, forward seconds, backward seconds) of every equation
+    of `program` run alone on `graph` through gnnc's executor, each the median of `repeats`.
+
+    The inputs are those a training step gives the equation (every equation before it runs first);
+    backward sends a gradient of ones through the result to every floating-point input and parameter.
+    """
+    worker = Worker(program, graph, TrainConfig(progress=False, device=device))
+    params = init_params(program, 0, worker.device)
+    ctx = worker.context(True, 0)
+    sync = _sync_for(worker.device)
+    env = dict(worker.inputs)
+    out = []
+    for layer in program.layers:
+        view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
+        for e in layer.eqns:
+            raw = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
+            with torch.no_grad():
+                result = worker.interp.compute(e, raw, view, ctx)
+            env[e.outs[0].name] = result
+            widest = max([t for t in (*raw, result) if isinstance(t, torch.Tensor)], key=torch.numel)
+
+            def forward(e=e, raw=raw, view=view) -> torch.Tensor:
+                ins = [t.detach().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
+                       for t in raw]
+                return worker.interp.compute(e, ins, view, ctx)
+
+            fwd = _median_time(forward, repeats=repeats, sync=sync)
+            bwd = 0.0
+            probe_out = forward()
+            if probe_out.requires_grad and not probe_out.is_sparse:
+                grad = torch.ones_like(probe_out)
+
+                def backward(grad=grad) -> None:
+                    forward().backward(grad)
+
+                # a backward call runs its forward first: its own time is the difference
+                bwd = max(_median_time(backward, repeats=repeats, sync=sync) - fwd, 0.0)
+            out.append((e.op, len(e.ins), int(widest.shape[0]) if widest.dim() else 1, int(widest.numel()), fwd, bwd))
+    return out
+
+
+def copy_times(sizes=COPY_SIZES, repeats: int = 5, device: torch.device = CPU) -> list[tuple[int, float, float]]:
+    """(elements, forward s, backward s) of the row copies around an exchange: forward gathers rows to send
+    (index_select of scattered rows, as a halo packs them), backward adds a gradient into scattered rows
+    (index_add_, as the owner sums the gradients sent back)."""
+    out = []
+    for rows, width in sizes:
+        x = torch.randn(rows, width, device=device)
+        idx = torch.randperm(rows, device=device)
+        grad = torch.zeros(rows, width, device=device)
+        sync = _sync_for(device)
+        out.append((rows * width,
+                    _median_time(lambda x=x, idx=idx: x.index_select(0, idx), repeats=repeats, sync=sync),
+                    _median_time(lambda g=grad, idx=idx, x=x: g.index_add_(0, idx, x), repeats=repeats, sync=sync)))
+    return out
+
+
+def adam_times(sizes=ADAM_SIZES, repeats: int = 5, device: torch.device = CPU) -> list[tuple[int, int, float]]:
+    """(parameter elements, parameter tensors, seconds) of one Adam step with weight decay, as training takes."""
+    out = []
+    for elements, tensors in sizes:
+        params = [torch.nn.Parameter(torch.randn(max(elements // tensors, 1), device=device)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.Adam(params, lr=0.01, weight_decay=5e-4)
+        out.append((sum(p.numel() for p in params), tensors,
+                    _median_time(opt.step, repeats=repeats, sync=_sync_for(device))))
+    return out
+
+
+def probe_op_samples(compile_program: Callable[[object], object], threads: int,
+                     graphs: Sequence[tuple[int, float]] = OPS_GRAPHS,
+                     widths: tuple[int, int, int] = PROBE_OPS_WIDTHS, device: str = "cpu") -> dict:
+    """Every op timing `gnnc probe` fits op rates to: {"eqns": [(op, inputs, rows, elements, fwd, bwd), ...] on
+    `graphs`, "dispatch": the same on DISPATCH_GRAPH, "copies": copy_times(), "adam": adam_times()};
+    `compile_program(graph)` compiles PROBE_OPS_MODEL."""
+    torch.set_num_threads(threads)
+    features, _, classes = widths
+    timed: list[list[tuple[str, int, int, int, float, float]]] = []
+    program = None
+    for seed, (n, deg) in enumerate((DISPATCH_GRAPH, *graphs)):
+        graph = rmat(n, deg, features=features, classes=classes, seed=seed)
+        program = program or compile_program(graph)
+        timed.append(eqn_times(program, graph, device=device))
+    dev = torch.device(device if device != "cuda" else "cuda:0")
+    return {"dispatch": timed[0], "eqns": [e for t in timed[1:] for e in t], "copies": copy_times(device=dev),
+            "adam": adam_times(device=dev)}
 
 
 def machine_fields(threads: int) -> dict:
@@ -204,8 +375,10 @@ def machine_fields(threads: int) -> dict:
             "gemm_rate": gemm_rate(threads), "spmm_rate": spmm_rate(threads)}
 
 
-def probe(threads: int) -> dict:
+def probe(threads: int, device: str = "cpu") -> dict:
     """Every measurement of the machine itself (kernel rates, memory, the link), as ClusterProfile fields."""
+    if device == "cuda":
+        return gpu_profile(threads)
     latency, bandwidth = link()
     # `gnnc run --nproc N` runs its workers as processes on this one machine: one per core at most
     workers = max(1, os.cpu_count() or 1)
@@ -213,3 +386,27 @@ def probe(threads: int) -> dict:
             "inter_bandwidth": bandwidth, "latency": latency, "topology": "loopback (gloo)",
             **machine_fields(threads),
             "description": f"this machine as measured by gnnc probe ({threads} threads, {os.cpu_count()} cores)"}
+
+
+def gpu_profile(threads: int) -> dict:
+    """This machine's GPUs as ClusterProfile fields: rates measured on GPU 0, one worker per GPU."""
+    gpu = torch.device("cuda", 0)
+    count = torch.cuda.device_count()
+    latency, bandwidth = link(device="cuda") if count >= 2 else host_link(gpu)
+    props = torch.cuda.get_device_properties(gpu)
+    bf16 = gemm_rate(threads, 4096, gpu, torch.bfloat16) if torch.cuda.is_bf16_supported() else None
+    return gpu_fields(name=props.name, count=count, memory=float(props.total_memory), latency=latency,
+                      bandwidth=bandwidth, memory_bandwidth=memory_bandwidth(threads, 1024, gpu),
+                      fp32=gemm_rate(threads, 4096, gpu), bf16=bf16, fp16=gemm_rate(threads, 4096, gpu, torch.float16),
+                      spmm=spmm_rate(threads, device=gpu), spmm_16=spmm_rate(threads, device=gpu, dtype=torch.float16))
+
+
+def gpu_fields(*, name: str, count: int, memory: float, latency: float, bandwidth: float, memory_bandwidth: float,
+               fp32: float, bf16: float | None, fp16: float, spmm: float, spmm_16: float) -> dict:
+    """The profile of `count` GPUs called `name`, from what `gpu_profile` measured on one of them."""
+    link_kind = "NCCL between GPUs 0 and 1" if count >= 2 else "a single GPU: its pinned host link"
+    return {"name": "local", "workers": count, "devices_per_node": count, "intra_bandwidth": bandwidth,
+            "inter_bandwidth": bandwidth, "latency": latency, "topology": "nccl" if count >= 2 else "pcie-host",
+            "memory_per_worker": memory, "memory_bandwidth": memory_bandwidth, "gemm_rate": fp32,
+            "spmm_rate": spmm, "gemm_rate_bf16": bf16, "gemm_rate_fp16": fp16, "spmm_rate_16": spmm_16,
+            "description": f"this machine's {count} x {name} as measured by gnnc probe --device cuda ({link_kind})"}

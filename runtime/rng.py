@@ -9,6 +9,10 @@ give the two columns' draws (int32 arithmetic, half the hashing of one per
 column). Draws are therefore multiples of 1/65536: a dropout probability p
 acts as round(65536 p) / 65536, within 8e-6 of p.
 
+Everything here is torch integer arithmetic (int64 and int32 multiply, shift,
+mask, xor) on the device of the ids given, so a mask is drawn where it is used
+(on a GPU, no host round trip) and is the same on every device.
+
 On CPU tensors dropout runs as one compiled loop (gnnc.runtime.kernels.native: hash, keep test and
 scale per element, the same bits as the torch code here), and its backward draws the mask again
 instead of keeping it: no mask is stored between the passes.
@@ -63,7 +67,7 @@ def draws16(key: int, rows: torch.Tensor, width: int, col_offset: int = 0) -> to
     rk = _as_int32(_mix64(((rows * 0x9E3779B1) ^ key) & _M32))
     first = col_offset - col_offset % 2
     pairs = (col_offset + width - first + 1) // 2
-    pair_ids = torch.arange(first // 2, first // 2 + pairs, dtype=torch.int64)
+    pair_ids = torch.arange(first // 2, first // 2 + pairs, dtype=torch.int64, device=rows.device)
     ck = _as_int32(_mix64((pair_ids * 0x85EBCA77 + 0x165667B1) & _M32))
     h = _mix32(rk.unsqueeze(1) ^ ck.unsqueeze(0))
     both = torch.stack([h & 0xFFFF, (h >> 16) & 0xFFFF], dim=2).reshape(len(rows), 2 * pairs)
@@ -92,7 +96,7 @@ def keep_mask(key: int, rows: torch.Tensor, width: int, p: float, col_offset: in
     times the mask's size, and a mask of a large input would otherwise
     multiply the peak memory of the step that draws it.
     """
-    keep = torch.empty(len(rows), width, dtype=torch.bool)
+    keep = torch.empty(len(rows), width, dtype=torch.bool, device=rows.device)
     thresh = threshold(p)
     for b in _blocks(len(rows), width):
         torch.ge(draws16(key, rows[b], width, col_offset), thresh, out=keep[b])

@@ -5,7 +5,11 @@ evaluation after every step, and model selection on validation: `test_acc`
 is the test accuracy at the epoch of best validation accuracy (what PyG's
 examples report), `final_test_acc` the last epoch's. Epoch time covers
 forward, backward, the gradient all-reduce and the optimizer step, not the
-evaluation. What differs between one process and a rank of many (which rows
+evaluation; the evaluation's forward pass is what the slowest rank's step
+and evaluation take beyond the slowest step, and its exchanges' bytes are
+counted on their own, so the two add up to the epoch the planner predicts
+(gnnc.passes.cost.epoch; the all-reduce of the epoch's counts after them is
+in neither). What differs between one process and a rank of many (which rows
 it holds, how gradients and counts are summed) sits behind `Worker`.
 Checkpoints hold parameters, optimizer state, the history and the run's
 fingerprint; dropout masks are keyed by (seed, epoch, op), so a resumed run
@@ -30,6 +34,8 @@ import torch
 
 from gnnc.errors import GnncError, GraphInputError
 from gnnc.ir import Program
+from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
+from gnnc.runtime import device as devices
 from gnnc.runtime import rng
 from gnnc.runtime.kernels import native
 from gnnc.graph import GraphView
@@ -53,6 +59,8 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
     resume: bool = False
+    device: str = "cpu"  # where the tensors live (gnnc.runtime.device.resolve_device made it 'cpu' or 'cuda')
+    precision: str = DEFAULT_PRECISION  # fp32, bf16 or fp16 (gnnc.plan.precision)
 
     def __post_init__(self) -> None:
         """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
@@ -73,7 +81,8 @@ class TrainConfig:
                   ("training(patience=...)", self.patience, self.patience is None or whole(self.patience),
                    "a whole number of at least 1"),
                   ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
-                   "a whole number of at least 1")]
+                   "a whole number of at least 1"),
+                  ("--precision", self.precision, self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}")]
         for where, value, ok, want in checks:
             if not ok:
                 raise GnncError(f"{where}: must be {want}, not {value!r}")
@@ -115,6 +124,9 @@ class RunResult:
     peak_rss_bytes: int = 0
     predicted_peak_rss_bytes: int | None = None  # the memory check's estimate for the largest process, when made
     activation_peak_bytes: int = 0  # how far a training step raised the resident set, largest over steady epochs
+    eval_time_s: float = 0.0  # the evaluation's forward pass after each step, median over steady epochs of what
+    # the slowest rank's step and evaluation took beyond the slowest step
+    eval_bytes_sent_per_epoch: int = 0  # what the evaluation's exchanges sent (every rank), per epoch
     cpu_kernels: str = ""  # gnnc.runtime.kernels.native.status() of the (first) process: compiled, or torch and why
 
     def summary(self) -> dict[str, Any]:
@@ -130,7 +142,7 @@ class RunResult:
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
-                  "activation_peak_bytes", "cpu_kernels")
+                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels")
 
 
 class Worker:
@@ -150,18 +162,23 @@ class Worker:
         return_freed_memory()
 
         check_graph_fits(program, graph)
+        self.device = devices.rank_device(cfg.device)
+        devices.check_precision_on(self.device, cfg.precision)
         self.graph_name = graph.name
         self.num_nodes = graph.num_nodes
         self.stats = CommStats()
         self.program = program
         self.interp = Interpreter(program)
-        self.views = {v: GraphView.build(graph, v) for v in sorted({l.edges for l in program.graph_layers()})}
-        self.inputs = graph_inputs(graph)
-        self.ids = torch.arange(graph.num_nodes)
         self.count = max(float(graph.train_mask.sum()), 1.0)
+        # Everything the epochs read goes to the device once, here (on CPU this changes nothing).
+        move = devices.mover(self.device)
+        self.views = {v: devices.place(GraphView.build(graph, v), self.device)
+                      for v in sorted({l.edges for l in program.graph_layers()})}
+        self.inputs = {k: move(t) for k, t in graph_inputs(graph).items()}
+        self.ids = torch.arange(graph.num_nodes, device=self.device)
         self.cfg = cfg
         # running state of ops (batch_norm's statistics), and the values hoisted out of the loop, once per run
-        self.state, self.hoisted = init_state(program), {}
+        self.state, self.hoisted = init_state(program, self.device), {}
 
     def context(self, training: bool, epoch: int) -> ExecContext:
         kb = rng.stream_key(self.cfg.seed, epoch)
@@ -170,17 +187,16 @@ class Worker:
                            state=self.state, hoist_cache=self.hoisted)
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return forward(self.interp, params, self.inputs, self.context(training, epoch))
+        """Logits and loss; at bf16/fp16 the products run in autocast (fp32 master weights)."""
+        with devices.autocast(self.device, self.cfg.precision):
+            return forward(self.interp, params, self.inputs, self.context(training, epoch))
 
-    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
+    def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int,
+                    scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
         """One epoch's training: a full-graph step here (gnnc.runtime.minibatch steps once per minibatch,
-        gnnc.runtime.pipeline runs its chunks through the stages). Returns the epoch's training loss."""
-        opt.zero_grad(set_to_none=True)
-        _, loss = self.forward(params, True, epoch)
-        loss.backward()
-        self.reduce_grads(params)
-        opt.step()
-        return loss
+        gnnc.runtime.pipeline runs its chunks through the stages). Returns the epoch's training loss (on the
+        device: `fit` reads it with the epoch's metrics)."""
+        return train_step(self, params, opt, scaler, epoch)
 
     def run_settings(self) -> dict[str, Any]:
         """What else defines this worker's run, for the resume fingerprint (a sampled run's sampling)."""
@@ -204,7 +220,7 @@ class Worker:
         return t
 
     def train_vertices(self) -> int:
-        """Training vertices in the whole graph (a collective in a distributed run)."""
+        """Training vertices in the whole graph (a collective in a distributed run); read before the epochs."""
         return int(self.inputs["train"].sum())
 
     def graph_tensors(self) -> list[torch.Tensor]:
@@ -237,8 +253,47 @@ class _Params(torch.nn.Module):
             self.register_buffer(f"s{i}", t)
 
 
-def _correct(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> list[float]:
-    return [float((logits[mask].argmax(-1) == y[mask]).sum()), float(mask.sum())]
+def _counts(logits: torch.Tensor, own: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[correct, labelled] for train, val and test, float64 on the logits' device (no host read)."""
+    hit = logits.argmax(-1) == own["y"]
+    return torch.stack([t for split in ("train", "val", "test")
+                        for t in ((hit & own[split]).sum(), own[split].sum())]).to(torch.float64)
+
+
+def train_step(worker: Worker, params: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler | None, epoch: int) -> torch.Tensor:
+    """One training step: forward, backward, the gradient sum over workers, the optimizer step; returns the loss.
+
+    Nothing here reads a device tensor on the host (tests/test_device_placement.py checks it), except
+    fp16's loss scaler, which must know whether a gradient overflowed before it steps.
+    """
+    opt.zero_grad(set_to_none=True)
+    _, loss = worker.forward(params, True, epoch)
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    worker.reduce_grads(params)  # scaled gradients sum like unscaled ones, and overflow on every rank alike
+    if scaler is None:
+        opt.step()
+    else:
+        scaler.step(opt)
+        scaler.update()
+    return loss.detach()
+
+
+def epoch_metrics(worker: Worker, loss: torch.Tensor, logits: torch.Tensor, maxima: list[float],
+                  sent: int, eval_sent: int = 0) -> tuple[float, list[float], list[float]]:
+    """(this rank's loss, the sums over ranks of [loss, correct and labelled per split, the step's bytes, the
+    evaluation's bytes], the largest over ranks of each of `maxima` (seconds, activation bytes)): the epoch's
+    one read of device values on the host."""
+    own_logits, own = worker.owned(logits)
+    dev = loss.device
+    # the step's and the evaluation's bytes, each a scalar: the host's one upload of several values is `maxima`
+    local = torch.cat([loss.reshape(1).to(torch.float64), _counts(own_logits, own),
+                       torch.tensor([float(sent)], dtype=torch.float64, device=dev),
+                       torch.tensor([float(eval_sent)], dtype=torch.float64, device=dev)])
+    summed = worker.sum(local)
+    largest = worker.max(torch.tensor(maxima, dtype=torch.float64, device=dev))
+    host = torch.cat([local[:1], summed, largest]).tolist()
+    return host[0], host[1:1 + len(summed)], host[1 + len(summed):]
 
 
 def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
@@ -251,6 +306,9 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             "strategies": [layer.attr("strategy", "local") for layer in worker.program.graph_layers()],
             "world_size": worker.world_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
             "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs,
+            # a 16-bit run follows another trajectory (the device does not: a CPU checkpoint resumes on a GPU);
+            # named only when not fp32, so checkpoints written before precisions existed still resume
+            **({} if cfg.precision == DEFAULT_PRECISION else {"precision": cfg.precision}),
             **worker.run_settings()}
 
 
@@ -292,11 +350,12 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     it is about to run again.
     """
     # deferred: metrics loads torch.distributed
-    from gnnc.runtime.metrics import EpochRecord, MetricsLog, peak_rss_since, reset_peak_rss
+    from gnnc.runtime.metrics import EpochRecord, MetricsLog, peak_memory_since, reset_peak_memory
 
     check_trainable(worker, cfg)
-    params = init_params(worker.program, cfg.seed)
+    params = init_params(worker.program, cfg.seed, worker.device)
     opt = make_optimizer(worker.program, params, cfg)
+    scaler = devices.grad_scaler(worker.device, cfg.precision)
     ckpt = None
     lock = None
     start = 0
@@ -327,25 +386,32 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         log = MetricsLog(metrics_path, drop_from_epoch=start if cfg.resume else None)
         for epoch in range(start, cfg.epochs):
             worker.stats.reset()
-            base = reset_peak_rss()  # the step's activation memory: how far it raises the resident set
-            t0 = time.perf_counter()
-            loss = worker.train_epoch(params, opt, epoch)
-            elapsed = time.perf_counter() - t0
-            activation = peak_rss_since(base)
-            sent = worker.stats.total_bytes()  # training step only: evaluation exchanges are not counted
+            base = reset_peak_memory(worker.device)  # the step's activation memory: how far it raises the peak
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            loss = worker.train_epoch(params, opt, epoch, scaler)
+            if worker.device.type == "cuda":
+                torch.cuda.synchronize(worker.device)  # the step's kernels are queued, not done: time them done
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            activation = peak_memory_since(worker.device, base)
+            # the training step's bytes and times, taken before the evaluation's exchanges add to them
+            sent = worker.stats.total_bytes()
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
-                                            loss=float(loss.detach()), activation_peak_bytes=activation)
+                                            activation_peak_bytes=activation, step_base_bytes=base or 0,
+                                            cpu_s=cpu)
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
-            own_logits, own = worker.owned(logits)
-            counts = worker.sum(torch.tensor(
-                [float(loss.detach())] + _correct(own_logits, own["y"], own["train"])
-                + _correct(own_logits, own["y"], own["val"]) + _correct(own_logits, own["y"], own["test"])
-                + [float(sent)], dtype=torch.float64))
-            slowest, most = (float(v) for v in worker.max(torch.tensor([elapsed, activation], dtype=torch.float64)))
+            if worker.device.type == "cuda":
+                torch.cuda.synchronize(worker.device)  # as the step: the evaluation's kernels done
+            # the slowest rank's step and evaluation: the evaluation is what that holds beyond the slowest step
+            # (not the sum of the two maxima, which would count a fast rank's wait for a slow one twice)
+            wall = time.perf_counter() - t0
+            record.loss, counts, (slowest, most, wall_slowest) = epoch_metrics(
+                worker, loss, logits, [elapsed, activation, wall], sent, worker.stats.total_bytes() - sent)
+            eval_slowest = max(wall_slowest - slowest, 0.0)
             rec = {"epoch": epoch, "loss": float(counts[0]), "train_acc": float(counts[1] / max(counts[2], 1)),
                    "val_acc": float(counts[3] / max(counts[4], 1)), "test_acc": float(counts[5] / max(counts[6], 1)),
-                   "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most)}
+                   "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most),
+                   "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[8])}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
             log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
@@ -375,10 +441,11 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     if not history:
         raise ValueError("training ran no epoch")
     best = max(history, key=lambda r: (r["val_acc"], -r["epoch"]))
-    times = [r["time_s"] for r in history]
-    steady = times[1:] or times
+    steady = history[1:] or history
     summary = {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "final_test_acc": history[-1]["test_acc"],
-               "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(steady),
+               "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(r["time_s"] for r in steady),
+               "eval_time_s": statistics.median(r.get("eval_time_s", 0.0) for r in steady),
+               "eval_bytes_sent_per_epoch": history[-1].get("eval_bytes_sent", 0),
                "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
                # the training step's activation memory, largest over workers and epochs after the first
                "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
@@ -389,13 +456,15 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
           on_epoch: Callable[[dict[str, Any]], None] | None = None, worker: Worker | None = None) -> RunResult:
     """Train `program` on `graph` in this process (`worker`: another kind of one-process Worker, such as
-    gnnc.runtime.minibatch's sampled minibatches; by default full-graph steps)."""
+    gnnc.runtime.minibatch's sampled minibatches; by default full-graph steps); the logits come back on the host."""
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
     check_graph_inputs(graph.name, graph.stand_ins)
     summary, logits, history = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
-                     summary["epoch_time_s"], logits, history, summary["best_epoch"], graph=graph.name,
+                     summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"], graph=graph.name,
                      strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
                      bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
-                     activation_peak_bytes=summary["activation_peak_bytes"], cpu_kernels=summary["cpu_kernels"])
+                     activation_peak_bytes=summary["activation_peak_bytes"], eval_time_s=summary["eval_time_s"],
+                     eval_bytes_sent_per_epoch=summary["eval_bytes_sent_per_epoch"],
+                     cpu_kernels=summary["cpu_kernels"])

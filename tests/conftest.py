@@ -30,6 +30,32 @@ def check_golden(stages: dict[str, str], prefix: str) -> None:
             pytest.fail(f"IR after {stage} differs from {path.name}:\n{diff[:4000]}")
 
 
+# schedules other than the schedule pass's default (every halo overlapped, every broadcast staged, gradients
+# reduced during backward): nothing overlapped (what ran before the schedule pass), and G3's bins
+SCHEDULES = {"none": "schedule{overlap=off staged=off grad_overlap=off}", "bins": "schedule{bins=3}"}
+# a model of max and min aggregations (split by source part, binned, staged: ReLU's zeros tie across parts)
+EXTREMES = """
+layer MaxConv(in, out) {
+  scatter   m = src.h
+  gather    a = max(m)
+  transform t = linear(a, out) + linear(h, out, bias = false)
+  apply     h = t
+}
+layer MinConv(in, out) {
+  scatter   m = src.h
+  gather    a = min(m)
+  transform t = linear(a, out)
+  apply     h = t
+}
+model Extremes(features, hidden = 8, classes) {
+  h = MaxConv(features, hidden)(x)
+  h = relu(h)
+  h = MinConv(hidden, classes)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
 def random_graph(n: int = 40, e: int = 160, f: int = 12, c: int = 4, seed: int = 0) -> Graph:
     """Random directed graph; the last 3 vertices are isolated; includes self-loops and duplicates."""
     rs = np.random.RandomState(seed)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import EXAMPLES, random_graph
+from conftest import EXAMPLES, EXTREMES, SCHEDULES, random_graph
 from gnnc import api
 from gnnc.runtime import rng
 from gnnc.runtime.distributed import DistJob, one_step_each
@@ -21,7 +21,8 @@ from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_input
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
-from gnnc.plan.bins import layer_bins
+from gnnc.plan.bins import bins_of
+from gnnc.plan.schedule_attrs import exchange_schedule, layer_schedule
 from gnnc.plan.shards import load_rank
 
 MODELS = ["gcn", "sage", "gin", "gat"]
@@ -30,30 +31,6 @@ STRATEGIES = ["depcomm", "depcache", "hybrid", "bcast1d", "depcomm,bcast1d", "de
               "depcomm,depcache", "pushpull,depcomm", "pushpull,bcast1d", "pushpull,hybrid"]
 PUSHPULL_LEGAL = {"gcn", "sage"}  # SAGE: sink-bias puts its bias after the sync; GIN: ReLU, GAT: attention
 SEED = 3
-# schedules other than the default one (every halo overlapped, every broadcast staged, gradients reduced
-# during backward): nothing overlapped (what ran before the schedule pass), and G3's bins
-SCHEDULES = {"none": "schedule{overlap=off staged=off grad_overlap=off}", "bins": "schedule{bins=3}"}
-# max and min aggregations, split by source part, binned, staged: ReLU's zeros tie across parts
-EXTREMES = """
-layer MaxConv(in, out) {
-  scatter   m = src.h
-  gather    a = max(m)
-  transform t = linear(a, out) + linear(h, out, bias = false)
-  apply     h = t
-}
-layer MinConv(in, out) {
-  scatter   m = src.h
-  gather    a = min(m)
-  transform t = linear(a, out)
-  apply     h = t
-}
-model Extremes(features, hidden = 8, classes) {
-  h = MaxConv(features, hidden)(x)
-  h = relu(h)
-  h = MinConv(hidden, classes)(h)
-  loss = cross_entropy(h, y, mask = train)
-}
-"""
 
 
 def communities():
@@ -142,7 +119,7 @@ def cases(world: int, tmp):
         shards = plan.write_shards(tmp / f"{key}-{strategy}-{sched}")
         if key == "gcn@sbm" and strategy == "depcomm":  # the eager path runs: a bin of held rows exists
             lg = load_rank(shards, 0, world).lg.layers["l0"]
-            assert any(layer_bins(lg, "self_loops", 3).held)
+            assert any(bins_of(lg, plan.program.graph_layers()[0], plan.program.config_dict()).held)
         job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
         out.append(((key, strategy, f"schedule={sched}"), single, g, job, plan.meta["predicted_bytes_per_step"]))
     for key, name, params, strategies, methods, g in runs:
@@ -173,6 +150,21 @@ def halo_bytes_in_plan(job: DistJob) -> int:
     return sum(e.attr("bytes_fwd", 0) for layer in program.layers for e in layer.eqns if e.op == "halo")
 
 
+def schedules_run(job: DistJob) -> set[str]:
+    """What a job's plan runs: an overlapped or a blocking halo, a staged or a gathered broadcast, bins."""
+    out = set()
+    for layer in parse_ir(job.ir).layers:
+        for e in layer.eqns:
+            if e.op in ("halo", "bcast_rows"):
+                split = exchange_schedule(e).split
+                out.add({("halo", True): "overlapped halo", ("halo", False): "blocking halo",
+                         ("bcast_rows", True): "staged broadcast", ("bcast_rows", False): "gathered broadcast"}[
+                    e.op, split])
+        if layer_schedule(layer).binned:
+            out.add("bins")
+    return out
+
+
 def assert_schedule(program, sched: str | None) -> None:
     """The case runs the schedule it is named for (so a pass that silently ignored an option would fail)."""
     text = str(program)
@@ -187,10 +179,16 @@ def assert_schedule(program, sched: str | None) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_strategies_match_one_process(world: int, tmp_path) -> None:
     todo = cases(world, tmp_path)
-    results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
     refs: dict[str, tuple] = {}
     seen = {key for key, *_ in todo}
     assert {("gat@sbm", "depcomm", "schedule=bins"), ("extremes", "bcast1d", "schedule=None")} <= seen
+    # every schedule runs for every model at this world size (the default cases get what the schedule pass
+    # chose: should it stop choosing overlap or stages for a model, the cases here would no longer test them)
+    ran = {(key[0].split("@")[0], s) for key, _, _, job, _ in todo for s in schedules_run(job)}
+    every = {"overlapped halo", "blocking halo", "staged broadcast", "gathered broadcast", "bins"}
+    missing = {(m, s) for m in MODELS for s in every} - ran
+    assert not missing, sorted(missing)
+    results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
     failures = []
     op_names = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
     # every halo's bytes, hoisted ones (GIN's first aggregation of x: sent in the first step only) included

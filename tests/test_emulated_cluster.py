@@ -8,6 +8,7 @@ namespace, interface or process, and what a SIGKILLed one leaves is reaped.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -373,3 +374,88 @@ def test_the_smoke_runner_measures_and_predicts_a_case(tmp_path) -> None:
     assert row["strategies"] == ["depcomm", "depcomm"]
     assert row["predicted_epoch_s"] > 0 and row["measured_epoch_s"] > 0
     assert row["measured_bytes"] > 0 and row["predicted_bytes"] > 0 and row["measured_peak_rss_bytes"] > 0
+
+
+# --- the validation grid (benchmarks/cluster/grid.py) ----------------------------------------------
+
+
+def _grid_rows() -> list[dict]:
+    """Two cases differing only in the link: on the slow one caching wins (and is chosen), on the fast one DepComm."""
+    import grid
+
+    rows = []
+    for bandwidth, times in ((grid.BANDWIDTHS[0], {"depcache": 1.0, "depcomm": 2.0}),
+                             (grid.BANDWIDTHS[2], {"depcache": 1.0, "depcomm": 0.5})):
+        case = grid.GridCase("rmat", "F>H", "gcn", 2, bandwidth)
+        for k, (strategy, measured) in enumerate(sorted(times.items(), key=lambda kv: kv[1])):
+            rows.append({"grid_case": dataclasses.asdict(case), "case_name": case.name, "chosen": k == 0,
+                         "strategies": [strategy, strategy], "measured_epoch_s": measured,
+                         "predicted_epoch_s": measured * (1.2 if k == 0 else 2.0), "measured_step_s": measured / 2,
+                         "measured_eval_s": measured / 2, "predicted_bytes": 100, "measured_bytes": 100 + k,
+                         "predicted_memory_bytes": 2**20, "measured_peak_rss_bytes": 2**21})
+    return rows
+
+
+def test_the_grid_summarises_its_cases() -> None:
+    import grid
+
+    rows = _grid_rows()
+    s = grid.summary(rows)
+    assert grid.summary_line(s) == ("planner: chosen within 10% of measured-fastest in 2/2; predicted within 25% in "
+                                    "2/2; bytes exact in 0/2")
+    rows[0]["measured_epoch_s"] = 2.5  # the choice now 25% slower than the other assignment
+    assert grid.summary(rows)["A"] == 1
+    assert grid.flips(_grid_rows()) == [(_grid_rows()[0]["case_name"], _grid_rows()[2]["case_name"])]
+    assert grid.caching(["depcache"]) and not grid.caching(["depcomm", "bcast1d"])
+
+
+def test_the_grid_report_starts_with_its_summary_line(tmp_path) -> None:
+    import grid
+
+    rows = _grid_rows()
+    meta = {"command": "grid.py", "cases": 2, "epochs": 5, "wall_s": 60.0, "cpus": 2, "load_before": "1 1 1",
+            "load_after": "2 2 2"}
+    text = grid.report(rows, [{"workers": 2, "bandwidth": "400mbit", "link_bytes_per_s": 4e7, "latency_s": 5e-5,
+                               "seconds": 30.0}], meta)
+    assert text.splitlines()[0] == grid.summary_line(grid.summary(rows))
+    assert "| gcn/rmat/F>H/x2/400mbit | depcache,depcache (chosen) (fastest) |" in text
+    assert "load average before `1 1 1`, after `2 2 2`" in text
+    grid.plot(rows, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_grid_covers_what_the_issue_asks() -> None:
+    """At least 24 cases over three graph kinds, both width orders, three link speeds, 2 and 4 workers and
+    GCN, SAGE and GAT, every base case at every speed (so a flip with the link can show)."""
+    import grid
+
+    cases = grid.CASES
+    assert len(cases) >= 24 and len(set(cases)) == len(cases)
+    assert {c.graph for c in cases} == {"rmat", "sbm", "cora"} and {c.widths for c in cases} == {"F>H", "F<H"}
+    assert {c.workers for c in cases} == {2, 4} and {c.model for c in cases} == {"gcn", "sage", "gat"}
+    assert {c.bandwidth for c in cases} == set(grid.BANDWIDTHS) and len(grid.BANDWIDTHS) == 3
+    bases = {(c.graph, c.widths, c.model, c.workers) for c in cases}
+    assert all({c.bandwidth for c in cases if (c.graph, c.widths, c.model, c.workers) == b} == set(grid.BANDWIDTHS)
+               for b in bases)
+    assert all(parse_rate(bw) < 5e9 for bw in grid.BANDWIDTHS)  # below what a veth pair moves here: they bind
+    assert len(grid.SMOKE) == 3
+
+
+@pytest.mark.slow
+def test_the_grid_smoke_runs_and_counts_bytes_exactly(tmp_path) -> None:
+    """`grid.py --smoke`: 3 cases on the emulated cluster, the grid's summary line last; every run's bytes (its
+    step's and its evaluation's) equal what predict-bytes counted."""
+    need_cluster()
+    import re
+
+    rows = tmp_path / "rows.jsonl"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cluster" / "grid.py"), "--smoke", "--json",
+                        str(rows)], capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"planner: chosen within 10% of measured-fastest in (\d)/3; predicted within 25% in (\d)/3; "
+                     r"bytes exact in (\d)/3", last)
+    assert m and m.group(3) == "3", last
+    for line in rows.read_text().splitlines():
+        row = json.loads(line)
+        assert row["predicted_bytes"] == row["measured_bytes"] and row["measured_epoch_s"] > 0

@@ -9,6 +9,7 @@ import pytest
 
 import gnnc
 from conftest import EXAMPLES, random_graph
+from gnnc.passes.cost.memory import parameter_sizes
 from gnnc.cluster import DEFAULT_CLUSTER, preset
 from gnnc.inspect_plan import explain
 from gnnc.plan.strategies import describe_assignment
@@ -59,7 +60,10 @@ def test_explain_names_what_the_memory_cap_ruled_out(graph) -> None:
     assert fastest["strategies"] == free["strategies"]
     others = [a["memory_bytes"] for a in free["alternatives"] if a["memory_bytes"] < fastest["memory_bytes"]]
     assert others, "this graph gives no assignment leaner than the fastest; pick another"
-    tight = dataclasses.replace(roomy, name="tight", memory_per_worker=(max(others) + fastest["memory_bytes"]) / 2)
+    # the assignments compete for a worker's memory less the weights, their gradients and Adam's moments
+    weights = 4 * sum(s.bytes for s in parameter_sizes(gnnc.compile(model, graph).program))
+    tight = dataclasses.replace(roomy, name="tight",
+                                memory_per_worker=(max(others) + fastest["memory_bytes"]) / 2 + weights)
     plan = gnnc.compile(model, graph, workers=4, cluster=tight)
     text = explain(plan)
     assert "on cluster 'tight'" in text

@@ -9,6 +9,7 @@ edge weights are float32.) `gnnc run` says which kernels ran.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -134,3 +135,27 @@ def test_in_place_chains_overwrite_their_input(graph, monkeypatch: pytest.Monkey
     monkeypatch.setattr(fusion, "_overwritable", lambda x: written.append(check(x)) or written[-1])
     _step(program, graph, True, torch.float32)
     assert written == [True, True]  # both layers' bias, in place
+
+
+@compiled
+@pytest.mark.parametrize("where", ["bf16", "standin"])
+def test_no_chain_runs_at_16_bits_or_off_the_cpu(where: str, graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled kernels are CPU fp32 (and fp64): a run at --precision bf16 on the CPU (whose sparse-feature
+    product leaves GAT's z in fp32, which the attention kernel would take) and a run on another device (the
+    stand-in for a GPU) train with every chain declining, their equations run as the torch ops."""
+    from standin_device import STANDIN, StandinDevice
+    from gnnc.runtime.train import TrainConfig, Worker, make_optimizer
+
+    graph = random_graph(n=60, e=300, f=12, c=4, seed=3)
+    graph.x = graph.x * (torch.rand(graph.x.shape, generator=torch.Generator().manual_seed(5)) < 0.03)  # bag of words
+    program = _program("gat", graph)
+    ran = []
+    run = fusion.run
+    monkeypatch.setattr(fusion, "run", lambda chain, *args: ran.append(run(chain, *args)) or ran[-1])
+    cfg = TrainConfig(progress=False, precision="bf16") if where == "bf16" else \
+        TrainConfig(progress=False, device=STANDIN.type)
+    with StandinDevice() if where == "standin" else contextlib.nullcontext():
+        worker = Worker(program, graph, cfg)
+        params = init_params(program, cfg.seed, worker.device)
+        worker.train_epoch(params, make_optimizer(program, params, cfg), 0)
+    assert ran and not any(ran)

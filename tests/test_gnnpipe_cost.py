@@ -2,6 +2,7 @@
 and what the planner decides with and without --approximate."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -10,6 +11,7 @@ import sympy
 
 from conftest import EXAMPLES, random_graph
 from gnnc import api
+from gnnc.cluster import OpRate, preset
 from gnnc.errors import GnncError
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.gnnpipe import (boundary_width, bw_pipe, dense_backward, dense_forward, graph_parallel_traffic,
@@ -68,7 +70,10 @@ STAGE_VALUES = {boundary_width(1): 16, boundary_width(2): 0, dense_forward(0): 0
 
 
 def _num(expr, values) -> float:
-    return float(sympy.sympify(expr).subs(values))
+    """`expr` on `values`, the layers' other ops (gnnc.passes.cost.ops) at 0: the numbers below are GNNPipe's."""
+    expr = sympy.sympify(expr)
+    others = {s: 0 for s in expr.free_symbols if s.name.startswith(("Tin_", "Tout_", "Tedge_", "Tcall_"))}
+    return float(expr.subs({**values, **others}))
 
 
 def test_pipeline_cost_is_bubble_times_slowest_stage_plus_refresh() -> None:
@@ -126,8 +131,11 @@ def test_stages_balance_cost_not_layer_count() -> None:
 def test_deep_gcnii_stages_are_balanced_by_predicted_cost() -> None:
     """GCNII's stage 0 holds its input map over the features: it gets fewer graph layers than the others."""
     graph = random_graph(n=200, e=1200, f=4000, c=4, seed=2)
+    # on a graph this small each op's dispatch (10 us on a preset) outweighs the input map: priced without it,
+    # the stages are balanced by the work this test is about
+    cluster = dataclasses.replace(preset("gnnpipe"), op_rates=(OpRate("call", 0.0, 0.0),))
     plan = api.compile(api.load_model(EXAMPLES / "gcnii.gnn", layers=16), graph, workers=4,
-                       strategy="pipeline", approximate=True, cluster="gnnpipe")
+                       strategy="pipeline", approximate=True, cluster=cluster)
     split = plan.meta["pipeline"]["split"]
     sizes = [z - a for a, z in split]
     assert sum(sizes) == 16 and sizes[0] < max(sizes), split
@@ -184,7 +192,10 @@ def test_pipeline_traffic_over_graph_parallel_on_a_deep_model() -> None:
     graph = api.load_graph("sbm:n=2000,blocks=8,deg=14,intra=0.5,features=64,classes=8,seed=0")
     plan = _compile("gcnii", graph, 4, "gnnpipe", True, layers=16)
     costs = plan.meta["planner"]["segment_costs"]
-    pipe = next(c["bytes"] for c in costs if c["strategy"] == "pipeline")  # the cheapest group size's
+    # the pipeline with one worker per stage (GNNPipe's layer-level parallelism): listed with its group size,
+    # unless it is the cheapest, listed first without one
+    pipes = [c for c in costs if c["strategy"] == "pipeline"]
+    pipe = next((c["bytes"] for c in pipes if c.get("groups") == 1), pipes[0]["bytes"])
     depcomm = sum(c["bytes"] for c in costs if c["strategy"] == "depcomm")
     assert pipe < depcomm / 4
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from gnnc.cluster import ClusterProfile, LayerUnitCosts, load_cluster, preset
+from gnnc.cluster import OP_CLASSES, ClusterProfile, LayerUnitCosts, load_cluster, preset
 from gnnc.passes.cost.fit import fit_unit_costs
 from gnnc.runtime.probe import PROBE_WIDTHS
 
@@ -36,6 +36,12 @@ def test_probe_writes_a_loadable_profile(tmp_path) -> None:
         assert 0 < u.T_v + u.T_e and u.T_v < 1e-3 and u.T_e < 1e-3  # some work per row, far below a ms
     assert profile.t_c == pytest.approx(1 / profile.intra_bandwidth)
     assert "NeutronStar unit costs" in r.stderr and f"{features}->{hidden}" in r.stderr
+    # every other op's class, fitted beside them (issue 16), and the forward alone for the evaluation pass
+    rates = {r.op: r for r in profile.op_rates}
+    assert set(rates) == set(OP_CLASSES), set(OP_CLASSES) - set(rates)
+    assert 0 < rates["elementwise"].forward < 1e-6 and 0 < rates["call"].forward < 1e-2
+    assert profile.t_v_forward is not None and profile.t_e_forward is not None
+    assert "other ops" in r.stderr and "forward alone" in r.stderr
     assert json.loads(r.stdout) == json.loads(out.read_text())  # stdout stays the profile's JSON
     # the planner prices a plan for several local processes with the fitted figures
     from gnnc import api
@@ -100,3 +106,19 @@ def test_profiles_with_and_without_unit_costs_load() -> None:
     with pytest.raises(GnncError, match="'T_e' must be a non-negative"):
         ClusterProfile.from_dict({**old, "unit_costs": [
             {"d_in": 1, "d_out": 1, "row_width": 1, "T_v": 1e-7, "T_e": -1e-9, "T_c": 1e-7}]})
+
+
+def test_the_layer_timings_run_each_equation_as_a_rank_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's layer timings do not fuse chains (gnnc.runtime.fusion): the fit takes the other ops' time,
+    timed equation by equation, off them, and the distributed ranks it prices run equations one by one."""
+    from gnnc import api
+    from gnnc.runtime import fusion
+    from gnnc.runtime.probe import PROBE_MODEL, layer_times
+
+    graph = api.load_graph("rmat:n=200,deg=4,features=8,classes=3,seed=0")
+    program = api.compile(api.load_model_source(PROBE_MODEL, "<probe>", features=8, hidden=8, classes=3), graph).program
+    assert fusion.find_chains(program)  # there is something it could have fused
+    ran = []
+    monkeypatch.setattr(fusion, "run", lambda *args: ran.append(args) or False)
+    both, alone = layer_times(program, graph, repeats=1)
+    assert len(both) == len(alone) == 2 and not ran

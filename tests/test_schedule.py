@@ -204,6 +204,31 @@ def test_memory_cap_bins_as_few_as_meet_it(cora) -> None:
     assert report["predicted_time_s"] > free.meta["schedule_report"]["predicted_time_s"]  # bins recompute in backward
 
 
+def test_memory_cap_doubles_the_layer_that_sets_the_peak() -> None:
+    """A third of the unbinned peak on a skewed graph: no binned layer could run in half its bins and
+    stay under the cap (the greedy doubles the layer whose doubling lowers the peak most; doubling by
+    what a layer keeps took the first layer to many more bins than the cap needs)."""
+    from gnnc.cluster import resolve_cluster
+    from gnnc.passes.choose_strategy import planning_inputs
+    from gnnc.passes.cost.activations import estimate
+
+    graph = gnnc.load_graph("rmat:n=10000,deg=40,features=64,classes=8,seed=0")
+    _, free = scheduled(graph, "gat", "depcomm")
+    cap = int(free.meta["schedule_report"]["activation_bytes"] / 3)
+    text, capped = scheduled(graph, "gat", "depcomm", f"schedule{{memory_cap={cap}}}")
+    inputs = planning_inputs(capped.program, graph, capped.parts, resolve_cluster(None))[1]
+    assert float(estimate(capped.program, inputs).peak.max()) <= cap
+    halved = 0
+    for layer in capped.program.graph_layers():
+        k = layer.attr("bins", 1)
+        if k >= 4:  # half of it still bins (the per-bin equations keep their marks)
+            head = next(line for line in text.splitlines() if line.startswith(f"layer {layer.name} "))
+            fewer = parse_ir(text.replace(head, head.replace(f"bins={k},", f"bins={k // 2},")))
+            assert float(estimate(fewer, inputs).peak.max()) > cap, layer.name
+            halved += 1
+    assert halved
+
+
 def test_a_cap_bins_cannot_meet_is_refused_with_what_stays(cora) -> None:
     with pytest.raises(GnncError, match=r"--memory-cap 1000: .* kept whatever the bins"):
         scheduled(cora, "gcn", "depcomm", "schedule{memory_cap=1000}")
@@ -307,10 +332,16 @@ def test_compile_memory_cap_and_explain(cora, tmp_path, capsys) -> None:
     assert exit_.value.code == 2 and "expected a number of bytes" in capsys.readouterr().err
 
 
-def test_a_training_step_reports_its_activation_memory() -> None:
-    """One process: how far the step raised the resident set (Linux), steady epochs only."""
+def test_a_training_step_reports_its_activation_memory(tmp_path) -> None:
+    """One process: how far the step raised the resident set (Linux), steady epochs only; the metrics have
+    the base it is measured above and the step's CPU seconds."""
+    import json
+
     from conftest import random_graph
 
     graph = random_graph(n=400, e=3000, f=64, c=4)
-    result = gnnc.run(gnnc.load_model(EXAMPLES / "gcn.gnn", hidden=64), graph, epochs=3, seed=0)
+    result = gnnc.run(gnnc.load_model(EXAMPLES / "gcn.gnn", hidden=64), graph, epochs=3, seed=0,
+                      metrics=str(tmp_path / "m.jsonl"))
     assert result.activation_peak_bytes > 0 and all("activation_peak_bytes" in r for r in result.history)
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert all(r["step_base_bytes"] > 2**20 and 0 < r["cpu_s"] for r in records)

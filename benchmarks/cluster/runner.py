@@ -1,20 +1,30 @@
-"""Run one case on the emulated cluster: the planner's prediction beside a measured torchrun job.
+"""Run cases on the emulated cluster: the planner's prediction beside a measured torchrun job.
 
 Why this exists: the planner is validated by cases (a model, a graph, a
 cluster, an assignment), each compiled with the cluster's measured profile
-and run across the emulated hosts. `run_case` does one: it needs a profile
-of the cluster at the case's bandwidth (`measure_profile`, which runs
-`gnnc probe --network` on the emulated hosts), compiles the plan with it
-(`gnnc compile --cluster PROFILE --json`: the predicted epoch, bytes and
-peak memory), runs `gnnc run PLAN` under torchrun on every host, and returns
-the measured figures beside the predicted ones. `smoke.py` runs a few; the
-validation grid runs many.
+and run across the emulated hosts. The pieces:
+
+* `measure_profile`: `gnnc probe --network` on the emulated hosts, the
+  profile the planner prices that cluster with (without `base`, every rank
+  also measures its machine, at once, and rank 0's figures are kept);
+* `compile_plan`: the plan for one assignment (or the planner's choice),
+  compiled in this process with that profile and saved with its shards;
+* `prediction`: what the plan predicts per epoch (gnnc.passes.cost.epoch:
+  the training step and the evaluation pass after it, from the schedule the
+  runtime follows), the bytes predict-bytes counted for both, and each
+  rank's peak memory (gnnc.memory_check, on the plan's shards);
+* `run_plans`: several plans trained one after another in one torchrun job
+  on the cluster (run_plans.py), rank 0's summary of each;
+* `measured`, `row`: the run's figures beside the prediction, compared like
+  with like: the epoch is the step plus the evaluation, the bytes the step's
+  plus the evaluation's.
+
+`run_case` does one case on a fresh cluster (smoke.py); the validation grid
+(grid.py) runs many on clusters it keeps.
 """
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +33,7 @@ from typing import Any
 from emulated import EmulatedCluster
 
 ROOT = Path(__file__).resolve().parents[2]
+RUN_PLANS = Path(__file__).resolve().with_name("run_plans.py")
 
 
 @dataclass(frozen=True)
@@ -53,93 +64,106 @@ class CaseFailed(RuntimeError):
     """A case could not be compiled or run; the message carries the tool's own words."""
 
 
-def _gnnc(*args: str, timeout_s: float = 900.0) -> str:
-    r = subprocess.run([sys.executable, "-m", "gnnc", *args], capture_output=True, text=True, cwd=ROOT,
-                       timeout=timeout_s)
-    if r.returncode != 0:
-        raise CaseFailed(f"gnnc {' '.join(args)} exited {r.returncode}: {r.stderr.strip()[-2000:]}")
-    return r.stdout
-
-
-def _last_json(text: str) -> dict[str, Any]:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise CaseFailed(f"no JSON summary in the output:\n{text[-2000:]}")
-
-
 def measure_profile(hosts: int, bandwidth: str, out: Path, base: Path | None = None,
-                    nproc_per_host: int = 1, timeout_s: float = 900.0) -> Path:
-    """`gnnc probe --network` on a fresh emulated cluster: the profile the planner prices this cluster with.
+                    nproc_per_host: int = 1, timeout_s: float = 900.0,
+                    cluster: EmulatedCluster | None = None) -> Path:
+    """`gnnc probe --network` on the emulated cluster (`cluster` as it is shaped now, else a fresh one):
+    the profile the planner prices this cluster with.
 
-    `base`: a profile whose machine figures to keep (the links are measured anew); without it host 0
-    measures its own (kernel rates on its share of the cores, and NeutronStar's fit).
+    `base`: a profile whose machine figures to keep (the links are measured anew); without it every rank
+    measures its own machine at once and rank 0's figures are kept (gnnc.cli's probe --network).
     """
     args = ["-m", "gnnc", "probe", "--network", "-o", str(out)] + (["--base", str(base)] if base else [])
-    with EmulatedCluster(hosts, bandwidth) as cluster:
+    if cluster is None:
+        with EmulatedCluster(hosts, bandwidth) as fresh:
+            results = fresh.run_torchrun(args, nproc_per_host, timeout_s=timeout_s, run_id="gnnc-probe")
+    else:
         results = cluster.run_torchrun(args, nproc_per_host, timeout_s=timeout_s, run_id="gnnc-probe")
     if results[0][0] != 0 or not out.exists():
         raise CaseFailed(f"gnnc probe --network at {bandwidth} failed: {results[0][2].strip()[-2000:]}")
     return out
 
 
-def _compile_args(case: Case, profile: Path) -> list[str]:
-    args = [case.model, "--graph", case.graph, "--workers", str(case.workers), "--cluster", str(profile), "--json"]
-    if case.partition:
-        args += ["--partition", case.partition]
-    for s in case.sets:
-        args += ["--set", s]
-    return args
+def compile_plan(model: Any, graph: Any, graph_spec: str, workers: int, profile: Path, out: Path,
+                 strategy: str | None = None, partition: str = "metis") -> Any:
+    """Compile one assignment (`strategy`, or the planner's choice when None) for `profile` and save it
+    with its shards to `out`; returns the plan as loaded back (with its shard directory)."""
+    from gnnc import api  # deferred: the cluster scripts import this module without gnnc's weight
+
+    plan = api.compile(model, graph, workers=workers, strategy=strategy, partition=partition,
+                       cluster=str(profile), graph_spec=graph_spec)
+    plan.save(out)
+    return api.Plan.load(out)
 
 
-def predict(case: Case, profile: Path, plan: Path) -> dict[str, Any]:
-    """Compile `case` into `plan` and return what the planner predicts for the assignment the plan runs.
+def prediction(plan: Any) -> dict[str, Any]:
+    """What `plan` predicts per epoch: its schedule's epoch (the training step and the evaluation pass), the
+    bytes predict-bytes counted for each, the planner's own estimate of the step's bytes (its alternatives'
+    formulas, when it chose), and the largest rank's peak memory (gnnc.memory_check on the plan's shards)."""
+    from gnnc.inspect_plan import predicted_epoch  # deferred, as above
+    from gnnc.memory_check import estimate_run_memory
 
-    The planner's choice carries its own prediction. A fixed assignment (`case.strategy`) is
-    compiled as given, and its prediction is the planner's price for that same assignment among
-    the alternatives it weighs when allowed exactly its strategies. Bytes are also counted
-    exactly on the partition (predict-bytes), which is what a run must measure.
-    """
-    compiled = _last_json(_gnnc("compile", *_compile_args(case, profile), "-o", str(plan),
-                                *(["--strategy", case.strategy] if case.strategy else [])))
-    predicted = dict(compiled["predicted"])
-    planner_bytes = None
-    if case.strategy:
-        allow = ",".join(sorted(set(compiled["strategies"])))
-        priced = _last_json(_gnnc("compile", *_compile_args(case, profile), "--allow", allow))
-        match = [a for a in priced["alternatives"] if a["strategies"] == compiled["strategies"]]
-        if not match:
-            raise CaseFailed(f"the planner did not price {','.join(compiled['strategies'])} among its alternatives")
-        predicted["epoch_time_s"], predicted["peak_memory_bytes"] = match[0]["time_s"], match[0]["memory_bytes"]
-        planner_bytes = match[0]["bytes"]
-    return {"strategies": compiled["strategies"], "epoch_time_s": predicted["epoch_time_s"],
-            "bytes_per_epoch": predicted["bytes_per_epoch"], "planner_bytes": planner_bytes,
-            "peak_memory_bytes": predicted["peak_memory_bytes"]}
+    epoch = predicted_epoch(plan)
+    planner = plan.meta.get("planner") or {}
+    strategies = [layer.attr("strategy") for layer in plan.program.graph_layers()]
+    planner_bytes = next((a["bytes"] for a in planner.get("alternatives", []) if a["strategies"] == strategies),
+                         None)
+    memory = estimate_run_memory(plan, shard_dir=plan.shard_dir)
+    return {"strategies": strategies, "epoch_s": epoch["epoch_time_s"], "step_s": epoch["step_time_s"],
+            "eval_s": epoch["eval_time_s"], "bytes": sum(plan.meta.get("predicted_bytes_per_step", {}).values()),
+            "eval_bytes": sum(plan.meta.get("predicted_eval_bytes_per_epoch", {}).values()),
+            "planner_bytes": planner_bytes, "peak_memory_bytes": memory.peak}
+
+
+def run_plans(cluster: EmulatedCluster, plans: list[Path], epochs: int, nproc_per_host: int = 1,
+              timeout_s: float = 1800.0, run_id: str = "gnnc-plans") -> list[dict[str, Any]]:
+    """Train `plans` one after another in one torchrun job on `cluster`; rank 0's summary of each, in order."""
+    results = cluster.run_torchrun([str(RUN_PLANS), "--epochs", str(epochs), *map(str, plans)], nproc_per_host,
+                                   timeout_s=timeout_s, run_id=run_id)
+    status, stdout, stderr = results[0]
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if status != 0 or len(rows) != len(plans):
+        raise CaseFailed(f"training {len(plans)} plans on the emulated cluster exited {status} after "
+                         f"{len(rows)}: {stderr.strip()[-3000:]}")
+    return rows
+
+
+def measured(run: dict[str, Any]) -> dict[str, Any]:
+    """A run's epoch as the prediction counts it: the step plus the evaluation, their bytes likewise."""
+    return {"epoch_s": run["epoch_time_s"] + run["eval_time_s"], "step_s": run["epoch_time_s"],
+            "eval_s": run["eval_time_s"], "bytes": run["bytes_sent_per_epoch"],
+            "eval_bytes": run["eval_bytes_sent_per_epoch"], "peak_rss_bytes": run["peak_rss_bytes"],
+            "test_acc": run["test_acc"]}
+
+
+def row(case: Case, predicted: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """One assignment of one case: predicted and measured side by side."""
+    got = measured(run)
+    return {"case": asdict(case), "strategies": predicted["strategies"],
+            "predicted_epoch_s": predicted["epoch_s"], "measured_epoch_s": got["epoch_s"],
+            "predicted_step_s": predicted["step_s"], "measured_step_s": got["step_s"],
+            "predicted_eval_s": predicted["eval_s"], "measured_eval_s": got["eval_s"],
+            "predicted_bytes": predicted["bytes"] + predicted["eval_bytes"],
+            "measured_bytes": got["bytes"] + got["eval_bytes"],
+            "predicted_step_bytes": predicted["bytes"], "measured_step_bytes": got["bytes"],
+            "predicted_eval_bytes": predicted["eval_bytes"], "measured_eval_bytes": got["eval_bytes"],
+            "planner_bytes": predicted["planner_bytes"],
+            "predicted_memory_bytes": predicted["peak_memory_bytes"], "measured_peak_rss_bytes": got["peak_rss_bytes"],
+            "test_acc": got["test_acc"]}
 
 
 def run_case(case: Case, profile: Path, workdir: Path | None = None, timeout_s: float = 1800.0) -> dict[str, Any]:
-    """Compile `case` for `profile` and run it on an emulated cluster: predicted and measured figures.
+    """Compile `case` for `profile` and run it on a fresh emulated cluster: predicted and measured figures
+    (`row`). Raises CaseFailed when a step fails."""
+    from gnnc import api  # deferred, as above
 
-    Measured (rank 0's `gnnc run --json`): the epoch time (median after the first), the bytes all
-    ranks sent per epoch, the largest rank's peak RSS. Predicted: see `predict`. Raises CaseFailed
-    when a step fails.
-    """
+    model = api.load_model(case.model, **dict(s.split("=", 1) for s in case.sets))
+    graph = api.load_graph(case.graph)
     with tempfile.TemporaryDirectory(prefix="gnnc-case-", dir=workdir) as tmp:
-        plan = Path(tmp) / "plan"
-        predicted = predict(case, profile, plan)
+        plan = compile_plan(model, graph, case.graph, case.workers, profile, Path(tmp) / "plan", case.strategy,
+                            case.partition or "metis")
+        predicted = prediction(plan)
         with EmulatedCluster(case.hosts, case.bandwidth) as cluster:
-            results = cluster.run_torchrun(["-m", "gnnc", "run", str(plan), "--epochs", str(case.epochs), "--json",
-                                            "--no-progress"], case.nproc_per_host, timeout_s=timeout_s,
-                                           run_id="gnnc-case")
-        status, stdout, stderr = results[0]
-        if status != 0:
-            raise CaseFailed(f"gnnc run on the emulated cluster exited {status}: {stderr.strip()[-2000:]}")
-        run = _last_json(stdout)
-    return {"case": asdict(case), "strategies": predicted["strategies"],
-            "predicted_epoch_s": predicted["epoch_time_s"], "measured_epoch_s": run["epoch_time_s"],
-            "predicted_bytes": predicted["bytes_per_epoch"], "planner_bytes": predicted["planner_bytes"],
-            "measured_bytes": run["bytes_sent_per_epoch"],
-            "predicted_memory_bytes": predicted["peak_memory_bytes"], "measured_peak_rss_bytes": run["peak_rss_bytes"],
-            "test_acc": run["test_acc"],
-            # the other hosts' agents: torchrun's store host may leave before them, which some report as a failure
-            "other_hosts_status": [r[0] for r in results[1:]]}
+            run = run_plans(cluster, [Path(tmp) / "plan"], case.epochs, case.nproc_per_host, timeout_s,
+                            run_id="gnnc-case")[0]
+    return row(case, predicted, run)

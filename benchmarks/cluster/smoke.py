@@ -2,16 +2,16 @@
 
 For each bandwidth it measures the cluster (`gnnc probe --network` on 2
 emulated hosts; the first bandwidth's probe also measures host 0's own rates,
-the second keeps them), then compiles the case with that profile and runs
-`gnnc run PLAN` under torchrun on both hosts, and prints the predicted and
-the measured epoch time, bytes and peak memory side by side:
+the second keeps them), then compiles the case with that profile and trains
+it under torchrun on both hosts (run_plans.py: what `gnnc run PLAN` runs),
+and prints the predicted and the measured epoch (the training step and the
+evaluation after it), bytes and peak memory side by side:
 
     sudo python benchmarks/cluster/smoke.py
     sudo python benchmarks/cluster/smoke.py --bandwidths 1gbit,10gbit --strategy depcomm --json out.jsonl
 
 It needs what the emulated cluster needs (root, iproute2, taskset; see
-emulated.py). The validation grid runs the same `runner.run_case` over many
-cases.
+emulated.py). The validation grid (grid.py) runs many cases the same way.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ each view. Views and their CSRs are built once per graph and cached.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,10 +60,12 @@ class CSR:
         return int(self.indices.numel())
 
     def dst_index(self) -> torch.Tensor:
-        """The destination of every CSR entry (row ids expanded)."""
+        """The destination of every CSR entry (row ids expanded), on the CSR's device."""
         if "dst" not in self._cache:
             deg = self.indptr[1:] - self.indptr[:-1]
-            self._cache["dst"] = torch.repeat_interleave(torch.arange(self.n_dst), deg)
+            # output_size: the length is known, so a GPU need not read the degrees back to size the result
+            self._cache["dst"] = torch.repeat_interleave(torch.arange(self.n_dst, device=self.indptr.device), deg,
+                                                         output_size=self.nnz)
         return self._cache["dst"]
 
     def in_degree(self) -> torch.Tensor:
@@ -74,12 +77,27 @@ class CSR:
             dst = self.dst_index()
             order = torch.argsort(self.indices, stable=True)
             counts = torch.bincount(self.indices, minlength=self.n_src)
-            indptr = torch.zeros(self.n_src + 1, dtype=torch.int64)
+            indptr = torch.zeros(self.n_src + 1, dtype=torch.int64, device=self.indptr.device)
             indptr[1:] = torch.cumsum(counts, 0)
             t = CSR(indptr, dst[order], self.eids[order], self.n_src, self.n_dst)
             t._cache["perm_from"] = order  # t's entry k is this CSR's entry order[k]
             self._cache["t"] = t
         return self._cache["t"]
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "CSR":
+        """This CSR with `fn` applied to each of its tensors (e.g. a copy to a GPU).
+
+        The destination index and the transpose are built first (here, where the
+        structure is) and mapped too, so a copy on a device never rebuilds them there.
+        """
+        self.transpose()
+        out = CSR(fn(self.indptr), fn(self.indices), fn(self.eids), self.n_dst, self.n_src)
+        out._cache["dst"] = fn(self.dst_index())
+        t = self._cache["t"]
+        out_t = CSR(fn(t.indptr), fn(t.indices), fn(t.eids), t.n_dst, t.n_src)
+        out_t._cache["perm_from"] = fn(t._cache["perm_from"])
+        out._cache["t"] = out_t
+        return out
 
     @staticmethod
     def from_edges(src: np.ndarray | torch.Tensor, dst: np.ndarray | torch.Tensor,
@@ -192,6 +210,15 @@ class GraphView:
     edge_data: dict[str, torch.Tensor]
     deg: torch.Tensor  # in-degree, float [n_dst]
 
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "GraphView":
+        """This view with `fn` applied to every tensor; its index vectors stay those of its (mapped) CSR."""
+        csr = None if self.csr is None else self.csr.map_tensors(fn)
+        shared = csr is not None and self.src is self.csr.indices and self.dst is self.csr._cache.get("dst")
+        src, dst = (csr.indices, csr.dst_index()) if shared else (
+            None if self.src is None else fn(self.src), None if self.dst is None else fn(self.dst))
+        return GraphView(csr, src, dst, fn(self.edge_ids), {k: fn(v) for k, v in self.edge_data.items()},
+                         fn(self.deg))
+
     @staticmethod
     def build(graph: Graph, view: str) -> "GraphView":
         csr = graph.csr(view)
@@ -207,6 +234,17 @@ def view_edge_data(graph: Graph, view: str, eids: torch.Tensor) -> dict[str, tor
 
 
 SPARSE_INPUT_DENSITY = 0.05  # below this, input features are kept sparse (dropout at nonzeros, sparse matmul)
+
+
+def input_density(x: torch.Tensor) -> float:
+    """The nonzero fraction of input features `sparse_if_sparse` keeps sparse, 1.0 for features it keeps dense:
+    what the cost model prices the ops reading them with (a sparse product does work per nonzero)."""
+    if x.is_sparse:
+        return x._nnz() / max(x.numel(), 1)
+    if x.dim() != 2 or x.numel() == 0:
+        return 1.0
+    density = int(torch.count_nonzero(x)) / x.numel()
+    return density if density <= SPARSE_INPUT_DENSITY else 1.0
 
 
 def sparse_if_sparse(x: torch.Tensor) -> torch.Tensor:

@@ -22,10 +22,22 @@ in the first bins and leaves the later bins *held* (every source they read
 is held), so they can run while the halo is in flight (G3's eager
 computation); gnnc sends a layer's rows in one exchange after the layer, not
 bin by bin, so putting the sent rows first buys nothing more here.
+
+Bins are cut from that list by the memory they take, as G3 sizes them (to
+half a device's memory), not by row count: a bin holds its rows' values and
+its in-edges' values, so on a power-law graph a bin of hub rows with equal
+row counts held up to 97x the mean bin's edges (a 100K-vertex R-MAT, 4096
+bins), and the activation estimate, which prices one bin as 1/k of the
+layer, was exceeded. `bin_widths` reads the per-bin widths off the IR (the
+runtime and gnnc.passes.cost.activations use the same), and `bin_bounds`
+cuts the list into bins of equal rows * row width + in-edges * edge width,
+each at most 1/k of the layer plus its heaviest row.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,7 +45,106 @@ import torch
 from scipy.sparse.csgraph import breadth_first_order, connected_components
 
 from gnnc.graph import CSR, GraphView
+from gnnc.ir import Eqn, Layer, Value
+from gnnc.ir.dims import eval_dim
+from gnnc.ir.ops import reads_neighbours
 from gnnc.plan.rows import LayerGraph
+from gnnc.plan.schedule_attrs import bin_eqn, layer_schedule
+
+MASK_FRACTION = 0.25  # a dropout keeps a bool mask (gnnc.runtime.rng): a quarter of a float32 value
+
+
+def value_width(value: Value, cfg: dict[str, Any]) -> float:
+    """Elements per row (or per edge) of an IR value under the program's configuration."""
+    w = 1.0
+    for d in value.type.shape:
+        w *= eval_dim(d, cfg)
+    return w
+
+
+# how a bin takes a value of its layer: the rows its edges read, its own rows, its edges' entries, whole
+SOURCES, ROWS, EDGES, WHOLE = "sources", "rows", "edges", "whole"
+
+
+def taken_as(e: Eqn, k: int) -> str:
+    """How a bin takes input k of its per-bin equation `e` (one of SOURCES, ROWS, EDGES, WHOLE)."""
+    v = e.ins[k]
+    if k in reads_neighbours(e):
+        return SOURCES
+    if v.type is not None and v.type.domain == "edge":
+        return EDGES
+    if v.type is not None and v.type.domain == "vertex":
+        return ROWS
+    return WHOLE
+
+
+def bin_inputs(layer: Layer) -> list[tuple[Value, str]]:
+    """(value, how a bin takes it) for every value a binned layer's per-bin equations read from outside
+    them, in a fixed order (the runtime passes them to its bins in this order)."""
+    made = {o.name for e in layer.eqns if bin_eqn(e) for o in e.outs}
+    out: list[tuple[Value, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for e in layer.eqns:
+        if not bin_eqn(e):
+            continue
+        for k, v in enumerate(e.ins):
+            how = taken_as(e, k)
+            if v.name not in made and (v.name, how) not in seen:
+                seen.add((v.name, how))
+                out.append((v, how))
+    return out
+
+
+@dataclass(frozen=True)
+class BinWidths:
+    """Elements one bin of a layer holds per output row, per in-edge and per source row it gathers.
+
+    The values the layer computes per bin (a dropout's mask counted), by domain, and those the bins
+    take from outside them (`bin_inputs`): a vertex value read through the edges is gathered at the
+    bin's source rows, one read at its rows per row, an edge value per edge.
+    """
+
+    row: float
+    edge: float
+    source: float
+
+
+def bin_widths(layer: Layer, cfg: dict[str, Any]) -> BinWidths:
+    """The per-bin widths of a graph layer's equations marked `bin` (see BinWidths)."""
+    lanes = {SOURCES: 0.0, ROWS: 0.0, EDGES: 0.0}
+    for v, how in bin_inputs(layer):
+        if how != WHOLE:
+            lanes[how] += value_width(v, cfg)
+    for e in layer.eqns:
+        out = e.outs[0]
+        if bin_eqn(e) and out.type is not None and out.type.domain in ("vertex", "edge"):
+            w = value_width(out, cfg) * (1 + MASK_FRACTION if e.op == "dropout" else 1)
+            lanes[EDGES if out.type.domain == "edge" else ROWS] += w
+    return BinWidths(lanes[ROWS], lanes[EDGES], lanes[SOURCES])
+
+
+def bin_bounds(weights: np.ndarray, bins: int) -> list[int]:
+    """Cut rows of `weights` (in bin order) into `bins` contiguous bins of near-equal weight.
+
+    Each bin takes rows until it reaches its share of what is left (the remaining weight over the
+    remaining bins), so the shares never grow: a bin weighs at most total/bins plus its last row.
+    Every bin gets a row while rows remain; bins after the last row are empty.
+    """
+    n = len(weights)
+    cum = np.cumsum(np.asarray(weights, dtype=np.float64))
+    total = float(cum[-1]) if n else 0.0
+    bounds = [0]
+    for b in range(bins - 1):
+        start = bounds[-1]
+        if start >= n:
+            bounds.append(n)
+            continue
+        done = float(cum[start - 1]) if start else 0.0
+        share = (total - done) / (bins - b)
+        end = int(np.searchsorted(cum, done + share, side="left")) + 1
+        bounds.append(min(max(end, start + 1), n))
+    bounds.append(n)
+    return bounds
 
 
 def boundary_rows(lg: LayerGraph, view: str) -> tuple[np.ndarray, np.ndarray]:
@@ -98,6 +209,11 @@ class Bins:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Bins":
+        """These bins with every tensor mapped by `fn` (copied to the run's device with the layer)."""
+        return Bins([fn(r) for r in self.rows], [v.map_tensors(fn) for v in self.views],
+                    [fn(s) for s in self.sources], [fn(p) for p in self.pos], list(self.held))
+
 
 def _bin_view(v: GraphView, rows: torch.Tensor, n_in: int) -> tuple[GraphView, torch.Tensor, torch.Tensor, bool]:
     """Bin `rows`'s in-edges with their sources renumbered compactly: (view, sources, edge positions, held)."""
@@ -118,14 +234,20 @@ def _bin_view(v: GraphView, rows: torch.Tensor, n_in: int) -> tuple[GraphView, t
     return view, sources, pos, held
 
 
-def layer_bins(lg: LayerGraph, view: str, bins: int, order: str = "boundary_bfs") -> Bins:
-    """The layer's output rows cut into `bins` bins of (nearly) equal size in `order` (built once)."""
-    key = ("bins", view, bins, order)
+def layer_bins(lg: LayerGraph, view: str, bins: int, order: str = "boundary_bfs",
+               widths: BinWidths | None = None) -> Bins:
+    """The layer's output rows cut into `bins` bins in `order` (built once): of equal rows * widths.row +
+    in-edges * widths.edge (`bin_bounds`), of equal row counts without widths."""
+    key = ("bins", view, bins, order, widths)
     if key not in lg._cache:
         if order != "boundary_bfs":
             raise ValueError(f"unknown bin order {order!r}")
         prio = torch.from_numpy(priority_order(lg, view))
-        bounds = [round(b * lg.n_out / bins) for b in range(bins + 1)]
+        weights = np.ones(len(prio))
+        if widths is not None:
+            degree = lg.views[view].csr.in_degree()[prio].numpy().astype(np.float64)
+            weights = widths.row + widths.edge * degree
+        bounds = bin_bounds(weights, bins)
         out = Bins([], [], [], [], [])
         for b in range(bins):
             rows = prio[bounds[b]:bounds[b + 1]]
@@ -137,3 +259,9 @@ def layer_bins(lg: LayerGraph, view: str, bins: int, order: str = "boundary_bfs"
             out.held.append(held)
         lg._cache[key] = out
     return lg._cache[key]
+
+
+def bins_of(lg: LayerGraph, layer: Layer, cfg: dict[str, Any]) -> Bins:
+    """The bins a binned graph layer runs in on this worker, as its annotations and widths say."""
+    sched = layer_schedule(layer)
+    return layer_bins(lg, layer.edges, sched.bins, sched.bin_order, bin_widths(layer, cfg))

@@ -6,6 +6,7 @@ with the plan, below both.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -38,3 +39,7 @@ class HaloPlan:
         for c in self.recv_counts:
             out.append(out[-1] + int(c))
         return out
+
+    def map_tensors(self, fn: Callable[[Tensor], Tensor]) -> "HaloPlan":
+        """This plan with its send lists mapped by `fn` (e.g. copied to the GPU the exchange runs on)."""
+        return HaloPlan(tuple(fn(i) for i in self.send_idx), self.recv_counts)

@@ -29,6 +29,7 @@ global id), then the out-of-chunk rows (by global id).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -200,6 +201,12 @@ class ChunkStructure:
     later: HaloPlan | None = None
     later_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "ChunkStructure":
+        """This chunk's structure with every tensor mapped by `fn` (copied to the run's device)."""
+        return ChunkStructure(self.view.map_tensors(fn), fn(self.ext_ids), self.n_peer,
+                              None if self.halo is None else self.halo.map_tensors(fn),
+                              None if self.later is None else self.later.map_tensors(fn), fn(self.later_ids))
+
 
 @dataclass
 class MemberStructures:
@@ -212,6 +219,10 @@ class MemberStructures:
     chunks: list[ChunkStructure]
     refresh: HaloPlan | None
     refresh_ids: torch.Tensor
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "MemberStructures":
+        return MemberStructures([c.map_tensors(fn) for c in self.chunks],
+                                None if self.refresh is None else self.refresh.map_tensors(fn), fn(self.refresh_ids))
 
 
 def _chunk_view(graph: Graph, view: str, eids: np.ndarray, local_src: np.ndarray, local_dst: np.ndarray,

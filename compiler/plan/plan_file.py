@@ -25,6 +25,7 @@ from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.pipeline_shards import write_pipeline_shards
+from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.sampled_shards import check_sampled_shards_match, write_sampled_shards
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.shard_files import read_manifest
@@ -179,9 +180,13 @@ class Plan:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
                                      "schedule", "predicted_bytes_per_epoch", "approximations", "pipeline",
-                                     "schedule_report") if k in data}
+                                     "schedule_report", "predicted_eval_bytes_per_epoch") if k in data}
         _check_sampled_fields(meta, path)
         _check_pipeline_field(meta, path)
+        if "precision" in data:
+            if data["precision"] not in PRECISIONS:
+                raise PlanError(f"{path}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
+            meta["precision"] = data["precision"]
         stand_ins = data.get("graph_stand_ins", {})
         if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
             raise PlanError(f"{path}: 'graph_stand_ins' must map field names to descriptions")
@@ -209,9 +214,11 @@ def _check_sampled_fields(meta: dict[str, Any], path: Path) -> None:
     notes = meta.get("approximations", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise PlanError(f"{path}: 'approximations' must be a list of sentences")
-    counts = meta.get("predicted_bytes_per_epoch", {})
-    if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
-        raise PlanError(f"{path}: 'predicted_bytes_per_epoch' must map names to integers")
+    for key in ("predicted_bytes_per_epoch", "predicted_eval_bytes_per_epoch"):
+        counts = meta.get(key, {})
+        if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                   for v in counts.values()):
+            raise PlanError(f"{path}: '{key}' must map names to integers")
 
 
 def _check_pipeline_field(meta: dict[str, Any], path: Path) -> None:

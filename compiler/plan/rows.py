@@ -38,6 +38,7 @@ for its rows.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -197,6 +198,10 @@ class SourceParts:
     def __len__(self) -> int:
         return len(self.views)
 
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "SourceParts":
+        return SourceParts(self.bounds, [v.map_tensors(fn) for v in self.views],
+                           [p if isinstance(p, slice) else fn(p) for p in self.pos])
+
 
 def sub_view(view: GraphView, pos: torch.Tensor, cols: torch.Tensor, n_src: int) -> GraphView:
     """The edges of `view` at positions `pos` (ascending, so still grouped by destination), sources `cols`."""
@@ -267,6 +272,17 @@ class LayerGraph:
         self._parts[(view, tuple(bounds))] = SourceParts(sp.bounds, sp.views,
                                                          [slice(offsets[p], offsets[p + 1]) for p in range(len(sizes))])
 
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "LayerGraph":
+        """This layer with `fn` applied to every tensor: views, halo and entry plans, ids, the source parts
+        built and what the runtime derived once (each `_cache` entry maps its own tensors: gnnc.plan.bins)."""
+        return LayerGraph(self.n_in, self.n_out, {k: v.map_tensors(fn) for k, v in self.views.items()},
+                          None if self.halo is None else self.halo.map_tensors(fn), self.blocks,
+                          None if self.ids is None else fn(self.ids),
+                          None if self.entry is None else self.entry.map_tensors(fn),
+                          None if self.entry_perm is None else fn(self.entry_perm),
+                          {k: sp.map_tensors(fn) for k, sp in self._parts.items()},
+                          {k: v.map_tensors(fn) for k, v in self._cache.items()})
+
 
 @dataclass
 class LocalGraph:
@@ -280,6 +296,15 @@ class LocalGraph:
     @property
     def owned(self) -> torch.Tensor:
         return self.rows[: self.n_owned]
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "LocalGraph":
+        """This worker's graph with `fn` applied to every tensor (a layer structure shared by layers, once)."""
+        mapped: dict[int, LayerGraph] = {}
+        for g in self.layers.values():
+            if id(g) not in mapped:
+                mapped[id(g)] = g.map_tensors(fn)
+        layers = {name: mapped[id(g)] for name, g in self.layers.items()}
+        return LocalGraph(fn(self.rows), self.n_owned, layers, self.block_rows)
 
 
 def _view(graph: Graph, view: str, sel: np.ndarray, local_src: np.ndarray, local_dst: np.ndarray,

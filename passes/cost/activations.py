@@ -11,7 +11,16 @@ delivers, its output rows, or its edges) times its width. In a binned layer
 (gnnc.plan.schedule_attrs: `bins=k`) the values computed per bin live only while
 their bin runs (backward recomputes them), so the layer keeps its outputs and
 one bin's values, twice over in backward (the bin's activations and their
-gradients). A dropout also keeps its mask (a byte per element).
+gradients). One bin holds, per gnnc.plan.bins' widths, its rows' values, its
+in-edges' values and the source rows it gathers; bins are cut to equal rows
+and edges, so the largest holds 1/k of the layer's plus its heaviest row (the
+worker's largest in-degree, `max_in_degree`), and gathers at most as many
+source rows as it has edges (and no more than the layer reads). While its bins
+run backward, a binned layer also holds the gradient of every value its bins
+take from outside them, whole (gnnc.runtime.bins adds each bin's into it), and
+a second one of the held rows' when some bins ran early on held rows only
+(eager computation: `inner_edges`). A dropout also keeps its mask (a byte per
+element).
 
 Rows per worker, from the partition statistics: DepComm and Hybrid hold V_i
 rows and receive B_i (Hybrid's cached rows are left out); DepCache holds the
@@ -25,13 +34,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from gnnc.ir import Layer, Program
-from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import COMM_OPS
+from gnnc.plan.bins import MASK_FRACTION, SOURCES, WHOLE, bin_inputs, bin_widths, value_width
 from gnnc.plan.schedule_attrs import bin_eqn, exchange_schedule, layer_schedule
 from gnnc.plan.strategies import STRATEGIES
 
 AGGREGATIONS = ("spmm", "gather")
-MASK_FRACTION = 0.25  # a dropout keeps a bool mask (gnnc.runtime.rng): a quarter of a float32 value
 
 
 @dataclass(frozen=True)
@@ -53,13 +61,6 @@ class _Rows:
     src: np.ndarray
     out: np.ndarray
     edges: np.ndarray
-
-
-def _width(value, cfg) -> float:
-    w = 1.0
-    for d in value.type.shape:
-        w *= eval_dim(d, cfg)
-    return w
 
 
 def _layer_rows(program: Program, inputs) -> list[_Rows]:
@@ -117,6 +118,15 @@ def _value_rows(layer: Layer, rows: _Rows, owned: np.ndarray) -> dict[str, np.nd
     return out
 
 
+def _one_bin(widths, rows: _Rows, bins: int, max_degree: np.ndarray) -> np.ndarray:
+    """Elements the largest of `bins` bins holds: 1/bins of the layer's rows and edges plus its heaviest
+    row (gnnc.plan.bins.bin_bounds), and the source rows it gathers: one per edge at most (as many edges
+    as that weight allows), and no more than the layer reads."""
+    weight = (rows.out * widths.row + rows.edges * widths.edge) / bins + widths.row + max_degree * widths.edge
+    edges = np.minimum(weight / widths.edge, rows.edges) if widths.edge else rows.edges
+    return weight + np.minimum(edges, rows.src) * widths.source
+
+
 def estimate(program: Program, inputs, bytes_per_element: int = 4) -> Activations:
     """The activation memory of one training step of `program` (annotated by the schedule pass)."""
     cfg = program.config_dict()
@@ -126,6 +136,10 @@ def estimate(program: Program, inputs, bytes_per_element: int = 4) -> Activation
     working = np.zeros_like(v)
     largest = np.zeros_like(v)
     per_layer: dict[str, np.ndarray] = {}
+    max_degree = np.zeros_like(v) if inputs.max_in_degree is None else np.asarray(inputs.max_in_degree, np.float64)
+    # some bins read held rows only and run while the halo is in flight: rows without remote in-neighbours
+    eager = np.zeros(len(v), dtype=bool) if inputs.inner_edges is None else np.asarray(inputs.inner_edges) > 0
+    binned_backward = np.zeros_like(v)
     graph_index = 0
     outputs_of_bins: set[str] = set()
     for layer in program.layers:
@@ -147,18 +161,37 @@ def estimate(program: Program, inputs, bytes_per_element: int = 4) -> Activation
             value = e.outs[0]
             if value.type is None or value.type.domain == "scalar":
                 continue
-            size = value_rows[value.name] * _width(value, cfg) * bytes_per_element
+            size = value_rows[value.name] * value_width(value, cfg) * bytes_per_element
             if e.op == "dropout":
                 size = size * (1 + MASK_FRACTION)
             if bins > 1 and bin_eqn(e) and value.name not in outputs_of_bins:
-                layer_bin += size / bins
-                largest = np.maximum(largest, size / bins)
-            else:
-                layer_kept += size
-                largest = np.maximum(largest, size)
+                continue  # one bin's share: below
+            layer_kept += size
+            largest = np.maximum(largest, size)
+        if layer.kind == "graph" and bins > 1:
+            layer_bin = _one_bin(bin_widths(layer, cfg), rows, bins, max_degree) * bytes_per_element
+            binned_backward = np.maximum(binned_backward, 2 * layer_bin + _bin_input_grads(
+                layer, rows, value_rows, cfg, eager) * bytes_per_element)
         per_layer[layer.name] = layer_kept + layer_bin
         kept += layer_kept
         working = np.maximum(working, layer_bin)
-    # backward: a binned layer's recomputed bin and its gradients; the gradient of the largest value alive
-    peak = kept + 2 * working + largest
+    # backward: the gradient of the largest value alive, or a binned layer's recomputed bin, its gradients
+    # and its inputs' whole gradients
+    peak = kept + np.maximum(largest, binned_backward)
     return Activations(kept, working, peak, per_layer)
+
+
+def _bin_input_grads(layer: Layer, rows: _Rows, value_rows: dict[str, np.ndarray], cfg, eager: np.ndarray
+                     ) -> np.ndarray:
+    """Elements of the gradients a binned layer's backward accumulates whole: one per value its bins take
+    from outside them, and the held rows' of those read through edges again where bins ran early."""
+    split = any(exchange_schedule(e).split for e in layer.eqns)
+    out = np.zeros_like(rows.out)
+    for v, how in bin_inputs(layer):
+        if how == WHOLE:
+            continue
+        width = value_width(v, cfg)
+        out = out + value_rows.get(v.name, rows.rows_in) * width  # the layer's input: its input rows
+        if how == SOURCES and split:
+            out = out + np.where(eager, rows.rows_in, 0.0) * width
+    return out

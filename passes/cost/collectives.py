@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import sympy
 
-from gnnc.passes.cost.symbols import Max, P, b, bw, alpha, Cost, ZERO
+from gnnc.passes.cost.symbols import Max, P, b_grad, bw, alpha, Cost, ZERO
 
 
 def all_to_all_time(send_bytes: sympy.Expr, recv_bytes: sympy.Expr, starts: sympy.Expr | None = None) -> sympy.Expr:
@@ -61,14 +61,16 @@ def broadcast_time(nbytes: sympy.Expr) -> sympy.Expr:
 def grad_allreduce(param_elements: sympy.Expr, buckets: int = 1, name: str = "grad_allreduce") -> Cost:
     """Sum the gradients of replicated weights over workers (ring all-reduce, `buckets` calls).
 
-    Time: 2(P-1)/P·n·b/bw + 2(P-1)·alpha per bucket (the textbook ring).
+    Time: 2(P-1)/P·n·b_grad/bw + 2(P-1)·alpha per bucket (the textbook ring).
     Bytes: the logical payload as gnnc.runtime.comm counts it (reduce-scatter
-    then all-gather): 2(P-1)·n·b over all workers, 2(P-1)/P·n·b per worker
-    on average; `allreduce_payload` gives each rank's exact share. Weights a
-    strategy does not replicate (P3's W1 under pushpull: each worker owns the
-    rows of dW1 for its feature slice) are left out by the caller.
+    then all-gather): 2(P-1)·n·b_grad over all workers, 2(P-1)/P·n·b_grad per
+    worker on average; `allreduce_payload` gives each rank's exact share.
+    b_grad, not b: gradients are of the fp32 master weights at every
+    precision. Weights a strategy does not replicate (P3's W1 under pushpull:
+    each worker owns the rows of dW1 for its feature slice) are left out by
+    the caller.
     """
-    nbytes = param_elements * b
+    nbytes = param_elements * b_grad
     time = 2 * (P - 1) / P * nbytes / bw + 2 * (P - 1) * alpha * buckets
     return Cost(name, (time,), 2 * (P - 1) / P * nbytes, ZERO)
 

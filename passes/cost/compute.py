@@ -1,15 +1,17 @@
-"""Compute terms of the cost formulas: dense maps, aggregations, attention, what a layer keeps alive.
+"""Compute terms of the cost formulas: dense maps, aggregations, every other op, what a layer keeps alive.
 
 Why this module exists: every strategy prices the same op-aware compute (a
 dense map costs 2·rows·d_in·d_out FLOP at the GEMM rate; an aggregation
-nnz·width multiply-adds at the SpMM rate) on different rows and edges; the
-probe's fit (`gnnc.passes.cost.fit`) reads the same terms.
+nnz·width multiply-adds at the SpMM rate; each other op its elements at its
+class's measured seconds per element, gnnc.passes.cost.ops) on different
+rows and edges; the probe's fit (`gnnc.passes.cost.fit`) reads the same terms.
 """
 from __future__ import annotations
 
 import sympy
 
-from gnnc.passes.cost.symbols import b, b_idx, R_gemm, R_spmm, ATTENTION_OPS_PER_EDGE, d, heads, LayerShape
+from gnnc.passes.cost.symbols import (b, b_idx, R_gemm, R_spmm, T_copy_b, T_copy_f, d, op_time, rho,
+                                      LayerShape)
 
 
 def gemm_time(rows: sympy.Expr, d_in: sympy.Expr, d_out: sympy.Expr, gemms: int = 1) -> sympy.Expr:
@@ -17,43 +19,67 @@ def gemm_time(rows: sympy.Expr, d_in: sympy.Expr, d_out: sympy.Expr, gemms: int 
     return 2 * gemms * rows * d_in * d_out / R_gemm
 
 
+def dense_map_time(layer: int, shape: LayerShape, rows: sympy.Expr, d_in: sympy.Expr | None = None) -> sympy.Expr:
+    """A layer's dense maps on `rows` rows of width `d_in` (default d_l): those reading a dense value at the GEMM
+    rate; those reading the input features stored sparse (`shape.sparse_gemms`: a bag-of-words graph's) as
+    the sparse-dense product they run, rho·d_in nonzeros per row times d_out multiply-adds, at the SpMM rate."""
+    d_in = d(layer) if d_in is None else d_in
+    dense = gemm_time(rows, d_in, shape.out_width(layer), shape.gemms - shape.sparse_gemms)
+    if not shape.sparse_gemms:
+        return dense
+    return dense + shape.sparse_gemms * rows * rho * d_in * shape.out_width(layer) / R_spmm
+
+
 def spmm_time(nnz: sympy.Expr, width: sympy.Expr) -> sympy.Expr:
     """Aggregation over `nnz` edges of `width`-wide rows: nnz·width multiply-adds at the SpMM rate."""
     return nnz * width / R_spmm
 
 
-def attention_time(nnz: sympy.Expr, n_heads: sympy.Expr) -> sympy.Expr:
-    """Per-edge attention work (scores, softmax): ATTENTION_OPS_PER_EDGE per edge and head.
+def row_ops(layer: int, in_rows: sympy.Expr, out_rows: sympy.Expr, phase: str = "f") -> sympy.Expr:
+    """The layer's other vertex ops (gnnc.passes.cost.ops): those before its aggregation on `in_rows`,
+    those after it and the dense layer after it on `out_rows`. Phase f, b or e (`op_time`)."""
+    return in_rows * op_time(layer, "in", phase) + out_rows * op_time(layer, "out", phase)
 
-    Beyond the seeds: none of the five papers costs attention; this is an
-    elementwise estimate at the (memory-bound) SpMM rate.
-    """
-    return ATTENTION_OPS_PER_EDGE * nnz * n_heads / R_spmm
+
+def edge_ops(layer: int, edges: sympy.Expr, phase: str = "f") -> sympy.Expr:
+    """The layer's other edge ops (attention scores and softmax, edge dropout, ...) on `edges`."""
+    return edges * op_time(layer, "edge", phase)
+
+
+def call_ops(layer: int, phase: str = "f") -> sympy.Expr:
+    """The dispatch of every op the layer (and its dense layers) runs, once per call."""
+    return op_time(layer, "call", phase)
+
+
+def layer_ops(layer: int, in_rows: sympy.Expr, out_rows: sympy.Expr, edges: sympy.Expr,
+              phase: str = "f") -> sympy.Expr:
+    """Every op of one layer that the dense map and the aggregation leave, on these rows and edges, once."""
+    return row_ops(layer, in_rows, out_rows, phase) + edge_ops(layer, edges, phase) + call_ops(layer, phase)
+
+
+def copy_time(elements: sympy.Expr, phase: str = "f") -> sympy.Expr:
+    """Rows packed and assembled around an exchange (index_select, cat; backward: split, index_add)."""
+    return elements * (T_copy_b if phase == "b" else T_copy_f)
 
 
 def compute_forward(layer: int, shape: LayerShape, gemm_rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
-    """Forward compute of one layer: its dense maps on `gemm_rows` rows, its aggregation on `edges`."""
-    t = gemm_time(gemm_rows, d(layer), shape.out_width(layer), shape.gemms)
-    t += spmm_time(edges, shape.width(layer))
-    if shape.attention:
-        t += attention_time(edges, heads(layer))
-    return t
+    """Forward compute of one layer's kernels: its dense maps on `gemm_rows` rows, its aggregation on
+    `edges` (its other ops: `layer_ops`)."""
+    return dense_map_time(layer, shape, gemm_rows) + spmm_time(edges, shape.width(layer))
 
 
 def compute_backward(layer: int, shape: LayerShape, gemm_rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
-    """Backward compute: dW always, dX only when the input needs a gradient.
+    """Backward compute of the kernels: dW always, dX only when the input needs a gradient.
 
     The dense map's backward is one GEMM for dW plus one for dX; the
     aggregation's backward (an SpMM with the transposed structure) is needed
     when something below it needs a gradient: the input, or W when the dense
-    map ran first. Attention's backward is taken equal to its forward.
+    map ran first.
     """
-    gemm = gemm_time(gemm_rows, d(layer), shape.out_width(layer), shape.gemms)
+    gemm = dense_map_time(layer, shape, gemm_rows)
     t = gemm * (2 if shape.input_grad else 1)
     if shape.exchange_grad:
         t += spmm_time(edges, shape.width(layer))
-    if shape.attention:
-        t += attention_time(edges, heads(layer))
     return t
 
 

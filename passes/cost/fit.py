@@ -11,6 +11,13 @@ model's single t_v, t_e (per unit of work, see gnnc.cluster.ClusterProfile)
 are fitted jointly to the same timings through the model's own per-vertex
 and per-edge work (`compute_forward`/`compute_backward`), so that the model,
 evaluated on the probe's layers, predicts the times the probe measured.
+
+The IR's other ops (gnnc.passes.cost.ops) are fitted first (`fit_op_rates`):
+per op class, seconds per element forward and backward, and one dispatch
+cost per op, from every equation the probe timed alone; row copies and
+Adam steps likewise. The layer timings hold some of those ops (a bias, each
+op's dispatch), so their modelled time is taken off the timings before
+t_v and t_e are fitted: nothing is counted twice.
 """
 from __future__ import annotations
 
@@ -20,9 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from gnnc.cluster import OP_CLASSES, OpRate
 from gnnc.ir import Program
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.compute import compute_backward, compute_forward
+from gnnc.passes.cost.ops import class_of, program_op_work
 from gnnc.passes.cost.symbols import R_gemm, R_spmm, d, heads
 from gnnc.passes.predict_bytes import param_dependent
 
@@ -64,17 +73,17 @@ def _nnls_scaled(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef / norms
 
 
-def per_unit_work(program: Program) -> list[tuple[float, float, int]]:
-    """Per graph layer: the cost model's forward-plus-backward seconds of one vertex and of one edge
-    when t_v = t_e = 1, and the width of the rows the layer exchanges."""
+def per_unit_work(program: Program, backward: bool = True) -> list[tuple[float, float, int]]:
+    """Per graph layer: the cost model's forward-plus-backward (`backward` False: forward) seconds of one
+    vertex and of one edge when t_v = t_e = 1, and the width of the rows the layer exchanges."""
     dims, n_heads = layer_dims(program)
     needs = param_dependent(program)
     out = []
     for i, layer in enumerate(program.graph_layers()):
         shape = layer_shape(layer, needs)
         subs = {d(i): dims[i], d(i + 1): dims[i + 1], heads(i): n_heads[i], R_gemm: 2.0, R_spmm: 1.0}
-        vertex = compute_forward(i, shape, 1, 0) + compute_backward(i, shape, 1, 0)
-        edge = compute_forward(i, shape, 0, 1) + compute_backward(i, shape, 0, 1)
+        vertex = compute_forward(i, shape, 1, 0) + (compute_backward(i, shape, 1, 0) if backward else 0)
+        edge = compute_forward(i, shape, 0, 1) + (compute_backward(i, shape, 0, 1) if backward else 0)
         out.append((float(vertex.subs(subs)), float(edge.subs(subs)), int(shape.width(i).subs(subs))))
     return out
 
@@ -93,9 +102,95 @@ def joint_rates(samples: Sequence[Sample],
     return (float(coef[0]) or None), (float(coef[1]) or None)
 
 
-def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[int], bandwidth: float) -> dict:
+class _Rates:
+    """Op rates as a profile offers them (`op_rate`), for pricing the probe's own layers."""
+
+    def __init__(self, rates: Sequence[OpRate]):
+        self._by_op = {r.op: r for r in rates}
+
+    def op_rate(self, op: str, direction: str) -> float:
+        r = self._by_op.get(op)
+        return 0.0 if r is None else (r.forward if direction == "forward" else r.backward)
+
+
+def other_ops_seconds(program: Program, samples: Sequence[Sample], rates: Sequence[OpRate],
+                      phases: tuple[str, ...] = ("f", "b")) -> list[list[float]]:
+    """Per sample and graph layer: the modelled seconds of the layer's own other ops (not its dense layers),
+    forward plus backward (`phases`: ("e",) for a forward as the evaluation runs it), on the sample's V rows
+    and E edges."""
+    work = program_op_work(program, dense=False)
+    prices = _Rates(rates)
+    out = []
+    for n, edges, _ in samples:
+        row = []
+        for i, w in enumerate(work):
+            t = 0.0
+            for phase in phases:
+                t += (n * (w.seconds(prices, "in", phase) + w.seconds(prices, "out", phase))
+                      + edges[i] * w.seconds(prices, "edge", phase) + w.seconds(prices, "call", phase))
+            row.append(t)
+        out.append(row)
+    return out
+
+
+def fit_op_rates(samples: dict) -> list[OpRate]:
+    """Seconds per element of each op class, forward and backward, and per op dispatched (`call`), per Adam
+    parameter element and tensor (`optimizer`, `optimizer_call`), from `gnnc.runtime.probe.probe_op_samples`.
+
+    The dispatch of one op is the median time of the equations timed on a graph too small for their work
+    to show ("dispatch"); each class's seconds per element the median over its timings on the large graphs
+    of (time - dispatch) / elements. Medians, because on shared cores a timing now and then is interrupted
+    and least squares would follow it. Dropout's seconds per element and per row (`dropout_row`) by
+    non-negative least squares: its timings mix wide vertex values and narrow edge ones. Row copies: the median seconds per element; Adam: non-negative least
+    squares over its elements and its tensors (a step's per-tensor work is not small beside its elements).
+    """
+    dispatch = [(class_of(op, k), f, b_) for op, k, _, _, f, b_ in samples["dispatch"]]
+    call_f = float(np.median([f for _, f, _ in dispatch]))
+    call_b = float(np.median([b_ for _, _, b_ in dispatch if b_ > 0] or [0.0]))
+    by_class: dict[str, list[tuple[float, float, float, float]]] = {}
+    for op, inputs, rows, n, f, b_ in samples["eqns"]:
+        cls = class_of(op, inputs)
+        if cls not in (None, "free") and n > 0:
+            by_class.setdefault(cls, []).append((float(rows), float(n), f - call_f, b_ - call_b))
+    out = []
+    for cls in OP_CLASSES:
+        if cls not in by_class:
+            continue
+        timed = by_class[cls]
+        if cls == "dropout":  # per element and per row (its key's hash): both, by least squares
+            a = np.asarray([[n, rows] for rows, n, _, _ in timed])
+            cf, cb = (_nnls_scaled(a, np.maximum([t[k] for t in timed], 0.0)) for k in (2, 3))
+            out += [OpRate(cls, float(cf[0]), float(cb[0])), OpRate("dropout_row", float(cf[1]), float(cb[1]))]
+            continue
+        out.append(OpRate(cls, max(float(np.median([f / n for _, n, f, _ in timed])), 0.0),
+                          max(float(np.median([b_ / n for _, n, _, b_ in timed])), 0.0)))
+    out.append(OpRate("call", call_f, call_b))
+    copies = np.asarray(samples["copies"], dtype=np.float64)
+    out.append(OpRate("copy", float(np.median(copies[:, 1] / copies[:, 0])),
+                      float(np.median(copies[:, 2] / copies[:, 0]))))
+    adam = np.asarray(samples["adam"], dtype=np.float64)
+    opt = _nnls_scaled(adam[:, :2], adam[:, 2])
+    out += [OpRate("optimizer", float(opt[0]), 0.0), OpRate("optimizer_call", float(opt[1]), 0.0)]
+    return out
+
+
+def _without_other_ops(program: Program, samples: Sequence[Sample], rates: Sequence[OpRate],
+                       phases: tuple[str, ...]) -> list[Sample]:
+    other = other_ops_seconds(program, samples, rates, phases)
+    return [(n, edges, [max(t - o, 0.0) for t, o in zip(seconds, ops)])
+            for (n, edges, seconds), ops in zip(samples, other)]
+
+
+def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[int], bandwidth: float,
+                op_rates: Sequence[OpRate] = (), forward: Sequence[Sample] = ()) -> dict:
     """NeutronStar's T_v, T_e, T_c per layer width (`unit_costs`) and the cost model's t_v, t_e, t_c, as
-    ClusterProfile fields, from the probe's layer timings of `program` (widths: d_0..d_L)."""
+    ClusterProfile fields, from the probe's layer timings of `program` (widths: d_0..d_L). With `op_rates`
+    (`fit_op_rates`), the layers' other ops are taken off the timings first, and the rates join the fields.
+    With `forward` (the same layers' forward alone, as the evaluation runs it), t_v_forward and t_e_forward
+    are fitted to them likewise, through the model's forward work."""
+    if op_rates:
+        samples = _without_other_ops(program, samples, op_rates, ("f", "b"))
+        forward = _without_other_ops(program, forward, op_rates, ("e",)) if forward else forward
     work = per_unit_work(program)
     layers = []
     for i, (_, _, row_width) in enumerate(work):
@@ -103,7 +198,12 @@ def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[in
         layers.append({"d_in": widths[i], "d_out": widths[i + 1], "row_width": row_width, "T_v": fit.T_v,
                        "T_e": fit.T_e, "T_c": row_width * 4 / bandwidth, "const": fit.const})
     t_v, t_e = joint_rates(samples, work)
-    return {"unit_costs": layers, "t_v": t_v, "t_e": t_e, "t_c": 1.0 / bandwidth}
+    fields = {"unit_costs": layers, "t_v": t_v, "t_e": t_e, "t_c": 1.0 / bandwidth}
+    if forward:
+        fields["t_v_forward"], fields["t_e_forward"] = joint_rates(forward, per_unit_work(program, backward=False))
+    if op_rates:
+        fields["op_rates"] = [{"op": r.op, "forward": r.forward, "backward": r.backward} for r in op_rates]
+    return fields
 
 
 def describe_unit_costs(profile) -> str:
@@ -121,4 +221,11 @@ def describe_unit_costs(profile) -> str:
 
     lines.append(f"  cost model: t_v {rate(profile.t_v, 's per vertex per d_in*d_out')}, "
                  f"t_e {rate(profile.t_e, 's per edge per feature')}, t_c {rate(profile.t_c, 's per byte')}")
+    lines.append(f"  forward alone (the evaluation pass): t_v {rate(profile.t_v_forward, 's')}, "
+                 f"t_e {rate(profile.t_e_forward, 's')}")
+    if profile.op_rates:
+        lines.append("  other ops (ns per element forward / backward; call: us per op; optimizer_call: us per tensor):")
+        for r in profile.op_rates:
+            scale, unit = (1e6, "us") if r.op.endswith("call") else (1e9, "ns")
+            lines.append(f"    {r.op:>14s} {r.forward * scale:10.3f} / {r.backward * scale:10.3f} {unit}")
     return "\n".join(lines) + "\n"

@@ -32,7 +32,8 @@ from collections.abc import Sequence
 import sympy
 from sympy import Symbol
 
-from gnnc.passes.cost.compute import compute_backward, compute_forward, gemm_time, layer_memory
+from gnnc.passes.cost.compute import (call_ops, compute_backward, compute_forward, edge_ops, gemm_time, layer_memory,
+                                      row_ops)
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import Max, N, E_tot, b, alpha, LayerShape, Cost, ZERO
 
@@ -135,8 +136,11 @@ def pipeline(start: int, end: int, shapes: Sequence[LayerShape], split: Sequence
         for layer in range(a, z):
             shape = shapes[layer - start]
             w = shape.width(layer)
-            fwd.append(compute_forward(layer, shape, rows, edges))
-            bwd.append(compute_backward(layer, shape, rows, edges))
+            # the layer's other ops (gnnc.passes.cost.ops) on the member's rows, dispatched once per chunk
+            fwd.append(compute_forward(layer, shape, rows, edges) + row_ops(layer, rows, rows, "f")
+                       + edge_ops(layer, edges, "f") + K * call_ops(layer, "f"))
+            bwd.append(compute_backward(layer, shape, rows, edges) + row_ops(layer, rows, rows, "b")
+                       + edge_ops(layer, edges, "b") + K * call_ops(layer, "b"))
             mem.append(layer_memory(layer, shape, rows, GR + HR / G, rows, edges) + b * N * w)
             if G > 1:
                 exch = Max(GS, GR) * w * b / bw_group + K * (G - 1) * alpha

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sympy
 
 from gnnc.passes.cost.collectives import all_to_all_time, reduce_scatter_time, all_gather_time
+from gnnc.passes.cost.epoch import with_evaluation
 from gnnc.passes.cost.symbols import P, N, b, V, d, Cost, ZERO, zero_cost
 from gnnc.plan.strategies import LAYOUTS, STRATEGIES
 
@@ -63,10 +64,11 @@ def boundary(prev: str | None, nxt: str | None, layer: int, needs_grad: bool = T
 
     The input features are static: the loader lays them out as the first
     segment wants (P3 loads feature slices), so entering costs nothing. The
-    loss reads owned rows, which every multi-worker strategy leaves.
+    loss reads owned rows, which every multi-worker strategy leaves. The
+    evaluation pass changes the layout again, forward (gnnc.passes.cost.epoch).
     """
     if prev is None or nxt is None:
         return zero_cost(f"{prev}->{nxt}")
     src = STRATEGIES[prev].layout_out
     dst = STRATEGIES[nxt].layout_in
-    return transition(src, dst, d(layer), needs_grad)
+    return with_evaluation(transition(src, dst, d(layer), needs_grad), layer, layer)

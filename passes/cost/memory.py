@@ -51,6 +51,7 @@ from gnnc.passes.cost.symbols import LayerShape, b, b_idx, d, heads
 PROCESS_BASELINE_BYTES = 329_195_520
 # Adam keeps a gradient, exp_avg and exp_avg_sq beside each parameter.
 OPTIMIZER_COPIES = 3
+WARN_FRACTION = 0.8  # a prediction above this share of the memory there is gets a warning (plan and run)
 # the per-process counts `layer_memory` is evaluated on, one value per process
 IN, HALO, OUT, EDGES, WIDTH = (Symbol(name, nonnegative=True)
                                for name in ("in_rows", "halo_rows", "out_rows", "edges", "in_width"))

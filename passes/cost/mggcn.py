@@ -4,9 +4,9 @@ from __future__ import annotations
 import sympy
 
 from gnnc.passes.cost.collectives import broadcast_time
-from gnnc.passes.cost.compute import gemm_time, spmm_time, attention_time, compute_backward
+from gnnc.passes.cost.compute import call_ops, compute_backward, dense_map_time, edge_ops, row_ops, spmm_time
 from gnnc.passes.cost.registry import cost_formula
-from gnnc.passes.cost.symbols import Max, P, N, V_max, b, b_idx, bw, alpha, V, E, d, heads, LayerShape, Cost, ZERO
+from gnnc.passes.cost.symbols import Max, P, N, V_max, b, b_idx, bw, alpha, V, E, d, LayerShape, Cost, ZERO
 
 
 @cost_formula("bcast1d")
@@ -31,20 +31,27 @@ def bcast1d(layer: int, shape: LayerShape, staged: bool = True) -> Cost:
     the block received from rank j while stage j+1 is in flight, so a worker
     holds two blocks (2·V_max rows) of the broadcast value, not N; without it
     every block is gathered first (N rows held) and the multiply waits for
-    the last stage.
+    the last stage. The layer's other ops (gnnc.passes.cost.ops) run on its
+    V_i rows; its edge ops beside the multiply, block by block.
     """
     w = shape.width(layer)
     stages = N * w * b / bw + P * sympy.ceiling(sympy.log(P, 2)) * alpha
     first = broadcast_time(V_max * w * b)
     rest = stages - first
-    window = first + Max(rest, spmm_time(E, w)) if staged else stages + spmm_time(E, w)
-    fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
-           + (attention_time(E, heads(layer)) if shape.attention else ZERO) + window)
-    bwd = compute_backward(layer, shape, V, ZERO)
+
+    def window(phase: str) -> sympy.Expr:
+        multiply = spmm_time(E, w) + edge_ops(layer, E, phase)
+        return first + Max(rest, multiply) if staged else stages + multiply
+
+    fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
+           + call_ops(layer, "f") + window("f"))
+    bwd = compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
     nbytes = V * w * (P - 1) * b
     if shape.exchange_grad:
-        bwd += window
+        bwd += window("b")
         nbytes += (N - V) * w * b
+    else:
+        bwd += edge_ops(layer, E, "b")
     held = 2 * V_max if staged else N
     memory = b * (V * d(layer) + held * w + V * shape.out_width(layer)) + E * (b_idx + b)
     return Cost(f"bcast1d[{layer}]", (fwd, bwd), nbytes, memory)

@@ -17,11 +17,11 @@ import sympy
 from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_to_all_time, all_gather_time, any_moved
-from gnnc.passes.cost.compute import (gemm_time, spmm_time, attention_time, compute_forward, compute_backward,
-                                      layer_memory)
+from gnnc.passes.cost.compute import (dense_map_time, spmm_time, compute_forward, compute_backward, layer_memory,
+                                      call_ops, copy_time, edge_ops, layer_ops, row_ops)
 from gnnc.passes.cost.evaluation import compile_expr, table
 from gnnc.passes.cost.registry import cost_formula
-from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, heads, hop_vertices, hop_edges,
+from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, hop_vertices, hop_edges,
                                       comm_rows, comm_sent, recompute_rows, recompute_edges, RX, LayerShape,
                                       CostInputs, Cost, ZERO)
 
@@ -42,12 +42,15 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     dense map runs first, else d_in); (2) a layer reading the input features
     sends nothing back (x has no gradient), so its traffic is half of the
     2·b·H·|B_i| above; (3) time is full-duplex alpha-beta,
-    max(S_i, B_i)·width·b/bw + (P-1)·alpha.
+    max(S_i, B_i)·width·b/bw + (P-1)·alpha; (4) the layer's other ops
+    (gnnc.passes.cost.ops: activations, bias, dropout, attention scores, the
+    dense layer after it) on its V_i rows and E_i edges, and the rows packed
+    and assembled around the exchange ((S_i + B_i)·width copies).
 
     The schedule (gnnc.plan.schedule_attrs) prices in: `overlap` (the halo split
     into start and wait): the work on edges with a held source, E_i - Er_i
-    (and the attention scores, computed while the feature rows are in
-    flight), overlaps the exchange (max, not sum), as NeutronStar computes
+    (the aggregation and the edge ops, which run per source part),
+    overlaps the exchange (max, not sum), as NeutronStar computes
     while chunks are in flight; without it every edge waits. `bins` (G3):
     with k > 1 bins, the bins whose rows have no remote in-neighbour (Ein_i
     edges) run while the halo is in flight (eager computation), and backward
@@ -56,27 +59,30 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     w = shape.width(layer)
     gemm_rows = V
     exch = all_to_all_time(S * w * b, B * w * b)
-    attention = attention_time(E, heads(layer)) if shape.attention else ZERO
-    gemm = gemm_time(gemm_rows, d(layer), shape.out_width(layer), shape.gemms)
+    gemm = dense_map_time(layer, shape, gemm_rows)
+
+    def edge_work(edges: sympy.Expr, phase: str) -> sympy.Expr:
+        return spmm_time(edges, w) + edge_ops(layer, edges, phase)
+
     if bins > 1:
-        held = spmm_time(E_in, w) + (attention_time(E_in, heads(layer)) if shape.attention else ZERO)
-        rest = spmm_time(E - E_in, w) + (attention_time(E - E_in, heads(layer)) if shape.attention else ZERO)
+        held, rest = edge_work(E_in, "f"), edge_work(E - E_in, "f")
         window = Max(exch, held) + rest if overlap else exch + held + rest
     elif overlap:
-        window = Max(exch, attention + spmm_time(E - E_r, w)) + spmm_time(E_r, w)
+        window = Max(exch, edge_work(E - E_r, "f")) + edge_work(E_r, "f")
     else:
-        window = exch + attention + spmm_time(E, w)
-    fwd = gemm + window
-    bwd_dense = compute_backward(layer, shape, gemm_rows, ZERO)
+        window = exch + edge_work(E, "f")
+    fwd = gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + copy_time((S + B) * w, "f") + window
+    bwd_dense = compute_backward(layer, shape, gemm_rows, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
     nbytes = S * w * b
     if shape.exchange_grad:
+        bwd = bwd_dense + copy_time((S + B) * w, "b")
         if overlap:
-            bwd = bwd_dense + Max(exch, spmm_time(E - E_r, w)) + spmm_time(E_r, w)
+            bwd += Max(exch, edge_work(E - E_r, "b")) + edge_work(E_r, "b")
         else:
-            bwd = bwd_dense + exch + spmm_time(E, w)
+            bwd += exch + edge_work(E, "b")
         nbytes += B * w * b
     else:
-        bwd = bwd_dense
+        bwd = bwd_dense + edge_ops(layer, E, "b")
     if bins > 1:
         bwd += _bin_recompute(layer, shape, V, E)
     memory = layer_memory(layer, shape, V, B, V, E)
@@ -85,12 +91,10 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
 
 def _bin_recompute(layer: int, shape: LayerShape, rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
     """The forward work backward repeats when a layer runs in bins: what runs per bin (the aggregation,
-    the attention, and the dense map when it comes after the aggregation)."""
-    t = spmm_time(edges, shape.width(layer))
-    if shape.attention:
-        t += attention_time(edges, heads(layer))
+    the edge ops, and the dense map when it comes after the aggregation)."""
+    t = spmm_time(edges, shape.width(layer)) + edge_ops(layer, edges, "f")
     if not shape.gemm_first:
-        t += gemm_time(rows, d(layer), shape.out_width(layer), shape.gemms)
+        t += dense_map_time(layer, shape, rows)
     return t
 
 
@@ -121,7 +125,8 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
     the segment, so workers meet only at its ends: one forward and one
     backward stage. The weight all-reduce is a separate `grad_allreduce`.
     This is NeutronStar's DepCache cost (Eq. 1-3: T_v per computed vertex,
-    T_e per edge) with op-aware T_v, T_e.
+    T_e per edge) with op-aware T_v, T_e; the layer's other ops
+    (gnnc.passes.cost.ops) run on the same rows and edges.
 
     Beyond the seed: a segment that starts after layer 0 must first fetch
     the rows of h^start in its k-hop neighbourhood (HV_k - V_i rows, and
@@ -138,8 +143,10 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
         layer = start + m
         in_rows, out_rows, edges = hop_vertices(k - m), hop_vertices(k - 1 - m), hop_edges(k - 1 - m)
         gemm_rows = in_rows if shape.gemm_first else out_rows
-        fwd_terms.append(compute_forward(layer, shape, gemm_rows, edges))
-        bwd_terms.append(compute_backward(layer, shape, gemm_rows, edges))
+        fwd_terms.append(compute_forward(layer, shape, gemm_rows, edges)
+                         + layer_ops(layer, in_rows, out_rows, edges, "f"))
+        bwd_terms.append(compute_backward(layer, shape, gemm_rows, edges)
+                         + layer_ops(layer, in_rows, out_rows, edges, "b"))
         if bins > 1:
             bwd_terms.append(_bin_recompute(layer, shape, out_rows, edges))
         memory_terms.append(layer_memory(layer, shape, in_rows, ZERO, out_rows, edges))
@@ -218,22 +225,28 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
     rg = (RX if first else recompute_rows(layer - 1)) if shape.gemm_first else rv
     # a worker that moves no row at this layer starts no message (its ring posts nothing)
     exch = all_to_all_time(cs * w * b, cr * w * b, (P - 1) * any_moved(cs + cr))
-    local_f = spmm_time(E - E_r, w) + compute_forward(layer, shape, rg, re)
+
+    def own_edges(edges: sympy.Expr, phase: str) -> sympy.Expr:
+        return spmm_time(edges, w) + edge_ops(layer, edges, phase)
+
+    def recompute(phase: str) -> sympy.Expr:  # the cached dependencies' rows: kernels and other ops
+        kernels = compute_forward(layer, shape, rg, re) if phase == "f" else compute_backward(layer, shape, rg, re)
+        return kernels + row_ops(layer, rg, rv, phase) + edge_ops(layer, re, phase)
 
     def window(exchange: sympy.Expr, local: sympy.Expr) -> sympy.Expr:
         return Max(exchange, local) if overlap else exchange + local
 
-    fwd = (gemm_time(V, d(layer), shape.out_width(layer), shape.gemms)
-           + (attention_time(E, heads(layer)) if shape.attention else ZERO)
-           + window(exch, local_f) + spmm_time(E_r, w))
-    bwd = compute_backward(layer, shape, V, ZERO)
-    local_b = compute_backward(layer, shape, rg, re)
+    fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
+           + call_ops(layer, "f") + copy_time((cs + cr) * w, "f")
+           + window(exch, own_edges(E - E_r, "f") + recompute("f")) + own_edges(E_r, "f"))
+    bwd = compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
     nbytes = cs * w * b
     if shape.exchange_grad:
-        bwd += window(exch, spmm_time(E - E_r, w) + local_b) + spmm_time(E_r, w)
+        bwd += (copy_time((cs + cr) * w, "b") + window(exch, own_edges(E - E_r, "b") + recompute("b"))
+                + own_edges(E_r, "b"))
         nbytes += cr * w * b
     else:
-        bwd += local_b
+        bwd += recompute("b") + edge_ops(layer, E, "b")
     if bins > 1:
         bwd += _bin_recompute(layer, shape, V + rv, E + re)
     # the recomputed rows come with their own inputs and structure
@@ -292,7 +305,11 @@ def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShap
 def _unit_formulas(layer: int, shape: LayerShape) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
     """`hybrid_unit_costs`' formulas for one layer: seconds per recomputed row, per recomputed edge and
     per communicated row, and the worker's time on its own rows (cached: every span shares them)."""
-    return (compute_forward(layer, shape, 1, 0) + compute_backward(layer, shape, 1, 0),
-            compute_forward(layer, shape, 0, 1) + compute_backward(layer, shape, 0, 1),
+    # a recomputed row: its dense map and its other ops, in and out (its input row and itself)
+    return (compute_forward(layer, shape, 1, 0) + compute_backward(layer, shape, 1, 0)
+            + row_ops(layer, 1, 1, "f") + row_ops(layer, 1, 1, "b"),
+            compute_forward(layer, shape, 0, 1) + compute_backward(layer, shape, 0, 1)
+            + edge_ops(layer, 1, "f") + edge_ops(layer, 1, "b"),
             shape.width(layer) * b / bw * (2 if shape.exchange_grad else 1),
-            compute_forward(layer, shape, V, E) + compute_backward(layer, shape, V, E))
+            compute_forward(layer, shape, V, E) + compute_backward(layer, shape, V, E)
+            + layer_ops(layer, V, V, E, "f") + layer_ops(layer, V, V, E, "b"))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gnnc.passes.cost.collectives import all_reduce_time, reduce_scatter_time, all_gather_time
-from gnnc.passes.cost.compute import gemm_time, spmm_time, attention_time
+from gnnc.passes.cost.compute import dense_map_time, layer_ops, spmm_time
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import P, N, E_tot, b, b_idx, V, E, d, heads, LayerShape, Cost, ZERO
 
@@ -27,21 +27,23 @@ def pushpull(layer: int, shape: LayerShape, structure_push: bool = False) -> Cos
     per vertex and head.
 
     Beyond the seed: P3 pipelines minibatches (2F2B); this is the
-    full-graph, unpipelined step, with alpha-beta collectives.
+    full-graph, unpipelined step, with alpha-beta collectives. The layer's
+    other ops (gnnc.passes.cost.ops) run before the pull on every vertex's
+    slice (N/P full rows' worth: the input features' dropout), on every edge,
+    and after it on the owned rows.
     """
     f = d(layer) / P
     out_w = shape.out_width(layer)
     w = out_w if shape.gemm_first else f
-    gemm = gemm_time(N, f, out_w, shape.gemms)
+    gemm = dense_map_time(layer, shape, N, f)
     spmm = spmm_time(E_tot, w)
-    att = attention_time(E_tot, heads(layer)) if shape.attention else ZERO
     scores = all_reduce_time(2 * N * heads(layer) * b) if shape.attention else ZERO
     push = all_gather_time((E_tot - E) * b_idx) if structure_push else ZERO
     pull = reduce_scatter_time((N - V) * out_w * b)
-    fwd = push + gemm + att + scores + spmm + pull
+    fwd = push + gemm + scores + spmm + pull + layer_ops(layer, N / P, V, E_tot, "f")
     grad_push = all_gather_time((N - V) * out_w * b)
     bwd = (grad_push + gemm * (2 if shape.input_grad else 1) + (spmm if shape.exchange_grad else ZERO)
-           + att + (scores if shape.attention else ZERO))
+           + (scores if shape.attention else ZERO) + layer_ops(layer, N / P, V, E_tot, "b"))
     nbytes = (N - V) * out_w * b + V * out_w * (P - 1) * b
     if structure_push:
         nbytes += E * (P - 1) * b_idx

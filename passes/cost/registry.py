@@ -8,7 +8,8 @@ the built-in formula of a plannable strategy wherever the planner evaluates
 it. A per-layer formula is `fn(layer, shape, **options)`, a segment one
 `fn(start, end, shapes, **options)`; a user's is always `fn(start, end,
 shapes)`. The family modules register on import (`gnnc.passes.cost`'s
-`__init__` imports them all).
+`__init__` imports them all). What the planner prices is the formula's cost
+with the run's evaluation pass appended (gnnc.passes.cost.epoch).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gnnc.errors import GnncError
+from gnnc.passes.cost.epoch import with_evaluation
 from gnnc.passes.cost.symbols import LayerShape, Cost
 from gnnc.plan.strategies import names, strategy
 
@@ -80,20 +82,25 @@ def user_cost(name: str) -> Formula | None:
 
 
 def segment_cost(strategy_name: str, start: int, end: int, shapes: Sequence[LayerShape], **options: Any) -> Cost:
-    """The built-in formula of `strategy_name` on layers [start, end) (per-layer strategies: end = start + 1)."""
+    """The built-in formula of `strategy_name` on layers [start, end) (per-layer strategies: end = start + 1),
+    with the evaluation pass's stages (a whole-model strategy's stages are its own: none added)."""
     fn = _FORMULAS.get((strategy_name, "full"))
     if fn is None:
         raise ValueError(f"no cost formula for strategy {strategy_name!r}")
-    if strategy(strategy_name).span == "layer":
+    sd = strategy(strategy_name)
+    if sd.span == "layer":
         if end != start + 1 or len(shapes) != 1:
             raise ValueError(f"{strategy_name} runs one layer at a time; got layers [{start}, {end})")
-        return fn(start, shapes[0], **options)
-    return fn(start, end, shapes, **options)
+        return with_evaluation(fn(start, shapes[0], **options), start, end)
+    cost = fn(start, end, shapes, **options)
+    return cost if sd.whole_model else with_evaluation(cost, start, end)
 
 
 def planner_cost(strategy_name: str, start: int, end: int, shapes: Sequence[LayerShape]) -> Cost:
-    """What the planner prices a segment with: the user's function where one is registered, else the built-in."""
+    """What the planner prices a segment with: the user's function where one is registered, else the built-in
+    (either with the evaluation pass's stages)."""
     user = _USER_COSTS.get(strategy_name)
     if user is not None:
-        return user(start, end, shapes)
+        cost = user(start, end, shapes)
+        return cost if strategy(strategy_name).whole_model else with_evaluation(cost, start, end)
     return segment_cost(strategy_name, start, end, shapes)

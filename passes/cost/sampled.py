@@ -22,6 +22,8 @@ sends the partial sums of the others' destinations to their owners
 ((SDt_0 - SD_0_i) w b, w the layer's output width) and, backward, pushes its
 own destinations' gradient to every worker ((P-1) SD_0_i w b). P3's win is
 d_0 SR against w (SDt_0 + (P-2) SD_0) plus the structure: large when F >> H.
+Each layer's other ops (gnnc.passes.cost.ops) run on its blocks' rows and
+edges, dispatched once per minibatch (NB calls).
 Compute and communication add within a step; the 2F2B pipeline (approximate)
 overlaps a step's exchanges with other minibatches' compute, priced here as
 the max of the two per phase. Alpha: one message start per peer per
@@ -34,10 +36,10 @@ import sympy
 from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_gather_time, all_to_all_time, reduce_scatter_time
-from gnnc.passes.cost.compute import attention_time, compute_backward, compute_forward, gemm_time, layer_memory, \
-    spmm_time
+from gnnc.passes.cost.compute import (call_ops, compute_backward, compute_forward, dense_map_time, edge_ops, layer_memory,
+                                      row_ops, spmm_time)
 from gnnc.passes.cost.registry import cost_formula
-from gnnc.passes.cost.symbols import Max, P, alpha, b, b_idx, bw, d, heads, LayerShape, Cost, ZERO
+from gnnc.passes.cost.symbols import Max, P, alpha, b, b_idx, bw, d, LayerShape, Cost, ZERO
 
 NB = Symbol("NB", positive=True)
 SVt_0 = Symbol("SVt_0", nonnegative=True)
@@ -81,11 +83,17 @@ def _rows(layer: int, shape: LayerShape) -> sympy.Expr:
     return sources(layer) if shape.gemm_first else destinations(layer)
 
 
+def _ops(layer: int, phase: str) -> sympy.Expr:
+    """A layer's other ops on its blocks (sources in, destinations out), once per minibatch."""
+    return (row_ops(layer, sources(layer), destinations(layer), phase) + edge_ops(layer, edges(layer), phase)
+            + NB * call_ops(layer, phase))
+
+
 @cost_formula("dp-sample", batching="sampled")
 def dp_sample(layer: int, shape: LayerShape, overlap: bool = False) -> Cost:
     """DistDGL: the worker's own seeds' blocks, locally; the first layer first pulls its remote input rows."""
-    fwd = compute_forward(layer, shape, _rows(layer, shape), edges(layer))
-    bwd = compute_backward(layer, shape, _rows(layer, shape), edges(layer))
+    fwd = compute_forward(layer, shape, _rows(layer, shape), edges(layer)) + _ops(layer, "f")
+    bwd = compute_backward(layer, shape, _rows(layer, shape), edges(layer)) + _ops(layer, "b")
     memory = layer_memory(layer, shape, sources(layer) / NB, ZERO, destinations(layer) / NB, edges(layer) / NB)
     if layer != 0:
         return Cost(f"dp-sample[{layer}]", (fwd, bwd), ZERO, memory)
@@ -103,14 +111,18 @@ def pushpull_sampled(layer: int, shape: LayerShape, overlap: bool = False) -> Co
     f = d(layer) / P
     out_w = shape.out_width(layer)
     w = out_w if shape.gemm_first else f
-    gemm = gemm_time(SVt_0 if shape.gemm_first else SDt_0, f, out_w, shape.gemms)
+    gemm = dense_map_time(layer, shape, SVt_0 if shape.gemm_first else SDt_0, f)
     spmm = spmm_time(SEt_0, w)
-    att = attention_time(SEt_0, heads(layer)) if shape.attention else ZERO
+    # every worker runs every first block's other ops on its slice (the rows' worth of SVt_0 / P)
+    ops = (row_ops(layer, SVt_0 / P, destinations(layer), "f") + edge_ops(layer, SEt_0, "f")
+           + NB * call_ops(layer, "f"))
+    ops_b = (row_ops(layer, SVt_0 / P, destinations(layer), "b") + edge_ops(layer, SEt_0, "b")
+             + NB * call_ops(layer, "b"))
     push = all_gather_time((SKt - SK) * b_idx) + NB * (P - 1) * alpha
     pull = reduce_scatter_time((SDt_0 - destinations(layer)) * out_w * b) + NB * (P - 1) * alpha
     grad_push = all_gather_time((SDt_0 - destinations(layer)) * out_w * b) + NB * (P - 1) * alpha
-    compute_f = gemm + att + spmm
-    compute_b = gemm + (spmm if shape.exchange_grad else ZERO) + att
+    compute_f = gemm + spmm + ops
+    compute_b = gemm + (spmm if shape.exchange_grad else ZERO) + ops_b
     if overlap:
         fwd, bwd = Max(compute_f, push + pull), Max(compute_b, grad_push)
     else:

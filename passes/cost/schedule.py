@@ -25,7 +25,7 @@ import sympy
 from gnnc.ir.expr import as_expr
 from gnnc.passes.cost.evaluation import evaluate, evaluate_cost
 from gnnc.passes.cost.layouts import boundary
-from gnnc.passes.cost.symbols import R_gemm, R_spmm, alpha, bw
+from gnnc.passes.cost.symbols import R_gemm, R_gemm_e, R_spmm, R_spmm_e, alpha, bw
 from gnnc.plan.strategies import STRATEGIES
 
 if TYPE_CHECKING:  # the planner's priced tables; importing it at run time would be a cycle (it calls us)
@@ -68,14 +68,14 @@ def _op_of(term) -> str:
     """What a term does, read off the rates it divides by (module comment above)."""
     syms = term.free_symbols
     comm = bool(syms & {bw, alpha})
-    rates = syms & {R_gemm, R_spmm}
-    if comm and rates:
+    gemm, spmm = bool(syms & {R_gemm, R_gemm_e}), bool(syms & {R_spmm, R_spmm_e})
+    if comm and (gemm or spmm):
         return "mixed"
     if comm:
         return "communication"
-    if R_gemm in rates:
-        return "dense" if R_spmm not in rates else "compute"
-    return "aggregation" if rates else "compute"
+    if gemm:
+        return "dense" if not spmm else "compute"
+    return "aggregation" if spmm else "compute"
 
 
 def _term_layer(term, layers: Sequence[int], op: str) -> int | None:
@@ -218,7 +218,9 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
 
     Stages in the order they run: for each segment its forward stages (after the layout transition
     into it, if any), then the segments' backward stages in reverse (each followed by its
-    transition's backward), then the gradient all-reduce. Every stage lasts as long as its slowest
+    transition's backward), then the gradient all-reduce and the optimizer step; then the
+    evaluation pass (each transition's and segment's evaluation stages, in forward order;
+    gnnc.passes.cost.epoch). Every stage lasts as long as its slowest
     worker (the cost model's rule), so stage k starts where stage k-1's slowest worker ended; the
     total is the planner's predicted epoch time. Each stage lists its pieces with their start and
     duration per worker (seconds from the epoch's start); pieces sharing an `overlap` id run side
@@ -228,6 +230,7 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
     gemm_first = {i: shape.gemm_first for i, shape in enumerate(priced.shapes)}
     forward: list[_StageSpec] = []
     backward: list[list[_StageSpec]] = []  # per segment: its backward stages, then its transition's
+    evaluation: list[_StageSpec] = []
     prev = None
     for seg in segments:
         into_f: list[_StageSpec] = []
@@ -235,22 +238,28 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
         if prev is not None and prev != seg.strategy:
             cost = boundary(prev, seg.strategy, seg.start)
             value = evaluate_cost(cost, inputs)
-            for (direction, into), expr, times in zip((("forward", into_f), ("backward", into_b)), cost.stages,
-                                                      value.stage_times):
-                into.append((expr, times, None, {"kind": "transition", "strategy": f"{prev}->{seg.strategy}",
-                                                 "segment": None, "direction": direction, "layers": []},
+            info = {"kind": "transition", "strategy": f"{prev}->{seg.strategy}", "segment": None, "layers": []}
+            train = len(cost.training_stages)
+            for k, (direction, into) in enumerate((("forward", into_f), ("backward", into_b))[:train]):
+                into.append((cost.stages[k], value.stage_times[k], None, {**info, "direction": direction},
                              _DEFAULT_ORDER))
+            for k in range(train, len(cost.stages)):
+                evaluation.append((cost.stages[k], value.stage_times[k], None, {**info, "direction": "evaluation"},
+                                   _DEFAULT_ORDER))
         key = (seg.start, seg.end, seg.strategy)
         cost, value, extra = priced.formulas[key], priced.values[key], priced.extras[key]
         order = _FORWARD_ORDER.get(seg.strategy, _DEFAULT_ORDER)
         seg_f: list[_StageSpec] = []
         seg_b: list[_StageSpec] = []
         whole = STRATEGIES[seg.strategy].whole_model
-        for (direction, layers), expr, times in zip(_segment_stages(seg.start, seg.end, len(cost.stages), whole),
-                                                    cost.stages, value.stage_times):
+        train = len(cost.training_stages)
+        kinds = _segment_stages(seg.start, seg.end, train, whole)
+        kinds += [("evaluation", layers) for direction, layers in kinds if direction == "forward"][:cost.evaluation]
+        for (direction, layers), expr, times in zip(kinds, cost.stages, value.stage_times):
             info = {"kind": "segment", "strategy": seg.strategy, "segment": [seg.start, seg.end],
                     "direction": direction, "layers": layers}
-            (seg_b if direction == "backward" else seg_f).append((expr, times, extra, info, order))
+            into = {"backward": seg_b, "evaluation": evaluation}.get(direction, seg_f)
+            into.append((expr, times, extra, info, order))
         forward += into_f + seg_f
         backward.append(seg_b + into_b)
         prev = seg.strategy
@@ -260,22 +269,38 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
     buckets = [(expr, times, None, {"kind": "allreduce", "strategy": None, "segment": None, "direction": "backward",
                                     "layers": []}, _DEFAULT_ORDER)
                for expr, times in zip(ar.stages, priced.allreduce.stage_times) if reduced]
+    step = _optimizer_stage(priced)
     overlap = bool(getattr(priced, "grad_overlap", False))
     stages, clock = [], 0.0
-    for expr, times, extra, info, order in forward + [s for block in reversed(backward) for s in block] + (
-            [] if overlap else buckets):
-        if float(np.max(times)) <= 0.0:
-            continue  # nothing happens (e.g. a layout change that is free forward)
-        record = _stage_record(expr, times, clock, lambda e, x=extra: evaluate(e, inputs, x), info, order,
-                               gemm_first)
-        stages.append(record)
-        clock += record["time_s"]
+
+    def draw(specs: list[_StageSpec]) -> None:
+        nonlocal clock
+        for expr, times, extra, info, order in specs:
+            if float(np.max(times)) <= 0.0:
+                continue  # nothing happens (e.g. a layout change that is free forward)
+            record = _stage_record(expr, times, clock, lambda e, x=extra: evaluate(e, inputs, x), info, order,
+                                   gemm_first)
+            stages.append(record)
+            clock += record["time_s"]
+
+    draw(forward + [s for block in reversed(backward) for s in block] + ([] if overlap else buckets))
     if overlap and buckets:
         record = _overlapped_allreduce(buckets, stages, clock, getattr(priced, "grad_ready", ()), len(priced.shapes))
         stages.append(record)
         clock += record["time_s"]
+    draw(step + evaluation)
     return {"per": "worker", "workers": inputs.workers, "cluster": inputs.profile.name, "time_s": clock,
             "stages": stages}
+
+
+def _optimizer_stage(priced: PricedPlan) -> list[_StageSpec]:
+    """The optimizer's stage, after the all-reduce (none for a priced plan without one)."""
+    cost, value = getattr(priced, "epoch_cost", None), getattr(priced, "epoch", None)
+    if cost is None or value is None:
+        return []
+    return [(expr, times, None, {"kind": "optimizer", "strategy": None, "segment": None, "direction": "step",
+                                 "layers": []}, _DEFAULT_ORDER)
+            for expr, times in zip(cost.stages, value.stage_times)]
 
 
 def _overlapped_allreduce(buckets: list[_StageSpec], stages: list[dict[str, Any]], end: float,

@@ -153,4 +153,5 @@ def scheduled_plan(program: Program, priced: Any, extras: dict[tuple[int, int, s
                               sympy.Add(*(c.bytes for c in buckets)), sympy.Integer(0))
     return dataclasses.replace(priced, formulas=formulas, values=values, extras=segment_extras,
                                allreduce_cost=allreduce_cost, allreduce=evaluate_cost(allreduce_cost, priced.inputs),
+                               epoch=evaluate_cost(priced.epoch_cost, priced.inputs),
                                grad_ready=ready, grad_overlap=program_schedule(program).grad_overlap)

@@ -27,6 +27,13 @@ Layers are numbered from 0: layer l reads h^l (h^0 = x, width d_l) and
 writes h^{l+1} (width d_{l+1}). `LayerShape` carries what the IR knows about
 a layer's ops (how many weight matrices, whether the dense map runs before
 the aggregation, attention, whether its input needs a gradient).
+
+Every other op of the epoch (activations, bias, dropout, attention scores,
+the loss, the dense layers between graph layers) is priced per row and per
+edge through `op_time` symbols, one per graph layer, side and phase, whose
+values `LayerOpWork` computes from what gnnc.passes.cost.ops counted in the
+IR and the profile's measured rates; the formulas charge them on the rows
+and edges each strategy computes.
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ from sympy import Symbol
 
 from gnnc.cluster import ClusterProfile
 from gnnc.ir.expr import as_expr
+from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 
 
 def Max(*args: sympy.Expr) -> sympy.Expr:
@@ -55,12 +63,17 @@ P = Symbol("P", positive=True)  # workers
 N = Symbol("N", positive=True)  # vertices of the graph
 E_tot = Symbol("E_tot", positive=True)  # edges of the graph (in-edges of all vertices)
 V_max = Symbol("V_max", positive=True)  # the largest part's vertex count
-b = Symbol("b", positive=True)  # bytes per feature element (4 for float32)
+b = Symbol("b", positive=True)  # bytes per feature element (4 for float32, 2 at bf16/fp16)
+b_grad = Symbol("b_grad", positive=True)  # bytes per parameter-gradient element (4: fp32 master weights)
 b_idx = Symbol("b_idx", positive=True)  # bytes per stored edge index (8 for int64)
 bw = Symbol("bw", positive=True)  # bytes/s one worker sends to its peers
 alpha = Symbol("alpha", nonnegative=True)  # seconds to start one message
 R_gemm = Symbol("R_gemm", positive=True)  # FLOP/s of dense maps
 R_spmm = Symbol("R_spmm", positive=True)  # edge-feature multiply-adds/s of aggregations
+# the same rates forward alone, as the evaluation pass runs its dense maps and aggregations
+R_gemm_e = Symbol("R_gemm_e", positive=True)
+R_spmm_e = Symbol("R_spmm_e", positive=True)
+rho = Symbol("rho_x", positive=True)  # the input features' nonzero fraction, when they are stored sparse (else 1)
 
 # Per worker i (evaluated on arrays with one entry per worker).
 V = Symbol("V_i", nonnegative=True)  # |V_i|: owned vertices
@@ -69,10 +82,6 @@ B = Symbol("B_i", nonnegative=True)  # |B_i|: distinct remote in-neighbours (row
 S = Symbol("S_i", nonnegative=True)  # rows sent per exchange (one per (owned vertex, remote worker) pair)
 E_r = Symbol("Er_i", nonnegative=True)  # in-edges of owned vertices whose source is remote
 E_in = Symbol("Ein_i", nonnegative=True)  # in-edges of the owned vertices with no remote in-neighbour
-
-# Attention: multiply-adds per edge and head beyond the aggregation (score add, leaky_relu + exp,
-# normalisation, dropout mask). An estimate of elementwise edge work; no seed paper gives one.
-ATTENTION_OPS_PER_EDGE = 4
 
 
 def d(layer: int) -> Symbol:
@@ -117,6 +126,50 @@ def recompute_edges(layer: int) -> Symbol:
 
 RX = Symbol("RX_i", nonnegative=True)  # rows of a Hybrid segment's input h^start replicated at worker i
 
+# The ops besides dense maps, aggregations and exchanges (gnnc.passes.cost.ops): seconds per element of a
+# row copied (a halo's rows packed and assembled, forward; split and added back, backward), per parameter
+# element and per parameter tensor of an optimizer step.
+T_copy_f = Symbol("Tcopy_f", nonnegative=True)
+T_copy_b = Symbol("Tcopy_b", nonnegative=True)
+T_opt = Symbol("Topt", nonnegative=True)
+T_opt_call = Symbol("Toptcall", nonnegative=True)
+OP_SIDES = ("in", "out", "edge", "call")
+PHASES = {"f": "forward", "b": "backward", "e": "evaluation"}
+
+
+def op_time(layer: int, side: str, phase: str) -> Symbol:
+    """T<side>_<phase>_l: seconds graph layer l's other ops take (everything but its dense maps,
+    aggregations and exchanges; the dense layer after it and, for layer 0, the one before it, included)
+    per row of its input (side "in": ops before the aggregation, and the dense layer before layer 0),
+    per row of its output ("out": ops after it, and the dense layer after the layer), per edge ("edge"),
+    and once per call ("call": every op's dispatch). Phase f: training forward, b: backward,
+    e: evaluation forward (no dropout, no backward)."""
+    if side not in OP_SIDES or phase not in PHASES:
+        raise ValueError(f"op_time side must be one of {OP_SIDES} and phase one of {tuple(PHASES)}")
+    return Symbol(f"T{side}_{phase}_{layer}", nonnegative=True)
+
+
+@dataclass(frozen=True)
+class LayerOpWork:
+    """What gnnc.passes.cost.ops counted of one graph layer's other ops: (side, op class, elements per row or
+    edge) for every op forward, and for every op with a backward; the ops run forward and backward."""
+
+    forward: tuple[tuple[str, str, float], ...] = ()
+    backward: tuple[tuple[str, str, float], ...] = ()
+    calls_forward: int = 0
+    calls_backward: int = 0
+
+    def seconds(self, profile: Any, side: str, phase: str) -> float:
+        """The value of `op_time(layer, side, phase)` on the rates of `profile` (a ClusterProfile, or anything
+        with its `op_rate(op, direction)`)."""
+        if side == "call":
+            calls = self.calls_backward if phase == "b" else self.calls_forward
+            return calls * profile.op_rate("call", "backward" if phase == "b" else "forward")
+        entries = self.backward if phase == "b" else self.forward
+        direction = "backward" if phase == "b" else "forward"
+        return float(sum(n * profile.op_rate(cls, direction) for s, cls, n in entries  # evaluation: no dropout
+                         if s == side and not (phase == "e" and cls in ("dropout", "dropout_row"))))
+
 
 @dataclass(frozen=True)
 class LayerShape:
@@ -131,6 +184,9 @@ class LayerShape:
     input_grad: the layer's input needs a gradient (False when it reads the
         input features directly: no input gradient, and no backward exchange
         of a value that has none).
+    sparse_gemms: how many of the dense maps read the input features stored
+        sparse (a bag-of-words graph's: gnnc.graph.sparse_if_sparse), which
+        run as sparse-dense products (`compute.dense_map_time`).
     """
 
     gemms: int = 1
@@ -138,6 +194,7 @@ class LayerShape:
     attention: bool = False
     mean_heads: bool = False
     input_grad: bool = True
+    sparse_gemms: int = 0
 
     def out_width(self, layer: int) -> sympy.Expr:
         """Width of the dense map's output (heads x d_out when heads are averaged later)."""
@@ -165,7 +222,9 @@ class CostInputs:
     of an aggregation overlap the exchange; None means unknown, and then no
     overlap is assumed (every edge waits for the exchange). `inner_edges` (the
     in-edges of vertices with no remote in-neighbour: the work G3's bins can
-    do before the halo arrives) likewise; None means none.
+    do before the halo arrives) likewise; None means none. `max_in_degree`
+    (the largest in-degree among V_i: the heaviest row a bin of G3's can
+    hold) None means unknown, and no row is heavier than a bin's share.
     """
 
     vertices: np.ndarray
@@ -178,13 +237,16 @@ class CostInputs:
     profile: ClusterProfile
     heads: tuple[float, ...] = ()
     remote_edges: np.ndarray | None = None
-    bytes_per_element: int = 4
+    precision: str = DEFAULT_PRECISION  # of the activations (gnnc.plan.precision): their bytes and the rates
     index_bytes: int = 8
     inner_edges: np.ndarray | None = None
+    op_work: tuple[LayerOpWork, ...] = ()  # per graph layer (gnnc.passes.cost.ops); () prices those ops at 0
+    input_density: float = 1.0  # the input features' nonzero fraction when stored sparse (gnnc.graph.input_density)
+    max_in_degree: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p = len(self.vertices)
-        optional = tuple(k for k in ("remote_edges", "inner_edges") if getattr(self, k) is not None)
+        optional = tuple(k for k in ("remote_edges", "inner_edges", "max_in_degree") if getattr(self, k) is not None)
         for name in ("edges", "remote", "send") + optional:
             if np.shape(getattr(self, name)) != (p,):
                 raise ValueError(f"CostInputs.{name} must have one entry per worker ({p}), "
@@ -200,10 +262,16 @@ class CostInputs:
     def workers(self) -> int:
         return len(self.vertices)
 
+    @property
+    def bytes_per_element(self) -> int:
+        """Bytes of one activation element at this precision."""
+        return element_bytes(self.precision)
+
     @classmethod
     def from_stats(cls, stats: Any, dims: Sequence[float], profile: ClusterProfile, *,
                    heads: Sequence[float] = (), hop_levels: str = "per-level",
-                   remote_edges: np.ndarray | None = None, bytes_per_element: int = 4) -> CostInputs:
+                   remote_edges: np.ndarray | None = None, precision: str = DEFAULT_PRECISION,
+                   op_work: Sequence[LayerOpWork] = (), input_density: float = 1.0) -> CostInputs:
         """Fill from `gnnc.passes.partition.stats.PartStats` (fields vertices, edges, remote, send,
         lhop_vertices, lhop_edges).
 
@@ -220,11 +288,14 @@ class CostInputs:
         if remote_edges is None:
             remote_edges = getattr(stats, "remote_edges", None)
         inner = getattr(stats, "inner_edges", None)
+        heaviest = getattr(stats, "max_in_degree", None)
         return cls(np.asarray(stats.vertices, np.float64), np.asarray(stats.edges, np.float64),
                    np.asarray(stats.remote, np.float64), np.asarray(stats.send, np.float64), hv, he,
                    tuple(float(x) for x in dims), profile, tuple(float(h) for h in heads),
-                   None if remote_edges is None else np.asarray(remote_edges, np.float64), bytes_per_element,
-                   inner_edges=None if inner is None else np.asarray(inner, np.float64))
+                   None if remote_edges is None else np.asarray(remote_edges, np.float64), precision,
+                   inner_edges=None if inner is None else np.asarray(inner, np.float64), op_work=tuple(op_work),
+                   input_density=float(input_density),
+                   max_in_degree=None if heaviest is None else np.asarray(heaviest, np.float64))
 
     @functools.cached_property
     def table(self) -> Mapping[Symbol, np.ndarray]:
@@ -238,11 +309,14 @@ class CostInputs:
         prof = self.profile
         vertices = np.asarray(self.vertices, np.float64)
         edges = np.asarray(self.edges, np.float64)
+        gemm_rate, spmm_rate = prof.rates_at(self.precision)
+        gemm_rate_e, spmm_rate_e = prof.forward_rates_at(self.precision)
         out: dict[Symbol, np.ndarray | float] = {
             P: float(p), N: float(vertices.sum()), E_tot: float(edges.sum()), V_max: float(vertices.max()),
-            b: float(self.bytes_per_element), b_idx: float(self.index_bytes),
+            b: float(self.bytes_per_element), b_grad: float(GRAD_BYTES), b_idx: float(self.index_bytes),
             bw: prof.effective_bandwidth(p), alpha: prof.latency,
-            R_gemm: prof.effective_gemm_rate, R_spmm: prof.effective_spmm_rate,
+            R_gemm: gemm_rate, R_spmm: spmm_rate, rho: float(self.input_density),
+            R_gemm_e: gemm_rate_e, R_spmm_e: spmm_rate_e,
             V: vertices, E: edges, B: np.asarray(self.remote, np.float64), S: np.asarray(self.send, np.float64),
             E_r: edges if self.remote_edges is None else np.asarray(self.remote_edges, np.float64),
             E_in: np.zeros_like(edges) if self.inner_edges is None else np.asarray(self.inner_edges, np.float64),
@@ -254,21 +328,43 @@ class CostInputs:
             out[d(layer)] = float(width)
         for layer in range(max(len(self.dims) - 1, len(self.heads))):
             out[heads(layer)] = float(self.heads[layer]) if layer < len(self.heads) else 1.0
+        out.update({T_copy_f: prof.op_rate("copy", "forward"), T_copy_b: prof.op_rate("copy", "backward"),
+                    T_opt: prof.op_rate("optimizer", "forward"), T_opt_call: prof.op_rate("optimizer_call", "forward")})
+        for layer in range(max(len(self.dims) - 1, len(self.op_work))):
+            work = self.op_work[layer] if layer < len(self.op_work) else LayerOpWork()
+            for side in OP_SIDES:
+                for phase in PHASES:
+                    out[op_time(layer, side, phase)] = work.seconds(prof, side, phase)
         return out
 
 
 @dataclass(frozen=True)
 class Cost:
-    """Per-worker expressions of one strategy on one segment (see the module docstring)."""
+    """Per-worker expressions of one strategy on one segment (see the module docstring).
+
+    evaluation: how many of the last stages are the evaluation forward pass the run makes after each
+    training step (gnnc.passes.cost.epoch adds them: the forward stages again, without dropout);
+    the stages before them are the training step's.
+    """
 
     name: str
     stages: tuple[sympy.Expr, ...]
     bytes: sympy.Expr
     memory: sympy.Expr
+    evaluation: int = 0
+
+    @property
+    def training_stages(self) -> tuple[sympy.Expr, ...]:
+        return self.stages[:len(self.stages) - self.evaluation]
+
+    @property
+    def evaluation_stages(self) -> tuple[sympy.Expr, ...]:
+        return self.stages[len(self.stages) - self.evaluation:]
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(f"{self.name} + {other.name}", self.stages + other.stages, self.bytes + other.bytes,
-                    self.memory + other.memory)
+        return Cost(f"{self.name} + {other.name}",
+                    self.training_stages + other.training_stages + self.evaluation_stages + other.evaluation_stages,
+                    self.bytes + other.bytes, self.memory + other.memory, self.evaluation + other.evaluation)
 
     @property
     def free_symbols(self) -> set[Symbol]:
@@ -280,8 +376,10 @@ class Cost:
     def describe(self) -> str:
         """The formulas as text, for `--explain` and the plan."""
         lines = [f"{self.name}:"]
+        first_eval = len(self.stages) - self.evaluation
         for k, stage in enumerate(self.stages):
-            lines.append(f"  time stage {k} = max over workers i of {stage}")
+            what = "evaluation stage" if k >= first_eval else "time stage"
+            lines.append(f"  {what} {k} = max over workers i of {stage}")
         lines.append(f"  bytes sent by worker i = {self.bytes}")
         lines.append(f"  memory of worker i = {self.memory}")
         return "\n".join(lines)

@@ -37,6 +37,7 @@ class PartStats:
         when its exchange overlaps the local ones (DepComm's overlap).
     inner_edges[i]: in-edges of the vertices of V_i with no remote in-neighbour: the work of G3's bins
         that can run before the halo arrives (eager computation).
+    max_in_degree[i]: the largest in-degree among V_i: the heaviest row one of G3's bins holds.
     lhop_vertices[i, l], l = 0..L: vertices at in-distance exactly l from V_i (l = 0: V_i itself);
         DepCache for L layers replicates the levels 1..L.
     lhop_edges[i, l]: in-edges of the vertices at level l. DepCache computes the in-edges of levels
@@ -67,6 +68,7 @@ class PartStats:
     send_matrix: np.ndarray
     remote_edges: np.ndarray
     inner_edges: np.ndarray
+    max_in_degree: np.ndarray
     lhop_vertices: np.ndarray
     lhop_edges: np.ndarray
     dep_ptr: np.ndarray
@@ -131,6 +133,8 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     boundary = np.zeros(n, dtype=bool)
     boundary[dst[cross]] = True
     inner_edges = np.bincount(part[dst[~boundary[dst]]], minlength=parts)
+    max_in_degree = np.zeros(parts, dtype=np.int64)
+    np.maximum.at(max_in_degree, part, in_degree)
     send_matrix = np.bincount(owner * parts + receiver, minlength=parts * parts).reshape(parts, parts)
     order = np.lexsort((dep, owner, receiver))
     dep_ids = dep[order]
@@ -152,7 +156,7 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     return PartStats(
         parts=parts, layers=layers, view=view, num_nodes=n, num_edges=len(src),
         vertices=vertices, edges=edges, remote=remote, send=send_matrix.sum(axis=1), send_matrix=send_matrix,
-        remote_edges=remote_edges, inner_edges=inner_edges,
+        remote_edges=remote_edges, inner_edges=inner_edges, max_in_degree=max_in_degree,
         lhop_vertices=lhop_vertices, lhop_edges=lhop_edges, dep_ptr=dep_ptr, dep_ids=dep_ids,
         dep_subtree_edges=dep_subtree_edges, dep_subtree_vertices=dep_subtree_vertices, edge_cut=edge_cut,
         replication_factor=float((vertices.sum() + remote.sum()) / n),

@@ -2,9 +2,18 @@
 
 One entry point per kernel checks its arguments (so a shape mistake in a pass
 surfaces here with the shapes named, not deep inside torch.sparse) and picks
-the implementation for the tensors' device: Triton kernels for CUDA tensors
-when `triton` imports, otherwise torch's sparse CSR paths (`cpu.py`, which also
-run on CUDA through cuSPARSE). All are differentiable with torch autograd.
+the implementation: torch's sparse CSR paths (`cpu.py`) on every device, which
+on CUDA are cuSPARSE's SpMM (forward, and over the cached transpose backward)
+and SDDMM and torch's segment reductions; the Triton kernels
+(`triton_kernels.py`, the optional `gnnc[triton]` extra) only for the ops
+`TRITON_OPS` names, where a GPU benchmark showed them faster
+(`benchmarks/kernels.py --device cuda`, `make gpu-check`), and only when triton
+imports and the dtype is one they take; otherwise the torch path. All are
+differentiable with torch autograd.
+
+Under autocast (`--precision bf16|fp16`) SpMM and SDDMM are products like a
+dense matmul: their floating inputs are cast to the autocast type, as torch
+casts a matmul's; the edge softmax runs in float32, as torch runs softmax.
 
 Edge-valued tensors (weights, scores, SDDMM outputs) are in CSR order: entry k
 belongs to the edge `csr.indices[k] -> d` with indptr[d] <= k < indptr[d+1].
@@ -29,8 +38,17 @@ from gnnc.runtime.kernels.cpu import REDUCES, SDDMM_OPS
 __all__ = ["spmm", "spmm_add_", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
 
 
-def _triton_for(*tensors: torch.Tensor) -> ModuleType | None:
-    """The Triton backend when every tensor is a float32/float64 CUDA tensor and triton imports."""
+# The ops whose Triton kernel runs on CUDA instead of torch's path. Empty until a GPU benchmark shows one
+# faster (benchmarks/kernels.py --device cuda prints both side by side, into benchmarks/RESULTS-gpu.md):
+# no GPU has measured them yet, so cuSPARSE and torch's segment ops are the default everywhere.
+TRITON_OPS: frozenset[str] = frozenset()
+
+
+def _triton_for(op: str, *tensors: torch.Tensor) -> ModuleType | None:
+    """The Triton backend for `op` when TRITON_OPS names it, every tensor is a float32/float64 CUDA tensor
+    and triton imports; None otherwise (the torch path)."""
+    if op not in TRITON_OPS:
+        return None
     if not all(t.is_cuda and t.dtype in (torch.float32, torch.float64) for t in tensors):
         return None
     try:
@@ -39,6 +57,18 @@ def _triton_for(*tensors: torch.Tensor) -> ModuleType | None:
     except ImportError:
         return None
     return triton_kernels
+
+
+def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The type autocast computes products in on `t`'s device, or None outside an autocast region."""
+    kind = t.device.type
+    if kind not in ("cpu", "cuda") or not torch.is_autocast_enabled(kind):
+        return None
+    return torch.get_autocast_dtype(kind)
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
+    return t if t is None or dtype is None or not t.is_floating_point() else t.to(dtype)
 
 
 def _check_float(name: str, t: torch.Tensor) -> None:
@@ -57,6 +87,8 @@ def spmm(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None = None, reduce: 
     """
     if reduce not in REDUCES:
         raise ValueError(f"unknown reduce {reduce!r}; expected one of {REDUCES}")
+    cast = _autocast_dtype(x)
+    x, weight = _cast(x, cast), _cast(weight, cast)
     _check_float("x", x)
     if x.dim() < 1 or x.shape[0] != csr.n_src:
         raise ValueError(f"x has shape {tuple(x.shape)} but the CSR has {csr.n_src} source rows")
@@ -67,7 +99,7 @@ def spmm(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None = None, reduce: 
         if weight.dtype != x.dtype or weight.device != x.device:
             raise TypeError(f"weight ({weight.dtype}, {weight.device}) and x ({x.dtype}, {x.device}) differ")
         cpu.weight_heads(weight, tuple(x.shape[1:]))  # raises on a shape that does not broadcast per head
-    backend = _triton_for(x) if reduce in ("sum", "mean") else None
+    backend = _triton_for("spmm", x) if reduce in ("sum", "mean") else None
     if backend is not None:
         return backend.spmm(csr, x, weight, reduce)
     return cpu.spmm(csr, x, weight, reduce)
@@ -78,7 +110,10 @@ def spmm_add_(acc: torch.Tensor, csr: CSR, x: torch.Tensor, weight: torch.Tensor
     source parts, gnnc.runtime.parts); elsewhere the product is added. Differentiable like spmm."""
     if acc.shape != (csr.n_dst, *x.shape[1:]):
         raise ValueError(f"accumulator has shape {tuple(acc.shape)}, the product {(csr.n_dst, *x.shape[1:])}")
-    if x.device.type != "cpu" or _triton_for(x) is not None:
+    # in place only with MKL's types (no 16-bit ones, as under autocast or with 16-bit exchanged rows)
+    in_place = x.device.type == "cpu" and _autocast_dtype(x) is None and x.dtype in cpu.MKL_DTYPES \
+        and acc.dtype == x.dtype
+    if not in_place or _triton_for("spmm", x) is not None:
         return acc + spmm(csr, x, weight, "sum")
     _check_float("x", x)
     if x.shape[0] != csr.n_src or (weight is not None and weight.shape[0] != csr.nnz):
@@ -96,6 +131,8 @@ def sddmm(csr: CSR, a: torch.Tensor, b: torch.Tensor, op: str = "add") -> torch.
     """
     if op not in SDDMM_OPS:
         raise ValueError(f"unknown sddmm op {op!r}; expected one of {SDDMM_OPS}")
+    cast = _autocast_dtype(a)
+    a, b = _cast(a, cast), _cast(b, cast)
     _check_float("a", a)
     _check_float("b", b)
     if a.dim() < 1 or a.shape[0] != csr.n_src:
@@ -107,7 +144,7 @@ def sddmm(csr: CSR, a: torch.Tensor, b: torch.Tensor, op: str = "add") -> torch.
     if op == "dot" and (a.dim() < 2 or a.shape[1:] != b.shape[1:]):
         raise ValueError(f"sddmm 'dot' needs equal feature shapes with a last dim to contract, "
                          f"got {tuple(a.shape)} and {tuple(b.shape)}")
-    backend = _triton_for(a, b)
+    backend = _triton_for("sddmm", a, b)
     if backend is not None and (op == "dot" or a.shape[1:] == b.shape[1:]):
         return backend.sddmm(csr, a, b, op)
     return cpu.sddmm(csr, a, b, op)
@@ -116,9 +153,11 @@ def sddmm(csr: CSR, a: torch.Tensor, b: torch.Tensor, op: str = "add") -> torch.
 def edge_softmax(csr: CSR, e: torch.Tensor) -> torch.Tensor:
     """Softmax of e [nnz, *h] over the in-edges of each destination (per head), numerically stable."""
     _check_float("e", e)
+    if _autocast_dtype(e) is not None:
+        e = e.float()
     if e.dim() < 1 or e.shape[0] != csr.nnz:
         raise ValueError(f"edge scores have shape {tuple(e.shape)} but the CSR has {csr.nnz} edges")
-    backend = _triton_for(e)
+    backend = _triton_for("edge_softmax", e)
     if backend is not None:
         return backend.edge_softmax(csr, e)
     return cpu.edge_softmax(csr, e)

@@ -50,6 +50,12 @@ SDDMM_OPS = ("add", "mul", "dot")
 # 0.262 at 128, 0.326 vs 0.393 at 256).
 _REDUCE_KERNEL_MIN_WIDTH = 64
 
+# Types MKL's CSR product takes (torch 2.13: "addmm_out_sparse_csr_impl_mkl" not implemented for 'BFloat16').
+MKL_DTYPES = (torch.float32, torch.float64)
+# Types torch.sparse.sampled_addmm takes (torch 2.13, CPU: "Expected self to be a floating-point or complex
+# tensor, but got BFloat16"); 16-bit SDDMM-dots are computed in float32 and rounded once.
+_SAMPLED_DTYPES = (torch.float32, torch.float64)
+
 # The private op behind torch.sparse.mm(..., reduce=) that also returns the
 # winning edge of max/min; without it max/min take the generic path.
 _HAS_MM_REDUCE_IMPL = hasattr(torch.ops.aten, "_sparse_mm_reduce_impl")
@@ -89,7 +95,7 @@ def structure(csr: CSR, name: str, device: torch.device) -> torch.Tensor:
         elif name == "t_perm":
             t = csr.transpose()._cache["perm_from"]
         elif name == "edge_ids":
-            t = torch.arange(csr.nnz)
+            t = torch.arange(csr.nnz, device=device)
         else:
             raise KeyError(name)
         return t.to(device=device, dtype=torch.int64)
@@ -184,13 +190,15 @@ def pattern(csr: CSR, transposed: bool, heads: int, device: torch.device) -> Pat
 def _block(crow: torch.Tensor, col: torch.Tensor, perm: torch.Tensor | None, rows: int, nnz: int,
            heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Block structure with one row per (row, head); see `Pattern`."""
+    dev = crow.device  # built where the structure is; the sizes are known, so nothing is read back
     deg = crow[1:] - crow[:-1]
     bdeg = deg.repeat_interleave(heads)
-    bcrow = torch.zeros(rows * heads + 1, dtype=torch.int64)
+    bcrow = torch.zeros(rows * heads + 1, dtype=torch.int64, device=dev)
     bcrow[1:] = torch.cumsum(bdeg, 0)
-    brow = torch.repeat_interleave(torch.arange(rows * heads), bdeg)  # block row of each block entry
+    # block row of each block entry
+    brow = torch.repeat_interleave(torch.arange(rows * heads, device=dev), bdeg, output_size=nnz * heads)
     r, h = brow // heads, brow % heads
-    k = crow[r] + (torch.arange(nnz * heads) - bcrow[brow])  # the base entry it copies
+    k = crow[r] + (torch.arange(nnz * heads, device=dev) - bcrow[brow])  # the base entry it copies
     base = k if perm is None else perm[k]
     return bcrow, col[k] * heads + h, base * heads + h
 
@@ -223,7 +231,8 @@ def _blocks(t: torch.Tensor, n: int, heads: int) -> torch.Tensor:
 
 
 def _mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu" and x.shape[1] >= _REDUCE_KERNEL_MIN_WIDTH:
+    """CSR x dense: on CPU MKL or torch's spmm_reduce kernel by width (MKL has no 16-bit types); cuSPARSE elsewhere."""
+    if x.device.type == "cpu" and (x.shape[1] >= _REDUCE_KERNEL_MIN_WIDTH or x.dtype not in MKL_DTYPES):
         return torch.sparse.mm(a, x, "sum")
     return torch.sparse.mm(a, x)
 
@@ -251,10 +260,13 @@ def sampled_dot(csr: CSR, a: torch.Tensor, b: torch.Tensor, heads: int) -> torch
     pat = pattern(csr, False, heads, a.device)
     if pat.nnz == 0:
         return a.new_zeros(0)
+    dtype = a.dtype
+    if dtype not in _SAMPLED_DTYPES:
+        a, b = a.float(), b.float()
     bb = _blocks(b, csr.n_dst, heads)
     ab = _blocks(a, csr.n_src, heads)
     s = torch.sparse.sampled_addmm(pat.matrix(None, a.dtype), bb, ab.t(), beta=0.0)
-    return pat.to_edges(s.values())
+    return pat.to_edges(s.values()).to(dtype)
 
 
 def _unsqueeze_to(w: torch.Tensor, dim: int) -> torch.Tensor:

@@ -1,0 +1,63 @@
+"""The rest of a training epoch around the strategies' steps: the evaluation pass and the optimizer.
+
+Why this module exists: a run (gnnc.runtime.train.fit) does more per epoch
+than forward, backward and the gradient all-reduce. After the step, Adam
+updates every parameter; then the run evaluates: one more forward pass in
+evaluation mode (dropout is the identity, nothing is kept for backward; the
+exchanges move their forward rows again). The planner prices them here so
+the predicted epoch is what a run measures: its step and its evaluation (the
+all-reduce of the epoch's counts that follows, 2(P-1) message start-ups, is
+in neither).
+
+* `with_evaluation`: a segment's (or a layout change's) cost with its
+  evaluation stages appended, its forward stages with the other ops' training
+  seconds (`op_time(l, side, "f")`) replaced by their evaluation ones ("e")
+  and the dense maps' and aggregations' rates by those measured forward alone
+  (R_gemm_e, R_spmm_e: a dense map's backward products run at another rate,
+  and the training rates are fitted to forward plus backward);
+  `Cost.evaluation` counts them, so the schedule draws them after the step;
+* `optimizer_cost`: Adam's step, per parameter element and per parameter
+  tensor, at the profile's measured rates.
+
+Which of a cost's stages are forward follows its shape, as the schedule
+reads it (gnnc.passes.cost.schedule): one forward and one backward stage per
+layer, or one of each for the segment; a cost of another shape (a user's
+formula, a pipeline with its own stages) gets no evaluation stages.
+"""
+from __future__ import annotations
+
+import sympy
+
+from gnnc.passes.cost.symbols import (R_gemm, R_gemm_e, R_spmm, R_spmm_e, T_opt, T_opt_call, Cost, ZERO, op_time,
+                                      OP_SIDES)
+
+def forward_stages(cost: Cost, layers: int) -> tuple[sympy.Expr, ...]:
+    """The forward stages of a training cost over `layers` graph layers: the first half when it has one
+    forward and one backward stage per layer, or the first of two; none for another shape."""
+    n = len(cost.training_stages)
+    if n == 2 * layers:
+        return cost.training_stages[:layers]
+    if n == 2:
+        return cost.training_stages[:1]
+    return ()
+
+
+def evaluation_of(stages: tuple[sympy.Expr, ...], layers: range) -> tuple[sympy.Expr, ...]:
+    """Forward stages as the evaluation pass runs them: each layer's other ops at their evaluation seconds, the
+    kernels at their forward rates."""
+    swap = {op_time(layer, side, "f"): op_time(layer, side, "e") for layer in layers for side in OP_SIDES}
+    swap.update({R_gemm: R_gemm_e, R_spmm: R_spmm_e})
+    return tuple(sympy.sympify(s).xreplace(swap) for s in stages)
+
+
+def with_evaluation(cost: Cost, start: int, end: int) -> Cost:
+    """`cost` (graph layers [start, end)) with the evaluation forward pass's stages appended (module docstring)."""
+    if cost.evaluation:
+        return cost
+    stages = evaluation_of(forward_stages(cost, end - start), range(start, end))
+    return Cost(cost.name, cost.stages + stages, cost.bytes, cost.memory, len(stages))
+
+
+def optimizer_cost(elements: float, tensors: int) -> Cost:
+    """One Adam step: every parameter element, and the per-tensor work of the step (its dispatch)."""
+    return Cost("optimizer", (elements * T_opt + tensors * T_opt_call,), ZERO, ZERO)
