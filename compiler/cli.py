@@ -213,6 +213,8 @@ def _run(args: argparse.Namespace) -> int:
     logits = result.logits
     summary = result.summary()
     summary["epochs"] = cfg.epochs
+    if summary["cpu_kernels"] not in ("", "compiled"):  # slower, never wrong: said once, not an error
+        print(f"note: CPU kernels: {summary['cpu_kernels']}", file=sys.stderr)
     summary["device"], summary["precision"] = cfg.device, cfg.precision
     if args.dump_logits:
         torch.save(logits, args.dump_logits)

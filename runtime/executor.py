@@ -8,6 +8,9 @@ and exact. It runs both forms of the IR: graph ops before lowering (`src`,
 edge view. Dropout masks come from the counter-based RNG keyed by global
 vertex / edge ids, so a distributed run draws the same masks.
 
+In one process, chains of equations a compiled kernel computes at once (GAT's attention, a layer's
+bias, activation and dropout) run as that kernel (gnnc.runtime.fusion).
+
 Equations the `hoist` pass marks (`hoisted=true`: computed from the graph's
 inputs alone, no parameter, no dropout) are computed once per run when the
 context holds a cache (`ExecContext.hoist_cache`, one per worker and run):
@@ -31,7 +34,7 @@ from gnnc.graph import CSR, Graph, GraphView, edge_data, sparse_if_sparse
 from gnnc.ir.dims import eval_dim, eval_number
 from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
-from gnnc.runtime import rng
+from gnnc.runtime import fusion, rng
 from gnnc.runtime.implementations import implementation, implements
 
 
@@ -50,6 +53,7 @@ class ExecContext:
     col_offset: int = 0  # global column of this worker's first feature, when features are sliced (P3)
     state: dict[str, torch.Tensor] | None = None  # running state of ops (init_state); None: nothing kept
     hoist_cache: dict[str, torch.Tensor] | None = None  # hoisted values of this run; None: computed every time
+    fuse: bool = True  # one process runs fused chains (gnnc.runtime.fusion); False: each equation, as a rank does
 
 
 def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,13 +122,22 @@ class Interpreter:
         self.config = program.config_dict()
         self.kept = kept_hoisted(program)
         self._dying = dying_values(program)
+        self.chains = fusion.find_chains(program)  # run by one compiled kernel each, in one process
+        self.in_chains = fusion.inner_results(self.chains)
 
     def run_layer(self, layer: Layer, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
                   ctx: ExecContext) -> None:
         view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
+        fuse = ctx.use_kernels and ctx.fuse and ctx.comm is None
         for k, e in enumerate(layer.eqns):
-            ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
-            env[e.outs[0].name] = self.eqn(e, ins, view, ctx)
+            name = e.outs[0].name
+            if fuse and name in self.chains and fusion.run(self.chains[name], env, params, ctx):
+                pass
+            elif fuse and name in self.in_chains and name in env:
+                pass  # computed when its chain ran
+            else:
+                ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
+                env[name] = self.eqn(e, ins, view, ctx)
             self.drop_dead(env, layer, k)
 
     def drop_dead(self, env: dict[str, Any], layer: Layer, k: int | None = None) -> None:
@@ -244,9 +257,9 @@ def _dropout(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecC
     p = float(e.attr("p"))
     if x.is_sparse:  # draws only at the nonzeros (the mask elsewhere does not matter)
         idx = x.indices()
-        draws = rng.draws16_at(ctx.dropout_key(dropout_stream(e)), ctx.vertex_ids[idx[0]], idx[1] + ctx.col_offset)
-        keep = (draws >= int(round(p * 65536))).to(x.dtype) * (1.0 / (1.0 - p))
-        return torch.sparse_coo_tensor(idx, x.values() * keep, x.shape, is_coalesced=True, check_invariants=False)
+        values = rng.dropout_at(x.values(), ctx.dropout_key(dropout_stream(e)), idx[0], ctx.vertex_ids,
+                                idx[1] + ctx.col_offset, p)
+        return torch.sparse_coo_tensor(idx, values, x.shape, is_coalesced=True, check_invariants=False)
     rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids[: x.shape[0]]
     if rows.shape[0] != x.shape[0]:
         raise AssertionError(f"dropout of {x.shape[0]} rows with ids for {rows.shape[0]}")

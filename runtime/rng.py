@@ -12,12 +12,18 @@ acts as round(65536 p) / 65536, within 8e-6 of p.
 Everything here is torch integer arithmetic (int64 and int32 multiply, shift,
 mask, xor) on the device of the ids given, so a mask is drawn where it is used
 (on a GPU, no host round trip) and is the same on every device.
+
+On CPU tensors dropout runs as one compiled loop (gnnc.runtime.kernels.native: hash, keep test and
+scale per element, the same bits as the torch code here), and its backward draws the mask again
+instead of keeping it: no mask is stored between the passes.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+
+from gnnc.runtime.kernels import native
 
 _M32 = 0xFFFFFFFF
 _C1 = 0x7FEB352D
@@ -91,9 +97,9 @@ def keep_mask(key: int, rows: torch.Tensor, width: int, p: float, col_offset: in
     multiply the peak memory of the step that draws it.
     """
     keep = torch.empty(len(rows), width, dtype=torch.bool, device=rows.device)
-    threshold = int(round(p * 65536))
+    thresh = threshold(p)
     for b in _blocks(len(rows), width):
-        torch.ge(draws16(key, rows[b], width, col_offset), threshold, out=keep[b])
+        torch.ge(draws16(key, rows[b], width, col_offset), thresh, out=keep[b])
     return keep
 
 
@@ -112,12 +118,71 @@ def dropout_mask(key: int, rows: torch.Tensor, shape: tuple[int, ...], p: float,
 def dropout(x: torch.Tensor, key: int, rows: torch.Tensor, p: float, col_offset: int = 0) -> torch.Tensor:
     """x times its dropout mask (row r's draws keyed by rows[r]); equal to `x * dropout_mask(...)`.
 
-    The mask is kept as bool (a quarter of a float mask) and only when x
-    needs a gradient; the product is formed block by block, so dropping out
-    a large input costs its output and little else.
+    Compiled (native.c) on the CPU; elsewhere the mask is kept as bool (a
+    quarter of a float mask) and only when x needs a gradient, and the product
+    is formed block by block, so dropping out a large input costs its output
+    and little else.
     """
+    scale = 1.0 / (1.0 - p)
+    if native.usable(x) is not None and len(x) and x[0].numel():
+        return _NativeDropout.apply(x, native.int64(rows), key, threshold(p), scale, col_offset)
     keep = keep_mask(key, rows, x[0].numel() if len(x) else 0, p, col_offset).reshape(x.shape)
-    return _Dropout.apply(x, keep, 1.0 / (1.0 - p))
+    return _Dropout.apply(x, keep, scale)
+
+
+def threshold(p: float) -> int:
+    """A 16-bit draw d keeps its element when d >= threshold(p)."""
+    return int(round(p * 65536))
+
+
+def dropout_at(values: torch.Tensor, key: int, rows: torch.Tensor, ids: torch.Tensor, cols: torch.Tensor,
+               p: float) -> torch.Tensor:
+    """Dropout of a sparse input's nonzeros: values[k] kept by the draw at (ids[rows[k]], cols[k]) and scaled.
+
+    Equal to the dense dropout of the same tensor at those entries (`draws16_at`). Compiled for values that
+    need no gradient (a graph's input features); otherwise torch ops, differentiable in values.
+    """
+    scale = 1.0 / (1.0 - p)
+    lib = native.usable(values)
+    if lib is not None and values.dim() == 1 and not values.requires_grad:
+        out = torch.empty_like(values)
+        if len(values):
+            native.fn(lib, "dropout_at", values.dtype)(
+                native.ptr(values.detach().contiguous()), native.ptr(out), native.ptr(native.int64(rows)),
+                native.ptr(native.int64(cols)), native.ptr(native.int64(ids)), len(values), key, threshold(p),
+                scale, native.threads())
+        return out
+    draws = draws16_at(key, ids[rows], cols)
+    return values * ((draws >= threshold(p)).to(values.dtype) * scale)
+
+
+def _native_dropout(x: torch.Tensor, rows: torch.Tensor, key: int, thresh: int, scale: float,
+                    col_offset: int) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    width = x[0].numel()
+    lib = native.usable(x)
+    status = native.fn(lib, "dropout", x.dtype)(native.ptr(x), native.ptr(out), native.ptr(rows), len(x), width,
+                                                key, col_offset, thresh, scale, native.threads())
+    if status != 0:
+        raise MemoryError("dropout: no memory for the column keys")
+    return out
+
+
+class _NativeDropout(torch.autograd.Function):
+    """Compiled dropout; its backward is the same masked scale of the gradient, drawn again (nothing saved)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: torch.Tensor, key: int, thresh: int, scale: float,
+                col_offset: int) -> torch.Tensor:
+        ctx.args = (key, thresh, scale, col_offset)
+        ctx.save_for_backward(rows)
+        return _native_dropout(x, rows, key, thresh, scale, col_offset)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (rows,) = ctx.saved_tensors
+        return _native_dropout(grad, rows, *ctx.args), None, None, None, None, None
 
 
 def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:

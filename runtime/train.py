@@ -37,6 +37,7 @@ from gnnc.ir import Program
 from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
 from gnnc.runtime import device as devices
 from gnnc.runtime import rng
+from gnnc.runtime.kernels import native
 from gnnc.graph import GraphView
 from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params,
                                    init_state)
@@ -126,6 +127,7 @@ class RunResult:
     eval_time_s: float = 0.0  # the evaluation's forward pass after each step, median over steady epochs of what
     # the slowest rank's step and evaluation took beyond the slowest step
     eval_bytes_sent_per_epoch: int = 0  # what the evaluation's exchanges sent (every rank), per epoch
+    cpu_kernels: str = ""  # gnnc.runtime.kernels.native.status() of the (first) process: compiled, or torch and why
 
     def summary(self) -> dict[str, Any]:
         """Every field but the logits and the history (JSON-ready)."""
@@ -140,7 +142,7 @@ class RunResult:
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
-                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch")
+                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels")
 
 
 class Worker:
@@ -446,7 +448,8 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                "eval_bytes_sent_per_epoch": history[-1].get("eval_bytes_sent", 0),
                "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
                # the training step's activation memory, largest over workers and epochs after the first
-               "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history))}
+               "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
+               "cpu_kernels": native.status()}
     return summary, logits, history
 
 
@@ -463,4 +466,5 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
                      strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
                      bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
                      activation_peak_bytes=summary["activation_peak_bytes"], eval_time_s=summary["eval_time_s"],
-                     eval_bytes_sent_per_epoch=summary["eval_bytes_sent_per_epoch"])
+                     eval_bytes_sent_per_epoch=summary["eval_bytes_sent_per_epoch"],
+                     cpu_kernels=summary["cpu_kernels"])

@@ -106,3 +106,19 @@ def test_profiles_with_and_without_unit_costs_load() -> None:
     with pytest.raises(GnncError, match="'T_e' must be a non-negative"):
         ClusterProfile.from_dict({**old, "unit_costs": [
             {"d_in": 1, "d_out": 1, "row_width": 1, "T_v": 1e-7, "T_e": -1e-9, "T_c": 1e-7}]})
+
+
+def test_the_layer_timings_run_each_equation_as_a_rank_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's layer timings do not fuse chains (gnnc.runtime.fusion): the fit takes the other ops' time,
+    timed equation by equation, off them, and the distributed ranks it prices run equations one by one."""
+    from gnnc import api
+    from gnnc.runtime import fusion
+    from gnnc.runtime.probe import PROBE_MODEL, layer_times
+
+    graph = api.load_graph("rmat:n=200,deg=4,features=8,classes=3,seed=0")
+    program = api.compile(api.load_model_source(PROBE_MODEL, "<probe>", features=8, hidden=8, classes=3), graph).program
+    assert fusion.find_chains(program)  # there is something it could have fused
+    ran = []
+    monkeypatch.setattr(fusion, "run", lambda *args: ran.append(args) or False)
+    both, alone = layer_times(program, graph, repeats=1)
+    assert len(both) == len(alone) == 2 and not ran

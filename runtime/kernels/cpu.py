@@ -246,7 +246,9 @@ def spmm_sum(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, transposed:
     if pat.nnz == 0 or xb.shape[1] == 0:
         return x.new_zeros((rows,) + tuple(x.shape[1:]))
     out = _mm(pat.matrix(weight, x.dtype), xb)
-    return out.view((rows,) + tuple(x.shape[1:]))
+    shape = (rows,) + tuple(x.shape[1:])
+    # no view where none is needed: SpMM's result may then be overwritten by the next equation (gnnc.runtime.fusion)
+    return out if out.shape == shape else out.view(shape)
 
 
 def sampled_dot(csr: CSR, a: torch.Tensor, b: torch.Tensor, heads: int) -> torch.Tensor:
