@@ -226,6 +226,31 @@ def _check_attention(csr, inputs, dots: bool, slope: float, p: float | None, dty
         torch.testing.assert_close(a.double(), b, **TOL[dtype])
 
 
+# ----- the float exp the kernels call (exp_f32 in native.c: vectorisable, not libm's)
+
+
+@compiled
+def test_the_float_exp_is_within_two_ulp_of_the_exact_one_over_the_float_range() -> None:
+    g = _gen("exp")
+    x = torch.cat([torch.empty(200_000).uniform_(-110.0, 95.0, generator=g), torch.randn(100_000, generator=g),
+                   torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.72, 88.73, -87.3, -103.9, -104.5, -200.0, 200.0,
+                                 float("inf"), float("-inf"), float("nan")])])
+    out = torch.empty_like(x)
+    native.fn(native.library(), "exp", torch.float32)(native.ptr(x), native.ptr(out), x.numel())
+    exact = torch.exp(x.double())
+    finite = torch.isfinite(exact) & (exact < torch.finfo(torch.float32).max)
+    normal = finite & (exact >= torch.finfo(torch.float32).tiny)
+    # a float's spacing at the exact value: two of them at most
+    ulp = torch.exp2(torch.floor(torch.log2(exact[normal])) - 23)
+    assert ((out[normal].double() - exact[normal]).abs() <= 2 * ulp).all()
+    # subnormal results: within the smallest spacing of a few; overflow and the specials as torch's exp
+    sub = finite & ~normal
+    assert ((out[sub].double() - exact[sub]).abs() <= 4 * 2.0**-149).all()
+    assert torch.equal(out[~finite].isinf(), torch.exp(x[~finite]).isinf())
+    assert out[x == float("inf")].item() == float("inf") and out[x == float("-inf")].item() == 0.0
+    assert out[x.isnan()].isnan().all()
+
+
 # ----- without the compiled library
 
 

@@ -101,11 +101,40 @@ static inline void prefetch_row(const void *p, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 1);
 }
 
+/* ---------------------------------------------------------------- exp for floats, vectorisable */
+
+/* exp(x) in plain arithmetic, so that a loop calling it vectorises: libm's expf is a call per element
+ * (without -ffast-math, which this file does not use), and ELU and the attention's softmax call it once per
+ * element. Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-6 polynomial for e^r, then
+ * 2^n applied as two powers of two, so subnormal results and overflow to +inf come out as expf's; within
+ * 2 ulp of expf (tests/test_native_kernels.py checks it over the float range); a NaN stays NaN. */
+static inline float exp_f32(float x) {
+    float xc = x == x ? x : 0.0f;  /* a NaN: computed as 0, replaced at the end */
+    xc = xc < -104.0f ? -104.0f : (xc > 89.0f ? 89.0f : xc);
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest: 1.5 2^23 (floorf does not vectorise) */
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;  /* each within the normal exponents */
+    uint32_t u1 = (uint32_t)(n1 + 127) << 23, u2 = (uint32_t)(n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &u1, sizeof s1);
+    memcpy(&s2, &u2, sizeof s2);
+    float y = (p * s1) * s2;
+    return x == x ? y : x;
+}
+
 /* ---------------------------------------------------------------- the kernels, per scalar type */
 
 #define T float
 #define F(name) name##_f32
-#define EXP expf
+#define EXP exp_f32
 #define LOG logf
 #include "native_kernels.inc"
 #undef T

@@ -53,6 +53,7 @@ _SIGNATURES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "epilogue_backward": (_INT, (_P, _P, _P, _I64, _I64, _INT, "T", _P, _U32, _I64, _U32, "T", _INT)),
     "attention": (_INT, (_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, "T", _P, _U32, _I64, _U32, "T", _INT)),
     "head_dots": (None, (_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT)),
+    "exp": (None, (_P, _P, _I64)),
     "attention_backward": (_INT, (_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64,
                                   _I64, _I64, "T", _P, _U32, _I64, _U32, "T", _INT)),
 }
