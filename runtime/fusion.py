@@ -19,15 +19,17 @@ Chains found (`find_chains`, from the IR alone, once per program):
 * epilogue: [add(x, y)] -> [bias(., b)] -> [relu | elu | leaky_relu] -> [dropout], at least two of them
   (a `sync` between them is the identity in one process), on vertex values: one pass forward, one
   backward, which reads only the chain's result (the activation's derivative and the dropout mask
-  follow from it and from the draws). Where x is read by nothing else and was computed in the layer by
-  an op whose backward does not read its result (`_OVERWRITABLE`: the SpMM before a bias), the chain
+  follow from it and from the draws). Where x is read by nothing else and was computed at this step (in
+  the layer, or the graph layer's output a dense layer's relu reads) by an op whose backward does not
+  read its result (`_OVERWRITABLE`: the SpMM before a bias), the chain
   writes its result over x, and a single stage is worth a chain: no new [vertices, width] tensor to
   allocate and page-fault (200K x 128 floats, 2 threads: x + b 48 ms, the bias added in place 8 ms).
 
 A chain lies within one layer: a layer's output is computed whenever the layer runs, as the probe
 (gnnc.runtime.probe) and the cost model's fit need when they run and time one layer alone. So a graph
 layer's bias is fused with what precedes it in the layer (SAGE's add), and the model's relu and
-dropout after it with each other, not the bias with the relu.
+dropout after it with each other, not the bias with the relu (though the relu's chain writes over the
+bias's result: no one-layer timing runs chains, `ExecContext.fuse`).
 
 A chain runs when its first equation is reached (every input of the chain is defined by then, which
 `find_chains` checks) and its tensors are CPU float tensors the compiled library takes, outside autocast
@@ -112,12 +114,13 @@ def find_chains(program: Program) -> dict[str, Chain]:
             taken.update(e.outs[0].name for e in chain)
 
     def overwritable(name: str, layer: Any) -> bool:
-        """Whether a chain reading `name` may overwrite it: computed in the same layer at every step by an op
-        whose backward does not read its result, and read by nothing else (through syncs, which return
-        their input in one process)."""
+        """Whether a chain reading `name` may overwrite it: computed at every step (not hoisted), in this layer
+        or an earlier one (a graph layer's output that a dense layer's activation reads), by an op whose
+        backward does not read its result, and read by nothing else (through syncs, which return their input
+        in one process)."""
         while True:
             hit = producer.get(name)
-            if readers.get(name, 0) != 1 or hit is None or hit[1] is not layer or hit[2].attr("hoisted"):
+            if readers.get(name, 0) != 1 or hit is None or hit[2].attr("hoisted"):
                 return False
             if hit[2].op != "sync":
                 return hit[2].op in _OVERWRITABLE and hit[2].attr("reduce") in (None, "sum", "mean")

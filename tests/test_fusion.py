@@ -31,15 +31,15 @@ compiled = pytest.mark.skipif(native.library() is None, reason=f"compiled kernel
 MODELS = {"gcn": {}, "sage": {}, "gin": {}, "gat": {"heads": 3, "hidden": 4}, "gcnii": {"layers": 4}}
 # (kind, ops, in place) of each chain found: the attention chains, then the epilogues, in program order
 CHAINS = {
-    "gcn": [("epilogue", "sync bias", True), ("epilogue", "relu dropout", False), ("epilogue", "sync bias", True)],
-    "sage": [("epilogue", "add sync bias", True), ("epilogue", "relu dropout", False),
+    "gcn": [("epilogue", "sync bias", True), ("epilogue", "relu dropout", True), ("epilogue", "sync bias", True)],
+    "sage": [("epilogue", "add sync bias", True), ("epilogue", "relu dropout", True),
              ("epilogue", "add sync bias", True)],
-    "gin": [("epilogue", "relu", True), ("epilogue", "sync bias", True), ("epilogue", "relu dropout", False),
+    "gin": [("epilogue", "relu", True), ("epilogue", "sync bias", True), ("epilogue", "relu dropout", True),
             ("epilogue", "add", True), ("epilogue", "relu", True), ("epilogue", "sync bias", True)],
     "gat": [("attention", "dot dot sddmm leaky_relu edge_softmax dropout spmm", False)] * 2
-    + [("epilogue", "sync bias", True), ("epilogue", "elu dropout", False), ("epilogue", "sync bias", True)],
+    + [("epilogue", "sync bias", True), ("epilogue", "elu dropout", True), ("epilogue", "sync bias", True)],
     "gcnii": [("epilogue", "relu", True)] + [("epilogue", "add", True), ("epilogue", "add", True),
-                                             ("epilogue", "relu dropout", False)] * 4,
+                                             ("epilogue", "relu dropout", True)] * 4,
 }
 
 
@@ -128,13 +128,14 @@ def test_gnnc_run_says_which_kernels_ran(graph, tmp_path) -> None:
 
 @compiled
 def test_in_place_chains_overwrite_their_input(graph, monkeypatch: pytest.MonkeyPatch) -> None:
-    """GCN's bias writes over the SpMM's result (no new [vertices, width] tensor), within autograd's rules."""
+    """GCN's bias writes over the SpMM's result, and the relu-dropout over the bias's (no new [vertices, width]
+    tensor), within autograd's rules."""
     program = _program("gcn", graph)
     written = []
     check = fusion._overwritable
     monkeypatch.setattr(fusion, "_overwritable", lambda x: written.append(check(x)) or written[-1])
     _step(program, graph, True, torch.float32)
-    assert written == [True, True]  # both layers' bias, in place
+    assert written == [True, True, True]  # both layers' bias and the relu-dropout between them, in place
 
 
 @compiled

@@ -128,12 +128,15 @@ class Pattern:
     when that is the identity), so `values = w.reshape(-1)[perm]`.
     """
 
-    __slots__ = ("crow", "col", "perm", "shape", "heads", "_ones")
+    __slots__ = ("crow", "col", "perm", "shape", "heads", "_ones", "_constant")
 
     def __init__(self, crow: torch.Tensor, col: torch.Tensor, perm: torch.Tensor | None,
                  shape: tuple[int, int], heads: int):
         self.crow, self.col, self.perm, self.shape, self.heads = crow, col, perm, shape, heads
         self._ones: dict[torch.dtype, torch.Tensor] = {}
+        # the last matrix built from edge values that need no gradient (a GCN's norms, the same tensor every
+        # step): (those values, their version, the matrix), so that a transposed pattern permutes them once
+        self._constant: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     @property
     def nnz(self) -> int:
@@ -153,7 +156,13 @@ class Pattern:
     def matrix(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """The sparse matrix with these edge values (all ones, cached, when None)."""
         if weight is not None:
-            return _sparse_csr(self.crow, self.col, self.values(weight), self.shape)
+            if weight.requires_grad or self.perm is None:  # nothing to save: values is weight itself
+                return _sparse_csr(self.crow, self.col, self.values(weight), self.shape)
+            hit = self._constant
+            if hit is None or hit[0] is not weight or hit[1] != weight._version:
+                hit = self._constant = (weight, weight._version,
+                                        _sparse_csr(self.crow, self.col, self.values(weight), self.shape))
+            return hit[2]
         if dtype not in self._ones:
             ones = torch.ones(self.nnz, dtype=dtype, device=self.col.device)
             self._ones[dtype] = _sparse_csr(self.crow, self.col, ones, self.shape)
