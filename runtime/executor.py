@@ -35,6 +35,7 @@ from gnnc.ir.dims import eval_dim, eval_number
 from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
 from gnnc.runtime import fusion, rng
+from gnnc.runtime.kernels.sparse_features import sparse_features_mm
 from gnnc.runtime.implementations import implementation, implements
 
 
@@ -314,7 +315,7 @@ def _linear(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecCo
         # them to 16 bits, whose sparse backward torch 2.13 lacks on the CPU ("expected scalar type Float").
         off = torch.autocast(x.device.type, enabled=False) if x.device.type in ("cpu", "cuda") else nullcontext()
         with off:
-            out = torch.sparse.mm(x, w)
+            out = sparse_features_mm(x, w)
     else:
         out = x @ w
     if len(ins) > 2:

@@ -109,7 +109,7 @@ def inv_degree(csr: CSR, device: torch.device, dtype: torch.dtype) -> torch.Tens
                   lambda: (1.0 / csr.in_degree().clamp(min=1).to(torch.float64)).to(device=device, dtype=dtype))
 
 
-def _sparse_csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+def sparse_csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     with warnings.catch_warnings():
         # torch warns once per process that sparse CSR is "beta"; the paths used
         # here are the ones torch_geometric itself relies on.
@@ -157,15 +157,15 @@ class Pattern:
         """The sparse matrix with these edge values (all ones, cached, when None)."""
         if weight is not None:
             if weight.requires_grad or self.perm is None:  # nothing to save: values is weight itself
-                return _sparse_csr(self.crow, self.col, self.values(weight), self.shape)
+                return sparse_csr(self.crow, self.col, self.values(weight), self.shape)
             hit = self._constant
             if hit is None or hit[0] is not weight or hit[1] != weight._version:
                 hit = self._constant = (weight, weight._version,
-                                        _sparse_csr(self.crow, self.col, self.values(weight), self.shape))
+                                        sparse_csr(self.crow, self.col, self.values(weight), self.shape))
             return hit[2]
         if dtype not in self._ones:
             ones = torch.ones(self.nnz, dtype=dtype, device=self.col.device)
-            self._ones[dtype] = _sparse_csr(self.crow, self.col, ones, self.shape)
+            self._ones[dtype] = sparse_csr(self.crow, self.col, ones, self.shape)
         return self._ones[dtype]
 
 
