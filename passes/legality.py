@@ -5,7 +5,9 @@ computes the layer on its feature slice for every vertex and `sync` sums the
 partial results. That is exact only when everything between the input and
 the sync is linear in the input: linear maps without bias, aggregations by
 sum or mean with weights that do not depend on the input, scaling by
-constants or edge data, sums of such terms. A bias, a non-linearity, an
+constants or edge data, sums of such terms; and when a dense map has summed
+over each worker's feature slice before the sync (a worker's partial is then
+a whole row; without one it is a slice of other columns, not addable). A bias, a non-linearity, an
 attention softmax or a max before the sync forbids it; this module names the
 equation that does (each op's `linear_in` trait and `nonlinear_why`, in
 gnnc.ir.ops). The default pipeline's `sink-bias` pass runs first and
@@ -29,6 +31,9 @@ def pushpull_blocker(layer: Layer) -> tuple[Eqn | None, str] | None:
         return layer.eqns[k], "pushpull needs sync = sum(...) (partials are added)"
     h = layer.inputs[0].name
     dep: set[str] = {h}  # values that depend on the layer input
+    # values on a worker's feature slice: its columns only, until a dense map sums over them (the partials the
+    # sync adds are then whole rows); a slice reaching the sync, or meeting a summed partial, is not addable
+    sliced: set[str] = {h}
     for e in layer.eqns[:k]:
         reads = [v.name in dep for v in e.ins]
         if not any(reads):
@@ -37,6 +42,16 @@ def pushpull_blocker(layer: Layer) -> tuple[Eqn | None, str] | None:
         if not op.linear_in(e, reads):
             return e, f"'{e.op}' {op.nonlinear_why}"
         dep.update(o.name for o in e.outs)
+        slices = [v.name in sliced for v in e.ins]
+        if e.op == "linear" and slices[0]:
+            continue  # x W over a slice of x's columns: a whole-row partial sum
+        if any(slices):
+            if any(r and not c for r, c in zip(reads, slices)):
+                return e, f"'{e.op}' combines a feature slice with a partial sum of a dense map"
+            sliced.update(o.name for o in e.outs)
+    if layer.eqns[k].ins[0].name in sliced:
+        return layer.eqns[k], ("no dense map before the sync: each worker's partial would be its own slice of "
+                               "the features, which the sync cannot add")
     for e in layer.eqns[k + 1:]:
         for v in e.ins:
             if v.name in dep and v.name != layer.eqns[k].outs[0].name:

@@ -97,6 +97,39 @@ def test_linear_in_trait_decides_pushpull_legality(neighbour_op: str) -> None:
         del ops.OPS[linear.name]
 
 
+_AGGREGATE_FIRST = """
+layer AggFirst(in, out) with self_loops {
+  scatter   m = edge.gcn_norm * src.h
+  gather    a = sum(m)
+  BODY
+}
+
+model M(features, hidden = 16, classes) {
+  h = AggFirst(features, hidden)(x)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
+@pytest.mark.parametrize("body,blocker", [
+    # aggregated features reach the sync with no dense map: each worker's partial is its own columns
+    ("sync      s = sum(a)\n  apply     h = linear(s, out)",
+     ("sync", "no dense map before the sync: each worker's partial would be its own slice of the features, "
+              "which the sync cannot add")),
+    # a dense map's partial added to a slice of the aggregated features
+    ("transform t = linear(a, in, bias = false) + a\n  sync      s = sum(t)\n  apply     h = linear(s, out)",
+     ("add", "'add' combines a feature slice with a partial sum of a dense map")),
+    # GCN's order, the dense map after the aggregation: legal
+    ("transform t = linear(a, out, bias = false)\n  sync      s = sum(t)\n  apply     h = s", None),
+])
+def test_pushpull_needs_a_dense_map_over_the_feature_slice_before_the_sync(tmp_path, body, blocker) -> None:
+    path = tmp_path / "agg.gnn"
+    path.write_text(_AGGREGATE_FIRST.replace("BODY", body))
+    layer = run_pass("lower", path, dims={"features": 8, "classes": 3, "hidden": 8}).graph_layers()[0]
+    got = pushpull_blocker(layer)
+    assert (got if got is None else (got[0].op, got[1])) == blocker
+
+
 def _retyped(program: Program, name: str, t: Type) -> Program:
     """Change a value's recorded type at its definition and every use (a consistent but wrong IR)."""
     def fix(v: Value) -> Value:
