@@ -48,7 +48,7 @@ def test_new_values_reuse_the_transpose_order_and_new_positions_do_not() -> None
     weight_grad(x)
     kept = sparse_features._Transposed.entry
     # dropout's result: the same indices tensor, other values
-    dropped = torch.sparse_coo_tensor(x.indices(), x.values() * 2.0, x.shape, is_coalesced=True)
+    dropped = torch.sparse_coo_tensor(x.indices(), x.values() * 2.0, x.shape, is_coalesced=True, check_invariants=True)
     torch.testing.assert_close(weight_grad(dropped), dropped.to_dense().t() @ grad)
     assert sparse_features._Transposed.entry is kept
     other = _features(120, 90, 0.05, torch.float64, g).to_sparse_coo().coalesce()

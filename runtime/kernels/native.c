@@ -107,7 +107,7 @@ static inline void prefetch_row(const void *p, size_t bytes) {
  * (without -ffast-math, which this file does not use), and ELU and the attention's softmax call it once per
  * element. Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-6 polynomial for e^r, then
  * 2^n applied as two powers of two, so subnormal results and overflow to +inf come out as expf's; within
- * 2 ulp of expf (tests/test_native_kernels.py checks it over the float range); a NaN stays NaN. */
+ * 2 ulp of the exact exp (tests/test_native_kernels.py checks it over the float range); a NaN stays NaN. */
 static inline float exp_f32(float x) {
     float xc = x == x ? x : 0.0f;  /* a NaN: computed as 0, replaced at the end */
     xc = xc < -104.0f ? -104.0f : (xc > 89.0f ? 89.0f : xc);
