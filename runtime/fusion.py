@@ -113,7 +113,7 @@ def find_chains(program: Program) -> dict[str, Chain]:
             chains[chain[0].outs[0].name] = Chain(kind, chain, edges, inplace)
             taken.update(e.outs[0].name for e in chain)
 
-    def overwritable(name: str, layer: Any) -> bool:
+    def overwritable(name: str) -> bool:
         """Whether a chain reading `name` may overwrite it: computed at every step (not hoisted), in this layer
         or an earlier one (a graph layer's output that a dense layer's activation reads), by an op whose
         backward does not read its result, and read by nothing else (through syncs, which return their input
@@ -159,7 +159,7 @@ def find_chains(program: Program) -> dict[str, Chain]:
             chain = _epilogue_from(e, feeding_next=lambda name, own=own: _only_reader(own, name, readers, taken))
             if chain is None:
                 continue
-            inplace = overwritable(chain[0].ins[0].name, layer)
+            inplace = overwritable(chain[0].ins[0].name)
             # two stages or more save passes; one saves its output's allocation when it can overwrite its input
             if sum(x.op != "sync" for x in chain) >= (1 if inplace else 2):
                 add(chain, "epilogue", inplace=inplace)

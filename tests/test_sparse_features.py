@@ -46,11 +46,11 @@ def test_new_values_reuse_the_transpose_order_and_new_positions_do_not() -> None
         return w.grad
 
     weight_grad(x)
-    kept = sparse_features._Transposed.entry
+    kept = sparse_features._Layout.entry
     # dropout's result: the same indices tensor, other values
     dropped = torch.sparse_coo_tensor(x.indices(), x.values() * 2.0, x.shape, is_coalesced=True, check_invariants=True)
     torch.testing.assert_close(weight_grad(dropped), dropped.to_dense().t() @ grad)
-    assert sparse_features._Transposed.entry is kept
+    assert sparse_features._Layout.entry is kept
     other = _features(120, 90, 0.05, torch.float64, g).to_sparse_coo().coalesce()
     torch.testing.assert_close(weight_grad(other), other.to_dense().t() @ grad)
-    assert sparse_features._Transposed.entry is not kept
+    assert sparse_features._Layout.entry is not kept

@@ -136,6 +136,19 @@ def missing_requirements() -> list[str]:
     return missing
 
 
+def _needs(missing: list[str]) -> str:
+    return "an emulated cluster needs " + "; ".join(missing)
+
+
+def refuse_without_requirements() -> bool:
+    """Say on stderr what this machine lacks for an emulated cluster; True when it lacks anything (the
+    command then exits 2)."""
+    missing = missing_requirements()
+    if missing:
+        print(f"error: {_needs(missing)}", file=sys.stderr)
+    return bool(missing)
+
+
 def netem_available() -> bool:
     """Whether this kernel offers netem, the qdisc that adds latency (tried on a throwaway namespace)."""
     ns = f"{PREFIX}{os.getpid()}-netem"
@@ -266,7 +279,7 @@ class EmulatedCluster:
     def create(self) -> None:
         missing = missing_requirements()
         if missing:
-            raise ClusterError("an emulated cluster needs " + "; ".join(missing))
+            raise ClusterError(_needs(missing))
         if self.delay_ms and not netem_available():
             raise ClusterError(f"--delay {self.delay_ms} ms needs the netem qdisc, which this kernel "
                                f"({os.uname().release}) does not offer; run without a delay")
@@ -433,9 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         if not missing:
             print(f"netem (added latency): {'available' if netem_available() else 'not available on this kernel'}")
         return 0 if not missing else 2
-    missing = missing_requirements()
-    if missing:
-        print("error: an emulated cluster needs " + "; ".join(missing), file=sys.stderr)
+    if refuse_without_requirements():
         return 2
     try:
         with stop_on_signals(), EmulatedCluster(args.hosts, args.bandwidth, args.delay) as cluster:

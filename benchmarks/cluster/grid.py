@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from emulated import EmulatedCluster, missing_requirements, parse_rate
+from emulated import EmulatedCluster, parse_rate, refuse_without_requirements
 from runner import ROOT, Case, CaseFailed, compile_plan, measure_profile, prediction, row, run_plans
 
 # Link speeds that bind: the token bucket sets the rate only below what a veth pair through the bridge
@@ -388,9 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the report (default: benchmarks/RESULTS-planner.md for the grid; none for --smoke)")
     ap.add_argument("--json", metavar="FILE.jsonl", help="also write every run as one JSON line")
     args = ap.parse_args(argv)
-    missing = missing_requirements()
-    if missing:
-        print("error: an emulated cluster needs " + "; ".join(missing), file=sys.stderr)
+    if refuse_without_requirements():
         return 2
     cases = SMOKE if args.smoke else CASES
     results = Path(args.results) if args.results else (None if args.smoke else ROOT / "benchmarks" /

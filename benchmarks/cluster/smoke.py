@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from emulated import missing_requirements
+from emulated import refuse_without_requirements
 from runner import ROOT, Case, CaseFailed, measure_profile, run_case
 
 # Communication-heavy on purpose: half of every vertex's edges leave its block (8 blocks of 2,500),
@@ -39,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--json", metavar="FILE.jsonl", help="also write one JSON line per case")
     args = ap.parse_args(argv)
-    missing = missing_requirements()
-    if missing:
-        print("error: an emulated cluster needs " + "; ".join(missing), file=sys.stderr)
+    if refuse_without_requirements():
         return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix="gnnc-smoke-") as tmp:

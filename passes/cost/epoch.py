@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sympy
 
+from gnnc.ir.expr import as_expr
 from gnnc.passes.cost.symbols import (R_gemm, R_gemm_e, R_spmm, R_spmm_e, T_opt, T_opt_call, Cost, ZERO, op_time,
                                       OP_SIDES)
 
@@ -47,7 +48,7 @@ def evaluation_of(stages: tuple[sympy.Expr, ...], layers: range) -> tuple[sympy.
     kernels at their forward rates."""
     swap = {op_time(layer, side, "f"): op_time(layer, side, "e") for layer in layers for side in OP_SIDES}
     swap.update({R_gemm: R_gemm_e, R_spmm: R_spmm_e})
-    return tuple(sympy.sympify(s).xreplace(swap) for s in stages)
+    return tuple(as_expr(s).xreplace(swap) for s in stages)
 
 
 def with_evaluation(cost: Cost, start: int, end: int) -> Cost:

@@ -9,11 +9,11 @@ product with the matrix in CSR (MKL's CSR kernel; 2 threads). A Cora epoch
 runs three such products (training forward, its backward, evaluation), so
 they were most of it.
 
-`sparse_features_mm(x, w)` builds the CSR of x (its row pointers from the
-coalesced COO's rows) and, for the backward (w's gradient
-x^T @ grad), the CSR of x^T; the transpose's ordering depends only on the
-nonzeros' positions, which stay the same epoch after epoch (dropout changes
-values, not indices), so it is kept for the last indices seen. The sums run
+`sparse_features_mm(x, w)` multiplies the CSR of x and, for the backward
+(w's gradient x^T @ grad), the CSR of x^T. Both structures (row pointers,
+the transpose's order) depend only on the nonzeros' positions, which stay the
+same epoch after epoch (dropout changes values, not indices), so they are
+kept for the last indices seen; each call only arranges the values. The sums run
 in another order than the COO kernel's, so results move in the last bits.
 """
 from __future__ import annotations
@@ -26,24 +26,25 @@ from torch.autograd.function import once_differentiable
 from gnnc.runtime.kernels.cpu import sparse_csr
 
 
-class _Transposed:
-    """The last nonzero layout's transpose order: (the indices it was built from, perm, crow of x^T).
+class _Layout:
+    """The last nonzero layout's CSR structure: (the indices it was built from, x's row pointers, the
+    transpose's order perm and row pointers).
 
     The indices tensor is held, so its storage cannot be freed and reused by other indices while the entry
     lives: the same storage means the same positions (nothing writes a sparse tensor's indices in place)."""
 
-    entry: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    entry: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
-def _transpose_order(indices: torch.Tensor, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    hit = _Transposed.entry
+def _layout(indices: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x's row pointers, x^T's entry order, x^T's row pointers) of coalesced COO `indices`, kept for the last."""
+    hit = _Layout.entry
     if hit is not None and hit[0].untyped_storage().data_ptr() == indices.untyped_storage().data_ptr() \
             and hit[0].storage_offset() == indices.storage_offset() and hit[0].shape == indices.shape:
-        return hit[1], hit[2]
+        return hit[1], hit[2], hit[3]
     perm = torch.argsort(indices[1], stable=True)  # by column, rows ascending within one: x^T's CSR order
-    crow = _row_pointers(indices[1], n_cols)
-    _Transposed.entry = (indices, perm, crow)
-    return perm, crow
+    _Layout.entry = (indices, _row_pointers(indices[0], shape[0]), perm, _row_pointers(indices[1], shape[1]))
+    return _Layout.entry[1:]
 
 
 def _row_pointers(rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -59,15 +60,16 @@ class _SparseFeaturesMM(torch.autograd.Function):
         indices, values = x.indices(), x.values()  # coalesced: rows ascending, then columns (CSR's order)
         ctx.save_for_backward(indices, values)
         ctx.shape = tuple(x.shape)
-        return torch.sparse.mm(sparse_csr(_row_pointers(indices[0], x.shape[0]), indices[1], values, ctx.shape), w)
+        crow, _, _ = _layout(indices, ctx.shape)
+        return torch.sparse.mm(sparse_csr(crow, indices[1], values, ctx.shape), w)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         indices, values = ctx.saved_tensors
         n, f = ctx.shape
-        perm, crow = _transpose_order(indices, f)
-        xt = sparse_csr(crow, indices[0].index_select(0, perm), values.index_select(0, perm), (f, n))
+        _, perm, crow_t = _layout(indices, ctx.shape)
+        xt = sparse_csr(crow_t, indices[0].index_select(0, perm), values.index_select(0, perm), (f, n))
         return None, torch.sparse.mm(xt, grad.contiguous())
 
 
