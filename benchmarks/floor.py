@@ -421,6 +421,9 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main() -> None:
+    from gnnc.runtime.memory import use_huge_pages
+
+    use_huge_pages()  # as `gnnc run` allocates (gnnc.runtime.memory)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gcn", help="an example: gcn, sage, gat, gin, ...")
     add_arguments(ap)

@@ -140,6 +140,7 @@ class EpochRecord:
     bubble_fraction: float = 0.0  # pipe_s / epoch_s: the pipeline's bubble as this stage saw it
     bytes_sent: int = 0
     bytes_by_op: dict[str, int] = field(default_factory=dict)  # "label/op/direction" -> bytes
+    seconds_by_op: dict[str, float] = field(default_factory=dict)  # "label/op/direction" -> seconds blocked
     peak_rss_bytes: int = 0
     activation_peak_bytes: int = 0  # how far the training step raised resident memory (peak_rss_since)
     # the resident set at the step's start, what activation_peak_bytes is measured above: what the first
@@ -171,6 +172,7 @@ class EpochRecord:
                    allreduce_s=allreduce_s, pipe_s=pipe_s, bubble_fraction=pipe_s / epoch_s if epoch_s > 0 else 0.0,
                    bytes_sent=stats.total_bytes(),
                    bytes_by_op={k: int(v["bytes"]) for k, v in stats.as_dict().items()},
+                   seconds_by_op={k: float(v["seconds"]) for k, v in stats.as_dict().items()},
                    peak_rss_bytes=peak_rss_bytes(), activation_peak_bytes=int(activation_peak_bytes),
                    step_base_bytes=int(step_base_bytes), cpu_s=cpu_s, extra=dict(extra or {}))
 

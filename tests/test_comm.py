@@ -444,3 +444,45 @@ def test_comm_stats_aggregates_by_label_and_op() -> None:
     assert stats.bytes_by("op") == {"halo": 22, "allreduce": 100}
     assert list(stats.as_dict()) == ["grads/allreduce/bwd", "layer0/halo/bwd", "layer0/halo/fwd",
                                      "layer1/halo/fwd"]
+
+
+@pytest.mark.parametrize("method", ["ring", "ring_paced"])
+def test_a_ring_posts_each_receive_before_its_send(monkeypatch, method: str) -> None:
+    """Rank 1 of 4 posts its receives first (every step's, or each step's before its send when paced):
+    a send posted first kept the peer's rows waiting over gloo (gnnc.runtime.comm's _exchange)."""
+    posted: list[tuple[str, int]] = []
+
+    def post(self, ops: list[Any]) -> list[Any]:
+        posted.extend(("recv" if op.op is comm.dist.irecv else "send", op.peer) for op in ops)
+        return []
+
+    class P2POp:  # torch's checks its process group, which this test has none of
+        def __init__(self, op, tensor, peer, group=None):
+            self.op, self.tensor, self.peer = op, tensor, peer
+
+    monkeypatch.setattr(comm, "_rank_world", lambda group: (1, 4))
+    monkeypatch.setattr(comm.dist, "P2POp", P2POp)
+    monkeypatch.setattr(comm._HaloExchange, "_post_p2p", post)
+    plan = HaloPlan(send_idx=(torch.tensor([0]), torch.tensor([], dtype=torch.long), torch.tensor([1]),
+                              torch.tensor([0, 1])), recv_counts=(2, 0, 1, 1))
+    op = comm._HaloExchange(plan, CommStats(), "layer0", None, method)
+    op.forward_start(torch.arange(6.0).view(2, 3))
+    ring = comm.ring_schedule(1, 4)  # (to, from) per step: (2, 0), (3, 3), (0, 2)
+    sends = [("send", dst) for dst, _ in ring]
+    recvs = [("recv", src) for _, src in ring]
+    if method == "ring":
+        assert posted == recvs + sends
+    else:
+        assert posted == [op for pair in zip(recvs, sends) for op in pair]
+
+
+def test_an_epoch_record_keeps_the_seconds_each_op_blocked() -> None:
+    from gnnc.runtime.metrics import EpochRecord
+
+    stats = CommStats()
+    stats.add_bytes("layer0", "halo", "fwd", 10)
+    stats.add_time("layer0", "halo", "fwd", 0.25)
+    stats.add_time("grads", "allreduce", "bwd", 0.5)
+    rec = EpochRecord.from_stats(0, 0, 2, stats, epoch_s=1.0)
+    assert rec.seconds_by_op == {"grads/allreduce/bwd": 0.5, "layer0/halo/fwd": 0.25}
+    assert (rec.comm_s, rec.allreduce_s, rec.compute_s) == (0.25, 0.5, 0.25)
