@@ -421,9 +421,9 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main() -> None:
-    from gnnc.runtime.memory import use_huge_pages
+    from gnnc.host import use_huge_pages
 
-    use_huge_pages()  # as `gnnc run` allocates (gnnc.runtime.memory)
+    use_huge_pages()  # as `gnnc run` allocates (gnnc.host)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gcn", help="an example: gcn, sage, gat, gin, ...")
     add_arguments(ap)

@@ -123,7 +123,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def main() -> None:
-    from gnnc.runtime.memory import use_huge_pages
+    from gnnc.host import use_huge_pages
 
     use_huge_pages()  # every system's subprocess inherits it: PyG, gnnc and the floor allocate alike, as gnnc runs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -21,7 +21,7 @@ from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
-from gnnc.runtime.memory import use_huge_pages
+from gnnc.host import use_huge_pages
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -566,7 +566,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    use_huge_pages()  # before torch's first allocation: it reads the setting once (gnnc.runtime.memory)
+    use_huge_pages()  # before torch's first allocation: it reads the setting once (gnnc.host)
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning

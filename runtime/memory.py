@@ -16,39 +16,17 @@ temporaries below the threshold (`rng.MASK_BLOCK`). A 32 MiB threshold
 (glibc's largest) was tried: a 1M-vertex depcomm rank then peaked at 2.4
 GiB instead of 1.6.
 
-Huge pages take that price back. torch's own switch, THP_MEM_ALLOC_ENABLE=1,
-advises the kernel to back each tensor of 2 MiB or more with transparent
-huge pages (madvise MADV_HUGEPAGE): one fault per 2 MiB instead of one per 4
-KiB, and the block still goes back to the system when freed. torch reads it
-once, at its first allocation, so `use_huge_pages` runs first thing in
-gnnc's command line (gnnc.cli) and in the benchmarks, and the processes
-they start inherit it; a value the user set (0 turns it off) is kept, and
-where the kernel's transparent huge pages are `never` the advice does
-nothing. Measured on this machine (2 cores, torch 2.13, `gnnc run`): a GCN
-on R-MAT with 200K vertices, hidden 128, training step 0.387 -> 0.238 s and
-evaluation 0.161 -> 0.105 s, the process's page faults 1.60M -> 0.19M over
-the run, its peak resident memory the same (1089.7 MB); a depcomm rank of a
-2-worker GCN on a 16K-vertex SBM (hidden 256, local gloo) 100 -> 69 ms a
-step; Cora, whose tensors are all under 2 MiB, unchanged.
+Huge pages take that price back: gnnc.host.use_huge_pages (torch's own switch,
+set by gnnc's command line before torch loads).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
-from collections.abc import MutableMapping
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more are mmapped, and unmapped when freed
-HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"  # torch's switch (c10's CPU allocator): 1 advises huge pages from 2 MiB up
-
-
-def use_huge_pages(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Turn torch's huge-page advice on in this process and the ones it starts, unless the user set it; True
-    when it is on. Before torch's first allocation, or it holds for the children only (module docstring)."""
-    env = os.environ if environ is None else environ
-    env.setdefault(HUGE_PAGES, "1")
-    return env[HUGE_PAGES] == "1"
 
 
 def return_freed_memory() -> bool:

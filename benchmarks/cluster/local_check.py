@@ -31,7 +31,7 @@ from gnnc.passes.choose_strategy import epoch_costs, planning_inputs
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.registry import segment_cost
 from gnnc.runtime.executor import init_params
-from gnnc.runtime.memory import use_huge_pages
+from gnnc.host import use_huge_pages
 from gnnc.runtime.train import TrainConfig, Worker, make_optimizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def measured(program, graph, epochs: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    use_huge_pages()  # as `gnnc probe` and `gnnc run` allocate (gnnc.runtime.memory)
+    use_huge_pages()  # as `gnnc probe` and `gnnc run` allocate (gnnc.host)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="a profile `gnnc probe --threads 1` wrote (default: probe now)")
     ap.add_argument("--epochs", type=int, default=6)

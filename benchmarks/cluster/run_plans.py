@@ -23,7 +23,7 @@ from typing import Any
 from gnnc import api
 from gnnc.runtime.distributed import DistJob, worker
 from gnnc.runtime.launch import DistConfig, end_joined_rank, join_torchrun
-from gnnc.runtime.memory import use_huge_pages
+from gnnc.host import use_huge_pages
 from gnnc.runtime.metrics import forget_peak_rss
 from gnnc.runtime.train import TrainConfig
 
@@ -42,7 +42,7 @@ def train_each(cfg: DistConfig, jobs: list[tuple[str, DistJob]]) -> list[dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    use_huge_pages()  # as `gnnc run` allocates (gnnc.runtime.memory)
+    use_huge_pages()  # as `gnnc run` allocates (gnnc.host)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a collective waits for its peers")

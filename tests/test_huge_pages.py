@@ -1,4 +1,4 @@
-"""gnnc.runtime.memory: the allocator settings every process gnnc starts runs with."""
+"""gnnc.host.use_huge_pages: the allocator setting every process gnnc starts runs with."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from gnnc import cli
-from gnnc.runtime.memory import HUGE_PAGES, use_huge_pages
+from gnnc.host import HUGE_PAGES, use_huge_pages
 
 
 def test_huge_pages_are_turned_on_unless_the_user_chose() -> None:
