@@ -436,7 +436,7 @@ class _Attention(torch.autograd.Function):
         if ctx.dots:
             ga_src, ga_dst = torch.empty_like(a_src), torch.empty_like(a_dst)
         dev = z.device
-        st = [cpu.structure(csr, name, dev) for name in ("indptr", "indices", "t_indptr", "t_indices", "t_perm")]
+        st = [cpu.structure(csr, name, dev) for name in ("indptr", "indices", "t_indptr", "t_indices", "t_place")]
         lib = native.usable(z)
         status = native.fn(lib, "attention_backward", z.dtype)(
             *(native.ptr(a) for a in st), native.ptr(z), native.ptr(s), native.ptr(t), native.ptr(mx),

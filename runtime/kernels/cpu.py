@@ -79,6 +79,7 @@ def structure(csr: CSR, name: str, device: torch.device) -> torch.Tensor:
     Names: `indptr`, `indices`, `dst` (destination of each CSR entry),
     `t_indptr`, `t_indices` (the transpose: sources' out-edges, with their
     destinations), `t_perm` (entry k of the transpose is entry t_perm[k] here),
+    `t_place` (its inverse: entry k here is entry t_place[k] of the transpose),
     `edge_ids` (0..nnz-1).
     """
     def build() -> torch.Tensor:
@@ -94,6 +95,10 @@ def structure(csr: CSR, name: str, device: torch.device) -> torch.Tensor:
             t = csr.transpose().indices
         elif name == "t_perm":
             t = csr.transpose()._cache["perm_from"]
+        elif name == "t_place":
+            perm = structure(csr, "t_perm", device)
+            t = torch.empty_like(perm)
+            t[perm] = torch.arange(perm.numel(), device=device)
         elif name == "edge_ids":
             t = torch.arange(csr.nnz, device=device)
         else:
