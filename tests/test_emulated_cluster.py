@@ -124,6 +124,19 @@ def test_network_measurements_become_profile_fields() -> None:
         ClusterProfile.from_dict({**profile.to_dict(), "links": [link(0, 1, False, -1.0)]})
 
 
+def test_a_slow_link_counts_in_the_latency_every_exchange_starts_with() -> None:
+    """Every rank starts a message to each peer, so the profile's latency is the links' mean: two pairs of
+    ranks sharing a core (2 ms, as measured on 4 emulated hosts on 2 cores) among fast links raise it."""
+    from gnnc.runtime.probe_network import profile_fields
+
+    slow = {(0, 2), (2, 0), (1, 3), (3, 1)}
+    links = [{"src": i, "dst": j, "same_host": False, "latency": 2e-3 if (i, j) in slow else 4e-5, "bandwidth": 1.4e8}
+             for i in range(4) for j in range(4) if i != j]
+    fields = profile_fields({"addresses": ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"], "links": links,
+                             "collectives": []})
+    assert fields["latency"] == pytest.approx((4 * 2e-3 + 8 * 4e-5) / 12)
+
+
 def test_probe_network_outside_torchrun_says_how_to_start_it(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     r = subprocess.run([sys.executable, "-m", "gnnc", "probe", "--network", "-o", str(tmp_path / "c.json")],

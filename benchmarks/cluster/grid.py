@@ -322,7 +322,7 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
              "rank's exchanges sent in the step and in the evaluation, against predict-bytes' count of both. "
              "Memory: the largest rank's peak resident set against gnnc.memory_check's estimate on its shard.", "",
              "## Profiles (`gnnc probe --network`; each worker count's machines measured once, every rank at once)",
-             "", "| workers | shaped | measured link | latency (median) | dense maps (t_v) | aggregation (t_e) | "
+             "", "| workers | shaped | measured link | latency (mean of the links) | dense maps (t_v) | aggregation (t_e) | "
              "op dispatch | seconds to measure |", "|---|---|---|---|---|---|---|---|"]
 
     def rate(value, scale, unit) -> str:
