@@ -1,4 +1,4 @@
-"""Give freed tensor memory back to the operating system, epoch after epoch, and fault it in by huge pages.
+"""Give freed tensor memory back to the operating system, epoch after epoch.
 
 glibc serves large allocations with mmap and returns them on free, but the
 first time such a block is freed it raises its mmap threshold to that size
@@ -16,14 +16,14 @@ temporaries below the threshold (`rng.MASK_BLOCK`). A 32 MiB threshold
 (glibc's largest) was tried: a 1M-vertex depcomm rank then peaked at 2.4
 GiB instead of 1.6.
 
-Huge pages take that price back: gnnc.host.use_huge_pages (torch's own switch,
-set by gnnc's command line before torch loads).
+Huge pages take most of that price back for blocks of 2 MiB and more:
+gnnc.host.use_huge_pages (torch's own switch, set by gnnc's command line
+before torch loads).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more are mmapped, and unmapped when freed
