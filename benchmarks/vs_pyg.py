@@ -20,6 +20,7 @@ the times mean little on a loaded machine.
     python benchmarks/vs_pyg.py                     # 200K vertices, 2M uniform edges, F=128, hidden 128
     python benchmarks/vs_pyg.py --graph rmat        # R-MAT (power-law) of the same size
     python benchmarks/vs_pyg.py --graph cora        # the examples' own sizes (GCN 16, GAT 8 heads x 8)
+    python benchmarks/vs_pyg.py --rounds 3           # each system three times, alternating: medians
     python benchmarks/vs_pyg.py --n 20000 --m 200000 --quick
     python benchmarks/vs_pyg.py --device cuda      # where a GPU is present (auto: CUDA when present)
     python benchmarks/vs_pyg.py --device cuda --n 2400000 --m 62000000 --features 100 --hidden 256 --classes 47
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -133,6 +135,9 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="gnnc's (PyG's stays fp32)")
     ap.add_argument("--quick", action="store_true", help="3 epochs after 1 warm-up, 3 runs per floor kernel")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON (benchmarks/gpu_check.py reads it)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every system this many times, the three alternating, and report each one's medians "
+                         "(the machine's drift then falls on all three alike)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: system:model in this process
     args = floor.resolve(ap.parse_args())
     args.device = resolve_device_or_exit(args.device)
@@ -143,29 +148,35 @@ def main() -> None:
         print(json.dumps(run_one(system, model, args)))
         return
 
-    forwarded = [a for a in _without_option(sys.argv[1:], ("--device", "--json")) if a != "--quick"]
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    forwarded = [a for a in _without_option(sys.argv[1:], ("--device", "--json", "--rounds")) if a != "--quick"]
     forwarded += ["--epochs", str(args.epochs), "--warmup", str(args.warmup), "--repeat", str(args.repeat),
                   "--device", args.device]
     load_before = floor.loadavg()
     started = time.perf_counter()
-    rows: dict[tuple[str, str], dict] = {}
+    runs: dict[tuple[str, str], list[dict]] = {}
     models = args.models.split(",")
-    for model in models:
-        for system in SYSTEMS if args.device == "cpu" else SYSTEMS[:2]:
-            r = subprocess.run([sys.executable, str(Path(__file__)), *forwarded, "--one", f"{system}:{model}"],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                rows[(system, model)] = {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
-            else:
-                rows[(system, model)] = json.loads(r.stdout.strip().splitlines()[-1])
+    for _ in range(args.rounds):
+        for model in models:
+            for system in SYSTEMS if args.device == "cpu" else SYSTEMS[:2]:
+                r = subprocess.run([sys.executable, str(Path(__file__)), *forwarded, "--one", f"{system}:{model}"],
+                                   capture_output=True, text=True)
+                if r.returncode != 0:
+                    row = {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
+                else:
+                    row = json.loads(r.stdout.strip().splitlines()[-1])
+                runs.setdefault((system, model), []).append(row)
+    rows = {key: _median_row(every) for key, every in runs.items()}
     first = next((r for r in rows.values() if "graph" in r), {})
     kernels = next((r["cpu_kernels"] for r in rows.values() if "cpu_kernels" in r), "?")
     sizes = "the examples' own sizes" if args.hidden is None else f"hidden {args.hidden} (GAT {args.heads} heads)"
     print(f"graph {first.get('graph', args.graph)}: {first.get('vertices', '?')} vertices, {first.get('edges', '?')} "
           f"edges; {sizes}; {args.threads} threads; device {args.device}, gnnc at {args.precision}; "
           f"gnnc's CPU kernels: {kernels}")
+    rounds = f"; each figure the median of {args.rounds} runs, the systems alternating" if args.rounds > 1 else ""
     print(f"epoch = training step + evaluation forward; median of {args.epochs} after {args.warmup}; "
-          f"peak RSS during the timed epochs")
+          f"peak RSS during the timed epochs{rounds}")
     print(f"{'model':6s} {'PyG s':>8s} {'gnnc s':>8s} {'floor s':>8s} {'PyG/gnnc':>9s} {'gnnc/floor':>10s} "
           f"{'PyG MiB':>8s} {'gnnc MiB':>9s} {'ratio':>6s} {'PyG +MiB':>9s} {'gnnc +MiB':>10s} {'ratio':>6s}")
     for model in models:
@@ -188,6 +199,20 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "one"},
                                                "rows": [{"system": s, "model": m, **r} for (s, m), r in rows.items()]},
                                               indent=2))
+
+
+def _median_row(every: list[dict]) -> dict:
+    """One system's runs of a model as one row: the median of each measured figure (the first error, if a run
+    failed). The ratios are then taken between medians."""
+    failed = next((r for r in every if "error" in r), None)
+    if failed is not None:
+        return failed
+    row = dict(every[0])
+    for key in ("epoch_s", "peak_bytes", "epoch_bytes"):
+        if key in row:
+            row[key] = statistics.median(r[key] for r in every)
+    row["runs"] = [r.get("epoch_s") for r in every]
+    return row
 
 
 def _without_option(argv: list[str], names: tuple[str, ...]) -> list[str]:
