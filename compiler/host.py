@@ -20,19 +20,19 @@ needs only what its prediction adds to that).
 
 Huge pages. glibc hands out blocks of 1 MiB and more fresh from the kernel
 (gnnc.runtime.memory), page-faulted in 4 KiB at a time. torch's own switch,
-THP_MEM_ALLOC_ENABLE=1, advises the kernel to back each tensor of 2 MiB or more with transparent
-huge pages (madvise MADV_HUGEPAGE): one fault per 2 MiB instead of one per 4
-KiB, and the block still goes back to the system when freed. torch reads it
-once, at its first allocation, so `use_huge_pages` runs first thing in
-gnnc's command line (gnnc.cli) and in the benchmarks, and the processes
-they start inherit it; a value the user set (0 turns it off) is kept, and
-where the kernel's transparent huge pages are `never` the advice does
-nothing. Measured on this machine (2 cores, torch 2.13, `gnnc run`): a GCN
-on R-MAT with 200K vertices, hidden 128, training step 0.387 -> 0.238 s and
-evaluation 0.161 -> 0.105 s, the process's page faults 1.60M -> 0.19M over
+THP_MEM_ALLOC_ENABLE=1, advises the kernel to back each tensor of 2 MiB or
+more with transparent huge pages (madvise MADV_HUGEPAGE): one fault per 2 MiB
+instead of one per 4 KiB, and the block still goes back to the system when
+freed. torch reads it once, at its first allocation, so `use_huge_pages` runs
+first thing in gnnc's command line (gnnc.cli) and in the benchmarks, and the
+processes they start inherit it; a value the user set (0 turns it off) is
+kept, and where the kernel's transparent huge pages are `never` the advice
+does nothing. Measured on this machine (2 cores, torch 2.13, `gnnc run`): a
+GCN on R-MAT with 200K vertices, hidden 128, training step 0.387 -> 0.238 s
+and evaluation 0.161 -> 0.105 s, the process's page faults 1.60M -> 0.19M over
 the run, its peak resident memory the same (1089.7 MB); a depcomm rank of a
-2-worker GCN on a 16K-vertex SBM (hidden 256, local gloo) 100 -> 69 ms a
-step; Cora, whose tensors are all under 2 MiB, unchanged.
+2-worker GCN on a 16K-vertex SBM (hidden 256, local gloo) 100 -> 69 ms a step;
+Cora, whose tensors are all under 2 MiB, unchanged.
 """
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def resident_bytes() -> int | None:
 def use_huge_pages(environ: MutableMapping[str, str] | None = None) -> bool:
     """Turn torch's huge-page advice on in this process and the ones it starts, unless the user set it; True
     when it is on. Before torch's first allocation, or it holds for the children only (module docstring). It
-lives here, not in gnnc.runtime, so that `gnnc check` and `--help` load no runtime."""
+    lives here, not in gnnc.runtime, so that `gnnc check` and `--help` load no runtime."""
     env = os.environ if environ is None else environ
     env.setdefault(HUGE_PAGES, "1")
     return env[HUGE_PAGES] == "1"
