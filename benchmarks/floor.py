@@ -9,8 +9,9 @@ for it on this machine (MKL's CSR product or torch's spmm_reduce, whichever is f
 for SDDMM-dots; a gather-add for SDDMM-adds). Elementwise
 work (dropout, activations, softmax, bias, the loss) and the optimizer are not in the floor: they are
 what an implementation should make small. Outputs are allocated per call as torch does, under the
-allocator setting gnnc's worker makes (gnnc.runtime.memory: blocks of 1 MiB and more are mapped
-afresh and page-faulted at each use), so each kernel pays for its output what it pays in gnnc's epoch.
+allocator gnnc's worker sets up (gnnc.runtime.memory: blocks of 1 MiB and more kept for reuse by the
+block cache where it builds, mapped afresh otherwise), so each kernel pays for its output what it pays
+in gnnc's epoch.
 
 Beside the floor: gnnc's epoch on the same graph and model (median over epochs, and the peak RSS
 during them), and a profile of one epoch that splits its time into the floor's kernels and the rest,
@@ -313,6 +314,7 @@ def time_epochs(step: Callable[[], None], epochs: int, warmup: int,
     """Run `warmup` epochs, then time `epochs` (median) and take their peak RSS; on a GPU, epochs timed to
     the completion of their kernels and the peak of torch's allocations there."""
     from gnnc.host import resident_bytes
+    from gnnc.runtime.block_cache import kept_bytes
     from gnnc.runtime.metrics import peak_rss_bytes
 
     cuda = device.type == "cuda"
@@ -320,7 +322,9 @@ def time_epochs(step: Callable[[], None], epochs: int, warmup: int,
     for _ in range(warmup):
         step()
     sync()
-    before = torch.cuda.memory_allocated(device) if cuda else resident_bytes() or 0
+    # what the process holds before the epochs, less the blocks the block cache keeps for them (the
+    # epochs' own memory, as without the cache)
+    before = torch.cuda.memory_allocated(device) if cuda else (resident_bytes() or 0) - kept_bytes()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     else:
@@ -352,7 +356,9 @@ def profile_epoch(step: Callable[[], None]) -> tuple[float, dict[str, float]]:
 def threads_note() -> str:
     from gnnc.runtime.kernels import native
 
-    return f"{torch.get_num_threads()} threads, compiled kernels: {native.status()}"
+    from gnnc.runtime import block_cache
+
+    return f"{torch.get_num_threads()} threads, compiled kernels: {native.status()}, {block_cache.status()}"
 
 
 def loadavg() -> str:
@@ -364,15 +370,15 @@ def loadavg() -> str:
 
 
 def report(args: argparse.Namespace) -> None:
-    from gnnc.runtime.memory import return_freed_memory
+    from gnnc.runtime.memory import set_up_allocator
 
+    set_up_allocator()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     graph = bench_graph(args.graph, args.n, args.m, args.features, args.classes)
     plan = compile_model(args.model, graph, args.hidden, args.heads)
     print(f"{args.model} on {graph.name}: {graph.num_nodes} vertices, {graph.num_edges} edges; {threads_note()}; "
           f"load {loadavg()}", flush=True)
-    return_freed_memory()
     ops = measure_floor(plan.program, graph, args.repeat)
     floor = sum(op.seconds for op in ops)
     print(f"\nfloor: {floor:.4f} s per epoch ({len(ops)} kernels)")

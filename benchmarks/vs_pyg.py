@@ -97,8 +97,9 @@ def run_one(system: str, model: str, args) -> dict:
     """Body of one subprocess: build, warm up, time; the epoch and the peak RSS during the timed epochs."""
     import torch
 
+    from gnnc.runtime import block_cache
     from gnnc.runtime.kernels import native
-    from gnnc.runtime.memory import return_freed_memory
+    from gnnc.runtime.memory import set_up_allocator
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -110,11 +111,11 @@ def run_one(system: str, model: str, args) -> dict:
     else:
         plan = floor.compile_model(model, graph, args.hidden, args.heads)
         if system == "floor":
-            return_freed_memory()  # as gnnc's worker does: outputs are allocated as in its epoch
+            set_up_allocator()  # as gnnc's worker does: outputs are allocated as in its epoch
             ops = floor.measure_floor(plan.program, graph, args.repeat)
             return {**out, "epoch_s": sum(op.seconds for op in ops), "kernels": len(ops)}
         step = floor.gnnc_epoch(plan.program, graph, args.device, args.precision)
-        out["cpu_kernels"] = native.status()
+        out["cpu_kernels"] = f"{native.status()}, {block_cache.status()}"
     timed = floor.time_epochs(step, args.epochs, args.warmup, torch.device(args.device))
     return {**out, "epoch_s": timed.epoch_s, "peak_bytes": timed.peak_bytes,
             "epoch_bytes": timed.peak_bytes - timed.before_bytes}

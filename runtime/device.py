@@ -72,12 +72,12 @@ def rank_device(device: str, local_rank: int = 0) -> torch.device:
 
 
 def start_rank(device: str, precision: str, local_rank: int, given: torch.device | None = None) -> torch.device:
-    """What every rank process does first: freed memory goes back to the system (gnnc.runtime.memory), one
+    """What every rank process does first: its allocator set up (gnnc.runtime.memory), one
     thread (the ranks share the cores), and its device (`given`, or GPU `local_rank` on CUDA) checked for
     `precision`."""
-    from gnnc.runtime.memory import return_freed_memory  # deferred: ctypes and libc only when a rank starts
+    from gnnc.runtime.memory import set_up_allocator  # deferred: ctypes and libc only when a rank starts
 
-    return_freed_memory()
+    set_up_allocator()
     torch.set_num_threads(1)
     placed = rank_device(device, local_rank) if given is None else given
     check_precision_on(placed, precision)

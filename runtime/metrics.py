@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from gnnc.files import atomic_write
 from gnnc.runtime.comm import CommStats
+from gnnc.runtime import block_cache
 from gnnc.runtime.memory import release_free_heap
 
 
@@ -86,12 +87,16 @@ def reset_peak_rss() -> int | None:
     except OSError:
         return None
     _HighWater.before_reset = max(_HighWater.before_reset, hwm or 0)
-    return _status_bytes("VmRSS")
+    now = _status_bytes("VmRSS")
+    # nor the blocks the block cache keeps for the step (it reuses them: resident already, yet its own)
+    return None if now is None else now - block_cache.kept_bytes()
 
 
 def forget_peak_rss() -> None:
     """Start this process's peak over: for a process that runs several jobs one after another (the
-    planner's validation grid, benchmarks/cluster), so that each job's `peak_rss_bytes` is its own."""
+    planner's validation grid, benchmarks/cluster), so that each job's `peak_rss_bytes` is its own (the
+    block cache's kept blocks, sized for the last job, are given back first)."""
+    block_cache.empty()
     reset_peak_rss()
     _HighWater.before_reset = 0
 

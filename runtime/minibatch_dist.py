@@ -95,9 +95,9 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
     """One rank of a sampled run: its seeds, its share of the features, and the exchanges of its strategy."""
 
     def __init__(self, cfg: DistConfig, job: SampledJob):
-        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the other workers
+        from gnnc.runtime.memory import set_up_allocator  # deferred, as in the other workers
 
-        return_freed_memory()
+        set_up_allocator()
         torch.set_num_threads(1)
         program = parse_ir(job.ir)
         data = load_sampled_rank(job.shard_dir, cfg.rank, cfg.world_size)

@@ -157,9 +157,9 @@ class Worker:
 
     def __init__(self, program: Program, graph: Graph, cfg: TrainConfig):
         from gnnc.runtime.comm import CommStats  # deferred: comm loads torch.distributed
-        from gnnc.runtime.memory import return_freed_memory  # deferred, as in the distributed worker
+        from gnnc.runtime.memory import set_up_allocator  # deferred, as in the distributed worker
 
-        return_freed_memory()
+        set_up_allocator()
 
         check_graph_fits(program, graph)
         self.device = devices.rank_device(cfg.device)

@@ -269,7 +269,7 @@ def test_a_library_that_cannot_be_built_leaves_the_torch_path(monkeypatch: pytes
         monkeypatch.setattr(native._State, "lib", None)
         monkeypatch.setattr(native._State, "tried", False)
         monkeypatch.setattr(native._State, "off", "")
-        monkeypatch.setattr(native, "_compiler", lambda c=state["compiler"]: c)
+        monkeypatch.setattr(native, "find_compiler", lambda c=state["compiler"]: c)
         monkeypatch.setattr(native, "cache_dir", lambda: tmp_path)
         assert native.library() is None
         assert why in native.status()
@@ -281,13 +281,13 @@ def test_a_library_that_cannot_be_built_leaves_the_torch_path(monkeypatch: pytes
 
 
 def test_the_build_is_cached_and_renamed_into_place(tmp_path) -> None:
-    compiler = native._compiler()
+    compiler = native.find_compiler()
     if compiler is None:
         pytest.skip("no C compiler")
-    first, why = native._build(compiler, tmp_path)
+    first, why = native.build(compiler, tmp_path)
     assert first is not None, why
     mtime = first.stat().st_mtime_ns
-    again, _ = native._build(compiler, tmp_path)
+    again, _ = native.build(compiler, tmp_path)
     assert again == first and first.stat().st_mtime_ns == mtime  # found, not rebuilt
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", first.name]  # no temporary left
 
@@ -297,10 +297,10 @@ def test_workers_started_together_build_once_and_load_the_same_library(tmp_path)
     import subprocess
     import sys
 
-    if native._compiler() is None:
+    if native.find_compiler() is None:
         pytest.skip("no C compiler")
     code = ("import ctypes, sys; from pathlib import Path; from gnnc.runtime.kernels import native; "
-            "path, why = native._build(native._compiler(), Path(sys.argv[1])); ctypes.CDLL(str(path)); print(path)")
+            "path, why = native.build(native.find_compiler(), Path(sys.argv[1])); ctypes.CDLL(str(path)); print(path)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     paths = {p.communicate(timeout=300)[0].strip() for p in procs}

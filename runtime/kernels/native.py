@@ -28,17 +28,38 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one library is built: `sources[0]` is compiled (the rest are files it includes; all are hashed
+    into the library's name), by the first of `compilers` on PATH, with `flags` and then the first of
+    `flag_sets` that builds; `libraries` come last on the command line."""
+
+    name: str
+    sources: tuple[Path, ...]
+    compilers: tuple[str, ...]
+    flags: tuple[str, ...]
+    flag_sets: tuple[tuple[str, ...], ...]
+    libraries: tuple[str, ...]
+
+
 SOURCE = Path(__file__).with_name("native.c")
-SOURCES = (SOURCE, Path(__file__).with_name("native_kernels.inc"))  # native.c includes the kernels
-# -O3 vectorises the hash loops; no -ffast-math: sums keep their order, so results are reproducible.
-BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared")
-# Tried in order: the first that builds is used (a compiler without OpenMP still gives one thread).
-FLAG_SETS = (("-march=native", "-fopenmp"), ("-fopenmp",), ())
+KERNELS = Recipe(
+    "gnnc_native",
+    (SOURCE, Path(__file__).with_name("native_kernels.inc")),  # native.c includes the kernels
+    ("cc", "gcc", "clang"),
+    # -O3 vectorises the hash loops; no -ffast-math: sums keep their order, so results are reproducible.
+    ("-O3", "-std=c11", "-fPIC", "-shared"),
+    # Tried in order: the first that builds is used (a compiler without OpenMP still gives one thread).
+    (("-march=native", "-fopenmp"), ("-fopenmp",), ()),
+    ("-lm",),
+)
 DTYPES = (torch.float32, torch.float64)
 
 _P = ctypes.c_void_p
@@ -72,7 +93,7 @@ class _State:
 ENV_SWITCH = "GNNC_NATIVE"
 
 
-def _off() -> str:
+def turned_off() -> str:
     """Why the compiled kernels are turned off, or "" when they are on."""
     if _State.off is None:
         value = os.environ.get(ENV_SWITCH, "1").strip().lower()
@@ -106,8 +127,8 @@ def cache_dir() -> Path:
     raise OSError("; ".join(problems))
 
 
-def _compiler() -> str | None:
-    for name in ("cc", "gcc", "clang"):
+def find_compiler(recipe: Recipe = KERNELS) -> str | None:
+    for name in recipe.compilers:
         found = shutil.which(name)
         if found:
             return found
@@ -126,10 +147,10 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build(compiler: str, out_dir: Path) -> tuple[Path | None, str]:
-    """Compile native.c (cached by source, compiler, flags and CPU); the library's path, or None and why."""
+def build(compiler: str, out_dir: Path, recipe: Recipe = KERNELS) -> tuple[Path | None, str]:
+    """Compile `recipe` (cached by source, compiler, flags and CPU); the library's path, or None and why."""
     with _build_lock(out_dir):
-        return _build_locked(compiler, out_dir)
+        return _build_locked(compiler, out_dir, recipe)
 
 
 class _build_lock:
@@ -156,23 +177,23 @@ class _build_lock:
             os.close(self.fd)  # releases the lock
 
 
-def _build_locked(compiler: str, out_dir: Path) -> tuple[Path | None, str]:
-    source = b"\0".join(p.read_bytes() for p in SOURCES)
+def _build_locked(compiler: str, out_dir: Path, recipe: Recipe) -> tuple[Path | None, str]:
+    source = b"\0".join(p.read_bytes() for p in recipe.sources)
     cc = Path(compiler)
     errors = []
-    for extra in FLAG_SETS:
-        flags = BASE_FLAGS + extra
+    for extra in recipe.flag_sets:
+        flags = recipe.flags + extra
         key = hashlib.sha256(b"\0".join([source, str(cc).encode(), str(cc.stat().st_mtime_ns).encode(),
                                          " ".join(flags).encode(), platform.machine().encode(),
                                          _cpu_flags().encode()])).hexdigest()[:20]
-        target = out_dir / f"gnnc_native_{key}.so"
+        target = out_dir / f"{recipe.name}_{key}.so"
         if target.exists():
             return target, ""
         fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".build-", suffix=".so")
         os.close(fd)
         try:
-            r = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
-                               timeout=300)
+            r = subprocess.run([compiler, *flags, str(recipe.sources[0]), "-o", tmp, *recipe.libraries],
+                               capture_output=True, text=True, timeout=300)
             if r.returncode == 0:
                 os.replace(tmp, target)  # atomic: a reader sees no library or the whole of it
                 return target, ""
@@ -188,12 +209,12 @@ def _build_locked(compiler: str, out_dir: Path) -> tuple[Path | None, str]:
 
 def _load() -> None:
     _State.tried = True
-    compiler = _compiler()
+    compiler = find_compiler()
     if compiler is None:
         _State.reason = "no C compiler (cc, gcc or clang) on PATH"
         return
     try:
-        path, why = _build(compiler, cache_dir())
+        path, why = build(compiler, cache_dir())
     except OSError as err:  # no private directory to build in, or none to write there
         path, why = None, str(err)
     if path is None:
@@ -214,7 +235,7 @@ def _load() -> None:
 
 def library() -> ctypes.CDLL | None:
     """The loaded library, built on first call; None when it cannot be or is turned off (see `status`)."""
-    if _off():
+    if turned_off():
         return None
     if not _State.tried:
         _load()
@@ -223,8 +244,8 @@ def library() -> ctypes.CDLL | None:
 
 def status() -> str:
     """One line for run summaries and benchmarks: "compiled", or which implementation runs instead and why."""
-    if _off():
-        return f"torch (compiled kernels turned off {_off()})"
+    if turned_off():
+        return f"torch (compiled kernels turned off {turned_off()})"
     if library() is not None:
         return "compiled"
     return f"torch (compiled kernels unavailable: {_State.reason})"
@@ -234,7 +255,7 @@ class disabled:
     """`with native.disabled():` runs the torch implementations (for tests and measurements)."""
 
     def __enter__(self) -> None:
-        self._was = _off()
+        self._was = turned_off()
         _State.off = "in this block"
 
     def __exit__(self, *exc: Any) -> None:
