@@ -9,7 +9,7 @@ time per epoch and the epochs of one run ranged 0.89-1.54 s (GAT); with it, 0.00
 
 The cache is torch's CPU allocator (c10::SetCPUAllocator) from `block_cache.cpp`, built like the
 compiled kernels (gnnc.runtime.kernels.native: same private cache directory, same lock; GNNC_NATIVE=0
-turns both off). Blocks under 1 MiB go to torch's allocator as before; a freed larger block is kept and
+turns both off, GNNC_BLOCK_CACHE=0 the cache alone, to measure without it). Blocks under 1 MiB go to torch's allocator as before; a freed larger block is kept and
 handed to the next request it fits with at most an eighth to spare. It never holds more than the largest
 live set seen: on a request no kept block fits, kept blocks are freed (largest first) until the memory
 held, this block included, is within that high-water mark, so a run's peak is what it would be without
@@ -21,6 +21,7 @@ Where the library cannot be built (no C++ compiler or no torch headers), torch's
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import torch
 from gnnc.runtime.kernels import native
 
 SOURCE = Path(__file__).with_name("block_cache.cpp")
+ENV_SWITCH = "GNNC_BLOCK_CACHE"  # 0 keeps torch's allocator (read once, when a process sets up its allocator)
 MIN_BYTES = 1 << 20  # the blocks glibc maps afresh (gnnc.runtime.memory.MMAP_THRESHOLD_BYTES)
 
 
@@ -70,6 +72,10 @@ def install() -> bool:
     _State.tried = True
     if native.turned_off():
         _State.reason = f"turned off {native.turned_off()}"
+        return False
+    value = os.environ.get(ENV_SWITCH, "1").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        _State.reason = f"turned off by {ENV_SWITCH}={value}"
         return False
     compiler = native.find_compiler(recipe())
     if compiler is None:

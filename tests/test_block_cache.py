@@ -100,8 +100,9 @@ def test_a_failing_build_leaves_torchs_allocator(monkeypatch: pytest.MonkeyPatch
     assert not [p for p in tmp_path.iterdir() if p.suffix == ".so"]  # nothing half-built is left
 
 
-def test_turned_off_with_the_compiled_kernels() -> None:
+@pytest.mark.parametrize("switch", [native.ENV_SWITCH, block_cache.ENV_SWITCH])
+def test_turned_off_with_the_compiled_kernels_or_alone(switch: str) -> None:
     code = "from gnnc.runtime import block_cache as b; print(b.install(), b.status())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
-                         env={**os.environ, native.ENV_SWITCH: "0"})
-    assert out.stdout.startswith("False torch's allocator (turned off by GNNC_NATIVE=0)")
+                         env={**os.environ, switch: "0"})
+    assert out.stdout.startswith(f"False torch's allocator (turned off by {switch}=0)")
