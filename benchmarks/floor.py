@@ -354,9 +354,8 @@ def profile_epoch(step: Callable[[], None]) -> tuple[float, dict[str, float]]:
 
 
 def threads_note() -> str:
-    from gnnc.runtime.kernels import native
-
     from gnnc.runtime import block_cache
+    from gnnc.runtime.kernels import native
 
     return f"{torch.get_num_threads()} threads, compiled kernels: {native.status()}, {block_cache.status()}"
 

@@ -4,17 +4,20 @@ Why: glibc maps every block of 1 MiB and more afresh and unmaps it when freed (g
 that threshold so a run's memory does not grow epoch after epoch), so every activation of every epoch is
 page-faulted in and zeroed by the kernel again, and on this project's virtual machines what that costs
 varies from run to run. Measured (2 cores, R-MAT 200K vertices / 2M edges, hidden 128, huge pages on,
-`gnnc`'s epoch = training step + evaluation): without the cache the process spent 0.15-0.57 s of system
-time per epoch and the epochs of one run ranged 0.89-1.54 s (GAT); with it, 0.001-0.07 s and 0.78-0.84 s.
+gnnc's epoch = training step + evaluation, ten epochs): without the cache the process spent 0.12-0.60 s
+of system time per epoch (GCN, SAGE, GAT) and GAT's epochs ranged 1.02-2.05 s; with it 0.000-0.078 s,
+and 0.79-0.84 s; peak RSS +1% to +16%.
 
 The cache is torch's CPU allocator (c10::SetCPUAllocator) from `block_cache.cpp`, built like the
-compiled kernels (gnnc.runtime.kernels.native: same private cache directory, same lock; GNNC_NATIVE=0
-turns both off, GNNC_BLOCK_CACHE=0 the cache alone, to measure without it). Blocks under 1 MiB go to torch's allocator as before; a freed larger block is kept and
-handed to the next request it fits with at most an eighth to spare. It never holds more than the largest
-live set seen: on a request no kept block fits, kept blocks are freed (largest first) until the memory
-held, this block included, is within that high-water mark, so a run's peak is what it would be without
-the cache while a training loop, which asks for the same sizes every epoch, finds them kept. `empty()`
-gives every kept block back (before a measurement of what a step adds, for one).
+compiled kernels (gnnc.runtime.kernels.native: same private cache directory, same lock). GNNC_NATIVE=0
+turns both off, GNNC_BLOCK_CACHE=0 the cache alone (to measure without it). Blocks under 1 MiB go to
+torch's allocator as before; a freed larger block is kept and handed to the next request it fits with
+at most an eighth to spare. What it holds stays within a quarter above the largest live set seen: on a
+request no kept block fits, kept blocks are freed (largest first) until the memory held, this block
+included, is within that bound. A training loop asks for the same sizes every epoch and finds them kept
+after its first epochs; a run's peak grows by what the kept blocks add at its peak, at most a quarter
+of its large blocks' high-water mark. `empty()` gives every kept block back (between the jobs of one
+process, for one).
 
 Where the library cannot be built (no C++ compiler or no torch headers), torch's allocator stays.
 """

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from gnnc.files import atomic_write
-from gnnc.runtime.comm import CommStats
 from gnnc.runtime import block_cache
+from gnnc.runtime.comm import CommStats
 from gnnc.runtime.memory import release_free_heap
 
 
