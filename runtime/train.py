@@ -35,6 +35,7 @@ import torch
 from gnnc.errors import GnncError, GraphInputError
 from gnnc.ir import Program
 from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
+from gnnc.runtime import block_cache
 from gnnc.runtime import device as devices
 from gnnc.runtime import rng
 from gnnc.runtime.kernels import native
@@ -128,6 +129,7 @@ class RunResult:
     # the slowest rank's step and evaluation took beyond the slowest step
     eval_bytes_sent_per_epoch: int = 0  # what the evaluation's exchanges sent (every rank), per epoch
     cpu_kernels: str = ""  # gnnc.runtime.kernels.native.status() of the (first) process: compiled, or torch and why
+    cpu_allocator: str = ""  # gnnc.runtime.block_cache.status() of the (first) process: block cache, or why not
 
     def summary(self) -> dict[str, Any]:
         """Every field but the logits and the history (JSON-ready)."""
@@ -142,7 +144,7 @@ class RunResult:
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
-                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels")
+                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels", "cpu_allocator")
 
 
 class Worker:
@@ -449,7 +451,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
                # the training step's activation memory, largest over workers and epochs after the first
                "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
-               "cpu_kernels": native.status()}
+               "cpu_kernels": native.status(), "cpu_allocator": block_cache.status()}
     return summary, logits, history
 
 
@@ -467,4 +469,4 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
                      bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
                      activation_peak_bytes=summary["activation_peak_bytes"], eval_time_s=summary["eval_time_s"],
                      eval_bytes_sent_per_epoch=summary["eval_bytes_sent_per_epoch"],
-                     cpu_kernels=summary["cpu_kernels"])
+                     cpu_kernels=summary["cpu_kernels"], cpu_allocator=summary["cpu_allocator"])

@@ -105,7 +105,7 @@ def test_fused_chains_equal_the_equations(name: str, graph, monkeypatch: pytest.
         assert _rel(grads[k], g) < 1e-4, k
 
 
-def test_gnnc_run_says_which_kernels_ran(graph, tmp_path) -> None:
+def test_gnnc_run_says_which_kernels_and_allocator_ran(graph, tmp_path) -> None:
     """GNNC_NATIVE=0 turns the compiled kernels off: the run trains as before and its summary says so."""
     path = tmp_path / "g.pt"
     torch.save({"edge_index": torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)]), "x": graph.x,
@@ -123,6 +123,9 @@ def test_gnnc_run_says_which_kernels_ran(graph, tmp_path) -> None:
     assert "note: CPU kernels: torch (compiled kernels turned off by GNNC_NATIVE=0)" in off_stderr
     on, on_stderr = out["1"]
     assert on["cpu_kernels"] == "compiled" or on["cpu_kernels"].startswith("torch (compiled kernels unavailable")
+    assert off["cpu_allocator"] == "torch's allocator (turned off by GNNC_NATIVE=0)"
+    assert "note: CPU allocator" not in off_stderr  # the switch the user set is not repeated back
+    assert on["cpu_allocator"] == "block cache" or "note: CPU allocator: torch's allocator (" in on_stderr
     assert abs(on["train_loss"] - off["train_loss"]) < 1e-5 * abs(off["train_loss"])
 
 
