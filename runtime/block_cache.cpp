@@ -6,6 +6,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -18,7 +19,12 @@ class BlockCache final : public c10::Allocator {
   BlockCache(c10::Allocator* base, size_t min_bytes) : base_(base), min_bytes_(min_bytes) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
-    if (nbytes < min_bytes_) return base_->allocate(nbytes);
+    if (nbytes < min_bytes_) {
+      // torch's allocator makes it, and gets it back through this allocator's deleter: raw_deleter()'s
+      // contract is that every DataPtr allocate() returns carries it (raw_deallocate relies on that)
+      void* data = base_->raw_allocate(nbytes);
+      return {data, data, &BlockCache::release, c10::Device(c10::DeviceType::CPU)};
+    }
     const size_t want = (nbytes + kPage - 1) & ~(kPage - 1);
     std::vector<void*> evicted;
     void* data = nullptr;
@@ -121,16 +127,25 @@ class BlockCache final : public c10::Allocator {
   }
 
   void give_back(void* data) {
-    report(data, -1);
-    std::unique_lock<std::mutex> lock(mu_);
-    auto it = sizes_.find(data);
-    if (it == sizes_.end()) {  // not a block of ours (none should come here): torch's own free
-      lock.unlock();
-      c10::free_cpu(data);
+    size_t size = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sizes_.find(data);
+      if (it != sizes_.end()) size = it->second;
+    }
+    if (size == 0) {
+      // A block torch's allocator made (under 1 MiB): its own deleter frees it
+      c10::DeleterFnPtr theirs = base_->raw_deleter();
+      if (theirs != nullptr) {
+        theirs(data);
+      } else {
+        c10::free_cpu(data);
+      }
       return;
     }
-    const size_t size = it->second;
-    sizes_.erase(it);
+    report(data, -1);
+    std::lock_guard<std::mutex> lock(mu_);
+    sizes_.erase(data);
     live_ -= size;
     free_.emplace(size, data);
     cached_ += size;
@@ -160,6 +175,16 @@ extern "C" int gnnc_block_cache_install(int64_t min_bytes) {
 
 extern "C" void gnnc_block_cache_empty() {
   if (BlockCache::instance != nullptr) BlockCache::instance->empty();
+}
+
+// What raw_allocate and raw_deallocate do (torch's and oneDNN's scratch buffers): a block of `nbytes` from
+// torch's CPU allocator, written, given back through its raw deleter. 0 when done (for the tests).
+extern "C" int gnnc_block_cache_raw_round_trip(int64_t nbytes) {
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  void* data = allocator->raw_allocate(static_cast<size_t>(nbytes));
+  std::memset(data, 1, static_cast<size_t>(nbytes));
+  allocator->raw_deallocate(data);
+  return 0;
 }
 
 // live bytes, cached bytes, the largest live set, hits, misses

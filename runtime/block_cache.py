@@ -97,6 +97,7 @@ def install() -> bool:
         lib.gnnc_block_cache_install.argtypes = [ctypes.c_int64]
         lib.gnnc_block_cache_stats.argtypes = [ctypes.c_void_p]
         lib.gnnc_block_cache_empty.argtypes = []
+        lib.gnnc_block_cache_raw_round_trip.argtypes = [ctypes.c_int64]
     except (OSError, AttributeError) as err:
         _State.reason = f"{path} does not load: {err}"
         return False

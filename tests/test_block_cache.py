@@ -35,6 +35,20 @@ def test_a_freed_large_block_is_handed_to_the_next_request_of_its_size() -> None
 
 
 @needs_cache
+@pytest.mark.parametrize("nbytes", [1000, 3 * MiB])
+def test_raw_allocate_and_raw_deallocate_go_through_the_allocator_that_made_the_block(nbytes: int) -> None:
+    """What oneDNN's and torch's scratch buffers do: raw_deallocate calls the allocator's raw deleter, for a
+    block of any size (a small one is torch's allocator's own: given back there, not taken as a kept one)."""
+    lib = block_cache._State.lib
+    before = block_cache.stats()
+    for _ in range(3):
+        assert lib.gnnc_block_cache_raw_round_trip(nbytes) == 0
+    after = block_cache.stats()
+    assert after.live == before.live
+    assert after.cached - before.cached in ((0,) if nbytes < block_cache.MIN_BYTES else (0, nbytes))
+
+
+@needs_cache
 def test_a_block_much_larger_than_the_request_is_not_used() -> None:
     block_cache.empty()
     a = torch.empty(4 * MiB // 4)
