@@ -266,16 +266,6 @@ def measure_floor(program, graph, repeat: int) -> list[KernelOp]:
 
 # ----- gnnc's epoch, its peak memory and its profile
 
-def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (VmHWM) so that it covers only what runs next; False where Linux refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def gnnc_epoch(program, graph, device: str = "cpu", precision: str = "fp32") -> Callable[[], None]:
     """One gnnc epoch as `gnnc run` runs it: the training step (Worker.train_epoch), then the evaluation
     forward pass."""
@@ -313,30 +303,24 @@ def time_epochs(step: Callable[[], None], epochs: int, warmup: int,
                 device: torch.device = torch.device("cpu")) -> Timed:
     """Run `warmup` epochs, then time `epochs` (median) and take their peak RSS; on a GPU, epochs timed to
     the completion of their kernels and the peak of torch's allocations there."""
-    from gnnc.host import resident_bytes
-    from gnnc.runtime.block_cache import kept_bytes
-    from gnnc.runtime.metrics import peak_rss_bytes
+    from gnnc.runtime.metrics import peak_memory_since, peak_rss_bytes, reset_peak_memory
 
-    cuda = device.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         step()
     sync()
-    # what the process holds before the epochs, less the blocks the block cache keeps for them (the
-    # epochs' own memory, as without the cache)
-    before = torch.cuda.memory_allocated(device) if cuda else (resident_bytes() or 0) - kept_bytes()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        reset_peak_rss()
+    # as `gnnc run` measures a step's memory: the base is what the process holds (less the blocks the block
+    # cache keeps for the epochs), and the peak is how far the epochs rise above it
+    base = reset_peak_memory(device)
     times = []
     for _ in range(epochs):
         t0 = time.perf_counter()
         step()
         sync()
         times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated(device) if cuda else peak_rss_bytes()
-    return Timed(statistics.median(times), peak, before)
+    if base is None:  # no high-water mark to reset here: the process's own peak
+        return Timed(statistics.median(times), peak_rss_bytes(), 0)
+    return Timed(statistics.median(times), base + peak_memory_since(device, base), base)
 
 
 def profile_epoch(step: Callable[[], None]) -> tuple[float, dict[str, float]]:
@@ -353,11 +337,16 @@ def profile_epoch(step: Callable[[], None]) -> tuple[float, dict[str, float]]:
     return wall, per_op
 
 
-def threads_note() -> str:
+def cpu_code() -> str:
+    """Which compiled code runs: the kernels' status and the allocator's, for the benchmarks' headers."""
     from gnnc.runtime import block_cache
     from gnnc.runtime.kernels import native
 
-    return f"{torch.get_num_threads()} threads, compiled kernels: {native.status()}, {block_cache.status()}"
+    return f"{native.status()}, {block_cache.status()}"
+
+
+def threads_note() -> str:
+    return f"{torch.get_num_threads()} threads, compiled kernels: {cpu_code()}"
 
 
 def loadavg() -> str:

@@ -97,8 +97,6 @@ def run_one(system: str, model: str, args) -> dict:
     """Body of one subprocess: build, warm up, time; the epoch and the peak RSS during the timed epochs."""
     import torch
 
-    from gnnc.runtime import block_cache
-    from gnnc.runtime.kernels import native
     from gnnc.runtime.memory import set_up_allocator
 
     torch.set_num_threads(args.threads)
@@ -115,7 +113,7 @@ def run_one(system: str, model: str, args) -> dict:
             ops = floor.measure_floor(plan.program, graph, args.repeat)
             return {**out, "epoch_s": sum(op.seconds for op in ops), "kernels": len(ops)}
         step = floor.gnnc_epoch(plan.program, graph, args.device, args.precision)
-        out["cpu_kernels"] = f"{native.status()}, {block_cache.status()}"
+        out["cpu_kernels"] = floor.cpu_code()
     timed = floor.time_epochs(step, args.epochs, args.warmup, torch.device(args.device))
     return {**out, "epoch_s": timed.epoch_s, "peak_bytes": timed.peak_bytes,
             "epoch_bytes": timed.peak_bytes - timed.before_bytes}

@@ -216,9 +216,8 @@ def _run(args: argparse.Namespace) -> int:
     summary["epochs"] = cfg.epochs
     if summary["cpu_kernels"] not in ("", "compiled"):  # slower, never wrong: said once, not an error
         print(f"note: CPU kernels: {summary['cpu_kernels']}", file=sys.stderr)
-    allocator = summary.get("cpu_allocator", "")
-    if allocator not in ("", "block cache") and "turned off" not in allocator:  # a switch the user set: no note
-        print(f"note: CPU allocator: {allocator}", file=sys.stderr)
+    if summary["cpu_allocator"] not in ("", "block cache"):  # as the kernels: slower, said once
+        print(f"note: CPU allocator: {summary['cpu_allocator']}", file=sys.stderr)
     summary["device"], summary["precision"] = cfg.device, cfg.precision
     if args.dump_logits:
         torch.save(logits, args.dump_logits)

@@ -24,17 +24,17 @@ Where the library cannot be built (no C++ compiler or no torch headers), torch's
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from gnnc.runtime.kernels import native
+from gnnc.runtime.memory import MMAP_THRESHOLD_BYTES
 
 SOURCE = Path(__file__).with_name("block_cache.cpp")
 ENV_SWITCH = "GNNC_BLOCK_CACHE"  # 0 keeps torch's allocator (read once, when a process sets up its allocator)
-MIN_BYTES = 1 << 20  # the blocks glibc maps afresh (gnnc.runtime.memory.MMAP_THRESHOLD_BYTES)
+MIN_BYTES = MMAP_THRESHOLD_BYTES  # the blocks glibc maps afresh
 
 
 def recipe() -> native.Recipe:
@@ -76,9 +76,9 @@ def install() -> bool:
     if native.turned_off():
         _State.reason = f"turned off {native.turned_off()}"
         return False
-    value = os.environ.get(ENV_SWITCH, "1").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        _State.reason = f"turned off by {ENV_SWITCH}={value}"
+    off = native.switched_off(ENV_SWITCH)
+    if off:
+        _State.reason = f"turned off {off}"
         return False
     compiler = native.find_compiler(recipe())
     if compiler is None:

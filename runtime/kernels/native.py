@@ -96,9 +96,14 @@ ENV_SWITCH = "GNNC_NATIVE"
 def turned_off() -> str:
     """Why the compiled kernels are turned off, or "" when they are on."""
     if _State.off is None:
-        value = os.environ.get(ENV_SWITCH, "1").strip().lower()
-        _State.off = f"by {ENV_SWITCH}={value}" if value in ("0", "false", "no", "off") else ""
+        _State.off = switched_off(ENV_SWITCH)
     return _State.off
+
+
+def switched_off(name: str) -> str:
+    """Why the environment variable `name` turns something off (its value 0, false, no or off), or "" if not."""
+    value = os.environ.get(name, "1").strip().lower()
+    return f"by {name}={value}" if value in ("0", "false", "no", "off") else ""
 
 
 def cache_dir() -> Path:
