@@ -313,11 +313,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def _fit_machine(api, threads: int, bandwidth: float, device: str = "cpu") -> dict:
     """Time this machine's ops (every op class, then PROBE_MODEL's layers) and fit the cost model's rates to
-    them: op_rates, NeutronStar's unit costs and t_v, t_e, t_c at `bandwidth` (ClusterProfile fields)."""
+    them: op_rates, kernel_rates, NeutronStar's unit costs and t_v, t_e, t_c at `bandwidth` (ClusterProfile
+    fields)."""
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc.passes.cost.fit import fit_op_rates, fit_profile
+    from gnnc.cluster import KernelRate
     from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, PROBE_WIDTHS,
-                                    probe_layer_samples, probe_op_samples)
+                                    kernel_rate_samples, probe_layer_samples, probe_op_samples)
 
     features, hidden, classes = PROBE_OPS_WIDTHS
     ops_model = api.load_model_source(PROBE_OPS_MODEL, "<gnnc probe>", features=features, hidden=hidden,
@@ -328,7 +330,8 @@ def _fit_machine(api, threads: int, bandwidth: float, device: str = "cpu") -> di
     model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
     program, samples, forward = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads,
                                                     device=device)
-    return fit_profile(program, samples, PROBE_WIDTHS, bandwidth, rates, forward)
+    kernels = [KernelRate(**r) for r in kernel_rate_samples(threads, device)]
+    return fit_profile(program, samples, PROBE_WIDTHS, bandwidth, rates, forward, kernels)
 
 
 def _probe_network(args: argparse.Namespace, threads: int) -> int:
@@ -379,7 +382,7 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
           f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
           f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
           f"idle (profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us per message "
-          f"while the ranks compute)", file=sys.stderr)
+          f"as a step's exchanges pay it)", file=sys.stderr)
     for c in profile.collectives:
         print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
               f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)

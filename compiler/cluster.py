@@ -29,13 +29,16 @@ every older profile) still load, and a profile without a fit is written exactly 
 the job's ranks (`LinkMeasurement`, `CollectiveMeasurement`), optional and left out when empty in
 the same way. `gnnc probe` also writes `op_rates` (`OpRate`: seconds per element of each class of the
 IR's other ops, forward and backward), optional likewise; a profile without them prices those ops from
-its memory bandwidth (`ClusterProfile.op_rate`).
+its memory bandwidth (`ClusterProfile.op_rate`). It also writes `kernel_rates` (`KernelRate`: the dense map's
+three products and the aggregation forward and backward, timed alone at several widths), optional likewise; a
+profile without them prices every width at the one rate (`ClusterProfile.kernel_slowdown`).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -138,6 +141,24 @@ class OpRate:
     backward: float
 
 
+# The kernels `kernel_rates` times at several widths (gnnc.runtime.probe.kernel_rate_samples): a dense map
+# x[rows, k] @ W[k, n] forward, its weight gradient x^T @ g and its input gradient g @ W^T (FLOP/s), and the
+# aggregation A @ x[:, n] forward and A^T @ g backward (edge-feature multiply-adds/s; k is 0).
+KERNELS = ("gemm_f", "gemm_dw", "gemm_dx", "spmm_f", "spmm_b")
+
+
+@dataclass(frozen=True)
+class KernelRate:
+    """One kernel at one shape, as `gnnc probe` timed it alone: `kernel` (KERNELS) reading k-wide rows and
+    writing n-wide ones (an aggregation: k = 0, n its width) at `rate` (FLOP/s of a dense map, edge-feature
+    multiply-adds/s of an aggregation)."""
+
+    kernel: str
+    k: int
+    n: int
+    rate: float
+
+
 @dataclass(frozen=True)
 class ClusterProfile:
     """The machines a plan runs on.
@@ -177,6 +198,9 @@ class ClusterProfile:
         accumulation (a GPU's tensor cores), what `--precision bf16|fp16` prices dense maps at;
         None: no faster than gemm_rate (the type has no hardware path there, or nobody measured it).
     spmm_rate_16: edge-feature multiply-adds per second with 16-bit rows; None: spmm_rate.
+    kernel_rates: the dense map's products and the aggregation timed alone at several widths
+        (`KernelRate`); what `kernel_slowdown` scales the fitted rates by at a layer's widths. Empty: every
+        width runs at the one rate.
     """
 
     name: str
@@ -203,6 +227,7 @@ class ClusterProfile:
     gemm_rate_bf16: float | None = None
     gemm_rate_fp16: float | None = None
     spmm_rate_16: float | None = None
+    kernel_rates: tuple[KernelRate, ...] = ()
 
     def __post_init__(self) -> None:
         _validate({f.name: getattr(self, f.name) for f in fields(self)}, f"cluster profile '{self.name}'")
@@ -297,9 +322,20 @@ class ClusterProfile:
         forward, backward = _OP_BYTES[op]
         return (forward if direction == "forward" else backward) / self.memory_bandwidth
 
+    def kernel_slowdown(self, kernel: str, k: float, n: float) -> float:
+        """How many times longer than at its fastest timed shape `kernel` (KERNELS) takes per unit of work
+        at widths k, n (an aggregation: k = 0), by `kernel_rates`: the fastest forward rate of its kind (a
+        dense map's or an aggregation's) over its rate here, interpolated in log width and log rate between the
+        widths timed and held at the edges. 1.0 without `kernel_rates` (every width at the one fitted rate).
+
+        The fitted rates (t_v, t_e) are rates at that fastest shape: gnnc.passes.cost.fit divides the probe's
+        own layers' work by the same factors before fitting them.
+        """
+        return kernel_slowdown(self.kernel_rates, kernel, k, n)
+
     def to_dict(self) -> dict[str, Any]:
         data = {"version": PROFILE_VERSION, **asdict(self)}
-        for key in ("unit_costs", "links", "collectives", "op_rates"):
+        for key in ("unit_costs", "links", "collectives", "op_rates", "kernel_rates"):
             data[key] = [dict(u) for u in data[key]]
             if not data[key]:
                 del data[key]  # optional: a profile without a fit or a network probe reads as it always did
@@ -341,10 +377,47 @@ class ClusterProfile:
         values["links"] = _records_from_json(values["links"], LinkMeasurement, "links", where)
         values["collectives"] = _records_from_json(values["collectives"], CollectiveMeasurement, "collectives", where)
         values["op_rates"] = _records_from_json(values["op_rates"], OpRate, "op_rates", where)
+        values["kernel_rates"] = _records_from_json(values["kernel_rates"], KernelRate, "kernel_rates", where)
         _validate(values, where)  # with the caller's `where` (the file), before __post_init__ repeats it
         # JSON integers in float fields (e.g. "latency": 0) become floats, so equal profiles compare equal
         return cls(**{k: float(v) if _FIELD_KIND[k].startswith("float") and v is not None else v
                       for k, v in values.items()})
+
+
+def kernel_slowdown(rates: Sequence[KernelRate], kernel: str, k: float, n: float) -> float:
+    """`ClusterProfile.kernel_slowdown` on these `rates` (what gnnc.passes.cost.fit uses before a profile exists)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"no kernel {kernel!r} (kernels: {', '.join(KERNELS)})")
+    table = {(r.k, r.n): r.rate for r in rates if r.kernel == kernel}
+    if not table:
+        return 1.0
+    fastest = max(r.rate for r in rates if r.kernel == kernel[:5] + "f")
+    return fastest / _interpolate_rate(table, k, n)
+
+
+def _interpolate_rate(table: dict[tuple[int, int], float], k: float, n: float) -> float:
+    """The rate at (k, n) from rates timed on a grid of (k, n): bilinear in (log k, log n) of log rate, each width
+    held within the widths timed; where the grid lacks a corner, the nearest shape timed (in log widths)."""
+    def bracket(values: list[int], x: float) -> tuple[int, int, float]:
+        if len(values) == 1 or x <= values[0]:
+            return values[0], values[0], 0.0
+        if x >= values[-1]:
+            return values[-1], values[-1], 0.0
+        hi = next(i for i, v in enumerate(values) if v >= x)
+        lo_v, hi_v = values[hi - 1], values[hi]
+        return lo_v, hi_v, math.log(x / lo_v) / math.log(hi_v / lo_v)
+
+    k0, k1, fk = bracket(sorted({key[0] for key in table}), k)
+    n0, n1, fn = bracket(sorted({key[1] for key in table}), n)
+    corners = ((k0, n0), (k0, n1), (k1, n0), (k1, n1))
+    if not all(c in table for c in corners):
+        def distance(key: tuple[int, int]) -> float:
+            return abs(math.log(max(key[0], 1) / max(k, 1))) + abs(math.log(key[1] / max(n, 1)))
+        return table[min(table, key=distance)]
+    log = {c: math.log(table[c]) for c in corners}
+    at_n0 = log[(k0, n0)] * (1 - fk) + log[(k1, n0)] * fk
+    at_n1 = log[(k0, n1)] * (1 - fk) + log[(k1, n1)] * fk
+    return math.exp(at_n0 * (1 - fn) + at_n1 * fn)
 
 
 _FIELD_KIND = MappingProxyType({
@@ -354,6 +427,7 @@ _FIELD_KIND = MappingProxyType({
     "t_e": "float?", "t_c": "float?", "t_v_forward": "float?", "t_e_forward": "float?", "description": "str",
     "unit_costs": "unit_costs", "links": "links", "collectives": "collectives", "op_rates": "op_rates",
     "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
+    "kernel_rates": "kernel_rates",
 })
 _OPTIONAL_RATES = ("t_v_forward", "t_e_forward", "gemm_rate_bf16", "gemm_rate_fp16", "spmm_rate_16")
 _UNITS = MappingProxyType({
@@ -441,6 +515,32 @@ def _check_op_rates(value: Any, where: str) -> None:
                                 f"(seconds), got {v!r}")
 
 
+def _check_kernel_rates(value: Any, where: str) -> None:
+    """Each entry: a known kernel, non-negative integer widths (k 0 for an aggregation, positive for a dense
+    map; n positive), a finite positive rate, each shape once."""
+    if not isinstance(value, tuple) or not all(isinstance(u, KernelRate) for u in value):
+        raise GnncError(f"{where}: field 'kernel_rates' must be a tuple of KernelRate, got {value!r}")
+    seen: set[tuple[str, int, int]] = set()
+    for i, u in enumerate(value):
+        if u.kernel not in KERNELS:
+            raise GnncError(f"{where}: field 'kernel_rates' entry {i}: 'kernel' must be one of {', '.join(KERNELS)}, "
+                            f"got {u.kernel!r}")
+        for name in ("k", "n"):
+            v = getattr(u, name)
+            dense = u.kernel.startswith("gemm")
+            if not (isinstance(v, int) and not isinstance(v, bool)
+                    and (v >= 1 if (name == "n" or dense) else v == 0)):
+                want = "a positive integer" if (name == "n" or dense) else "0 for an aggregation"
+                raise GnncError(f"{where}: field 'kernel_rates' entry {i}: '{name}' must be {want}, got {v!r}")
+        if not (isinstance(u.rate, (int, float)) and not isinstance(u.rate, bool) and math.isfinite(u.rate)
+                and u.rate > 0):
+            raise GnncError(f"{where}: field 'kernel_rates' entry {i}: 'rate' must be a positive number, "
+                            f"got {u.rate!r}")
+        if (u.kernel, u.k, u.n) in seen:
+            raise GnncError(f"{where}: field 'kernel_rates' entry {i}: {u.kernel} at k={u.k}, n={u.n} is listed twice")
+        seen.add((u.kernel, u.k, u.n))
+
+
 def _check_types(data: dict[str, Any], where: str) -> None:
     for key, value in data.items():
         kind = _FIELD_KIND[key]
@@ -449,6 +549,9 @@ def _check_types(data: dict[str, Any], where: str) -> None:
             continue
         if kind == "op_rates":
             _check_op_rates(value, where)
+            continue
+        if kind == "kernel_rates":
+            _check_kernel_rates(value, where)
             continue
         if kind in ("links", "collectives"):
             _check_measurements(value, LinkMeasurement if kind == "links" else CollectiveMeasurement, kind, where)

@@ -135,11 +135,13 @@ def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers
     stats = compute_stats(graph, parts, len(layers), view, num_parts=workers)
     dims, heads = layer_dims(program)
     density = input_density(graph.x)
-    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads, precision=precision,
-                                   op_work=program_op_work(program, input_density=density), input_density=density)
     needs_grad = param_dependent(program)
     sparse = sparse_values(program) if density < 1.0 else set()
-    return stats, inputs, [layer_shape(layer, needs_grad, sparse) for layer in layers]
+    shapes = [layer_shape(layer, needs_grad, sparse) for layer in layers]
+    inputs = CostInputs.from_stats(stats, dims, profile.for_workers(stats.parts), heads=heads, precision=precision,
+                                   op_work=program_op_work(program, input_density=density), input_density=density,
+                                   shapes=shapes)
+    return stats, inputs, shapes
 
 
 @dataclass(frozen=True)

@@ -64,11 +64,12 @@ def _inputs(program: Program, ctx: PassContext) -> tuple[CostInputs, dict, list[
     p = ctx.workers
     owned = np.bincount(parts, minlength=p).astype(np.float64)
     zeros = np.zeros(p)
+    needs = param_dependent(program)
+    shapes = [layer_shape(layer, needs) for layer in program.graph_layers()]
     inputs = CostInputs(owned, zeros, zeros, zeros, owned[:, None], zeros[:, None], tuple(dims),
                         ctx.cluster.for_workers(p), tuple(heads),
-                        index_bytes=index_bytes(ctx.graph.num_nodes, ctx.graph.num_edges))
-    needs = param_dependent(program)
-    return inputs, sampled_values(stats), [layer_shape(layer, needs) for layer in program.graph_layers()], stats
+                        index_bytes=index_bytes(ctx.graph.num_nodes, ctx.graph.num_edges), shapes=tuple(shapes))
+    return inputs, sampled_values(stats), shapes, stats
 
 
 def price(strategies: list[str], schedule: str, shapes: list[Any], param_elements: float) -> Cost:

@@ -30,7 +30,10 @@ the loss, row copies around exchanges, the optimizer step) is timed too:
 `probe_op_samples` runs each equation of PROBE_OPS_MODEL alone through the
 executor, forward and backward, on the same graphs, and times row copies
 and Adam steps of several sizes; the fit turns them into seconds per element
-of each op class and per op dispatched (gnnc.cluster.OpRate). This module
+of each op class and per op dispatched (gnnc.cluster.OpRate). The dense
+map's products and the aggregation are also timed alone at several widths
+(`kernel_rate_samples`): their rates move with the widths, and the fit
+prices each layer's kernels at its own (gnnc.cluster.KernelRate). This module
 only measures; the fit lives beside the cost model (gnnc.passes.cost.fit),
 and `gnnc probe` (gnnc.cli) runs one, then the other.
 """
@@ -94,6 +97,52 @@ def spmm_rate(threads: int, n: int = 100_000, deg: int = 10, width: int = 64, de
     csr = place(CSR.from_edges(src.numpy(), dst.numpy(), n), device)
     x = torch.randn(n, width, device=device, dtype=dtype)
     return csr.nnz * width / _median_time(lambda: spmm(csr, x), sync=_sync_for(device))
+
+
+# The widths the kernels are timed at (`kernel_rate_samples`): a dense map reads k-wide rows and writes n-wide
+# ones, each of these; an aggregation runs on rows of each. Below 8 or above 256 a profile holds the edge's
+# rate (the rates level off above 256; narrower maps are rare and cost little).
+KERNEL_WIDTHS = (8, 16, 32, 64, 128, 256)
+KERNEL_ROWS = 16384  # rows of the dense maps: a worker's share of the graphs worth distributing
+KERNEL_GRAPH = (30000, 10.0)  # the aggregations' graph: PROBE_GRAPHS' size, so their rates are the fit's
+
+
+def kernel_rate_samples(threads: int, device: str = "cpu", widths: Sequence[int] = KERNEL_WIDTHS,
+                        rows: int = KERNEL_ROWS, graph: tuple[int, float] = KERNEL_GRAPH,
+                        repeats: int = 3) -> list[dict]:
+    """The kernels of a layer timed alone at several widths, as `kernel_rates` entries (gnnc.cluster.KernelRate):
+    a dense map x[rows, k] @ W[k, n] forward ("gemm_f"), its weight gradient x^T @ g ("gemm_dw") and input
+    gradient g @ W^T ("gemm_dx") for every k and n of `widths`, in FLOP/s; the aggregation (gnnc's SpMM with
+    edge weights) forward ("spmm_f") and its transpose backward ("spmm_b") at every width, in edge-feature
+    multiply-adds/s, on an R-MAT graph of `graph`'s size.
+
+    Why: one FLOP rate misprices a dense map writing 8-wide rows (a model's last layer) several times over
+    against a 64-wide one, and the aggregation's rate also moves with its width and kernel.
+    """
+    torch.set_num_threads(threads)
+    dev = torch.device(device if device != "cuda" else "cuda:0")
+    sync = _sync_for(dev)
+    out: list[dict] = []
+    for k in widths:
+        x = torch.randn(rows, k, device=dev)
+        for n in widths:
+            w, g = torch.randn(k, n, device=dev), torch.randn(rows, n, device=dev)
+            flop = 2.0 * rows * k * n
+            for kernel, fn in (("gemm_f", lambda: x @ w), ("gemm_dw", lambda: x.t() @ g), ("gemm_dx", lambda: g @ w.t())):
+                out.append({"kernel": kernel, "k": k, "n": n, "rate": flop / _median_time(fn, repeats, sync=sync)})
+    n_vertices, deg = graph
+    csr = place(rmat(n_vertices, deg, features=1, classes=1, seed=0).csr("plain"), dev)
+    weight = torch.rand(csr.nnz, device=dev)
+    for n in widths:
+        x = torch.randn(csr.n_src, n, device=dev, requires_grad=True)
+        y = spmm(csr, x, weight)
+        g = torch.randn_like(y)
+        work = float(csr.nnz * n)
+        forward = _median_time(lambda: spmm(csr, x.detach(), weight), repeats, sync=sync)
+        backward = _median_time(lambda: torch.autograd.grad(y, x, g, retain_graph=True), repeats, sync=sync)
+        out += [{"kernel": "spmm_f", "k": 0, "n": n, "rate": work / forward},
+                {"kernel": "spmm_b", "k": 0, "n": n, "rate": work / backward}]
+    return out
 
 
 def memory_bandwidth(threads: int, mib: int = 256, device: torch.device = CPU) -> float:

@@ -35,13 +35,16 @@ from gnnc.plan.rows import LayerSpec, all_row_sets, build_local_graph
 
 
 OTHER_OPS = ("Tin_", "Tout_", "Tedge_", "Tcall_", "Tcopy_", "Topt")
+KERNEL_FACTORS = ("Kgemm_", "Kspmm_")
 
 
 def num(expr, values: dict) -> float:
-    """`expr` on `values`; the other ops' seconds (gnnc.passes.cost.ops) not given are 0: the hand-computed
-    numbers below are the kernels' and the exchanges' (test_other_ops_by_hand checks the rest)."""
+    """`expr` on `values`; the other ops' seconds (gnnc.passes.cost.ops) not given are 0 and the kernels'
+    width factors not given 1: the hand-computed numbers below are the kernels' at the rates given and the
+    exchanges' (test_other_ops_by_hand and test_kernel_factors_scale_each_kernel check the rest)."""
     expr = sympy.sympify(expr)
     rest = {s: 0 for s in expr.free_symbols if s not in values and s.name.startswith(OTHER_OPS)}
+    rest.update({s: 1 for s in expr.free_symbols if s not in values and s.name.startswith(KERNEL_FACTORS)})
     return float(expr.subs({**values, **rest}))
 
 
@@ -50,7 +53,7 @@ def num(expr, values: dict) -> float:
 
 def test_compute_and_collectives_by_hand() -> None:
     assert num(gemm_time(100, 64, 16, gemms=2), {R_gemm: 1e8}) == pytest.approx(4 * 100 * 64 * 16 / 1e8)
-    assert num(spmm_time(600, 16), {R_spmm: 1e7}) == pytest.approx(9.6e-4)
+    assert num(spmm_time(0, 600, 16), {R_spmm: 1e7}) == pytest.approx(9.6e-4)
     vals = {P: 4, bw: 1e6, alpha: 1e-3}
     assert num(all_reduce_time(4000), vals) == pytest.approx(2 * 3 / 4 * 4000 / 1e6 + 6e-3)
     assert num(reduce_scatter_time(3000), vals) == pytest.approx(3e-3 + 3e-3)

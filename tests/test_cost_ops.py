@@ -20,9 +20,9 @@ from gnnc.passes.cost.compute import dense_map_time
 from gnnc.passes.cost.neutronstar import depcomm
 from gnnc.passes.cost.ops import SPARSE_INPUT_OPS, class_of, op_class, program_op_work, sparse_values
 from gnnc.passes.cost.registry import segment_cost
-from gnnc.passes.cost.symbols import (B, E, E_r, P, R_gemm, R_gemm_e, R_spmm, R_spmm_e, S, T_copy_b, T_copy_f, T_opt,
-                                      T_opt_call, V,
-                                      LayerOpWork, LayerShape, alpha, b, bw, d, op_time)
+from gnnc.passes.cost.symbols import (B, E, E_r, KERNEL_PHASES, P, R_gemm, R_gemm_e, R_spmm, R_spmm_e, S, T_copy_b,
+                                      T_copy_f, T_opt, T_opt_call, V, LayerOpWork, LayerShape, alpha, b, bw, d,
+                                      kernel_factor, op_time)
 
 GCN = EXAMPLES / "gcn.gnn"
 
@@ -154,7 +154,8 @@ def test_depcomm_charges_the_other_ops_on_its_rows_edges_and_copies() -> None:
               R_gemm: 1e8, R_spmm: 1e7, T_copy_f: 1e-9, T_copy_b: 2e-9,
               op_time(0, "in", "f"): 1e-7, op_time(0, "out", "f"): 2e-7, op_time(0, "edge", "f"): 3e-8,
               op_time(0, "call", "f"): 1e-4, op_time(0, "in", "b"): 0.0, op_time(0, "out", "b"): 4e-7,
-              op_time(0, "edge", "b"): 5e-8, op_time(0, "call", "b"): 2e-4}
+              op_time(0, "edge", "b"): 5e-8, op_time(0, "call", "b"): 2e-4,
+              **{kernel_factor(0, k): 1.0 for k in KERNEL_PHASES}}
     bare = {**values, **{k: 0 for k in values if k.name.startswith("T")}}
     c = depcomm(0, LayerShape(gemm_first=True, input_grad=False), overlap=False)
     fwd = float(c.stages[0].subs(values)) - float(c.stages[0].subs(bare))
@@ -170,7 +171,9 @@ def test_the_evaluation_pass_is_the_forward_again_without_dropout() -> None:
     (ev,) = priced.evaluation_stages
     swap = {op_time(1, s, "f"): op_time(1, s, "e") for s in ("in", "out", "edge", "call")}
     assert ev == c.stages[0].xreplace({**swap, R_gemm: R_gemm_e, R_spmm: R_spmm_e})  # kernels at forward rates
-    assert not any(s.name.endswith("_f_1") for s in ev.free_symbols)
+    # no training-forward op left; the kernels keep their forward width factors (the same products run)
+    assert not any(s.name.startswith("T") and s.name.endswith("_f_1") for s in ev.free_symbols)
+    assert kernel_factor(1, "gemm_f") in ev.free_symbols and kernel_factor(1, "gemm_dw") not in ev.free_symbols
     assert with_evaluation(priced, 1, 2) is priced  # once
     # a segment's forward stages: depcache's one, hybrid's one per layer
     shapes = [LayerShape(), LayerShape()]

@@ -70,9 +70,11 @@ STAGE_VALUES = {boundary_width(1): 16, boundary_width(2): 0, dense_forward(0): 0
 
 
 def _num(expr, values) -> float:
-    """`expr` on `values`, the layers' other ops (gnnc.passes.cost.ops) at 0: the numbers below are GNNPipe's."""
+    """`expr` on `values`, the layers' other ops (gnnc.passes.cost.ops) at 0 and the kernels' width factors at 1:
+    the numbers below are GNNPipe's."""
     expr = sympy.sympify(expr)
     others = {s: 0 for s in expr.free_symbols if s.name.startswith(("Tin_", "Tout_", "Tedge_", "Tcall_"))}
+    others.update({s: 1 for s in expr.free_symbols if s.name.startswith(("Kgemm_", "Kspmm_"))})  # widths' factors
     return float(expr.subs({**values, **others}))
 
 

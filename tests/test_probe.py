@@ -42,6 +42,10 @@ def test_probe_writes_a_loadable_profile(tmp_path) -> None:
     assert 0 < rates["elementwise"].forward < 1e-6 and 0 < rates["call"].forward < 1e-2
     assert profile.t_v_forward is not None and profile.t_e_forward is not None
     assert "other ops" in r.stderr and "forward alone" in r.stderr
+    # the kernels at several widths: each timed shape once, and the factors the planner prices layers with
+    kernels = {(k.kernel, k.k, k.n) for k in profile.kernel_rates}
+    assert len(kernels) == len(profile.kernel_rates) and ("gemm_dw", 256, 8) in kernels and ("spmm_b", 0, 8) in kernels
+    assert min(profile.kernel_slowdown("gemm_f", 64, n) for n in (8, 64, 256)) >= 1.0 and "kernels by width" in r.stderr
     assert json.loads(r.stdout) == json.loads(out.read_text())  # stdout stays the profile's JSON
     # the planner prices a plan for several local processes with the fitted figures
     from gnnc import api

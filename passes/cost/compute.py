@@ -5,13 +5,16 @@ dense map costs 2·rows·d_in·d_out FLOP at the GEMM rate; an aggregation
 nnz·width multiply-adds at the SpMM rate; each other op its elements at its
 class's measured seconds per element, gnnc.passes.cost.ops) on different
 rows and edges; the probe's fit (`gnnc.passes.cost.fit`) reads the same terms.
+Each kernel's time is scaled by its layer's `kernel_factor` (its slowdown at
+the layer's widths, gnnc.passes.cost.symbols), so the rates R_gemm and R_spmm
+are those of the fastest widths the probe timed.
 """
 from __future__ import annotations
 
 import sympy
 
-from gnnc.passes.cost.symbols import (b, b_idx, R_gemm, R_spmm, T_copy_b, T_copy_f, d, op_time, rho,
-                                      LayerShape)
+from gnnc.passes.cost.symbols import (b, b_idx, R_gemm, R_spmm, T_copy_b, T_copy_f, d, kernel_factor, op_time,
+                                      rho, LayerShape)
 
 
 def gemm_time(rows: sympy.Expr, d_in: sympy.Expr, d_out: sympy.Expr, gemms: int = 1) -> sympy.Expr:
@@ -19,20 +22,31 @@ def gemm_time(rows: sympy.Expr, d_in: sympy.Expr, d_out: sympy.Expr, gemms: int 
     return 2 * gemms * rows * d_in * d_out / R_gemm
 
 
-def dense_map_time(layer: int, shape: LayerShape, rows: sympy.Expr, d_in: sympy.Expr | None = None) -> sympy.Expr:
-    """A layer's dense maps on `rows` rows of width `d_in` (default d_l): those reading a dense value at the GEMM
-    rate; those reading the input features stored sparse (`shape.sparse_gemms`: a bag-of-words graph's) as
-    the sparse-dense product they run, rho·d_in nonzeros per row times d_out multiply-adds, at the SpMM rate."""
+def dense_map_time(layer: int, shape: LayerShape, rows: sympy.Expr, d_in: sympy.Expr | None = None,
+                   kernel: str = "gemm_f") -> sympy.Expr:
+    """A layer's dense maps on `rows` rows of width `d_in` (default d_l), one of their products (`kernel`: the
+    forward x W, or backward's x^T g or g W^T): those reading a dense value at the GEMM rate slowed by the
+    layer's `kernel_factor`; those reading the input features stored sparse (`shape.sparse_gemms`: a
+    bag-of-words graph's) as the sparse-dense product they run, rho·d_in nonzeros per row times d_out
+    multiply-adds, at the SpMM rate."""
     d_in = d(layer) if d_in is None else d_in
-    dense = gemm_time(rows, d_in, shape.out_width(layer), shape.gemms - shape.sparse_gemms)
+    dense = gemm_time(rows, d_in, shape.out_width(layer), shape.gemms - shape.sparse_gemms) * kernel_factor(layer, kernel)
     if not shape.sparse_gemms:
         return dense
     return dense + shape.sparse_gemms * rows * rho * d_in * shape.out_width(layer) / R_spmm
 
 
-def spmm_time(nnz: sympy.Expr, width: sympy.Expr) -> sympy.Expr:
-    """Aggregation over `nnz` edges of `width`-wide rows: nnz·width multiply-adds at the SpMM rate."""
-    return nnz * width / R_spmm
+def dense_backward_time(layer: int, shape: LayerShape, rows: sympy.Expr, d_in: sympy.Expr | None = None) -> sympy.Expr:
+    """The dense maps' backward: the weight gradient x^T g always, the input gradient g W^T when the input
+    needs one."""
+    t = dense_map_time(layer, shape, rows, d_in, "gemm_dw")
+    return t + dense_map_time(layer, shape, rows, d_in, "gemm_dx") if shape.input_grad else t
+
+
+def spmm_time(layer: int, nnz: sympy.Expr, width: sympy.Expr, phase: str = "f") -> sympy.Expr:
+    """Graph layer `layer`'s aggregation over `nnz` edges of `width`-wide rows, forward (`phase` f) or its
+    transpose backward (b): nnz·width multiply-adds at the SpMM rate slowed by the layer's `kernel_factor`."""
+    return nnz * width / R_spmm * kernel_factor(layer, f"spmm_{phase}")
 
 
 def row_ops(layer: int, in_rows: sympy.Expr, out_rows: sympy.Expr, phase: str = "f") -> sympy.Expr:
@@ -65,7 +79,7 @@ def copy_time(elements: sympy.Expr, phase: str = "f") -> sympy.Expr:
 def compute_forward(layer: int, shape: LayerShape, gemm_rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
     """Forward compute of one layer's kernels: its dense maps on `gemm_rows` rows, its aggregation on
     `edges` (its other ops: `layer_ops`)."""
-    return dense_map_time(layer, shape, gemm_rows) + spmm_time(edges, shape.width(layer))
+    return dense_map_time(layer, shape, gemm_rows) + spmm_time(layer, edges, shape.width(layer))
 
 
 def compute_backward(layer: int, shape: LayerShape, gemm_rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
@@ -76,10 +90,9 @@ def compute_backward(layer: int, shape: LayerShape, gemm_rows: sympy.Expr, edges
     when something below it needs a gradient: the input, or W when the dense
     map ran first.
     """
-    gemm = dense_map_time(layer, shape, gemm_rows)
-    t = gemm * (2 if shape.input_grad else 1)
+    t = dense_backward_time(layer, shape, gemm_rows)
     if shape.exchange_grad:
-        t += spmm_time(edges, shape.width(layer))
+        t += spmm_time(layer, edges, shape.width(layer), "b")
     return t
 
 

@@ -21,18 +21,19 @@ t_v and t_e are fitted: nothing is counted twice.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy.optimize import nnls
 
-from gnnc.cluster import OP_CLASSES, OpRate
+from gnnc.cluster import OP_CLASSES, KernelRate, OpRate, kernel_slowdown
 from gnnc.ir import Program
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.compute import compute_backward, compute_forward
 from gnnc.passes.cost.ops import class_of, program_op_work
-from gnnc.passes.cost.symbols import R_gemm, R_spmm, d, heads
+from gnnc.passes.cost.symbols import R_gemm, R_spmm, d, heads, kernel_factors
 from gnnc.passes.predict_bytes import param_dependent
 
 # (vertices, edges per graph layer, seconds per graph layer) of one timed test graph
@@ -73,15 +74,19 @@ def _nnls_scaled(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef / norms
 
 
-def per_unit_work(program: Program, backward: bool = True) -> list[tuple[float, float, int]]:
+def per_unit_work(program: Program, backward: bool = True,
+                  kernel_rates: Sequence[KernelRate] = ()) -> list[tuple[float, float, int]]:
     """Per graph layer: the cost model's forward-plus-backward (`backward` False: forward) seconds of one
-    vertex and of one edge when t_v = t_e = 1, and the width of the rows the layer exchanges."""
+    vertex and of one edge when t_v = t_e = 1, and the width of the rows the layer exchanges; each kernel's
+    work scaled by its slowdown at the layer's widths on `kernel_rates` (so that the rates fitted to it are
+    those of the fastest widths, as the cost model reads them: gnnc.passes.cost.compute)."""
     dims, n_heads = layer_dims(program)
     needs = param_dependent(program)
+    shapes = [layer_shape(layer, needs) for layer in program.graph_layers()]
+    factors = kernel_factors(shapes, dims, n_heads, functools.partial(kernel_slowdown, kernel_rates))
     out = []
-    for i, layer in enumerate(program.graph_layers()):
-        shape = layer_shape(layer, needs)
-        subs = {d(i): dims[i], d(i + 1): dims[i + 1], heads(i): n_heads[i], R_gemm: 2.0, R_spmm: 1.0}
+    for i, shape in enumerate(shapes):
+        subs = {d(i): dims[i], d(i + 1): dims[i + 1], heads(i): n_heads[i], R_gemm: 2.0, R_spmm: 1.0, **factors}
         vertex = compute_forward(i, shape, 1, 0) + (compute_backward(i, shape, 1, 0) if backward else 0)
         edge = compute_forward(i, shape, 0, 1) + (compute_backward(i, shape, 0, 1) if backward else 0)
         out.append((float(vertex.subs(subs)), float(edge.subs(subs)), int(shape.width(i).subs(subs))))
@@ -182,16 +187,19 @@ def _without_other_ops(program: Program, samples: Sequence[Sample], rates: Seque
 
 
 def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[int], bandwidth: float,
-                op_rates: Sequence[OpRate] = (), forward: Sequence[Sample] = ()) -> dict:
+                op_rates: Sequence[OpRate] = (), forward: Sequence[Sample] = (),
+                kernel_rates: Sequence[KernelRate] = ()) -> dict:
     """NeutronStar's T_v, T_e, T_c per layer width (`unit_costs`) and the cost model's t_v, t_e, t_c, as
     ClusterProfile fields, from the probe's layer timings of `program` (widths: d_0..d_L). With `op_rates`
     (`fit_op_rates`), the layers' other ops are taken off the timings first, and the rates join the fields.
     With `forward` (the same layers' forward alone, as the evaluation runs it), t_v_forward and t_e_forward
-    are fitted to them likewise, through the model's forward work."""
+    are fitted to them likewise, through the model's forward work. With `kernel_rates` (the kernels timed
+    alone at several widths), t_v and t_e are the rates at the fastest widths (`per_unit_work`), and the
+    table joins the fields."""
     if op_rates:
         samples = _without_other_ops(program, samples, op_rates, ("f", "b"))
         forward = _without_other_ops(program, forward, op_rates, ("e",)) if forward else forward
-    work = per_unit_work(program)
+    work = per_unit_work(program, kernel_rates=kernel_rates)
     layers = []
     for i, (_, _, row_width) in enumerate(work):
         fit = fit_unit_costs([s[0] for s in samples], [s[1][i] for s in samples], [s[2][i] for s in samples])
@@ -200,9 +208,12 @@ def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[in
     t_v, t_e = joint_rates(samples, work)
     fields = {"unit_costs": layers, "t_v": t_v, "t_e": t_e, "t_c": 1.0 / bandwidth}
     if forward:
-        fields["t_v_forward"], fields["t_e_forward"] = joint_rates(forward, per_unit_work(program, backward=False))
+        fields["t_v_forward"], fields["t_e_forward"] = joint_rates(
+            forward, per_unit_work(program, backward=False, kernel_rates=kernel_rates))
     if op_rates:
         fields["op_rates"] = [{"op": r.op, "forward": r.forward, "backward": r.backward} for r in op_rates]
+    if kernel_rates:
+        fields["kernel_rates"] = [asdict(r) for r in kernel_rates]
     return fields
 
 
@@ -223,6 +234,15 @@ def describe_unit_costs(profile) -> str:
                  f"t_e {rate(profile.t_e, 's per edge per feature')}, t_c {rate(profile.t_c, 's per byte')}")
     lines.append(f"  forward alone (the evaluation pass): t_v {rate(profile.t_v_forward, 's')}, "
                  f"t_e {rate(profile.t_e_forward, 's')}")
+    if profile.kernel_rates:
+        widths = (8, 16, 64, 256)
+        lines.append(f"  kernels by width, times the fastest's seconds per unit of work (widths {'/'.join(map(str, widths))}):")
+        for kernel, label in (("gemm_f", "dense map x W, 64 wide in, n out"), ("gemm_dw", "its weight gradient"),
+                              ("gemm_dx", "its input gradient"), ("spmm_f", "aggregation of n-wide rows"),
+                              ("spmm_b", "its backward")):
+            k = 0 if kernel.startswith("spmm") else 64
+            factors = " / ".join(f"{profile.kernel_slowdown(kernel, k, n):.2f}" for n in widths)
+            lines.append(f"    {label:>34s} {factors}")
     if profile.op_rates:
         lines.append("  other ops (ns per element forward / backward; call: us per op; optimizer_call: us per tensor):")
         for r in profile.op_rates:

@@ -40,7 +40,7 @@ def bcast1d(layer: int, shape: LayerShape, staged: bool = True) -> Cost:
     rest = stages - first
 
     def window(phase: str) -> sympy.Expr:
-        multiply = spmm_time(E, w) + edge_ops(layer, E, phase)
+        multiply = spmm_time(layer, E, w, phase) + edge_ops(layer, E, phase)
         return first + Max(rest, multiply) if staged else stages + multiply
 
     fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")

@@ -62,7 +62,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     gemm = dense_map_time(layer, shape, gemm_rows)
 
     def edge_work(edges: sympy.Expr, phase: str) -> sympy.Expr:
-        return spmm_time(edges, w) + edge_ops(layer, edges, phase)
+        return spmm_time(layer, edges, w, phase) + edge_ops(layer, edges, phase)
 
     if bins > 1:
         held, rest = edge_work(E_in, "f"), edge_work(E - E_in, "f")
@@ -92,7 +92,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
 def _bin_recompute(layer: int, shape: LayerShape, rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
     """The forward work backward repeats when a layer runs in bins: what runs per bin (the aggregation,
     the edge ops, and the dense map when it comes after the aggregation)."""
-    t = spmm_time(edges, shape.width(layer)) + edge_ops(layer, edges, "f")
+    t = spmm_time(layer, edges, shape.width(layer)) + edge_ops(layer, edges, "f")
     if not shape.gemm_first:
         t += dense_map_time(layer, shape, rows)
     return t
@@ -227,7 +227,7 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
     exch = all_to_all_time(cs * w * b, cr * w * b, (P - 1) * any_moved(cs + cr))
 
     def own_edges(edges: sympy.Expr, phase: str) -> sympy.Expr:
-        return spmm_time(edges, w) + edge_ops(layer, edges, phase)
+        return spmm_time(layer, edges, w, phase) + edge_ops(layer, edges, phase)
 
     def recompute(phase: str) -> sympy.Expr:  # the cached dependencies' rows: kernels and other ops
         kernels = compute_forward(layer, shape, rg, re) if phase == "f" else compute_backward(layer, shape, rg, re)

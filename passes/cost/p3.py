@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gnnc.passes.cost.collectives import all_reduce_time, reduce_scatter_time, all_gather_time
-from gnnc.passes.cost.compute import dense_map_time, layer_ops, spmm_time
+from gnnc.passes.cost.compute import dense_backward_time, dense_map_time, layer_ops, spmm_time
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import P, N, E_tot, b, b_idx, V, E, d, heads, LayerShape, Cost, ZERO
 
@@ -36,13 +36,14 @@ def pushpull(layer: int, shape: LayerShape, structure_push: bool = False) -> Cos
     out_w = shape.out_width(layer)
     w = out_w if shape.gemm_first else f
     gemm = dense_map_time(layer, shape, N, f)
-    spmm = spmm_time(E_tot, w)
+    spmm = spmm_time(layer, E_tot, w)
     scores = all_reduce_time(2 * N * heads(layer) * b) if shape.attention else ZERO
     push = all_gather_time((E_tot - E) * b_idx) if structure_push else ZERO
     pull = reduce_scatter_time((N - V) * out_w * b)
     fwd = push + gemm + scores + spmm + pull + layer_ops(layer, N / P, V, E_tot, "f")
     grad_push = all_gather_time((N - V) * out_w * b)
-    bwd = (grad_push + gemm * (2 if shape.input_grad else 1) + (spmm if shape.exchange_grad else ZERO)
+    bwd = (grad_push + dense_backward_time(layer, shape, N, f)
+           + (spmm_time(layer, E_tot, w, "b") if shape.exchange_grad else ZERO)
            + (scores if shape.attention else ZERO) + layer_ops(layer, N / P, V, E_tot, "b"))
     nbytes = (N - V) * out_w * b + V * out_w * (P - 1) * b
     if structure_push:

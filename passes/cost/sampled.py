@@ -36,8 +36,8 @@ import sympy
 from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_gather_time, all_to_all_time, reduce_scatter_time
-from gnnc.passes.cost.compute import (call_ops, compute_backward, compute_forward, dense_map_time, edge_ops, layer_memory,
-                                      row_ops, spmm_time)
+from gnnc.passes.cost.compute import (call_ops, compute_backward, compute_forward, dense_backward_time, dense_map_time,
+                                      edge_ops, layer_memory, row_ops, spmm_time)
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import Max, P, alpha, b, b_idx, bw, d, LayerShape, Cost, ZERO
 
@@ -111,8 +111,9 @@ def pushpull_sampled(layer: int, shape: LayerShape, overlap: bool = False) -> Co
     f = d(layer) / P
     out_w = shape.out_width(layer)
     w = out_w if shape.gemm_first else f
-    gemm = dense_map_time(layer, shape, SVt_0 if shape.gemm_first else SDt_0, f)
-    spmm = spmm_time(SEt_0, w)
+    rows = SVt_0 if shape.gemm_first else SDt_0
+    gemm = dense_map_time(layer, shape, rows, f)
+    spmm = spmm_time(layer, SEt_0, w)
     # every worker runs every first block's other ops on its slice (the rows' worth of SVt_0 / P)
     ops = (row_ops(layer, SVt_0 / P, destinations(layer), "f") + edge_ops(layer, SEt_0, "f")
            + NB * call_ops(layer, "f"))
@@ -122,7 +123,8 @@ def pushpull_sampled(layer: int, shape: LayerShape, overlap: bool = False) -> Co
     pull = reduce_scatter_time((SDt_0 - destinations(layer)) * out_w * b) + NB * (P - 1) * alpha
     grad_push = all_gather_time((SDt_0 - destinations(layer)) * out_w * b) + NB * (P - 1) * alpha
     compute_f = gemm + spmm + ops
-    compute_b = gemm + (spmm if shape.exchange_grad else ZERO) + ops_b
+    compute_b = (dense_backward_time(layer, shape, rows, f)
+                 + (spmm_time(layer, SEt_0, w, "b") if shape.exchange_grad else ZERO) + ops_b)
     if overlap:
         fwd, bwd = Max(compute_f, push + pull), Max(compute_b, grad_push)
     else:

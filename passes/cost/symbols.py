@@ -34,11 +34,18 @@ edge through `op_time` symbols, one per graph layer, side and phase, whose
 values `LayerOpWork` computes from what gnnc.passes.cost.ops counted in the
 IR and the profile's measured rates; the formulas charge them on the rows
 and edges each strategy computes.
+
+A dense map's and an aggregation's rate depends on its widths (a GEMM writing
+8-wide rows runs at a fraction of the FLOP rate of a 64-wide one): each
+graph layer's kernels carry a `kernel_factor` symbol per kernel (forward,
+weight and input gradient of the dense map; the aggregation forward and
+backward), valued from the profile's `kernel_rates` at the layer's widths
+(`ClusterProfile.kernel_slowdown`; 1 without them).
 """
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -149,6 +156,18 @@ def op_time(layer: int, side: str, phase: str) -> Symbol:
     return Symbol(f"T{side}_{phase}_{layer}", nonnegative=True)
 
 
+KERNEL_PHASES = ("gemm_f", "gemm_dw", "gemm_dx", "spmm_f", "spmm_b")  # gnnc.cluster.KERNELS
+
+
+def kernel_factor(layer: int, kernel: str) -> Symbol:
+    """K<kernel>_l: how many times its fitted seconds per unit of work graph layer l's `kernel` takes at the
+    layer's widths (the dense map's forward, weight gradient, input gradient; the aggregation's forward and
+    backward: KERNEL_PHASES)."""
+    if kernel not in KERNEL_PHASES:
+        raise ValueError(f"kernel must be one of {KERNEL_PHASES}, not {kernel!r}")
+    return Symbol(f"K{kernel}_{layer}", positive=True)
+
+
 @dataclass(frozen=True)
 class LayerOpWork:
     """What gnnc.passes.cost.ops counted of one graph layer's other ops: (side, op class, elements per row or
@@ -204,6 +223,20 @@ class LayerShape:
         """Width of the aggregated value, which is also the value a vertex-partitioned layer exchanges."""
         return self.out_width(layer) if self.gemm_first else d(layer)
 
+    def kernel_widths(self, layer: int, dims: Sequence[float], n_heads: Sequence[float]) -> dict[str, tuple[float, float]]:
+        """(k, n) of each of the layer's kernels (KERNEL_PHASES) at these widths: the dense map reads d_l-wide
+        rows and writes out_width ones; the aggregation (k 0) runs on width-wide rows, one head at a time
+        (attention's per-head weights make it a product on head-wide rows: gnnc.runtime.kernels)."""
+        subs = {d(i): float(w) for i, w in enumerate(dims)}
+        subs.update({heads(i): float(h) for i, h in enumerate(n_heads)})
+        subs.setdefault(heads(layer), 1.0)
+        k, n = float(d(layer).subs(subs)), float(self.out_width(layer).subs(subs))
+        width = float(self.width(layer).subs(subs))
+        if self.attention:
+            width /= subs[heads(layer)]
+        return {"gemm_f": (k, n), "gemm_dw": (k, n), "gemm_dx": (k, n), "spmm_f": (0.0, width),
+                "spmm_b": (0.0, width)}
+
     @property
     def exchange_grad(self) -> bool:
         """Whether the exchanged value has a gradient to send back (it does if it went through W)."""
@@ -243,6 +276,7 @@ class CostInputs:
     op_work: tuple[LayerOpWork, ...] = ()  # per graph layer (gnnc.passes.cost.ops); () prices those ops at 0
     input_density: float = 1.0  # the input features' nonzero fraction when stored sparse (gnnc.graph.input_density)
     max_in_degree: np.ndarray | None = None
+    shapes: tuple[LayerShape, ...] = ()  # per graph layer: what its kernels' widths are (`kernel_factor`)
 
     def __post_init__(self) -> None:
         p = len(self.vertices)
@@ -271,7 +305,8 @@ class CostInputs:
     def from_stats(cls, stats: Any, dims: Sequence[float], profile: ClusterProfile, *,
                    heads: Sequence[float] = (), hop_levels: str = "per-level",
                    remote_edges: np.ndarray | None = None, precision: str = DEFAULT_PRECISION,
-                   op_work: Sequence[LayerOpWork] = (), input_density: float = 1.0) -> CostInputs:
+                   op_work: Sequence[LayerOpWork] = (), input_density: float = 1.0,
+                   shapes: Sequence[LayerShape] = ()) -> CostInputs:
         """Fill from `gnnc.passes.partition.stats.PartStats` (fields vertices, edges, remote, send,
         lhop_vertices, lhop_edges).
 
@@ -295,7 +330,8 @@ class CostInputs:
                    None if remote_edges is None else np.asarray(remote_edges, np.float64), precision,
                    inner_edges=None if inner is None else np.asarray(inner, np.float64), op_work=tuple(op_work),
                    input_density=float(input_density),
-                   max_in_degree=None if heaviest is None else np.asarray(heaviest, np.float64))
+                   max_in_degree=None if heaviest is None else np.asarray(heaviest, np.float64),
+                   shapes=tuple(shapes))
 
     @functools.cached_property
     def table(self) -> Mapping[Symbol, np.ndarray]:
@@ -335,7 +371,20 @@ class CostInputs:
             for side in OP_SIDES:
                 for phase in PHASES:
                     out[op_time(layer, side, phase)] = work.seconds(prof, side, phase)
+        out.update(kernel_factors(self.shapes, self.dims, self.heads, prof.kernel_slowdown))
         return out
+
+
+def kernel_factors(shapes: Sequence[LayerShape], dims: Sequence[float], n_heads: Sequence[float],
+                   slowdown: Callable[[str, float, float], float]) -> dict[Symbol, float]:
+    """Every graph layer's `kernel_factor` values: `slowdown(kernel, k, n)` (a profile's `kernel_slowdown`) at
+    the layer's widths; 1 for a layer whose shape is not given (len(dims) - 1 layers in all)."""
+    out: dict[Symbol, float] = {}
+    for layer in range(max(len(dims) - 1, len(shapes))):
+        widths = shapes[layer].kernel_widths(layer, dims, n_heads) if layer < len(shapes) else {}
+        for kernel in KERNEL_PHASES:
+            out[kernel_factor(layer, kernel)] = slowdown(kernel, *widths[kernel]) if kernel in widths else 1.0
+    return out
 
 
 @dataclass(frozen=True)
