@@ -15,20 +15,32 @@ on their network, so under torchrun every rank joins one measurement:
   emulated hosts on 2 cores, 4.6 ms per round trip instead of 80 us idle;
   on hosts with cores of their own the two agree;
 * the collectives the runtime uses: an all-reduce and an all-to-all of
-  `NETWORK_BYTES` per rank, each the median of a few after a warm-up.
+  `NETWORK_BYTES` per rank, each the median of a few after a warm-up;
+* what an exchange costs a step beyond its bytes (`_exchange_overhead`):
+  every rank posts a one-element receive from and send to every peer, as
+  the halo exchange does, works meanwhile, then waits; the mean over many
+  tries of the time this adds to the same work timed alone. An idle round
+  trip is not what a step pays: on 2 emulated hosts with a core each, a
+  round trip took 50-90 us while an exchange beside 0.5 ms of work added
+  1.8-3.2 ms to it on average (gloo's I/O thread and the rank share the
+  core; in a step, a tenth of the exchanges took 3.5-4 ms to post), and the
+  steps' exchanges and all-reduces measured 10-15 ms above what 50 us per
+  message priced. The mean, not the median: an epoch pays every exchange.
 
 Ranks on one host are recognised by their address on the job's network (the
 one they reach MASTER_ADDR from). `profile_fields` turns the measurements
 into ClusterProfile fields: the median cross-host link is the profile's
 `inter_bandwidth`, the median same-host link its `intra_bandwidth`, and
 every link and collective is kept (`links`, `collectives`) beside them.
-The profile's `latency` is the mean over the cross-host links, not their
-median: an exchange starts a message to every peer, (P-1) start-ups that
-the cost model prices as (P-1) x latency, and their sum over a rank's
+The profile's `latency` (alpha) is the mean over the cross-host links, not
+their median: an exchange starts a message to every peer, (P-1) start-ups
+that the cost model prices as (P-1) x latency, and their sum over a rank's
 peers averages (P-1) x the mean. A slow link is one of them, not an
 outlier to drop: on 4 emulated hosts on 2 cores the two pairs sharing a
 core take 2.0 ms, the other links 40-49 us (median 44 us, mean 0.69 ms),
-and every halo exchange there took 3-10 ms.
+and every halo exchange there took 3-10 ms. Where an exchange costs more
+than its start-ups (the exchange overhead above, over P-1), the latency is
+that share of it, so that (P-1) x latency is what an exchange adds.
 """
 from __future__ import annotations
 
@@ -36,7 +48,7 @@ import contextlib
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -48,8 +60,9 @@ from gnnc.runtime.peers import exchange_addresses
 NETWORK_BYTES = 16 * 2**20  # 134 ms at 1 Gb/s, 5 ms at 25 Gb/s: start-up costs vanish in it
 REPEATS = 5
 # One-element round trips cost microseconds but vary by milliseconds on a loaded machine (gloo's I/O
-# thread must be scheduled on both ends): many of them, for a median that holds still.
-SMALL_REPEATS = 30
+# thread must be scheduled on both ends): many of them, for a median (and a mean) that holds still.
+SMALL_REPEATS = 60
+EXCHANGE_WORK = 20  # 128 x 128 products overlapping each timed exchange: about 0.5 ms on one core
 
 
 def _round_trip(out: torch.Tensor, back: torch.Tensor, peer: int, first: bool) -> float:
@@ -63,6 +76,38 @@ def _round_trip(out: torch.Tensor, back: torch.Tensor, peer: int, first: bool) -
         dist.recv(out, peer)
         dist.send(back, peer)
     return time.perf_counter() - t0
+
+
+def _work() -> Callable[[], None]:
+    """A few hundred microseconds of dense work: what a rank computes while its exchange is in flight."""
+    a = torch.randn(128, 128)
+    return lambda: [a @ a for _ in range(EXCHANGE_WORK)]
+
+
+def _exchange_overhead(world: int, rank: int, repeats: int) -> float:
+    """The mean seconds an exchange adds to work it overlaps, as every rank exchanges at once in a step: each
+    posts a one-element receive from and send to every peer (gnnc.runtime.comm's halo exchange: receives
+    first), computes, then waits. Timed against the same work alone, the two interleaved so that both
+    see the same machine. Rank 0's figure (every rank took part in each)."""
+    peers = [p for p in range(world) if p != rank]
+    got = {p: torch.zeros(1) for p in peers}
+    one = torch.zeros(1)
+    work = _work()
+    extra = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        work()
+        alone = time.perf_counter() - t0
+        dist.barrier()
+        t0 = time.perf_counter()
+        posted = [dist.irecv(got[p], p) for p in peers] + [dist.isend(one, p) for p in peers]
+        work()
+        for p in posted:
+            p.wait()
+        if i:
+            extra.append(time.perf_counter() - t0 - alone)
+    return max(statistics.fmean(extra), 0.0)
 
 
 def _measure_pair(rank: int, a: int, b: int, large: torch.Tensor, repeats: int) -> list[dict[str, Any]]:
@@ -142,13 +187,14 @@ def network_probe(cfg: DistConfig, nbytes: int = NETWORK_BYTES, repeats: int = R
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, links)
     collectives = [_collective(op, world, nbytes, repeats) for op in ("all_reduce", "all_to_all")]
+    overhead = _exchange_overhead(world, cfg.rank, SMALL_REPEATS)
     if cfg.rank != 0:
         return None
     for link in (x for part in gathered for x in part):
         link["same_host"] = addresses[link["src"]] == addresses[link["dst"]]
     return {"addresses": list(addresses), "links": sorted((x for part in gathered for x in part),
                                                           key=lambda x: (x["src"], x["dst"])),
-            "collectives": collectives}
+            "collectives": collectives, "exchange_overhead": overhead}
 
 
 def profile_fields(measured: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +208,9 @@ def profile_fields(measured: dict[str, Any]) -> dict[str, Any]:
     hosts, ranks = len(per_host), max(per_host.values())
     return {"workers": len(addresses), "devices_per_node": ranks, "inter_bandwidth": inter,
             "intra_bandwidth": statistics.median(x["bandwidth"] for x in same) if same else inter,
-            "latency": statistics.fmean(x["latency"] for x in cross), "topology": "ethernet (measured)",
+            "latency": max(statistics.fmean(x["latency"] for x in cross),
+                           measured.get("exchange_overhead", 0.0) / max(len(addresses) - 1, 1)),
+            "topology": "ethernet (measured)",
             "description": f"{hosts} hosts x {ranks} ranks as measured by gnnc probe --network",
             "links": [{k: x[k] for k in ("src", "dst", "same_host", "latency", "bandwidth")} for x in links],
             "collectives": measured["collectives"]}

@@ -135,6 +135,34 @@ def test_a_slow_link_counts_in_the_latency_every_exchange_starts_with() -> None:
     fields = profile_fields({"addresses": ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"], "links": links,
                              "collectives": []})
     assert fields["latency"] == pytest.approx((4 * 2e-3 + 8 * 4e-5) / 12)
+    # an exchange that costs a step more than its start-ups (as on cores gloo's thread shares): its share per peer
+    busy = profile_fields({"addresses": ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"], "links": links,
+                           "collectives": [], "exchange_overhead": 9e-3})
+    assert busy["latency"] == pytest.approx(3e-3)
+
+
+def _probe_small(cfg: DistConfig):
+    from gnnc.runtime.probe_network import network_probe
+
+    return network_probe(cfg, nbytes=1 << 16, repeats=1)
+
+
+def test_the_network_probe_measures_every_link_and_what_an_exchange_adds_to_a_step() -> None:
+    """Three local ranks: each pair measures its link while the third computes, then all three time an
+    exchange beside work. Every directed link gets a latency and a bandwidth; the exchange's overhead is a
+    mean of seconds, and sets the profile's latency where it exceeds the links' (per peer)."""
+    from gnnc.runtime.launch import launch
+    from gnnc.runtime.probe_network import profile_fields
+
+    results = launch(_probe_small, 3, timeout_s=120)
+    assert results[1] is None and results[2] is None
+    measured = results[0]
+    links = measured["links"]
+    assert sorted((x["src"], x["dst"]) for x in links) == [(i, j) for i in range(3) for j in range(3) if i != j]
+    assert all(0 < x["latency"] < 1.0 and x["bandwidth"] > 0 for x in links)
+    assert 0 <= measured["exchange_overhead"] < 1.0
+    mean = sum(x["latency"] for x in links) / len(links)
+    assert profile_fields(measured)["latency"] == pytest.approx(max(mean, measured["exchange_overhead"] / 2))
 
 
 def test_probe_network_outside_torchrun_says_how_to_start_it(tmp_path) -> None:
