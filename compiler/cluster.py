@@ -391,7 +391,8 @@ def kernel_slowdown(rates: Sequence[KernelRate], kernel: str, k: float, n: float
     table = {(r.k, r.n): r.rate for r in rates if r.kernel == kernel}
     if not table:
         return 1.0
-    fastest = max(r.rate for r in rates if r.kernel == kernel[:5] + "f")
+    forward = kernel.split("_")[0] + "_f"  # the fastest of its kind: a dense map's or an aggregation's forward
+    fastest = max(r.rate for r in rates if r.kernel == forward)
     return fastest / _interpolate_rate(table, k, n)
 
 

@@ -128,7 +128,8 @@ def kernel_rate_samples(threads: int, device: str = "cpu", widths: Sequence[int]
         for n in widths:
             w, g = torch.randn(k, n, device=dev), torch.randn(rows, n, device=dev)
             flop = 2.0 * rows * k * n
-            for kernel, fn in (("gemm_f", lambda: x @ w), ("gemm_dw", lambda: x.t() @ g), ("gemm_dx", lambda: g @ w.t())):
+            products = (("gemm_f", lambda: x @ w), ("gemm_dw", lambda: x.t() @ g), ("gemm_dx", lambda: g @ w.t()))
+            for kernel, fn in products:
                 out.append({"kernel": kernel, "k": k, "n": n, "rate": flop / _median_time(fn, repeats, sync=sync)})
     n_vertices, deg = graph
     csr = place(rmat(n_vertices, deg, features=1, classes=1, seed=0).csr("plain"), dev)

@@ -12,7 +12,7 @@ import sympy
 
 from conftest import EXAMPLES, ROOT, random_graph
 from gnnc import api
-from gnnc.cluster import OP_CLASSES, ClusterProfile, OpRate, preset
+from gnnc.cluster import KERNELS, OP_CLASSES, ClusterProfile, OpRate, preset
 from gnnc.errors import GnncError
 from gnnc.passes.cost.epoch import evaluation_of, optimizer_cost, with_evaluation
 from gnnc.passes.cost.fit import fit_op_rates, fit_profile, other_ops_seconds, per_unit_work
@@ -20,7 +20,7 @@ from gnnc.passes.cost.compute import dense_map_time
 from gnnc.passes.cost.neutronstar import depcomm
 from gnnc.passes.cost.ops import SPARSE_INPUT_OPS, class_of, op_class, program_op_work, sparse_values
 from gnnc.passes.cost.registry import segment_cost
-from gnnc.passes.cost.symbols import (B, E, E_r, KERNEL_PHASES, P, R_gemm, R_gemm_e, R_spmm, R_spmm_e, S, T_copy_b,
+from gnnc.passes.cost.symbols import (B, E, E_r, P, R_gemm, R_gemm_e, R_spmm, R_spmm_e, S, T_copy_b,
                                       T_copy_f, T_opt, T_opt_call, V, LayerOpWork, LayerShape, alpha, b, bw, d,
                                       kernel_factor, op_time)
 
@@ -155,7 +155,7 @@ def test_depcomm_charges_the_other_ops_on_its_rows_edges_and_copies() -> None:
               op_time(0, "in", "f"): 1e-7, op_time(0, "out", "f"): 2e-7, op_time(0, "edge", "f"): 3e-8,
               op_time(0, "call", "f"): 1e-4, op_time(0, "in", "b"): 0.0, op_time(0, "out", "b"): 4e-7,
               op_time(0, "edge", "b"): 5e-8, op_time(0, "call", "b"): 2e-4,
-              **{kernel_factor(0, k): 1.0 for k in KERNEL_PHASES}}
+              **{kernel_factor(0, k): 1.0 for k in KERNELS}}
     bare = {**values, **{k: 0 for k in values if k.name.startswith("T")}}
     c = depcomm(0, LayerShape(gemm_first=True, input_grad=False), overlap=False)
     fwd = float(c.stages[0].subs(values)) - float(c.stages[0].subs(bare))

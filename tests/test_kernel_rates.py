@@ -10,12 +10,11 @@ import pytest
 
 from conftest import random_graph
 from gnnc import api
-from gnnc.cluster import ClusterProfile, KernelRate, preset
+from gnnc.cluster import KERNELS, ClusterProfile, KernelRate, preset
 from gnnc.errors import GnncError
 from gnnc.passes.cost.compute import compute_backward, compute_forward, dense_map_time, spmm_time
 from gnnc.passes.cost.fit import fit_profile, per_unit_work
-from gnnc.passes.cost.symbols import (KERNEL_PHASES, R_gemm, R_spmm, LayerShape, d, heads, kernel_factor,
-                                      kernel_factors)
+from gnnc.passes.cost.symbols import R_gemm, R_spmm, LayerShape, d, heads, kernel_factor, kernel_factors
 
 
 def _grid(rate) -> list[KernelRate]:
@@ -101,7 +100,7 @@ def test_each_kernel_is_priced_at_its_layers_widths() -> None:
     assert hidden.kernel_widths(0, (64.0, 64.0, 8.0), (8.0, 1.0))["spmm_f"] == (0.0, 8.0)
     # a layer the inputs give no shape for is priced at the one rate
     assert kernel_factors([], (64.0, 8.0), (1.0,), PROFILE.kernel_slowdown) == {
-        kernel_factor(0, k): 1.0 for k in KERNEL_PHASES}
+        kernel_factor(0, k): 1.0 for k in KERNELS}
 
 
 def test_the_planner_values_every_layers_factors_from_the_profile() -> None:

@@ -50,7 +50,9 @@ from runner import ROOT, Case, CaseFailed, compile_plan, measure_profile, predic
 # moves on these cores (about 5 Gb/s: README.md's measurements), so 10 and 25 Gb/s would measure the
 # machine, not the link. Three settings a factor of about 3 apart, all below it.
 BANDWIDTHS = ("400mbit", "1200mbit", "3600mbit")
-EPOCHS = 5  # the first is a warm-up; the median of the other four is the measurement
+# the first is a warm-up; the median of the other seven is the measurement (with four, one plan's median moved
+# 5-10% between runs)
+EPOCHS = 8
 GRAPHS = {
     "rmat": "rmat:n=16000,deg=8,features={f},classes=8,seed=0",
     "sbm": "sbm:n=16000,blocks=8,deg=10,intra=0.7,features={f},classes=8,seed=0",

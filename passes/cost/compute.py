@@ -30,7 +30,8 @@ def dense_map_time(layer: int, shape: LayerShape, rows: sympy.Expr, d_in: sympy.
     bag-of-words graph's) as the sparse-dense product they run, rho·d_in nonzeros per row times d_out
     multiply-adds, at the SpMM rate."""
     d_in = d(layer) if d_in is None else d_in
-    dense = gemm_time(rows, d_in, shape.out_width(layer), shape.gemms - shape.sparse_gemms) * kernel_factor(layer, kernel)
+    dense = (gemm_time(rows, d_in, shape.out_width(layer), shape.gemms - shape.sparse_gemms)
+             * kernel_factor(layer, kernel))
     if not shape.sparse_gemms:
         return dense
     return dense + shape.sparse_gemms * rows * rho * d_in * shape.out_width(layer) / R_spmm

@@ -236,7 +236,8 @@ def describe_unit_costs(profile) -> str:
                  f"t_e {rate(profile.t_e_forward, 's')}")
     if profile.kernel_rates:
         widths = (8, 16, 64, 256)
-        lines.append(f"  kernels by width, times the fastest's seconds per unit of work (widths {'/'.join(map(str, widths))}):")
+        lines.append("  kernels by width, times the fastest's seconds per unit of work "
+                     f"(widths {'/'.join(map(str, widths))}):")
         for kernel, label in (("gemm_f", "dense map x W, 64 wide in, n out"), ("gemm_dw", "its weight gradient"),
                               ("gemm_dx", "its input gradient"), ("spmm_f", "aggregation of n-wide rows"),
                               ("spmm_b", "its backward")):

@@ -54,7 +54,7 @@ import numpy as np
 import sympy
 from sympy import Symbol
 
-from gnnc.cluster import ClusterProfile
+from gnnc.cluster import KERNELS, ClusterProfile
 from gnnc.ir.expr import as_expr
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 
@@ -156,15 +156,12 @@ def op_time(layer: int, side: str, phase: str) -> Symbol:
     return Symbol(f"T{side}_{phase}_{layer}", nonnegative=True)
 
 
-KERNEL_PHASES = ("gemm_f", "gemm_dw", "gemm_dx", "spmm_f", "spmm_b")  # gnnc.cluster.KERNELS
-
-
 def kernel_factor(layer: int, kernel: str) -> Symbol:
     """K<kernel>_l: how many times its fitted seconds per unit of work graph layer l's `kernel` takes at the
     layer's widths (the dense map's forward, weight gradient, input gradient; the aggregation's forward and
-    backward: KERNEL_PHASES)."""
-    if kernel not in KERNEL_PHASES:
-        raise ValueError(f"kernel must be one of {KERNEL_PHASES}, not {kernel!r}")
+    backward: gnnc.cluster.KERNELS)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
     return Symbol(f"K{kernel}_{layer}", positive=True)
 
 
@@ -223,8 +220,9 @@ class LayerShape:
         """Width of the aggregated value, which is also the value a vertex-partitioned layer exchanges."""
         return self.out_width(layer) if self.gemm_first else d(layer)
 
-    def kernel_widths(self, layer: int, dims: Sequence[float], n_heads: Sequence[float]) -> dict[str, tuple[float, float]]:
-        """(k, n) of each of the layer's kernels (KERNEL_PHASES) at these widths: the dense map reads d_l-wide
+    def kernel_widths(self, layer: int, dims: Sequence[float],
+                      n_heads: Sequence[float]) -> dict[str, tuple[float, float]]:
+        """(k, n) of each of the layer's kernels (gnnc.cluster.KERNELS) at these widths: the dense map reads d_l-wide
         rows and writes out_width ones; the aggregation (k 0) runs on width-wide rows, one head at a time
         (attention's per-head weights make it a product on head-wide rows: gnnc.runtime.kernels)."""
         subs = {d(i): float(w) for i, w in enumerate(dims)}
@@ -382,7 +380,7 @@ def kernel_factors(shapes: Sequence[LayerShape], dims: Sequence[float], n_heads:
     out: dict[Symbol, float] = {}
     for layer in range(max(len(dims) - 1, len(shapes))):
         widths = shapes[layer].kernel_widths(layer, dims, n_heads) if layer < len(shapes) else {}
-        for kernel in KERNEL_PHASES:
+        for kernel in KERNELS:
             out[kernel_factor(layer, kernel)] = slowdown(kernel, *widths[kernel]) if kernel in widths else 1.0
     return out
 
