@@ -4,9 +4,10 @@ GEMM rate (FP32 FLOP/s of one worker's threads), SpMM rate (edge-feature
 multiply-adds per second through the kernels gnnc uses), memory bandwidth (a
 large copy), and gloo's latency and bandwidth between two local processes
 (half the round-trip time of a small message; a large message's size over
-its one-way time). Each figure is the median of several timed repetitions
-after a warm-up. The profile offers one worker per core: `gnnc run --nproc N`
-runs its workers as processes on this machine.
+its one-way time). Each rate is the median of several timed samples after a
+warm-up, each sample as many calls as fill 20 ms (`_median_time`); the link's
+figures are medians of single round trips. The profile offers one worker per
+core: `gnnc run --nproc N` runs its workers as processes on this machine.
 
 `gnnc probe --device cuda` measures the GPUs instead (`gpu_profile`): the same
 rates on GPU 0 (timed to completion of the GPU's work), plus the bf16 and fp16
@@ -40,6 +41,7 @@ and `gnnc probe` (gnnc.cli) runs one, then the other.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 import time
@@ -66,20 +68,34 @@ def _sync_for(device: torch.device) -> Callable[[], None]:
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
+# A timed sample lasts at least this long: several of the scheduler's slices. Two ranks sharing a core (4
+# emulated hosts on 2 cores) each run at half speed on average, but a call shorter than a slice mostly runs
+# whole inside one: the median of single short calls measured 73 GFLOP/s for dense maps there, as fast as
+# on a core of its own (77), while the aggregation's rate, fitted to layer timings of tens of milliseconds,
+# halved (2.3 against 5.8 G/s).
+MIN_SAMPLE_S = 0.02
+MAX_CALLS = 100_000
+
+
 def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
                  sync: Callable[[], None] = lambda: None) -> float:
-    """The median of `repeats` timed calls after `warmup` (`sync` drains a GPU's queue): the statistic a run's
-    epoch time is (the median of its epochs), so that what the probe fits on shared cores is what a run on them
-    then measures."""
-    for _ in range(warmup):
+    """Seconds of one call of `fn`: the median of `repeats` samples after `warmup` calls (at least one), each
+    sample the mean of as many calls as fill MIN_SAMPLE_S (`sync` drains a GPU's queue). The median, as a run's
+    epoch time is the median of its epochs; samples of many calls, so that on a core shared with another rank
+    a rate is its throughput, as a run on it then gets."""
+    t0 = time.perf_counter()
+    for _ in range(max(warmup, 1)):
         fn()
     sync()
+    once = (time.perf_counter() - t0) / max(warmup, 1)
+    calls = min(MAX_CALLS, max(1, math.ceil(MIN_SAMPLE_S / max(once, 1e-9))))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
 
 

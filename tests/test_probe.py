@@ -126,3 +126,28 @@ def test_the_layer_timings_run_each_equation_as_a_rank_does(monkeypatch: pytest.
     monkeypatch.setattr(fusion, "run", lambda *args: ran.append(args) or False)
     both, alone = layer_times(program, graph, repeats=1)
     assert len(both) == len(alone) == 2 and not ran
+
+
+def test_a_timed_sample_spans_many_calls_of_a_short_op() -> None:
+    """A rate on a core shared with another rank is its throughput: a sample of a short call runs it as many times
+    as fill MIN_SAMPLE_S (a single call would mostly run whole inside one scheduler slice, at full speed); a call
+    longer than that is a sample of its own."""
+    import time
+
+    from gnnc.runtime.probe import MIN_SAMPLE_S, _median_time
+
+    calls = []
+
+    def short() -> None:
+        calls.append(1)
+        time.sleep(0.001)
+
+    t = _median_time(short, repeats=3)
+    assert 0.001 <= t < MIN_SAMPLE_S and len(calls) > 1 + 3 * 2  # several calls a sample
+    calls.clear()
+
+    def long() -> None:
+        calls.append(1)
+        time.sleep(MIN_SAMPLE_S * 1.5)
+
+    assert _median_time(long, repeats=3) >= MIN_SAMPLE_S * 1.5 and len(calls) == 1 + 3
