@@ -28,6 +28,7 @@ class BlockCache final : public c10::Allocator {
     const size_t want = (nbytes + kPage - 1) & ~(kPage - 1);
     std::vector<void*> evicted;
     void* data = nullptr;
+    size_t size = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       // The smallest free block that fits, if it wastes at most an eighth: an epoch asks for the same
@@ -35,14 +36,14 @@ class BlockCache final : public c10::Allocator {
       auto it = free_.lower_bound(want);
       if (it != free_.end() && it->first <= want + want / 8) {
         data = it->second;
-        const size_t size = it->first;
+        size = it->first;
         free_.erase(it);
         cached_ -= size;
         take(data, size);
         hits_++;
       }
     }
-    if (data != nullptr) return wrap(data);
+    if (data != nullptr) return wrap(data, size);
     {
       std::lock_guard<std::mutex> lock(mu_);
       // A miss: the memory held (live + cached + this block) stays within a quarter above the largest
@@ -65,7 +66,7 @@ class BlockCache final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(mu_);
       take(data, want);
     }
-    return wrap(data);
+    return wrap(data, want);
   }
 
   static void release(void* data) { instance->give_back(data); }
@@ -101,8 +102,8 @@ class BlockCache final : public c10::Allocator {
  private:
   static constexpr size_t kPage = 4096;
 
-  c10::DataPtr wrap(void* data) {
-    report(data, 1);
+  c10::DataPtr wrap(void* data, size_t size) {
+    report(data, static_cast<int64_t>(size));
     return {data, data, &BlockCache::release, c10::Device(c10::DeviceType::CPU)};
   }
 
@@ -112,18 +113,15 @@ class BlockCache final : public c10::Allocator {
   }
 
   // torch's profiler (profile_memory=True) sees each block as torch's own allocator reports its blocks
-  void report(void* data, int sign) {
+  void report(void* data, int64_t delta) {
     if (!c10::memoryProfilingEnabled()) return;
-    size_t size, live, held;
+    size_t live, held;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = sizes_.find(data);
-      size = it == sizes_.end() ? 0 : it->second;
       live = live_;
       held = live_ + cached_;
     }
-    c10::reportMemoryUsageToProfiler(data, sign * static_cast<int64_t>(size), live, held,
-                                     c10::Device(c10::DeviceType::CPU));
+    c10::reportMemoryUsageToProfiler(data, delta, live, held, c10::Device(c10::DeviceType::CPU));
   }
 
   void give_back(void* data) {
@@ -131,24 +129,25 @@ class BlockCache final : public c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = sizes_.find(data);
-      if (it != sizes_.end()) size = it->second;
-    }
-    if (size == 0) {
-      // A block torch's allocator made (under 1 MiB): its own deleter frees it
-      c10::DeleterFnPtr theirs = base_->raw_deleter();
-      if (theirs != nullptr) {
-        theirs(data);
-      } else {
-        c10::free_cpu(data);
+      if (it != sizes_.end()) {  // one of ours: kept for the next request it fits
+        size = it->second;
+        sizes_.erase(it);
+        live_ -= size;
+        free_.emplace(size, data);
+        cached_ += size;
       }
+    }
+    if (size != 0) {
+      report(data, -static_cast<int64_t>(size));
       return;
     }
-    report(data, -1);
-    std::lock_guard<std::mutex> lock(mu_);
-    sizes_.erase(data);
-    live_ -= size;
-    free_.emplace(size, data);
-    cached_ += size;
+    // A block torch's allocator made (under 1 MiB): its own deleter frees it
+    c10::DeleterFnPtr theirs = base_->raw_deleter();
+    if (theirs != nullptr) {
+      theirs(data);
+    } else {
+      c10::free_cpu(data);
+    }
   }
 
   c10::Allocator* base_;
