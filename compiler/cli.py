@@ -7,11 +7,12 @@ JSON object summarising the command (DESIGN.md section 9).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 # only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
 # in the commands that need them)
@@ -315,39 +316,68 @@ def _fit_machine(api, threads: int, bandwidth: float, device: str = "cpu") -> di
     """Time this machine's ops (every op class, then PROBE_MODEL's layers) and fit the cost model's rates to
     them: op_rates, kernel_rates, NeutronStar's unit costs and t_v, t_e, t_c at `bandwidth` (ClusterProfile
     fields)."""
+    return _fit_samples(_machine_samples(api, threads, device), bandwidth)
+
+
+def _machine_samples(api, threads: int, device: str = "cpu", together: Callable[[], None] | None = None) -> dict:
+    """Every timing `_fit_samples` fits: each op class's (`probe_op_samples`), PROBE_MODEL's layers', the
+    kernels' at several widths. `together`: a barrier of the job's ranks, which then start each timing of a
+    layer at once (gnnc.runtime.probe.timing_together): those timings set the level of t_v and t_e, and a
+    job's ranks run the same layer at once. The kernels and single ops are timed without it: ranks in step
+    on every kernel overstate what sharing costs (2 emulated hosts: GAT's aggregation of 8 heads of 32 at
+    1.6 G/s against 3.5 G/s unsynchronised, a DepCache GAT epoch then predicted at 186 ms for 138
+    measured), as a run's ranks are in step on a layer but not on each of its kernels."""
     # deferred: a command loads torch and the planner only when it needs them
-    from gnnc.passes.cost.fit import fit_op_rates, fit_profile
-    from gnnc.cluster import KernelRate
     from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, PROBE_WIDTHS,
-                                    kernel_rate_samples, probe_layer_samples, probe_op_samples)
+                                    kernel_rate_samples, probe_layer_samples, probe_op_samples, timing_together)
 
     features, hidden, classes = PROBE_OPS_WIDTHS
     ops_model = api.load_model_source(PROBE_OPS_MODEL, "<gnnc probe>", features=features, hidden=hidden,
                                       classes=classes)
-    rates = fit_op_rates(probe_op_samples(lambda graph: api.compile(ops_model, graph).program, threads,
-                                          device=device))
+    ops = probe_op_samples(lambda graph: api.compile(ops_model, graph).program, threads, device=device)
     features, hidden, classes = PROBE_WIDTHS
     model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
-    program, samples, forward = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads,
-                                                    device=device)
-    kernels = [KernelRate(**r) for r in kernel_rate_samples(threads, device)]
-    return fit_profile(program, samples, PROBE_WIDTHS, bandwidth, rates, forward, kernels)
+    with timing_together(together) if together is not None else contextlib.nullcontext():
+        program, samples, forward = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads,
+                                                        device=device)
+    return {"ops": ops, "program": program, "layers": samples, "forward": forward,
+            "kernels": kernel_rate_samples(threads, device)}
+
+
+def _fit_samples(timed: dict, bandwidth: float) -> dict:
+    """The cost model's rates fitted to `_machine_samples`' timings, the links at `bandwidth` (ClusterProfile
+    fields)."""
+    # deferred, as above
+    from gnnc.cluster import KernelRate
+    from gnnc.passes.cost.fit import fit_op_rates, fit_profile
+    from gnnc.runtime.probe import PROBE_WIDTHS
+
+    return fit_profile(timed["program"], timed["layers"], PROBE_WIDTHS, bandwidth, fit_op_rates(timed["ops"]),
+                       timed["forward"], [KernelRate(**r) for r in timed["kernels"]])
 
 
 def _probe_network(args: argparse.Namespace, threads: int) -> int:
     """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
 
     The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `--base`
-    (a profile `gnnc probe` wrote) or, without it, from measuring the machines once the links are done:
-    every rank measures at once, as a job's ranks compute at once (ranks sharing cores see the rates a
-    share gives), and rank 0 writes what it measured.
+    (a profile `gnnc probe` wrote) or, without it, from measuring the machines in the same job once the
+    links are done: every rank measures at once, as a job's ranks compute at once (ranks sharing cores or
+    memory see the rates a share gives), each timing of the probe's layers starting on every rank at the
+    same moment (`_machine_samples`), and rank 0 writes what it measured.
     """
     # deferred: a command loads torch and the planner only when it needs them
+    import torch.distributed as dist
+
     from gnnc import api
     from gnnc.cluster import ClusterProfile, load_profile
     from gnnc.runtime.launch import join_torchrun, started_by_torchrun
     from gnnc.runtime.probe import machine_fields
     from gnnc.runtime.probe_network import network_probe, profile_fields
+
+    def links_then_machines(cfg) -> tuple | None:
+        measured = network_probe(cfg)
+        machine, timed = machine_fields(threads), _machine_samples(api, threads, together=dist.barrier)
+        return None if measured is None else (measured, machine, timed)
 
     if not started_by_torchrun():
         raise GnncError("gnnc probe --network measures the links between the ranks of a torchrun job: start it "
@@ -356,22 +386,19 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
     if not args.output:
         raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
     base = load_profile(args.base) if args.base else None  # read before the job: a bad file fails fast
-    measured = join_torchrun(network_probe, timeout_s=args.timeout)
-    if measured is None and base is not None:
+    result = join_torchrun(network_probe if base is not None else links_then_machines, timeout_s=args.timeout)
+    if result is None:
         return 0  # a rank other than 0: rank 0 writes the profile
     if base is not None:
-        network = profile_fields(measured)
+        network = profile_fields(result)
         profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
                                             "unit_costs": []}, "probe")
     else:
-        machine = machine_fields(threads)  # every rank, at once (the docstring); rank 0 keeps its own
-        if measured is None:
-            _fit_machine(api, threads, 1.0)
-            return 0
+        measured, machine, timed = result  # rank 0's own machine figures
         network = profile_fields(measured)
         profile = ClusterProfile.from_dict({**machine, **network, "name": "measured", "t_c": None}, "probe")
         # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
-        fitted = _fit_machine(api, threads, profile.worker_bandwidth(network["workers"]))
+        fitted = _fit_samples(timed, profile.worker_bandwidth(network["workers"]))
         profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)

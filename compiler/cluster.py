@@ -115,16 +115,19 @@ class CollectiveMeasurement:
 #   copy: a row gathered or assembled (index_select, cat, index_add): read and write one float (8, 8)
 #   attention: sddmm and edge_softmax per edge and head: two edge operations at the SpMM rate's 16 bytes
 #       each (the estimate the cost model used before op costs were measured: 4 per edge and head for
-#       score, leaky_relu, softmax and dropout, of which leaky_relu and dropout are now their own ops)
+#       score, leaky_relu, softmax and dropout, of which leaky_relu and dropout are now their own ops);
+#       `attention_row`, per edge whatever its heads, is what an edge costs besides them (its index read,
+#       its destination's segment): 0 derived. Timed alone on a 16,000-vertex R-MAT graph the softmax of
+#       8 heads took 3.8 times that of 1, not 8.
 #   loss: cross_entropy per logit: log-softmax reads twice and writes once, plus the pick (16); backward (12)
 #   optimizer: Adam per parameter element: reads param, grad, two moments, writes param and moments (28)
 # `call` (seconds per op executed, forward or backward) and `optimizer_call` (per parameter tensor of
 # an optimizer step) are not per element; without a measurement they are CALL_OVERHEAD_S.
-OP_CLASSES = ("elementwise", "dropout", "dropout_row", "copy", "attention", "loss", "optimizer", "optimizer_call",
-              "call")
+OP_CLASSES = ("elementwise", "dropout", "dropout_row", "copy", "attention", "attention_row", "loss", "optimizer",
+              "optimizer_call", "call")
 _OP_BYTES = MappingProxyType({"elementwise": (8.0, 12.0), "dropout": (9.0, 9.0), "dropout_row": (0.0, 0.0),
-                              "copy": (8.0, 8.0),
-                              "attention": (32.0, 32.0), "loss": (16.0, 12.0), "optimizer": (28.0, 0.0)})
+                              "copy": (8.0, 8.0), "attention": (32.0, 32.0), "attention_row": (0.0, 0.0),
+                              "loss": (16.0, 12.0), "optimizer": (28.0, 0.0)})
 CALL_OVERHEAD_S = 10e-6  # assumed: a framework's dispatch of one op (Python, a kernel launch), ~10 us
 
 
@@ -143,15 +146,17 @@ class OpRate:
 
 # The kernels `kernel_rates` times at several widths (gnnc.runtime.probe.kernel_rate_samples): a dense map
 # x[rows, k] @ W[k, n] forward, its weight gradient x^T @ g and its input gradient g @ W^T (FLOP/s), and the
-# aggregation A @ x[:, n] forward and A^T @ g backward (edge-feature multiply-adds/s; k is 0).
-KERNELS = ("gemm_f", "gemm_dw", "gemm_dx", "spmm_f", "spmm_b")
+# aggregation A @ x[:, n] forward, A^T @ g backward and the gradient of A's values (edge-feature
+# multiply-adds/s; k is 0 for one value per edge, else the heads of per-head values, as attention's).
+KERNELS = ("gemm_f", "gemm_dw", "gemm_dx", "spmm_f", "spmm_b", "spmm_dw")
 
 
 @dataclass(frozen=True)
 class KernelRate:
     """One kernel at one shape, as `gnnc probe` timed it alone: `kernel` (KERNELS) reading k-wide rows and
-    writing n-wide ones (an aggregation: k = 0, n its width) at `rate` (FLOP/s of a dense map, edge-feature
-    multiply-adds/s of an aggregation)."""
+    writing n-wide ones (an aggregation: n its width per head, k its heads when its edge values are per head,
+    as attention's, 0 for one value per edge) at `rate` (FLOP/s of a dense map, edge-feature multiply-adds/s
+    of an aggregation, all heads counted)."""
 
     kernel: str
     k: int
@@ -324,9 +329,11 @@ class ClusterProfile:
 
     def kernel_slowdown(self, kernel: str, k: float, n: float) -> float:
         """How many times longer than at its fastest timed shape `kernel` (KERNELS) takes per unit of work
-        at widths k, n (an aggregation: k = 0), by `kernel_rates`: the fastest forward rate of its kind (a
-        dense map's or an aggregation's) over its rate here, interpolated in log width and log rate between the
-        widths timed and held at the edges. 1.0 without `kernel_rates` (every width at the one fitted rate).
+        at widths k, n (an aggregation: k its heads of per-head edge values, 0 for one value per edge; n its
+        width per head), by `kernel_rates`: the fastest forward rate of its kind (a dense map's or an
+        aggregation's) over its rate here, interpolated in log width and log rate between the widths timed and
+        held at the edges (an aggregation at the head count timed nearest, 0 counting as one head). 1.0 without
+        `kernel_rates` (every width at the one fitted rate).
 
         The fitted rates (t_v, t_e) are rates at that fastest shape: gnnc.passes.cost.fit divides the probe's
         own layers' work by the same factors before fitting them.
@@ -391,6 +398,11 @@ def kernel_slowdown(rates: Sequence[KernelRate], kernel: str, k: float, n: float
     table = {(r.k, r.n): r.rate for r in rates if r.kernel == kernel}
     if not table:
         return 1.0
+    if not kernel.startswith("gemm"):  # an aggregation's kernel depends on its heads: no interpolation across them
+        def heads_apart(timed: int) -> float:
+            return abs(math.log(max(timed, 1) / max(k, 1)))
+        nearest = min({timed for timed, _ in table}, key=lambda timed: (heads_apart(timed), timed))
+        table = {key: rate for key, rate in table.items() if key[0] == nearest}
     forward = kernel.split("_")[0] + "_f"  # the fastest of its kind: a dense map's or an aggregation's forward
     fastest = max(r.rate for r in rates if r.kernel == forward)
     return fastest / _interpolate_rate(table, k, n)
@@ -517,8 +529,8 @@ def _check_op_rates(value: Any, where: str) -> None:
 
 
 def _check_kernel_rates(value: Any, where: str) -> None:
-    """Each entry: a known kernel, non-negative integer widths (k 0 for an aggregation, positive for a dense
-    map; n positive), a finite positive rate, each shape once."""
+    """Each entry: a known kernel, integer widths (k positive for a dense map, 0 or a head count for an
+    aggregation; n positive), a finite positive rate, each shape once."""
     if not isinstance(value, tuple) or not all(isinstance(u, KernelRate) for u in value):
         raise GnncError(f"{where}: field 'kernel_rates' must be a tuple of KernelRate, got {value!r}")
     seen: set[tuple[str, int, int]] = set()
@@ -530,8 +542,8 @@ def _check_kernel_rates(value: Any, where: str) -> None:
             v = getattr(u, name)
             dense = u.kernel.startswith("gemm")
             if not (isinstance(v, int) and not isinstance(v, bool)
-                    and (v >= 1 if (name == "n" or dense) else v == 0)):
-                want = "a positive integer" if (name == "n" or dense) else "0 for an aggregation"
+                    and (v >= 1 if (name == "n" or dense) else v >= 0)):
+                want = "a positive integer" if (name == "n" or dense) else "0 or a head count for an aggregation"
                 raise GnncError(f"{where}: field 'kernel_rates' entry {i}: '{name}' must be {want}, got {v!r}")
         if not (isinstance(u.rate, (int, float)) and not isinstance(u.rate, bool) and math.isfinite(u.rate)
                 and u.rate > 0):

@@ -40,12 +40,13 @@ and `gnnc probe` (gnnc.cli) runs one, then the other.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Callable
 
 import torch
@@ -76,6 +77,26 @@ def _sync_for(device: torch.device) -> Callable[[], None]:
 MIN_SAMPLE_S = 0.02
 MAX_CALLS = 100_000
 
+# What a timing waits for before it starts: nothing in one process; in `gnnc probe --network`, every rank
+# (`timing_together`) for the timings of the probe's layers, so that the ranks time the same layer at the same
+# moment, as a job's ranks run the same layer at once. Their memory traffic shares the machine's caches and
+# bandwidth: on 2 emulated hosts the 256-wide aggregation of a DepCache rank's 162,000 edges took 7.1 ms alone
+# and 10.6 to 16 ms with the other rank running its own, while the probe's ranks, each at its own point of the
+# probe, had timed their layers near alone.
+_start_together: Callable[[], None] = lambda: None
+
+
+@contextlib.contextmanager
+def timing_together(barrier: Callable[[], None]) -> Iterator[None]:
+    """Within it, every timing (`_median_time`) of this process starts after `barrier()`: a collective that
+    every rank of the job calls as often, since each runs the same probe."""
+    global _start_together
+    before, _start_together = _start_together, barrier
+    try:
+        yield
+    finally:
+        _start_together = before
+
 
 def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
                  sync: Callable[[], None] = lambda: None) -> float:
@@ -83,6 +104,7 @@ def _median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
     sample the mean of as many calls as fill MIN_SAMPLE_S (`sync` drains a GPU's queue). The median, as a run's
     epoch time is the median of its epochs; samples of many calls, so that on a core shared with another rank
     a rate is its throughput, as a run on it then gets."""
+    _start_together()
     t0 = time.perf_counter()
     for _ in range(max(warmup, 1)):
         fn()
@@ -121,16 +143,23 @@ def spmm_rate(threads: int, n: int = 100_000, deg: int = 10, width: int = 64, de
 KERNEL_WIDTHS = (8, 16, 32, 64, 128, 256)
 KERNEL_ROWS = 16384  # rows of the dense maps: a worker's share of the graphs worth distributing
 KERNEL_GRAPH = (30000, 10.0)  # the aggregations' graph: PROBE_GRAPHS' size, so their rates are the fit's
+# attention's aggregation (per-head edge values) is timed with GAT's usual 8 heads, at the per-head widths a
+# hidden layer has (8 heads of 64 already make 512-wide rows)
+ATTENTION_HEADS = 8
+ATTENTION_WIDTHS = (8, 16, 32, 64)
 
 
 def kernel_rate_samples(threads: int, device: str = "cpu", widths: Sequence[int] = KERNEL_WIDTHS,
-                        rows: int = KERNEL_ROWS, graph: tuple[int, float] = KERNEL_GRAPH,
-                        repeats: int = 3) -> list[dict]:
+                        rows: int = KERNEL_ROWS, graph: tuple[int, float] = KERNEL_GRAPH, repeats: int = 3,
+                        attention: Sequence[tuple[int, int]] = tuple((ATTENTION_HEADS, n) for n in ATTENTION_WIDTHS),
+                        ) -> list[dict]:
     """The kernels of a layer timed alone at several widths, as `kernel_rates` entries (gnnc.cluster.KernelRate):
     a dense map x[rows, k] @ W[k, n] forward ("gemm_f"), its weight gradient x^T @ g ("gemm_dw") and input
     gradient g @ W^T ("gemm_dx") for every k and n of `widths`, in FLOP/s; the aggregation (gnnc's SpMM with
-    edge weights) forward ("spmm_f") and its transpose backward ("spmm_b") at every width, in edge-feature
-    multiply-adds/s, on an R-MAT graph of `graph`'s size.
+    edge weights) forward ("spmm_f"), its transpose backward ("spmm_b") and the gradient of its edge values
+    ("spmm_dw": a dot per edge, which attention's coefficients need) at every width, in edge-feature
+    multiply-adds/s, on an R-MAT graph of `graph`'s size; the same with per-head edge values at each (heads,
+    per-head width) of `attention` (k = heads; a head-blocked structure, another kernel).
 
     Why: one FLOP rate misprices a dense map writing 8-wide rows (a model's last layer) several times over
     against a 64-wide one, and the aggregation's rate also moves with its width and kernel.
@@ -150,15 +179,23 @@ def kernel_rate_samples(threads: int, device: str = "cpu", widths: Sequence[int]
     n_vertices, deg = graph
     csr = place(rmat(n_vertices, deg, features=1, classes=1, seed=0).csr("plain"), dev)
     weight = torch.rand(csr.nnz, device=dev)
-    for n in widths:
-        x = torch.randn(csr.n_src, n, device=dev, requires_grad=True)
+    shapes = [(0, n) for n in widths] + [(heads, n) for heads, n in attention]
+    for heads, n in shapes:
+        # heads 0: one value per edge (GCN's norms); else attention's per-head coefficients, [edges, heads]
+        weight = torch.rand(csr.nnz, *((heads,) if heads else ()), device=dev)
+        learned = weight.clone().requires_grad_()  # edge values with a gradient, as attention's
+        x = torch.randn(csr.n_src, *((heads,) if heads else ()), n, device=dev, requires_grad=True)
         y = spmm(csr, x, weight)
+        y_learned = spmm(csr, x.detach(), learned)
         g = torch.randn_like(y)
-        work = float(csr.nnz * n)
+        work = float(csr.nnz * max(heads, 1) * n)
         forward = _median_time(lambda: spmm(csr, x.detach(), weight), repeats, sync=sync)
         backward = _median_time(lambda: torch.autograd.grad(y, x, g, retain_graph=True), repeats, sync=sync)
-        out += [{"kernel": "spmm_f", "k": 0, "n": n, "rate": work / forward},
-                {"kernel": "spmm_b", "k": 0, "n": n, "rate": work / backward}]
+        edge_grad = _median_time(lambda: torch.autograd.grad(y_learned, learned, g, retain_graph=True), repeats,
+                                 sync=sync)
+        out += [{"kernel": "spmm_f", "k": heads, "n": n, "rate": work / forward},
+                {"kernel": "spmm_b", "k": heads, "n": n, "rate": work / backward},
+                {"kernel": "spmm_dw", "k": heads, "n": n, "rate": work / edge_grad}]
     return out
 
 

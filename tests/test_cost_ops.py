@@ -69,6 +69,18 @@ def test_gcn_op_work_by_hand() -> None:
     assert l0.calls_backward == 6 and l1.calls_backward == 5  # all but dropout(x) and edata
 
 
+def test_gat_attention_work_is_counted_per_element_and_per_edge() -> None:
+    """examples/gat.gnn with 8 heads: its score and softmax cost 8 elements per edge each, and 1 edge each
+    (`attention_row`); the output layer's, of 1 head, 1 and 1. The edge dropout likewise per edge."""
+    program = _program(EXAMPLES / "gat.gnn", hidden=4, heads=8)
+    l0, l1 = program_op_work(program)
+    edge0 = {cls: n for side, cls, n in l0.forward if side == "edge"}
+    assert edge0 == {"attention": 16.0, "attention_row": 2.0, "dropout": 8.0, "dropout_row": 1.0,
+                     "elementwise": 8.0}  # sddmm + softmax; dropout; leaky_relu
+    assert {cls: n for side, cls, n in l1.forward if side == "edge"}["attention"] == 2.0
+    assert {cls: n for side, cls, n in l0.backward if side == "edge"}["attention_row"] == 2.0
+
+
 def test_op_work_prices_at_the_profiles_rates() -> None:
     rates = (OpRate("elementwise", 2e-9, 3e-9), OpRate("dropout", 5e-9, 1e-9), OpRate("dropout_row", 7e-9, 0.0),
              OpRate("call", 1e-5, 2e-5))
@@ -209,17 +221,21 @@ def test_the_predicted_epoch_is_the_step_and_the_evaluation(tmp_path) -> None:
 
 def test_the_op_fit_recovers_known_rates() -> None:
     call_f, call_b = 1.5e-5, 2.5e-5
-    rates = {"elementwise": (1.5e-9, 3e-9), "attention": (8e-9, 6e-9), "loss": (1e-9, 4e-9)}
+    rates = {"elementwise": (1.5e-9, 3e-9), "loss": (1e-9, 4e-9)}
     drop, drop_row = (6e-9, 3e-9), (2e-8, 1e-8)
+    att, att_row = (1e-9, 2e-9), (4e-9, 3e-9)
     eqns = []
     for n in (100_000, 400_000, 2_000_000):
-        for op, cls in (("relu", "elementwise"), ("bias", "elementwise"), ("edge_softmax", "attention"),
-                        ("cross_entropy", "loss")):
+        for op, cls in (("relu", "elementwise"), ("bias", "elementwise"), ("cross_entropy", "loss")):
             eqns.append((op, 2, n // 16, n, call_f + n * rates[cls][0], call_b + n * rates[cls][1]))
         for width in (1, 64):  # narrow edge values and wide vertex ones: per element and per row
             rows = n // width
             eqns.append(("dropout", 1, rows, n, call_f + n * drop[0] + rows * drop_row[0],
                          call_b + n * drop[1] + rows * drop_row[1]))
+        for op_heads in (1, 2):  # the probe's attention layers: edges of one head and of two
+            edges = n // op_heads
+            eqns.append(("edge_softmax", 1, edges, n, call_f + n * att[0] + edges * att_row[0],
+                         call_b + n * att[1] + edges * att_row[1]))
         eqns.append(("linear", 2, n // 16, n, 1.0, 2.0))  # a kernel: not an op rate
     dispatch = [("relu", 1, 4, 64, call_f, call_b), ("bias", 2, 4, 64, call_f, call_b),
                 ("dropout", 1, 4, 64, call_f * 9, call_b)]  # the median: one op's dispatch
@@ -230,6 +246,8 @@ def test_the_op_fit_recovers_known_rates() -> None:
         assert (fitted[cls].forward, fitted[cls].backward) == pytest.approx((f, bk), rel=1e-6)
     assert (fitted["dropout"].forward, fitted["dropout"].backward) == pytest.approx(drop, rel=1e-6)
     assert (fitted["dropout_row"].forward, fitted["dropout_row"].backward) == pytest.approx(drop_row, rel=1e-6)
+    assert (fitted["attention"].forward, fitted["attention"].backward) == pytest.approx(att, rel=1e-6)
+    assert (fitted["attention_row"].forward, fitted["attention_row"].backward) == pytest.approx(att_row, rel=1e-6)
     assert (fitted["call"].forward, fitted["call"].backward) == pytest.approx((call_f, call_b))
     assert (fitted["copy"].forward, fitted["copy"].backward) == pytest.approx((2e-9, 1e-9))
     assert (fitted["optimizer"].forward, fitted["optimizer_call"].forward) == pytest.approx((6e-9, 2e-5), rel=1e-6)

@@ -18,18 +18,21 @@ from gnnc.passes.cost.symbols import R_gemm, R_spmm, LayerShape, d, heads, kerne
 
 
 def _grid(rate) -> list[KernelRate]:
-    """A dense map's three products at k, n in {8, 64} and the aggregation at widths 8 and 64, rate(kernel, k, n)."""
+    """A dense map's three products at k, n in {8, 64} and the aggregation at widths 8 and 64, with one value
+    per edge (k 0) and with 8 heads of per-head values (k 8), rate(kernel, k, n)."""
     out = [KernelRate(kernel, k, n, rate(kernel, k, n)) for kernel in ("gemm_f", "gemm_dw", "gemm_dx")
            for k in (8, 64) for n in (8, 64)]
-    return out + [KernelRate(kernel, 0, n, rate(kernel, 0, n)) for kernel in ("spmm_f", "spmm_b") for n in (8, 64)]
+    return out + [KernelRate(kernel, k, n, rate(kernel, k, n)) for kernel in ("spmm_f", "spmm_b", "spmm_dw")
+                  for k in (0, 8) for n in (8, 64)]
 
 
 def _narrow_is_slow(kernel: str, k: int, n: int) -> float:
     """A made-up machine: a dense map writing 8-wide rows runs at a quarter of the rate (its weight gradient
-    at an eighth), an aggregation of 8-wide rows at half; backward aggregations a little slower."""
+    at an eighth), an aggregation of 8-wide rows at half; backward aggregations a little slower, the gradient
+    of the edge values slower still; with per-head values (k heads) a third of that."""
     if kernel.startswith("gemm"):
         return 80e9 / ((8 if kernel == "gemm_dw" else 4) if n == 8 else 1)
-    return (8e9 if kernel == "spmm_f" else 6e9) / (2 if n == 8 else 1)
+    return {"spmm_f": 8e9, "spmm_b": 6e9, "spmm_dw": 4e9}[kernel] / (2 if n == 8 else 1) / (3 if k else 1)
 
 
 PROFILE = replace(preset("g3"), kernel_rates=tuple(_grid(_narrow_is_slow)))
@@ -62,11 +65,11 @@ def test_a_table_with_a_missing_corner_takes_the_nearest_shape_timed() -> None:
 
 def test_kernel_rates_round_trip_and_a_bad_entry_is_named() -> None:
     data = json.loads(PROFILE.to_json())
-    assert len(data["kernel_rates"]) == 16 and "kernel_rates" not in json.loads(preset("g3").to_json())
+    assert len(data["kernel_rates"]) == 24 and "kernel_rates" not in json.loads(preset("g3").to_json())
     assert ClusterProfile.from_dict(data) == PROFILE
     good = {"kernel": "gemm_f", "k": 8, "n": 8, "rate": 1e9}
     for bad, message in (({**good, "kernel": "conv"}, "'kernel' must be one of"),
-                         ({**good, "kernel": "spmm_f"}, "'k' must be 0 for an aggregation"),
+                         ({**good, "kernel": "spmm_f", "k": -1}, "'k' must be 0 or a head count for an aggregation"),
                          ({**good, "n": 0}, "'n' must be a positive integer"),
                          ({**good, "rate": -1.0}, "'rate' must be a positive number"),
                          ({**good, "rate": math.inf}, "'rate' must be a positive number"),
@@ -95,9 +98,18 @@ def test_each_kernel_is_priced_at_its_layers_widths() -> None:
         4 * flop / 80e9 + 2 * 5000 * 8 / 8e9)
     gat = LayerShape(gemm_first=True, attention=True, mean_heads=True)
     widths = gat.kernel_widths(1, (64.0, 64.0, 8.0), (8.0, 1.0))
-    assert widths["gemm_f"] == (64.0, 8.0) and widths["spmm_f"] == (0.0, 8.0)
+    assert widths["gemm_f"] == (64.0, 8.0) and widths["spmm_f"] == (1.0, 8.0)  # 1 head: timed as k 0
+    assert PROFILE.kernel_slowdown("spmm_f", 1.0, 8.0) == pytest.approx(2.0)
     hidden = LayerShape(gemm_first=True, attention=True)  # 8 heads of 8 concatenated: 64 wide, 8 per head
-    assert hidden.kernel_widths(0, (64.0, 64.0, 8.0), (8.0, 1.0))["spmm_f"] == (0.0, 8.0)
+    assert hidden.kernel_widths(0, (64.0, 64.0, 8.0), (8.0, 1.0))["spmm_f"] == (8.0, 8.0)
+    assert PROFILE.kernel_slowdown("spmm_f", 4.0, 8.0) == pytest.approx(6.0)  # the head count timed nearest: 8
+    # attention's coefficients come from parameters: its aggregation's backward also forms their gradient, a dot
+    # per edge and head of 8-wide rows (4e9/2/3 multiply-adds/s here), besides the transpose product (6e9/2/3)
+    values.update({d(1): 64, heads(0): 8, **kernel_factors([hidden], (64.0, 64.0), (8.0,), PROFILE.kernel_slowdown)})
+    assert float((compute_backward(0, hidden, 0, 5000)).subs(values)) == pytest.approx(
+        5000 * 64 / 1e9 + 5000 * 64 / (4e9 / 6))
+    assert float((compute_backward(0, replace(hidden, attention=False), 0, 5000)).subs(values)) == pytest.approx(
+        5000 * 64 / 1e9)  # edge values without a gradient (GCN's): the transpose product alone
     # a layer the inputs give no shape for is priced at the one rate
     assert kernel_factors([], (64.0, 8.0), (1.0,), PROFILE.kernel_slowdown) == {
         kernel_factor(0, k): 1.0 for k in KERNELS}
@@ -136,6 +148,11 @@ def test_the_fit_returns_the_rates_at_the_fastest_widths() -> None:
     fitted = fit_profile(program, samples, PROBE_WIDTHS, 1e9, kernel_rates=table)
     assert (fitted["t_v"], fitted["t_e"]) == pytest.approx((t_v, t_e), rel=1e-6)
     assert [KernelRate(**r) for r in fitted["kernel_rates"]] == table
+    # layers that run 1.5x slower than their kernels alone, plus a fixed cost each: the one factor, in the
+    # table's ratio of the two rates
+    in_situ = [(n, edges, [1.5 * t + 2e-4 for t in seconds]) for n, edges, seconds in samples]
+    slower = fit_profile(program, in_situ, PROBE_WIDTHS, 1e9, kernel_rates=table)
+    assert (slower["t_v"], slower["t_e"]) == pytest.approx((1.5 * t_v, 1.5 * t_e), rel=1e-6)
     blind = fit_profile(program, samples, PROBE_WIDTHS, 1e9)
     assert (blind["t_v"], blind["t_e"]) != pytest.approx((t_v, t_e), rel=0.01) and "kernel_rates" not in blind
 
@@ -143,9 +160,10 @@ def test_the_fit_returns_the_rates_at_the_fastest_widths() -> None:
 def test_the_probe_times_every_kernel_at_every_width() -> None:
     from gnnc.runtime.probe import kernel_rate_samples
 
-    rates = [KernelRate(**r) for r in kernel_rate_samples(1, widths=(8, 32), rows=512, graph=(400, 4.0), repeats=1)]
+    rates = [KernelRate(**r) for r in kernel_rate_samples(1, widths=(8, 32), rows=512, graph=(400, 4.0), repeats=1,
+                                                          attention=((2, 8),))]
     assert sorted((r.kernel, r.k, r.n) for r in rates) == sorted(
         [(kernel, k, n) for kernel in ("gemm_f", "gemm_dw", "gemm_dx") for k in (8, 32) for n in (8, 32)]
-        + [(kernel, 0, n) for kernel in ("spmm_f", "spmm_b") for n in (8, 32)])
+        + [(kernel, k, n) for kernel in ("spmm_f", "spmm_b", "spmm_dw") for k, n in ((0, 8), (0, 32), (2, 8))])
     assert all(math.isfinite(r.rate) and r.rate > 1e5 for r in rates)
     replace(preset("g3"), kernel_rates=tuple(rates))  # a valid profile field

@@ -32,7 +32,7 @@ from gnnc.cluster import OP_CLASSES, KernelRate, OpRate, kernel_slowdown
 from gnnc.ir import Program
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.compute import compute_backward, compute_forward
-from gnnc.passes.cost.ops import class_of, program_op_work
+from gnnc.passes.cost.ops import PER_ROW, class_of, program_op_work
 from gnnc.passes.cost.symbols import R_gemm, R_spmm, d, heads, kernel_factors
 from gnnc.passes.predict_bytes import param_dependent
 
@@ -93,18 +93,38 @@ def per_unit_work(program: Program, backward: bool = True,
     return out
 
 
-def joint_rates(samples: Sequence[Sample],
-                 work: list[tuple[float, float, int]]) -> tuple[float | None, float | None]:
+def joint_rates(samples: Sequence[Sample], work: list[tuple[float, float, int]],
+                kernels: tuple[float, float] | None = None) -> tuple[float | None, float | None]:
     """The cost model's t_v, t_e: one pair for every layer, with an intercept per layer, fitted to
     all timings through the model's per-vertex and per-edge work. None where the fit gives 0
-    (the profile then keeps deriving that figure from the kernel rate)."""
+    (the profile then keeps deriving that figure from the kernel rate).
+
+    `kernels`: the dense map's and the aggregation's seconds per unit of work timed alone (`kernel_table_rates`).
+    Then one factor is fitted, by which the layers run slower (or faster) than their kernels alone, and
+    t_v, t_e are those times it: the kernels' ratio is the table's. Fitted freely, the two trade against each
+    other and the intercepts (five probes of one machine within ten minutes put t_e at 9.9 to 21 G/s while
+    its SpMM, timed alone, ran at 8.9 to 9.2 G/s every time), and a graph with another ratio of edges to
+    vertices than the probe's inherits the error."""
     rows, y = [], []
     for n, edges, seconds in samples:
         for i, (per_vertex, per_edge, _) in enumerate(work):
-            rows.append([per_vertex * n, per_edge * edges[i]] + [1.0 if j == i else 0.0 for j in range(len(work))])
+            work_columns = ([per_vertex * n * kernels[0] + per_edge * edges[i] * kernels[1]] if kernels
+                            else [per_vertex * n, per_edge * edges[i]])
+            rows.append(work_columns + [1.0 if j == i else 0.0 for j in range(len(work))])
             y.append(seconds[i])
     coef = _nnls_scaled(np.asarray(rows), np.asarray(y))
+    if kernels:
+        return (float(coef[0]) * kernels[0] or None), (float(coef[0]) * kernels[1] or None)
     return (float(coef[0]) or None), (float(coef[1]) or None)
+
+
+def kernel_table_rates(kernel_rates: Sequence[KernelRate]) -> tuple[float, float] | None:
+    """(t_v, t_e) of the kernels timed alone at their fastest widths: 2 / the fastest dense map's FLOP/s,
+    1 / the fastest aggregation's multiply-adds/s; None without both."""
+    best = {k: max((r.rate for r in kernel_rates if r.kernel == k), default=0.0) for k in ("gemm_f", "spmm_f")}
+    if not all(best.values()):
+        return None
+    return 2.0 / best["gemm_f"], 1.0 / best["spmm_f"]
 
 
 class _Rates:
@@ -145,9 +165,11 @@ def fit_op_rates(samples: dict) -> list[OpRate]:
     The dispatch of one op is the median time of the equations timed on a graph too small for their work
     to show ("dispatch"); each class's seconds per element the median over its timings on the large graphs
     of (time - dispatch) / elements. Medians, because on shared cores a timing now and then is interrupted
-    and least squares would follow it. Dropout's seconds per element and per row (`dropout_row`) by
-    non-negative least squares: its timings mix wide vertex values and narrow edge ones. Row copies: the median seconds per element; Adam: non-negative least
-    squares over its elements and its tensors (a step's per-tensor work is not small beside its elements).
+    and least squares would follow it. Dropout's and attention's seconds per element and per row
+    (`dropout_row`, `attention_row`: gnnc.passes.cost.ops.PER_ROW) by non-negative least squares: dropout's
+    timings mix wide vertex values and narrow edge ones, attention's edges of two heads and of one. Row
+    copies: the median seconds per element; Adam: non-negative least squares over its elements and its
+    tensors (a step's per-tensor work is not small beside its elements).
     """
     dispatch = [(class_of(op, k), f, b_) for op, k, _, _, f, b_ in samples["dispatch"]]
     call_f = float(np.median([f for _, f, _ in dispatch]))
@@ -162,10 +184,10 @@ def fit_op_rates(samples: dict) -> list[OpRate]:
         if cls not in by_class:
             continue
         timed = by_class[cls]
-        if cls == "dropout":  # per element and per row (its key's hash): both, by least squares
+        if cls in PER_ROW:  # per element and per row: both, by least squares
             a = np.asarray([[n, rows] for rows, n, _, _ in timed])
             cf, cb = (_nnls_scaled(a, np.maximum([t[k] for t in timed], 0.0)) for k in (2, 3))
-            out += [OpRate(cls, float(cf[0]), float(cb[0])), OpRate("dropout_row", float(cf[1]), float(cb[1]))]
+            out += [OpRate(cls, float(cf[0]), float(cb[0])), OpRate(PER_ROW[cls], float(cf[1]), float(cb[1]))]
             continue
         out.append(OpRate(cls, max(float(np.median([f / n for _, n, f, _ in timed])), 0.0),
                           max(float(np.median([b_ / n for _, n, _, b_ in timed])), 0.0)))
@@ -194,8 +216,8 @@ def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[in
     (`fit_op_rates`), the layers' other ops are taken off the timings first, and the rates join the fields.
     With `forward` (the same layers' forward alone, as the evaluation runs it), t_v_forward and t_e_forward
     are fitted to them likewise, through the model's forward work. With `kernel_rates` (the kernels timed
-    alone at several widths), t_v and t_e are the rates at the fastest widths (`per_unit_work`), and the
-    table joins the fields."""
+    alone at several widths), t_v and t_e are the rates at the fastest widths (`per_unit_work`) in the ratio
+    of the kernels' fastest rates (`joint_rates`), and the table joins the fields."""
     if op_rates:
         samples = _without_other_ops(program, samples, op_rates, ("f", "b"))
         forward = _without_other_ops(program, forward, op_rates, ("e",)) if forward else forward
@@ -205,11 +227,12 @@ def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[in
         fit = fit_unit_costs([s[0] for s in samples], [s[1][i] for s in samples], [s[2][i] for s in samples])
         layers.append({"d_in": widths[i], "d_out": widths[i + 1], "row_width": row_width, "T_v": fit.T_v,
                        "T_e": fit.T_e, "T_c": row_width * 4 / bandwidth, "const": fit.const})
-    t_v, t_e = joint_rates(samples, work)
+    kernels = kernel_table_rates(kernel_rates)
+    t_v, t_e = joint_rates(samples, work, kernels)
     fields = {"unit_costs": layers, "t_v": t_v, "t_e": t_e, "t_c": 1.0 / bandwidth}
     if forward:
         fields["t_v_forward"], fields["t_e_forward"] = joint_rates(
-            forward, per_unit_work(program, backward=False, kernel_rates=kernel_rates))
+            forward, per_unit_work(program, backward=False, kernel_rates=kernel_rates), kernels)
     if op_rates:
         fields["op_rates"] = [{"op": r.op, "forward": r.forward, "backward": r.backward} for r in op_rates]
     if kernel_rates:
@@ -238,10 +261,12 @@ def describe_unit_costs(profile) -> str:
         widths = (8, 16, 64, 256)
         lines.append("  kernels by width, times the fastest's seconds per unit of work "
                      f"(widths {'/'.join(map(str, widths))}):")
-        for kernel, label in (("gemm_f", "dense map x W, 64 wide in, n out"), ("gemm_dw", "its weight gradient"),
-                              ("gemm_dx", "its input gradient"), ("spmm_f", "aggregation of n-wide rows"),
-                              ("spmm_b", "its backward")):
-            k = 0 if kernel.startswith("spmm") else 64
+        for kernel, k, label in (("gemm_f", 64, "dense map x W, 64 wide in, n out"),
+                                 ("gemm_dw", 64, "its weight gradient"), ("gemm_dx", 64, "its input gradient"),
+                                 ("spmm_f", 0, "aggregation of n-wide rows"), ("spmm_b", 0, "its backward"),
+                                 ("spmm_dw", 0, "its edge values' gradient"),
+                                 ("spmm_f", 8, "attention's, 8 heads of n"), ("spmm_b", 8, "its backward"),
+                                 ("spmm_dw", 8, "its coefficients' gradient")):
             factors = " / ".join(f"{profile.kernel_slowdown(kernel, k, n):.2f}" for n in widths)
             lines.append(f"    {label:>34s} {factors}")
     if profile.op_rates:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sympy
 
 from gnnc.passes.cost.collectives import broadcast_time
-from gnnc.passes.cost.compute import call_ops, compute_backward, dense_map_time, edge_ops, row_ops, spmm_time
+from gnnc.passes.cost.compute import aggregation_time, call_ops, compute_backward, dense_map_time, edge_ops, row_ops
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import Max, P, N, V_max, b, b_idx, bw, alpha, V, E, d, LayerShape, Cost, ZERO
 
@@ -35,21 +35,23 @@ def bcast1d(layer: int, shape: LayerShape, staged: bool = True) -> Cost:
     V_i rows; its edge ops beside the multiply, block by block.
     """
     w = shape.width(layer)
-    stages = N * w * b / bw + P * sympy.ceiling(sympy.log(P, 2)) * alpha
-    first = broadcast_time(V_max * w * b)
+    widths = shape.exchanged_widths(layer)  # with attention, its scores are broadcast too
+    xw = sympy.Add(*widths)
+    stages = sympy.Add(*(N * x * b / bw + P * sympy.ceiling(sympy.log(P, 2)) * alpha for x in widths))
+    first = sympy.Add(*(broadcast_time(V_max * x * b) for x in widths))
     rest = stages - first
 
     def window(phase: str) -> sympy.Expr:
-        multiply = spmm_time(layer, E, w, phase) + edge_ops(layer, E, phase)
+        multiply = aggregation_time(layer, shape, E, w, phase) + edge_ops(layer, E, phase)
         return first + Max(rest, multiply) if staged else stages + multiply
 
     fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
            + call_ops(layer, "f") + window("f"))
     bwd = compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
-    nbytes = V * w * (P - 1) * b
+    nbytes = V * xw * (P - 1) * b
     if shape.exchange_grad:
         bwd += window("b")
-        nbytes += (N - V) * w * b
+        nbytes += (N - V) * xw * b
     else:
         bwd += edge_ops(layer, E, "b")
     held = 2 * V_max if staged else N

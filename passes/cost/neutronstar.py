@@ -17,8 +17,8 @@ import sympy
 from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_to_all_time, all_gather_time, any_moved
-from gnnc.passes.cost.compute import (dense_map_time, spmm_time, compute_forward, compute_backward, layer_memory,
-                                      call_ops, copy_time, edge_ops, layer_ops, row_ops)
+from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, spmm_time, compute_forward, compute_backward,
+                                      layer_memory, call_ops, copy_time, edge_ops, layer_ops, row_ops)
 from gnnc.passes.cost.evaluation import compile_expr, table
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, hop_vertices, hop_edges,
@@ -57,12 +57,13 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     recomputes every bin's forward before its own backward.
     """
     w = shape.width(layer)
+    xw = sympy.Add(*shape.exchanged_widths(layer))  # with attention, its scores' exchange too
     gemm_rows = V
-    exch = all_to_all_time(S * w * b, B * w * b)
+    exch = sympy.Add(*(all_to_all_time(S * x * b, B * x * b) for x in shape.exchanged_widths(layer)))
     gemm = dense_map_time(layer, shape, gemm_rows)
 
     def edge_work(edges: sympy.Expr, phase: str) -> sympy.Expr:
-        return spmm_time(layer, edges, w, phase) + edge_ops(layer, edges, phase)
+        return aggregation_time(layer, shape, edges, w, phase) + edge_ops(layer, edges, phase)
 
     if bins > 1:
         held, rest = edge_work(E_in, "f"), edge_work(E - E_in, "f")
@@ -71,16 +72,16 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
         window = Max(exch, edge_work(E - E_r, "f")) + edge_work(E_r, "f")
     else:
         window = exch + edge_work(E, "f")
-    fwd = gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + copy_time((S + B) * w, "f") + window
+    fwd = gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + copy_time((S + B) * xw, "f") + window
     bwd_dense = compute_backward(layer, shape, gemm_rows, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
-    nbytes = S * w * b
+    nbytes = S * xw * b
     if shape.exchange_grad:
-        bwd = bwd_dense + copy_time((S + B) * w, "b")
+        bwd = bwd_dense + copy_time((S + B) * xw, "b")
         if overlap:
             bwd += Max(exch, edge_work(E - E_r, "b")) + edge_work(E_r, "b")
         else:
             bwd += exch + edge_work(E, "b")
-        nbytes += B * w * b
+        nbytes += B * xw * b
     else:
         bwd = bwd_dense + edge_ops(layer, E, "b")
     if bins > 1:
@@ -223,11 +224,13 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
     # a dense map that runs before the aggregation runs on the recomputed rows' inputs: the rows
     # recomputed one layer down, or the replicated input rows at the segment's first layer
     rg = (RX if first else recompute_rows(layer - 1)) if shape.gemm_first else rv
+    xw = sympy.Add(*shape.exchanged_widths(layer))  # with attention, its scores' exchange too
     # a worker that moves no row at this layer starts no message (its ring posts nothing)
-    exch = all_to_all_time(cs * w * b, cr * w * b, (P - 1) * any_moved(cs + cr))
+    exch = sympy.Add(*(all_to_all_time(cs * x * b, cr * x * b, (P - 1) * any_moved(cs + cr))
+                       for x in shape.exchanged_widths(layer)))
 
     def own_edges(edges: sympy.Expr, phase: str) -> sympy.Expr:
-        return spmm_time(layer, edges, w, phase) + edge_ops(layer, edges, phase)
+        return aggregation_time(layer, shape, edges, w, phase) + edge_ops(layer, edges, phase)
 
     def recompute(phase: str) -> sympy.Expr:  # the cached dependencies' rows: kernels and other ops
         kernels = compute_forward(layer, shape, rg, re) if phase == "f" else compute_backward(layer, shape, rg, re)
@@ -237,14 +240,14 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
         return Max(exchange, local) if overlap else exchange + local
 
     fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
-           + call_ops(layer, "f") + copy_time((cs + cr) * w, "f")
+           + call_ops(layer, "f") + copy_time((cs + cr) * xw, "f")
            + window(exch, own_edges(E - E_r, "f") + recompute("f")) + own_edges(E_r, "f"))
     bwd = compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
-    nbytes = cs * w * b
+    nbytes = cs * xw * b
     if shape.exchange_grad:
-        bwd += (copy_time((cs + cr) * w, "b") + window(exch, own_edges(E - E_r, "b") + recompute("b"))
+        bwd += (copy_time((cs + cr) * xw, "b") + window(exch, own_edges(E - E_r, "b") + recompute("b"))
                 + own_edges(E_r, "b"))
-        nbytes += cr * w * b
+        nbytes += cr * xw * b
     else:
         bwd += recompute("b") + edge_ops(layer, E, "b")
     if bins > 1:

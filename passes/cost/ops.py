@@ -12,7 +12,9 @@ class (`op_class`: one of gnnc.cluster.OP_CLASSES, whose seconds per element
 edge; the formulas charge `op_time(layer, side, phase)` on the rows and edges
 each strategy computes (gnnc.passes.cost.compute.layer_ops). A dropout also
 counts its rows (`dropout_row`): a row's mask starts with a hash of its key,
-which a narrow value (an edge's attention, one per head) pays per element.
+which a narrow value (an edge's attention, one per head) pays per element;
+an attention op its edges (`attention_row`: an edge's index and its
+destination's segment cost the same for one head as for eight).
 
 Sides. A graph layer's vertex ops before its first op that reads the
 structure run on the rows its dense map runs on (its input rows: `in`; GAT's
@@ -58,6 +60,8 @@ FREE_OPS = frozenset({"const", "edata", "sync"})
 # sparse_input=True; tests/test_cost_ops.py checks that the two agree): dropout keeps them sparse, linear
 # multiplies them as a sparse-dense product; any other op densifies them first
 SPARSE_INPUT_OPS = frozenset({"dropout", "linear"})
+# the classes that also cost per row (or edge) whatever its elements, and the class that prices that
+PER_ROW = {"dropout": "dropout_row", "attention": "attention_row"}
 _CLASS_OF = {"dropout": "dropout", "cross_entropy": "loss", "sddmm": "attention", "edge_softmax": "attention",
              "src": "copy", "dst": "copy"}
 
@@ -154,7 +158,7 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
             if cls == "dropout" and reads_sparse:  # at the nonzeros only, one hash each
                 entries = [(side, "dropout", n * input_density), (side, "dropout_row", n * input_density)]
             else:
-                entries = [(side, cls, n)] + ([(side, "dropout_row", 1.0)] if cls == "dropout" else [])
+                entries = [(side, cls, n)] + ([(side, PER_ROW[cls], 1.0)] if cls in PER_ROW else [])
             into["forward"] += entries
             if backward:
                 into["backward"] += entries

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gnnc.passes.cost.collectives import all_reduce_time, reduce_scatter_time, all_gather_time
-from gnnc.passes.cost.compute import dense_backward_time, dense_map_time, layer_ops, spmm_time
+from gnnc.passes.cost.compute import aggregation_time, dense_backward_time, dense_map_time, layer_ops, spmm_time
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import P, N, E_tot, b, b_idx, V, E, d, heads, LayerShape, Cost, ZERO
 
@@ -43,7 +43,7 @@ def pushpull(layer: int, shape: LayerShape, structure_push: bool = False) -> Cos
     fwd = push + gemm + scores + spmm + pull + layer_ops(layer, N / P, V, E_tot, "f")
     grad_push = all_gather_time((N - V) * out_w * b)
     bwd = (grad_push + dense_backward_time(layer, shape, N, f)
-           + (spmm_time(layer, E_tot, w, "b") if shape.exchange_grad else ZERO)
+           + (aggregation_time(layer, shape, E_tot, w, "b") if shape.exchange_grad else ZERO)
            + (scores if shape.attention else ZERO) + layer_ops(layer, N / P, V, E_tot, "b"))
     nbytes = (N - V) * out_w * b + V * out_w * (P - 1) * b
     if structure_push:

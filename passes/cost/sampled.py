@@ -36,8 +36,8 @@ import sympy
 from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_gather_time, all_to_all_time, reduce_scatter_time
-from gnnc.passes.cost.compute import (call_ops, compute_backward, compute_forward, dense_backward_time, dense_map_time,
-                                      edge_ops, layer_memory, row_ops, spmm_time)
+from gnnc.passes.cost.compute import (aggregation_time, call_ops, compute_backward, compute_forward,
+                                      dense_backward_time, dense_map_time, edge_ops, layer_memory, row_ops, spmm_time)
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import Max, P, alpha, b, b_idx, bw, d, LayerShape, Cost, ZERO
 
@@ -124,7 +124,7 @@ def pushpull_sampled(layer: int, shape: LayerShape, overlap: bool = False) -> Co
     grad_push = all_gather_time((SDt_0 - destinations(layer)) * out_w * b) + NB * (P - 1) * alpha
     compute_f = gemm + spmm + ops
     compute_b = (dense_backward_time(layer, shape, rows, f)
-                 + (spmm_time(layer, SEt_0, w, "b") if shape.exchange_grad else ZERO) + ops_b)
+                 + (aggregation_time(layer, shape, SEt_0, w, "b") if shape.exchange_grad else ZERO) + ops_b)
     if overlap:
         fwd, bwd = Max(compute_f, push + pull), Max(compute_b, grad_push)
     else:

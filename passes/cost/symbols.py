@@ -158,8 +158,8 @@ def op_time(layer: int, side: str, phase: str) -> Symbol:
 
 def kernel_factor(layer: int, kernel: str) -> Symbol:
     """K<kernel>_l: how many times its fitted seconds per unit of work graph layer l's `kernel` takes at the
-    layer's widths (the dense map's forward, weight gradient, input gradient; the aggregation's forward and
-    backward: gnnc.cluster.KERNELS)."""
+    layer's widths (the dense map's forward, weight gradient, input gradient; the aggregation's forward,
+    backward and edge-value gradient: gnnc.cluster.KERNELS)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
     return Symbol(f"K{kernel}_{layer}", positive=True)
@@ -220,20 +220,28 @@ class LayerShape:
         """Width of the aggregated value, which is also the value a vertex-partitioned layer exchanges."""
         return self.out_width(layer) if self.gemm_first else d(layer)
 
+    def exchanged_widths(self, layer: int) -> tuple[sympy.Expr, ...]:
+        """Widths of the values a vertex-partitioned layer exchanges, one exchange each: the aggregated value,
+        and with attention the source side's scores too (GAT's dot of z with a_src, heads per row: each rank
+        scores its own rows and exchanges them beside z, gnnc.passes.insert_comm)."""
+        return (self.width(layer), heads(layer)) if self.attention else (self.width(layer),)
+
     def kernel_widths(self, layer: int, dims: Sequence[float],
                       n_heads: Sequence[float]) -> dict[str, tuple[float, float]]:
         """(k, n) of each of the layer's kernels (gnnc.cluster.KERNELS) at these widths: the dense map reads d_l-wide
-        rows and writes out_width ones; the aggregation (k 0) runs on width-wide rows, one head at a time
-        (attention's per-head weights make it a product on head-wide rows: gnnc.runtime.kernels)."""
+        rows and writes out_width ones; the aggregation on width-wide rows (k 0), or with attention's per-head
+        edge values on head-wide rows, its heads as k (a product on a structure with a row per vertex and head:
+        gnnc.runtime.kernels.cpu.Pattern, slower per multiply-add than one value per edge)."""
         subs = {d(i): float(w) for i, w in enumerate(dims)}
         subs.update({heads(i): float(h) for i, h in enumerate(n_heads)})
         subs.setdefault(heads(layer), 1.0)
         k, n = float(d(layer).subs(subs)), float(self.out_width(layer).subs(subs))
-        width = float(self.width(layer).subs(subs))
+        width, per_head = float(self.width(layer).subs(subs)), 0.0
         if self.attention:
-            width /= subs[heads(layer)]
-        return {"gemm_f": (k, n), "gemm_dw": (k, n), "gemm_dx": (k, n), "spmm_f": (0.0, width),
-                "spmm_b": (0.0, width)}
+            per_head = subs[heads(layer)]
+            width /= per_head
+        return {"gemm_f": (k, n), "gemm_dw": (k, n), "gemm_dx": (k, n), "spmm_f": (per_head, width),
+                "spmm_b": (per_head, width), "spmm_dw": (per_head, width)}
 
     @property
     def exchange_grad(self) -> bool:
