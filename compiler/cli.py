@@ -367,7 +367,6 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
     """
     # deferred: a command loads torch and the planner only when it needs them
     import torch.distributed as dist
-
     from gnnc import api
     from gnnc.cluster import ClusterProfile, load_profile
     from gnnc.runtime.launch import join_torchrun, started_by_torchrun
