@@ -178,7 +178,6 @@ def kernel_rate_samples(threads: int, device: str = "cpu", widths: Sequence[int]
                 out.append({"kernel": kernel, "k": k, "n": n, "rate": flop / _median_time(fn, repeats, sync=sync)})
     n_vertices, deg = graph
     csr = place(rmat(n_vertices, deg, features=1, classes=1, seed=0).csr("plain"), dev)
-    weight = torch.rand(csr.nnz, device=dev)
     shapes = [(0, n) for n in widths] + [(heads, n) for heads, n in attention]
     for heads, n in shapes:
         # heads 0: one value per edge (GCN's norms); else attention's per-head coefficients, [edges, heads]

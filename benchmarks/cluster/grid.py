@@ -26,7 +26,8 @@ measured bytes exactly. N: the cases.
 Machines: 2 hosts (one core each) for 2 workers, 4 hosts for 4 (two to a
 core, as the cores are two). Each worker count's cluster is built once; its
 machines are measured once, every rank at once (ranks sharing a core measure
-the share they get), and each bandwidth's links anew (`--base`). It needs
+the share they get; each timing of the probe's layers starts on every rank
+together), and each bandwidth's links anew (`--base`). It needs
 root, iproute2 and taskset (emulated.py).
 """
 from __future__ import annotations

@@ -38,8 +38,8 @@ and edges each strategy computes.
 A dense map's and an aggregation's rate depends on its widths (a GEMM writing
 8-wide rows runs at a fraction of the FLOP rate of a 64-wide one): each
 graph layer's kernels carry a `kernel_factor` symbol per kernel (forward,
-weight and input gradient of the dense map; the aggregation forward and
-backward), valued from the profile's `kernel_rates` at the layer's widths
+weight and input gradient of the dense map; the aggregation's forward,
+backward and edge-value gradient, at its head count), valued from the profile's `kernel_rates` at the layer's widths
 (`ClusterProfile.kernel_slowdown`; 1 without them).
 """
 from __future__ import annotations
