@@ -17,7 +17,7 @@ import sympy
 from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_to_all_time, all_gather_time, any_moved
-from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, spmm_time, compute_forward, compute_backward,
+from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_forward, compute_backward,
                                       layer_memory, call_ops, copy_time, edge_ops, layer_ops, row_ops)
 from gnnc.passes.cost.evaluation import compile_expr, table
 from gnnc.passes.cost.registry import cost_formula
@@ -93,7 +93,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
 def _bin_recompute(layer: int, shape: LayerShape, rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
     """The forward work backward repeats when a layer runs in bins: what runs per bin (the aggregation,
     the edge ops, and the dense map when it comes after the aggregation)."""
-    t = spmm_time(layer, edges, shape.width(layer)) + edge_ops(layer, edges, "f")
+    t = aggregation_time(layer, shape, edges, shape.width(layer)) + edge_ops(layer, edges, "f")
     if not shape.gemm_first:
         t += dense_map_time(layer, shape, rows)
     return t

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gnnc.passes.cost.collectives import all_reduce_time, reduce_scatter_time, all_gather_time
-from gnnc.passes.cost.compute import aggregation_time, dense_backward_time, dense_map_time, layer_ops, spmm_time
+from gnnc.passes.cost.compute import aggregation_time, dense_backward_time, dense_map_time, layer_ops
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import P, N, E_tot, b, b_idx, V, E, d, heads, LayerShape, Cost, ZERO
 
@@ -36,7 +36,7 @@ def pushpull(layer: int, shape: LayerShape, structure_push: bool = False) -> Cos
     out_w = shape.out_width(layer)
     w = out_w if shape.gemm_first else f
     gemm = dense_map_time(layer, shape, N, f)
-    spmm = spmm_time(layer, E_tot, w)
+    spmm = aggregation_time(layer, shape, E_tot, w)
     scores = all_reduce_time(2 * N * heads(layer) * b) if shape.attention else ZERO
     push = all_gather_time((E_tot - E) * b_idx) if structure_push else ZERO
     pull = reduce_scatter_time((N - V) * out_w * b)

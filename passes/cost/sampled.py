@@ -37,7 +37,7 @@ from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_gather_time, all_to_all_time, reduce_scatter_time
 from gnnc.passes.cost.compute import (aggregation_time, call_ops, compute_backward, compute_forward,
-                                      dense_backward_time, dense_map_time, edge_ops, layer_memory, row_ops, spmm_time)
+                                      dense_backward_time, dense_map_time, edge_ops, layer_memory, row_ops)
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import Max, P, alpha, b, b_idx, bw, d, LayerShape, Cost, ZERO
 
@@ -113,7 +113,7 @@ def pushpull_sampled(layer: int, shape: LayerShape, overlap: bool = False) -> Co
     w = out_w if shape.gemm_first else f
     rows = SVt_0 if shape.gemm_first else SDt_0
     gemm = dense_map_time(layer, shape, rows, f)
-    spmm = spmm_time(layer, SEt_0, w)
+    spmm = aggregation_time(layer, shape, SEt_0, w)
     # every worker runs every first block's other ops on its slice (the rows' worth of SVt_0 / P)
     ops = (row_ops(layer, SVt_0 / P, destinations(layer), "f") + edge_ops(layer, SEt_0, "f")
            + NB * call_ops(layer, "f"))
