@@ -363,20 +363,23 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
     (a profile `gnnc probe` wrote) or, without it, from measuring the machines in the same job once the
     links are done: every rank measures at once, as a job's ranks compute at once (ranks sharing cores or
     memory see the rates a share gives), each timing of the probe's layers starting on every rank at the
-    same moment (`_machine_samples`), and rank 0 writes what it measured.
+    same moment (`_machine_samples`), and the fit takes every rank's timings (`across_ranks`: each layer
+    the slowest rank's, each single op and kernel the median over the ranks); rank 0 writes the profile.
     """
     # deferred: a command loads torch and the planner only when it needs them
     import torch.distributed as dist
     from gnnc import api
     from gnnc.cluster import ClusterProfile, load_profile
     from gnnc.runtime.launch import join_torchrun, started_by_torchrun
-    from gnnc.runtime.probe import machine_fields
+    from gnnc.runtime.probe import across_ranks, machine_fields
     from gnnc.runtime.probe_network import network_probe, profile_fields
 
     def links_then_machines(cfg) -> tuple | None:
         measured = network_probe(cfg)
         machine, timed = machine_fields(threads), _machine_samples(api, threads, together=dist.barrier)
-        return None if measured is None else (measured, machine, timed)
+        every: list = [None] * cfg.world_size
+        dist.all_gather_object(every, {k: v for k, v in timed.items() if k != "program"})
+        return None if measured is None else (measured, machine, {**across_ranks(every), "program": timed["program"]})
 
     if not started_by_torchrun():
         raise GnncError("gnnc probe --network measures the links between the ranks of a torchrun job: start it "
@@ -393,7 +396,7 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
         profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
                                             "unit_costs": []}, "probe")
     else:
-        measured, machine, timed = result  # rank 0's own machine figures
+        measured, machine, timed = result  # rank 0's kernel rates (machine), every rank's timings (timed)
         network = profile_fields(measured)
         profile = ClusterProfile.from_dict({**machine, **network, "name": "measured", "t_c": None}, "probe")
         # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them

@@ -470,6 +470,48 @@ def probe_op_samples(compile_program: Callable[[object], object], threads: int,
             "adam": adam_times(device=dev)}
 
 
+def across_ranks(every: Sequence[dict]) -> dict:
+    """One machine's timings from every rank's (`gnnc probe --network`: each rank of the job ran the same probe):
+    each timing of the probe's layers ("layers", "forward") the slowest rank's, every other timing ("ops",
+    "kernels") the median over the ranks.
+
+    Why: a job's ranks compute each layer at once and wait for each other at its exchanges, so a step pays
+    for each layer what its slowest rank takes, and the layers were timed on every rank at the same moment
+    (`timing_together`) for that. The single ops and kernels were timed on each rank at its own moment: they
+    price the work of any rank, and the median of several ranks' draws is steadier than one rank's. On
+    these shared cores one rank's figures alone moved by up to 2x between probes minutes apart, and on 4
+    emulated hosts two ranks sharing a core timed the same layer 10-30% apart.
+    """
+    if not every:
+        raise ValueError("no rank's timings")
+
+    def agree(what: str, keys: list) -> None:
+        if any(k != keys[0] for k in keys):
+            raise ValueError(f"the ranks timed different {what}: {keys[0]} and {next(k for k in keys if k != keys[0])}")
+
+    def layers(key: str) -> list:
+        parts = [r[key] for r in every]
+        agree(key, [[(n, list(edges)) for n, edges, _ in p] for p in parts])
+        return [(n, list(edges), [max(p[i][2][j] for p in parts) for j in range(len(seconds))])
+                for i, (n, edges, seconds) in enumerate(parts[0])]
+
+    def medians(rows: list[list[tuple]], timed_from: int, what: str) -> list[tuple]:
+        agree(what, [[tuple(r[:timed_from]) for r in part] for part in rows])
+        return [(*row[:timed_from], *(statistics.median(part[i][k] for part in rows)
+                                      for k in range(timed_from, len(row))))
+                for i, row in enumerate(rows[0])]
+
+    ops = [r["ops"] for r in every]
+    kernels = [[(k["kernel"], k["k"], k["n"], k["rate"]) for k in r["kernels"]] for r in every]
+    return {**every[0], "layers": layers("layers"), "forward": layers("forward"),
+            "ops": {"dispatch": medians([o["dispatch"] for o in ops], 4, "ops"),
+                    "eqns": medians([o["eqns"] for o in ops], 4, "ops"),
+                    "copies": medians([o["copies"] for o in ops], 1, "row copies"),
+                    "adam": medians([o["adam"] for o in ops], 2, "optimizer steps")},
+            "kernels": [{"kernel": kernel, "k": k, "n": n, "rate": rate}
+                        for kernel, k, n, rate in medians(kernels, 3, "kernels")]}
+
+
 def machine_fields(threads: int) -> dict:
     """The machine's own figures (kernel rates, memory), as ClusterProfile fields."""
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

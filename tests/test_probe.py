@@ -185,3 +185,42 @@ def test_the_ranks_time_each_kernel_together() -> None:
     (n0, gap0), (n1, gap1) = launch(_kernels_together, 2, timeout_s=120)
     assert n0 == n1 == 3 + 2 * 3
     assert gap0 >= 0.45 and gap1 >= 0.45
+
+
+def _rank_timings(scale: float, layer: float) -> dict:
+    """One rank's probe timings (the shape `gnnc probe --network` gathers): every op, copy, Adam step and kernel
+    at `scale` seconds, the layers at `layer`."""
+    return {"layers": [(100, [400, 400], [layer, 2 * layer]), (300, [900, 900], [3 * layer, layer])],
+            "forward": [(100, [400, 400], [layer / 2, layer]), (300, [900, 900], [layer, layer / 2])],
+            "ops": {"dispatch": [("relu", 1, 8, 64, scale, scale)], "eqns": [("relu", 1, 100, 6400, scale, 2 * scale)],
+                    "copies": [(1000, scale, scale)], "adam": [(64, 2, scale)]},
+            "kernels": [{"kernel": "gemm_f", "k": 8, "n": 8, "rate": 1.0 / scale}]}
+
+
+def test_a_jobs_probe_takes_the_slowest_ranks_layers_and_the_median_of_every_other_timing() -> None:
+    """A job's step waits at each layer's exchange for its slowest rank, so each layer timing (taken on every rank
+    at once) is the slowest rank's; the single ops and kernels, timed at each rank's own moment, the median."""
+    from gnnc.runtime.probe import across_ranks
+
+    got = across_ranks([_rank_timings(1.0, 5.0), _rank_timings(3.0, 2.0), _rank_timings(2.0, 9.0)])
+    assert got["layers"] == [(100, [400, 400], [9.0, 18.0]), (300, [900, 900], [27.0, 9.0])]
+    assert got["forward"] == [(100, [400, 400], [4.5, 9.0]), (300, [900, 900], [9.0, 4.5])]
+    assert got["ops"] == {"dispatch": [("relu", 1, 8, 64, 2.0, 2.0)], "eqns": [("relu", 1, 100, 6400, 2.0, 4.0)],
+                          "copies": [(1000, 2.0, 2.0)], "adam": [(64, 2, 2.0)]}
+    assert got["kernels"] == [{"kernel": "gemm_f", "k": 8, "n": 8, "rate": 0.5}]
+    assert across_ranks([_rank_timings(1.0, 5.0)])["layers"] == _rank_timings(1.0, 5.0)["layers"]
+
+
+def test_ranks_that_timed_different_things_are_refused() -> None:
+    from gnnc.runtime.probe import across_ranks
+
+    other = _rank_timings(1.0, 1.0)
+    other["layers"][0] = (101, [400, 400], [1.0, 1.0])
+    with pytest.raises(ValueError, match="the ranks timed different layers"):
+        across_ranks([_rank_timings(1.0, 1.0), other])
+    other = _rank_timings(1.0, 1.0)
+    other["kernels"][0]["n"] = 16
+    with pytest.raises(ValueError, match="different kernels"):
+        across_ranks([_rank_timings(1.0, 1.0), other])
+    with pytest.raises(ValueError, match="no rank"):
+        across_ranks([])
