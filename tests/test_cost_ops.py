@@ -335,8 +335,9 @@ def test_a_run_sends_what_predict_bytes_counted_for_its_step_and_its_evaluation(
         plans.append(plan)
         jobs.append((str(k), DistJob(str(plan.program), str(plan.shard_dir),
                                      TrainConfig.resolve(plan.program, epochs=2, progress=False))))
-    rows = launch(train_each, 2, jobs)[0]
+    rows = launch(train_each, 2, jobs, 2)[0]  # twice, the second time in reverse order, as the grid trains them
     for plan, row in zip(plans, rows):
+        assert row["passes"] == 2 and row["epochs_timed"] == 2
         step, ev = plan.meta["predicted_bytes_per_step"], plan.meta["predicted_eval_bytes_per_epoch"]
         assert row["bytes_sent_per_epoch"] == sum(step.values()), row["strategies"]
         assert row["eval_bytes_sent_per_epoch"] == sum(ev.values()), row["strategies"]

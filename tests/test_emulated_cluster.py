@@ -430,7 +430,8 @@ def _grid_rows() -> list[dict]:
         case = grid.GridCase("rmat", "F>H", "gcn", 2, bandwidth)
         for k, (strategy, measured) in enumerate(sorted(times.items(), key=lambda kv: kv[1])):
             rows.append({"grid_case": dataclasses.asdict(case), "case_name": case.name, "chosen": k == 0,
-                         "strategies": [strategy, strategy], "measured_epoch_s": measured,
+                         "strategies": [strategy, strategy], "caches": strategy == "depcache",
+                         "measured_epoch_s": measured,
                          "predicted_epoch_s": measured * (1.2 if k == 0 else 2.0), "measured_step_s": measured / 2,
                          "measured_eval_s": measured / 2, "predicted_bytes": 100, "measured_bytes": 100 + k,
                          "predicted_memory_bytes": 2**20, "measured_peak_rss_bytes": 2**21})
@@ -447,22 +448,77 @@ def test_the_grid_summarises_its_cases() -> None:
     rows[0]["measured_epoch_s"] = 2.5  # the choice now 25% slower than the other assignment
     assert grid.summary(rows)["A"] == 1
     assert grid.flips(_grid_rows()) == [(_grid_rows()[0]["case_name"], _grid_rows()[2]["case_name"])]
-    assert grid.caching(["depcache"]) and not grid.caching(["depcomm", "bcast1d"])
+    hybrid = _grid_rows()
+    for r in hybrid:  # a Hybrid that caches on the slow link and fetches everything on the fast one: a flip
+        r["strategies"] = ["hybrid", "hybrid"] if r["caches"] else r["strategies"]
+    assert grid.flips(hybrid) == grid.flips(_grid_rows())
+    for r in hybrid:  # ... but one that fetches everything on both links is no move to caching
+        r["caches"] = False
+    assert grid.flips(hybrid) == []
+
+
+def test_a_plan_replicates_when_a_layer_caches_or_a_hybrid_segment_caches_any_dependency() -> None:
+    import copy
+
+    from conftest import random_graph
+    from gnnc import api
+    from runner import replicates
+
+    graph, model = random_graph(200, 1200, f=16, c=3, seed=3), api.load_model(EXAMPLES / "gcn.gnn", hidden=8)
+    compiled = {s: api.compile(model, graph, workers=2, strategy=s, partition="metis")
+                for s in ("depcache", "depcomm", "depcomm,depcache", "hybrid")}
+    assert replicates(compiled["depcache"]) and replicates(compiled["depcomm,depcache"])
+    assert not replicates(compiled["depcomm"])
+    hybrid = compiled["hybrid"]
+    segment = hybrid.meta["hybrid"][0]
+    assert replicates(hybrid) == any(c > 0 for layer in segment["cached_per_layer"] for c in layer)
+    def with_cached(counts: list[list[int]]):
+        plan = copy.copy(hybrid)
+        plan.meta = {**hybrid.meta, "hybrid": [{**segment, "cached_per_layer": counts}]}
+        return plan
+
+    nothing = [[0] * len(layer) for layer in segment["cached_per_layer"]]
+    assert not replicates(with_cached(nothing)) and replicates(with_cached([[0, 1]] + nothing[1:]))
 
 
 def test_the_grid_report_starts_with_its_summary_line(tmp_path) -> None:
     import grid
 
     rows = _grid_rows()
-    meta = {"command": "grid.py", "cases": 2, "epochs": 5, "wall_s": 60.0, "cpus": 2, "load_before": "1 1 1",
-            "load_after": "2 2 2"}
+    meta = {"command": "grid.py", "cases": 2, "epochs": 5, "passes": 2, "wall_s": 60.0, "cpus": 2,
+            "load_before": "1 1 1", "load_after": "2 2 2"}
     text = grid.report(rows, [{"workers": 2, "bandwidth": "400mbit", "link_bytes_per_s": 4e7, "latency_s": 5e-5,
                                "seconds": 30.0}], meta)
     assert text.splitlines()[0] == grid.summary_line(grid.summary(rows))
     assert "| gcn/rmat/F>H/x2/400mbit | depcache,depcache (chosen) (fastest) |" in text
     assert "load average before `1 1 1`, after `2 2 2`" in text
+    assert "for 5 epochs on the emulated hosts, 2 times" in text
     grid.plot(rows, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_plan_trains_first_in_one_pass_and_last_in_the_next() -> None:
+    from run_plans import pass_order
+
+    assert pass_order(3, 1) == [0, 1, 2]
+    assert pass_order(3, 2) == [0, 1, 2, 2, 1, 0]
+    assert pass_order(2, 3) == [0, 1, 1, 0, 0, 1]
+
+
+def test_a_plans_times_are_the_medians_of_its_steady_epochs_over_every_pass() -> None:
+    """Each pass's first epoch is a warm-up; the rest of both passes count alike, and the peak is the larger."""
+    from run_plans import combined
+
+    def summary(times: list[float], evals: list[float], peak: int) -> dict:
+        history = [{"epoch": k, "time_s": t, "eval_time_s": e} for k, (t, e) in enumerate(zip(times, evals))]
+        return {"plan": "p", "epoch_time_s": 0.0, "eval_time_s": 0.0, "peak_rss_bytes": peak, "history": history,
+                "bytes_sent_per_epoch": 7}
+
+    got = combined([summary([9.0, 1.0, 2.0, 3.0], [5.0, 0.1, 0.2, 0.3], 10),
+                    summary([8.0, 4.0, 5.0, 6.0], [5.0, 0.4, 0.5, 0.6], 30)])
+    assert got["epoch_time_s"] == 3.5 and got["eval_time_s"] == pytest.approx(0.35)
+    assert got["peak_rss_bytes"] == 30 and got["passes"] == 2 and got["epochs_timed"] == 6
+    assert got["bytes_sent_per_epoch"] == 7 and "history" not in got
 
 
 def test_the_grid_covers_what_the_issue_asks() -> None:

@@ -9,9 +9,10 @@ strategy assignment the planner priced that is pure (one strategy on every
 layer; P3's push-pull on the first layer, DepComm after it) and the planner's
 own choice are compiled with the profile `gnnc probe --network` measured on
 the emulated cluster at that speed, and trained for a few epochs across its
-hosts (runner.run_plans: one torchrun job per case). Every run's measured
-epoch (its training step plus the evaluation after it, the median of the
-epochs after the first), bytes (both passes' exchanges, every rank) and
+hosts, four times, every other time in reverse order (runner.run_plans: one
+torchrun job per case). Every run's measured epoch (its training step plus
+the evaluation after it, the median over the passes of the epochs after each
+pass's first), bytes (the step's and the evaluation's exchanges, every rank) and
 peak memory (the largest rank's) stand beside what its plan predicts
 (runner.prediction). The last line printed, also the first line of
 RESULTS-planner.md:
@@ -24,11 +25,14 @@ predicted epoch; C: cases where every assignment's predicted bytes equal the
 measured bytes exactly. N: the cases.
 
 Machines: 2 hosts (one core each) for 2 workers, 4 hosts for 4 (two to a
-core, as the cores are two). Each worker count's cluster is built once; its
-machines are measured once, every rank at once (ranks sharing a core measure
-the share they get; each timing of the probe's layers starts on every rank
-together), and each bandwidth's links anew (`--base`). It needs
-root, iproute2 and taskset (emulated.py).
+core, as the cores are two). Each worker count's cluster is built once; at
+each bandwidth, before its cases, `gnnc probe --network` measures the links
+and the machines, every rank at once (ranks sharing a core measure the share
+they get; each timing of the probe's layers starts on every rank together,
+and the slowest rank's counts). The machines are measured anew at each
+bandwidth, not once per cluster: their speed drifted by up to 2x between
+probes minutes apart on these shared cores. It needs root, iproute2 and
+taskset (emulated.py).
 """
 from __future__ import annotations
 
@@ -51,9 +55,14 @@ from runner import ROOT, Case, CaseFailed, compile_plan, measure_profile, predic
 # moves on these cores (about 5 Gb/s: README.md's measurements), so 10 and 25 Gb/s would measure the
 # machine, not the link. Three settings a factor of about 3 apart, all below it.
 BANDWIDTHS = ("400mbit", "1200mbit", "3600mbit")
-# the first is a warm-up; the median of the other seven is the measurement (with four, one plan's median moved
-# 5-10% between runs)
-EPOCHS = 8
+# per pass, the first is a warm-up and the other five are measured
+EPOCHS = 6
+# each case's plans are trained four times, every other time in reverse order, and measured over all 20 epochs
+# (run_plans.py): in one pass of 8 epochs, the plan trained first in a job measured up to 1.5x slower than the same
+# plan trained later, and plans the planner priced alike 11-70% apart (the machine's speed drifts over seconds; in
+# one job the same plan's pass medians rose 92 -> 103 ms, its twin's 99 -> 114, alternating with it). Passes in
+# alternating order cancel a steady drift; 4 x 6 epochs take about 20 minutes for the grid, 3 x 8 took 18.5-18.9
+PASSES = 4
 GRAPHS = {
     "rmat": "rmat:n=16000,deg=8,features={f},classes=8,seed=0",
     "sbm": "sbm:n=16000,blocks=8,deg=10,intra=0.7,features={f},classes=8,seed=0",
@@ -118,13 +127,14 @@ def assignments(plan: Any) -> list[str | None]:
     return [None] + [a for a in out if a != chosen]
 
 
-def caching(strategies: Sequence[str]) -> bool:
-    """An assignment that replicates dependencies instead of fetching them (DepCache, or Hybrid's caches)."""
-    return any(s in ("depcache", "hybrid") for s in strategies)
+def caching(run: dict[str, Any]) -> bool:
+    """A run whose plan replicates remote dependencies instead of fetching them all (runner.replicates): DepCache,
+    or a Hybrid that caches some. A Hybrid that fetches every dependency communicates, as DepComm does."""
+    return run["caches"]
 
 
 def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: Path, epochs: int,
-             loaded: dict[str, Any]) -> list[dict[str, Any]]:
+             loaded: dict[str, Any], passes: int = PASSES) -> list[dict[str, Any]]:
     """Compile every assignment of `case` and train them on `cluster`: one row per assignment, the planner's
     choice first (marked `chosen`)."""
     from gnnc import api  # deferred, as above
@@ -143,7 +153,8 @@ def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: P
             plan = compile_plan(model, graph, case.graph_spec, case.workers, profile, path, strategy)
         dirs.append(path)
         plans.append(plan)
-    runs = run_plans(cluster, dirs, epochs, run_id=f"gnnc-grid-{os.getpid()}-{abs(hash(case.name)) % 10**8}")
+    runs = run_plans(cluster, dirs, epochs, run_id=f"gnnc-grid-{os.getpid()}-{abs(hash(case.name)) % 10**8}",
+                     passes=passes)
     spec = Case(str(ROOT / "examples" / f"{case.model}.gnn"), case.graph_spec, case.bandwidth, case.workers,
                 sets=tuple(f"{k}={v}" for k, v in case.sets.items()), epochs=epochs, name=case.name)
     rows = []
@@ -154,7 +165,8 @@ def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: P
     return rows
 
 
-def run_grid(cases: Sequence[GridCase], epochs: int, log=print) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def run_grid(cases: Sequence[GridCase], epochs: int, log=print,
+             passes: int = PASSES) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every case, grouped by worker count (one cluster each) and bandwidth (one network probe each).
     Returns (rows, profiles measured)."""
     rows: list[dict[str, Any]] = []
@@ -165,13 +177,12 @@ def run_grid(cases: Sequence[GridCase], epochs: int, log=print) -> tuple[list[di
             mine = [c for c in cases if c.workers == workers]
             speeds = sorted({c.bandwidth for c in mine}, key=parse_rate)
             with EmulatedCluster(workers, speeds[0]) as cluster:
-                base = None
                 for bandwidth in speeds:
                     cluster.set_bandwidth(bandwidth)
                     t0 = time.monotonic()
-                    profile = measure_profile(workers, bandwidth, Path(tmp) / f"x{workers}-{bandwidth}.json", base,
+                    # the machines too, not only the links: their speed drifts by up to 2x over minutes here
+                    profile = measure_profile(workers, bandwidth, Path(tmp) / f"x{workers}-{bandwidth}.json",
                                               cluster=cluster)
-                    base = base or profile
                     measured = json.loads(profile.read_text())
                     calls = {r["op"]: r["forward"] for r in measured.get("op_rates", [])}
                     profiles.append({"workers": workers, "bandwidth": bandwidth,
@@ -186,7 +197,7 @@ def run_grid(cases: Sequence[GridCase], epochs: int, log=print) -> tuple[list[di
                         t0 = time.monotonic()
                         work = Path(tmp) / case.name.replace("/", "_")
                         try:
-                            got = run_case(case, cluster, profile, work, epochs, loaded)
+                            got = run_case(case, cluster, profile, work, epochs, loaded, passes)
                         except CaseFailed as err:
                             log(f"{case.name}: FAILED: {err}")
                             continue
@@ -237,7 +248,8 @@ def summary_line(s: dict[str, Any]) -> str:
 
 def flips(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Pairs of cases that differ only in bandwidth where, going to the slower link, both the measured-fastest
-    assignment and the planner's choice move from a communicating strategy to a caching one."""
+    assignment and the planner's choice move from a communicating one (fetching every remote dependency) to a
+    caching one (replicating some: `caching`)."""
     cases = by_case(rows)
     groups: dict[tuple, list[str]] = {}
     for name, runs in cases.items():
@@ -253,8 +265,8 @@ def flips(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                     continue
                 moves = []
                 for runs in (cases[slow], cases[fast]):
-                    chosen = next(r for r in runs if r["chosen"])["strategies"]
-                    fastest = min(runs, key=lambda r: r["measured_epoch_s"])["strategies"]
+                    chosen = next(r for r in runs if r["chosen"])
+                    fastest = min(runs, key=lambda r: r["measured_epoch_s"])
                     moves.append((caching(chosen), caching(fastest)))
                 if moves[0] == (True, True) and moves[1] == (False, False):
                     out.append((slow, fast))
@@ -318,13 +330,15 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
              "the plot is RESULTS-planner.png.", "",
              "Each case compiles, for the profile measured at its link speed, the planner's choice and every pure "
              "assignment it priced, and trains each for "
-             f"{meta['epochs']} epochs on the emulated hosts; measured = the median of the epochs after the first "
-             "of the training step plus the evaluation's forward pass after it (the slowest rank's step and "
+             f"{meta['epochs']} epochs on the emulated hosts, {meta['passes']} times (every other time in reverse "
+             "order, in one torchrun job); measured = the median, over the passes, of the epochs after each pass's "
+             "first of the training step plus the evaluation's forward pass after it (the slowest rank's step and "
              "evaluation; the all-reduce of the epoch's counts after them is in neither side); predicted = the "
              "plan's schedule (the same two parts). Bytes: what every "
              "rank's exchanges sent in the step and in the evaluation, against predict-bytes' count of both. "
              "Memory: the largest rank's peak resident set against gnnc.memory_check's estimate on its shard.", "",
-             "## Profiles (`gnnc probe --network`; each worker count's machines measured once, every rank at once)",
+             "## Profiles (`gnnc probe --network`: links and machines measured before each bandwidth's cases, "
+             "every rank at once)",
              "", "| workers | shaped | measured link | latency (mean of the links) | dense maps (t_v) | aggregation (t_e) | "
              "op dispatch | seconds to measure |", "|---|---|---|---|---|---|---|---|"]
 
@@ -347,7 +361,7 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
               f"{sum(abs(r['predicted_epoch_s'] - r['measured_epoch_s']) <= 0.25 * r['measured_epoch_s'] for r in rows)}"
               f"/{len(rows)}",
               "- the ranking flips with the link (slower link: the measured-fastest and the planner's choice both "
-              "move from a communicating strategy to a caching one): "
+              "move from an assignment that fetches every remote dependency to one that replicates some): "
               + ("; ".join(f"{a} -> {b}" for b, a in pairs) if pairs else "no pair"), "",
               "## Measured / predicted epoch, by group (median, lowest, highest)", "",
               "| group | runs | median | lowest | highest |", "|---|---|---|---|---|"]
@@ -359,15 +373,16 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
         for g, n, med, lo, hi in _ratio_by(rows, key):
             lines.append(f"| {g} | {n} | {med:.2f} | {lo:.2f} | {hi:.2f} |")
     lines += ["", "## Every run", "",
-              "| case | assignment | predicted ms | measured ms (step + eval) | measured / predicted | "
+              "| case | assignment | replicates | predicted ms | measured ms (step + eval) | measured / predicted | "
               "bytes predicted = measured | MB/epoch | memory predicted / measured MiB |",
-              "|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|"]
     for name, runs in by_case(rows).items():
         fastest = min(runs, key=lambda r: r["measured_epoch_s"])
         for r in runs:
             mark = (" (chosen)" if r["chosen"] else "") + (" (fastest)" if r is fastest else "")
             lines.append(
-                f"| {name} | {','.join(r['strategies'])}{mark} | {r['predicted_epoch_s'] * 1e3:.1f} | "
+                f"| {name} | {','.join(r['strategies'])}{mark} | {'yes' if caching(r) else 'no'} | "
+                f"{r['predicted_epoch_s'] * 1e3:.1f} | "
                 f"{r['measured_epoch_s'] * 1e3:.1f} ({r['measured_step_s'] * 1e3:.1f} + "
                 f"{r['measured_eval_s'] * 1e3:.1f}) | {r['measured_epoch_s'] / r['predicted_epoch_s']:.2f} | "
                 f"{'yes' if r['predicted_bytes'] == r['measured_bytes'] else 'NO'} | "
@@ -387,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help=f"{len(SMOKE)} cases instead of {len(CASES)}")
     ap.add_argument("--epochs", type=int, default=EPOCHS)
+    ap.add_argument("--passes", type=int, default=PASSES,
+                    help="train each case's plans this many times, every other pass in reverse order")
     ap.add_argument("--results", metavar="FILE.md",
                     help="the report (default: benchmarks/RESULTS-planner.md for the grid; none for --smoke)")
     ap.add_argument("--json", metavar="FILE.jsonl", help="also write every run as one JSON line")
@@ -397,9 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results) if args.results else (None if args.smoke else ROOT / "benchmarks" /
                                                         "RESULTS-planner.md")
     load_before, t0 = _loadavg(), time.monotonic()
-    rows, profiles = run_grid(cases, args.epochs, log=lambda line: print(line, flush=True))
+    rows, profiles = run_grid(cases, args.epochs, log=lambda line: print(line, flush=True), passes=args.passes)
     meta = {"command": "python benchmarks/cluster/grid.py" + (" --smoke" if args.smoke else ""),
-            "cases": len(cases), "epochs": args.epochs, "wall_s": time.monotonic() - t0,
+            "cases": len(cases), "epochs": args.epochs, "passes": args.passes, "wall_s": time.monotonic() - t0,
             "cpus": len(os.sched_getaffinity(0)), "load_before": load_before, "load_after": _loadavg()}
     if args.json:
         with open(args.json, "w") as fh:

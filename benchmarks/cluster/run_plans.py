@@ -9,7 +9,15 @@ same training loop, the same counters). Each plan's peak resident memory is
 its own (the high-water mark starts over before each plan); rank 0 prints
 one JSON line per plan, `{"plan": DIR, ...summary}`:
 
-    torchrun ... benchmarks/cluster/run_plans.py --epochs 5 PLAN_DIR [PLAN_DIR ...]
+    torchrun ... benchmarks/cluster/run_plans.py --epochs 5 [--passes 2] PLAN_DIR [PLAN_DIR ...]
+
+`--passes P` trains the plans P times, every other pass in reverse order, and
+each plan's epoch and evaluation times are then the medians of its steady
+epochs (all but each pass's first) over all passes. Why: the plan trained
+first in a job measured up to 1.5x slower than the same plan trained later
+in it (gat/sbm on 4 emulated hosts: 274 ms against 183 ms, for plans the
+planner priced alike), and the machine's speed drifts over seconds; a plan
+that runs first and then last, minutes apart, is measured on both.
 
 The emulated cluster starts it on every host (runner.run_plans).
 """
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from typing import Any
 
@@ -28,32 +37,56 @@ from gnnc.runtime.metrics import forget_peak_rss
 from gnnc.runtime.train import TrainConfig
 
 
-def train_each(cfg: DistConfig, jobs: list[tuple[str, DistJob]]) -> list[dict[str, Any]] | None:
-    """Every plan's training run in turn; rank 0 returns their summaries (the others None)."""
-    out = []
-    for name, job in jobs:
+def pass_order(plans: int, passes: int) -> list[int]:
+    """The plans' indices in the order they train: every other pass reversed."""
+    order: list[int] = []
+    for p in range(passes):
+        order += list(range(plans))[::-1 if p % 2 else 1]
+    return order
+
+
+def combined(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One plan's summary over its passes: the last pass's figures, its epoch and evaluation times the medians
+    of every pass's steady epochs (each pass's first epoch is a warm-up), its peak memory the largest."""
+    steady = [r for s in summaries for r in (s["history"][1:] or s["history"])]
+    out = {k: v for k, v in summaries[-1].items() if k not in ("logits", "history")}
+    out.update(epoch_time_s=statistics.median(r["time_s"] for r in steady),
+               eval_time_s=statistics.median(r.get("eval_time_s", 0.0) for r in steady),
+               peak_rss_bytes=max(s["peak_rss_bytes"] for s in summaries), passes=len(summaries),
+               epochs_timed=len(steady))
+    return out
+
+
+def train_each(cfg: DistConfig, jobs: list[tuple[str, DistJob]], passes: int = 1) -> list[dict[str, Any]] | None:
+    """Every plan's training run, `passes` times (`pass_order`); rank 0 returns their summaries (`combined`, in
+    the order of `jobs`; the others None)."""
+    runs: list[list[dict[str, Any]]] = [[] for _ in jobs]
+    for k in pass_order(len(jobs), passes):
+        name, job = jobs[k]
         forget_peak_rss()
         summary = worker(cfg, job)
         if summary is not None:
-            summary.pop("logits", None)
-            summary.pop("history", None)
-            out.append({"plan": name, **summary})
-    return out if cfg.rank == 0 else None
+            runs[k].append({"plan": name, **summary})
+    return [combined(r) for r in runs] if cfg.rank == 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
     use_huge_pages()  # as `gnnc run` allocates (gnnc.host)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--passes", type=int, default=1, help="train the plans this many times, every other pass "
+                    "in reverse order; each plan's times are the medians over all passes")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a collective waits for its peers")
     ap.add_argument("plans", nargs="+")
     args = ap.parse_args(argv)
+    if args.passes < 1:
+        ap.error(f"--passes must be at least 1, not {args.passes}")
     jobs = []
     for path in args.plans:
         plan = api.Plan.load(path)
         cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, seed=0, progress=False)
         jobs.append((path, DistJob(str(plan.program), str(plan.shard_dir), cfg)))
-    results = join_torchrun(train_each, jobs, timeout_s=args.timeout)
+    results = join_torchrun(train_each, jobs, args.passes, timeout_s=args.timeout)
     if results is not None:
         for row in results:
             print(json.dumps(row, sort_keys=True), flush=True)

@@ -14,7 +14,8 @@ and run across the emulated hosts. The pieces:
   runtime follows), the bytes predict-bytes counted for both, and each
   rank's peak memory (gnnc.memory_check, on the plan's shards);
 * `run_plans`: several plans trained one after another in one torchrun job
-  on the cluster (run_plans.py), rank 0's summary of each;
+  on the cluster (run_plans.py), in one pass or several in alternating
+  order, rank 0's summary of each;
 * `measured`, `row`: the run's figures beside the prediction, compared like
   with like: the epoch is the step plus the evaluation, the bytes the step's
   plus the evaluation's.
@@ -99,7 +100,8 @@ def compile_plan(model: Any, graph: Any, graph_spec: str, workers: int, profile:
 def prediction(plan: Any) -> dict[str, Any]:
     """What `plan` predicts per epoch: its schedule's epoch (the training step and the evaluation pass), the
     bytes predict-bytes counted for each, the planner's own estimate of the step's bytes (its alternatives'
-    formulas, when it chose), and the largest rank's peak memory (gnnc.memory_check on the plan's shards)."""
+    formulas, when it chose), and the largest rank's peak memory (gnnc.memory_check on the plan's shards);
+    and whether it replicates remote dependencies (`replicates`)."""
     from gnnc.inspect_plan import predicted_epoch  # deferred, as above
     from gnnc.memory_check import estimate_run_memory
 
@@ -109,17 +111,28 @@ def prediction(plan: Any) -> dict[str, Any]:
     planner_bytes = next((a["bytes"] for a in planner.get("alternatives", []) if a["strategies"] == strategies),
                          None)
     memory = estimate_run_memory(plan, shard_dir=plan.shard_dir)
-    return {"strategies": strategies, "epoch_s": epoch["epoch_time_s"], "step_s": epoch["step_time_s"],
+    return {"strategies": strategies, "caches": replicates(plan), "epoch_s": epoch["epoch_time_s"],
+            "step_s": epoch["step_time_s"],
             "eval_s": epoch["eval_time_s"], "bytes": sum(plan.meta.get("predicted_bytes_per_step", {}).values()),
             "eval_bytes": sum(plan.meta.get("predicted_eval_bytes_per_epoch", {}).values()),
             "planner_bytes": planner_bytes, "peak_memory_bytes": memory.peak}
 
 
+def replicates(plan: Any) -> bool:
+    """Whether `plan` replicates remote dependencies (computes rows it does not own instead of fetching them): a
+    DepCache layer, or a Hybrid segment that caches any (its selection, plan.meta["hybrid"])."""
+    layers = plan.program.graph_layers()
+    return (any(layer.attr("strategy") == "depcache" for layer in layers)
+            or any(count > 0 for seg in plan.meta.get("hybrid", []) for layer in seg["cached_per_layer"]
+                   for count in layer))
+
+
 def run_plans(cluster: EmulatedCluster, plans: list[Path], epochs: int, nproc_per_host: int = 1,
-              timeout_s: float = 1800.0, run_id: str = "gnnc-plans") -> list[dict[str, Any]]:
-    """Train `plans` one after another in one torchrun job on `cluster`; rank 0's summary of each, in order."""
-    results = cluster.run_torchrun([str(RUN_PLANS), "--epochs", str(epochs), *map(str, plans)], nproc_per_host,
-                                   timeout_s=timeout_s, run_id=run_id)
+              timeout_s: float = 1800.0, run_id: str = "gnnc-plans", passes: int = 1) -> list[dict[str, Any]]:
+    """Train `plans` one after another in one torchrun job on `cluster`, `passes` times (every other pass in
+    reverse order: run_plans.py); rank 0's summary of each, in order."""
+    results = cluster.run_torchrun([str(RUN_PLANS), "--epochs", str(epochs), "--passes", str(passes),
+                                    *map(str, plans)], nproc_per_host, timeout_s=timeout_s, run_id=run_id)
     status, stdout, stderr = results[0]
     rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     if status != 0 or len(rows) != len(plans):
@@ -139,7 +152,7 @@ def measured(run: dict[str, Any]) -> dict[str, Any]:
 def row(case: Case, predicted: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """One assignment of one case: predicted and measured side by side."""
     got = measured(run)
-    return {"case": asdict(case), "strategies": predicted["strategies"],
+    return {"case": asdict(case), "strategies": predicted["strategies"], "caches": predicted["caches"],
             "predicted_epoch_s": predicted["epoch_s"], "measured_epoch_s": got["epoch_s"],
             "predicted_step_s": predicted["step_s"], "measured_step_s": got["step_s"],
             "predicted_eval_s": predicted["eval_s"], "measured_eval_s": got["eval_s"],
