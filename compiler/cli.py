@@ -377,8 +377,8 @@ def _probe_network(args: argparse.Namespace, threads: int) -> int:
     def links_then_machines(cfg) -> tuple | None:
         measured = network_probe(cfg)
         machine, timed = machine_fields(threads), _machine_samples(api, threads, together=dist.barrier)
-        every: list = [None] * cfg.world_size
-        dist.all_gather_object(every, {k: v for k, v in timed.items() if k != "program"})
+        every: list | None = [None] * cfg.world_size if cfg.rank == 0 else None
+        dist.gather_object({k: v for k, v in timed.items() if k != "program"}, every, dst=0)
         return None if measured is None else (measured, machine, {**across_ranks(every), "program": timed["program"]})
 
     if not started_by_torchrun():

@@ -472,6 +472,7 @@ def test_a_plan_replicates_when_a_layer_caches_or_a_hybrid_segment_caches_any_de
     hybrid = compiled["hybrid"]
     segment = hybrid.meta["hybrid"][0]
     assert replicates(hybrid) == any(c > 0 for layer in segment["cached_per_layer"] for c in layer)
+
     def with_cached(counts: list[list[int]]):
         plan = copy.copy(hybrid)
         plan.meta = {**hybrid.meta, "hybrid": [{**segment, "cached_per_layer": counts}]}

@@ -127,12 +127,6 @@ def assignments(plan: Any) -> list[str | None]:
     return [None] + [a for a in out if a != chosen]
 
 
-def caching(run: dict[str, Any]) -> bool:
-    """A run whose plan replicates remote dependencies instead of fetching them all (runner.replicates): DepCache,
-    or a Hybrid that caches some. A Hybrid that fetches every dependency communicates, as DepComm does."""
-    return run["caches"]
-
-
 def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: Path, epochs: int,
              loaded: dict[str, Any], passes: int = PASSES) -> list[dict[str, Any]]:
     """Compile every assignment of `case` and train them on `cluster`: one row per assignment, the planner's
@@ -249,7 +243,8 @@ def summary_line(s: dict[str, Any]) -> str:
 def flips(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Pairs of cases that differ only in bandwidth where, going to the slower link, both the measured-fastest
     assignment and the planner's choice move from a communicating one (fetching every remote dependency) to a
-    caching one (replicating some: `caching`)."""
+    caching one (replicating some: a row's `caches`, runner.replicates; a Hybrid that fetches every dependency
+    communicates, as DepComm does)."""
     cases = by_case(rows)
     groups: dict[tuple, list[str]] = {}
     for name, runs in cases.items():
@@ -267,7 +262,7 @@ def flips(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                 for runs in (cases[slow], cases[fast]):
                     chosen = next(r for r in runs if r["chosen"])
                     fastest = min(runs, key=lambda r: r["measured_epoch_s"])
-                    moves.append((caching(chosen), caching(fastest)))
+                    moves.append((chosen["caches"], fastest["caches"]))
                 if moves[0] == (True, True) and moves[1] == (False, False):
                     out.append((slow, fast))
     return out
@@ -381,7 +376,7 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
         for r in runs:
             mark = (" (chosen)" if r["chosen"] else "") + (" (fastest)" if r is fastest else "")
             lines.append(
-                f"| {name} | {','.join(r['strategies'])}{mark} | {'yes' if caching(r) else 'no'} | "
+                f"| {name} | {','.join(r['strategies'])}{mark} | {'yes' if r['caches'] else 'no'} | "
                 f"{r['predicted_epoch_s'] * 1e3:.1f} | "
                 f"{r['measured_epoch_s'] * 1e3:.1f} ({r['measured_step_s'] * 1e3:.1f} + "
                 f"{r['measured_eval_s'] * 1e3:.1f}) | {r['measured_epoch_s'] / r['predicted_epoch_s']:.2f} | "

@@ -120,11 +120,13 @@ def prediction(plan: Any) -> dict[str, Any]:
 
 def replicates(plan: Any) -> bool:
     """Whether `plan` replicates remote dependencies (computes rows it does not own instead of fetching them): a
-    DepCache layer, or a Hybrid segment that caches any (its selection, plan.meta["hybrid"])."""
-    layers = plan.program.graph_layers()
-    return (any(layer.attr("strategy") == "depcache" for layer in layers)
-            or any(count > 0 for seg in plan.meta.get("hybrid", []) for layer in seg["cached_per_layer"]
-                   for count in layer))
+    layer whose strategy computes its whole neighbourhood (DepCache's row rule), or a segment that computes the
+    rows its selection caches (Hybrid's) and caches any (plan.meta["hybrid"])."""
+    from gnnc.plan.strategies import STRATEGIES  # deferred, as above
+
+    rules = {STRATEGIES[layer.attr("strategy")].rows for layer in plan.program.graph_layers()}
+    return "neighbourhood" in rules or ("selected" in rules and any(
+        count > 0 for seg in plan.meta.get("hybrid", []) for layer in seg["cached_per_layer"] for count in layer))
 
 
 def run_plans(cluster: EmulatedCluster, plans: list[Path], epochs: int, nproc_per_host: int = 1,
