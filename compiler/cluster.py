@@ -45,7 +45,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gnnc.errors import GnncError
-from gnnc.files import atomic_write
+from gnnc.files import atomic_write, read_text_input
 
 PROFILE_VERSION = 1
 
@@ -604,10 +604,7 @@ def _validate(p: dict[str, Any], where: str) -> None:
 def load_profile(path: str | os.PathLike[str]) -> ClusterProfile:
     """Read a profile written by `ClusterProfile.save` or `gnnc probe`."""
     where = f"cluster profile {os.fspath(path)}"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise GnncError(f"{where}: cannot read it ({err.strerror})") from None
+    text = read_text_input(path, where)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

@@ -1,4 +1,4 @@
-"""Atomic file writes: readers see the old file or the new one, never a part.
+"""Atomic file writes: readers see the old file or the new one, never a part; and bounded reads of text inputs.
 
 Plans, checkpoints, shards, cached graphs, cluster profiles and the
 launcher's result files all go through here. The temporary file lives in
@@ -9,10 +9,19 @@ so the rename itself survives a power cut.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
+
+from gnnc.errors import GnncError
+
+# The largest text file gnnc reads by path (a .gnn model, a cluster profile). The largest shipped model is
+# under 10 KiB and a profile a few KiB: 16 MiB is far beyond any real one, and refusing above it keeps a
+# wrong path (/dev/zero, a FIFO, a multi-GB log) from being read until the kernel kills the process.
+MAX_TEXT_INPUT_BYTES = 16 << 20
 
 
 @contextlib.contextmanager
@@ -46,3 +55,49 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_text_input(path: str | os.PathLike, what: str, limit: int = MAX_TEXT_INPUT_BYTES) -> str:
+    """The UTF-8 text of the regular file `path`, refused (GnncError, "{what}: ...") when it is not a regular file
+    (a FIFO, a device, a directory) or holds more than `limit` bytes.
+
+    Opened with O_NONBLOCK so a FIFO nobody writes to is refused instead of blocking the open, and checked with
+    fstat on the opened descriptor (not a second lookup of the name); at most `limit` + 1 bytes are read, so a
+    file that grows after the check is still bounded.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise GnncError(f"{what}: cannot read it: no such file") from None
+    except OSError as err:
+        raise GnncError(f"{what}: cannot read it ({err.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                else "a socket" if stat.S_ISSOCK(info.st_mode) else "not a regular file")
+        raise GnncError(f"{what}: is {kind}; gnnc reads only regular files")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as err:
+            raise GnncError(f"{what}: cannot read it ({err.strerror})") from None
+    if len(data) > limit:
+        raise GnncError(f"{what}: larger than {limit >> 20} MiB, the most gnnc reads of a text input "
+                        f"({info.st_size} bytes); is this the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise GnncError(f"{what}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+# --- private directories ---------------------------------------------------------------------------
+# The caches of compiled libraries (loaded as code) and of converted graphs (trained on as data) must be out of
+# other users' reach, and that is a property of the whole path, not of its last directory: whoever can write any
+# directory above can rename the cache away and put their own in its place between a check and a use.
+
+# The most symbolic links one path may go through (Linux's own limit, MAXSYMLINKS).
+MAX_LINKS = 40
+# How a directory on the way is opened: O_PATH needs no read permission (a home directory may be 0711).
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

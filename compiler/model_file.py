@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gnnc.errors import GnncError
+from gnnc.files import read_text_input
 from gnnc.frontend.elaborate import elaborate
 from gnnc.frontend.syntax import Module, parse
 from gnnc.ir import Program
@@ -99,13 +99,7 @@ def check(model: Model, graph: Any = None) -> list[str]:
 
 def load_model(path: str | os.PathLike, model: str | None = None, **params: Any) -> Model:
     """Parse a .gnn file; `params` override model parameters (as `--set NAME=VALUE`)."""
-    p = Path(path)
-    try:
-        source = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GnncError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise GnncError(f"{path}: cannot read: {err}") from None
+    source = read_text_input(path, os.fspath(path))
     return Model(parse(source, str(path)), tuple(sorted((k, str(v)) for k, v in params.items())), model)
 
 
