@@ -25,6 +25,9 @@ them.
 Each local worker also asks Linux to SIGKILL it when the launcher dies
 (PR_SET_PDEATHSIG), so a launcher killed by the user leaves no orphans, and
 every process group gets a finite timeout so no collective waits forever.
+That timeout needs a rank left to wait: when every rank is stopped or frozen
+(`kill -STOP`, a cgroup freezer), the launcher sees that none has used CPU
+time for the timeout (plus STALL_MARGIN_S), stops them all and names them.
 SIGTERM and SIGHUP (what `timeout`, Slurm, `docker stop` and a closed
 terminal send) are turned into `StoppedBySignal` while a launch runs, so they
 unwind like Ctrl-C: the workers are stopped and temporary files removed.
@@ -92,6 +95,12 @@ DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_GRACE_S = 2.0
 # How long terminated workers get between SIGTERM and SIGKILL.
 STOP_TIMEOUT_S = 5.0
+# A rank silent for the timeout is named by a peer whose collective timed out waiting for it; the launcher
+# itself calls the job hung only when no rank has used any CPU time for the timeout plus this margin (every
+# rank stopped or frozen, so none is left to time out), leaving the peers' own report the first chance.
+STALL_MARGIN_S = 5.0
+# How often the launcher reads its workers' CPU time while none has failed.
+STALL_POLL_S = 1.0
 LOOPBACK = "127.0.0.1"
 # Turned into StoppedBySignal while a launch runs; SIGINT is Python's KeyboardInterrupt already.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -390,7 +399,7 @@ def launch(fn: Callable[..., T], nproc: int, *args: Any, device: str = "cpu",
     (`check_plain`). The rendezvous store is served by this process on 127.0.0.1 at
     `port`, or at a free port chosen by the OS when `port` is None. If any
     worker raises, crashes, is killed or hangs (no progress within
-    `timeout_s`), the others are stopped and `WorkerFailedError` names the
+    `timeout_s`; every rank silent, `_supervise`), the others are stopped and `WorkerFailedError` names the
     rank and the cause; a taken port raises `PortInUseError` before any
     process starts. SIGTERM or SIGHUP stops the workers and raises
     `StoppedBySignal` after the cleanup.
@@ -424,11 +433,13 @@ def _launch(fn: Callable[..., T], nproc: int, args: tuple, device: str, port: in
         ctx = torch_mp.start_processes(_worker_entry, args=(fn, base, args, str(run_dir), os.getpid()),
                                        nprocs=nproc, join=False, start_method=start_method)
         try:
-            exit_codes, terminated = _supervise(ctx.processes, grace_s)
+            exit_codes, terminated, stall = _supervise(ctx.processes, grace_s, timeout_s + STALL_MARGIN_S)
         finally:
             # Whatever happened here (even KeyboardInterrupt), no worker outlives the launcher.
             _terminate([p for p in ctx.processes if p.is_alive()])
         pids = {rank: int(p.pid) for rank, p in enumerate(ctx.processes)}
+        if stall is not None:
+            raise _stall_error(stall, exit_codes, pids)
         if any(code != 0 for code in exit_codes.values()):
             reports = {rank: _read_report(run_dir, rank, ctx.error_files[rank], exit_codes[rank])
                        for rank in range(nproc)}
@@ -581,19 +592,37 @@ def _loopback_interface() -> str | None:
     return None
 
 
-def _supervise(procs: list[Any], grace_s: float) -> tuple[dict[int, int], set[int]]:
+@dataclass(frozen=True)
+class Stall:
+    """Every rank still running had used no CPU time (its own or its children's) for `silent_s` seconds:
+    `states` maps each to what Linux said it was doing ("stopped", "sleeping", ...)."""
+
+    silent_s: float
+    states: dict[int, str]
+
+
+def _supervise(procs: list[Any], grace_s: float,
+               stall_after_s: float | None = None) -> tuple[dict[int, int], set[int], Stall | None]:
     """Wait for the workers; after the first failure give the others `grace_s`, then stop them.
 
-    Returns every rank's exit code and the ranks this launcher had to terminate
-    (their exit codes are our SIGTERM/SIGKILL, not their own failure).
+    While none has failed, the workers' CPU time is read every STALL_POLL_S: when no rank still running has
+    used any for `stall_after_s`, every rank is stopped and the Stall is returned (a job whose ranks are all
+    SIGSTOPped or frozen would otherwise wait forever: no collective of theirs can time out).
+    Returns every rank's exit code, the ranks this launcher had to terminate (their exit codes are our
+    SIGTERM/SIGKILL, not their own failure) and the Stall, if that is why.
     """
     alive = {p.sentinel: rank for rank, p in enumerate(procs)}
     exit_codes: dict[int, int] = {}
     first_failure: float | None = None
+    watch = _ProgressWatch({rank: p.pid for rank, p in enumerate(procs)}) if stall_after_s is not None else None
+    stall: Stall | None = None
     while alive:
-        timeout = None if first_failure is None else max(0.0, first_failure + grace_s - time.monotonic())
+        if first_failure is not None:
+            timeout: float | None = max(0.0, first_failure + grace_s - time.monotonic())
+        else:
+            timeout = STALL_POLL_S if watch is not None and watch.works else None
         ready = multiprocessing.connection.wait(list(alive), timeout)
-        if not ready:
+        if not ready and first_failure is not None:
             break  # the grace period is over
         for sentinel in ready:
             rank = alive.pop(sentinel)
@@ -601,11 +630,95 @@ def _supervise(procs: list[Any], grace_s: float) -> tuple[dict[int, int], set[in
             exit_codes[rank] = procs[rank].exitcode
             if exit_codes[rank] != 0 and first_failure is None:
                 first_failure = time.monotonic()
+        if first_failure is None and alive and watch is not None and stall_after_s is not None:
+            silent = watch.silent_for(set(alive.values()))
+            if silent >= stall_after_s:
+                stall = Stall(silent, {rank: _process_state(procs[rank].pid) for rank in sorted(alive.values())})
+                break
     terminated = set(alive.values())
     _terminate([procs[rank] for rank in terminated])
     for rank in terminated:
         exit_codes[rank] = procs[rank].exitcode
-    return exit_codes, terminated
+    return exit_codes, terminated, stall
+
+
+class _ProgressWatch:
+    """When each worker last used CPU time, its own or its children's (a compiler it waits for), per /proc.
+
+    CPU time is the one sign of progress that needs nothing from the worker: a rank that is stopped
+    (SIGSTOP, a debugger), frozen or blocked uses none, and neither does a rank waiting in a collective, whose
+    timeout then speaks for it. Where /proc is missing, `works` is false and nothing is watched.
+    """
+
+    def __init__(self, pids: Mapping[int, int]):
+        self.pids = dict(pids)
+        now = time.monotonic()
+        self.ticks = {rank: _cpu_ticks(pid) for rank, pid in self.pids.items()}
+        self.works = all(t is not None for t in self.ticks.values())
+        self.last_progress = {rank: now for rank in self.pids}
+
+    def silent_for(self, ranks: set[int]) -> float:
+        """Seconds since the last CPU time any of `ranks` used (0 when one is using some now)."""
+        now = time.monotonic()
+        for rank in ranks:
+            ticks = _cpu_ticks(self.pids[rank])
+            if ticks is not None and ticks != self.ticks[rank]:
+                self.ticks[rank], self.last_progress[rank] = ticks, now
+        return now - max(self.last_progress[r] for r in ranks) if ranks else 0.0
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3, the state, first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def _cpu_ticks(pid: int, depth: int = 0) -> int | None:
+    """User and system CPU time of `pid`, of its reaped children and of its live descendants, in clock ticks."""
+    fields = _proc_stat(pid)
+    if fields is None:
+        return None
+    total = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime (stat fields 14-17)
+    if depth < 8:
+        for task in _listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as fh:
+                    children = fh.read().split()
+            except OSError:
+                continue
+            total += sum(_cpu_ticks(int(child), depth + 1) or 0 for child in children)
+    return total
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _process_state(pid: int) -> str:
+    """What Linux says process `pid` is doing, in words."""
+    fields = _proc_stat(pid)
+    code = fields[0] if fields else "?"
+    return {"T": "stopped", "t": "stopped by a debugger", "S": "sleeping", "D": "waiting on I/O",
+            "R": "running", "Z": "exited"}.get(code, f"state {code}")
+
+
+def _stall_error(stall: Stall, exit_codes: Mapping[int, int], pids: Mapping[int, int]) -> WorkerFailedError:
+    """The job's failure when every rank went silent: each named, with its state, all of them stopped."""
+    ranks = sorted(stall.states)
+    lines = [f"worker ranks {ranks} of {len(exit_codes)} hung: none made progress (used any CPU time) for "
+             f"{stall.silent_s:.0f} s, so no collective of theirs could time out; the launcher stopped them "
+             "(raise --timeout if a rank needs longer between collectives)"]
+    lines += [f"  rank {r}: pid {pids[r]}, {stall.states[r]}" for r in ranks]
+    lines += [f"  rank {r}: exit status {code}" for r, code in sorted(exit_codes.items()) if r not in stall.states]
+    return WorkerFailedError("\n".join(lines), rank=ranks[0], cause=f"hung: no progress for {stall.silent_s:.0f} s",
+                             exit_codes=exit_codes, pids=pids, exit_code=1)
 
 
 def _terminate(procs: list[Any]) -> None:

@@ -8,16 +8,20 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
+import torch
+import torch.distributed as dist
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, process_alive
 
 from gnnc.cluster import load_profile
 from gnnc.errors import GnncError
 from gnnc.files import read_text_input
 from gnnc.model_file import load_model
+from gnnc.runtime.launch import DistConfig, WorkerFailedError, launch
 
 
 def gnnc(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
@@ -84,3 +88,26 @@ def test_cluster_profile_uses_the_same_bounded_reader(tmp_path) -> None:
     with pytest.raises(GnncError, match=r"larger than 0 MiB"):
         read_text_input(big, str(big), limit=99)
     assert read_text_input(big, str(big), limit=100) == " " * 100
+
+
+# --- every rank stopped --------------------------------------------------------------------------
+
+
+def _stop_every_rank(cfg: DistConfig) -> None:
+    dist.barrier()
+    os.kill(os.getpid(), signal.SIGSTOP)  # as `kill -STOP` of every worker: no collective is left to time out
+    dist.all_reduce(torch.ones(1))
+
+
+def test_every_rank_stopped_is_a_hang_the_launcher_reports() -> None:
+    # Before: the launcher waited forever (the alarm ends the test; launch's cleanup stops the workers).
+    t0 = time.monotonic()
+    with alarm(45), pytest.raises(WorkerFailedError) as info:
+        launch(_stop_every_rank, 2, timeout_s=2)
+    err = info.value
+    assert time.monotonic() - t0 < 60
+    assert err.exit_code == 1 and err.cause.startswith("hung"), str(err)
+    lines = str(err).splitlines()
+    assert lines[0].startswith("worker ranks [0, 1] of 2 hung: none made progress"), str(err)
+    assert lines[1:] == [f"  rank {r}: pid {err.pids[r]}, stopped" for r in (0, 1)]
+    assert not [pid for pid in err.pids.values() if process_alive(pid)], "a worker outlived the launcher"
