@@ -8,6 +8,7 @@ a caret under the offending column.
 """
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 
@@ -98,3 +99,20 @@ class GraphInputError(GnncError):
 
 class PlanError(GnncError):
     """A plan directory is missing, corrupt or does not match its checksums."""
+
+
+class OutOfSpace(GnncError):
+    """A write failed for lack of space (disk or quota full): the machine's state, not bad input, so exit 1."""
+
+    exit_code = 1
+
+
+def write_failure(err: OSError, what: str) -> GnncError:
+    """The error for an OSError met while writing `what` (a plan, a checkpoint, shards): out of space is exit 1,
+    anything else (read-only, not a directory, no permission) names the path the user gave: exit 2."""
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return OutOfSpace(f"cannot write {what}: {reason}; free some space or write elsewhere (nothing was "
+                          f"left half-written)")
+    where = f" ({err.filename})" if err.filename else ""
+    return GnncError(f"cannot write {what}: {reason}{where}")
