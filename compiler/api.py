@@ -349,8 +349,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
             return _result(join_torchrun(fn, job, device=cfg.device, timeout_s=timeout))
-        # before any worker starts (the memory check reads full-graph shards; sampled ones are not estimated)
-        predicted = check_run_memory(plan, shard_dir=plan.shard_dir) if plan.sampling is None else None
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir)  # before any worker starts
         return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
@@ -360,7 +359,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
-        predicted = check_run_memory(plan, shard_dir=tmp) if plan.sampling is None else None  # before any worker starts
+        predicted = check_run_memory(plan, shard_dir=tmp)  # before any worker starts
         fn, job = job_for(tmp)
         try:
             return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)

@@ -12,6 +12,13 @@ prices that with the cost model's memory formula
 with the estimate broken down; more than WARN_FRACTION of it is a warning
 on stderr. Workers of a torchrun job are not checked (they share machines
 this process cannot see).
+
+A sampled run (`--fanout`, `--batch-size`) holds one minibatch's blocks at a
+time, not the whole graph's rows: its activations are priced on the largest
+batch the fan-outs allow (`sampled_layers`: the batch's seeds, and at each
+layer outward every destination's fan-out of sources, bounded by the graph),
+its graph term is what each rank loads (the whole graph in one process, its
+sampled shard in N).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import numpy as np
 
 from gnnc.errors import GnncError
 from gnnc.graph import Graph
+from gnnc.graph.sampling import FULL, SamplingConfig
 from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
 from gnnc.passes.choose_strategy import layer_dims, layer_shape
 from gnnc.passes.cost.memory import WARN_FRACTION, LayerRows, MemoryEstimate, ProcessCounts, run_memory
@@ -40,23 +48,56 @@ def estimate_run_memory(plan: Plan, graph: Graph | None = None,
     needs = param_dependent(program)
     shapes = [layer_shape(layer, needs) for layer in program.graph_layers()]
     if shard_dir is not None:
-        processes = shard_counts(program, read_manifest(shard_dir))
+        manifest = read_manifest(shard_dir)
+        if plan.sampling is not None:
+            layers = sampled_layers(program, plan.sampling, int(manifest["num_nodes"]),
+                                    {"plain": int(manifest["num_edges"]),
+                                     "self_loops": int(manifest["num_edges"]) + int(manifest["num_nodes"])})
+            processes = [ProcessCounts(layers, float(entry["bytes"])) for entry in manifest["shards"]]
+        else:
+            processes = shard_counts(program, manifest)
     elif graph is not None:
-        processes = [single_process_counts(program, graph)]
+        processes = [single_process_counts(program, graph, plan.sampling)]
     else:
         raise ValueError("estimate_run_memory needs the graph (one process) or the shards (several)")
     return run_memory(program, dims, heads, shapes, processes)
 
 
-def single_process_counts(program, graph: Graph) -> ProcessCounts:
-    """One process holds every row and edge of every layer, and the whole graph."""
+def single_process_counts(program, graph: Graph, sampling: SamplingConfig | None = None) -> ProcessCounts:
+    """One process holds the whole graph, and every row and edge of every layer (or, sampled, one batch's)."""
     n = graph.num_nodes
     edges = {"plain": graph.num_edges,
              "self_loops": int(np.count_nonzero(np.asarray(graph.src) != np.asarray(graph.dst))) + n}
-    layers = tuple(LayerRows(n, 0, n, edges[layer.edges]) for layer in program.graph_layers())
+    if sampling is None:
+        layers = tuple(LayerRows(n, 0, n, edges[layer.edges]) for layer in program.graph_layers())
+    else:
+        layers = sampled_layers(program, sampling, n, edges)
     arrays = [graph.x, graph.y, graph.train_mask, graph.val_mask, graph.test_mask, *graph.edge_data.values()]
     held = sum(t.numel() * t.element_size() for t in arrays) + np.asarray(graph.src).nbytes * 2
     return ProcessCounts(layers, float(held))
+
+
+def sampled_layers(program, sampling: SamplingConfig, num_nodes: int,
+                   edges: dict[str, int]) -> tuple[LayerRows, ...]:
+    """The rows and edges of the largest minibatch the fan-outs allow, per graph layer (first layer first).
+
+    The last layer's destinations are the batch's seeds; each layer's sources are its destinations and up to
+    a fan-out of sampled neighbours each, and they are the layer below's destinations. Every count is bounded
+    by the graph: no more vertices than it has, no more edges than the layer's edge view (a fan-out of -1
+    takes whole neighbourhoods, bounded by the view alone). An upper bound: seeds share neighbours.
+    """
+    graph_layers = program.graph_layers()
+    fanouts = sampling.layer_fanouts(len(graph_layers))
+    dst = min(sampling.batch_size, num_nodes)
+    out = []
+    for layer, fanout in zip(reversed(graph_layers), reversed(fanouts)):
+        view_edges = edges[layer.edges]
+        per_dst = fanout + (layer.edges == "self_loops")  # a kept self-loop beside the sampled neighbours
+        sampled = view_edges if fanout == FULL else min(dst * per_dst, view_edges)
+        src = min(dst + sampled, num_nodes)
+        out.append(LayerRows(src, 0, dst, sampled))
+        dst = src
+    return tuple(reversed(out))
 
 
 def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:

@@ -127,3 +127,51 @@ def test_the_prediction_is_near_the_measured_peak(extra: list[str]) -> None:
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     measured, predicted = summary["peak_rss_bytes"], summary["predicted_peak_rss_bytes"]
     assert abs(predicted - measured) < 0.25 * measured, (predicted, measured)
+
+
+# --- sampled runs (issue 40): one minibatch's blocks, not the graph's rows ------------------------------
+
+SAGE = str(EXAMPLES / "sage.gnn")
+
+
+def test_sampled_layers_are_the_largest_batch_bounded_by_the_graph() -> None:
+    from gnnc.graph.sampling import SamplingConfig
+
+    graph = api.load_graph("planetoid:cora")
+    program = api.compile(api.load_model(SAGE), graph).program
+    edges = {"plain": graph.num_edges, "self_loops": graph.num_edges + graph.num_nodes}
+    views = [layer.edges for layer in program.graph_layers()]
+    loops = [int(v == "self_loops") for v in views]  # a self-loop kept beside the sampled neighbours
+    # fan-outs in hop order: the seeds' layer (the last) samples 10 per seed, the first layer 5 per vertex
+    first, last = memory_check.sampled_layers(program, SamplingConfig((10, 5), 64), graph.num_nodes, edges)
+    assert (last.out_rows, last.edges, last.in_rows) == (64, 64 * (10 + loops[1]), 64 + 64 * (10 + loops[1]))
+    assert first.out_rows == last.in_rows
+    assert first.edges == first.out_rows * (5 + loops[0])
+    assert first.in_rows == min(graph.num_nodes, first.out_rows + first.edges)
+    # whole neighbourhoods and a batch larger than the graph: bounded by the graph
+    full = memory_check.sampled_layers(program, SamplingConfig((-1, -1), 10 ** 9), graph.num_nodes, edges)
+    for layer, view in zip(full, views):
+        assert layer.out_rows <= graph.num_nodes and layer.in_rows == graph.num_nodes
+        assert layer.edges == edges[view]
+
+
+def test_sampled_n_processes_are_refused_before_any_worker_starts(capsys, monkeypatch) -> None:
+    # Before: the check ran only for full-graph plans, and each worker asked for 11.5 GB.
+    room(64 << 30, monkeypatch)
+    monkeypatch.setattr(api, "launch", lambda *a, **k: pytest.fail("a worker was started"))
+    code = cli.main(["run", SAGE, "--graph", "planetoid:cora", "--nproc", "2", "--fanout", "10,5",
+                     "--batch-size", "256", "--set", "hidden=2000000"])
+    err = capsys.readouterr().err
+    assert code == 2 and "this run's 2 worker processes are predicted to need" in err, err
+    assert "l0.linear0.weight f32[features=1433, hidden=2000000]" in err
+
+
+def test_a_sampled_run_that_fits_runs_with_its_prediction(graph_file: str, capsys, monkeypatch) -> None:
+    room(64 << 30, monkeypatch)
+    code = cli.main(["run", SAGE, "--graph", graph_file, "--nproc", "2", "--fanout", "3,3", "--batch-size", "8",
+                     "--epochs", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    # the largest rank's prediction: the process baseline and a few batches' worth of a 40-vertex graph
+    assert PROCESS_BASELINE_BYTES < summary["predicted_peak_rss_bytes"] < PROCESS_BASELINE_BYTES + (8 << 20)
