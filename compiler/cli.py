@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 # only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
 # in the commands that need them)
+from gnnc.arg_types import SEED, TIMEOUT, count_or_auto, memory_bytes, real_number, whole_number
 from gnnc.errors import GnncError, GnncWarning, InternalError
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
@@ -33,21 +34,6 @@ def _sets(values: list[str] | None) -> dict[str, str]:
         k, v = item.split("=", 1)
         out[k.strip()] = v.strip()
     return out
-
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def memory_bytes(text: str) -> int:
-    """An argparse type: bytes, as a number with an optional K, M or G (binary) suffix: 300M, 1.5G."""
-    unit = text[-1:].upper() if text[-1:].upper() in _UNITS and not text[-1:].isdigit() else ""
-    try:
-        value = float(text[: len(text) - len(unit)]) * _UNITS[unit]
-    except ValueError:
-        value = -1
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of bytes (300M, 1.5G), not '{text}'")
-    return int(value)
 
 
 def _emit_json(obj: dict[str, Any]) -> None:
@@ -90,11 +76,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"// ----- IR after {name} -----")
             print(program, end="")
 
-    workers = args.workers if args.workers == "auto" else int(args.workers)
     allow = args.allow.split(",") if args.allow else None
     # the device the plan is for: it picks the `local` profile; a GPU need not be here to compile for one
     device = _resolve_device(args.device, here=False)
-    plan = api.compile(model, graph, workers=workers, passes=names, graph_spec=args.graph, after=after,
+    plan = api.compile(model, graph, workers=args.workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
                        memory_cap=args.memory_cap, precision=args.precision, device=device, **_sampled_options(args))
     if args.explain:
@@ -143,8 +128,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.nproc is not None and args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
-    if not args.timeout > 0:
-        raise GnncError(f"--timeout must be a positive number of seconds, not {args.timeout}")
     try:
         # SIGTERM and SIGHUP unwind like Ctrl-C: workers stopped, temporary files removed.
         with stop_on_signals():
@@ -249,7 +232,7 @@ def _add_sampled_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--fanout", metavar="K1,K2",
                    help="train sampled minibatches: in-neighbours sampled per vertex, hop by hop from the seeds "
                         "(25,10: 25 per seed, then 10 of each of those; -1: all), one per graph layer")
-    c.add_argument("--batch-size", type=int, metavar="B", help="seeds per minibatch (with --fanout)")
+    c.add_argument("--batch-size", type=whole_number(1), metavar="B", help="seeds per minibatch (with --fanout)")
     c.add_argument("--schedule", choices=list(SCHEDULES),
                    help="step schedule: " + "; ".join(f"{s.name}: {s.summary}" + ("" if s.exact else " (approximate)")
                                                       for s in SCHEDULES.values()))
@@ -258,7 +241,7 @@ def _add_sampled_flags(c: argparse.ArgumentParser) -> None:
                        [n for n in STRATEGIES if not STRATEGIES[n].exact]
                        + [n for n in SCHEDULES if not SCHEDULES[n].exact]) + "): the planner may choose them "
                        "and --strategy/--schedule may name them")
-    c.add_argument("--pipeline-groups", type=int, default=0, metavar="G",
+    c.add_argument("--pipeline-groups", type=whole_number(0), default=0, metavar="G",
                    help="pipeline: G workers per stage, running it graph-parallel (default: the planner's choice, "
                         "or one per stage)")
 
@@ -487,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("model")
     c.add_argument("--graph")
     c.add_argument("-o", "--output")
-    c.add_argument("--workers", default="1", help="worker count, or 'auto' (up to the cluster's size)")
+    c.add_argument("--workers", type=count_or_auto(1), default=1, help="worker count, or 'auto' (up to the cluster's size)")
     c.add_argument("--cluster", help="a preset (gnnc clusters) or a profile JSON file")
     plannable = strategy_names(plannable=True)
     c.add_argument("--allow", type=_strategy_list(plannable), metavar="S1,S2",
@@ -528,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("target")
     c.add_argument("--graph")
     c.add_argument("--nproc", type=int, help="worker processes on this machine (default 1, or the plan's workers)")
-    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+    c.add_argument("--timeout", type=TIMEOUT, default=60.0, metavar="SECONDS",
                    help="stop the run when a rank makes no progress between collectives for this long "
                         "(default 60); the message names the hung rank")
     c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
@@ -537,13 +520,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--memory-cap", type=memory_bytes, metavar="BYTES",
                    help="activation memory per worker (300M, 1.5G): layers run in G3's bins to stay under it")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")
-    c.add_argument("--epochs", type=int)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--lr", type=float)
-    c.add_argument("--weight-decay", type=float)
+    c.add_argument("--epochs", type=whole_number(1))
+    c.add_argument("--seed", type=SEED, default=0)
+    c.add_argument("--lr", type=real_number(0))
+    c.add_argument("--weight-decay", type=real_number(0))
     c.add_argument("--metrics", metavar="FILE.jsonl")
     c.add_argument("--checkpoint", metavar="DIR", help="save model and optimizer state here every K epochs")
-    c.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
+    c.add_argument("--checkpoint-every", type=whole_number(1), default=10, metavar="K")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     c.add_argument("--dump-logits", metavar="FILE.pt")
     c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
@@ -563,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
     c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
-    c.add_argument("--threads", type=int)
+    c.add_argument("--threads", type=whole_number(1))
     c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
                    help="measure the CPU, or this machine's GPUs (rates, NCCL link, unit costs) with cuda/auto")
     c.add_argument("--network", action="store_true",
@@ -571,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "writes the profile of the job's machines)")
     c.add_argument("--base", metavar="PROFILE.json",
                    help="with --network: take each machine's own figures from this profile instead of measuring")
-    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+    c.add_argument("--timeout", type=TIMEOUT, default=60.0, metavar="SECONDS",
                    help="with --network: how long a rank waits for its peers")
     c.set_defaults(fn=cmd_probe)
 

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from gnnc.arg_types import SEED, whole_number
 from gnnc.errors import GnncError
 from gnnc.passes.partition.methods import METHODS
 
@@ -29,11 +30,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     c.add_argument("--parts", type=int, required=True)
     c.add_argument("--method", required=True, choices=list(METHODS))
     c.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the shards")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=SEED, default=0)
     c.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the method (see its module under passes/partition/), repeatable: "
                         "--option start=hubs for g3's hub start")
-    c.add_argument("--layers", type=int, default=2, help="layers for the L-hop statistics (default 2)")
+    c.add_argument("--layers", type=whole_number(0, 100), default=2,
+                   help="layers for the L-hop statistics (default 2; at most 100, past any model's depth)")
     c.add_argument("--stats", action="store_true", help="print the dependency statistics of every part")
     c.add_argument("--json", action="store_true", help="end stdout with one JSON summary line")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -712,6 +712,8 @@ def _parse_setting(name: str, text: str, default: Any) -> Any:
         value = float(text)
     except ValueError:
         raise GnncError(f"--set {name}={text}: expected a number") from None
+    if not math.isfinite(value):  # `1e400` reads as inf: no width, rate or count is infinite
+        raise GnncError(f"--set {name}={text}: expected a finite number")
     if isinstance(default, int) and not isinstance(default, bool) and value == int(value):
         return int(value)
     return value

