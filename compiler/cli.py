@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Callable
 # only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
 # in the commands that need them)
 from gnnc.arg_types import SEED, TIMEOUT, count_or_auto, memory_bytes, real_number, whole_number
-from gnnc.errors import GnncError, GnncWarning, InternalError
+from gnnc.errors import GnncError, GnncWarning, InternalError, write_failure
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.precision import PRECISIONS
@@ -113,6 +114,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     plan = api.Plan.load(args.plan)
     if args.format in ("png", "gantt") and not args.output:  # before drawing: a terminal takes no PNG
         raise GnncError(f"--format {args.format} writes binary output; give -o FILE")
+    if args.output:
+        writable_file(args.output, "-o")
     text = render(plan, args.format, args.metrics)
     if args.output:
         mode = "wb" if isinstance(text, bytes) else "w"
@@ -137,6 +140,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         return stop.exit_code
 
 
+def writable_file(path: str, flag: str) -> None:
+    """Refuse an output file that could not be written: a directory, in a missing or read-only directory.
+
+    A missing directory is refused, not made: a typo in a path should not grow a tree (PyG and torch
+    do not create one either)."""
+    p = Path(path)
+    if p.is_dir():
+        raise GnncError(f"{flag} {path}: is a directory; name a file")
+    if not p.parent.is_dir():
+        what = "is not a directory" if p.parent.exists() else "does not exist"
+        raise GnncError(f"{flag} {path}: directory {p.parent} {what}; create it first or name another file")
+    if not os.access(p.parent, os.W_OK | os.X_OK) and not os.access(p, os.W_OK):
+        raise GnncError(f"{flag} {path}: directory {p.parent} is not writable")
+
+
 def _resolve_device(spec: str, here: bool = True) -> str:
     from gnnc.runtime.device import resolve_device  # deferred: the device module loads torch
 
@@ -150,9 +168,14 @@ def _run(args: argparse.Namespace) -> int:
     from gnnc import api
     from gnnc.memory_check import check_run_memory
     from gnnc.plan_flags import check_run_flags
+    from gnnc.runtime.launch import started_by_torchrun
     from gnnc.runtime.train import TrainConfig
 
     device = _resolve_device(args.device)  # before anything is loaded: no GPU is a one-line exit 2
+    if not started_by_torchrun() or os.environ.get("RANK") == "0":  # rank 0 alone writes them
+        for flag, path in (("--metrics", args.metrics), ("--dump-logits", args.dump_logits)):
+            if path:
+                writable_file(path, flag)  # now, not after training: a wrong path would lose the run
 
     target = Path(args.target)
     if target.is_dir():
@@ -204,7 +227,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"note: CPU allocator: {summary['cpu_allocator']}", file=sys.stderr)
     summary["device"], summary["precision"] = cfg.device, cfg.precision
     if args.dump_logits:
-        torch.save(logits, args.dump_logits)
+        try:
+            torch.save(logits, args.dump_logits)
+        except OSError as err:
+            raise write_failure(err, f"--dump-logits {args.dump_logits}") from None
     if args.json:
         _emit_json(summary)
     else:

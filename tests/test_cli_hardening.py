@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import EXAMPLES
@@ -93,3 +94,29 @@ def test_flags_in_range_still_parse() -> None:
     assert (args.timeout, args.memory_cap, args.seed, args.lr) == (0.5, 3 << 29, (1 << 63) - 1, 0.0)
     assert cli.build_parser().parse_args([*COMPILE, "--workers", "auto"]).workers == "auto"
     assert cli.build_parser().parse_args([*COMPILE, "--workers", "4"]).workers == 4
+
+
+# --- output paths, checked before any work -------------------------------------------------------
+
+def six(tmp_path: Path, name: str = "six.npz", **fields) -> str:
+    """A 6-vertex graph file: a ring plus two chords, 3 features, 2 classes, `fields` added or replaced."""
+    arrays = {"edge_index": np.array([[0, 1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 0, 0, 1]]),
+              "x": np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32),
+              "y": np.array([0, 1, 0, 1, 0, 1])}
+    arrays.update(fields)
+    np.savez(tmp_path / name, **arrays)
+    return str(tmp_path / name)
+
+
+@pytest.mark.parametrize("flag", ["--dump-logits", "--metrics"])
+def test_an_output_file_in_a_missing_directory_is_refused_before_training(tmp_path, capsys, flag) -> None:
+    missing = tmp_path / "no" / "such"
+    err = refused(capsys, "run", GCN, "--graph", six(tmp_path), "--epochs", "1", flag, str(missing / "out"))
+    assert f"{flag} {missing / 'out'}: directory {missing} does not exist" in err, err
+    assert not (tmp_path / "no").exists()  # --metrics made the tree
+    assert "test acc" not in capsys.readouterr().out
+
+
+def test_an_output_file_that_is_a_directory_is_refused(tmp_path, capsys) -> None:
+    err = refused(capsys, "run", GCN, "--graph", six(tmp_path), "--epochs", "1", "--dump-logits", str(tmp_path))
+    assert "is a directory" in err
