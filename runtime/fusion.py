@@ -21,9 +21,12 @@ Chains found (`find_chains`, from the IR alone, once per program):
   backward, which reads only the chain's result (the activation's derivative and the dropout mask
   follow from it and from the draws). Where x is read by nothing else and was computed at this step (in
   the layer, or the graph layer's output a dense layer's relu reads) by an op whose backward does not
-  read its result (`_OVERWRITABLE`: the SpMM before a bias), the chain
-  writes its result over x, and a single stage is worth a chain: no new [vertices, width] tensor to
-  allocate and page-fault (200K x 128 floats, 2 threads: x + b 48 ms, the bias added in place 8 ms).
+  read its result (`_OVERWRITABLE`: the SpMM before a bias; not a chain that keeps its result for its
+  backward), looking through the ops that may return their input or a view of it (`_aliases`: a sync, a
+  dropout in evaluation, a concat of one value), the chain writes its result over x, and a single stage is
+  worth a chain: no new [vertices, width] tensor to allocate and page-fault (200K x 128 floats, 2 threads:
+  x + b 48 ms, the bias added in place 8 ms). At run time it does so only where torch allows writing over
+  that tensor (`_overwritable`: not a view a custom Function made, as SpMM's head-shaped result).
 
 A chain lies within one layer: a layer's output is computed whenever the layer runs, as the probe
 (gnnc.runtime.probe) and the cost model's fit need when they run and time one layer alone. So a graph
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.autograd.function import BackwardCFunction, once_differentiable
+from torch.autograd.function import once_differentiable
 
 from gnnc.ir import Eqn, Program
 from gnnc.runtime import rng
@@ -113,16 +116,23 @@ def find_chains(program: Program) -> dict[str, Chain]:
             chains[chain[0].outs[0].name] = Chain(kind, chain, edges, inplace)
             taken.update(e.outs[0].name for e in chain)
 
+    def saves_result(name: str) -> bool:
+        """Whether `name` is the result of a chain found already whose backward reads it (an epilogue with an
+        activation or a dropout: `_Epilogue` saves its result), which writing over it would corrupt."""
+        chain = next((c for c in chains.values() if c.result == name), None)
+        return chain is not None and chain.kind == "epilogue" and any(
+            e.op in ACTIVATIONS or e.op == "dropout" for e in chain.eqns)
+
     def overwritable(name: str) -> bool:
         """Whether a chain reading `name` may overwrite it: computed at every step (not hoisted), in this layer
         or an earlier one (a graph layer's output that a dense layer's activation reads), by an op whose
-        backward does not read its result, and read by nothing else (through syncs, which return their input
-        in one process)."""
+        backward does not read its result, and read by nothing else, through the ops that may return their
+        input itself or a view of it (`_aliases`), whose input must then be all that too."""
         while True:
             hit = producer.get(name)
-            if readers.get(name, 0) != 1 or hit is None or hit[2].attr("hoisted"):
+            if readers.get(name, 0) != 1 or hit is None or hit[2].attr("hoisted") or saves_result(name):
                 return False
-            if hit[2].op != "sync":
+            if not _aliases(hit[2]):
                 return hit[2].op in _OVERWRITABLE and hit[2].attr("reduce") in (None, "sum", "mean")
             name = hit[2].ins[0].name
 
@@ -169,6 +179,12 @@ def find_chains(program: Program) -> dict[str, Chain]:
 # ops whose backward does not read their own result (spmm: with reduce sum or mean), so that the next
 # equation may overwrite it
 _OVERWRITABLE = frozenset({"spmm", "linear", "add", "sub", "mul", "bias", "dropout", "concat", "mean_heads"})
+
+
+def _aliases(e: Eqn) -> bool:
+    """Whether `e` may return its input itself or a view of it, so that writing over its result writes over its
+    input: a sync in one process, a dropout in evaluation, a concat of one value (a reshape)."""
+    return e.op in ("sync", "dropout", "identity") or (e.op == "concat" and len(e.ins) == 1)
 
 
 _EPILOGUE_ORDER = ("add", "bias", "act", "dropout")
@@ -279,14 +295,19 @@ def _run_epilogue(chain: Chain, value, ctx: Any) -> torch.Tensor | None:
 
 
 def _overwritable(x: torch.Tensor) -> bool:
-    """Whether autograd lets a kernel write over x: not a leaf that needs a gradient or a view of one, and
-    not a view that a custom Function returned (torch forbids these); contiguous, as the kernel writes it."""
+    """Whether autograd lets a kernel write over x (contiguous, as the kernel writes it): not a leaf that needs a
+    gradient, and a view only where torch lets a view be written in place: one made by an ordinary op with
+    autograd on (not inside a custom Function, as cpu.SpMM's head-shaped result is, nor under no_grad nor as
+    one of several outputs) of a base that is not a leaf needing a gradient; or any view while autograd is off
+    (an evaluation), which records nothing to contradict."""
     if not x.is_contiguous() or (x.is_leaf and x.requires_grad):
         return False
     if not x._is_view():
         return True
-    base = x._base
-    return not (base.is_leaf and base.requires_grad) and not isinstance(x.grad_fn, BackwardCFunction)
+    if x._base.is_leaf and x._base.requires_grad:
+        return False
+    return not torch.is_grad_enabled() or \
+        torch._C._autograd._get_creation_meta(x) == torch._C._autograd.CreationMeta.DEFAULT
 
 
 def _epilogue_args(spec: tuple) -> list:
