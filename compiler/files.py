@@ -101,3 +101,107 @@ def read_text_input(path: str | os.PathLike, what: str, limit: int = MAX_TEXT_IN
 MAX_LINKS = 40
 # How a directory on the way is opened: O_PATH needs no read permission (a home directory may be 0711).
 _DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UntrustedPathError(OSError):
+    """A directory on the way to a private directory can be changed by another user."""
+
+
+@contextlib.contextmanager
+def private_dir(path: str | os.PathLike) -> Iterator[int]:
+    """`with private_dir(p) as fd:` a descriptor of directory `p` that only this user (and root) can change.
+
+    Every directory from / down is opened relative to the one above it, never following a symbolic link
+    by name: each must belong to this user or root and be writable by no one else, unless it is sticky
+    (as /tmp: others cannot rename or remove what is not theirs there); the last must be this user's own
+    and writable by no one else. A symbolic link met on the way must be this user's or root's (in a
+    directory that passed, only a sticky one lets others make links); its target is walked the same way.
+    Missing directories are made 0700. Work inside through `fd` (`dir_fd=`, or `fd_path`), so that the
+    checked directory is the one used. UntrustedPathError names the directory that fails; other OSErrors
+    pass through.
+    """
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        text = os.path.join(os.getcwd(), text)
+    todo = text.split("/")[::-1]  # names still to walk, the next one last
+    chain = [os.open("/", _DIR_FLAGS)]  # the descriptors from / to where the walk is
+    names: list[str] = []
+    try:
+        _check_dir(chain[0], "/", last=False)
+        links = 0
+        while todo:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if names:
+                    os.close(chain.pop())
+                    names.pop()
+                continue
+            here = "/" + "/".join([*names, name])
+            target = _link_target(name, chain[-1], here)
+            if target is not None:
+                links += 1
+                if links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, f"too many levels of symbolic links in {text}")
+                if target.startswith("/"):
+                    while names:
+                        os.close(chain.pop())
+                        names.pop()
+                todo.extend(target.split("/")[::-1])
+                continue
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=chain[-1])
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):  # made meanwhile: checked below like any other
+                    os.mkdir(name, 0o700, dir_fd=chain[-1])
+                fd = os.open(name, _DIR_FLAGS, dir_fd=chain[-1])
+            chain.append(fd)
+            names.append(name)
+            _check_dir(fd, here, last=not any(n not in ("", ".") for n in todo))
+        _check_dir(chain[-1], "/" + "/".join(names), last=True)
+        last = chain.pop()
+    finally:
+        for fd in chain:
+            os.close(fd)
+    try:
+        yield last
+    finally:
+        os.close(last)
+
+
+def _link_target(name: str, dir_fd: int, where: str) -> str | None:
+    """What the symbolic link `name` in `dir_fd` points to, or None when it is not a link (or not there).
+    In a sticky directory others can make links too: one that is not this user's or root's is refused."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISLNK(st.st_mode):
+        return None
+    if st.st_uid not in (os.getuid(), 0):
+        raise UntrustedPathError(f"{where} is a symbolic link of uid {st.st_uid}, not of this user or root")
+    return os.readlink(name, dir_fd=dir_fd)
+
+
+def _check_dir(fd: int, where: str, last: bool) -> None:
+    st = os.fstat(fd)
+    me = os.getuid()
+    if not stat.S_ISDIR(st.st_mode):
+        raise UntrustedPathError(f"{where} is not a directory")
+    if st.st_uid != me and (last or st.st_uid != 0):
+        owner = "this user" if last else "this user or root"
+        raise UntrustedPathError(f"{where} is owned by uid {st.st_uid}, not by {owner} (uid {me})")
+    if st.st_mode & 0o022 and (last or not st.st_mode & stat.S_ISVTX):
+        raise UntrustedPathError(f"{where} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}"
+                                 f"{'' if last else ', not sticky'})")
+
+
+def fd_path(dir_fd: int, name: str = "") -> str:
+    """A path to `name` inside the directory `dir_fd` holds open, for a program that takes paths (a compiler,
+    dlopen): /proc/PID/fd/N leads to the directory itself, whatever has been renamed since it was opened,
+    and works in this process's children too. Linux only; elsewhere OSError."""
+    base = f"/proc/{os.getpid()}/fd/{dir_fd}"
+    if not os.path.isdir(base):
+        raise OSError(errno.ENOTSUP, f"no {base} on this system to reach an open directory by")
+    return f"{base}/{name}" if name else base

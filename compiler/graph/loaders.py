@@ -46,7 +46,8 @@ dtype or shape, an empty graph, vertex ids or labels so large that the arrays
 they imply cannot fit in the memory available (`gnnc.host`). Parsed files and
 generated graphs are cached as `.npz` under `cache_dir`, keyed by the sha256
 of the input's bytes (or of the generator spec), so loading the same input again does not re-parse it;
-an entry that does not read back whole and consistent is built again.
+an entry that does not read back whole, or fails the checks its input passed, is built again. The cache
+is used only where no other user can change it (gnnc.files.private_dir), with a warning otherwise.
 """
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.errors import GraphInputError
-from gnnc.files import atomic_writer
+from gnnc.errors import GnncWarning, GraphInputError
+from gnnc.files import atomic_writer, fd_path, private_dir
 from gnnc.graph import Graph, edge_data, index_dtype
 from gnnc.graph.generators import GENERATORS, generate, split_masks
 from gnnc.graph.planetoid import load_planetoid
@@ -547,25 +548,35 @@ def _hash_files(files: Iterable[Path], root: Path, kind: str) -> str:
 
 
 def _cached(key: str, build: Any, cache_dir: str | os.PathLike | None, use_cache: bool) -> Graph:
-    """The graph stored under `key`, or `build()` stored there (atomically) for next time."""
+    """The graph stored under `key`, or `build()` stored there (atomically) for next time.
+
+    The folder is used only when it and every directory above it are out of other users' reach
+    (gnnc.files.private_dir): anyone who can write there could plant an entry for a spec (its key is the
+    sha256 of the spec) that a run would train and score on. Otherwise the cache is passed over, with a
+    warning. An entry read back is validated as the input it stands for was (`build_graph`).
+    """
     if not use_cache:
         return build()
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = folder / f"graph-{key[:32]}.npz"
-    if path.is_file():
-        graph = _read_cached(path, key)
-        if graph is not None:
-            return graph
+    name = f"graph-{key[:32]}.npz"
+    try:
+        with private_dir(folder) as fd:
+            graph = _read_cached(Path(fd_path(fd, name)), key)
+    except OSError as err:
+        warnings.warn(GnncWarning(f"not using the graph cache {folder}: {err}"), stacklevel=3)
+        return build()
+    if graph is not None:
+        return graph
     graph = build()
     try:
-        _write_cached(graph, path, key)
+        with private_dir(folder) as fd:
+            _write_cached(graph, Path(fd_path(fd, name)), key)
     except OSError as err:  # a read-only or full disk must not stop the load itself
-        warnings.warn(f"could not cache the converted graph in {folder}: {err}", stacklevel=3)
+        warnings.warn(GnncWarning(f"could not cache the converted graph in {folder}: {err}"), stacklevel=3)
     return graph
 
 
 def _write_cached(graph: Graph, path: Path, key: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path) as f:
         np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
                  src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=graph.y.numpy(),
@@ -575,31 +586,32 @@ def _write_cached(graph: Graph, path: Path, key: str) -> None:
 
 
 def _read_cached(path: Path, key: str) -> Graph | None:
-    """None when the entry is unreadable, inconsistent or belongs to another key (then it is rebuilt).
+    """None when the entry is missing, unreadable or belongs to another key, or does not pass the checks
+    of an input file (then it is rebuilt, with a warning for the latter).
 
-    Every member is read whole, so the zip's CRC-32 catches a damaged one; the arrays must agree
-    with each other, as `build_graph` made them.
+    Every member is read whole, so the zip's CRC-32 catches a damaged one; the arrays then go through
+    `build_graph`, the validation every loader's output goes through (NaN/inf features, vertex ids and
+    labels out of range, shapes and dtypes), so a cached entry is held to what its input was.
     """
     try:
         with np.load(path, allow_pickle=False) as f:
             if str(f["key"]) != key:
                 return None
             stand_ins = json.loads(str(f["stand_ins"]))
-            a = {k: f[k] for k in ("num_nodes", "name", "src", "dst", "x", "y", *MASKS)}
+            a = {k: f[k] for k in ("name", "src", "dst", "x", "y", *MASKS)}
             edges = {k[len(_EDGE_KEY):]: f[k] for k in f.files if k.startswith(_EDGE_KEY)}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
         return None
-    n = int(a["num_nodes"]) if a["num_nodes"].shape == () and a["num_nodes"].dtype.kind in "iu" else -1
-    consistent = (n > 0 and a["x"].ndim == 2 and len(a["x"]) == n and a["x"].dtype == np.float32
-                  and a["src"].shape == a["dst"].shape and a["src"].ndim == 1 and a["src"].dtype.kind in "iu"
-                  and a["dst"].dtype == a["src"].dtype and a["y"].shape == (n,) and a["y"].dtype == np.int64
-                  and all(a[k].shape == (n,) and a[k].dtype == bool for k in MASKS)
-                  and (len(a["src"]) == 0 or (0 <= min(a["src"].min(), a["dst"].min())
-                                              and max(a["src"].max(), a["dst"].max()) < n))
-                  and all(v.ndim >= 1 and len(v) == len(a["src"]) for v in edges.values())
-                  and isinstance(stand_ins, dict) and all(isinstance(v, str) for v in stand_ins.values()))
-    if not consistent:
+    source = f"cached graph {path.name}"
+    try:
+        if not (isinstance(stand_ins, dict) and all(isinstance(v, str) for v in stand_ins.values())):
+            raise GraphInputError(f"{source}: stand_ins: expected a JSON object of strings")
+        if a["src"].shape != a["dst"].shape or a["src"].ndim != 1:
+            raise GraphInputError(f"{source}: src, dst: expected two arrays of one shape [E]")
+        graph = build_graph(np.stack([a["src"], a["dst"]]), a["x"], a["y"], {k: a[k] for k in MASKS},
+                            str(a["name"]), source, edges=edges)
+    except GraphInputError as err:
+        warnings.warn(GnncWarning(f"ignoring {err}; converting the input again"), stacklevel=4)
         return None
-    return Graph(n, a["src"], a["dst"], torch.from_numpy(a["x"]), torch.from_numpy(a["y"]),
-                 *(torch.from_numpy(a[k]) for k in MASKS), name=str(a["name"]), stand_ins=stand_ins,
-                 edge_data={k: torch.from_numpy(v) for k, v in edges.items()})
+    graph.stand_ins = stand_ins
+    return graph
