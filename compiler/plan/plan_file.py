@@ -8,28 +8,34 @@ a later process loads without the compiler that wrote it.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import io
 import json
 import os
+import secrets
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gnnc.errors import GnncError, PlanError
+from gnnc.errors import GnncError, PlanError, write_failure
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.files import atomic_write
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.pipeline_shards import write_pipeline_shards
+from gnnc.plan.plan_meta import check_meta
 from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.sampled_shards import check_sampled_shards_match, write_sampled_shards
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.shard_files import read_manifest
 from gnnc.plan.shards import check_shards_match, write_plan_shards
+from gnnc.plan.strategies import STRATEGIES, names
 
 PLAN_SCHEMA = "gnnc.plan/1"
 PLAN_FILES = {"parts.npy", "shards/manifest.json"}  # the files beside plan.json that `shards` checksums
@@ -91,11 +97,36 @@ class Plan:
     def save(self, directory: str | os.PathLike, progress: Any = None) -> Path:
         """Write the plan: per-rank shards (when compiled for several workers), then `plan.json`.
 
-        Every file is written atomically and `plan.json`, which holds the
-        others' checksums, comes last: a crash leaves the old plan or none.
+        The plan is written into a new directory beside `directory` and swapped in whole at the end, so a
+        failure (a full disk, an interrupt) leaves the old plan as it was, or none and nothing half-written.
+        The parent directory must exist (a mistyped -o is named, not created); an existing `directory` must
+        be a plan or empty (the swap replaces it whole: no other file of it would survive).
         """
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        if not d.parent.is_dir():
+            raise PlanError(f"cannot write the plan {d}: directory {d.parent} does not exist")
+        if d.is_symlink() or (d.exists() and not d.is_dir()):
+            raise PlanError(f"cannot write the plan {d}: it exists and is not a directory")
+        if d.is_dir() and any(d.iterdir()) and not (d / "plan.json").is_file():
+            raise PlanError(f"cannot write the plan {d}: it is a directory that holds no plan; give a new or empty "
+                            f"one (writing the plan replaces the directory whole)")
+        try:
+            new = _sibling(d, "new")
+            try:
+                self._write(new, progress)
+                _swap_in(new, d)
+            except BaseException:
+                shutil.rmtree(new, ignore_errors=True)
+                raise
+        except OSError as err:
+            raise write_failure(err, f"the plan {d}") from None
+        if self.shard_dir is not None:
+            self.shard_dir = d / "shards"
+        return d
+
+    def _write(self, d: Path, progress: Any) -> None:
+        """Every file of the plan into the new, empty directory `d`; `plan.json`, which holds the others'
+        checksums, last."""
         data = self.to_json()
         if self.parts is not None:
             buf = io.BytesIO()
@@ -108,7 +139,6 @@ class Plan:
                 data["shards"]["shards/manifest.json"] = hashlib.sha256(manifest).hexdigest()
         text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         atomic_write(d / "plan.json", text.encode())
-        return d
 
     def write_shards(self, directory: str | os.PathLike, progress: Any = None) -> Path:
         """Every rank's shard of this plan (gnnc.plan.shards) into `directory`."""
@@ -183,6 +213,8 @@ class Plan:
                                      "schedule_report", "predicted_eval_bytes_per_epoch") if k in data}
         _check_sampled_fields(meta, path)
         _check_pipeline_field(meta, path)
+        check_meta(meta, len(program.graph_layers()), lambda message: PlanError(f"{path}: {message}"))
+        _check_strategies(program, workers, path)
         if "precision" in data:
             if data["precision"] not in PRECISIONS:
                 raise PlanError(f"{path}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
@@ -202,6 +234,55 @@ class Plan:
         return Plan(program, model, data.get("graph"), passes, workers, meta, parts, shard_dir=shard_dir)
 
 
+def _sibling(d: Path, kind: str) -> Path:
+    """A new directory beside `d` (same file system, so renaming it onto `d` is one step), made as `mkdir` makes
+    any (the umask's mode), hidden by its leading dot."""
+    while True:
+        path = d.parent / f".{d.name}.{kind}-{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def _swap_in(new: Path, d: Path) -> None:
+    """Make the directory `new` be `d` in one step: a rename when `d` does not exist, else an exchange of the
+    two (the old plan is removed after). Where the system cannot exchange, `d` is moved aside first, so that a
+    crash between the two renames leaves the old plan whole under `.NAME.old-*`."""
+    if not d.exists():
+        os.rename(new, d)
+    elif _exchange(new, d):
+        shutil.rmtree(new, ignore_errors=True)  # the old plan, now under the new one's name
+    else:
+        old = _sibling(d, "old")
+        os.rename(d, old / "plan")
+        os.rename(new, d)
+        shutil.rmtree(old, ignore_errors=True)
+    fd = os.open(d.parent, os.O_RDONLY)  # the renames themselves survive a power cut
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux's renameat2 with RENAME_EXCHANGE); False where the C library or the file
+    system has no such call."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
 def _check_sampled_fields(meta: dict[str, Any], path: Path) -> None:
     """A plan's sampling, schedule and approximations fields are data of known shape, or a PlanError."""
     try:
@@ -219,6 +300,21 @@ def _check_sampled_fields(meta: dict[str, Any], path: Path) -> None:
         if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                    for v in counts.values()):
             raise PlanError(f"{path}: '{key}' must map names to integers")
+
+
+def _check_strategies(program: Program, workers: int, path: Path) -> None:
+    """Every layer's strategy is a registered one this many workers run: an edited name would otherwise run as
+    another strategy's rows (or fail as a KeyError deep in the runtime), and a plan of one worker runs only the
+    one-worker strategy."""
+    for layer in program.layers:
+        name = layer.attr("strategy", "local")
+        known = STRATEGIES.get(name)
+        if known is None or not known.runnable:
+            raise PlanError(f"{path}: layer {layer.name} names strategy {name!r}, which is not one gnnc runs "
+                            f"(known: {', '.join(names(runnable=True))}); compile the plan again")
+        if workers == 1 and not known.single_worker:
+            raise PlanError(f"{path}: layer {layer.name} names strategy {name!r} in a plan of one worker, which runs "
+                            f"{', '.join(names(single_worker=True))} only; compile the plan again")
 
 
 def _check_pipeline_field(meta: dict[str, Any], path: Path) -> None:
