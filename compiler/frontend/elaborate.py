@@ -29,6 +29,7 @@ from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, Lay
                                   Num, ParamDecl, Repeat, Stmt)
 from gnnc.ir import VIEWS, Eqn, Layer, Param, Program, Type, Value, attrs_of, ops
 from gnnc.ir.expr import as_expr
+from gnnc.ir.text import TRAINING_KEYS
 
 GRAPH_INPUTS = {
     "x": Type("vertex", (sympy.Symbol("features"),)),
@@ -37,7 +38,6 @@ GRAPH_INPUTS = {
     "val": Type("vertex", (), "bool"),
     "test": Type("vertex", (), "bool"),
 }
-TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float, "patience": int}
 MAX_UNROLL = 4096
 
 

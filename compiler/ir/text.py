@@ -36,6 +36,8 @@ from gnnc.errors import GnncError, Loc
 from gnnc.ir.core import Eqn, Layer, Param, Program, Type, Value, attrs_of
 from gnnc.ir.expr import ExprSyntaxError, parse_expr
 
+# The settings a program's training may hold, each with its type: the language's `training(...)` keywords.
+TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float, "patience": int}
 DIM_ATTRS = {"out", "heads", "width"}
 STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init", "method", "bin_order"}
 _NAME = r"[A-Za-z0-9_.~^]+"
@@ -118,6 +120,21 @@ def _type(text: str, what: str) -> Type | None:
     return Type(m.group(1), dims, m.group(2))
 
 
+def _training(settings: dict[str, Any], fail: Callable[[str], IRSyntaxError]) -> dict[str, Any]:
+    """The settings of a `training` line, each one the language's `training(...)` takes and of its type: the
+    training settings of a plan's IR reach the run's configuration, which also holds paths (where checkpoints
+    go), the device and resumption; those come from the command line only, never from a plan."""
+    for key, value in settings.items():
+        want = TRAINING_KEYS.get(key)
+        if want is None:
+            raise fail(f"unknown training setting '{key}' (a program's training holds {', '.join(TRAINING_KEYS)} "
+                       f"only: paths and devices come from the command line)")
+        if isinstance(value, bool) or not isinstance(value, want if want is int else (int, float)):
+            raise fail(f"training setting '{key}' must be {'an integer' if want is int else 'a number'}, "
+                       f"got {value!r}")
+    return settings
+
+
 def _typed_value(text: str) -> Value:
     m = re.match(rf"^%({_NAME}):(.*)$", text.strip())
     if not m:
@@ -185,7 +202,8 @@ def _parse(next_line, fail) -> Program:
     k, line = next_line()
     training: tuple = ()
     if line.startswith("  training "):
-        training = tuple(sorted(_kv(line[len("  training "):], "training setting", typed=False).items()))
+        training = tuple(sorted(_training(_kv(line[len("  training "):], "training setting", typed=False),
+                                          lambda msg: fail(msg, k)).items()))
         k, line = next_line()
     attrs: tuple = ()
     if line.startswith("  attrs "):
