@@ -28,7 +28,8 @@ so. A checkpoint without a fingerprint (an older gnnc's) is refused too:
 nothing shows it is this run's. A payload holding anything but tensors and
 plain containers is refused without being run (`weights_only=True`). Each rank holds an exclusive lock on `DIR/lock-rank-R` for the run
 (flock: released by the kernel however the process ends), so a second job
-pointed at the same directory stops before it writes, naming the holder.
+pointed at the same directory stops before it writes, naming the holder;
+the run removes its lock files as it ends, refused or done.
 """
 from __future__ import annotations
 
@@ -134,17 +135,23 @@ class DirectoryLock:
     def __init__(self, directory: str | Path, rank: int = 0):
         self.path = Path(directory) / f"lock-rank-{rank}"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise CheckpointError(f"checkpoint directory {self.path.parent} is in use by another run "
+                                      f"({holder}); wait for it to finish or give another --checkpoint") from None
+            except OSError as exc:
+                os.close(fd)
+                raise CheckpointError(f"cannot lock checkpoint directory {self.path.parent}: {exc.strerror}") from None
+            # `release` removes the file while holding it: a lock taken on a file its holder removed meanwhile
+            # guards nothing, so it is taken again on the file now at the path.
+            if _same_file(fd, self.path):
+                break
             os.close(fd)
-            raise CheckpointError(f"checkpoint directory {self.path.parent} is in use by another run "
-                                  f"({holder}); wait for it to finish or give another --checkpoint") from None
-        except OSError as exc:
-            os.close(fd)
-            raise CheckpointError(f"cannot lock checkpoint directory {self.path.parent}: {exc.strerror}") from None
         # Rewritten in place under the lock (the file itself is never replaced: the lock lives on its inode).
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
@@ -154,8 +161,20 @@ class DirectoryLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            # Removed while still held (see __init__), so a run, refused or done, leaves no lock file behind;
+            # a killed run's file stays, unlocked, and the next run takes it over.
+            with contextlib.suppress(OSError):
+                self.path.unlink()
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _read_holder(fd: int) -> str:

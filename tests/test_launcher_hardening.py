@@ -21,6 +21,7 @@ from gnnc.cluster import load_profile
 from gnnc.errors import GnncError
 from gnnc.files import read_text_input
 from gnnc.model_file import load_model
+from gnnc.runtime.checkpoint import CheckpointError, DirectoryLock
 from gnnc.runtime.launch import DistConfig, WorkerFailedError, launch
 
 
@@ -111,3 +112,43 @@ def test_every_rank_stopped_is_a_hang_the_launcher_reports() -> None:
     assert lines[0].startswith("worker ranks [0, 1] of 2 hung: none made progress"), str(err)
     assert lines[1:] == [f"  rank {r}: pid {err.pids[r]}, stopped" for r in (0, 1)]
     assert not [pid for pid in err.pids.values() if process_alive(pid)], "a worker outlived the launcher"
+
+
+# --- lock files ----------------------------------------------------------------------------------
+
+
+def test_a_run_removes_its_checkpoint_lock_files(tmp_path) -> None:
+    # Before: a refused 4-rank run (`--resume` with nothing to resume) left DIR/lock-rank-0..3 behind.
+    locks = [DirectoryLock(tmp_path / "ck", rank) for rank in range(4)]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [f"lock-rank-{r}" for r in range(4)]
+    with pytest.raises(CheckpointError, match="is in use by another run"):
+        DirectoryLock(tmp_path / "ck", 0)  # held: a second job stops, naming the holder
+    for lock in locks:
+        lock.release()
+    assert list((tmp_path / "ck").iterdir()) == []
+    # a killed run's file is taken over, and removed in turn
+    (tmp_path / "ck" / "lock-rank-0").write_text("{}")
+    DirectoryLock(tmp_path / "ck", 0).release()
+    assert list((tmp_path / "ck").iterdir()) == []
+
+
+def test_a_lock_on_a_removed_file_is_taken_again(tmp_path, monkeypatch) -> None:
+    """The holder removes its file as it releases: a job that opened that file just before takes its lock on
+    the file at the path now, not on the removed one (which would let two jobs hold 'the' lock)."""
+    first = DirectoryLock(tmp_path, 0)
+    stale = os.open(tmp_path / "lock-rank-0", os.O_RDWR)  # opened before the release, locked after it
+    first.release()
+    real_open = os.open
+    calls = []
+
+    def open_stale_first(path, flags, mode=0o777, **kw):
+        calls.append(path)
+        return stale if len(calls) == 1 else real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", open_stale_first)
+    second = DirectoryLock(tmp_path, 0)
+    monkeypatch.undo()
+    assert len(calls) == 2 and (tmp_path / "lock-rank-0").exists()
+    with pytest.raises(CheckpointError, match="is in use by another run"):
+        DirectoryLock(tmp_path, 0)
+    second.release()
