@@ -1,7 +1,9 @@
 """Shards: they reassemble into the graph, agree on who sends what, and refuse to load when damaged."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gnnc.errors import PlanError
+from gnnc.errors import OutOfSpace, PlanError
 from gnnc.passes.partition.stats import compute_stats
 from gnnc.plan import shard_files as shards_mod
 from gnnc.plan.shard_files import assemble, read_shard, verify_shards, write_shards
@@ -118,3 +120,53 @@ def test_mismatched_manifest(tmp_path) -> None:
     (out / "manifest.json").write_text("{not json")
     with pytest.raises(PlanError, match="unreadable shard manifest"):
         read_shard(out, 0)
+
+
+def _manifest_edited(out, edit) -> None:
+    manifest = json.loads((out / "manifest.json").read_text())
+    edit(manifest["shards"])
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("entry", ["part-00001.npz", 7, None], ids=["string", "int", "null"])
+def test_a_manifest_entry_that_is_not_an_object_is_named(tmp_path, entry) -> None:
+    out = _written(tmp_path)
+    _manifest_edited(out, lambda shards: shards.__setitem__(1, entry))
+    with pytest.raises(PlanError, match="shard entry 1 must be an object"):
+        read_shard(out, 0)
+
+
+@pytest.mark.parametrize("name", ["/etc/shadow", "../manifest.json", "sub/part-00001.npz", "", ".."])
+def test_a_shard_file_is_a_name_in_the_shard_directory(tmp_path, monkeypatch, name) -> None:
+    out = _written(tmp_path)
+    _manifest_edited(out, lambda shards: shards[1].__setitem__("file", name))
+    opened = []
+    monkeypatch.setattr(shards_mod, "_sha256", lambda path: opened.append(path))
+    with pytest.raises(PlanError, match="'file' must name a file in the shard directory"):
+        read_shard(out, 1)
+    assert opened == []  # nothing outside was opened or its size reported
+
+
+def test_a_shard_linked_out_of_the_directory_is_refused(tmp_path) -> None:
+    out = _written(tmp_path / "shards")
+    outside = tmp_path / "outside.npz"
+    outside.write_bytes((out / "part-00001.npz").read_bytes())  # even with the right size and checksum
+    (out / "part-00001.npz").unlink()
+    (out / "part-00001.npz").symlink_to(outside)
+    with pytest.raises(PlanError, match="a link out of the shard directory"):
+        read_shard(out, 1)
+    (out / "inside.npz").symlink_to(out / "part-00002.npz")  # a link inside the directory is only a name
+    _manifest_edited(out, lambda shards: shards[2].__setitem__("file", "inside.npz"))
+    read_shard(out, 2)
+
+
+def test_a_full_temporary_directory_is_named(tmp_path, monkeypatch) -> None:
+    def full(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(shards_mod, "atomic_writer", full)
+    monkeypatch.setattr(shards_mod.tempfile, "gettempdir", lambda: str(tmp_path))
+    g = random_graph(n=30, e=100, seed=1)
+    with pytest.raises(OutOfSpace, match="No space left on device.*TMPDIR|TMPDIR.*No space left") as err:
+        write_shards(g, np.arange(30) % 3, 3, tmp_path / "run", "hash")
+    assert err.value.exit_code == 1
+    assert list((tmp_path / "run").iterdir()) == []

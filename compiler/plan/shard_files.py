@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 from gnnc.files import atomic_writer
-from gnnc.errors import PlanError
+from gnnc.errors import PlanError, write_failure
 from gnnc.graph import Graph
 
 SHARD_FORMAT = 1
@@ -89,8 +90,14 @@ def _sha256(path: Path) -> str:
 
 
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    with atomic_writer(path) as f:
-        write(f)
+    try:
+        with atomic_writer(path) as f:
+            write(f)
+    except OSError as err:
+        # a run's shards are written under the temporary directory, which the user may not know fills up
+        hint = (" (the shards of a run go to the temporary directory: point TMPDIR at one with room)"
+                if Path(path).resolve().is_relative_to(Path(tempfile.gettempdir()).resolve()) else "")
+        raise write_failure(err, f"the shard file {path}{hint}") from None
 
 
 def _savez(f: Any, arrays: dict[str, np.ndarray]) -> None:
@@ -203,7 +210,31 @@ def read_manifest(shard_dir: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(shards, list) or len(shards) != manifest.get("parts"):
         raise PlanError(f"{path}: the manifest lists {len(shards) if isinstance(shards, list) else 'no'} shards "
                         f"for {manifest.get('parts')} parts")
+    for i, entry in enumerate(shards):
+        _check_entry(entry, i, path)
     return manifest
+
+
+def _check_entry(entry: Any, part: int, path: Path) -> None:
+    """A manifest's entry of one shard: its part, the name of its file in the shard directory, size and sha256.
+
+    The file is named, never a path: a manifest is data, and a path in it (`/etc/shadow`, `../x`) would have
+    the reader open and describe a file outside the plan."""
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(entry, dict):
+        raise PlanError(f"{path}: shard entry {part} must be an object (part, file, bytes, sha256), got "
+                        f"{str(entry)[:60]!r}")
+    name = entry.get("file")
+    if not (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\0" not in name):
+        raise PlanError(f"{path}: shard entry {part}: 'file' must name a file in the shard directory, got "
+                        f"{str(name)[:60]!r}")
+    digest = entry.get("sha256")
+    if entry.get("part") != part or not count(entry.get("bytes")) or not (
+            isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        raise PlanError(f"{path}: shard entry {part} must hold part {part}, its size in bytes and its sha256")
 
 
 def verify_shard(shard_dir: str | os.PathLike, manifest: dict[str, Any], part: int) -> Path:
@@ -212,7 +243,9 @@ def verify_shard(shard_dir: str | os.PathLike, manifest: dict[str, Any], part: i
     if not 0 <= part < parts:
         raise PlanError(f"{shard_dir}: no shard for part {part} (the manifest has parts 0..{parts - 1})")
     entry = manifest["shards"][part]
-    path = Path(shard_dir) / str(entry.get("file", ""))
+    path = Path(shard_dir) / entry["file"]  # a plain name (read_manifest)
+    if path.is_symlink() and path.resolve().parent != Path(shard_dir).resolve():
+        raise PlanError(f"{path}: shard of part {part} is a link out of the shard directory; refused")
     if not path.is_file():
         raise PlanError(f"{path}: shard of part {part} is missing")
     size = path.stat().st_size
