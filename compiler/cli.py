@@ -183,7 +183,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.set or args.model_name:
             raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
                             f"to change it")
-        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
+        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc,
+                        fanout=args.fanout, batch_size=args.batch_size, schedule=args.schedule,
+                        pipeline_groups=args.pipeline_groups)
         if args.memory_cap:
             raise GnncError("--memory-cap is decided when a plan is compiled; recompile it with --memory-cap")
         spec = args.graph or plan.graph_spec
@@ -197,6 +199,8 @@ def _run(args: argparse.Namespace) -> int:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         spec = args.graph
         graph = api.load_graph(spec)
+        if args.nproc is not None and args.nproc > graph.num_nodes:  # every worker owns at least one vertex
+            raise GnncError(f"--nproc {args.nproc}: more workers than the graph's {graph.num_nodes} vertices")
         model = api.load_model(target, model=args.model_name, **_sets(args.set))
         plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
                            partition=args.partition, seed=args.seed, graph_spec=spec,
