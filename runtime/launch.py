@@ -80,7 +80,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from gnnc.files import atomic_write
 from gnnc.errors import GnncError
 from gnnc.runtime.main_guard import check_main_guard
-from gnnc.runtime.netif import interface_toward
+from gnnc.runtime.netif import cannot_resolve, interface_toward
 from gnnc.runtime.peers import PeerTable, diagnose, exchange_addresses
 
 P = ParamSpec("P")
@@ -102,6 +102,8 @@ STALL_MARGIN_S = 5.0
 # How often the launcher reads its workers' CPU time while none has failed.
 STALL_POLL_S = 1.0
 LOOPBACK = "127.0.0.1"
+# How often a rank waiting at the rendezvous looks again (and so how soon it honours SIGTERM there).
+RENDEZVOUS_POLL_S = 0.1
 # Turned into StoppedBySignal while a launch runs; SIGINT is Python's KeyboardInterrupt already.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -112,6 +114,12 @@ class LaunchError(GnncError):
 
 class PortInUseError(LaunchError):
     """The requested rendezvous port is already taken by another program."""
+
+
+class RendezvousTimeout(LaunchError):
+    """Some ranks never reached the rendezvous store within the timeout: a failed run (exit 1), as a hang is."""
+
+    exit_code = 1
 
 
 class WorkerFailedError(LaunchError):
@@ -247,17 +255,27 @@ class DistConfig:
         local_rank = need_int("LOCAL_RANK") if "LOCAL_RANK" in env else 0
         hosted = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         attempt = need_int("TORCHELASTIC_RESTART_COUNT") if "TORCHELASTIC_RESTART_COUNT" in env else 0
+        if not 1 <= port <= 65535:
+            # TCPStore would take it modulo 2**16 and wait on another port
+            raise LaunchError(f"environment variable MASTER_PORT={env['MASTER_PORT']} is not a TCP port "
+                              "(1 to 65535)")
         if "MASTER_ADDR" not in env:
             raise LaunchError("environment variable MASTER_ADDR is not set: this process was not "
                               "started by torchrun")
+        cfg = cls(rank=rank, world_size=world_size, local_rank=local_rank,
+                  master_addr=env["MASTER_ADDR"], master_port=port, device=device,
+                  timeout_s=timeout_s, store_hosted=hosted,
+                  store_prefix=f"/worker/attempt_{attempt}" if hosted else "")
+        problem = cannot_resolve(cfg.master_addr)
+        if problem is not None:
+            # said now: a client rank would otherwise retry the name until the timeout
+            raise LaunchError(f"environment variable MASTER_ADDR={cfg.master_addr!r}: cannot resolve it "
+                              f"({problem})")
         # gloo listens where the job's peers can reach it: the interface named in GLOO_SOCKET_IFNAME,
         # else the one that carries this machine's traffic to the rendezvous host (gloo's own default,
         # what the hostname resolves to, is loopback on many machines and in every network namespace).
-        ifname = env.get("GLOO_SOCKET_IFNAME") or interface_toward(env["MASTER_ADDR"], port)
-        return cls(rank=rank, world_size=world_size, local_rank=local_rank,
-                   master_addr=env["MASTER_ADDR"], master_port=port, device=device,
-                   timeout_s=timeout_s, store_hosted=hosted, gloo_ifname=ifname,
-                   store_prefix=f"/worker/attempt_{attempt}" if hosted else "")
+        ifname = env.get("GLOO_SOCKET_IFNAME") or interface_toward(cfg.master_addr, port)
+        return dataclasses.replace(cfg, gloo_ifname=ifname)
 
 
 def started_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
@@ -300,7 +318,17 @@ def _check_same_device(store: dist.Store, cfg: DistConfig) -> None:
     or `--device auto` resolving differently on them): gloo and NCCL ranks cannot form one group, and would
     otherwise hang until the timeout. Every rank reads every rank's device from the rendezvous store first."""
     store.set(f"gnnc/device/{cfg.rank}", cfg.device)
-    devices = {r: store.get(f"gnnc/device/{r}").decode() for r in range(cfg.world_size)}
+    keys = [f"gnnc/device/{r}" for r in range(cfg.world_size)]
+    deadline = time.monotonic() + cfg.timeout_s
+    # Polled, not one blocking get: a signal's Python handler runs only between bytecodes, so a rank blocked
+    # in the store's C++ wait would honour SIGTERM only after the timeout.
+    while not store.check(keys):
+        if time.monotonic() >= deadline:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            raise RendezvousTimeout(f"rank {cfg.rank}: ranks {missing} of {cfg.world_size} did not reach the "
+                                    f"rendezvous at {cfg.master_addr}:{cfg.master_port} within {cfg.timeout_s:g} s")
+        time.sleep(RENDEZVOUS_POLL_S)
+    devices = {r: store.get(key).decode() for r, key in enumerate(keys)}
     if len(set(devices.values())) > 1:
         by_device: dict[str, list[int]] = {}
         for r, d in devices.items():
@@ -368,8 +396,14 @@ def join_torchrun(fn: Callable[Concatenate[DistConfig, P], T], *args: P.args,
 
     try:
         return record(run_worker)(with_peer_table, cfg, *args, **kwargs)
+    except StoppedBySignal as exc:  # SIGTERM from torchrun's agent, Slurm or the user: not a crash
+        print(f"gnnc: rank {cfg.rank} of {cfg.world_size} {exc}", file=sys.stderr)
+        _exit_now(exc.exit_code)
     except BaseException as exc:
-        traceback.print_exception(exc)
+        if isinstance(exc, GnncError):
+            print(f"error: {exc}", file=sys.stderr)  # as the CLI says it
+        else:
+            traceback.print_exception(exc)
         if tables and _is_communication_error(exc):
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             print(f"gnnc: rank {cfg.rank} of {cfg.world_size} stops: a collective failed ({first}); "
@@ -540,6 +574,20 @@ def _connect_store(cfg: DistConfig, serve: bool) -> dist.TCPStore:
             raise PortInUseError(f"MASTER_PORT {cfg.master_port} on {cfg.master_addr} is already "
                                  "in use") from None
         return _store_on(listener, cfg.master_addr, cfg.world_size, cfg.timeout)
+    # Wait for the store's server with plain sockets, so that SIGTERM is honoured meanwhile (see
+    # _check_same_device; TCPStore's own retries run in C++, and log every failed attempt with a stack).
+    deadline = time.monotonic() + cfg.timeout_s
+    while True:
+        try:
+            socket.create_connection((cfg.master_addr, cfg.master_port),
+                                     timeout=min(1.0, max(deadline - time.monotonic(), 0.05))).close()
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise RendezvousTimeout(f"rank {cfg.rank} cannot reach the rendezvous store at "
+                                        f"{cfg.master_addr}:{cfg.master_port} within {cfg.timeout_s:g} s "
+                                        f"({exc.strerror or exc})") from None
+            time.sleep(RENDEZVOUS_POLL_S)
     try:
         return dist.TCPStore(cfg.master_addr, cfg.master_port, cfg.world_size, False,
                              timeout=cfg.timeout, wait_for_workers=False)

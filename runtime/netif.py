@@ -36,6 +36,17 @@ def interface_toward(host: str, port: int = 9) -> str | None:
     return interface_with_address(source) if source is not None else None
 
 
+def cannot_resolve(host: str) -> str | None:
+    """Why `host` does not resolve to an address (the resolver's words), or None when it does."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return exc.strerror
+    except UnicodeError as exc:  # a label the IDNA codec refuses (empty, longer than 63 characters)
+        return str(exc)
+    return None
+
+
 def source_address_toward(host: str, port: int = 9) -> str | None:
     """The address this machine sends from to reach `host` (None: cannot resolve it or no route).
 

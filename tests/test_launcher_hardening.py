@@ -6,6 +6,7 @@ import contextlib
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,12 +18,13 @@ import torch.distributed as dist
 
 from conftest import EXAMPLES, ROOT, process_alive
 
+from gnnc import cli
 from gnnc.cluster import load_profile
 from gnnc.errors import GnncError
 from gnnc.files import read_text_input
 from gnnc.model_file import load_model
 from gnnc.runtime.checkpoint import CheckpointError, DirectoryLock
-from gnnc.runtime.launch import DistConfig, WorkerFailedError, launch
+from gnnc.runtime.launch import DistConfig, LaunchError, WorkerFailedError, launch
 
 
 def gnnc(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
@@ -152,3 +154,73 @@ def test_a_lock_on_a_removed_file_is_taken_again(tmp_path, monkeypatch) -> None:
     with pytest.raises(CheckpointError, match="is in use by another run"):
         DirectoryLock(tmp_path, 0)
     second.release()
+
+
+# --- a torchrun rank's environment and signals -----------------------------------------------------
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"MASTER_PORT": "99999"}, r"environment variable MASTER_PORT=99999 is not a TCP port \(1 to 65535\)"),
+    ({"MASTER_PORT": "0"}, r"MASTER_PORT=0 is not a TCP port"),
+    ({"MASTER_ADDR": "no-such-host.invalid"},
+     r"environment variable MASTER_ADDR='no-such-host.invalid': cannot resolve it \("),
+])
+def test_a_bad_rendezvous_address_is_refused_naming_the_variable(env: dict[str, str], message: str) -> None:
+    # Before: port 99999 became 34463 (mod 2**16) and the rank waited there; the name failed with a traceback.
+    base = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    with pytest.raises(LaunchError, match=message) as info:
+        DistConfig.from_env({**base, **env})
+    assert info.value.exit_code == 2
+
+
+_RANK_SCRIPT = """
+import sys
+from gnnc.runtime.launch import join_torchrun, stop_on_signals
+
+def work(cfg):
+    return cfg.rank
+
+if __name__ == "__main__":
+    with stop_on_signals():  # as `gnnc run` is
+        print("READY", flush=True)
+        join_torchrun(work, timeout_s=120)
+"""
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["serving-waits-for-peer", "client-waits-for-server"])
+def test_sigterm_stops_a_rank_waiting_at_the_rendezvous_at_once(tmp_path, rank: int) -> None:
+    # Before: honoured only when the store's 120 s wait ended, exit 1 with two tracebacks.
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK_SCRIPT)
+    port = _free_port()
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "READY\n"
+        time.sleep(3)  # torch.distributed imported, the rank at the rendezvous: serving the store, or dialling it
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert time.monotonic() - t0 < 10
+        assert err.strip() == f"gnnc: rank {rank} of 2 stopped by SIGTERM", err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_nproc_beyond_the_graph_names_the_flag(capsys) -> None:
+    # Before: "parts (10000) exceeds the number of vertices (2708)", naming no flag.
+    code = cli.main(["run", str(EXAMPLES / "gcn.gnn"), "--graph", "planetoid:cora", "--nproc", "10000",
+                     "--epochs", "1"])
+    assert code == 2
+    assert capsys.readouterr().err == "error: --nproc 10000: more workers than the graph's 2708 vertices\n"
