@@ -183,7 +183,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.set or args.model_name:
             raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
                             f"to change it")
-        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc)
+        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc,
+                        fanout=args.fanout, batch_size=args.batch_size, schedule=args.schedule,
+                        pipeline_groups=args.pipeline_groups)
         if args.memory_cap:
             raise GnncError("--memory-cap is decided when a plan is compiled; recompile it with --memory-cap")
         spec = args.graph or plan.graph_spec

@@ -120,3 +120,21 @@ def test_an_output_file_in_a_missing_directory_is_refused_before_training(tmp_pa
 def test_an_output_file_that_is_a_directory_is_refused(tmp_path, capsys) -> None:
     err = refused(capsys, "run", GCN, "--graph", six(tmp_path), "--epochs", "1", "--dump-logits", str(tmp_path))
     assert "is a directory" in err
+
+
+# --- gnnc run PLAN: the flags a plan fixes --------------------------------------------------------
+
+@pytest.mark.parametrize("flags, says", [
+    (("--fanout", "3,3"), "--fanout 3,3: the plan was compiled for fan-outs 2,2"),
+    (("--batch-size", "4"), "--batch-size 4: the plan was compiled for batches of 2 seeds"),
+    (("--schedule", "2f2b"), "--schedule 2f2b: the plan was compiled for the sequential schedule"),
+    (("--pipeline-groups", "2"), "--pipeline-groups 2: the plan was compiled with no pipeline"),
+])
+def test_run_plan_refuses_a_sampling_or_schedule_flag_that_contradicts_it(tmp_path, capsys, flags, says) -> None:
+    plan = tmp_path / "plan"
+    assert cli.main(["compile", str(EXAMPLES / "sage.gnn"), "--graph", six(tmp_path), "--fanout", "2,2",
+                     "--batch-size", "2", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    err = refused(capsys, "run", str(plan), "--epochs", "1", *flags)
+    assert says in err and "recompile" in err, err
+    assert cli.main(["run", str(plan), "--epochs", "1", "--fanout", "2,2", "--batch-size", "2"]) == 0  # agrees
