@@ -49,7 +49,10 @@ def six(tmp_path: Path, name: str = "six.npz", **fields) -> str:
 
 
 def run(capsys, *args: str) -> tuple[int, str]:
-    code = cli.main(list(args))
+    try:
+        code = cli.main(list(args))
+    except SystemExit as stop:  # argparse's refusal of a flag's value (gnnc.arg_types)
+        code = stop.code
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     return code, err
