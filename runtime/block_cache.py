@@ -8,8 +8,9 @@ gnnc's epoch = training step + evaluation, ten epochs): without the cache the pr
 of system time per epoch (GCN, SAGE, GAT) and GAT's epochs ranged 1.02-2.05 s; with it 0.000-0.078 s,
 and 0.79-0.84 s; peak RSS +1% to +16%.
 
-The cache is torch's CPU allocator (c10::SetCPUAllocator) from `block_cache.cpp`, built like the
-compiled kernels (gnnc.runtime.kernels.native: same private cache directory, same lock). GNNC_NATIVE=0
+The cache is torch's CPU allocator (c10::SetCPUAllocator) from `block_cache.cpp`, built and loaded like
+the compiled kernels (gnnc.runtime.kernels.native: same private cache directory, same lock, same checks
+of the file loaded, same bound on the compiler's time). GNNC_NATIVE=0
 turns both off, GNNC_BLOCK_CACHE=0 the cache alone (to measure without it). Blocks under 1 MiB go to
 torch's allocator as before; a freed larger block is kept and handed to the next request it fits with
 at most an eighth to spare. What it holds stays within a quarter above the largest live set seen: on a
@@ -85,21 +86,20 @@ def install() -> bool:
         _State.reason = "no C++ compiler (c++, g++ or clang++) on PATH"
         return False
     try:
-        path, why = native.build(compiler, native.cache_dir(), recipe())
-    except OSError as err:
-        path, why = None, str(err)
-    if path is None:
-        _State.reason = f"the build failed ({why})"
+        lib, why = native.load(compiler, native.cache_dir(), recipe())
+    except OSError as err:  # no private directory to build in
+        lib, why = None, f"the build failed ({err})"
+    if lib is None:
+        _State.reason = why
         return False
     try:
-        lib = ctypes.CDLL(str(path))
         lib.gnnc_block_cache_install.restype = ctypes.c_int
         lib.gnnc_block_cache_install.argtypes = [ctypes.c_int64]
         lib.gnnc_block_cache_stats.argtypes = [ctypes.c_void_p]
         lib.gnnc_block_cache_empty.argtypes = []
         lib.gnnc_block_cache_raw_round_trip.argtypes = [ctypes.c_int64]
-    except (OSError, AttributeError) as err:
-        _State.reason = f"{path} does not load: {err}"
+    except AttributeError as err:
+        _State.reason = f"the library does not match its source: {err}"
         return False
     if lib.gnnc_block_cache_install(MIN_BYTES) != 1:
         _State.reason = "torch kept another allocator"

@@ -79,6 +79,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from gnnc.files import atomic_write
 from gnnc.errors import GnncError
+from gnnc.runtime.kernels import native
 from gnnc.runtime.main_guard import check_main_guard
 from gnnc.runtime.netif import cannot_resolve, interface_toward
 from gnnc.runtime.peers import PeerTable, diagnose, exchange_addresses
@@ -348,6 +349,7 @@ def run_worker(fn: Callable[Concatenate[DistConfig, P], T], cfg: DistConfig,
     async all_reduce posted took the whole 20 s timeout to exit. Callers end
     the process with `_exit_after_failure` instead.
     """
+    native.bound_builds(cfg.timeout_s)  # a compiler that hangs is a hung rank: bounded like a collective
     init_distributed(cfg)
     result = fn(cfg, *args, **kwargs)
     dist.destroy_process_group()

@@ -1,11 +1,16 @@
 """The caches gnnc loads code and data from (compiled libraries, converted graphs) stay out of other users'
-reach.
+reach, a cached library that is not whole is built again, and a compiler that hangs is bounded and killed.
 
 The tests run as root here, so "another user" is uid 65534: root may chown a directory to it.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -15,9 +20,21 @@ import pytest
 from gnnc.errors import GnncWarning
 from gnnc.files import UntrustedPathError, private_dir
 from gnnc.graph import loaders
+from gnnc.runtime.kernels import native
+
+from conftest import EXAMPLES, ROOT
 
 OTHER_UID = 65534  # nobody
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+needs_cc = pytest.mark.skipif(native.find_compiler() is None, reason="no C compiler")
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> native.Recipe:
+    """A library that builds in a fraction of a second (the kernels take seconds), by the same recipe rules."""
+    source = tmp_path / "tiny.c"
+    source.write_text("int gnnc_tiny(void) { return 7; }\n")
+    return native.Recipe("gnnc_tiny", (source,), native.KERNELS.compilers, ("-O0", "-fPIC", "-shared"), ((),), ())
 
 
 # --- private directories (gnnc.files.private_dir) ---------------------------------------------------
@@ -55,6 +72,161 @@ def test_a_directory_anywhere_above_that_others_can_change_is_refused(tmp_path: 
     assert "is a symbolic link of uid 65534" in _refusal(sticky / "their-link" / "x")
     os.symlink(sticky / "mine", tmp_path / "my-link")
     assert _refusal(tmp_path / "my-link") == ""  # a link of this user's is followed, its target checked
+
+
+@needs_root
+@pytest.mark.parametrize("setup", ["ancestor-writable", "ancestor-theirs"])
+def test_the_native_cache_is_not_placed_below_a_directory_others_can_change(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, setup: str) -> None:
+    """The swap: with XDG_CACHE_HOME below a directory another user can write (or owns), they can exchange
+    `gnnc/native` for their own directory between the check and the load. Only the last component used to be
+    checked, so such a cache was taken."""
+    above = tmp_path / "above"
+    above.mkdir()
+    if setup == "ancestor-writable":
+        above.chmod(0o777)
+    else:
+        os.chown(above, OTHER_UID, OTHER_UID)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(above / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert native.cache_dir() == tmp_path / "home" / ".cache" / "gnnc" / "native"
+
+
+@needs_cc
+def test_the_library_loaded_is_the_file_built_in_the_directory_checked(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path, tiny: native.Recipe) -> None:
+    """The directory is exchanged for another holding a library of the same name right after the build:
+    what is loaded is still the file in the directory that was checked and opened (through its descriptor)."""
+    cache, built = tmp_path / "cache", tmp_path / "built"
+    real_open = native._open_whole
+    swapped: list[str] = []
+
+    def swap_then_open(name: str, dir_fd: int) -> int | None:
+        if (cache / name).exists() and not swapped:  # the build is done: swap before the load opens it
+            cache.rename(built)
+            cache.mkdir(mode=0o700)
+            shutil.copy(built / name, cache / name)  # the same bytes, another file
+            swapped.append(name)
+        return real_open(name, dir_fd)
+
+    monkeypatch.setattr(native, "_open_whole", swap_then_open)
+    lib, why = native.load(native.find_compiler(), cache, tiny)
+    assert lib is not None, why
+    (name,) = swapped
+    (inode,) = [ino for (_, ino), (loaded, _) in native._State.loaded.items() if loaded is lib]
+    assert inode == (built / name).stat().st_ino != (cache / name).stat().st_ino
+
+
+@needs_cc
+def test_a_link_planted_in_place_of_the_library_is_not_followed(tmp_path: Path, tiny: native.Recipe) -> None:
+    (tmp_path / "one").mkdir(mode=0o700)
+    first, why = native.build(native.find_compiler(), tmp_path / "one", tiny)
+    assert first is not None, why
+    elsewhere = tmp_path / "elsewhere.so"
+    shutil.copy(first, elsewhere)
+    cache = tmp_path / "two"
+    cache.mkdir(mode=0o700)
+    os.symlink(elsewhere, cache / first.name)  # the library's name is computable from public inputs
+    path, why = native.build(native.find_compiler(), cache, tiny)
+    assert path == cache / first.name and not path.is_symlink() and path.is_file(), why
+
+
+@needs_cc
+def test_a_truncated_library_in_the_cache_is_built_again(tmp_path: Path, tiny: native.Recipe) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    path, why = native.build(native.find_compiler(), cache, tiny)
+    assert path is not None, why
+    size = path.stat().st_size
+    for cut in (size // 2, 100):  # a partly written file, and one too short for an ELF header
+        (cache / "cut").write_bytes(path.read_bytes()[:cut])
+        (cache / "cut").replace(path)  # not written in place: the file loaded below is mapped
+        again, why = native.build(native.find_compiler(), cache, tiny)
+        assert again == path and path.stat().st_size == size, why
+        lib, why = native.load(native.find_compiler(), cache, tiny)
+        assert lib is not None and lib.gnnc_tiny() == 7, why
+
+
+# --- a compiler that hangs ----------------------------------------------------------------------------
+
+
+def _hanging_compiler(tmp_path: Path) -> tuple[Path, Path]:
+    """A `cc` that starts a child and never returns; it writes its pid and its child's to the second path."""
+    pids = tmp_path / "pids"
+    cc = tmp_path / "bin" / "cc"
+    cc.parent.mkdir()
+    cc.write_text(f"#!/bin/sh\nsleep 600 &\necho $$ $! > {pids}\nwait\n")
+    cc.chmod(0o755)
+    return cc, pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie not yet reaped by init
+    except FileNotFoundError:
+        return True
+
+
+def _wait_for(path: Path, timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().split()) == 2:
+            return [int(p) for p in path.read_text().split()]
+        time.sleep(0.1)
+    raise AssertionError(f"{path} not written in {timeout_s} s")
+
+
+def test_a_compiler_that_hangs_is_killed_with_its_children_at_the_deadline(tmp_path: Path) -> None:
+    cc, pids = _hanging_compiler(tmp_path)
+    start = time.monotonic()
+    path, why = native.build(str(cc), tmp_path / "cache", timeout_s=2)
+    assert path is None and time.monotonic() - start < 30
+    # one flag set tried: a hang is not a flag's fault, and each would wait again
+    assert why == ("cc was still building gnnc_native (-march=native -fopenmp) after 2 s; "
+                   "it was killed with every process it started")
+    assert all(_gone(pid) for pid in _wait_for(pids, 5))
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".lock"]  # no .build-*.so left
+
+
+def test_a_build_stopped_by_sigterm_kills_its_compiler_and_removes_its_output(tmp_path: Path) -> None:
+    cc, pids = _hanging_compiler(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    code = ("import sys; from pathlib import Path; from gnnc.runtime.kernels import native; "
+            "native.build(sys.argv[1], Path(sys.argv[2]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cc), str(cache)])
+    try:
+        compiler = _wait_for(pids, 60)
+        assert [p.name for p in cache.iterdir() if p.name.startswith(".build-")]  # the compiler's output
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == -signal.SIGTERM  # the signal still ends the process as it would have
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while not all(_gone(pid) for pid in compiler) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in compiler)
+    assert sorted(p.name for p in cache.iterdir()) == [".lock"]
+
+
+@pytest.mark.slow
+def test_a_run_whose_compilers_hang_says_so_and_trains_within_its_timeout(tmp_path: Path) -> None:
+    """`gnnc run --nproc 2 --timeout T` with a `cc` and a `c++` that never return: each rank's build is
+    bounded by T, the run trains on the torch code and says which build hung."""
+    cc, _ = _hanging_compiler(tmp_path)
+    shutil.copy(cc, cc.parent / "c++")
+    env = {**os.environ, "PATH": f"{cc.parent}:{os.environ['PATH']}", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "gnnc", "run", str(EXAMPLES / "gcn.gnn"), "--graph",
+                          "planetoid:cora", "--epochs", "1", "--nproc", "2", "--timeout", "8"],
+                         capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - start < 180
+    assert "cc was still building gnnc_native (-march=native -fopenmp) after 8 s" in out.stderr
+    assert "c++ was still building gnnc_block_cache" in out.stderr
+    assert not list((tmp_path / "xdg" / "gnnc" / "native").glob(".build-*"))
 
 
 # --- the graph cache -------------------------------------------------------------------------------
