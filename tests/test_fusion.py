@@ -163,3 +163,23 @@ def test_no_chain_runs_at_16_bits_or_off_the_cpu(where: str, graph, monkeypatch:
         params = init_params(program, cfg.seed, worker.device)
         worker.train_epoch(params, make_optimizer(program, params, cfg), 0)
     assert ran and not any(ran)
+
+
+@compiled
+def test_a_head_shaped_aggregation_is_overwritten_within_autograd(graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GATv2's aggregation runs as the SpMM kernel (its scores are not GAT's dots), whose result has heads: a
+    tensor of its own (not a view made inside the custom Function, which torch forbids writing over and
+    gnnc's first GATv2 run crashed on), so the concat's bias still writes over it."""
+    source = (EXAMPLES / "gat.gnn").read_text().replace(
+        "transform z = linear(h, heads, out, bias = false)           # [heads, out]\n"
+        "  scatter   e = leaky_relu(dot(src.z) + dot(dst.z), slope)",
+        "transform z = linear(h, heads, out, bias = false)\n"
+        "  transform zr = linear(h, heads, out)\n"
+        "  scatter   e = dot(leaky_relu(src.z + dst.zr, slope))", 1)
+    assert "dst.zr" in source
+    program = api.compile(api.load_model_source(source, "gatv2.gnn", heads=3, hidden=4), graph).program
+    written = []
+    check = fusion._overwritable
+    monkeypatch.setattr(fusion, "_overwritable", lambda x: written.append(check(x)) or written[-1])
+    _step(program, graph, True, torch.float32)
+    assert written == [True, True, True]  # the first layer's bias over the SpMM's result, the elu-dropout, the second

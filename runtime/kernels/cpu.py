@@ -261,8 +261,13 @@ def spmm_sum(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, transposed:
         return x.new_zeros((rows,) + tuple(x.shape[1:]))
     out = _mm(pat.matrix(weight, x.dtype), xb)
     shape = (rows,) + tuple(x.shape[1:])
-    # no view where none is needed: SpMM's result may then be overwritten by the next equation (gnnc.runtime.fusion)
-    return out if out.shape == shape else out.view(shape)
+    if out.shape == shape:
+        return out
+    # never a view: SpMM's result may be overwritten by the next equation (gnnc.runtime.fusion), and autograd
+    # forbids writing over a view made inside a custom Function (SpMM), so the head-shaped result is a tensor of
+    # its own over the product's memory
+    out = out.contiguous()
+    return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), shape)
 
 
 def sampled_dot(csr: CSR, a: torch.Tensor, b: torch.Tensor, heads: int) -> torch.Tensor:
