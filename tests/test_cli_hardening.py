@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import EXAMPLES
 from gnnc import cli
+from gnnc.graph import loaders
 
 GCN = str(EXAMPLES / "gcn.gnn")
 
@@ -138,3 +140,27 @@ def test_run_plan_refuses_a_sampling_or_schedule_flag_that_contradicts_it(tmp_pa
     err = refused(capsys, "run", str(plan), "--epochs", "1", *flags)
     assert says in err and "recompile" in err, err
     assert cli.main(["run", str(plan), "--epochs", "1", "--fanout", "2,2", "--batch-size", "2"]) == 0  # agrees
+
+
+# --- graph files: sparse and bf16 tensors, zip bombs, negative edge weights ------------------------
+
+def six_pt(tmp_path: Path, **fields) -> str:
+    arrays = {"edge_index": torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 0, 0, 1]]),
+              "x": torch.randn(6, 3, generator=torch.Generator().manual_seed(0)), "y": torch.tensor([0, 1] * 3)}
+    arrays.update(fields)
+    torch.save(arrays, tmp_path / "six.pt")
+    return str(tmp_path / "six.pt")
+
+
+@pytest.mark.parametrize("convert", [lambda x: x.to_sparse(), lambda x: x.to_sparse_csr(), lambda x: x.bfloat16()],
+                         ids=["sparse-coo", "sparse-csr", "bf16"])
+def test_a_pt_graph_with_sparse_or_bf16_x_loads_as_dense_float32(tmp_path, convert) -> None:
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(1)).bfloat16().float()  # exact in bf16
+    graph = loaders.load_graph(six_pt(tmp_path, x=convert(x)), use_cache=False)
+    assert graph.x.dtype == torch.float32 and torch.equal(graph.x, x)
+
+
+def test_a_sparse_x_too_large_to_make_dense_is_refused_naming_x(tmp_path, capsys) -> None:
+    huge = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]), (6, 10**13))
+    err = refused(capsys, "check", GCN, "--graph", six_pt(tmp_path, x=huge))
+    assert "six.pt: x: a sparse torch.float32 tensor of shape [6, 10000000000000], made dense," in err, err

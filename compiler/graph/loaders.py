@@ -281,7 +281,7 @@ def _array(value: Any, field: str, source: str) -> np.ndarray:
     if value is None:
         raise GraphInputError(f"{source}: {field}: missing")
     if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().numpy()
+        value = _tensor_values(value, field, source)
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as err:
@@ -289,6 +289,24 @@ def _array(value: Any, field: str, source: str) -> np.ndarray:
     if arr.dtype == object:
         raise GraphInputError(f"{source}: {field}: expected a numeric array, got Python objects")
     return arr
+
+
+def _tensor_values(t: torch.Tensor, field: str, source: str) -> np.ndarray:
+    """A tensor's values as numpy. PyG users hold sparse features and bf16 tensors, which numpy cannot
+    take: a sparse tensor is made dense (refused if that cannot fit in memory) and bf16 widened to float32,
+    exactly; a dtype with no numpy equivalent (float8, quantized) is refused naming the field."""
+    t = t.detach().cpu().resolve_conj().resolve_neg()
+    if t.layout != torch.strided:
+        _check_fits(t.numel() * t.element_size(), f"{source}: {field}: a sparse {t.dtype} tensor of shape "
+                    f"{list(t.shape)}, made dense,", "store it dense, or with fewer columns")
+        t = t.to_dense()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as err:
+        raise GraphInputError(f"{source}: {field}: a tensor of dtype {t.dtype} numpy cannot read "
+                              f"({str(err).splitlines()[0][:100]}); save it as float32") from None
 
 
 def _check_ids(ei: np.ndarray, n: int, source: str) -> None:
