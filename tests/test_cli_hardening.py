@@ -8,6 +8,9 @@ deeply was reported at 1:1. Everything runs in-process on a 6-vertex graph and s
 """
 from __future__ import annotations
 
+import io
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,7 @@ import torch
 from conftest import EXAMPLES
 from gnnc import cli
 from gnnc.graph import loaders
+from gnnc.host import AvailableMemory
 
 GCN = str(EXAMPLES / "gcn.gnn")
 
@@ -164,3 +168,27 @@ def test_a_sparse_x_too_large_to_make_dense_is_refused_naming_x(tmp_path, capsys
     huge = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]), (6, 10**13))
     err = refused(capsys, "check", GCN, "--graph", six_pt(tmp_path, x=huge))
     assert "six.pt: x: a sparse torch.float32 tensor of shape [6, 10000000000000], made dense," in err, err
+
+
+def forged_npy(shape: tuple[int, ...]) -> bytes:
+    """A .npy member whose header declares `shape` (float32) but holds 16 bytes of data."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return out.getvalue() + bytes(16)
+
+
+def test_an_npz_array_declaring_a_huge_shape_is_refused_before_allocating(tmp_path, capsys) -> None:
+    path = Path(six(tmp_path))
+    with zipfile.ZipFile(path, "a") as archive:  # the later x.npy is the one np.load reads
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Duplicate name"
+            archive.writestr("x.npy", forged_npy((10**6, 10**6)), compress_type=zipfile.ZIP_DEFLATED)
+    err = refused(capsys, "check", GCN, "--graph", str(path))
+    assert "x: declares shape [1000000, 1000000] of float32 (3.6 TiB) but holds 16 B" in err, err
+
+
+def test_npz_arrays_beyond_the_memory_available_are_refused_naming_the_largest(tmp_path, capsys,
+                                                                               monkeypatch) -> None:
+    monkeypatch.setattr(loaders, "available_memory", lambda: AvailableMemory(100, "test"))
+    err = refused(capsys, "check", GCN, "--graph", six(tmp_path, x=np.zeros((6, 30), dtype=np.float32)))
+    assert "six.npz: its arrays (the largest x, 720 B) would need" in err and "100 B available (test)" in err, err

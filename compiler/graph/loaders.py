@@ -56,6 +56,7 @@ import hashlib
 import io
 import os
 import json
+import math
 import pickle
 import re
 import warnings
@@ -351,6 +352,7 @@ def load_npz(path: Path) -> Graph:
     if head not in (b"PK\x03\x04", b"PK\x05\x06"):  # np.load would take anything else for a pickle or .npy
         raise GraphInputError(f"{path}: not an .npz file (no zip archive header; write it with numpy.savez)")
     try:
+        _check_npz_shapes(path)
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
     except ValueError as err:
@@ -364,6 +366,43 @@ def load_npz(path: Path) -> Graph:
             raise GraphInputError(f"{path}: {field}: missing (the file has {', '.join(sorted(arrays)) or 'nothing'})")
     return build_graph(arrays["edge_index"], arrays["x"], arrays["y"], {k: arrays.get(k) for k in MASKS},
                        path.stem, str(path), edges=edge_data.edge_fields(arrays))
+
+
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _check_npz_shapes(path: Path) -> None:
+    """Every array's declared shape, read from its .npy header, checked before np.load allocates it.
+
+    np.load allocates what a header declares and only then reads: a few bytes claiming 10^12 elements
+    were an allocation of terabytes. The declared size must fit in what the member holds (its size in the
+    zip directory, which zipfile also enforces when reading) and, all arrays together, in the memory
+    available. ValueError (a malformed header) and zip errors propagate to load_npz's messages.
+    """
+    sizes: dict[str, int] = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            field = info.filename[: -len(".npy")]
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in _NPY_HEADERS:
+                    raise ValueError(f"{field}: .npy format version {version} is not supported")
+                shape, _, dtype = _NPY_HEADERS[version](member)
+                header = member.tell()
+            if dtype.hasobject:  # np.load refuses it (pickle) without allocating
+                continue
+            declared = math.prod(shape) * dtype.itemsize  # Python ints: a forged shape cannot overflow
+            if declared > info.file_size - header:
+                raise GraphInputError(f"{path}: {field}: declares shape {list(shape)} of {dtype} "
+                                      f"({format_bytes(declared)}) but holds {format_bytes(info.file_size - header)}; "
+                                      f"the file is damaged or forged")
+            sizes[field] = declared
+    if sizes:
+        largest = max(sizes, key=sizes.__getitem__)
+        _check_fits(sum(sizes.values()), f"{path}: its arrays (the largest {largest}, {format_bytes(sizes[largest])})",
+                    "load a smaller graph")
 
 
 def load_edge_list(path: Path) -> Graph:
