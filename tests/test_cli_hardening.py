@@ -192,3 +192,16 @@ def test_npz_arrays_beyond_the_memory_available_are_refused_naming_the_largest(t
     monkeypatch.setattr(loaders, "available_memory", lambda: AvailableMemory(100, "test"))
     err = refused(capsys, "check", GCN, "--graph", six(tmp_path, x=np.zeros((6, 30), dtype=np.float32)))
     assert "six.npz: its arrays (the largest x, 720 B) would need" in err and "100 B available (test)" in err, err
+
+
+def test_a_negative_edge_weight_is_refused_at_load_naming_edge_weight(tmp_path, capsys) -> None:
+    weights = np.ones(8, dtype=np.float32)
+    weights[5] = -3.0  # vertex 0's in-edges 5 and 6 sum to -2: gcn_norm's deg^-1/2 was NaN, "loss is nan"
+    err = refused(capsys, "run", GCN, "--graph", six(tmp_path, edge_weight=weights), "--epochs", "1")
+    assert "six.npz: edge_weight: negative weight -3 at edge 5 (1 negative); edge weights must be >= 0" in err, err
+
+
+def test_a_signed_edge_field_other_than_the_weight_is_kept(tmp_path) -> None:
+    sign = np.array([1, -1, 1, -1, 1, -1, 1, -1], dtype=np.float32)
+    graph = loaders.load_graph(six(tmp_path, edge_sign=sign), use_cache=False)
+    assert graph.edge_data["sign"].tolist() == sign.tolist()

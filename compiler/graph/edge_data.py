@@ -11,7 +11,12 @@ Naming: every field `edge_NAME` of the input other than `edge_index` is edge
 data `edge.NAME`: `edge_weight` is `edge.weight`, PyG's `edge_attr` is
 `edge.attr`, an npz array `edge_type` is `edge.type`. A field of shape [E] is
 one number per edge (a scalar edge value); one of shape [E, d] is a d-wide
-vector per edge. `edge_weight` must be one number per edge ([E], or [E, 1]).
+vector per edge. `edge_weight` must be one number per edge ([E], or [E, 1]),
+and not negative: it is the weight `gcn_norm` normalises by (deg^-1/2 of each
+vertex's weighted in-degree, as PyG's gcn_norm), and a negative weight could
+make a degree negative, its root NaN, and training end in "loss is nan". A
+signed quantity belongs in another field (`edge_sign`), which is read as
+`edge.sign` with no normalisation and may hold any finite value.
 `gcn_norm` is computed by gnnc (from the weights, when the graph has them),
 so `edge_gcn_norm` is refused.
 
@@ -78,6 +83,12 @@ def validate(raw: Mapping[str, np.ndarray], num_edges: int, source: str) -> dict
             what = "NaN" if np.isnan(data[tuple(at)]) else "inf"
             raise GraphInputError(f"{source}: {field}: holds {what} at edge {int(at[0])} "
                                   f"({int(bad.sum())} non-finite values)")
+        if name == WEIGHT and (data < 0).any():
+            at = int(np.argmax(data < 0))
+            raise GraphInputError(f"{source}: {field}: negative weight {data[at]:g} at edge {at} "
+                                  f"({int((data < 0).sum())} negative); edge weights must be >= 0, as gcn_norm "
+                                  f"takes deg^-1/2 of their sums (PyG's GCNConv too); put signed values in "
+                                  f"another field, e.g. edge_sign, read as edge.sign")
         out[name] = torch.from_numpy(data)
     return out
 
