@@ -87,8 +87,8 @@ def install() -> bool:
         return False
     try:
         lib, why = native.load(compiler, native.cache_dir(), recipe())
-    except OSError as err:  # no private directory to build in
-        lib, why = None, f"the build failed ({err})"
+    except OSError as err:  # no private directory to build in, or none to write there
+        lib, why = None, str(err)
     if lib is None:
         _State.reason = why
         return False

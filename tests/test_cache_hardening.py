@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -90,6 +91,13 @@ def test_the_native_cache_is_not_placed_below_a_directory_others_can_change(
     monkeypatch.setenv("XDG_CACHE_HOME", str(above / "xdg"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert native.cache_dir() == tmp_path / "home" / ".cache" / "gnnc" / "native"
+    monkeypatch.setenv("HOME", str(above / "home"))
+    monkeypatch.setattr(tempfile, "tempdir", str(above))
+    with pytest.raises(OSError) as refused:  # none private: the kernels are not built, status says why
+        native.cache_dir()
+    assert str(refused.value).startswith(f"no private directory to build in ({above / 'xdg' / 'gnnc' / 'native'}: "
+                                         f"{above} is ")
+    assert str(refused.value).count(f"{above} is ") == 3
 
 
 @needs_cc

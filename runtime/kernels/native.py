@@ -155,8 +155,8 @@ def cache_dir() -> Path:
                     raise OSError(f"{path} is not writable")
             return path
         except OSError as err:
-            problems.append(str(err))
-    raise OSError("; ".join(problems))
+            problems.append(f"{path}: {err}")
+    raise OSError(f"no private directory to build in ({'; '.join(problems)})")
 
 
 def bound_builds(timeout_s: float) -> None:
@@ -413,7 +413,7 @@ def _load() -> None:
     try:
         lib, why = load(compiler, cache_dir())
     except OSError as err:  # no private directory to build in, or none to write there
-        lib, why = None, f"the build failed ({err})"
+        lib, why = None, str(err)
     if lib is None:
         _State.reason = why
         return
