@@ -9,6 +9,7 @@ deeply was reported at 1:1. Everything runs in-process on a 6-vertex graph and s
 from __future__ import annotations
 
 import io
+import tracemalloc
 import warnings
 import zipfile
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 
 from conftest import EXAMPLES
 from gnnc import cli
+from gnnc.errors import GraphInputError
 from gnnc.graph import loaders
 from gnnc.host import AvailableMemory
 
@@ -205,3 +207,20 @@ def test_a_signed_edge_field_other_than_the_weight_is_kept(tmp_path) -> None:
     sign = np.array([1, -1, 1, -1, 1, -1, 1, -1], dtype=np.float32)
     graph = loaders.load_graph(six(tmp_path, edge_sign=sign), use_cache=False)
     assert graph.edge_data["sign"].tolist() == sign.tolist()
+
+
+def test_the_edge_list_memory_check_budgets_what_a_load_allocates(tmp_path, monkeypatch) -> None:
+    n = 1_000_000
+    path = tmp_path / "edges.txt"
+    path.write_text(f"0 1\n{n - 1} 0\n")  # two edges, a million vertices: the per-vertex arrays dominate
+    tracemalloc.start()
+    try:
+        loaders.load_edge_list(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    monkeypatch.setattr(loaders, "available_memory", lambda: AvailableMemory(int(0.9 * peak), "test"))
+    with pytest.raises(GraphInputError, match=f"makes N = {n} vertices"):  # the 15 B budgeted let it through
+        loaders.load_edge_list(path)
+    monkeypatch.setattr(loaders, "available_memory", lambda: AvailableMemory(peak, "test"))
+    assert loaders.load_edge_list(path).num_nodes == n  # and no more than it needs is asked
