@@ -18,7 +18,11 @@ every rank's file exists; then each rank moves its own `latest` marker. A
 crash before the barrier leaves every marker on the previous save; a crash
 after it may leave the markers one save apart, so `resume` takes the oldest
 epoch named by any rank (an all-reduce MIN), and the `keep` >= 2 newest saves
-stay on disk. File format: MAGIC, the SHA-256 of the payload, the payload
+stay on disk. A save some rank cannot read (corrupt, deleted) is passed over for
+the newest one every rank reads, and the run says so. A write that fails for
+lack of space is OutOfSpace (exit 1: the machine's state, not bad input), the
+saves before it whole; a --checkpoint that is no writable directory is refused
+before the first epoch (exit 2). File format: MAGIC, the SHA-256 of the payload, the payload
 (torch.save of plain containers and tensors, loaded with weights_only=True).
 
 A checkpoint also holds the run's fingerprint (graph, program, training
@@ -53,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from gnnc.files import atomic_write
-from gnnc.errors import GnncError
+from gnnc.errors import GnncError, write_failure
 from gnnc.runtime.comm import collective_device
 
 MAGIC = b"GNNC-CHECKPOINT-1\n"
@@ -134,9 +138,8 @@ class DirectoryLock:
 
     def __init__(self, directory: str | Path, rank: int = 0):
         self.path = Path(directory) / f"lock-rank-{rank}"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -175,6 +178,24 @@ def _same_file(fd: int, path: Path) -> bool:
     except OSError:
         return False
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file's descriptor, the checkpoint directory made first: taken before the first epoch, so a
+    --checkpoint that is a file, a dangling link or a directory this user cannot write fails here, named, not
+    as a traceback at the first save."""
+    directory = path.parent
+    if directory.is_symlink() and not directory.exists():
+        raise CheckpointError(f"--checkpoint {directory}: a link to {os.readlink(directory)}, which does not "
+                              "exist; give a directory")
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"--checkpoint {directory}: not a directory; give a directory (made if missing)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise CheckpointError(f"--checkpoint {directory}: cannot write checkpoints there: "
+                              f"{exc.strerror or exc}") from None
 
 
 def _read_holder(fd: int) -> str:
@@ -250,7 +271,7 @@ def load_state(path: Path) -> dict[str, Any]:
     digest, payload = data[len(MAGIC):head], data[head:]
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"checkpoint {path} is corrupt: its checksum does not match its contents "
-                              "(truncated or altered); delete it to resume from an older one")
+                              "(truncated or altered)")
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -322,19 +343,24 @@ class Checkpointer:
              extra: dict[str, Any] | None = None) -> Path:
         """Write this rank's state after `epoch`; returns the file. Every rank must call it."""
         path = self._file(epoch)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a crash mid-write
-            stale.unlink(missing_ok=True)
-        save_state(path, {
-            "epoch": epoch, "rank": self.rank, "world_size": self.world_size,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "rng": capture_rng_state(), "extra": extra or {},
-            **({"fingerprint": self.fingerprint} if self.fingerprint is not None else {}),
-        })
+        try:  # a full disk fails the write of the new file only: the saves before it stay whole
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a crash mid-write
+                stale.unlink(missing_ok=True)
+            save_state(path, {
+                "epoch": epoch, "rank": self.rank, "world_size": self.world_size,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "rng": capture_rng_state(), "extra": extra or {},
+                **({"fingerprint": self.fingerprint} if self.fingerprint is not None else {}),
+            })
+        except OSError as err:
+            raise write_failure(err, f"the checkpoint of epoch {epoch} ({path})") from None
         self._barrier()  # every rank's file of this epoch now exists
-        atomic_write(self._marker(), json.dumps(
-            {"epoch": epoch, "world_size": self.world_size}).encode())
+        try:
+            atomic_write(self._marker(), json.dumps({"epoch": epoch, "world_size": self.world_size}).encode())
+        except OSError as err:
+            raise write_failure(err, f"the checkpoint marker {self._marker()}") from None
         self._prune()
         return path
 
@@ -384,31 +410,168 @@ class Checkpointer:
 
     def resume(self, model: torch.nn.Module,
                optimizer: torch.optim.Optimizer | None) -> tuple[int, dict[str, Any]]:
-        """Restore the newest complete save; returns (the next epoch to run, the saved `extra`)."""
-        epoch = self.latest_epoch()
-        if epoch is None:
+        """Restore the newest save every rank can read; returns (the next epoch to run, the saved `extra`).
+
+        A save that is corrupt or missing on any rank is passed over for the one before it (the `keep` >= 2
+        newest stay on disk for this), and `resume_notes` says which and why; a save that reads but belongs to
+        another run or model is refused, not passed over.
+        """
+        newest = self.latest_epoch()
+        if newest is None:
             raise CheckpointError(f"no checkpoint to resume from in {self.directory}")
-        state = load_state(self._file(epoch))
-        if state.get("world_size") != self.world_size or state.get("rank") != self.rank:
-            raise CheckpointError(f"checkpoint {self._file(epoch)} belongs to rank {state.get('rank')} "
-                                  f"of {state.get('world_size')}, not rank {self.rank} of {self.world_size}")
+        epoch, state, problems = self._newest_readable(newest)
+        path = self._file(epoch)
+        if epoch < newest:
+            self.resume_notes.append(f"resuming from the checkpoint of epoch {epoch}, the newest every rank can "
+                                     f"read: {'; '.join(problems)}")
         if self.fingerprint is not None:  # before the weights: a different model must be named, not misfit
-            self.resume_notes = check_same_run(state.get("fingerprint"), self.fingerprint, epoch + 1,
-                                               self._file(epoch))
+            self.resume_notes += check_same_run(state.get("fingerprint"), self.fingerprint, epoch + 1, path)
+        _check_extra(state["extra"], epoch, path)
+        if optimizer is not None:
+            if state.get("optimizer") is None:
+                raise CheckpointError(f"checkpoint {path} holds no optimizer state")
+            _check_optimizer_state(state["optimizer"], optimizer, path)
         try:
             model.load_state_dict(state["model"])
             if optimizer is not None:
-                if state["optimizer"] is None:
-                    raise CheckpointError(f"checkpoint {self._file(epoch)} holds no optimizer state")
                 optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint {self._file(epoch)} does not fit this model: {exc}") from None
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from None
         try:
+            _check_numpy_state(state["rng"]["numpy"])
             restore_rng_state(state["rng"])
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
-            raise CheckpointError(f"checkpoint {self._file(epoch)} holds no usable RNG state "
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError, OverflowError) as exc:
+            raise CheckpointError(f"checkpoint {path} holds no usable RNG state "
                                   f"({type(exc).__name__}: {exc})") from None
         return epoch + 1, state["extra"]
+
+    def _newest_readable(self, newest: int) -> tuple[int, dict[str, Any], list[str]]:
+        """The newest epoch up to `newest` whose file every rank reads whole, this rank's state of it, and what
+        was wrong with the newer ones here (a collective when distributed: every rank loops alike)."""
+        problems: dict[int, str] = {}
+        limit = newest
+        while True:
+            mine, state = -1, None
+            for epoch in sorted({e for e in self._saved_epochs() if e <= limit} | {limit}, reverse=True):
+                if epoch in problems:
+                    continue
+                try:
+                    state = self._load(epoch)
+                    mine = epoch
+                    break
+                except CheckpointError as exc:
+                    problems[epoch] = exc.message
+            agreed = self._min_over_ranks(mine)
+            if agreed < 0:
+                raise CheckpointError(f"no checkpoint in {self.directory} can be resumed from: "
+                                      f"{'; '.join(problems.values()) or 'another rank has none it can read'}")
+            if agreed == limit:  # every rank read this epoch's file (so `state` is this rank's of it)
+                assert state is not None and mine == agreed
+                return agreed, state, [problems[e] for e in sorted(problems, reverse=True) if e > agreed] or \
+                    ["another rank could not read its newer one"]
+            limit = agreed
+
+    def _load(self, epoch: int) -> dict[str, Any]:
+        path = self._file(epoch)
+        state = load_state(path)
+        if state.get("world_size") != self.world_size or state.get("rank") != self.rank or state.get("epoch") != epoch:
+            raise CheckpointError(f"checkpoint {path} belongs to rank {state.get('rank')} of "
+                                  f"{state.get('world_size')} after epoch {state.get('epoch')}, not rank {self.rank} "
+                                  f"of {self.world_size} after epoch {epoch}")
+        return state
+
+    def _min_over_ranks(self, value: int) -> int:
+        if self.distributed and self.world_size > 1:
+            t = torch.tensor([value], dtype=torch.int64, device=collective_device(self.group))
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+            return int(t.item())
+        return value
+
+
+# --- what a checkpoint holds, checked before anything of it is applied -------------------------
+
+# The numbers of an epoch record in `extra["history"]` (the training loop's), each read back on resume.
+HISTORY_FIELDS = ("epoch", "loss", "train_acc", "val_acc", "test_acc", "time_s", "bytes_sent")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_extra(extra: dict[str, Any], epoch: int, path: Path) -> None:
+    """`extra` holds the run's history: one record per epoch done, numbers by name (the summary reads them)."""
+    history = extra.get("history", [])
+    if not isinstance(history, list):
+        raise CheckpointError(f"checkpoint {path}: its history must be a list of epoch records, got "
+                              f"{type(history).__name__}")
+    for i, rec in enumerate(history):
+        if not (isinstance(rec, dict) and all(isinstance(k, str) and _number(v) for k, v in rec.items())
+                and all(k in rec for k in HISTORY_FIELDS)):
+            raise CheckpointError(f"checkpoint {path}: history record {i} must map {', '.join(HISTORY_FIELDS)} "
+                                  f"to numbers, got {str(rec)[:80]}")
+        if not isinstance(rec["epoch"], int) or not 0 <= rec["epoch"] <= epoch:
+            raise CheckpointError(f"checkpoint {path}: history record {i} is of epoch {rec['epoch']!r}, not one of "
+                                  f"the epochs 0..{epoch} it saved")
+
+
+def _check_numpy_state(n: Any) -> None:
+    """NumPy's legacy MT19937 state as capture_rng_state stores it (set_state overflows or indexes out of range
+    on other values instead of saying what is wrong)."""
+    keys = n["keys"]
+    if n["kind"] != "MT19937":
+        raise ValueError(f"numpy generator {n['kind']!r} is not MT19937")
+    if not (isinstance(keys, torch.Tensor) and keys.shape == (624,) and not keys.is_floating_point()
+            and not keys.is_complex() and bool(((keys >= 0) & (keys < 2 ** 32)).all())):
+        raise ValueError("numpy keys must be 624 integers of 32 bits")
+    if not (isinstance(n["pos"], int) and 0 <= n["pos"] <= 624 and n["has_gauss"] in (0, 1)
+            and _number(n["cached_gaussian"])):
+        raise ValueError("numpy position, gauss flag or cached gaussian out of range")
+
+
+def _check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """The saved optimizer state has this optimizer's shape: its groups with the same parameters and settings
+    of the same kinds, and per parameter tensors of its shape (or scalars, as Adam's step). torch loads any
+    dict and fails at the first step instead."""
+    live = optimizer.state_dict()
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {path}: its optimizer state {what}")
+
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict) \
+            or not isinstance(saved.get("param_groups"), list):
+        raise bad("must hold 'state' and 'param_groups'")
+    if len(saved["param_groups"]) != len(live["param_groups"]):
+        raise bad(f"has {len(saved['param_groups'])} parameter groups; this optimizer has "
+                  f"{len(live['param_groups'])}")
+    params: dict[Any, torch.Tensor] = {}
+    for k, (group, want, tensors) in enumerate(zip(saved["param_groups"], live["param_groups"],
+                                                   optimizer.param_groups)):
+        if not isinstance(group, dict) or group.get("params") != want["params"]:
+            raise bad(f"group {k} does not hold this optimizer's parameters")
+        params.update(zip(want["params"], tensors["params"]))
+        for key, value in want.items():
+            if key != "params" and not _same_kind(group.get(key), value):
+                raise bad(f"group {k}: '{key}' is {group.get(key)!r}, not of the kind of {value!r}")
+    for index, per in saved["state"].items():
+        if index not in params or not isinstance(per, dict):
+            raise bad(f"names parameter {index!r}, which this optimizer does not have")
+        for key, value in per.items():
+            if not isinstance(value, torch.Tensor) or value.is_complex() or (
+                    value.dim() > 0 and (value.shape != params[index].shape or not value.is_floating_point())):
+                shown = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise bad(f"of parameter {index}: '{key}' is {shown}, not a scalar or a tensor of shape "
+                          f"{tuple(params[index].shape)}")
+
+
+def _same_kind(saved: Any, live: Any) -> bool:
+    """An optimizer setting of the live one's kind (a number for a number, a flag for a flag, ...)."""
+    if isinstance(live, bool) or live is None:
+        return isinstance(saved, bool) or saved is None
+    if _number(live):
+        return _number(saved) or (isinstance(saved, torch.Tensor) and saved.numel() == 1)
+    if isinstance(live, (tuple, list)):
+        return isinstance(saved, (tuple, list)) and len(saved) == len(live) and all(map(_same_kind, saved, live))
+    return type(saved) is type(live)
 
 
 def resume_or_start(checkpointer: Checkpointer | None, resume: bool, model: torch.nn.Module,

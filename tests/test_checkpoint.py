@@ -3,8 +3,11 @@ and a damaged file is a clear CheckpointError. Also the metrics file, which make
 same promise (a crash leaves complete lines only)."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,8 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gnnc.errors import GnncError
+from gnnc.errors import GnncError, OutOfSpace
 from gnnc.files import atomic_write
+from gnnc.runtime import checkpoint
 from gnnc.runtime.checkpoint import (MAGIC, Checkpointer, CheckpointError,
                                      load_state, resume_or_start, save_state)
 from gnnc.runtime.comm import CommStats
@@ -258,3 +262,128 @@ def test_peak_rss_is_this_process_not_the_image_it_replaced() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert int(out) < 400 << 20, int(out) / 2**20  # the 600 MiB buffer belonged to the replaced image
     assert peak_rss_bytes() > 1 << 20
+
+
+# --- issue 40: what a checkpoint holds is checked before it is applied; resume passes over a bad save ----
+
+
+def _history(epochs: int) -> list[dict]:
+    return [{"epoch": e, "loss": 1.0, "train_acc": 0.5, "val_acc": 0.5, "test_acc": 0.5, "time_s": 0.1,
+             "bytes_sent": 0} for e in range(epochs)]
+
+
+def _edit(path: Path, edit) -> None:
+    """Change a saved state and write it back with a valid checksum (as an attacker or a bug would)."""
+    state = load_state(path)
+    edit(state)
+    save_state(path, state)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda s: s["extra"].__setitem__("history", 5), "history must be a list"),
+    (lambda s: s["extra"].__setitem__("history", ["x"]), "history record 0 must map"),
+    (lambda s: s["extra"].__setitem__("history", [{"epoch": 0}]), "history record 0 must map"),
+    (lambda s: s["extra"]["history"][0].__setitem__("epoch", 7), "history record 0 is of epoch 7"),
+    (lambda s: s["rng"]["numpy"].__setitem__("keys", torch.zeros(3, dtype=torch.int64)), "624 integers"),
+    (lambda s: s["rng"]["numpy"].__setitem__("pos", 10 ** 30), "numpy position"),
+    (lambda s: s["rng"]["numpy"].__setitem__("kind", "PCG64"), "not MT19937"),
+    (lambda s: s["optimizer"]["state"][0].__setitem__("exp_avg", torch.zeros(3)), "'exp_avg' is (3,)"),
+    (lambda s: s["optimizer"]["state"][0].__setitem__("exp_avg", "x"), "'exp_avg' is str"),
+    (lambda s: s["optimizer"]["param_groups"][0].__setitem__("lr", "x"), "'lr' is 'x'"),
+    (lambda s: s["optimizer"].__setitem__("state", 5), "must hold 'state' and 'param_groups'"),
+    (lambda s: s.__setitem__("optimizer", [1]), "must hold 'state' and 'param_groups'"),
+], ids=["history-int", "history-str", "record-fields", "record-epoch", "np-keys", "np-pos", "np-kind",
+        "opt-shape", "opt-str", "opt-lr", "opt-state", "opt-list"])
+def test_a_checkpoint_with_bad_contents_is_named(tmp_path: Path, edit, message: str) -> None:
+    model, opt = _model_and_optimizer(0)
+    _train_step(model, opt)  # Adam's per-parameter state exists
+    path = Checkpointer(tmp_path).save(0, model, opt, extra={"history": _history(1)})
+    _edit(path, edit)
+    with pytest.raises(CheckpointError, match=re.escape(message)) as info:
+        Checkpointer(tmp_path).resume(*_model_and_optimizer(1))
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "deleted"])
+def test_resume_passes_over_a_bad_newest_save(tmp_path: Path, damage: str) -> None:
+    model, opt = _model_and_optimizer(0)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(0, model, opt, extra={"history": _history(1)})
+    want = [p.detach().clone() for p in model.parameters()]
+    _train_step(model, opt)
+    newest = ckpt.save(1, model, opt, extra={"history": _history(2)})
+    if damage == "corrupt":
+        newest.write_bytes(newest.read_bytes()[:-1] + bytes([newest.read_bytes()[-1] ^ 1]))
+    else:
+        newest.unlink()  # what the old message advised
+    model, opt = _model_and_optimizer(5)
+    again = Checkpointer(tmp_path)
+    start, extra = again.resume(model, opt)
+    assert start == 1 and len(extra["history"]) == 1
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), want))
+    assert len(again.resume_notes) == 1 and "resuming from the checkpoint of epoch 0" in again.resume_notes[0]
+    assert str(newest) in again.resume_notes[0]
+
+
+def test_resume_with_no_readable_save_says_why(tmp_path: Path) -> None:
+    model, opt = _model_and_optimizer(0)
+    ckpt = Checkpointer(tmp_path)
+    for epoch in range(2):
+        path = ckpt.save(epoch, model, opt)
+        path.write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match="no checkpoint in .* can be resumed from: .*epoch-000001.*epoch-000000"):
+        Checkpointer(tmp_path).resume(model, opt)
+
+
+def _distributed_fallback(cfg: DistConfig, directory: str) -> tuple[int, list[str]]:
+    """Two ranks save epochs 0 and 1; rank 1's file of epoch 1 is then corrupt: both must resume after epoch 0."""
+    model = torch.nn.Linear(3, 3)
+    ckpt = Checkpointer(directory, every=1, keep=2)
+    for epoch in range(2):
+        ckpt.save(epoch, model, None)
+    dist.barrier()
+    if cfg.rank == 1:
+        (Path(directory) / "epoch-000001" / "rank-1.ckpt").write_bytes(b"junk")
+    dist.barrier()
+    again = Checkpointer(directory)
+    start, _ = again.resume(model, None)
+    return start, again.resume_notes
+
+
+def test_ranks_pass_over_a_save_one_of_them_cannot_read(tmp_path: Path) -> None:
+    (start0, notes0), (start1, notes1) = launch(_distributed_fallback, 2, str(tmp_path), timeout_s=60)
+    assert start0 == start1 == 1
+    assert "another rank could not read" in notes0[0] and "rank-1.ckpt is not a gnnc checkpoint" in notes1[0]
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link", "read-only"])
+def test_an_unusable_checkpoint_directory_is_named_before_training(tmp_path: Path, monkeypatch, kind: str) -> None:
+    target = tmp_path / "ckpt"
+    if kind == "file":
+        target.write_text("not a directory")
+    elif kind == "dangling link":
+        target.symlink_to(tmp_path / "nowhere")
+    else:  # root writes through any mode bits: the kernel's answer on a read-only mount, raised for it
+        def read_only(*args, **kwargs):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(target))
+        monkeypatch.setattr(checkpoint.Path, "mkdir", read_only)
+    with pytest.raises(CheckpointError, match=f"--checkpoint {target}: ") as info:
+        Checkpointer(target).lock()
+    assert info.value.exit_code == 2
+
+
+def test_a_full_disk_keeps_the_saves_before_it(tmp_path: Path, monkeypatch) -> None:
+    model, opt = _model_and_optimizer(0)
+    ckpt = Checkpointer(tmp_path)
+    first = ckpt.save(0, model, opt)
+    before = first.read_bytes()
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    monkeypatch.setattr(checkpoint, "atomic_write", full)
+    with pytest.raises(OutOfSpace, match="cannot write the checkpoint of epoch 1 .*No space left") as info:
+        ckpt.save(1, model, opt)
+    assert info.value.exit_code == 1
+    monkeypatch.undo()
+    assert first.read_bytes() == before
+    assert Checkpointer(tmp_path).resume(model, opt)[0] == 1
