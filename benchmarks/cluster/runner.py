@@ -93,6 +93,7 @@ def compile_plan(model: Any, graph: Any, graph_spec: str, workers: int, profile:
 
     plan = api.compile(model, graph, workers=workers, strategy=strategy, partition=partition,
                        cluster=str(profile), graph_spec=graph_spec)
+    out.parent.mkdir(parents=True, exist_ok=True)  # a plan is written into an existing directory only
     plan.save(out)
     return api.Plan.load(out)
 
