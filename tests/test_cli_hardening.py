@@ -224,3 +224,24 @@ def test_the_edge_list_memory_check_budgets_what_a_load_allocates(tmp_path, monk
         loaders.load_edge_list(path)
     monkeypatch.setattr(loaders, "available_memory", lambda: AvailableMemory(peak, "test"))
     assert loaders.load_edge_list(path).num_nodes == n  # and no more than it needs is asked
+
+
+# --- a .gnn file nested too deeply ---------------------------------------------------------------
+
+def nested(tmp_path: Path, expr: str) -> str:
+    path = tmp_path / "deep.gnn"
+    path.write_text(f"model M(features, classes) {{\n  h = x\n  h = {expr}\n"
+                    f"  loss = cross_entropy(h, y, mask = train)\n}}\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("depth", [400, 10_000])  # 400: elaboration's RecursionError; 10000: reported at 1:1
+def test_nesting_too_deep_is_reported_where_the_limit_is_exceeded(tmp_path, capsys, depth) -> None:
+    err = refused(capsys, "check", nested(tmp_path, "relu(" * depth + "x" + ")" * depth))
+    # the 127th relu( (column 7 + 5 * 126) is where the syntax tree passes 256 levels: the model and the
+    # assignment take the first ones, each call two (call, args)
+    assert f"deep.gnn:3:{7 + 5 * 126}: expression is nested too deeply" in err, err
+
+
+def test_nesting_within_the_limit_elaborates(tmp_path, capsys) -> None:
+    assert cli.main(["check", nested(tmp_path, "relu(" * 120 + "x" + ")" * 120)]) == 0

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Union
 
-from lark import Token, Transformer, v_args
+from lark import Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from gnnc.errors import GnncError, GnncSyntaxError, Loc
@@ -356,17 +356,36 @@ def _syntax_error(err: UnexpectedInput, file: str, source: str) -> GnncSyntaxErr
     return GnncSyntaxError(msg, loc, source)
 
 
+# The deepest parse tree a file may have. The transformer and elaboration recurse on the tree, so deeper
+# input overflowed Python's stack: a traceback from elaboration (relu(...) nested 400 deep, a sum of 3000
+# terms), or a message placed at 1:1. The examples' trees are 8-12 deep; 256 is 128 nested calls or a
+# 250-term sum, and elaborates within Python's default recursion limit (it recursed past it at 800).
+MAX_TREE_DEPTH = 256
+
+
+def _check_nesting(tree: Tree, file: str, source: str) -> None:
+    """GnncSyntaxError at the first part of the text (in reading order) nested deeper than MAX_TREE_DEPTH."""
+    stack: list[tuple[Tree | Token, int]] = [(tree, 1)]
+    while stack:  # depth first, in source order, without recursing (the point is not to overflow)
+        node, depth = stack.pop()
+        if depth > MAX_TREE_DEPTH:
+            line, col = (node.line, node.column) if isinstance(node, Token) else (node.meta.line, node.meta.column)
+            raise GnncSyntaxError(f"expression is nested too deeply (more than {MAX_TREE_DEPTH} levels of the "
+                                  f"syntax tree); split it into several assignments", Loc(file, line, col), source)
+        if isinstance(node, Tree):
+            stack.extend((child, depth + 1) for child in reversed(node.children))
+
+
 def parse(source: str, file: str = "<string>") -> Module:
     """Parse .gnn text into a Module, or raise GnncSyntaxError at file:line:col."""
     try:
         tree = parser().parse(source)
     except UnexpectedInput as err:
         raise _syntax_error(err, file, source) from None
-    # Deeply nested expressions make the (recursive) transformer overflow;
-    # such input is reported, not crashed on.
+    _check_nesting(tree, file, source)
     limit = sys.getrecursionlimit()
     try:
-        sys.setrecursionlimit(max(limit, 20000))
+        sys.setrecursionlimit(max(limit, 20000))  # the transformer recurses a few frames per level of the tree
         items = _Build(file).transform(tree)
     except VisitError as err:
         inner = err.orig_exc
@@ -375,8 +394,6 @@ def parse(source: str, file: str = "<string>") -> Module:
                 inner.source = source
             raise inner from None
         raise
-    except RecursionError:
-        raise GnncSyntaxError("expression is nested too deeply", Loc(file, 1, 1), source) from None
     finally:
         sys.setrecursionlimit(limit)
     layers = tuple(i for i in items if isinstance(i, LayerDef))
