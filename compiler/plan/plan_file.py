@@ -120,6 +120,10 @@ class Plan:
                 raise
         except OSError as err:
             raise write_failure(err, f"the plan {d}") from None
+        except GnncError as err:
+            if isinstance(err.__cause__, OSError):  # a shard's write, named by its file in the hidden new plan
+                raise write_failure(err.__cause__, f"the plan {d}") from None
+            raise
         if self.shard_dir is not None:
             self.shard_dir = d / "shards"
         return d

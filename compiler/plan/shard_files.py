@@ -94,10 +94,11 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
         with atomic_writer(path) as f:
             write(f)
     except OSError as err:
-        # a run's shards are written under the temporary directory, which the user may not know fills up
-        hint = (" (the shards of a run go to the temporary directory: point TMPDIR at one with room)"
-                if Path(path).resolve().is_relative_to(Path(tempfile.gettempdir()).resolve()) else "")
-        raise write_failure(err, f"the shard file {path}{hint}") from None
+        # a run's shards go to a directory of their own in the temporary directory, which the user may not know
+        # fills up (a plan's are in the plan: -o chose where)
+        in_temp = Path(path).resolve().parent.parent == Path(tempfile.gettempdir()).resolve()
+        hint = " (a run writes its shards in the temporary directory: TMPDIR chooses another)" if in_temp else ""
+        raise write_failure(err, f"the shard file {path}{hint}") from err  # the cause: Plan.save names its plan
 
 
 def _savez(f: Any, arrays: dict[str, np.ndarray]) -> None:
