@@ -263,9 +263,11 @@ def spmm_sum(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None, transposed:
     shape = (rows,) + tuple(x.shape[1:])
     if out.shape == shape:
         return out
-    # never a view: SpMM's result may be overwritten by the next equation (gnnc.runtime.fusion), and autograd
-    # forbids writing over a view made inside a custom Function (SpMM), so the head-shaped result is a tensor of
-    # its own over the product's memory
+    if out.device.type != "cpu":
+        return out.view(shape)  # no fused chain runs off the CPU (gnnc.runtime.fusion) to write over it
+    # not a view on the CPU: SpMM's result may be overwritten by the next equation (gnnc.runtime.fusion), and
+    # autograd forbids writing over a view made inside a custom Function (SpMM), so the head-shaped result is a
+    # tensor of its own over the product's memory
     out = out.contiguous()
     return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), shape)
 
