@@ -576,7 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
     c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
-    c.add_argument("--threads", type=whole_number(1))
+    c.add_argument("--threads", type=whole_number(1, 4096),  # torch takes a C int; 4096 is past any machine
+                   help="threads per worker to measure with (default: torch's)")
     c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
                    help="measure the CPU, or this machine's GPUs (rates, NCCL link, unit costs) with cuda/auto")
     c.add_argument("--network", action="store_true",

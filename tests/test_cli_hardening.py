@@ -72,6 +72,7 @@ PARTITION = ("partition", "--graph", "planetoid:cora", "--parts", "2", "--method
     ((*COMPILE, "--workers", "1e3"), "--workers", "whole number"),
     ((*COMPILE, "--memory-cap", "inf"), "--memory-cap", "number of bytes"),
     (("probe", "--threads", "0"), "--threads", "at least 1"),
+    (("probe", "--threads", str(2**40)), "--threads", "at most 4096"),  # torch: "Overflow when unpacking long"
     (("probe", "--network", "--timeout", "inf"), "--timeout", "finite"),
     ((*PARTITION, "--seed", "100000000000000000000000"), "--seed", "at most"),
     ((*PARTITION, "--layers", "100000000000000000000000"), "--layers", "at most 100"),
