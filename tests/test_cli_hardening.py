@@ -167,6 +167,13 @@ def test_a_pt_graph_with_sparse_or_bf16_x_loads_as_dense_float32(tmp_path, conve
     assert graph.x.dtype == torch.float32 and torch.equal(graph.x, x)
 
 
+def test_a_sparse_x_whose_indices_pass_its_shape_is_refused_naming_x(tmp_path, capsys) -> None:
+    forged = torch.sparse_coo_tensor(torch.tensor([[100000], [0]]), torch.tensor([1.0]), (6, 3),
+                                     check_invariants=False)  # torch.load does not check: to_dense wrote past x
+    err = refused(capsys, "check", GCN, "--graph", six_pt(tmp_path, x=forged))
+    assert "six.pt: x: a sparse tensor whose indices do not fit its shape [6, 3]" in err, err
+
+
 def test_a_sparse_x_too_large_to_make_dense_is_refused_naming_x(tmp_path, capsys) -> None:
     huge = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]), (6, 10**13))
     err = refused(capsys, "check", GCN, "--graph", six_pt(tmp_path, x=huge))

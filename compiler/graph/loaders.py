@@ -300,7 +300,7 @@ def _tensor_values(t: torch.Tensor, field: str, source: str) -> np.ndarray:
     if t.layout != torch.strided:
         _check_fits(t.numel() * t.element_size(), f"{source}: {field}: a sparse {t.dtype} tensor of shape "
                     f"{list(t.shape)}, made dense,", "store it dense, or with fewer columns")
-        t = t.to_dense()
+        t = _checked_sparse(t, field, source).to_dense()
     if t.dtype == torch.bfloat16:
         t = t.float()
     try:
@@ -308,6 +308,23 @@ def _tensor_values(t: torch.Tensor, field: str, source: str) -> np.ndarray:
     except (TypeError, RuntimeError) as err:
         raise GraphInputError(f"{source}: {field}: a tensor of dtype {t.dtype} numpy cannot read "
                               f"({str(err).splitlines()[0][:100]}); save it as float32") from None
+
+
+def _checked_sparse(t: torch.Tensor, field: str, source: str) -> torch.Tensor:
+    """A sparse tensor rebuilt with torch's invariant checks. torch.load does not check what it reads, and
+    to_dense writes where the indices say: an index past the shape wrote outside the dense array."""
+    try:
+        if t.layout == torch.sparse_coo:
+            return torch.sparse_coo_tensor(t._indices(), t._values(), t.shape, check_invariants=True)
+        if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+            compressed, plain = t.crow_indices(), t.col_indices()
+        else:
+            compressed, plain = t.ccol_indices(), t.row_indices()
+        return torch.sparse_compressed_tensor(compressed, plain, t.values(), t.shape, layout=t.layout,
+                                              check_invariants=True)
+    except RuntimeError as err:
+        raise GraphInputError(f"{source}: {field}: a sparse tensor whose indices do not fit its shape "
+                              f"{list(t.shape)} ({str(err).splitlines()[0][:150]})") from None
 
 
 def _check_ids(ei: np.ndarray, n: int, source: str) -> None:
