@@ -175,7 +175,7 @@ def test_a_sparse_x_whose_indices_pass_its_shape_is_refused_naming_x(tmp_path, c
 
 
 def test_a_sparse_x_too_large_to_make_dense_is_refused_naming_x(tmp_path, capsys) -> None:
-    huge = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]), (6, 10**13))
+    huge = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]), (6, 10**13), check_invariants=True)
     err = refused(capsys, "check", GCN, "--graph", six_pt(tmp_path, x=huge))
     assert "six.pt: x: a sparse torch.float32 tensor of shape [6, 10000000000000], made dense," in err, err
 

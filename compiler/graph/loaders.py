@@ -14,11 +14,13 @@ one on-disk cache. Specs:
   without them, a seeded 60/20/20 split, stated on stderr when a run trains
   on it; `FILE.npz,split_seed=N` picks the seed, 0 by default), optional edge
   data `edge_NAME` ([E] or [E, d]: `edge_weight`, `edge_attr`, ...; see
-  gnnc.graph.edge_data).
+  gnnc.graph.edge_data). Every array's shape is read from its header and
+  checked before the array is (a forged header cannot make a huge allocation).
 * `FILE.pt` / `FILE.pth` — a PyG `Data` saved with `torch.save`, or a dict
   of tensors with the same field names; read with `torch.load(weights_only=True)`,
   so the file cannot run code (PyG's classes are replaced by inert stand-ins);
   its `edge_weight`, `edge_attr` and other `edge_*` fields are edge data.
+  A sparse tensor (a sparse `x`) is made dense and a bf16 one float32.
 * an OGB-style directory: `raw/edge.csv(.gz)` (src,dst per line),
   `raw/node-feat.csv(.gz)`, `raw/node-label.csv(.gz)`, optional
   `raw/num-node-list.csv(.gz)` and `split/<name>/{train,valid,test}.csv(.gz)`
