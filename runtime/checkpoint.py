@@ -69,6 +69,12 @@ class CheckpointError(GnncError):
     """A checkpoint is missing, corrupt, or belongs to a different run shape."""
 
 
+class CheckpointUnreadable(CheckpointError):
+    """A checkpoint file is missing or damaged (its bytes are not what a save wrote): resume passes over it. A
+    file that reads whole but holds something else (code, another rank's state) is refused instead: it was put
+    there."""
+
+
 # --- which run a checkpoint belongs to ---------------------------------------------------------
 
 
@@ -260,17 +266,17 @@ def load_state(path: Path) -> dict[str, Any]:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist") from None
+        raise CheckpointUnreadable(f"checkpoint {path} does not exist") from None
     except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
+        raise CheckpointUnreadable(f"cannot read checkpoint {path}: {exc.strerror}") from None
     if not data.startswith(MAGIC):
-        raise CheckpointError(f"{path} is not a gnnc checkpoint (it does not start with {MAGIC!r})")
+        raise CheckpointUnreadable(f"{path} is not a gnnc checkpoint (it does not start with {MAGIC!r})")
     head = len(MAGIC) + _DIGEST
     if len(data) < head:
-        raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} bytes)")
+        raise CheckpointUnreadable(f"checkpoint {path} is truncated ({len(data)} bytes)")
     digest, payload = data[len(MAGIC):head], data[head:]
     if hashlib.sha256(payload).digest() != digest:
-        raise CheckpointError(f"checkpoint {path} is corrupt: its checksum does not match its contents "
+        raise CheckpointUnreadable(f"checkpoint {path} is corrupt: its checksum does not match its contents "
                               "(truncated or altered)")
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
@@ -414,7 +420,7 @@ class Checkpointer:
 
         A save that is corrupt or missing on any rank is passed over for the one before it (the `keep` >= 2
         newest stay on disk for this), and `resume_notes` says which and why; a save that reads but belongs to
-        another run or model is refused, not passed over.
+        another run or model, or that holds anything but data, is refused, not passed over.
         """
         newest = self.latest_epoch()
         if newest is None:
@@ -459,7 +465,7 @@ class Checkpointer:
                     state = self._load(epoch)
                     mine = epoch
                     break
-                except CheckpointError as exc:
+                except CheckpointUnreadable as exc:
                     problems[epoch] = exc.message
             agreed = self._min_over_ranks(mine)
             if agreed < 0:

@@ -387,3 +387,13 @@ def test_a_full_disk_keeps_the_saves_before_it(tmp_path: Path, monkeypatch) -> N
     monkeypatch.undo()
     assert first.read_bytes() == before
     assert Checkpointer(tmp_path).resume(model, opt)[0] == 1
+
+
+def test_a_whole_file_that_is_not_this_ranks_state_is_refused_not_passed_over(tmp_path: Path) -> None:
+    model, opt = _model_and_optimizer(0)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(0, model, opt)
+    newest = ckpt.save(1, model, opt)
+    _edit(newest, lambda s: s.__setitem__("rank", 3))  # it reads whole: someone put it there
+    with pytest.raises(CheckpointError, match="belongs to rank 3"):
+        Checkpointer(tmp_path).resume(model, opt)
