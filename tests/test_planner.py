@@ -25,6 +25,21 @@ def test_mg_gcn_cora_on_dgx_a100_is_not_distributed() -> None:
     assert considered[0]["time_s"] == min(c["time_s"] for c in considered)
 
 
+def test_a_saved_auto_plan_explains_the_worker_counts_it_considered(tmp_path) -> None:
+    # Plan.load kept a whitelist of plan.json's records that lacked workers_considered, so a saved
+    # `--workers auto` plan's explanation lost its line.
+    from gnnc.inspect_plan import render
+    from gnnc.plan.plan_file import Plan
+
+    graph = api.load_graph("planetoid:cora")
+    plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph, workers="auto", cluster="dgx-a100",
+                       graph_spec="planetoid:cora")
+    plan.save(tmp_path / "plan")
+    unsaved, saved = render(plan, "explain"), render(Plan.load(tmp_path / "plan"), "explain")
+    assert "workers considered: 1: " in unsaved
+    assert saved == unsaved
+
+
 def test_neutronstar_google_like_graph_gets_depcache_and_a_bandwidth_crossover() -> None:
     graph = api.load_graph(GOOGLE_LIKE)
     assert 5.5 < graph.num_edges / graph.num_nodes < 6.5

@@ -214,7 +214,8 @@ class Plan:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
         meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
                                      "schedule", "predicted_bytes_per_epoch", "approximations", "pipeline",
-                                     "schedule_report", "predicted_eval_bytes_per_epoch") if k in data}
+                                     "schedule_report", "predicted_eval_bytes_per_epoch", "workers_considered")
+                if k in data}
         _check_sampled_fields(meta, path)
         _check_pipeline_field(meta, path)
         check_meta(meta, len(program.graph_layers()), lambda message: PlanError(f"{path}: {message}"))

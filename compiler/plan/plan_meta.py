@@ -102,6 +102,9 @@ def shapes(graph_layers: int) -> dict[str, Any]:
                             "grad_buckets?": NUMBER, "activation_bytes?": Nullable(NUMBER),
                             "activation_kept_bytes?": NUMBER, "memory_cap?": Nullable(NUMBER), "notes?": [STRING],
                             "predicted?": Nullable(schedule)},
+        # --workers auto: each worker count tried and its predicted epoch (None where the planner found none)
+        "workers_considered": [{"workers": lambda v: None if isinstance(v, int) and not isinstance(v, bool)
+                                and v >= 1 else "a positive integer", "time_s": Nullable(NUMBER)}],
     }
 
 
