@@ -2,7 +2,7 @@
 
 Exit codes: 0 success, 2 the user's input is wrong (a message, never a
 traceback), 1 an internal error. With `--json` the last line of stdout is one
-JSON object summarising the command (DESIGN.md section 9).
+JSON object summarising the command (docs/design.md section 9).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Why this module exists: the planner predicts the time, bytes and memory of
 every strategy from graph statistics *and* the machines that will run it. A
 `ClusterProfile` holds those machine figures (workers, links, memory, compute
 rates) in one validated, immutable record; profiles come from the presets of
-DESIGN.md section 9 (`gnnc clusters` lists them), from a JSON file
+docs/design.md section 9 (`gnnc clusters` lists them), from a JSON file
 (`--cluster FILE`) or from `gnnc probe` (the `local` preset).
 
 Units, everywhere: bytes, bytes per second (one direction of a link; a
@@ -14,7 +14,7 @@ one edge weight added into one destination element); the presets derive it
 from the memory bandwidth because SpMM is memory-bound (see `_spmm_rate`).
 
 The preset figures are transcribed from the vendors' public specifications
-and the link speeds DESIGN.md states; each carries a comment naming its
+and the link speeds docs/design.md states; each carries a comment naming its
 source. They are never adjusted to make a planner decision come out: a
 decision that needs a different figure is a bug in the cost model, not in a
 preset. Latencies are the exception the datasheets leave open: they are
@@ -648,9 +648,9 @@ def _gpu(name: str, description: str, *, workers: int, devices_per_node: int, in
 
 
 def _p3() -> ClusterProfile:
-    # P3 (OSDI'21) evaluation cluster, DESIGN.md section 9: 4 machines x 4 P100, 10 Gb/s Ethernet.
+    # P3 (OSDI'21) evaluation cluster, docs/design.md section 9: 4 machines x 4 P100, 10 Gb/s Ethernet.
     # NVIDIA Tesla P100 datasheet, PCIe 16 GB card: 9.3 TFLOPS FP32, 16 GB CoWoS HBM2 at 732 GB/s.
-    # (The SXM2 card would come with NVLink, which DESIGN.md does not mention, so the PCIe card
+    # (The SXM2 card would come with NVLink, which docs/design.md does not mention, so the PCIe card
     # and a PCIe 3.0 x16 path between a machine's GPUs are assumed.)
     return _gpu("p3", "P3: 4 machines x 4 P100 (PCIe), 10 Gb/s Ethernet", workers=16, devices_per_node=4,
                 intra=PCIE3_X16, inter=10 * GBIT, latency=ETHERNET_LATENCY, topology="ethernet",
@@ -658,7 +658,7 @@ def _p3() -> ClusterProfile:
 
 
 def _t4_ecs(name: str, workers: int) -> ClusterProfile:
-    # NeutronStar (SIGMOD'22) Aliyun ECS cluster, DESIGN.md section 1 and 9: one T4 per machine, 6 Gb/s.
+    # NeutronStar (SIGMOD'22) Aliyun ECS cluster, docs/design.md section 1 and 9: one T4 per machine, 6 Gb/s.
     # NVIDIA T4 datasheet: 8.1 TFLOPS FP32, 16 GB GDDR6 at 320 GB/s, PCIe 3.0 x16 host link.
     return _gpu(name, f"NeutronStar ECS: {workers} machines x 1 T4, 6 Gb/s network", workers=workers,
                 devices_per_node=1, intra=PCIE3_X16, inter=6 * GBIT, latency=ETHERNET_LATENCY,
@@ -666,7 +666,7 @@ def _t4_ecs(name: str, workers: int) -> ClusterProfile:
 
 
 def _neutronstar_ibv() -> ClusterProfile:
-    # NeutronStar's InfiniBand cluster, DESIGN.md: 8 machines x 1 V100, 100 Gb/s InfiniBand.
+    # NeutronStar's InfiniBand cluster, docs/design.md: 8 machines x 1 V100, 100 Gb/s InfiniBand.
     # NVIDIA V100 datasheet, PCIe card (one GPU per machine, so no NVLink): 14 TFLOPS FP32,
     # 16 GB HBM2 at 900 GB/s, PCIe 3.0 x16 host link.
     return _gpu("neutronstar-ibv", "NeutronStar IB: 8 machines x 1 V100, 100 Gb/s InfiniBand", workers=8,
@@ -675,7 +675,7 @@ def _neutronstar_ibv() -> ClusterProfile:
 
 
 def _g3() -> ClusterProfile:
-    # G3 (SIGMOD'23) cluster, DESIGN.md: 16 machines x 1 RTX 3090, 10 Gb/s.
+    # G3 (SIGMOD'23) cluster, docs/design.md: 16 machines x 1 RTX 3090, 10 Gb/s.
     # NVIDIA GeForce RTX 3090 specifications / Ampere GA102 whitepaper: 35.6 TFLOPS peak FP32,
     # 24 GB GDDR6X at 936 GB/s, PCIe 4.0 x16 host link. GA102 whitepaper, appendix: RTX 3090 peak FP16 and
     # BF16 Tensor TFLOPS with FP32 accumulate 71 dense (142 with sparsity).
@@ -685,7 +685,7 @@ def _g3() -> ClusterProfile:
 
 
 def _gnnpipe() -> ClusterProfile:
-    # GNNPipe cluster, DESIGN.md: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between.
+    # GNNPipe cluster, docs/design.md: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between.
     # NVIDIA RTX A5000 datasheet: 27.8 TFLOPS FP32, 24 GB GDDR6 at 768 GB/s, PCIe 4.0 x16; tensor
     # performance 222.2 TFLOPS with sparsity, i.e. 111.1 dense (FP16 and BF16, FP32 accumulation).
     return _gpu("gnnpipe", "GNNPipe: 2 machines x 4 RTX A5000, PCIe 4.0 inside, 200 Gb/s between",
@@ -697,7 +697,7 @@ def _gnnpipe() -> ClusterProfile:
 def _dgx1() -> ClusterProfile:
     # NVIDIA DGX-1 with Tesla V100 datasheet: 8 x V100 SXM2 (16 GB each, 128 GB total), NVLink
     # hybrid cube-mesh. V100 SXM2 datasheet: 15.7 TFLOPS FP32, 900 GB/s HBM2, six NVLink2 links of
-    # 25 GB/s per direction (DESIGN.md: "6 links x 25 GB/s"; NVIDIA's "300 GB/s" counts both ways).
+    # 25 GB/s per direction (docs/design.md: "6 links x 25 GB/s"; NVIDIA's "300 GB/s" counts both ways).
     # A GPU's links reach only 4 of its 7 peers (some pairs have two links), so 150 GB/s is its
     # total send rate, not what one pair gets: the profile keeps the aggregate and names the topology.
     # V100 SXM2 datasheet: 125 TFLOPS tensor performance (FP16 products, FP32 accumulation); Volta has no
@@ -711,7 +711,7 @@ def _dgx1() -> ClusterProfile:
 def _dgx_a100() -> ClusterProfile:
     # NVIDIA DGX A100 datasheet: 8 x A100 SXM4 40 GB (320 GB total), 6 NVSwitches.
     # A100 datasheet (SXM4 40 GB): 19.5 TFLOPS FP32 (without tensor cores), 1,555 GB/s HBM2,
-    # NVLink "600 GB/s" (DESIGN.md: NVSwitch 600 GB/s) = 12 NVLink3 links x 25 GB/s per direction x 2
+    # NVLink "600 GB/s" (docs/design.md: NVSwitch 600 GB/s) = 12 NVLink3 links x 25 GB/s per direction x 2
     # directions, i.e. 300 GB/s each way; the profile records one direction, like every other link.
     # A100 datasheet: BF16 and FP16 Tensor Core 312 TFLOPS dense (624 with sparsity).
     return _gpu("dgx-a100", "DGX A100: 8 A100 (40 GB), NVSwitch 600 GB/s (300 GB/s each way)", workers=8,

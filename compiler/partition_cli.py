@@ -4,7 +4,7 @@ A command of its own so that partitioning, the step whose memory and time
 grow fastest with the graph, can run (and be measured) once, apart from
 compilation: it prints its peak-memory estimate before it starts, shows a
 progress bar on stderr, writes the shards atomically with checksums, and
-reports what each part owns and needs (DESIGN.md section 9: with `--json`
+reports what each part owns and needs (docs/design.md section 9: with `--json`
 the last stdout line is `method, parts, time_s, edge_cut, vertices, edges,
 remote, peak_rss_bytes`).
 """

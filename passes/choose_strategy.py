@@ -1,4 +1,4 @@
-"""choose-strategy: pick each graph layer's strategy by predicted cost (DESIGN.md section 5, step 6).
+"""choose-strategy: pick each graph layer's strategy by predicted cost (docs/design.md section 5, step 6).
 
 For the partition the plan is compiled for, the statistics pass gives the
 per-worker counts (|V_i|, |E_i|, |B_i|, send sets, L-hop sets); the IR gives

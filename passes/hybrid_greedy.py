@@ -1,6 +1,6 @@
 """NeutronStar's Algorithm 4: per worker and layer, cache or communicate each remote dependency.
 
-Why this module exists: a Hybrid segment (DESIGN.md section 1, NeutronStar)
+Why this module exists: a Hybrid segment (docs/design.md section 1, NeutronStar)
 splits every worker's remote dependencies into R, recomputed locally from a
 replicated subtree, and C, fetched every epoch. Which split is best depends
 on each dependency's subtree, the layer widths, the network and the memory
@@ -16,7 +16,7 @@ replicates its subtree down to layer 0 (of the segment). Its recompute cost
 is t_r = sum_k (T_v(k)·rows_k + T_e(k)·edges_k) + T_x·inputs, its memory the
 bytes of those rows, edges and inputs.
 
-Algorithm 4 as DESIGN.md describes it, and how this module reads it:
+Algorithm 4 as docs/design.md describes it, and how this module reads it:
   for each worker, with a memory budget S shared by all its layers,
   for each layer l = 0, 1, ... (lowest first: lower layers have the smaller
   subtrees, so the shared budget goes first to the cheapest caches),

@@ -1,4 +1,4 @@
-"""schedule: decide how every layer runs, and write each decision into the IR (DESIGN.md section 5, step 8).
+"""schedule: decide how every layer runs, and write each decision into the IR (docs/design.md section 5, step 8).
 
 The decisions, as attributes the runtime follows and the cost model prices
 (gnnc.plan.schedule_attrs defines them; gnnc.passes.cost.scheduled reads them):

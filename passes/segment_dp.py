@@ -1,7 +1,7 @@
 """The planner's choice: a dynamic program over segments of layers (Alpa-style, pure).
 
 Why this module exists: a model's layers need not all run one strategy.
-DESIGN.md section 5.6 cuts the layers 0..L-1 into contiguous segments, each
+docs/design.md section 5.6 cuts the layers 0..L-1 into contiguous segments, each
 run with one strategy (single-layer strategies are segments of length one;
 DepCache and Hybrid may span several), pays a transition wherever the
 layout changes between segments, and stays under a per-worker memory cap.

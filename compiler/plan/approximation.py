@@ -1,6 +1,6 @@
 """`--approximate`: which strategies and schedules compute something else than one process, and the gate.
 
-Why this module exists: gnnc's contract is exactness (DESIGN.md section 8);
+Why this module exists: gnnc's contract is exactness (docs/design.md section 8);
 approximate ways of training (GNNPipe's historical embeddings, P3's stale
 pipeline, MG-GCN's gradient shortcuts) are opt-in. Whether one is approximate
 is a fact of its descriptor (`StrategyDef.exact`, `ScheduleDef.exact`, each

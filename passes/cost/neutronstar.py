@@ -36,7 +36,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     go back and are summed at their owners. This is the per-layer
     communication term of NeutronStar's Eq. 1-3 (T_c per communicated
     vertex) and of G3's Eq. 4, whose per-epoch total 2·b·Σ_l H_l·Σ_i |B_i|
-    DESIGN.md quotes (GNNPipe's Table 4).
+    docs/design.md quotes (GNNPipe's Table 4).
 
     Beyond the seeds: (1) the width is what the IR exchanges (d_out when the
     dense map runs first, else d_in); (2) a layer reading the input features

@@ -12,10 +12,10 @@ The shape of a cost. A `Cost` holds, per worker i (the part-indexed symbols
 * `stages`: the seconds worker i spends in each *synchronised* stage. Workers
   meet at every exchange, so a stage lasts as long as its slowest worker, and
   the cost's time is the sum over stages of the max over workers
-  (DESIGN.md 5.5: "epoch time is the slowest worker's"). A strategy whose
+  (docs/design.md 5.5: "epoch time is the slowest worker's"). A strategy whose
   workers never meet inside a segment (DepCache) has one forward and one
   backward stage for the whole segment.
-* `bytes`: the bytes worker i sends, counted as DESIGN.md section 8 and
+* `bytes`: the bytes worker i sends, counted as docs/design.md section 8 and
   `gnnc.runtime.comm` count them: the *logical payload* an operation must
   deliver to other workers, not what a ring algorithm relays and not a
   worker's data for itself. The job's traffic is the sum over workers.
