@@ -52,6 +52,13 @@ class _Program:
             return f"elu({x}, 0.5)"
         return f"{a}({x})"
 
+    def maybe_sync(self, lines: list[str]) -> str:
+        """A sync of the layer's `c` or none (a no-op in one process, a reduction on ranks); the value to go on."""
+        if self.rnd.random() < 0.7:
+            lines.append("sync      s = sum(c)")
+            return "s"
+        return "c"
+
     def tail(self, x: str) -> str:
         """A random epilogue over `x`: [bias], [a normalisation], [activation], [dropout], each or not.
 
@@ -104,12 +111,7 @@ class _Program:
         if residual is not None and residual[1] == w_out and r.random() < 0.5:
             t = f"{r.choice(('0.9', '0.5'))} * ({t}) + {r.choice(('0.1', '0.5'))} * {residual[0]}"
         lines.append(f"transform c = {t}")
-        if r.random() < 0.7:
-            lines.append("sync      s = sum(c)")
-            last = "s"
-        else:
-            last = "c"
-        lines.append(f"apply     h = {self.tail(last)}")
+        lines.append(f"apply     h = {self.tail(self.maybe_sync(lines))}")
         with_ = " with self_loops" if loops else ""
         self.layers.append(f"layer {name}(in, out){with_} {{\n  " + "\n  ".join(lines) + "\n}\n")
         return name
@@ -139,11 +141,7 @@ class _Program:
         lines.append("gather    a = sum(m)")
         join = 'concat' if concat else 'mean_heads'
         lines.append(f"transform c = {join}(a)")
-        if r.random() < 0.7:
-            lines.append("sync      s = sum(c)")
-            last = "s"
-        else:
-            last = "c"
+        last = self.maybe_sync(lines)
         skip = f" + {join}(a)" if r.random() < 0.2 else ""  # the aggregation read twice
         lines.append(f"apply     h = {self.tail(last)}{skip}")
         loops = " with self_loops" if r.random() < 0.8 else ""

@@ -45,8 +45,6 @@ GRAD_FLOOR = 0.1  # see _grad_floor
 
 # Programs the generator found failing, each kept as it failed (the fix named beside it).
 REGRESSIONS: dict[str, str] = {
-    # GATv2 as the docs write it: SpMM's head-shaped result is a view made inside a custom Function, which
-    # torch forbids writing over; the concat's bias wrote over it (fusion._overwritable now asks torch's rule)
     # a dropout returns its input in evaluation: the elu after it wrote over h1, which the residual then read
     # (fusion.find_chains walks through the ops that may return their input, `_aliases`)
     "evaluation-dropout-alias": """
@@ -130,6 +128,8 @@ model Gen(features, classes) {
   loss = cross_entropy(h, y, mask = train)
 }
 """,
+    # GATv2 as the docs write it: SpMM's head-shaped result is a view made inside a custom Function, which
+    # torch forbids writing over; the concat's bias wrote over it (fusion._overwritable now asks torch's rule)
     "gatv2": """
 layer GATv2Conv(in, out, heads = 1, slope = 0.2, attn_p = 0.6) with self_loops {
   transform zl = linear(h, heads, out)
