@@ -61,6 +61,8 @@ def method_options(pairs: list[str]) -> dict[str, Any]:
         key, sep, text = pair.partition("=")
         if not sep or not key:
             raise GnncError(f"--option must be KEY=VALUE, got '{pair}'")
+        if key in ("seed", "parts"):  # every method's arguments, given by their own flags
+            raise GnncError(f"--option {pair}: the {key} is given by --{key}, not as a method option")
         value: Any = text
         for kind in (int, float):
             try:

@@ -76,6 +76,9 @@ def test_stats_table_through_run(tmp_path, capsys, monkeypatch) -> None:
      "unknown option 'start' for partitioning method 'hash'"),
     (["--graph", "planetoid:cora", "--parts", "2", "--method", "g3", "--option", "start=wheel"],
      "g3: start must be one of"),
+    # seed twice to the partitioner was a TypeError traceback
+    (["--graph", "planetoid:cora", "--parts", "2", "--method", "metis", "--option", "seed=1"],
+     "--option seed=1: the seed is given by --seed"),
 ])
 def test_bad_input_exits_2(argv, message, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
