@@ -24,6 +24,7 @@ from gnnc.graph import Graph
 from gnnc.graph.in_memory import as_graph
 from gnnc.graph.loaders import load_graph as _load
 from gnnc.graph.sampling import SamplingConfig
+from gnnc.host import choose_threads
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
 from gnnc.memory_check import check_run_memory
@@ -259,11 +260,13 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
         weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
         want_logits: bool = True, sampling: SamplingConfig | None = None, schedule: str | None = None,
-        approximate: bool = False, pipeline_groups: int = 0, device: str = "cpu", precision: str | None = None):
+        approximate: bool = False, pipeline_groups: int = 0, device: str = "cpu", precision: str | None = None,
+        threads: int | None = None):
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
     `device`: cpu, cuda or auto (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16,
-    by default the plan's. Returns a RunResult either way (logits in global vertex order, on the host).
+    by default the plan's; `threads` per process, by default each worker's share of the CPUs this process may
+    use (`thread_settings`). Returns a RunResult either way (logits in global vertex order, on the host).
     With nproc > 1 the workers are new processes started with 'spawn', which
     imports the caller's main module again in each: a script must call this
     under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line). `sampling` trains sampled minibatches.
@@ -281,13 +284,21 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
                                                              precision=precision or DEFAULT_PRECISION)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress, device=resolve_device(device),
-                              precision=plan_precision(plan, precision))
+                              precision=plan_precision(plan, precision), **thread_settings(threads, plan.workers))
     if plan.workers == 1:
         predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
         result = train_local(plan, g, cfg, metrics, on_epoch)
         result.predicted_peak_rss_bytes = int(predicted.peak)
         return result
     return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
+
+
+def thread_settings(asked: int | None, workers: int) -> dict[str, Any]:
+    """TrainConfig's `threads` and `threads_reason`: `asked` (--threads), or each of the `workers` processes its
+    share of the CPUs this one may use (gnnc.host.choose_threads). Under torchrun the plan's workers may span
+    several machines: sharing among all of them gives each rank fewer threads than its machine has, never more."""
+    choice = choose_threads(asked, workers)
+    return {"threads": choice.threads, "threads_reason": choice.reason}
 
 
 def plan_precision(plan: Plan, asked: str | None) -> str:

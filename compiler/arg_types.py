@@ -86,6 +86,8 @@ def memory_bytes(text: str) -> int:
 
 # the seeds every generator takes (torch's, numpy's) are non-negative int64
 SEED = whole_number(0)
+# threads per process (gnnc run, gnnc probe): torch takes a C int; 4096 is past any machine
+THREADS = whole_number(1, 4096)
 # threading and torch.distributed take a finite wait; 1e7 s (16 weeks) is past any run's silence
 TIMEOUT = real_number(0, 1e7, positive=True)
 

@@ -17,14 +17,14 @@ from typing import Any, Callable
 
 # only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
 # in the commands that need them)
-from gnnc.arg_types import SEED, TIMEOUT, count_or_auto, memory_bytes, real_number, whole_number
+from gnnc.arg_types import SEED, THREADS, TIMEOUT, count_or_auto, memory_bytes, real_number, whole_number
 from gnnc.errors import GnncError, GnncWarning, InternalError, write_failure
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
-from gnnc.host import use_huge_pages
+from gnnc.host import choose_threads, use_huge_pages, use_passive_waiting
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -212,7 +212,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
                               seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
                               checkpoint_every=args.checkpoint_every, resume=args.resume, device=device,
-                              precision=api.plan_precision(plan, args.precision))
+                              precision=api.plan_precision(plan, args.precision),
+                              **api.thread_settings(args.threads, plan.workers))
     if plan.workers > 1:
         result = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
                               timeout_s=args.timeout)
@@ -296,15 +297,13 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     """Measure this machine (gnnc.runtime.probe), then fit the cost model's figures to it (gnnc.passes.cost.fit)."""
-    import torch
-
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
     from gnnc.cluster import ClusterProfile, default_probe_file
     from gnnc.passes.cost.fit import describe_unit_costs
 
     device = _resolve_device(args.device)
-    threads = args.threads or max(1, torch.get_num_threads())
+    threads = choose_threads(args.threads).threads  # what a one-process run would use
     if args.network:
         if device != "cpu":
             raise GnncError(f"--network measures the links between CPU ranks with gloo, not --device {args.device}'s "
@@ -567,6 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights, fp16 with loss scaling; a plan runs at the precision it was compiled for")
     _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
+    c.add_argument("--threads", type=THREADS, metavar="N",
+                   help="threads per worker process (default: the CPUs this process may use, by its affinity mask "
+                        "and cgroup CPU quota, shared between the --nproc workers)")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(fn=cmd_run)
@@ -576,8 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("probe", help="measure this machine for the cost model (the 'local' cluster)")
     c.add_argument("-o", "--output", help="profile file (default: the place `--cluster local` reads)")
-    c.add_argument("--threads", type=whole_number(1, 4096),  # torch takes a C int; 4096 is past any machine
-                   help="threads per worker to measure with (default: torch's)")
+    c.add_argument("--threads", type=THREADS,
+                   help="threads per worker to measure with (default: the CPUs this process may use, as gnnc run)")
     c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
                    help="measure the CPU, or this machine's GPUs (rates, NCCL link, unit costs) with cuda/auto")
     c.add_argument("--network", action="store_true",
@@ -615,6 +617,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     use_huge_pages()  # before torch's first allocation: it reads the setting once (gnnc.host)
+    use_passive_waiting()  # before torch loads: the OpenMP runtime reads it once, when it starts (gnnc.host)
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning

@@ -37,7 +37,7 @@ Cora, whose tensors are all under 2 MiB, unchanged.
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,3 +144,112 @@ def use_huge_pages(environ: MutableMapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
     env.setdefault(HUGE_PAGES, "1")
     return env[HUGE_PAGES] == "1"
+
+
+# --- CPUs and OpenMP ------------------------------------------------------------------------------------------
+# Why this part exists: torch (and gnnc's compiled kernels, runtime/kernels/native.c) use OpenMP, which by default
+# starts a thread per CPU the machine has and lets a thread that reaches a barrier spin for its peers. A
+# container's CPU quota or a taskset mask gives the process fewer CPUs than that, and on a shared machine the
+# peers a thread spins for may not be running at all: measured on this 2-core machine under load (load average
+# about 3.5), the Cora GCN demo took 246.7 ms an epoch with 2 spinning threads, 11.9 ms with one thread and
+# 10.4 ms with passive waiting (2-4 ms quiet). So the thread count is what the process may really use, decided
+# once (`choose_threads`), and a thread that waits yields its core (`use_passive_waiting`).
+
+WAIT_POLICY, SPIN_COUNT = "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"  # OpenMP's standard switch; libgomp's own spin
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The threads each process of a run uses, and why (`gnnc run --json`'s `threads` and `threads_reason`)."""
+
+    threads: int
+    reason: str
+
+
+def choose_threads(asked: int | None = None, ranks: int = 1, proc: str | Path = "/proc",
+                   cgroup_root: str | Path = "/sys/fs/cgroup", affinity: set[int] | None = None) -> ThreadChoice:
+    """`asked` (--threads) threads per process, or each of `ranks` processes on this machine its share of the
+    CPUs this process may use (`usable_cpus`), rounded down and at least 1: ranks that oversubscribe the cores
+    wait for one another at every barrier."""
+    if asked is not None:
+        return ThreadChoice(asked, f"--threads {asked}")
+    cpus, source = usable_cpus(proc, cgroup_root, affinity)
+    if ranks <= 1:
+        return ThreadChoice(cpus, source)
+    return ThreadChoice(max(1, cpus // ranks), f"{source}, shared by {ranks} ranks on this machine")
+
+
+def usable_cpus(proc: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup",
+                affinity: set[int] | None = None) -> tuple[int, str]:
+    """How many CPUs this process may keep busy, and what says so: the CPUs its affinity mask allows
+    (taskset, a Slurm or Kubernetes cpuset), or fewer under its cgroup's CPU quota, rounded down (a thread
+    beyond the quota is throttled, with its peers spinning at the next barrier), at least 1."""
+    mask = affinity if affinity is not None else os.sched_getaffinity(0)
+    count, source = max(1, len(mask)), f"{len(mask)} CPUs in this process's affinity mask"
+    quota = cpu_quota(Path(proc) / "self" / "cgroup", Path(cgroup_root))
+    if quota is not None and int(quota[0]) < count:
+        count, source = max(1, int(quota[0])), f"cgroup CPU quota of {quota[0]:g} CPUs ({quota[1]})"
+    return count, source
+
+
+def cpu_quota(self_cgroup: Path, root: Path) -> tuple[float, str] | None:
+    """The CPUs this process's cgroup (or one above it) may use per period, v2 `cpu.max` or v1
+    `cpu.cfs_quota_us / cpu.cfs_period_us`, and the file that says so; None without a quota."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    found: list[tuple[float, str]] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            found += _quotas(root, path, _v2_quota)
+        elif "cpu" in controllers.split(","):
+            found += _quotas(root / controllers, path, _v1_quota) or _quotas(root / "cpu", path, _v1_quota)
+    return min(found) if found else None
+
+
+def _quotas(mount: Path, path: str, read: Callable[[Path], float | None]) -> list[tuple[float, str]]:
+    """Every quota from the process's own cgroup folder up to the mount: the tightest one holds. Inside a
+    container the cgroup's own directory is usually the mount point itself."""
+    folder, out = mount / path.lstrip("/"), []
+    for candidate in (folder, *[p for p in folder.parents if p.is_relative_to(mount)]):
+        quota = read(candidate)
+        if quota is not None:
+            out.append((quota, str(candidate / ("cpu.max" if read is _v2_quota else "cpu.cfs_quota_us"))))
+    return out
+
+
+def _v2_quota(folder: Path) -> float | None:
+    try:
+        quota, _, period = (folder / "cpu.max").read_text().strip().partition(" ")
+        return None if quota == "max" else int(quota) / int(period or 100000)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _v1_quota(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None  # -1: no quota
+
+
+def use_passive_waiting(environ: MutableMapping[str, str] | None = None) -> str:
+    """Let an OpenMP thread that waits at a barrier sleep instead of spinning, in this process (before torch
+    loads: the OpenMP runtime reads it once, when it starts) and in the ones it starts, unless the user chose
+    a policy or a spin count; returns the policy in effect (`wait_policy`)."""
+    env = os.environ if environ is None else environ
+    if WAIT_POLICY not in env and SPIN_COUNT not in env:
+        env[WAIT_POLICY] = "passive"
+    return wait_policy(env)
+
+
+def wait_policy(environ: MutableMapping[str, str] | None = None) -> str:
+    """The OpenMP wait policy the processes of a run start with, as `gnnc run --json` states it."""
+    env = os.environ if environ is None else environ
+    given = [f"{name}={env[name]}" for name in (WAIT_POLICY, SPIN_COUNT) if name in env]
+    return ", ".join(given) or "OpenMP's default (spin, then sleep)"

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from gnnc.errors import GnncError, GraphInputError
+from gnnc.host import wait_policy
 from gnnc.ir import Program
 from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
 from gnnc.runtime import block_cache
@@ -62,6 +63,10 @@ class TrainConfig:
     resume: bool = False
     device: str = "cpu"  # where the tensors live (gnnc.runtime.device.resolve_device made it 'cpu' or 'cuda')
     precision: str = DEFAULT_PRECISION  # fp32, bf16 or fp16 (gnnc.plan.precision)
+    # torch's threads in each process of the run, and why (gnnc.api.thread_settings decides them once);
+    # None: torch's own count in one process, one per rank
+    threads: int | None = None
+    threads_reason: str = ""
 
     def __post_init__(self) -> None:
         """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
@@ -83,7 +88,9 @@ class TrainConfig:
                    "a whole number of at least 1"),
                   ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
                    "a whole number of at least 1"),
-                  ("--precision", self.precision, self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}")]
+                  ("--precision", self.precision, self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
+                  ("--threads", self.threads, self.threads is None or whole(self.threads),
+                   "a whole number of at least 1")]
         for where, value, ok, want in checks:
             if not ok:
                 raise GnncError(f"{where}: must be {want}, not {value!r}")
@@ -130,6 +137,9 @@ class RunResult:
     eval_bytes_sent_per_epoch: int = 0  # what the evaluation's exchanges sent (every rank), per epoch
     cpu_kernels: str = ""  # gnnc.runtime.kernels.native.status() of the (first) process: compiled, or torch and why
     cpu_allocator: str = ""  # gnnc.runtime.block_cache.status() of the (first) process: block cache, or why not
+    threads: int = 0  # torch's threads in the (first) process as it trained, and why that many (TrainConfig)
+    threads_reason: str = ""
+    wait_policy: str = ""  # the OpenMP wait policy the processes started with (gnnc.host.wait_policy)
 
     def summary(self) -> dict[str, Any]:
         """Every field but the logits and the history (JSON-ready)."""
@@ -144,7 +154,8 @@ class RunResult:
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
-                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels", "cpu_allocator")
+                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels", "cpu_allocator",
+                  "threads", "threads_reason", "wait_policy")
 
 
 class Worker:
@@ -354,6 +365,10 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     # deferred: metrics loads torch.distributed
     from gnnc.runtime.metrics import EpochRecord, MetricsLog, peak_memory_since, reset_peak_memory
 
+    if cfg.threads is not None:  # here, where every kind of process (one, a rank, a stage) starts training
+        torch.set_num_threads(cfg.threads)
+    threads = {"threads": torch.get_num_threads(), "threads_reason": cfg.threads_reason or "torch's default",
+               "wait_policy": wait_policy()}
     check_trainable(worker, cfg)
     params = init_params(worker.program, cfg.seed, worker.device)
     opt = make_optimizer(worker.program, params, cfg)
@@ -399,7 +414,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             sent = worker.stats.total_bytes()
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
                                             activation_peak_bytes=activation, step_base_bytes=base or 0,
-                                            cpu_s=cpu)
+                                            cpu_s=cpu, extra={k: threads[k] for k in ("threads", "threads_reason")})
             with torch.no_grad():
                 logits, _ = worker.forward(params, False, epoch)
             if worker.device.type == "cuda":
@@ -451,7 +466,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
                # the training step's activation memory, largest over workers and epochs after the first
                "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
-               "cpu_kernels": native.status(), "cpu_allocator": block_cache.status()}
+               "cpu_kernels": native.status(), "cpu_allocator": block_cache.status(), **threads}
     return summary, logits, history
 
 
@@ -469,4 +484,6 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
                      bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
                      activation_peak_bytes=summary["activation_peak_bytes"], eval_time_s=summary["eval_time_s"],
                      eval_bytes_sent_per_epoch=summary["eval_bytes_sent_per_epoch"],
-                     cpu_kernels=summary["cpu_kernels"], cpu_allocator=summary["cpu_allocator"])
+                     cpu_kernels=summary["cpu_kernels"], cpu_allocator=summary["cpu_allocator"],
+                     threads=summary["threads"], threads_reason=summary["threads_reason"],
+                     wait_policy=summary["wait_policy"])
