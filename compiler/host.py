@@ -185,7 +185,7 @@ def usable_cpus(proc: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/c
     (taskset, a Slurm or Kubernetes cpuset), or fewer under its cgroup's CPU quota, rounded down (a thread
     beyond the quota is throttled, with its peers spinning at the next barrier), at least 1."""
     mask = affinity if affinity is not None else os.sched_getaffinity(0)
-    count, source = max(1, len(mask)), f"{len(mask)} CPUs in this process's affinity mask"
+    count, source = max(1, len(mask)), f"{len(mask)} CPU{'' if len(mask) == 1 else 's'} in this process's affinity mask"
     quota = cpu_quota(Path(proc) / "self" / "cgroup", Path(cgroup_root))
     if quota is not None and int(quota[0]) < count:
         count, source = max(1, int(quota[0])), f"cgroup CPU quota of {quota[0]:g} CPUs ({quota[1]})"
@@ -204,20 +204,21 @@ def cpu_quota(self_cgroup: Path, root: Path) -> tuple[float, str] | None:
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hierarchy == "0" and controllers == "":
-            found += _quotas(root, path, _v2_quota)
+            found += _quotas(root, path, "cpu.max", _v2_quota)
         elif "cpu" in controllers.split(","):
-            found += _quotas(root / controllers, path, _v1_quota) or _quotas(root / "cpu", path, _v1_quota)
+            found += (_quotas(root / controllers, path, "cpu.cfs_quota_us", _v1_quota)
+                      or _quotas(root / "cpu", path, "cpu.cfs_quota_us", _v1_quota))
     return min(found) if found else None
 
 
-def _quotas(mount: Path, path: str, read: Callable[[Path], float | None]) -> list[tuple[float, str]]:
+def _quotas(mount: Path, path: str, name: str, read: Callable[[Path], float | None]) -> list[tuple[float, str]]:
     """Every quota from the process's own cgroup folder up to the mount: the tightest one holds. Inside a
     container the cgroup's own directory is usually the mount point itself."""
     folder, out = mount / path.lstrip("/"), []
     for candidate in (folder, *[p for p in folder.parents if p.is_relative_to(mount)]):
         quota = read(candidate)
         if quota is not None:
-            out.append((quota, str(candidate / ("cpu.max" if read is _v2_quota else "cpu.cfs_quota_us"))))
+            out.append((quota, str(candidate / name)))
     return out
 
 
