@@ -57,4 +57,4 @@ def test_more_workers_than_vertices_is_refused_before_the_run(tmp_path, capsys) 
     code = cli.main(["run", str(EXAMPLES / "gcn.gnn"), "--graph", str(tmp_path / "three.npz"), "--nproc", "4",
                      "--epochs", "1"])
     assert code == 2
-    assert "parts (4) exceeds the number of vertices (3)" in capsys.readouterr().err
+    assert "--nproc 4: more workers than the graph's 3 vertices" in capsys.readouterr().err
