@@ -24,7 +24,7 @@ from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
-from gnnc.host import choose_threads, use_huge_pages, use_passive_waiting
+from gnnc.host import choose_threads, use_huge_pages
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -617,7 +617,6 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     use_huge_pages()  # before torch's first allocation: it reads the setting once (gnnc.host)
-    use_passive_waiting()  # before torch loads: the OpenMP runtime reads it once, when it starts (gnnc.host)
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning

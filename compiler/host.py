@@ -153,7 +153,10 @@ def use_huge_pages(environ: MutableMapping[str, str] | None = None) -> bool:
 # peers a thread spins for may not be running at all: measured on this 2-core machine under load (load average
 # about 3.5), the Cora GCN demo took 246.7 ms an epoch with 2 spinning threads, 11.9 ms with one thread and
 # 10.4 ms with passive waiting (2-4 ms quiet). So the thread count is what the process may really use, decided
-# once (`choose_threads`), and a thread that waits yields its core (`use_passive_waiting`).
+# once (`choose_threads`). The wait policy stays OpenMP's own unless the user sets one (`wait_policy` reports
+# it): passive waiting, tried as the default, made the quiet demo 8.0-8.2 ms an epoch against 6.6-6.9 with the
+# default spin (this AVX-512 Xeon, load 0.7-0.9), and beside a 2-thread torch matmul loop it measured 21-25 ms
+# against the default's 16-23: no better loaded and slower quiet, so it is not the default.
 
 WAIT_POLICY, SPIN_COUNT = "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"  # OpenMP's standard switch; libgomp's own spin
 
@@ -237,16 +240,6 @@ def _v1_quota(folder: Path) -> float | None:
     except (OSError, ValueError):
         return None
     return quota / period if quota > 0 and period > 0 else None  # -1: no quota
-
-
-def use_passive_waiting(environ: MutableMapping[str, str] | None = None) -> str:
-    """Let an OpenMP thread that waits at a barrier sleep instead of spinning, in this process (before torch
-    loads: the OpenMP runtime reads it once, when it starts) and in the ones it starts, unless the user chose
-    a policy or a spin count; returns the policy in effect (`wait_policy`)."""
-    env = os.environ if environ is None else environ
-    if WAIT_POLICY not in env and SPIN_COUNT not in env:
-        env[WAIT_POLICY] = "passive"
-    return wait_policy(env)
 
 
 def wait_policy(environ: MutableMapping[str, str] | None = None) -> str:

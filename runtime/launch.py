@@ -79,7 +79,6 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from gnnc.files import atomic_write
 from gnnc.errors import GnncError
-from gnnc.host import SPIN_COUNT, WAIT_POLICY, use_passive_waiting
 from gnnc.runtime.kernels import native
 from gnnc.runtime.main_guard import check_main_guard
 from gnnc.runtime.netif import cannot_resolve, interface_toward
@@ -467,9 +466,8 @@ def _launch(fn: Callable[..., T], nproc: int, args: tuple, device: str, port: in
                       store_hosted=True, gloo_ifname=_loopback_interface())
     run_dir = Path(tempfile.mkdtemp(prefix="gnnc-launch-"))
     try:
-        with _worker_environment():
-            ctx = torch_mp.start_processes(_worker_entry, args=(fn, base, args, str(run_dir), os.getpid()),
-                                           nprocs=nproc, join=False, start_method=start_method)
+        ctx = torch_mp.start_processes(_worker_entry, args=(fn, base, args, str(run_dir), os.getpid()),
+                                       nprocs=nproc, join=False, start_method=start_method)
         try:
             exit_codes, terminated, stall = _supervise(ctx.processes, grace_s, timeout_s + STALL_MARGIN_S)
         finally:
@@ -486,24 +484,6 @@ def _launch(fn: Callable[..., T], nproc: int, args: tuple, device: str, port: in
     finally:
         del store  # stop serving the rendezvous store
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _worker_environment():
-    """This process's environment while the workers start, with OpenMP's passive waiting unless the user chose a
-    policy (gnnc.host.use_passive_waiting): a spawned worker loads torch, and so starts OpenMP, before any code of
-    ours runs in it, so the setting must be in the environment it is started with. Restored after: a program
-    that called gnnc.run keeps its own environment."""
-    saved = {name: os.environ.get(name) for name in (WAIT_POLICY, SPIN_COUNT)}
-    use_passive_waiting()
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 # --- the worker side -----------------------------------------------------------------------------
