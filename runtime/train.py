@@ -365,10 +365,6 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     # deferred: metrics loads torch.distributed
     from gnnc.runtime.metrics import EpochRecord, MetricsLog, peak_memory_since, reset_peak_memory
 
-    if cfg.threads is not None:  # here, where every kind of process (one, a rank, a stage) starts training
-        torch.set_num_threads(cfg.threads)
-    threads = {"threads": torch.get_num_threads(), "threads_reason": cfg.threads_reason or "torch's default",
-               "wait_policy": wait_policy()}
     check_trainable(worker, cfg)
     params = init_params(worker.program, cfg.seed, worker.device)
     opt = make_optimizer(worker.program, params, cfg)
@@ -379,6 +375,13 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     history: list[dict[str, Any]] = []
     bar = None
     log = None
+    # here, where every kind of process (one, a rank, a stage) starts training; the caller's count is given back
+    # after, so that gnnc.run in a program (or a test) leaves torch's threads as it found them
+    caller_threads = torch.get_num_threads()
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    threads = {"threads": torch.get_num_threads(), "threads_reason": cfg.threads_reason or "torch's default",
+               "wait_policy": wait_policy()}
     try:
         if cfg.checkpoint_dir is not None:
             # deferred: checkpoint loads torch.distributed
@@ -449,6 +452,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                 if epoch - best_epoch >= cfg.patience:
                     break  # every rank sees the same (all-reduced) accuracies, so all stop together
     finally:
+        torch.set_num_threads(caller_threads)
         if log is not None:
             log.close()
         if bar is not None:
