@@ -265,8 +265,8 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
     """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
 
     `device`: cpu, cuda or auto (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16,
-    by default the plan's; `threads` per process, by default each worker's share of the CPUs this process may
-    use (`thread_settings`). Returns a RunResult either way (logits in global vertex order, on the host).
+    by default the plan's; `threads` per process, by default this process's torch count in one process and each
+    worker's share of the CPUs this process may use on several (`thread_settings`). Returns a RunResult either way (logits in global vertex order, on the host).
     With nproc > 1 the workers are new processes started with 'spawn', which
     imports the caller's main module again in each: a script must call this
     under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line). `sampling` trains sampled minibatches.
@@ -284,7 +284,10 @@ def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int =
                                                              precision=precision or DEFAULT_PRECISION)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress, device=resolve_device(device),
-                              precision=plan_precision(plan, precision), **thread_settings(threads, plan.workers))
+                              precision=plan_precision(plan, precision),
+                              # in this process without `threads`, the caller's torch count stands (a program or a
+                              # benchmark may have set it); workers get their share
+                              **(thread_settings(threads, plan.workers) if threads or plan.workers > 1 else {}))
     if plan.workers == 1:
         predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
         result = train_local(plan, g, cfg, metrics, on_epoch)

@@ -109,13 +109,8 @@ def reference_logits(name: str) -> Path:
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
 def test_logits_are_unchanged(name: str, cora) -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = _model(name, {"layers": 4} if name == "gcnii" else {})
-        result = gnnc.run(gnnc.compile(model, cora), cora, epochs=2, seed=0)
-    finally:
-        torch.set_num_threads(threads)
+    model = _model(name, {"layers": 4} if name == "gcnii" else {})
+    result = gnnc.run(gnnc.compile(model, cora), cora, epochs=2, seed=0, threads=1)
     got = result.logits.detach().numpy()
     path = reference_logits(name)
     if UPDATE:
