@@ -604,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
         partition_cli = None
     if partition_cli is not None:
         partition_cli.add_parser(sub)
+    from gnnc import convert_cli  # its body imports the graph store when the command runs
+
+    convert_cli.add_parser(sub)
     return p
 
 
