@@ -44,6 +44,7 @@ from gnnc.graph import GraphView
 from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params,
                                    init_state)
 from gnnc.graph import Graph
+from gnnc.graph.storage import check_class_labels
 
 
 @dataclass(frozen=True)
@@ -481,6 +482,7 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
     check_graph_inputs(graph.name, graph.stand_ins)
+    check_class_labels(graph.y, graph.name)
     summary, logits, history = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
     return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
                      summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"], graph=graph.name,

@@ -61,7 +61,7 @@ BAD = [
     ("edge_index shape", dict(edge_index=EDGE_INDEX.T), "edge_index: expected shape [2, E], got [6, 2]"),
     ("x shape", dict(x=np.zeros(4, np.float32)), "x: expected shape [N, F], got [4]"),
     ("x dtype", dict(x=np.array([["a"]] * 4)), "x: expected a numeric dtype"),
-    ("float labels", dict(y=Y.astype(np.float32)), "y: expected integer class labels"),
+    ("fractional labels", dict(y=Y.astype(np.float32) + 0.5), "y: expected integer class labels"),
     ("negative label", dict(y=np.array([0, -1, 1, 0])), "y: holds negative label -1"),
     ("mask shape", dict(train_mask=np.array([True, False])), "train_mask: expected shape [4]"),
     ("mask dtype", dict(val_mask=np.array([0.5, 0, 0, 1])), "val_mask: expected booleans"),
@@ -146,11 +146,9 @@ def test_ogb_directory(tmp_path) -> None:
 
 
 def test_ogb_bad_inputs(tmp_path) -> None:
-    with pytest.raises(GraphInputError, match="vertex 2 has no label"):
-        load_graph(str(_ogb(tmp_path, labels="0\n1\nnan\n0\n")), use_cache=False)
     root = _ogb(tmp_path / "b")
-    (root / "raw" / "node-feat.csv.gz").unlink()
-    with pytest.raises(GraphInputError, match="node-feat.csv"):
+    (root / "raw" / "edge.csv.gz").unlink()
+    with pytest.raises(GraphInputError, match="edge.csv"):
         load_graph(str(root), use_cache=False)
 
 

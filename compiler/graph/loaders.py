@@ -10,7 +10,8 @@ one on-disk cache. Specs:
 * `rmat:n=..,deg=..,features=..,classes=..,seed=..`, `sbm:n=..,blocks=..,...`
   — generators (`gnnc.graph.generators`).
 * `FILE.npz` — arrays `edge_index` [2, E] (integer), `x` [N, F] (numeric),
-  `y` [N] (integer), optional `train_mask`/`val_mask`/`test_mask` (bool [N];
+  `y` [N] (integer; or float with NaN for an unlabelled vertex, which is then in no mask;
+  or [N, T] multi-label 0/1 targets), optional `train_mask`/`val_mask`/`test_mask` (bool [N];
   without them, a seeded 60/20/20 split, stated on stderr when a run trains
   on it; `FILE.npz,split_seed=N` picks the seed, 0 by default), optional edge
   data `edge_NAME` ([E] or [E, d]: `edge_weight`, `edge_attr`, ...; see
@@ -21,10 +22,13 @@ one on-disk cache. Specs:
   so the file cannot run code (PyG's classes are replaced by inert stand-ins);
   its `edge_weight`, `edge_attr` and other `edge_*` fields are edge data.
   A sparse tensor (a sparse `x`) is made dense and a bf16 one float32.
-* an OGB-style directory: `raw/edge.csv(.gz)` (src,dst per line),
-  `raw/node-feat.csv(.gz)`, `raw/node-label.csv(.gz)`, optional
-  `raw/num-node-list.csv(.gz)` and `split/<name>/{train,valid,test}.csv(.gz)`
-  (the first split directory in name order).
+* an OGB node-property dataset directory as OGB downloads it (`ogbn_arxiv/`:
+  `raw/edge.csv.gz`, `raw/node-feat.csv.gz`, `raw/node-label.csv.gz`,
+  optional `raw/edge-feat.csv.gz` as edge data `edge.attr`,
+  `split/<name>/{train,valid,test}.csv.gz`; papers100M's `raw/data.npz`):
+  see gnnc.graph.ogb. A vertex whose label is NaN is unlabelled (in no
+  mask); a label file of T > 1 columns is multi-label.
+* a graph store written by `gnnc convert` (gnnc.graph.store): memory-mapped.
 * any other file — a SNAP-style edge list: one `src dst` pair per line
   (whitespace, tab or comma separated; lines starting with `#` or `%` are
   comments; a third column such as a weight is ignored). It carries no vertex
@@ -74,12 +78,16 @@ import torch
 from gnnc.errors import GnncWarning, GraphInputError
 from gnnc.files import atomic_writer, fd_path, private_dir
 from gnnc.graph import Graph, edge_data, index_dtype
+from gnnc.graph.storage import UNLABELLED
 from gnnc.graph.generators import GENERATORS, generate, split_masks
+from gnnc.graph.ogb import ogb_files, read_ogb_dir
 from gnnc.graph.planetoid import load_planetoid
 from gnnc.host import available_memory, format_bytes
 
 # Bump when a loader's output for the same input bytes changes: old cache entries are then ignored.
-CACHE_FORMAT = 3  # 2: stand-ins recorded; 3: edge data (edge_weight, edge_attr, ...) kept
+# 2: stand-ins recorded; 3: edge data (edge_weight, edge_attr, ...) kept; 4: OGB directories: NaN labels,
+# multi-label y, edge-feat, the reverse edges of undirected datasets
+CACHE_FORMAT = 4
 MASKS = ("train_mask", "val_mask", "test_mask")
 SPLIT_SEED = 0  # the 60/20/20 split of inputs without masks (`,split_seed=N` after the spec picks another)
 # what stands in for vertex data an input does not give (Graph.stand_ins)
@@ -123,7 +131,9 @@ def available_datasets() -> list[tuple[str, str]]:
                      "random 60/20/20 split, seed 0; 'FILE.npz,split_seed=N' for another) and edge_NAME "
                      "(edge_weight, edge_attr, ...)"),
         ("FILE.pt", "a PyG Data (or dict of tensors) saved with torch.save, edge_weight/edge_attr included"),
-        ("DIR", "an OGB-style dataset directory (raw/edge.csv.gz, raw/node-feat.csv.gz, ...)"),
+        ("DIR", "an OGB node-property dataset directory as OGB downloads it (raw/edge.csv.gz, "
+                "raw/node-feat.csv.gz, raw/node-label.csv.gz, split/NAME/train.csv.gz, ...), or a graph store "
+                "written by `gnnc convert`"),
         ("FILE", "an edge list: one 'src dst' pair per line (no features or labels: it can be "
                  "partitioned and compiled, not trained)"),
     ]
@@ -153,7 +163,7 @@ def _load_file(spec: str, cache_dir: str | os.PathLike | None, use_cache: bool) 
         raise GraphInputError(f"graph '{spec}': no such file or directory, and not a known spec "
                               f"(planetoid:NAME, rmat:..., sbm:...; see `gnnc datasets`)")
     if path.is_dir():
-        files = _ogb_files(path)
+        files = ogb_files(path)
         key = _hash_files(files, path, "ogb")
         return _cached(key, lambda: load_ogb_dir(path), cache_dir, use_cache)
     suffix = path.name.lower()
@@ -247,22 +257,7 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
     if ei.shape[1] == 0:
         raise GraphInputError(f"{source}: empty graph: edge_index has no edges")
     _check_ids(ei, n, source)
-    if ya.ndim == 2 and ya.shape[1] == 1:
-        ya = ya[:, 0]
-    if ya.ndim != 1:
-        raise GraphInputError(f"{source}: y: expected shape [N], got {list(ya.shape)}")
-    if ya.dtype.kind not in "iu":
-        raise GraphInputError(f"{source}: y: expected integer class labels, got dtype {ya.dtype}")
-    if ya.shape[0] != n:
-        raise GraphInputError(f"{source}: y: has {ya.shape[0]} rows but x has {n} (one label per vertex)")
-    if len(ya) and int(ya.min()) < 0:
-        raise GraphInputError(f"{source}: y: holds negative label {int(ya.min())} at row {int(np.argmin(ya))}")
-    if len(ya):
-        top = int(ya.max())
-        # every model scores each vertex against every class: [N, classes] float32, and its gradient
-        _check_fits(2 * 4 * n * (top + 1), f"{source}: y: label {top} at row {int(np.argmax(ya))} makes "
-                    f"{top + 1} classes (labels are 0..classes-1), so the class scores of the {n} vertices",
-                    "number the classes from 0")
+    ya, unlabelled = _labels(ya, n, source)
     dt = index_dtype(n)
     src, dst = ei[0].astype(dt), ei[1].astype(dt)
     given = {k: v for k, v in (masks or {}).items() if v is not None}
@@ -274,10 +269,70 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
     else:
         mask_arrays = list(split_masks(n, np.random.default_rng(SPLIT_SEED)))
         stand_ins["split"] = made_up_split(SPLIT_SEED)
+    if unlabelled is not None:  # a vertex without a label is in no mask: no loss or metric reads its label
+        mask_arrays = [m & ~unlabelled for m in mask_arrays]
     arrays = {k: _array(v, edge_data.PREFIX + k, source) for k, v in (edges or {}).items()}
     data = edge_data.validate(arrays, int(ei.shape[1]), source)
-    return Graph(n, src, dst, torch.from_numpy(xf), torch.from_numpy(ya.astype(np.int64)),
+    return Graph(n, src, dst, torch.from_numpy(xf), torch.from_numpy(ya),
                  *(torch.from_numpy(m) for m in mask_arrays), name=name, stand_ins=stand_ins, edge_data=data)
+
+
+def _labels(ya: np.ndarray, n: int, source: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(y as the Graph holds it, which vertices have no label or None) from a file's y.
+
+    [N] (or [N, 1]) class labels 0..C-1: integers, or floats whose NaN marks a vertex without a label (OGB
+    writes NaN there) and whose other values are whole numbers; a label-less vertex gets UNLABELLED. [N, T]
+    with T > 1: multi-label binary targets (ogbn-proteins' 112 tasks), 0/1 or NaN (unknown), kept as float32;
+    a vertex with no known target is unlabelled.
+    """
+    if ya.ndim == 2 and ya.shape[1] == 1:
+        ya = ya[:, 0]
+    if ya.ndim not in (1, 2):
+        raise GraphInputError(f"{source}: y: expected shape [N] (classes) or [N, T] (multi-label), "
+                              f"got {list(ya.shape)}")
+    if ya.dtype.kind not in "iubf":
+        raise GraphInputError(f"{source}: y: expected numeric labels, got dtype {ya.dtype}")
+    if ya.shape[0] != n:
+        raise GraphInputError(f"{source}: y: has {ya.shape[0]} rows but x has {n} (one label per vertex)")
+    missing = np.isnan(ya) if ya.dtype.kind == "f" else None
+    if ya.ndim == 2:
+        known = ya[~missing] if missing is not None else ya
+        bad = ~np.isin(known, (0, 1))
+        if bad.any():
+            raise GraphInputError(f"{source}: y: multi-label targets must be 0, 1 or NaN (unknown), got "
+                                  f"{float(known[bad][0]):g}")
+        unlabelled = missing.all(axis=1) if missing is not None else None
+        return np.ascontiguousarray(ya, dtype=np.float32), unlabelled if unlabelled is not None and unlabelled.any() else None
+    if missing is not None:
+        known = ya[~missing]
+        if np.isinf(known).any() or (known != np.round(known)).any():
+            bad = np.nonzero(~missing & (np.isinf(ya) | (ya != np.round(ya))))[0][0]
+            raise GraphInputError(f"{source}: y: expected integer class labels (or NaN for a vertex without "
+                                  f"one), got {float(ya[bad]):g} at row {int(bad)}")
+        ya = np.where(missing, UNLABELLED, ya).astype(np.int64)
+        labelled = ~missing
+    else:
+        ya = ya.astype(np.int64)
+        labelled = None
+    values = ya if labelled is None else ya[labelled]
+    if len(values) and int(values.min()) < 0:
+        row = int(np.nonzero(ya == int(values.min()))[0][0])
+        raise GraphInputError(f"{source}: y: holds negative label {int(values.min())} at row {row}")
+    if len(values):
+        top = int(values.max())
+        # every model scores each vertex against every class: [N, classes] float32, and its gradient
+        _check_fits(2 * 4 * n * (top + 1), f"{source}: y: label {top} at row {int(np.argmax(ya))} makes "
+                    f"{top + 1} classes (labels are 0..classes-1), so the class scores of the {n} vertices",
+                    "number the classes from 0")
+    return ya, None if missing is None or not missing.any() else missing
+
+
+def labels_for_file(y: torch.Tensor) -> np.ndarray:
+    """A Graph's y as a file holds it: NaN (OGB's mark) for a vertex without a label, so that reading the file
+    back through build_graph gives the same graph (a negative label in a file is refused)."""
+    if y.dim() == 1 and bool((y == UNLABELLED).any()):
+        return np.where(y.numpy() == UNLABELLED, np.nan, y.numpy().astype(np.float64))
+    return y.numpy()
 
 
 def _array(value: Any, field: str, source: str) -> np.ndarray:
@@ -363,8 +418,8 @@ def _mask(value: Any, field: str, n: int, source: str) -> np.ndarray:
 # --- loaders ---------------------------------------------------------------------------------------
 
 
-def load_npz(path: Path) -> Graph:
-    """`edge_index`, `x`, `y` and optional masks from an `.npz` (no pickled objects allowed)."""
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an `.npz` (no pickled objects allowed; every shape checked before it is allocated)."""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -375,13 +430,18 @@ def load_npz(path: Path) -> Graph:
     try:
         _check_npz_shapes(path)
         with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
+            return {k: f[k] for k in f.files}
     except ValueError as err:
         if "pickle" in str(err):  # object arrays need pickle: refused
             raise GraphInputError(f"{path}: holds an array that needs pickle to read ({err})") from None
         raise GraphInputError(f"{path}: not a readable .npz file ({err})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:  # a truncated or damaged archive
         raise GraphInputError(f"{path}: not a readable .npz file (truncated or damaged: {err})") from None
+
+
+def load_npz(path: Path) -> Graph:
+    """`edge_index`, `x`, `y` and optional masks from an `.npz` (no pickled objects allowed)."""
+    arrays = read_npz(path)
     for field in ("edge_index", "x", "y"):
         if field not in arrays:
             raise GraphInputError(f"{path}: {field}: missing (the file has {', '.join(sorted(arrays)) or 'nothing'})")
@@ -483,77 +543,10 @@ def _bad_edge_line(path: Path, text: str) -> str | None:
     return None
 
 
-def _ogb_files(root: Path) -> list[Path]:
-    """The files of an OGB-style directory that a load reads (their bytes key the cache)."""
-    files = [_ogb_file(root / "raw", name, required=name != "num-node-list")
-             for name in ("edge", "node-feat", "node-label", "num-node-list")]
-    split = _ogb_split_dir(root)
-    if split is not None:
-        files += [_ogb_file(split, name, required=True) for name in ("train", "valid", "test")]
-    return [f for f in files if f is not None]
-
-
-def _ogb_file(folder: Path, name: str, required: bool) -> Path | None:
-    for candidate in (folder / f"{name}.csv.gz", folder / f"{name}.csv"):
-        if candidate.is_file():
-            return candidate
-    if required:
-        raise GraphInputError(f"{folder / name}.csv(.gz): missing (an OGB-style directory needs raw/edge, "
-                              f"raw/node-feat and raw/node-label; split/<name>/train, valid, test if split/ exists)")
-    return None
-
-
-def _ogb_split_dir(root: Path) -> Path | None:
-    split = root / "split"
-    if not split.is_dir():
-        return None
-    names = sorted(p for p in split.iterdir() if p.is_dir())
-    if not names:
-        raise GraphInputError(f"{split}: has no split directory (expected split/<name>/train.csv.gz ...)")
-    return names[0]
-
-
-def _read_csv(path: Path, dtype: type, field: str) -> np.ndarray:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return np.loadtxt(path, dtype=dtype, delimiter=",", ndmin=2)
-    except (ValueError, OSError, EOFError) as err:
-        raise GraphInputError(f"{path}: {field}: {err}") from None
-
-
 def load_ogb_dir(root: Path) -> Graph:
-    """An OGB node-property dataset directory, as OGB's raw CSV files lay it out."""
-    edge = _read_csv(_ogb_file(root / "raw", "edge", True), np.int64, "edge_index")
-    feat = _read_csv(_ogb_file(root / "raw", "node-feat", True), np.float32, "x")
-    label_path = _ogb_file(root / "raw", "node-label", True)
-    labels = _read_csv(label_path, np.float64, "y")  # OGB writes NaN for unlabelled vertices
-    if labels.size and not np.isfinite(labels).all():
-        row = int(np.nonzero(~np.isfinite(labels))[0][0])
-        raise GraphInputError(f"{label_path}: y: vertex {row} has no label (NaN); every vertex needs one")
-    if labels.size and not (labels == np.round(labels)).all():
-        raise GraphInputError(f"{label_path}: y: labels must be integers")
-    num_nodes_file = _ogb_file(root / "raw", "num-node-list", False)
-    if num_nodes_file is not None:
-        n = int(_read_csv(num_nodes_file, np.int64, "num-node-list").ravel()[0])
-        if feat.shape[0] != n:
-            raise GraphInputError(f"{root}: x: node-feat has {feat.shape[0]} rows but num-node-list says {n}")
-    if edge.shape[1] != 2:
-        raise GraphInputError(f"{root}: edge_index: raw/edge rows must be 'src,dst', got {edge.shape[1]} columns")
-    masks: dict[str, Any] = {}
-    split = _ogb_split_dir(root)
-    if split is not None:
-        n = feat.shape[0]
-        for field, name in zip(MASKS, ("train", "valid", "test")):
-            path = _ogb_file(split, name, True)
-            idx = _read_csv(path, np.int64, field).ravel()
-            if len(idx) and (idx.min() < 0 or idx.max() >= n):
-                bad = int(idx[(idx < 0) | (idx >= n)][0])
-                raise GraphInputError(f"{path}: {field}: vertex id {bad} is out of range (x has {n} rows)")
-            m = np.zeros(n, dtype=bool)
-            m[idx] = True
-            masks[field] = m
-    return build_graph(edge.T, feat, labels.astype(np.int64), masks, root.name, str(root))
+    """An OGB node-property dataset directory as OGB's download lays it out (gnnc.graph.ogb)."""
+    a = read_ogb_dir(root)
+    return build_graph(a.edge_index, a.x, a.y, a.masks, a.name, str(root), num_nodes=a.num_nodes, edges=a.edges)
 
 
 class _DataStandIn:
@@ -666,7 +659,7 @@ def _cached(key: str, build: Any, cache_dir: str | os.PathLike | None, use_cache
 def _write_cached(graph: Graph, path: Path, key: str) -> None:
     with atomic_writer(path) as f:
         np.savez(f, key=np.array(key), name=np.array(graph.name), num_nodes=np.array(graph.num_nodes),
-                 src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=graph.y.numpy(),
+                 src=graph.src, dst=graph.dst, x=graph.x.numpy(), y=labels_for_file(graph.y),
                  stand_ins=np.array(json.dumps(graph.stand_ins, sort_keys=True)),
                  **{k: getattr(graph, k).numpy() for k in MASKS},
                  **{_EDGE_KEY + k: v.numpy() for k, v in graph.edge_data.items()})

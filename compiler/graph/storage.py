@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gnnc.errors import GraphInputError
 from gnnc.graph import edge_data as _edge_data
 from gnnc.ir import VIEWS
+
+# The label of a vertex without one (NaN in OGB's files: 98.6% of ogbn-papers100M). Such a vertex is in no
+# mask, so the loss and the metrics, which read labels through the masks only, never see it.
+UNLABELLED = -1
 
 
 def sorted_unique(keys: np.ndarray) -> np.ndarray:
@@ -119,7 +124,7 @@ class Graph:
     src: np.ndarray  # [E] integer sources
     dst: np.ndarray  # [E] integer destinations
     x: torch.Tensor  # float32 [N, F]
-    y: torch.Tensor  # int64 [N]
+    y: torch.Tensor  # int64 [N] class labels (UNLABELLED: none), or float32 [N, T] multi-label 0/1 targets (NaN: unknown)
     train_mask: torch.Tensor  # bool [N]
     val_mask: torch.Tensor
     test_mask: torch.Tensor
@@ -141,7 +146,15 @@ class Graph:
 
     @property
     def num_classes(self) -> int:
+        """Classes (labels are 0..classes-1), or the tasks of a multi-label graph: the model's output width."""
+        if self.multi_label:
+            return int(self.y.shape[1])
         return int(self.y.max().item()) + 1 if self.y.numel() else 0
+
+    @property
+    def multi_label(self) -> bool:
+        """y is a [N, T] matrix of binary targets (ogbn-proteins' 112 tasks), not one class per vertex."""
+        return self.y.dim() == 2
 
     def edges(self, view: str = "plain") -> tuple[np.ndarray, np.ndarray]:
         """(src, dst) of the named edge view, in that view's edge order."""
@@ -197,6 +210,15 @@ class Graph:
             inv[np.isinf(inv)] = 0.0
             self._views[key] = torch.as_tensor(inv[s] * w * inv[d], dtype=torch.float32)
         return self._views[key]
+
+
+def check_class_labels(y: torch.Tensor, name: str) -> None:
+    """Refuse, before a run, multi-label targets: training reads one class per vertex (cross_entropy, accuracy).
+    Such a graph loads, converts, partitions and compiles; training on it is issue 37."""
+    if y.dim() != 1:
+        raise GraphInputError(f"graph '{name}' cannot be trained yet: its y holds multi-label targets "
+                              f"({int(y.shape[1])} binary tasks per vertex, as ogbn-proteins'), and training reads one "
+                              f"class per vertex (cross_entropy); it can be converted, partitioned and compiled")
 
 
 @dataclass
