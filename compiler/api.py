@@ -30,13 +30,14 @@ from gnnc.ir.expr import as_expr
 from gnnc.memory_check import check_run_memory
 from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
                              load_model_source)  # (the API's names)
-from gnnc.passes.choose_strategy import epoch_costs, planning_inputs
+from gnnc.passes.cost.epoch import epoch_costs
 from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.inputs import planning_inputs
 from gnnc.passes.cost.registry import segment_cost
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
-from gnnc.passes.pipeline_plan import pipeline_summary
 from gnnc.passes.pipeline_text import PassSpec, with_values
+from gnnc.passes.planner.pipeline import pipeline_summary
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.precision import DEFAULT_PRECISION, check_precision

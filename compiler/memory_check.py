@@ -32,9 +32,9 @@ from gnnc.errors import GnncError
 from gnnc.graph import Graph
 from gnnc.graph.sampling import FULL, SamplingConfig
 from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
-from gnnc.passes.choose_strategy import layer_dims, layer_shape
+from gnnc.passes.analysis.layers import layer_dims, param_dependent
 from gnnc.passes.cost.memory import WARN_FRACTION, LayerRows, MemoryEstimate, ProcessCounts, run_memory
-from gnnc.passes.predict_bytes import param_dependent
+from gnnc.passes.cost.symbols import layer_shape
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.shard_files import read_manifest
 

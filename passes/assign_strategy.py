@@ -17,8 +17,8 @@ from __future__ import annotations
 from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.ops import op_def
-from gnnc.passes.choose_strategy import PlanningInputs
-from gnnc.passes.legality import pushpull_blocker
+from gnnc.passes.analysis.legality import fetchable, pushpull_blocker, vertex_inputs
+from gnnc.passes.cost.inputs import PlanningInputs
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
@@ -94,26 +94,6 @@ def segment_starts(names: list[str], planned: list[tuple[int, int, str]] | None 
     for k, s in enumerate(names):
         starts.append(starts[-1] if spans_segment(s) and k and names[k - 1] == s else k)
     return starts
-
-
-def vertex_inputs(layer) -> list:
-    """The vertex values a graph layer reads."""
-    return [v for v in layer.inputs if v.type is not None and v.type.domain == "vertex"]
-
-
-def fetchable(layer) -> bool:
-    """Whether `layer` may sit in a depcache/hybrid segment entered after graph layer 0.
-
-    Such a segment fetches its input's rows on entry, and only those, so its
-    layers may read no other vertex value from before it (GCNII's h0 would be
-    held for the owned rows only).
-    """
-    return len(vertex_inputs(layer)) <= 1
-
-
-def segment_can_start_at(program: Program, start: int, end: int) -> bool:
-    """Whether a depcache/hybrid segment may hold graph layers [start, end)."""
-    return start == 0 or all(fetchable(layer) for layer in program.graph_layers()[start:end])
 
 
 def check_segment_inputs(program: Program, names: list[str], starts: list[int]) -> None:

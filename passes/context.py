@@ -69,7 +69,7 @@ class PassResults:
     hybrid_values: {(start, end): the cost model's symbol values of the selection} (select-hybrid), which
         the schedule pass prices the segment's schedule with.
     schedule_report: what the schedule pass compared and chose, and the predicted epoch drawn from it.
-    pipeline: the pipeline the graph layers run (a gnnc.passes.pipeline_plan.PipelineChoice: stages,
+    pipeline: the pipeline the graph layers run (a gnnc.passes.planner.pipeline.PipelineChoice: stages,
         groups, chunks, the chunking and its prediction), priced by choose-strategy, fixed by stage-pipeline.
     pipeline_bytes: predict-bytes' count of what a pipeline sends besides the training step (a history
         refresh, once every alpha epochs).

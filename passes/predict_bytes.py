@@ -58,7 +58,9 @@ from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import COMM_OPS, op_def
+from gnnc.passes.analysis.layers import param_dependent
 from gnnc.passes.manager import PassContext, register_pass
+from gnnc.passes.planner.sampled import predict_sampled
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
@@ -73,15 +75,6 @@ def _width(shape, config) -> int:
     for d in shape:
         w *= eval_dim(d, config)
     return w
-
-
-def param_dependent(program: Program) -> set[str]:
-    dep = {p.value.name for p in program.params()}
-    for layer in program.layers:
-        for e in layer.eqns:
-            if any(v.name in dep for v in e.ins):
-                dep.update(o.name for o in e.outs)
-    return dep
 
 
 def predict(program: Program, graph, parts: np.ndarray, world: int,
@@ -174,9 +167,6 @@ def predict_bytes(program: Program, ctx: PassContext) -> Program:
     if ctx.workers == 1:
         return program
     if ctx.sampling is not None:  # per epoch, from the planner's dry run of the sampler
-        # cycle: plan_sampled imports this module's byte conventions
-        from gnnc.passes.plan_sampled import predict_sampled
-
         program, ctx.results.predicted_bytes = predict_sampled(program, ctx)
         return program
     if plan_pipeline.is_pipeline(program):

@@ -35,11 +35,13 @@ from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import COMM_OPS, reads_neighbours, reads_structure
-from gnnc.passes.choose_strategy import PlanningInputs, PricedPlan, epoch_costs
 from gnnc.passes.cost import activations
 from gnnc.passes.cost.collectives import grad_allreduce
+from gnnc.passes.cost.epoch import epoch_costs
 from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.inputs import PlanningInputs
 from gnnc.passes.cost.neutronstar import hybrid_values
+from gnnc.passes.cost.priced import PricedPlan
 from gnnc.passes.cost.schedule import predicted_schedule
 from gnnc.passes.cost.scheduled import (CACHE_ALL, SCHEDULE_OPTIONS, Segment, program_segments, scheduled_plan,
                                         segment_formula, segment_options, symbol_values)

@@ -2,7 +2,7 @@
 
 Why: P3's push-pull (`pushpull`) runs a layer on feature slices and its
 `sync` sums the slices' partial results at each vertex's owner. A bias
-before the sync would be added once per worker, so passes/legality.py
+before the sync would be added once per worker, so passes/analysis/legality.py
 rejects it. SAGE's `linear(a, out) + linear(h, out, bias = false)` puts its
 bias before the sync, although the bias could just as well come after it:
 `(u + b) + v = (u + v) + b`, and the sync is the identity on whole rows

@@ -2,7 +2,7 @@
 
 When the graph layers run `pipeline` (the planner's choice under
 --approximate, or the user's `--strategy pipeline --approximate`), this pass
-decides what the runtime executes (gnnc.passes.pipeline_plan): stages of
+decides what the runtime executes (gnnc.passes.planner.pipeline): stages of
 consecutive layers balanced by predicted cost, K = 4 x stages METIS chunks
 (`chunks=K` overrides), groups of G workers per stage running it
 graph-parallel (`pipeline_groups=G`: the planner's choice, else the user's,
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.ops import op_def
-from gnnc.passes.choose_strategy import PlanningInputs
+from gnnc.passes.cost.inputs import PlanningInputs
 from gnnc.passes.manager import PassContext, register_pass
-from gnnc.passes.pipeline_plan import group_options, price
 from gnnc.passes.pipeline_text import option
+from gnnc.passes.planner.pipeline import group_options, price
 from gnnc.plan import pipeline as plan_pipeline
 
 

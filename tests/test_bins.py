@@ -17,8 +17,8 @@ from conftest import EXAMPLES
 import gnnc
 from gnnc.cluster import resolve_cluster
 from gnnc.graph import CSR, GraphView
-from gnnc.passes.choose_strategy import planning_inputs
 from gnnc.passes.cost.activations import estimate
+from gnnc.passes.cost.inputs import planning_inputs
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.bins import BinWidths, bin_bounds, bin_widths, bins_of, boundary_rows, layer_bins, priority_order
 from gnnc.plan.halo import HaloPlan

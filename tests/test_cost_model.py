@@ -281,7 +281,7 @@ def test_bcast1d_gathered_waits_for_every_block_and_holds_n_rows() -> None:
 def test_activation_estimate_counts_every_value_by_hand() -> None:
     """GCN under DepComm on tests/test_pass_filecheck.py's 4-vertex graph: V = (2, 2), B = (1, 2), E = (3, 4)
     in-edges with self-loops; hidden 16, 3 features, 2 classes; float32. A dropout also keeps its mask."""
-    from gnnc.passes.choose_strategy import PlanningInputs
+    from gnnc.passes.cost.inputs import PlanningInputs
     from gnnc.passes.cost.activations import estimate
     from gnnc.testing import run_pass
     from test_pass_filecheck import PREPARED, GCN, DIMS, context
@@ -305,7 +305,7 @@ def test_binned_activation_estimate_by_hand() -> None:
     2 and 3) and gathers at most one source row per edge; backward holds the recomputed bin twice and the
     whole gradient of the rows the bins gather, once more for the held rows (both parts have rows with no
     remote in-neighbour, so some bins run before the halo arrives)."""
-    from gnnc.passes.choose_strategy import PlanningInputs
+    from gnnc.passes.cost.inputs import PlanningInputs
     from gnnc.passes.cost.activations import estimate
     from gnnc.testing import run_pass
     from test_pass_filecheck import PREPARED, GCN, DIMS, context

@@ -121,7 +121,7 @@ def test_profiles_carry_their_op_rates() -> None:
 def test_sparse_input_features_are_priced_per_nonzero() -> None:
     """Cora's bag of words is held sparse: dropout draws at its nonzeros, the first dense map is a
     sparse-dense product (LayerShape.sparse_gemms at the SpMM rate), and SAGE's aggregation densifies it."""
-    from gnnc.passes.choose_strategy import planning_inputs
+    from gnnc.passes.cost.inputs import planning_inputs
 
     graph = api.load_graph("planetoid:cora")
     program = _program(GCN, graph)

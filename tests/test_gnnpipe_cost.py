@@ -17,7 +17,7 @@ from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.gnnpipe import (boundary_width, bw_pipe, dense_backward, dense_forward, graph_parallel_traffic,
                                       pipeline, pipeline_traffic)
 from gnnc.passes.cost.symbols import N, E_tot, R_gemm, R_spmm, alpha, b, LayerShape
-from gnnc.passes.pipeline_plan import balance_stages
+from gnnc.passes.planner.pipeline import balance_stages
 
 GIB = 2 ** 30  # Table 4's "GB": its pipeline column is exact in GiB (0.4655 -> 0.47 for Flickr), not in 1e9
 # Table 2's graphs: vertices (the datasets' exact counts: Squirrel 5,201, Flickr 89,250, Reddit 232,965) and

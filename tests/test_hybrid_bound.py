@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.cluster import preset
-from gnnc.passes.choose_strategy import planning_inputs
 from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.inputs import planning_inputs
 from gnnc.passes.cost.registry import segment_cost
-from gnnc.passes.select_hybrid import select
+from gnnc.passes.planner.hybrid import select
 
 MODELS = ("gcn", "sage", "gat", "gin")
 _PROGRAMS: dict[tuple[str, int, int], object] = {}

@@ -16,7 +16,7 @@ from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.neutronstar import hybrid, hybrid_unit_costs, hybrid_values
 from gnnc.passes.cost.symbols import CostInputs, LayerShape
 from gnnc.passes.partition.stats import compute_stats
-from gnnc.passes.hybrid_greedy import (Dependencies, UnitCosts, cache_memory, choose, communicate_cost,
+from gnnc.passes.planner.hybrid_greedy import (Dependencies, UnitCosts, cache_memory, choose, communicate_cost,
                                        dependencies_from_stats, greedy_worker, predict, recompute_cost, select)
 
 COSTS = UnitCosts(t_v=np.array([1.0, 2.0]), t_e=np.array([0.1, 0.2]), t_c=np.array([5.0, 3.0]), t_x=0.0,

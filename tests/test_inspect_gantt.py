@@ -43,7 +43,7 @@ def _worker_time(stage: dict, w: int) -> float:
 
 @pytest.mark.parametrize("allow", ALLOWS, ids=["+".join(a) for a in ALLOWS])
 def test_the_schedule_is_the_planners_prediction(graph, allow) -> None:
-    from gnnc.passes.choose_strategy import plan_costs
+    from gnnc.passes.planner.search import plan_costs
 
     plan = _compile(graph, allow)
     planner = plan.meta["planner"]
@@ -119,9 +119,9 @@ def test_a_layout_transition_sits_between_the_segments(graph) -> None:
     from gnnc.passes.cost.evaluation import evaluate_cost
     from gnnc.passes.cost.layouts import boundary
     from gnnc.passes.cost.registry import segment_cost
-    from gnnc.passes.choose_strategy import plan_costs
+    from gnnc.passes.planner.search import plan_costs
     from gnnc.passes.cost.schedule import predicted_schedule
-    from gnnc.passes.segment_dp import Segment
+    from gnnc.passes.planner.segment_dp import Segment
 
     plan = _compile(graph, ("depcomm",))
     priced = plan_costs(_planned_program(graph), graph, plan.parts, _profile(), ["depcomm"])

@@ -116,7 +116,7 @@ def test_each_kernel_is_priced_at_its_layers_widths() -> None:
 
 
 def test_the_planner_values_every_layers_factors_from_the_profile() -> None:
-    from gnnc.passes.choose_strategy import planning_inputs
+    from gnnc.passes.cost.inputs import planning_inputs
     import numpy as np
 
     graph = random_graph(200, 1000, f=64, c=8, seed=0)

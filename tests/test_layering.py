@@ -6,7 +6,15 @@
     gnnc.plan > gnnc.graph > gnnc.ir         the core, plus gnnc.errors, gnnc.files, gnnc.cluster, gnnc.host
 
 Within the core, `ir` imports neither `graph` nor `plan`, and `graph` does
-not import `plan`. docs/architecture.md draws the same picture.
+not import `plan`. Within gnnc.passes, four sub-layers, bottom up:
+
+    passes.analysis   gnnc.passes.analysis, gnnc.passes.partition, gnnc.passes.context
+    passes.cost       gnnc.passes.cost: the cost model, which never imports a planner or a pass
+    passes.planner    gnnc.passes.planner: the searches, pricing with the cost model
+    passes            every other module of gnnc.passes: the registered passes and their manager
+
+and no import between modules of gnnc.passes is deferred into a function (the
+sub-layers leave no cycle for one to break). docs/architecture.md draws the same picture.
 
 An import inside a function is allowed only to break a real import cycle or
 to defer a heavy or optional dependency, and says which with a comment on
@@ -31,18 +39,26 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "graph": ("gnnc.graph",),
     "plan": ("gnnc.plan",),
     "frontend": ("gnnc.frontend", "gnnc.grammar"),
+    # gnnc.passes in sub-layers, bottom up (the pass context with its analysis cache is an analysis's input)
+    "passes.analysis": ("gnnc.passes.analysis", "gnnc.passes.partition", "gnnc.passes.context"),
+    "passes.cost": ("gnnc.passes.cost",),
+    "passes.planner": ("gnnc.passes.planner",),
     "passes": ("gnnc.passes",),
     "runtime": ("gnnc.runtime",),
     "top": ("gnnc",),
 }
+CORE = {"base", "ir", "graph", "plan"}
 # layer -> the layers it may import (itself included)
 MAY_IMPORT: dict[str, set[str]] = {
     "base": {"base"},
     "ir": {"base", "ir"},
     "graph": {"base", "ir", "graph"},
-    "plan": {"base", "ir", "graph", "plan"},
+    "plan": CORE,
     "frontend": {"base", "ir", "graph", "frontend"},
-    "passes": {"base", "ir", "graph", "plan", "passes"},
+    "passes.analysis": CORE | {"passes.analysis"},
+    "passes.cost": CORE | {"passes.analysis", "passes.cost"},
+    "passes.planner": CORE | {"passes.analysis", "passes.cost", "passes.planner"},
+    "passes": CORE | {"passes.analysis", "passes.cost", "passes.planner", "passes"},
     "runtime": {"base", "ir", "graph", "plan", "runtime"},
     "top": set(LAYERS),
 }
@@ -144,6 +160,7 @@ def violations(imports: list[Import]) -> list[str]:
 
 def test_every_source_file_is_a_known_module() -> None:
     assert "gnnc.ir.core" in MODULES and "gnnc.passes.manager" in MODULES and "gnnc.runtime.executor" in MODULES
+    assert {"gnnc.passes.analysis.layers", "gnnc.passes.cost.inputs", "gnnc.passes.planner.search"} <= set(MODULES)
     assert len(ALL_IMPORTS) > 100  # the walk found the imports (a walk that finds none would pass anything)
 
 
@@ -179,3 +196,86 @@ def test_a_nested_import_inside_a_function_is_seen(tmp_path: Path) -> None:
     [imp] = imports_of("gnnc.passes.m", path)
     assert imp.nested and not imp.reason and imp.target == "gnnc.runtime.comm"
     assert violations([imp])
+
+
+@pytest.mark.parametrize("module,layer", [
+    ("gnnc.passes.analysis.layers", "passes.analysis"),
+    ("gnnc.passes.partition.stats", "passes.analysis"),
+    ("gnnc.passes.context", "passes.analysis"),
+    ("gnnc.passes.cost.ops", "passes.cost"),
+    ("gnnc.passes.planner.search", "passes.planner"),
+    ("gnnc.passes.choose_strategy", "passes"),
+    ("gnnc.passes.manager", "passes"),
+])
+def test_passes_sub_layer_of(module: str, layer: str) -> None:
+    assert module in MODULES and layer_of(module) == layer
+
+
+@pytest.mark.parametrize("importer,target", [
+    ("gnnc.passes.cost.ops", "gnnc.passes.planner.search"),  # the cost model asking the planner
+    ("gnnc.passes.cost.schedule", "gnnc.passes.planner.search"),
+    ("gnnc.passes.cost.fit", "gnnc.passes.predict_bytes"),  # the cost model reading a pass
+    ("gnnc.passes.analysis.layers", "gnnc.passes.cost.symbols"),  # an analysis reading the cost model
+    ("gnnc.passes.partition.stats", "gnnc.passes.cost.symbols"),
+    ("gnnc.passes.context", "gnnc.passes.manager"),
+    ("gnnc.passes.planner.sampled", "gnnc.passes.choose_strategy"),  # a planner reading a pass
+    ("gnnc.passes.planner.segment_dp", "gnnc.passes.manager"),
+])
+def test_an_upward_import_inside_passes_is_caught(importer: str, target: str) -> None:
+    assert violations([Import(importer, target, 1, False, False)])
+
+
+@pytest.mark.parametrize("importer,target", [
+    ("gnnc.passes.choose_strategy", "gnnc.passes.planner.search"),
+    ("gnnc.passes.planner.search", "gnnc.passes.cost.inputs"),
+    ("gnnc.passes.cost.inputs", "gnnc.passes.partition.stats"),
+    ("gnnc.passes.cost.ops", "gnnc.passes.analysis.layers"),
+])
+def test_a_downward_import_inside_passes_is_allowed(importer: str, target: str) -> None:
+    assert not violations([Import(importer, target, 1, False, False)])
+
+
+def test_an_upward_import_in_a_cost_module_is_seen(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("from gnnc.passes.planner.search import choose\n")
+    [imp] = imports_of("gnnc.passes.cost.m", path)
+    assert not imp.nested and imp.target == "gnnc.passes.planner.search"
+    assert violations([imp]) == [f"gnnc.passes.cost.m:1: gnnc.passes.cost.m (passes.cost) imports "
+                                 f"gnnc.passes.planner.search (passes.planner)"]
+
+
+def test_no_import_between_passes_modules_is_deferred() -> None:
+    """A deferred import between two modules of gnnc.passes was there to hold a cycle open; the sub-layers
+    leave none (a heavy dependency deferred into a function is torch or matplotlib, never a pass module)."""
+    bad = [f"{where(i)}: import of {i.target} inside a function" for i in ALL_IMPORTS
+           if i.nested and layer_of(i.importer).startswith("passes") and layer_of(i.target).startswith("passes")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_passes_import_no_cycle() -> None:
+    graph: dict[str, set[str]] = {}
+    for imp in ALL_IMPORTS:
+        if layer_of(imp.importer).startswith("passes") and layer_of(imp.target).startswith("passes"):
+            graph.setdefault(imp.importer, set()).add(imp.target)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def cycle_from(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [node, nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (found := cycle_from(nxt, path + [node])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = cycle_from(start, [])
+            assert found is None, "an import cycle in gnnc.passes: " + " -> ".join(found)
+
+
+def test_the_run_time_memory_check_reads_analyses_and_the_cost_model_only() -> None:
+    reads = {layer_of(i.target) for i in ALL_IMPORTS if i.importer == "gnnc.memory_check"}
+    passes = {layer for layer in reads if layer.startswith("passes")}
+    assert passes and passes <= {"passes.analysis", "passes.cost"}, passes

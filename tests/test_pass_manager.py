@@ -8,8 +8,8 @@ import pytest
 from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.errors import GnncError
+from gnnc.passes.cost import inputs as cost_inputs
 from gnnc.passes.manager import PassContext, parse_pipeline, register_pass, run_pipeline
-from gnnc.passes import choose_strategy
 from gnnc.passes.pipeline_text import option
 from gnnc.testing import as_program
 
@@ -111,13 +111,13 @@ def test_analysis_cache_keeps_what_a_pass_preserves() -> None:
 def test_planning_inputs_are_computed_once_per_compile(monkeypatch) -> None:
     """choose-strategy and select-hybrid price on the same statistics: one computation, not two."""
     calls = []
-    real = choose_strategy.planning_inputs
+    real = cost_inputs.planning_inputs
 
     def counting(*args):
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(choose_strategy, "planning_inputs", counting)
+    monkeypatch.setattr(cost_inputs, "planning_inputs", counting)
     plan = api.compile(api.load_model(GCN), random_graph(), workers=2, allow=["hybrid"], cluster="neutronstar-ecs")
     assert [layer.attr("strategy") for layer in plan.program.graph_layers()] == ["hybrid", "hybrid"]
     assert plan.meta["hybrid"] and plan.meta["planner"]  # both passes used the inputs

@@ -166,7 +166,7 @@ def test_illegal_strategy_on_the_cli_exits_2_naming_the_op() -> None:
 def test_planning_a_10m_edge_graph_for_8_workers_is_fast() -> None:
     graph = api.load_graph("rmat:n=1000000,deg=10,features=16,classes=4,seed=0")
     parts = api.partition_vertices(graph, 8, "hash")
-    from gnnc.passes.choose_strategy import choose
+    from gnnc.passes.planner.search import choose
     from gnnc.cluster import preset
 
     model = api.load_model(EXAMPLES / "gcn.gnn")

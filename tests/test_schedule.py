@@ -209,7 +209,7 @@ def test_memory_cap_doubles_the_layer_that_sets_the_peak() -> None:
     stay under the cap (the greedy doubles the layer whose doubling lowers the peak most; doubling by
     what a layer keeps took the first layer to many more bins than the cap needs)."""
     from gnnc.cluster import resolve_cluster
-    from gnnc.passes.choose_strategy import planning_inputs
+    from gnnc.passes.cost.inputs import planning_inputs
     from gnnc.passes.cost.activations import estimate
 
     graph = gnnc.load_graph("rmat:n=10000,deg=40,features=64,classes=8,seed=0")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gnnc.errors import GnncError
-from gnnc.passes.segment_dp import assignment_key, backtrack, best_label, fill_table, solve, solve_pure
+from gnnc.passes.planner.segment_dp import assignment_key, backtrack, best_label, fill_table, solve, solve_pure
 
 SINGLE = ("a", "b")  # single-layer strategies: length-1 segments only
 MULTI = ("m", "n")  # segment strategies: any length

@@ -13,7 +13,7 @@ import torch
 
 from conftest import EXAMPLES, random_graph
 from gnnc.ir import Program
-from gnnc.passes.legality import pushpull_blocker
+from gnnc.passes.analysis.legality import pushpull_blocker
 from gnnc.passes.manager import run_pipeline
 from gnnc.testing import as_program, filecheck, run_pass
 

@@ -27,8 +27,9 @@ import torch
 
 from gnnc import api
 from gnnc.cluster import load_profile
-from gnnc.passes.choose_strategy import epoch_costs, planning_inputs
+from gnnc.passes.cost.epoch import epoch_costs
 from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.inputs import planning_inputs
 from gnnc.passes.cost.registry import segment_cost
 from gnnc.runtime.executor import init_params
 from gnnc.host import use_huge_pages

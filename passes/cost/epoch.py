@@ -17,7 +17,7 @@ in neither).
   and the training rates are fitted to forward plus backward);
   `Cost.evaluation` counts them, so the schedule draws them after the step;
 * `optimizer_cost`: Adam's step, per parameter element and per parameter
-  tensor, at the profile's measured rates.
+  tensor, at the profile's measured rates (`epoch_costs`: a program's, evaluated).
 
 Which of a cost's stages are forward follows its shape, as the schedule
 reads it (gnnc.passes.cost.schedule): one forward and one backward stage per
@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import sympy
 
+from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
-from gnnc.passes.cost.symbols import (R_gemm, R_gemm_e, R_spmm, R_spmm_e, T_opt, T_opt_call, Cost, ZERO, op_time,
-                                      OP_SIDES)
+from gnnc.passes.cost.evaluation import CostValue, evaluate_cost
+from gnnc.passes.cost.ops import optimizer_work
+from gnnc.passes.cost.symbols import (R_gemm, R_gemm_e, R_spmm, R_spmm_e, T_opt, T_opt_call, Cost, CostInputs, ZERO,
+                                      op_time, OP_SIDES)
 
 def forward_stages(cost: Cost, layers: int) -> tuple[sympy.Expr, ...]:
     """The forward stages of a training cost over `layers` graph layers: the first half when it has one
@@ -62,3 +65,9 @@ def with_evaluation(cost: Cost, start: int, end: int) -> Cost:
 def optimizer_cost(elements: float, tensors: int) -> Cost:
     """One Adam step: every parameter element, and the per-tensor work of the step (its dispatch)."""
     return Cost("optimizer", (elements * T_opt + tensors * T_opt_call,), ZERO, ZERO)
+
+
+def epoch_costs(program: Program, inputs: CostInputs) -> tuple[Cost, CostValue]:
+    """The optimizer step of one epoch of `program`, and its value on `inputs`."""
+    cost = optimizer_cost(*optimizer_work(program))
+    return cost, evaluate_cost(cost, inputs)

@@ -30,11 +30,10 @@ from scipy.optimize import nnls
 
 from gnnc.cluster import OP_CLASSES, KernelRate, OpRate, kernel_slowdown
 from gnnc.ir import Program
-from gnnc.passes.choose_strategy import layer_dims, layer_shape
+from gnnc.passes.analysis.layers import layer_dims, param_dependent
 from gnnc.passes.cost.compute import compute_backward, compute_forward
 from gnnc.passes.cost.ops import PER_ROW, class_of, program_op_work
-from gnnc.passes.cost.symbols import R_gemm, R_spmm, d, heads, kernel_factors
-from gnnc.passes.predict_bytes import param_dependent
+from gnnc.passes.cost.symbols import R_gemm, R_spmm, d, heads, kernel_factors, layer_shape
 
 # (vertices, edges per graph layer, seconds per graph layer) of one timed test graph
 Sample = tuple[int, list[int], list[float]]

@@ -120,7 +120,7 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
     """The peak memory of each process (see the module docstring for the terms).
 
     dims, head_counts, shapes: the graph layers' widths d_0..d_L, heads and LayerShapes (as the planner
-    reads them off the IR: `choose_strategy.layer_dims`, `layer_shape`).
+    reads them off the IR: `analysis.layers.layer_dims`, `cost.symbols.layer_shape`).
     """
     sizes = parameter_sizes(program)
     params = float(sum(s.bytes for s in sizes))

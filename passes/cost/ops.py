@@ -49,8 +49,8 @@ import math
 from gnnc.ir import Eqn, Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import op_def, reads_structure
+from gnnc.passes.analysis.layers import param_dependent
 from gnnc.passes.cost.symbols import LayerOpWork
-from gnnc.passes.predict_bytes import param_dependent
 
 # priced by every strategy's formula: the dense map (gemm_time) and the aggregations (spmm_time)
 KERNEL_OPS = frozenset({"linear", "spmm", "gather"})

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import sympy
@@ -25,11 +25,9 @@ import sympy
 from gnnc.ir.expr import as_expr
 from gnnc.passes.cost.evaluation import evaluate, evaluate_cost
 from gnnc.passes.cost.layouts import boundary
+from gnnc.passes.cost.priced import PricedPlan
 from gnnc.passes.cost.symbols import R_gemm, R_gemm_e, R_spmm, R_spmm_e, alpha, bw
 from gnnc.plan.strategies import STRATEGIES
-
-if TYPE_CHECKING:  # the planner's priced tables; importing it at run time would be a cycle (it calls us)
-    from gnnc.passes.choose_strategy import PricedPlan
 
 
 # Forward order of a layer's pieces ("overlap": a Max window). The cost model fixes durations and

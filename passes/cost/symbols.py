@@ -55,6 +55,7 @@ import sympy
 from sympy import Symbol
 
 from gnnc.cluster import KERNELS, ClusterProfile
+from gnnc.ir import Layer
 from gnnc.ir.expr import as_expr
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 
@@ -247,6 +248,20 @@ class LayerShape:
     def exchange_grad(self) -> bool:
         """Whether the exchanged value has a gradient to send back (it does if it went through W)."""
         return self.input_grad or self.gemm_first
+
+
+def layer_shape(layer: Layer, needs_grad: set[str], sparse: set[str] = frozenset()) -> LayerShape:
+    """The cost model's view of one lowered graph layer (`needs_grad`: the values that need a gradient,
+    gnnc.passes.analysis.layers.param_dependent; `sparse`: the values held as sparse input features,
+    gnnc.passes.cost.ops.sparse_values, when the graph's are)."""
+    ops = [e.op for e in layer.eqns]
+    first_linear = next((i for i, o in enumerate(ops) if o == "linear"), None)
+    first_agg = next((i for i, o in enumerate(ops) if o in ("spmm", "gather")), None)
+    gemm_first = first_linear is not None and (first_agg is None or first_linear < first_agg)
+    sparse_gemms = sum(1 for e in layer.eqns if e.op == "linear" and e.ins[0].name in sparse)
+    return LayerShape(gemms=max(1, ops.count("linear")), gemm_first=gemm_first,
+                      attention="sddmm" in ops or "edge_softmax" in ops, mean_heads="mean_heads" in ops,
+                      input_grad=layer.inputs[0].name in needs_grad, sparse_gemms=sparse_gemms)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the layers after the first run data-parallel on each worker's own seeds
 either way. choose-strategy asks `choose_sampled` when the compile samples:
 every candidate assignment (and, with `--approximate`, P3's 2F2B schedule)
 is priced with the sampled formulas (gnnc.passes.cost.sampled) on the seeded
-dry run (gnnc.passes.sampled_stats), and the crossover in the hidden width
+dry run (gnnc.passes.analysis.sampled_stats), and the crossover in the hidden width
 is solved with sympy, in bytes and in time. predict-bytes asks
 `predict_sampled` for the exact bytes of the dry-run epoch per op.
 """
@@ -21,19 +21,22 @@ from gnnc.errors import GnncError
 from gnnc.graph.sampling import index_bytes
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
+from gnnc.passes.analysis.layers import layer_dims, param_dependent
+from gnnc.passes.analysis.legality import pushpull_blocker
+from gnnc.passes.analysis.sampled_stats import SampledStats
+from gnnc.passes.context import PassContext
 from gnnc.passes.cost.crossovers import bytes_crossover, crossover
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.registry import sampled_formula
 from gnnc.passes.cost.sampled import sampled_values, steps_allreduce
-from gnnc.passes.cost.symbols import Cost, CostInputs, d
-from gnnc.passes.legality import pushpull_blocker
-from gnnc.passes.manager import PassContext
-from gnnc.passes.predict_bytes import _width, param_dependent
-from gnnc.passes.sampled_stats import SampledStats
+from gnnc.passes.cost.symbols import Cost, CostInputs, d, layer_shape
+from gnnc.passes.planner.report import PlannerReport
 from gnnc.plan.approximation import approximations, is_exact
+from gnnc.plan.pipeline import value_width
 from gnnc.plan.precision import GRAD_BYTES, element_bytes
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import names as strategy_names
+
 
 def candidates(program: Program, allow: list[str] | None, approximate: bool) -> list[tuple[list[str], str]]:
     """(per-layer strategies, schedule) pairs the planner prices: dp-sample everywhere, push-pull on the first
@@ -55,9 +58,6 @@ def candidates(program: Program, allow: list[str] | None, approximate: bool) -> 
 
 
 def _inputs(program: Program, ctx: PassContext) -> tuple[CostInputs, dict, list[Any], SampledStats]:
-    # cycle: choose-strategy imports this module
-    from gnnc.passes.choose_strategy import layer_dims, layer_shape
-
     stats = ctx.analyses.get(SampledStats, program)
     dims, heads = layer_dims(program)
     parts = np.asarray(ctx.parts)
@@ -84,9 +84,6 @@ def price(strategies: list[str], schedule: str, shapes: list[Any], param_element
 
 def choose_sampled(program: Program, ctx: PassContext, allow: list[str] | None):
     """The planner's report for a sampled compile, and the chosen schedule."""
-    # cycle: choose-strategy imports this module
-    from gnnc.passes.choose_strategy import PlannerReport
-
     inputs, extra, shapes, stats = _inputs(program, ctx)
     cfg = program.config_dict()
     params = float(sum(np.prod([eval_dim(x, cfg) for x in p.value.type.shape]) for p in program.params()))
@@ -128,7 +125,6 @@ def _crossovers(shapes: list[Any], inputs: CostInputs, extra: dict) -> list[str]
 def predict_sampled(program: Program, ctx: PassContext) -> tuple[Program, dict[str, int]]:
     """Bytes of the dry-run epoch per op, as the runtime labels them; the first layer's sync annotated."""
     stats = ctx.analyses.get(SampledStats, program)
-    cfg = program.config_dict()
     world = ctx.workers
     first = program.graph_layers()[0]
     ids = index_bytes(ctx.graph.num_nodes, ctx.graph.num_edges)
@@ -138,7 +134,7 @@ def predict_sampled(program: Program, ctx: PassContext) -> tuple[Program, dict[s
         eqns = []
         for e in layer.eqns:
             if e.op == "reduce_scatter":
-                w = _width(e.ins[0].type.shape, cfg) * element_bytes(ctx.precision)
+                w = value_width(program, e.ins[0]) * element_bytes(ctx.precision)
                 fwd = int((world - 1) * stats.destinations[:, 0].sum()) * w
                 bwd = fwd if e.ins[0].name in param_dependent(program) else 0
                 totals["reduce_scatter"], totals["all_gather"] = fwd, bwd
@@ -147,9 +143,9 @@ def predict_sampled(program: Program, ctx: PassContext) -> tuple[Program, dict[s
             eqns.append(e)
         layers.append(layer.replace(eqns=tuple(eqns)))
     if first.attr("strategy") == "dp-sample":
-        width = _width(program.inputs[0].type.shape, cfg)
+        width = value_width(program, program.inputs[0])
         totals["pull_ids"] = int(stats.pulled.sum()) * ids
         totals["halo"] = int(stats.served.sum()) * width * element_bytes(ctx.precision)
-    numel = sum(_width(p.value.type.shape, cfg) for p in program.params())
+    numel = sum(value_width(program, p.value) for p in program.params())
     totals["allreduce"] = stats.batches * 2 * (world - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), totals

@@ -18,7 +18,7 @@ import numpy as np
 
 from gnnc.graph.sampling import NeighbourSampler, SamplingConfig, packed_size, reads_edge_ids
 from gnnc.ir import Program
-from gnnc.passes.manager import PassContext
+from gnnc.passes.context import PassContext
 
 
 @dataclass(frozen=True)

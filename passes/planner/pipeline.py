@@ -26,6 +26,7 @@ import numpy as np
 from gnnc.errors import GnncError
 from gnnc.ir import Layer, Program
 from gnnc.ir.dims import eval_dim
+from gnnc.passes.analysis.layers import param_dependent
 from gnnc.passes.cost import gnnpipe
 from gnnc.passes.cost.evaluation import CostValue, evaluate, evaluate_cost
 from gnnc.passes.cost.local import local
@@ -33,7 +34,6 @@ from gnnc.passes.cost.registry import segment_cost
 from gnnc.passes.cost.symbols import N, CostInputs, Cost
 from gnnc.passes.partition import partition_graph
 from gnnc.passes.partition.core import chunks_for_pipeline
-from gnnc.passes.predict_bytes import param_dependent
 from gnnc.plan import pipeline as plan_pipeline
 
 

@@ -13,10 +13,14 @@ equation that does (each op's `linear_in` trait and `nonlinear_why`, in
 gnnc.ir.ops). The default pipeline's `sink-bias` pass runs first and
 moves a bias past sums and the sync wherever that is exact (SAGE's lin_l
 bias), so a bias found here is one that cannot move.
+
+A depcache or hybrid segment entered after the first graph layer fetches its
+input's rows on entry, and only those (`segment_can_start_at`): the planner
+prices only the segments assign-strategy accepts.
 """
 from __future__ import annotations
 
-from gnnc.ir import Eqn, Layer
+from gnnc.ir import Eqn, Layer, Program
 from gnnc.ir.ops import op_def
 
 
@@ -57,3 +61,23 @@ def pushpull_blocker(layer: Layer) -> tuple[Eqn | None, str] | None:
             if v.name in dep and v.name != layer.eqns[k].outs[0].name:
                 return e, f"'{e.op}' reads %{v.name}, a partial result from before the sync"
     return None
+
+
+def vertex_inputs(layer) -> list:
+    """The vertex values a graph layer reads."""
+    return [v for v in layer.inputs if v.type is not None and v.type.domain == "vertex"]
+
+
+def fetchable(layer) -> bool:
+    """Whether `layer` may sit in a depcache/hybrid segment entered after graph layer 0.
+
+    Such a segment fetches its input's rows on entry, and only those, so its
+    layers may read no other vertex value from before it (GCNII's h0 would be
+    held for the owned rows only).
+    """
+    return len(vertex_inputs(layer)) <= 1
+
+
+def segment_can_start_at(program: Program, start: int, end: int) -> bool:
+    """Whether a depcache/hybrid segment may hold graph layers [start, end)."""
+    return start == 0 or all(fetchable(layer) for layer in program.graph_layers()[start:end])

@@ -1,0 +1,33 @@
+"""The planner's report: what it chose, what it compared, and why.
+
+Why this module exists: the full-graph search (gnnc.passes.planner.search) and
+the sampled one (gnnc.passes.planner.sampled) answer with the same record,
+which choose-strategy puts in `ctx.results.planner` and the plan, `--explain`
+and `gnnc inspect` read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PlannerReport:
+    """What the planner decided and what it compared."""
+
+    strategies: list[str]
+    predicted_time_s: float
+    predicted_memory_bytes: float
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+    crossovers: list[str] = field(default_factory=list)
+    segments: list[tuple[int, int, str]] = field(default_factory=list)  # the chosen (start, end, strategy)
+    # every segment priced: {"layers": [start, end], "strategy", "time_s", "bytes", "memory_bytes"}
+    segment_costs: list[dict[str, Any]] = field(default_factory=list)
+    # the chosen assignment's epoch, stage by stage and worker by worker (`predicted_schedule`); the
+    # schedule pass redraws it from the schedule it annotates (gnnc.passes.cost.scheduled)
+    schedule: dict[str, Any] = field(default_factory=dict)
+    priced: Any = field(default=None, repr=False)  # the PricedPlan behind it (not saved with the plan)
+    pipeline: Any = None  # the chosen pipeline (a gnnc.passes.planner.pipeline.PipelineChoice), when one was chosen
+    # bytes every worker holds whatever the assignment: the weights, their gradients and Adam's two moments
+    weights_bytes: float = 0.0
+    memory_warning: str = ""  # set when the choice takes more than WARN_FRACTION of a worker's memory

@@ -1,0 +1,216 @@
+"""choose-strategy's search: price every candidate segment with the cost model, then run the segment DP.
+
+For the partition the plan is compiled for, the planning inputs
+(gnnc.passes.cost.inputs: the partition's per-worker counts, each layer's
+shape) price every candidate segment on the cluster profile, and the segment
+DP (gnnc.passes.planner.segment_dp) picks the cheapest assignment under the
+memory cap, transitions between layouts included. The cap is the cluster's
+memory per worker less what every assignment holds alike: the weights, their
+gradients and Adam's two moments (a model whose weights alone do not fit is
+refused); a choice above WARN_FRACTION of a worker's memory is warned of
+(`memory_warning`). The candidates are what the runtime executes: depcomm and
+bcast1d per layer, pushpull on the first layer where it is legal, depcache and
+hybrid as segments of consecutive layers (hybrid priced with the selection
+select-hybrid will make, gnnc.passes.planner.hybrid), and, with `approximate`
+only, GNNPipe's pipeline over every layer (priced with the stages, chunks and
+groups stage-pipeline will run: gnnc.passes.planner.pipeline).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gnnc.errors import GnncError
+from gnnc.ir import Program
+from gnnc.ir.dims import eval_dim
+from gnnc.passes.analysis.legality import pushpull_blocker, segment_can_start_at
+from gnnc.passes.cost.collectives import grad_allreduce
+from gnnc.passes.cost.crossovers import crossover
+from gnnc.passes.cost.epoch import epoch_costs
+from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.inputs import PlanningInputs, planning_inputs
+from gnnc.passes.cost.layouts import boundary
+from gnnc.passes.cost.memory import OPTIMIZER_COPIES, WARN_FRACTION, parameter_sizes
+from gnnc.passes.cost.priced import PricedPlan
+from gnnc.passes.cost.registry import planner_cost, user_cost
+from gnnc.passes.cost.schedule import predicted_schedule
+from gnnc.passes.cost.symbols import bw, d
+from gnnc.passes.planner.hybrid import select
+from gnnc.passes.planner.pipeline import price as price_pipeline
+from gnnc.passes.planner.report import PlannerReport
+from gnnc.passes.planner.segment_dp import solve
+from gnnc.plan.approximation import approximations
+from gnnc.plan.precision import DEFAULT_PRECISION
+from gnnc.plan.strategies import STRATEGIES, names as strategy_names
+
+
+def candidates(program: Program, allow: list[str] | None, approximate: bool = False) -> list[str]:
+    """The strategies the planner prices: `allow` (default every plannable one), exact ones only unless
+    `approximate` (naming an approximate one without it is an error that says what it approximates)."""
+    plannable = strategy_names(plannable=True, batching="full")
+    allowed = list(allow) if allow else [s for s in plannable if approximate or STRATEGIES[s].exact]
+    for s in allowed:
+        if s not in plannable:
+            raise GnncError(f"--allow {s}: the planner chooses among {', '.join(plannable)}")
+        if not (approximate or STRATEGIES[s].exact):
+            raise GnncError(f"--allow {s}: '{s}' is approximate ({STRATEGIES[s].approximates}); "
+                            f"pass --approximate to allow it")
+    first = program.graph_layers()[0]
+    # a strategy that splits the input features needs a first layer linear in them (P3's legality)
+    return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
+
+
+def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
+               planned: PlanningInputs | None = None, approximate: bool = False,
+               pipeline_groups: int = 0) -> PricedPlan:
+    """Segment costs (time, memory) for the DP, and the compiled formulas behind them.
+
+    `planned`: the planning inputs when the caller has them already (the pass's analysis cache).
+    `approximate`: price the approximate strategies too; `pipeline_groups`: the pipeline's group
+    size when the user fixed it (0: every size, the cheapest kept).
+
+    The DP's table holds every assignment's time before the all-reduce of replicated weights,
+    which `choose` adds to each; a pipeline replicates no weight across its stages (its groups
+    reduce their stage's weights inside its own cost), so its entry is its time minus that
+    all-reduce, and the sum comes out as its own time.
+    """
+    L = len(program.graph_layers())
+    if planned is None:
+        planned = PlanningInputs(*planning_inputs(program, graph, parts, profile))
+    stats, inputs, shapes = planned.stats, planned.inputs, planned.shapes
+    allowed = candidates(program, allow, approximate)
+    params = sum(float(np.prod([float(x) for x in _shape(p, program)])) for p in program.params())
+    allreduce_cost = grad_allreduce(params)
+    allreduce = evaluate_cost(allreduce_cost, inputs)
+    pipelines: list[Any] = []
+    seg_cost: dict[tuple[int, int, str], tuple[float, float]] = {}
+    formulas: dict[tuple[int, int, str], Any] = {}
+    values: dict[tuple[int, int, str], Any] = {}
+    extras: dict[tuple[int, int, str], Any] = {}
+    for s in allowed:
+        sd = STRATEGIES[s]
+        if sd.whole_model:
+            if inputs.precision != DEFAULT_PRECISION:
+                continue  # the pipeline runs in fp32 (predict-bytes refuses it at 16 bits): not a candidate
+            pipelines = price_pipeline(program, graph, inputs, shapes, profile, int(parts.max()) + 1, pipeline_groups)
+            if pipelines:
+                best = pipelines[0]
+                key = (0, L, s)
+                seg_cost[key] = (best.value.time - allreduce.time, best.value.memory)
+                formulas[key], values[key], extras[key] = best.cost, best.value, best.extra
+            continue
+        if sd.span == "segment":  # every span a segment may hold (GCNII's only from layer 0)
+            spans = [(start, end) for start in range(L) for end in range(start + 1, L + 1)
+                     if segment_can_start_at(program, start, end)]
+        elif sd.first_layer_only:
+            spans = [(0, 1)]
+        else:
+            spans = [(i, i + 1) for i in range(L)]
+        for start, end in spans:
+            cost = planner_cost(s, start, end, shapes[start:end])
+            extra = None
+            if sd.rows == "selected" and user_cost(s) is None:  # priced with the selection select-hybrid makes
+                chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost)
+                extra, value, cost = chosen.values, chosen.value, chosen.formula
+            else:
+                value = evaluate_cost(cost, inputs, extra)
+            seg_cost[(start, end, s)] = (value.time, value.memory)
+            formulas[(start, end, s)] = cost
+            values[(start, end, s)] = value
+            extras[(start, end, s)] = extra
+    trans: dict[tuple[str, str, int], float] = {}
+    for a in allowed:
+        for b_ in allowed:
+            for layer in range(1, L):
+                if a != b_:
+                    trans[(a, b_, layer)] = evaluate_cost(boundary(a, b_, layer), inputs).time
+    epoch_cost, epoch = epoch_costs(program, inputs)
+    return PricedPlan(seg_cost, trans, formulas, values, extras, inputs, shapes, allreduce_cost, allreduce, allowed,
+                      pipelines=pipelines, epoch_cost=epoch_cost, epoch=epoch)
+
+
+def _shape(param, program: Program) -> list[int]:
+
+    return [eval_dim(d, program.config_dict()) for d in param.value.type.shape]
+
+
+def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
+           planned: PlanningInputs | None = None, approximate: bool = False,
+           pipeline_groups: int = 0) -> PlannerReport:
+    priced = plan_costs(program, graph, parts, profile, allow, planned, approximate, pipeline_groups)
+    formulas, values, inputs, allreduce, allowed = (priced.formulas, priced.values, priced.inputs, priced.allreduce,
+                                                    priced.allowed)
+    fixed = allreduce.time + priced.epoch.time  # what every assignment pays besides its segments
+    L = len(program.graph_layers())
+    # a worker's memory holds the weights, their gradients and Adam's moments besides what the segments keep
+    weights = (1 + OPTIMIZER_COPIES) * sum(s.bytes for s in parameter_sizes(program))
+    room = profile.memory_per_worker - weights
+    if room <= 0:
+        raise GnncError(f"the weights, their gradients and Adam's moments take {weights:.6g} bytes per worker, more "
+                        f"than the {profile.memory_per_worker:.6g} bytes cluster '{profile.name}' has; make the model "
+                        f"smaller (--set)")
+    result = solve(L, allowed, priced.seg_cost, priced.trans, memory_cap=room)
+    best = result.best
+    alternatives = []
+    for alt in result.alternatives:
+        segs = [(s.start, s.end, s.strategy) for s in alt.segments]
+        alternatives.append({
+            "strategies": list(alt.strategies),
+            "time_s": alt.time + fixed,
+            "bytes": sum(values[k].bytes for k in segs) + (0.0 if _own_allreduce(segs) else allreduce.bytes),
+            "memory_bytes": alt.memory,
+            "formulas": {f"{k[2]}[{k[0]}:{k[1]}]": formulas[k].describe() for k in segs},
+            "user_costs": sorted({f"{k[2]}: {user_cost(k[2]).__module__}.{user_cost(k[2]).__name__}"
+                                  for k in segs if user_cost(k[2]) is not None}),
+            **({"approximate": notes} if (notes := approximations(alt.strategies)) else {}),
+        })
+    crossovers = []
+    # whole-model formulas: a segment strategy's span over every layer, a per-layer one's every layer
+    pure = {s: [formulas[k] for k in formulas if k[2] == s and (STRATEGIES[s].span == "layer" or k[:2] == (0, L))]
+            for s in allowed}
+    if "depcomm" in pure and "depcache" in pure and pure["depcomm"] and pure["depcache"]:
+        for c in crossover(pure["depcomm"], pure["depcache"], bw, inputs, 1e6, 1e12):
+            faster = "depcomm" if c.first_faster_above else "depcache"
+            crossovers.append(f"{faster} overtakes {'depcache' if faster == 'depcomm' else 'depcomm'} "
+                              f"above {c.value * 8 / 1e9:.3g} Gb/s of bandwidth per worker")
+    crossovers += _pushpull_crossovers(priced)
+    segment_costs = [{"layers": [k[0], k[1]], "strategy": k[2], "time_s": v.time, "bytes": v.bytes,
+                      "memory_bytes": v.memory} for k, v in sorted(values.items())]
+    segment_costs += [{"layers": [0, L], "strategy": "pipeline", "groups": c.groups, "stages": c.stages,
+                       "chunks": c.chunks, "time_s": c.value.time, "bytes": c.value.bytes,
+                       "memory_bytes": c.value.memory} for c in priced.pipelines[1:]]
+    report = PlannerReport(list(best.strategies), best.time + fixed, best.memory, alternatives, crossovers,
+                           [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
+                           predicted_schedule(best.segments, priced), priced)
+    if _own_allreduce([(seg.start, seg.end, seg.strategy) for seg in best.segments]):
+        report.pipeline = priced.pipelines[0]
+    report.weights_bytes = weights
+    if best.memory + weights > WARN_FRACTION * profile.memory_per_worker:
+        report.memory_warning = (f"the chosen plan is predicted to take {best.memory + weights:.6g} bytes per "
+                                 f"worker ({best.memory:.6g} kept by its layers, {weights:.6g} for the weights and "
+                                 f"Adam's state), {(best.memory + weights) / profile.memory_per_worker:.0%} of the "
+                                 f"memory per worker of cluster '{profile.name}'")
+    return report
+
+
+def _own_allreduce(segments) -> bool:
+    """Whether an assignment reduces its weights in its own cost (a pipeline: no weight is replicated)."""
+    return any(STRATEGIES[k[2]].whole_model for k in segments)
+
+
+def _pushpull_crossovers(priced: PricedPlan) -> list[str]:
+    """P3's question: up to which output width of the first layer (d_1, the hidden size) push-pull beats
+    the best other way to run that layer. Layer against layer, as P3 section 3.2 weighs them."""
+    key = (0, 1, "pushpull")
+    rivals = [k for k in priced.formulas if k[:2] == (0, 1) and k[2] != "pushpull"]
+    if key not in priced.formulas or not rivals:
+        return []
+    rival = min(rivals, key=lambda k: (priced.values[k].time, k[2]))
+    out = []
+    for c in crossover([priced.formulas[key]], [priced.formulas[rival]], d(1), priced.inputs, 1.0, 65536.0,
+                          extra_second=priced.extras.get(rival)):
+        side = "once" if c.first_faster_above else "while"
+        sign = ">" if c.first_faster_above else "<"
+        out.append(f"pushpull beats {rival[2]} on layer 1 {side} its output width (hidden) {sign} {c.value:.4g}")
+    return out
