@@ -2,10 +2,10 @@
 
 Patterns, applied inside each graph layer until none matches:
 
-* `gather[r](src(x))` -> `spmm[reduce=r](x)` for r in sum, mean, max, min
+* `gather[r](src(x))` -> `spmm[reduce=r](x)` for every reducer r
   (copy the source row, reduce: no per-edge tensor is built);
-* `gather[r](mul(w, src(x)))` -> `spmm[reduce=r](x, w)` for r in sum, mean,
-  where `w` is an edge weight (edge data such as gcn_norm, or attention
+* `gather[r](mul(w, src(x)))` -> `spmm[reduce=r](x, w)` for a linear r (sum,
+  mean: gnnc.ir.reducers), where `w` is an edge weight (edge data such as gcn_norm, or attention
   coefficients) whose shape is a prefix of x's (per edge, or per head);
 * `dot(src(z), a)` -> `src(dot(z, a))`: a per-vertex op computed once per
   vertex instead of once per edge (the attention scores of GAT);
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
+from gnnc.ir.reducers import is_linear
 from gnnc.passes.manager import PassContext, register_pass
 
 
@@ -64,7 +65,7 @@ def _rewrite_once(layer: Layer) -> Layer | None:
             if p.op == "src":
                 eqns[i] = Eqn("spmm", (p.ins[0],), e.outs, attrs_of(reduce=reduce), e.prim, e.loc)
                 return layer.replace(eqns=tuple(eqns))
-            if p.op == "mul" and reduce in ("sum", "mean"):
+            if p.op == "mul" and is_linear(reduce):
                 for s_idx, w_idx in ((1, 0), (0, 1)):
                     s, w = p.ins[s_idx], p.ins[w_idx]
                     ps = producer(s)

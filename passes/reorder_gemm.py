@@ -1,6 +1,6 @@
 """reorder-gemm: run the dense map before the aggregation when that narrows it (MG-GCN 4.4).
 
-`linear(spmm[r](x, w), W, b)` with r in sum/mean equals
+`linear(spmm[r](x, w), W, b)` with a linear r (sum, mean: gnnc.ir.reducers) equals
 `bias(spmm[r](linear(x, W), w), b)`: aggregation is linear in its input, and
 the bias is added after the aggregation exactly where it was before, so it
 never passes through the edge weights (where it would not commute). The rewrite
@@ -15,6 +15,7 @@ from collections import Counter
 import sympy
 
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of, dim
+from gnnc.ir.reducers import is_linear
 from gnnc.passes.manager import PassContext, register_pass
 
 
@@ -37,7 +38,7 @@ def _rewrite(layer: Layer, config: dict) -> Layer | None:
         if i is None or uses[a.name] != 1:
             continue
         agg = eqns[i]
-        if agg.op != "spmm" or agg.attr("reduce") not in ("sum", "mean") or len(agg.outs[0].type.shape) != 1:
+        if agg.op != "spmm" or not is_linear(agg.attr("reduce")) or len(agg.outs[0].type.shape) != 1:
             continue
         if len(agg.ins) > 1 and agg.ins[1].type.shape:  # per-head weights: the map must stay per head
             continue

@@ -35,6 +35,7 @@ from gnnc.ir.dims import eval_dim, eval_number
 from gnnc.ir.ops import COMM_OPS, op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
 from gnnc.runtime import fusion, rng
+from gnnc.runtime.kernels import reducers
 from gnnc.runtime.kernels.sparse_features import sparse_features_mm
 from gnnc.runtime.implementations import implementation, implements
 
@@ -76,19 +77,6 @@ def _segment_softmax(e: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor
     ex = torch.exp(e - mx[dst])
     den = torch.zeros(shape, dtype=e.dtype, device=e.device).index_add(0, dst, ex)
     return ex / den[dst]
-
-
-def _segment_reduce(m: torch.Tensor, dst: torch.Tensor, n: int, reduce: str, deg: torch.Tensor) -> torch.Tensor:
-    shape = (n,) + tuple(m.shape[1:])
-    if reduce in ("sum", "mean"):
-        out = torch.zeros(shape, dtype=m.dtype, device=m.device).index_add(0, dst, m)
-        if reduce == "mean":
-            out = out / deg.clamp(min=1).view(-1, *([1] * (m.dim() - 1)))
-        return out
-    idx = dst.view(-1, *([1] * (m.dim() - 1))).expand_as(m)
-    red = {"max": "amax", "min": "amin"}[reduce]
-    # rows without in-edges stay 0, as PyG's max/min aggregation gives
-    return torch.zeros(shape, dtype=m.dtype, device=m.device).scatter_reduce(0, idx, m, red, include_self=False)
 
 
 def dying_values(program: Program) -> dict[tuple[str, int], list[str]]:
@@ -284,7 +272,7 @@ def _edata(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -
 
 @implements("gather")
 def _gather(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
-    return _segment_reduce(ins[0], view.dst, view.csr.n_dst, e.attr("reduce"), view.deg)
+    return reducers.aggregate(e.attr("reduce"), ins[0], view.dst, view.csr.n_dst, view.deg)
 
 
 @implements("edge_softmax")
@@ -298,7 +286,7 @@ def _spmm(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) ->
     if len(ins) > 1:
         w, m = _align(ins[1], m)
         m = w * m
-    return _segment_reduce(m, view.dst, view.csr.n_dst, e.attr("reduce"), view.deg)
+    return reducers.aggregate(e.attr("reduce"), m, view.dst, view.csr.n_dst, view.deg)
 
 
 @implements("sddmm")

@@ -49,6 +49,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from gnnc.ir import Eqn, Program
+from gnnc.ir.reducers import is_linear
 from gnnc.runtime import rng
 from gnnc.runtime.kernels import cpu, native
 
@@ -133,7 +134,9 @@ def find_chains(program: Program) -> dict[str, Chain]:
             if readers.get(name, 0) != 1 or hit is None or hit[2].attr("hoisted") or saves_result(name):
                 return False
             if not _aliases(hit[2]):
-                return hit[2].op in _OVERWRITABLE and hit[2].attr("reduce") in (None, "sum", "mean")
+                # an aggregation's backward leaves its result alone when its reducer is linear (ReducerDef)
+                reduce = hit[2].attr("reduce")
+                return hit[2].op in _OVERWRITABLE and (reduce is None or is_linear(reduce))
             name = hit[2].ins[0].name
 
     for layer, e in eqns:
@@ -176,7 +179,7 @@ def find_chains(program: Program) -> dict[str, Chain]:
     return chains
 
 
-# ops whose backward does not read their own result (spmm: with reduce sum or mean), so that the next
+# ops whose backward does not read their own result (spmm: with a linear reducer), so that the next
 # equation may overwrite it
 _OVERWRITABLE = frozenset({"spmm", "linear", "add", "sub", "mul", "bias", "dropout", "concat", "mean_heads"})
 

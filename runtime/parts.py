@@ -8,10 +8,12 @@ after the wait; rank j's block at stage j), and each split equation runs on
 the edges of one part at a time (`gnnc.plan.rows.SourceParts`), so the work
 on the parts that have arrived runs while the others are in flight. Edge
 values stay as one tensor per part (`Parts`); an equation that turns edges
-into vertex rows combines its parts exactly:
+into vertex rows combines its parts exactly, as its reducer's `combine` says
+(gnnc.ir.reducers):
 
-* sum: the parts' sums added; mean: the parts' sums added, then divided by
-  the whole in-degree;
+* add (sum, mean, std): each part's sums of powers of its messages added, then
+  the reducer's finalise on the totals and the whole in-degree (mean divides
+  the sum by it; gnnc.runtime.kernels.reducers);
 * max / min: the larger / smaller of the parts' results, a part without an
   edge at a row left out; the gradient of a row is shared among the parts
   in proportion to how many of their edges reach the extreme value, so each
@@ -36,8 +38,9 @@ import torch
 
 from gnnc.ir import Eqn
 from gnnc.ir.ops import reads_neighbours
+from gnnc.ir.reducers import reducer
 from gnnc.plan.rows import SourceParts
-from gnnc.runtime.kernels import spmm_add_
+from gnnc.runtime.kernels import reducers, spmm_add_
 
 
 class PartStream:
@@ -113,13 +116,12 @@ def _part_input(x: Any, k: int, p: int, e: Eqn, run: PartRun) -> Any:
 def run_split(e: Eqn, ins: list[Any], run: PartRun, eval_eqn: Runner, use_kernels: bool = False) -> Any:
     """Run `e` once per part (eval_eqn(eqn, inputs, view)) and combine as its op requires.
 
-    With `use_kernels`, an spmm sum adds each part's product into one buffer in place
+    With `use_kernels`, an spmm's sums add each part's product into one buffer in place
     (gnnc.runtime.kernels.spmm_add_), so a staged broadcast's layer holds one sum, not two.
     """
     if e.op == "edge_softmax":
         return _edge_softmax(ins[0], run)
     out_domain = e.outs[0].type.domain if e.outs[0].type is not None else "edge"
-    reduce = e.attr("reduce")
     if out_domain != "vertex":
         out = Parts()
         for p in range(run.count):
@@ -128,27 +130,29 @@ def run_split(e: Eqn, ins: list[Any], run: PartRun, eval_eqn: Runner, use_kernel
         return out
     if e.op not in ("spmm", "gather"):
         raise AssertionError(f"{e.op} turns a split edge value into vertex rows without reducing it")
-    if reduce in ("sum", "mean"):
+    r = reducer(e.attr("reduce"))
+    if r.combine == "add":
         part_eqn = e.with_attrs(reduce="sum")
-        total = None
+        totals: list[Any] = [None] * len(r.powers)
         for p in range(run.count):
             xs = [_part_input(x, k, p, e, run) for k, x in enumerate(ins)]
             view = run.parts.views[p]
-            if use_kernels and e.op == "spmm" and xs[0].dim() > 0:
-                if total is None:
-                    total = xs[0].new_zeros((view.csr.n_dst, *xs[0].shape[1:]))
-                total = spmm_add_(total, view.csr, xs[0], xs[1] if len(xs) > 1 else None)
-            else:
-                y = eval_eqn(part_eqn, xs, view)
-                total = y if total is None else total + y
+            for i, power in enumerate(r.powers):
+                # every tensor input of a gather or spmm is a factor of the message: (w x)^k = w^k x^k
+                ys = xs if power == 1 else [reducers.power(x, power) if isinstance(x, torch.Tensor) else x
+                                            for x in xs]
+                if use_kernels and e.op == "spmm" and ys[0].dim() > 0:
+                    if totals[i] is None:
+                        totals[i] = ys[0].new_zeros((view.csr.n_dst, *ys[0].shape[1:]))
+                    totals[i] = spmm_add_(totals[i], view.csr, ys[0], ys[1] if len(ys) > 1 else None)
+                else:
+                    y = eval_eqn(part_eqn, ys, view)
+                    totals[i] = y if totals[i] is None else totals[i] + y
             _release(ins, p, run)
-        if reduce == "mean":
-            deg = run.parts.views[0].deg.clamp(min=1)
-            total = total / deg.view(-1, *([1] * (total.dim() - 1)))
-        return total
-    if reduce in ("max", "min"):
+        return reducers.finalise(r.name)(tuple(totals), run.parts.views[0].deg)  # the whole in-degree
+    if r.combine in ("max", "min"):
         return _extreme(e, ins, run, eval_eqn)
-    raise AssertionError(f"no rule to combine the parts of a {reduce} aggregation")
+    raise AssertionError(f"no rule to combine the parts of a {r.name} aggregation")
 
 
 def _release(ins: list[Any], p: int, run: PartRun) -> None:
@@ -175,8 +179,9 @@ def _messages(e: Eqn, ins: list[Any], p: int, run: PartRun) -> torch.Tensor:
 
 def _extreme(e: Eqn, ins: list[Any], run: PartRun, eval_eqn: Runner) -> torch.Tensor:
     """max/min over parts; the gradient of a row shared by the parts' counts of edges at the extreme."""
-    fill = -math.inf if e.attr("reduce") == "max" else math.inf
-    pick = torch.maximum if e.attr("reduce") == "max" else torch.minimum
+    largest = reducer(e.attr("reduce")).combine == "max"
+    fill = -math.inf if largest else math.inf
+    pick = torch.maximum if largest else torch.minimum
     ys, has = [], []
     for p in range(run.count):
         ys.append(eval_eqn(e, [_part_input(x, k, p, e, run) for k, x in enumerate(ins)], run.parts.views[p]))

@@ -29,6 +29,7 @@ from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, Lay
                                   Num, ParamDecl, Repeat, Stmt)
 from gnnc.ir import VIEWS, Eqn, Layer, Param, Program, Type, Value, attrs_of, ops
 from gnnc.ir.expr import as_expr
+from gnnc.ir.reducers import REDUCERS, gather_reducers, sync_reducers
 from gnnc.ir.text import TRAINING_KEYS
 
 GRAPH_INPUTS = {
@@ -49,6 +50,12 @@ class Const:
 
 
 Bound = Union[Value, Const]
+
+
+def _one_of(reducers: tuple[str, ...]) -> str:
+    """`sum(...), mean(...) or max(...)`: the calls a statement accepts, for its error message."""
+    calls = [f"{r}(...)" for r in reducers]
+    return calls[0] if len(calls) == 1 else ", ".join(calls[:-1]) + " or " + calls[-1]
 
 
 def _num(v: int | float | bool) -> Any:
@@ -327,9 +334,9 @@ class Elaborator:
         if st.prim == "gather":
             val = self._gather(st, scope, env)
         elif st.prim == "sync":
-            if not (isinstance(e, Call) and e.func in ops.SYNC_REDUCERS and e.inputs is None
+            if not (isinstance(e, Call) and e.func in sync_reducers() and e.inputs is None
                     and len(e.args) == 1 and not e.kwargs):
-                raise self.err("a sync statement must be sum(...), mean(...) or max(...) of one value", st.loc)
+                raise self.err(f"a sync statement must be {_one_of(sync_reducers())} of one value", st.loc)
             x = self._value(e.args[0], scope, "sync", "sync input", env)
             val = self._emit("sync", (x,), None, {"reduce": e.func}, e.loc)
         else:
@@ -345,24 +352,26 @@ class Elaborator:
             raise self.err(f"'{st.target}' is reserved for neighbour access", st.target_loc)
         val = self._name_result(val, st.target)
         scope[st.target] = val
-        if st.prim == "scatter" or (st.prim == "gather" and e.func == "softmax"):
+        if st.prim == "scatter" or (st.prim == "gather" and REDUCERS[e.func].per_edge):
             blk.edge_values.add(val.name)
         return val if st.prim == "apply" else None
 
     def _gather(self, st: Stmt, scope: dict[str, Bound], env: dict[str, Bound]) -> Value:
         e = st.expr
+        known = gather_reducers()
         if not (isinstance(e, Call) and e.inputs is None):
             raise self.err("a gather statement must be a reduction: "
-                           + ", ".join(f"{r}(...)" for r in ops.GATHER_REDUCERS), st.loc)
-        if e.func not in ops.GATHER_REDUCERS:
+                           + ", ".join(f"{r}(...)" for r in known), st.loc)
+        if e.func not in known:
             raise self.err(f"unknown reducer '{e.func}' (expected one of "
-                           f"{', '.join(ops.GATHER_REDUCERS)}){ops.suggest(e.func, ops.GATHER_REDUCERS)}",
+                           f"{', '.join(known)}){ops.suggest(e.func, known)}",
                            e.loc)
         if len(e.args) != 1 or e.kwargs:
             raise self.err(f"{e.func} takes one argument, the messages to reduce", e.loc)
         m = self._value(e.args[0], scope, "gather", "messages", env)
-        if e.func == "softmax":
-            return self._emit("edge_softmax", (m,), None, {}, e.loc)
+        r = REDUCERS[e.func]
+        if r.per_edge:  # softmax: one coefficient per edge, the op itself names the reduction
+            return self._emit(r.emits, (m,), None, {}, e.loc)
         return self._emit("gather", (m,), None, {"reduce": e.func}, e.loc)
 
     # ----- expressions -------------------------------------------------------------------------
@@ -475,9 +484,9 @@ class Elaborator:
                 raise self.err(f"layer '{c.func}' needs its input: {c.func}(...)(h)", c.loc)
             return self._instantiate(c, env if env is not None else scope)
         f = c.func
-        if f in ops.GATHER_REDUCERS and (f not in ops.OPS or (len(c.args) < 2 and not c.kwargs)):
+        if f in REDUCERS and (f not in ops.OPS or (len(c.args) < 2 and not c.kwargs)):
             raise self.err(f"reducer '{f}' can only be used in a gather statement"
-                           + (" (or sum/mean/max in sync)" if f in ops.SYNC_REDUCERS else "")
+                           + (f" (or {'/'.join(sync_reducers())} in sync)" if REDUCERS[f].sync else "")
                            + (f"; {f}(a, b, ...) of two or more values is elementwise" if f in ops.OPS else ""),
                            c.loc)
         if f == "cross_entropy":

@@ -20,12 +20,11 @@ import sympy
 
 from gnnc.errors import GnncTypeError, Loc
 from gnnc.ir.core import Eqn, Type, fmt_dim
+from gnnc.ir.reducers import REDUCERS, gather_reducers, is_linear
 
 ELEMENTWISE_PRIMS = frozenset({"scatter", "gather", "transform", "apply", "model"})
 DENSE_PRIMS = frozenset({"transform", "apply", "model"})
 NOT_GATHER = frozenset({"scatter", "transform", "apply", "model"})
-GATHER_REDUCERS = ("sum", "mean", "max", "min", "softmax")
-SYNC_REDUCERS = ("sum", "mean", "max")
 EDGE_DATA = ("gcn_norm",)  # edge data gnnc computes; the graph brings the rest (edge.weight, edge.attr, ...)
 # edge data a model may read when no graph is at hand to say what it holds (PyG's field names)
 EDGE_DATA_WITHOUT_GRAPH = ("weight", "attr")
@@ -118,8 +117,17 @@ def _edata(eqn: Eqn, ts: list[Type]) -> list[Type]:
     return [Type("edge", () if width is None else (width,))]
 
 
+def _need_reducer(eqn: Eqn) -> None:
+    """An aggregation's `reduce` names a reducer with a row per vertex (plans are data: read, not trusted)."""
+    r = REDUCERS.get(eqn.attr("reduce"))
+    if r is None or r.per_edge:
+        known = [name for name, d in REDUCERS.items() if not d.per_edge]
+        raise _err(eqn, f"'{eqn.op}' has reduce={eqn.attr('reduce')!r}; expected one of {', '.join(known)}")
+
+
 def _gather(eqn: Eqn, ts: list[Type]) -> list[Type]:
     _need(eqn, ts[0], ("edge",), "an edge value (a message from scatter)")
+    _need_reducer(eqn)
     return [Type("vertex", ts[0].shape)]
 
 
@@ -219,6 +227,7 @@ def _cross_entropy(eqn: Eqn, ts: list[Type]) -> list[Type]:
 
 def _spmm(eqn: Eqn, ts: list[Type]) -> list[Type]:
     _need(eqn, ts[0], ("vertex",), "a vertex value")
+    _need_reducer(eqn)
     if len(ts) > 1:
         _need(eqn, ts[1], ("edge",), "edge weights")
         broadcast(eqn, ts[1].shape, ts[0].shape)
@@ -363,8 +372,8 @@ def _reads_first_only(e: Eqn, reads: list[bool]) -> bool:
     return reads[0] and not any(reads[1:])
 
 
-def _sum_or_mean(e: Eqn) -> bool:
-    return e.attr("reduce") in ("sum", "mean")
+def _linear_reducer(e: Eqn) -> bool:
+    return is_linear(e.attr("reduce"))
 
 
 def _on_edges(e: Eqn) -> bool:
@@ -463,7 +472,7 @@ define_op(OpDef("const", _const, tensors=0))
 define_op(OpDef("src", _src_dst, reads_neighbours=(0,), reads_structure=_always, linear_in=_always))
 define_op(OpDef("dst", _src_dst, reads_structure=_always, linear_in=_always))
 define_op(OpDef("edata", _edata, tensors=0))
-define_op(OpDef("gather", _gather, reads_structure=_always, linear_in=lambda e, reads: _sum_or_mean(e)))
+define_op(OpDef("gather", _gather, reads_structure=_always, linear_in=lambda e, reads: _linear_reducer(e)))
 define_op(OpDef("edge_softmax", _edge_softmax, reads_structure=_always, nonlinear_why=_ATTENTION_WHY))
 define_op(OpDef("sync", _sync))
 
@@ -473,7 +482,7 @@ for _comm in ("halo", "fetch", "bcast_rows", "reduce_scatter", "history"):
 
 # kernel ops, after lowering
 define_op(OpDef("spmm", _spmm, reads_neighbours=(0,), reads_structure=_always,
-                linear_in=lambda e, reads: _sum_or_mean(e) and _reads_first_only(e, reads)))
+                linear_in=lambda e, reads: _linear_reducer(e) and _reads_first_only(e, reads)))
 define_op(OpDef("sddmm", _sddmm, tensors=2, reads_neighbours=(0,), reads_structure=_always,
                 nonlinear_why=_ATTENTION_WHY))
 
@@ -503,5 +512,5 @@ def suggest(name: str, choices) -> str:
 
 
 def unknown_op(name: str, loc: Loc) -> GnncTypeError:
-    known = callable_ops() + list(GATHER_REDUCERS)
+    known = callable_ops() + list(gather_reducers())
     return GnncTypeError(f"unknown op '{name}'{suggest(name, known)}", loc)

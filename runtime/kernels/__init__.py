@@ -31,12 +31,16 @@ import torch
 
 from gnnc.graph import CSR
 from gnnc.ir import Eqn
+from gnnc.ir.reducers import REDUCERS
 from gnnc.runtime.implementations import implements
-from gnnc.runtime.kernels import cpu
+from gnnc.runtime.kernels import cpu, reducers
 from gnnc.runtime.kernels.cpu import REDUCES, SDDMM_OPS
 
 __all__ = ["spmm", "spmm_add_", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
 
+
+# The reducers the Triton SpMM implements (triton_kernels.SpMM: sum, and mean as scaled weights).
+_TRITON_REDUCES = ("sum", "mean")
 
 # The ops whose Triton kernel runs on CUDA instead of torch's path. Empty until a GPU benchmark shows one
 # faster (benchmarks/kernels.py --device cuda prints both side by side, into benchmarks/RESULTS-gpu.md):
@@ -81,12 +85,17 @@ def spmm(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None = None, reduce: 
 
     x is [n_src, *f] (f may be (F,) or (heads, D)); weight is None, [nnz] or
     [nnz, *W] with W the leading dims of f (per-head scalars times per-head
-    vectors), in CSR order. reduce: 'sum', 'mean' (divides by the in-degree,
-    duplicates counted), 'max', 'min'. Rows without in-edges are 0 for every
-    reduce. Differentiable in x and weight.
+    vectors), in CSR order. reduce: a reducer of gnnc.ir.reducers with a row
+    per vertex: 'sum', 'mean' (divides by the in-degree, duplicates counted),
+    'max', 'min' (REDUCES: CSR kernels of their own), or another additive one
+    ('std'), computed from its sums of powers of the messages by the sum kernel
+    and finalised (gnnc.runtime.kernels.reducers). Rows without in-edges are 0
+    for every reduce. Differentiable in x and weight.
     """
-    if reduce not in REDUCES:
-        raise ValueError(f"unknown reduce {reduce!r}; expected one of {REDUCES}")
+    r = REDUCERS.get(reduce)
+    if r is None or r.per_edge:
+        raise ValueError(f"unknown reduce {reduce!r}; expected one of "
+                         f"{tuple(n for n, d in REDUCERS.items() if not d.per_edge)}")
     cast = _autocast_dtype(x)
     x, weight = _cast(x, cast), _cast(weight, cast)
     _check_float("x", x)
@@ -99,7 +108,11 @@ def spmm(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None = None, reduce: 
         if weight.dtype != x.dtype or weight.device != x.device:
             raise TypeError(f"weight ({weight.dtype}, {weight.device}) and x ({x.dtype}, {x.device}) differ")
         cpu.weight_heads(weight, tuple(x.shape[1:]))  # raises on a shape that does not broadcast per head
-    backend = _triton_for("spmm", x) if reduce in ("sum", "mean") else None
+    if reduce not in REDUCES:  # an additive reducer without a kernel of its own: its sums, then its finalise
+        sums = tuple(spmm(csr, reducers.power(x, k), None if weight is None else reducers.power(weight, k))
+                     for k in r.powers)
+        return reducers.finalise(reduce)(sums, csr.in_degree().to(device=x.device, dtype=sums[0].dtype))
+    backend = _triton_for("spmm", x) if reduce in _TRITON_REDUCES else None
     if backend is not None:
         return backend.spmm(csr, x, weight, reduce)
     return cpu.spmm(csr, x, weight, reduce)

@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 from gnnc.graph import CSR
 
 KEY = "gnnc.kernels"
-REDUCES = ("sum", "mean", "max", "min")
+REDUCES = ("sum", "mean", "max", "min")  # the reducers SpMM has CSR kernels for (others: kernels.spmm)
 SDDMM_OPS = ("add", "mul", "dot")
 
 # MKL's CSR x dense product is faster for narrow dense operands and torch's own
