@@ -57,13 +57,14 @@ import numpy as np
 from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
-from gnnc.ir.ops import COMM_OPS, op_def
+from gnnc.ir.ops import op_def
 from gnnc.passes.analysis.layers import param_dependent
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.planner.sampled import predict_sampled
 from gnnc.plan import pipeline as plan_pipeline
+from gnnc.plan.comm_ops import byte_kinds, exchange_of
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
-from gnnc.plan.rows import all_row_sets, entry_rows, halo_rows, layer_specs
+from gnnc.plan.rows import all_row_sets, layer_specs
 
 STATISTICS_BYTES = 8  # float64: batch_norm sums its statistics in double precision, at every precision
 PIPELINE_ELEMENT_BYTES = element_bytes(DEFAULT_PRECISION)  # a pipeline runs in fp32 (16 bits refused below)
@@ -86,19 +87,18 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
     graph_index = {layer.name: k for k, layer in enumerate(program.graph_layers())}
     n = graph.num_nodes
     needs_grad = param_dependent(program)
-    totals = {"halo": 0, "bcast_rows": 0, "reduce_scatter": 0, "allreduce": 0}
+    totals = {**dict.fromkeys(byte_kinds(), 0), "allreduce": 0}
     layers = []
     for layer in program.layers:
         eqns = []
         for e in layer.eqns:
-            if e.op in COMM_OPS:
+            d = exchange_of(e.op)
+            if d is not None and d.rows is not None:  # its byte rule (gnnc.plan.comm_ops)
                 w = _width(e.ins[0].type.shape, config) * elem
-                rows = {"halo": lambda: halo_rows(sets, graph_index[layer.name]),
-                        "fetch": lambda: entry_rows(sets, graph_index[layer.name])}.get(e.op, lambda: (world - 1) * n)()
-                fwd = rows * w
-                bwd = fwd if e.ins[0].name in needs_grad else 0
+                fwd = d.rows(sets, graph_index.get(layer.name, -1), world, n) * w
+                bwd = fwd if d.backward and e.ins[0].name in needs_grad else 0
                 if not e.attr("hoisted"):  # a hoisted exchange runs in the first step only
-                    totals["halo" if e.op == "fetch" else e.op] += fwd + bwd  # a fetch is a halo exchange
+                    totals[d.counted_as] = totals.get(d.counted_as, 0) + fwd + bwd
                 e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
             elif op_def(e.op).allreduce_elements is not None:
                 fwd = 2 * (world - 1) * eval_dim(op_def(e.op).allreduce_elements(e), config) * STATISTICS_BYTES
@@ -114,13 +114,13 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
 
 def evaluation_bytes(program: Program) -> dict[str, int]:
     """Bytes of one evaluation pass by communication kind: the forward bytes of every exchange not hoisted
-    (a fetch counts as a halo exchange), as `predict` annotated them."""
-    totals = {"halo": 0, "bcast_rows": 0, "reduce_scatter": 0}
+    (counted as its descriptor says: a fetch as a halo exchange), as `predict` annotated them."""
+    totals = dict.fromkeys(byte_kinds(), 0)
     for layer in program.layers:
         for e in layer.eqns:
-            if e.op in COMM_OPS and not e.attr("hoisted"):
-                kind = "halo" if e.op == "fetch" else e.op
-                totals[kind] = totals.get(kind, 0) + int(e.attr("bytes_fwd", 0))
+            d = exchange_of(e.op)
+            if d is not None and not e.attr("hoisted"):
+                totals[d.counted_as] = totals.get(d.counted_as, 0) + int(e.attr("bytes_fwd", 0))
     return totals
 
 
@@ -142,7 +142,8 @@ def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Progra
     for layer in program.layers:
         eqns = []
         for e in layer.eqns:
-            if e.op == "history":
+            d = exchange_of(e.op)
+            if d is not None and d.rows is None:  # GNNPipe's history: counted here (module docstring)
                 if layer.edges not in rows:
                     rows[layer.edges] = plan_pipeline.group_rows(graph, layer.edges, parts, K, G)
                 moved = rows[layer.edges]

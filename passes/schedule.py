@@ -34,7 +34,7 @@ import numpy as np
 from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Program
 from gnnc.ir.dims import eval_dim
-from gnnc.ir.ops import COMM_OPS, reads_neighbours, reads_structure
+from gnnc.ir.ops import reads_neighbours, reads_structure
 from gnnc.passes.cost import activations
 from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.epoch import epoch_costs
@@ -43,11 +43,13 @@ from gnnc.passes.cost.inputs import PlanningInputs
 from gnnc.passes.cost.neutronstar import hybrid_values
 from gnnc.passes.cost.priced import PricedPlan
 from gnnc.passes.cost.schedule import predicted_schedule
-from gnnc.passes.cost.scheduled import (CACHE_ALL, SCHEDULE_OPTIONS, Segment, program_segments, scheduled_plan,
-                                        segment_formula, segment_options, symbol_values)
+from gnnc.passes.cost.scheduled import (CACHE_ALL, Segment, program_segments, scheduled_plan, segment_formula,
+                                        segment_options, symbol_values)
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.pipeline_text import option
-from gnnc.plan.schedule_attrs import HALO_METHODS, SPLIT_EXCHANGES
+from gnnc.plan.comm_ops import COMM_OP_DEFS, exchange_of, schedule_options
+from gnnc.plan.schedule_attrs import HALO_METHODS, exchange_schedule
+from gnnc.plan.strategies import STRATEGIES
 from gnnc.plan.pipeline import is_pipeline
 
 CHOICES = ("auto", "on", "off")
@@ -98,12 +100,14 @@ def _readers(layer: Layer) -> dict[str, list[tuple[Eqn, int]]]:
     return out
 
 
-def stageable(layer: Layer) -> str:
-    """Why a bcast1d layer's broadcasts cannot be staged ("" when they can): a staged block is read
-    once, by one equation through the edges, then dropped."""
+def stageable(layer: Layer, flag: str) -> str:
+    """Why the exchanges split by `flag` whose parts are read once (a bcast1d layer's broadcasts) cannot be
+    split ("" when they can): such a part (a staged block) is read once, by one equation through the edges,
+    then dropped."""
     readers = _readers(layer)
     for e in layer.eqns:
-        if e.op != "bcast_rows":
+        d = exchange_of(e.op)
+        if d is None or d.split_flag != flag or not d.parts_read_once:
             continue
         uses = readers.get(e.outs[0].name, [])
         if len(uses) != 1 or uses[0][1] not in reads_neighbours(uses[0][0]):
@@ -116,8 +120,8 @@ def stageable(layer: Layer) -> str:
 def binnable(layer: Layer) -> bool:
     """Whether a graph layer may run in bins: its rows are its own (not P3's feature slices or MG-GCN's
     blocks) and it aggregates over a structure it holds."""
-    return (layer.attr("strategy") in ("depcomm", "hybrid", "depcache")
-            and any(reads_structure(e) for e in layer.eqns))
+    strategy = STRATEGIES.get(layer.attr("strategy"))
+    return strategy is not None and strategy.bins and any(reads_structure(e) for e in layer.eqns)
 
 
 # --- annotating ----------------------------------------------------------------------------------------
@@ -129,7 +133,7 @@ def _edge(v) -> bool:
 
 def _early(eqns: list[Eqn], layer: Layer) -> list[Eqn]:
     """Each split exchange moved to just after the equation producing its input (posted as early as can be)."""
-    moving = [e for e in eqns if e.op in SPLIT_EXCHANGES and any(e.attr(f, False) for f in ("overlap", "staged"))]
+    moving = [e for e in eqns if exchange_schedule(e).split]
     rest = [e for e in eqns if e not in moving]
     for e in moving:
         source = e.ins[0].name
@@ -140,25 +144,24 @@ def _early(eqns: list[Eqn], layer: Layer) -> list[Eqn]:
 
 def annotate_layer(layer: Layer, options: dict[str, Any], method: str) -> Layer:
     """`layer` with its schedule written in: exchanges, split or per-bin equations, bins."""
-    overlap, staged, bins = options.get("overlap", False), options.get("staged", False), options.get("bins", 1)
+    bins = options.get("bins", 1)
     eqns: list[Eqn] = []
     # with a split exchange, every equation on edges runs per part (edges are held part by part), and so
     # does every reader of the exchange
     # (a hoisted equation, computed once per run and cached (gnnc.passes.hoist), runs whole: nothing of it
     # overlaps later steps, and its exchange is not repeated)
     split_values = {e.outs[0].name for e in layer.eqns if bins == 1 and not e.attr("hoisted") and (
-        e.op == "halo" and overlap or e.op == "bcast_rows" and staged)}
+        (d := exchange_of(e.op)) is not None and d.split_flag is not None and options.get(d.split_flag, False))}
     binned: set[str] = set()
     for e in layer.eqns:
         attrs: dict[str, Any] = {}
         hoisted = bool(e.attr("hoisted"))
-        if e.op in ("halo", "fetch"):
+        d = exchange_of(e.op)
+        if d is not None and d.ordered:
             attrs["method"] = method
-        if e.op == "halo":
-            attrs["overlap"] = bool(overlap) and not hoisted
-        if e.op == "bcast_rows":
-            attrs["staged"] = bool(staged) and not hoisted
-        if e.op not in COMM_OPS and not hoisted:
+        if d is not None and d.split_flag is not None:
+            attrs[d.split_flag] = bool(options.get(d.split_flag, False)) and not hoisted
+        if d is None and not hoisted:
             if split_values and (any(v.name in split_values for v in e.ins) or any(map(_edge, e.ins))
                                  or any(map(_edge, e.outs))):
                 attrs["split"] = True
@@ -257,19 +260,21 @@ def choose_segment(program: Program, seg: Segment, priced: PricedPlan | None, ex
                    opts: ScheduleOptions) -> SegmentChoice:
     """The options of one segment: every combination of its legal choices priced, the fastest taken."""
     layers = program.graph_layers()[seg.start:seg.end]
-    names = SCHEDULE_OPTIONS.get(seg.strategy, ())
+    names = schedule_options(seg.strategy)
     why = []
     space: dict[str, list[bool]] = {}
-    if "overlap" in names:
-        legal = opts.method != "ring_paced"
-        if not legal:
-            why.append("ring_paced exchanges complete before the work that could overlap them")
-        space["overlap"] = _flags(opts.overlap, legal)
-    if "staged" in names:
-        blocker = next((w for w in map(stageable, layers) if w), "")
+    for flag in names:
+        if flag == "bins":
+            continue
+        splits = [d for d in COMM_OP_DEFS.values() if d.split_flag == flag]
+        if any(opts.method in d.no_overlap_methods for d in splits):
+            why.append(f"{opts.method} exchanges complete before the work that could overlap them")
+            space[flag] = _flags(getattr(opts, flag, "auto"), False)
+            continue
+        blocker = next((w for w in (stageable(layer, flag) for layer in layers) if w), "")
         if blocker:
-            why.append(f"not staged: {blocker}")
-        space["staged"] = _flags(opts.staged, not blocker)
+            why.append(f"not {flag}: {blocker}")
+        space[flag] = _flags(getattr(opts, flag, "auto"), not blocker)
     combos: list[dict[str, Any]] = [{}]
     for name, values in space.items():
         combos = [{**c, name: v} for c in combos for v in values]

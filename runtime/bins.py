@@ -44,7 +44,7 @@ def run_binned(interp: Any, layer: Any, env: dict[str, Any], params: dict[str, t
         if bin_eqn(e):
             continue
         ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
-        if e.op == "halo" and exchange_schedule(e).split:
+        if exchange_schedule(e).split:  # (a halo: the only split a binned layer holds, gnnc.plan.schedule_attrs)
             env[e.outs[0].name] = ctx.comm.start_parts(e, ins[0])
             streams.append(env[e.outs[0].name])
         else:

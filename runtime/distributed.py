@@ -11,15 +11,16 @@ the single-process loss; parameter gradients are summed over ranks
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from gnnc.ir import Eqn, Program
-from gnnc.ir.ops import COMM_OPS, reads_structure
+from gnnc.ir.ops import reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.plan.bins import bins_of
+from gnnc.plan.comm_ops import comm_op
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
@@ -29,6 +30,7 @@ from gnnc.runtime import comm
 from gnnc.runtime import device as devices
 from gnnc.runtime.bins import run_binned
 from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
+from gnnc.runtime.implementations import exchange_implementation, implements_exchange
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.parts import PartRun, Parts, PartStream, run_split
 from gnnc.runtime.train import TrainConfig, Worker, fit
@@ -50,7 +52,9 @@ def strategy_of(program: Program) -> set[str]:
 
 
 class Exchange:
-    """The communication ops of the IR, bound to this rank's layers and byte counters."""
+    """The communication ops of the IR, bound to this rank's layers and byte counters: each exchange is a
+    function registered with `@implements_exchange` (gnnc.runtime.implementations) taking this binding, here for
+    gnnc's own exchanges."""
 
     def __init__(self, data: RankData, stats: comm.CommStats, world: int, dtype: torch.dtype = torch.float32):
         self.lg = data.lg
@@ -60,13 +64,13 @@ class Exchange:
         self.block_sizes = data.lg.block_rows
         self.dtype = dtype  # what exchanged rows travel in: the run's precision (gnnc.plan.precision)
 
-    def _wire(self, x: torch.Tensor) -> torch.Tensor:
+    def wire(self, x: torch.Tensor) -> torch.Tensor:
         """`x` in the type it travels in (a no-op at fp32), so each exchange carries what predict-bytes counts."""
         return x.to(self.dtype) if x.is_floating_point() else x
 
     def exchange(self, op: str, x: torch.Tensor, e: Eqn) -> torch.Tensor:
-        """Run communication op `op` (one of EXCHANGES) on `x`, as its schedule says; bytes labelled by its value."""
-        return EXCHANGES[op](self, self._wire(x), e)
+        """Run exchange `op` on `x`, as its schedule says; bytes labelled by its value."""
+        return exchange_implementation(op)(self, self.wire(x), e)
 
     def owned_rows(self) -> int:
         """How many rows of a vertex value are this rank's own: its first ones (gnnc.plan.rows)."""
@@ -78,17 +82,23 @@ class Exchange:
 
     def start_parts(self, e: Eqn, x: torch.Tensor) -> PartStream:
         """Post a split exchange (gnnc.plan.schedule_attrs): its rows come part by part as the readers ask for them."""
-        label = _label(e)
-        if e.op == "halo":
-            layer = self.layer
-            assert layer is not None and layer.halo is not None
-            held = self._wire(_dense(x)[: layer.n_in])  # a sparse input (bag of words) travels as dense rows
-            handle = comm.start_halo_exchange(held, layer.halo, self.stats, label=label,
-                                              method=exchange_schedule(e).method)
-            return PartStream(held, _waited(handle), 2)
-        if e.op == "bcast_rows":
-            return PartStream(None, self._stages(self._wire(_dense(x)[: self.lg.n_owned]), label), len(self.block_sizes))
-        raise AssertionError(f"{e.op} cannot deliver its rows in parts")
+        return exchange_implementation(e.op, "parts")(self, x, e)
+
+    @implements_exchange("halo", "parts")
+    def _halo_parts(self, x: torch.Tensor, e: Eqn) -> PartStream:
+        """An overlapped halo: the held rows at once, the remote rows once they arrive."""
+        layer = self.layer
+        assert layer is not None and layer.halo is not None
+        held = self.wire(_dense(x)[: layer.n_in])  # a sparse input (bag of words) travels as dense rows
+        handle = comm.start_halo_exchange(held, layer.halo, self.stats, label=_label(e),
+                                          method=exchange_schedule(e).method)
+        return PartStream(held, _waited(handle), 2)
+
+    @implements_exchange("bcast_rows", "parts")
+    def _bcast_rows_parts(self, x: torch.Tensor, e: Eqn) -> PartStream:
+        """A staged broadcast: every rank's block, one stage after another."""
+        return PartStream(None, self._stages(self.wire(_dense(x)[: self.lg.n_owned]), _label(e)),
+                          len(self.block_sizes))
 
     def _stages(self, own: torch.Tensor, label: str):
         """MG-GCN's broadcast stages: stage 0 posted now, stage j+1 posted before stage j is waited for."""
@@ -114,12 +124,14 @@ class Exchange:
         lgl = self.layer
         assert lgl is not None
         return PartRun(lgl.parts(layer.edges, part_bounds(lgl, e.op, self.block_sizes)),
-                       release=e.op == "bcast_rows")
+                       release=comm_op(e.op).parts_read_once)
 
+    @implements_exchange("reduce_scatter")
     def _reduce_scatter(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """P3's pull: every vertex's partial sums, summed at its owner (rows in block order)."""
         return comm.reduce_scatter(x[self.block_order], self.block_sizes, self.stats, dim=0, label=_label(e))
 
+    @implements_exchange("halo")
     def _halo(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """DepComm / Hybrid: the held rows followed by the remote rows of this layer's halo."""
         layer = self.layer
@@ -128,6 +140,7 @@ class Exchange:
         return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=_label(e),
                                                    method=exchange_schedule(e).method)], dim=0)
 
+    @implements_exchange("fetch")
     def _fetch(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """Entering a depcache/hybrid segment: the rows of C^s it does not own, in the segment's order."""
         layer = self.layer
@@ -136,21 +149,12 @@ class Exchange:
         got = comm.halo_exchange(own, layer.entry, self.stats, label=_label(e), method=exchange_schedule(e).method)
         return torch.cat([own, got], dim=0)[layer.entry_perm]
 
+    @implements_exchange("bcast_rows")
     def _bcast_rows(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """MG-GCN's broadcast, every block gathered first (`staged=false`): every rank's row block, in block order."""
         own = _dense(x)[: self.lg.n_owned]
         blocks = [h for _, h in comm.staged_broadcast(own, self.lg.block_rows, self.stats, label=_label(e))]
         return torch.cat(blocks, dim=0)
-
-
-# The runtime side of each communication op a strategy's descriptor names (gnnc.plan.strategies:
-# comm_op, sync_op, entry_op): a strategy's exchange is one entry here.
-EXCHANGES: dict[str, Callable[[Exchange, torch.Tensor, Eqn], torch.Tensor]] = {
-    "halo": Exchange._halo,
-    "fetch": Exchange._fetch,
-    "bcast_rows": Exchange._bcast_rows,
-    "reduce_scatter": Exchange._reduce_scatter,
-}
 
 
 @dataclass
@@ -224,7 +228,7 @@ class DistInterpreter(PrefixRowsInterpreter):
         run = ctx.comm.part_run(layer, exchange) if exchange is not None else None
         for k, e in enumerate(layer.eqns):
             ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
-            if e.op in COMM_OPS and exchange_schedule(e).split:
+            if exchange_schedule(e).split:
                 env[e.outs[0].name] = ctx.comm.start_parts(e, ins[0])
             elif split_eqn(e):
                 # never hoisted (the schedule pass splits no hoisted equation): computed, not cached
@@ -303,10 +307,20 @@ def grad_buckets(program: Program) -> list[list[int]] | None:
 
 
 def part_bounds(lgl: LayerGraph, op: str, block_rows: list[int]) -> tuple[int, ...]:
-    """Where each source part of a split exchange starts: held rows then halo rows, or every rank's block."""
-    if op == "halo":
-        assert lgl.halo is not None
-        return (0, lgl.n_in, lgl.n_in + lgl.halo.n_halo)
+    """Where each source part of split exchange `op` starts (its registered "bounds")."""
+    return exchange_implementation(op, "bounds")(lgl, block_rows)
+
+
+@implements_exchange("halo", "bounds")
+def _halo_bounds(lgl: LayerGraph, block_rows: list[int]) -> tuple[int, ...]:
+    """An overlapped halo's parts: the held rows, then the halo rows."""
+    assert lgl.halo is not None
+    return (0, lgl.n_in, lgl.n_in + lgl.halo.n_halo)
+
+
+@implements_exchange("bcast_rows", "bounds")
+def _block_bounds(lgl: LayerGraph, block_rows: list[int]) -> tuple[int, ...]:
+    """A staged broadcast's parts: every rank's block, in rank order."""
     out = [0]
     for n in block_rows:
         out.append(out[-1] + int(n))

@@ -32,7 +32,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Program
 from gnnc.graph import CSR, Graph, GraphView, edge_data, sparse_if_sparse
 from gnnc.ir.dims import eval_dim, eval_number
-from gnnc.ir.ops import COMM_OPS, op_def
+from gnnc.ir.ops import op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
 from gnnc.runtime import fusion, rng
 from gnnc.runtime.kernels import reducers
@@ -370,13 +370,6 @@ def _batch_norm(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: Ex
             running[0].mul_(1 - momentum).add_(momentum * mean.float())
             running[1].mul_(1 - momentum).add_(momentum * (var * n / (n - 1).clamp(min=1)).float())
     return (x - mean.float()) / torch.sqrt(var.float() + eps) * weight + bias
-
-
-@implements(*COMM_OPS)
-def _comm(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
-    if ctx.comm is None:
-        raise GnncError(f"op '{e.op}' needs the distributed runtime (gnnc run --nproc N)")
-    return ctx.comm.exchange(e.op, ins[0], e)
 
 
 @implements("cross_entropy")

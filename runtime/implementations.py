@@ -11,6 +11,17 @@ context says `use_kernels` and falls back to the reference one.
 An implementation is called as `fn(eqn, inputs, view, ctx)`: the equation (its
 attributes, its output's type), its input tensors in order, the layer's
 GraphView (None in dense layers) and the ExecContext.
+
+Exchanges (the communication ops gnnc.plan.comm_ops describes) register
+beside the ops, with `@implements_exchange("halo")`: the worker that runs a plan binds
+them to its rank (`ctx.comm`, gnnc.runtime.distributed.Exchange) and the
+interpreter runs every exchange equation through that binding. Besides the
+exchange itself (role "run": `fn(binding, x, eqn)`), an exchange that can
+deliver its rows in parts (its descriptor's split_flag) registers how to post
+them ("parts": `fn(binding, x, eqn) -> PartStream`) and where each part's
+source rows start ("bounds": `fn(layer_graph, block_rows) -> offsets`).
+GNNPipe's worker calls its `history` exchange with its own arguments, for a
+chunk ("run") and for every chunk at once ("refresh").
 """
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ import torch
 from gnnc.errors import GnncError
 from gnnc.ir import Eqn
 from gnnc.ir.ops import op_def
+from gnnc.plan.comm_ops import comm_op
 
 Impl = Callable[[Eqn, list[torch.Tensor], Any, Any], torch.Tensor]
 VARIANTS = ("reference", "kernels")
@@ -55,7 +67,44 @@ def implements(*ops: str, variant: str = "reference", sparse_input: bool = False
 def implementation(op: str, use_kernels: bool) -> Implementation:
     """The implementation to run `op` with: the kernels variant when asked for and present."""
     impl = IMPLEMENTATIONS.get((op, "kernels")) if use_kernels else None
-    impl = impl or IMPLEMENTATIONS.get((op, "reference"))
+    impl = impl or IMPLEMENTATIONS.get((op, "reference")) or (_EXCHANGE if op_def(op).comm else None)
     if impl is None:
         raise GnncError(f"the runtime has no implementation of op '{op}'")
     return impl
+
+
+EXCHANGE_ROLES = ("run", "parts", "bounds", "refresh")
+EXCHANGES: dict[tuple[str, str], Callable[..., Any]] = {}
+
+
+def implements_exchange(op: str, role: str = "run") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as exchange `op`'s implementation of `role` (module docstring)."""
+    if role not in EXCHANGE_ROLES:
+        raise ValueError(f"unknown exchange role {role!r} (known: {', '.join(EXCHANGE_ROLES)})")
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        comm_op(op)  # an exchange gnnc.plan.comm_ops does not describe is a typo
+        if (op, role) in EXCHANGES:
+            raise ValueError(f"exchange '{op}' already has a {role} implementation")
+        EXCHANGES[(op, role)] = fn
+        return fn
+
+    return register
+
+
+def exchange_implementation(op: str, role: str = "run") -> Callable[..., Any]:
+    """How this runtime runs exchange `op` in `role`."""
+    fn = EXCHANGES.get((op, role))
+    if fn is None:
+        raise GnncError(f"the runtime has no {role} implementation of exchange '{op}'")
+    return fn
+
+
+def _exchange(e: Eqn, ins: list[torch.Tensor], view: Any, ctx: Any) -> torch.Tensor:
+    """Every exchange equation, as the interpreter runs it: through the rank's binding of the exchanges."""
+    if ctx.comm is None:
+        raise GnncError(f"op '{e.op}' needs the distributed runtime (gnnc run --nproc N)")
+    return ctx.comm.exchange(e.op, ins[0], e)
+
+
+_EXCHANGE = Implementation(_exchange, sparse_input=False)

@@ -38,13 +38,13 @@ from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import view_edge_data
 from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView
 from gnnc.ir import Program
+from gnnc.plan.comm_ops import exchange_of
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.runtime import device as devices
 from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter
 from gnnc.runtime.metrics import MinibatchRecord
 from gnnc.runtime.train import RunResult, TrainConfig, Worker, train
 
-SYNC_OPS = ("sync", "reduce_scatter")  # where the first graph layer's partial results are combined
 
 
 def block_view(block: Block, sview: SamplingView, graph: Graph) -> GraphView:
@@ -67,6 +67,13 @@ def block_view(block: Block, sview: SamplingView, graph: Graph) -> GraphView:
     return GraphView(csr, indices, csr.dst_index(), eids, data, csr.in_degree().to(torch.float32))
 
 
+def combines_partials(op: str) -> bool:
+    """Whether the first graph layer's partial results are combined here: its `sync` (before insert-comm), or
+    the exchange that combines partial sums (gnnc.plan.comm_ops: P3's pull)."""
+    d = exchange_of(op)
+    return op == "sync" or d is not None and d.combines_partials
+
+
 class BlockRunner(PrefixRowsInterpreter):
     """Runs a range of the program's equations, each graph layer on the view given for it."""
 
@@ -75,7 +82,7 @@ class BlockRunner(PrefixRowsInterpreter):
         self.eqns = [(layer, e) for layer in program.layers for e in layer.eqns]
         first = program.graph_layers()[0].name
         self.split = next((k for k, (layer, e) in enumerate(self.eqns)
-                           if layer.name == first and e.op in SYNC_OPS), None)
+                           if layer.name == first and combines_partials(e.op)), None)
 
     def run(self, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor], ctx: ExecContext,
             views: dict[str, GraphView], start: int = 0, stop: int | None = None) -> None:

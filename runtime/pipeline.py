@@ -42,11 +42,13 @@ from gnnc.ir import Eqn, Layer
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.text import parse_ir
 from gnnc.plan import pipeline as plan_pipeline
+from gnnc.plan.comm_ops import exchange_of
 from gnnc.plan.pipeline_shards import load_pipeline_rank
 from gnnc.runtime import comm, rng
 from gnnc.runtime import device as devices
 from gnnc.runtime.distributed import DistJob, DistWorker, _gather_rows
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, init_params
+from gnnc.runtime.implementations import exchange_implementation, implements_exchange
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.train import Worker
 
@@ -146,18 +148,20 @@ class PipelineWorker(Worker):
         ctxs = {k: self._chunk_ctx(base, k) for k in envs}
         for layer in self.layers:
             for e in layer.eqns:
-                if e.op == "history":
+                if exchange_of(e.op) is not None:  # its registered exchange (the pipeline's: history)
                     if store is None:
+                        run = exchange_implementation(e.op)
                         for k, env in envs.items():
-                            env[e.outs[0].name] = self._history_chunk(e, layer, k, env[e.ins[0].name], stats)
+                            env[e.outs[0].name] = run(self, e, layer, k, env[e.ins[0].name], stats)
                     else:
-                        self._history_full(e, layer, envs, stats, store, label)
+                        exchange_implementation(e.op, "refresh")(self, e, layer, envs, stats, store, label)
                     continue
                 for k, env in envs.items():
                     ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
                     view = self.data.structures[layer.edges].chunks[k].view if layer.kind == "graph" else None
                     env[e.outs[0].name] = self.interp.eqn(e, ins, view, ctxs[k])
 
+    @implements_exchange("history")
     def _history_chunk(self, e: Eqn, layer: Layer, k: int, x: torch.Tensor, stats: comm.CommStats) -> torch.Tensor:
         """Chunk k's rows of the value, then its peers' (current), then the history's (no gradient)."""
         chunk = self.data.structures[layer.edges].chunks[k]
@@ -175,6 +179,7 @@ class PipelineWorker(Worker):
         parts.append(hist[chunk.ext_ids[chunk.n_peer:]])
         return torch.cat(parts, dim=0)
 
+    @implements_exchange("history", "refresh")
     def _history_full(self, e: Eqn, layer: Layer, envs: dict[int, dict[str, Any]], stats: comm.CommStats,
                       store: dict[str, torch.Tensor], label: str) -> None:
         """Every chunk's rows of the value into `store`, the peers' rows fetched; each chunk then reads
@@ -337,10 +342,6 @@ class PipelineWorker(Worker):
         ids = self.ids if self.last else self.ids[:0]
         return _gather_rows(logits.detach().cpu(), ids.cpu(), self.num_nodes, self.rank, self.world_size)
 
-
-# The runtime side of the communication ops a pipeline's IR holds (gnnc.plan.strategies: the pipeline's
-# comm_op), as gnnc.runtime.distributed.EXCHANGES holds the other strategies'.
-EXCHANGES = {"history": PipelineWorker._history_chunk}
 
 
 def _stage_group(sched: plan_pipeline.PipelineSchedule, stage: int) -> dist.ProcessGroup | None:

@@ -58,17 +58,17 @@ from dataclasses import dataclass
 
 from gnnc.errors import PlanError
 from gnnc.ir import Eqn, Layer, Program
+from gnnc.plan.comm_ops import exchange_of, split_flags
 
 HALO_METHODS = ("ring", "ring_paced", "all_to_all")
 BIN_ORDERS = ("boundary_bfs",)
-SPLIT_EXCHANGES = {"halo": "overlap", "bcast_rows": "staged"}  # the comm ops that can deliver parts, and their flag
 
 
 @dataclass(frozen=True)
 class ExchangeSchedule:
     """How one communication equation runs (see the module docstring)."""
 
-    split: bool  # halo overlap=true / bcast_rows staged=true: readers run per source part
+    split: bool  # its split flag set (gnnc.plan.comm_ops: halo overlap=true, bcast_rows staged=true)
     method: str = "ring"  # a halo's or fetch's message order
 
 
@@ -94,7 +94,8 @@ class ProgramSchedule:
 
 
 def exchange_schedule(e: Eqn) -> ExchangeSchedule:
-    flag = SPLIT_EXCHANGES.get(e.op)
+    d = exchange_of(e.op)
+    flag = d.split_flag if d is not None else None
     return ExchangeSchedule(bool(e.attr(flag, False)) if flag else False, e.attr("method", "ring"))
 
 
@@ -119,7 +120,7 @@ def bin_eqn(e: Eqn) -> bool:
 
 def split_exchange(layer: Layer) -> Eqn | None:
     """The layer's exchange whose readers run per source part, if any."""
-    return next((e for e in layer.eqns if e.op in SPLIT_EXCHANGES and exchange_schedule(e).split), None)
+    return next((e for e in layer.eqns if exchange_schedule(e).split), None)
 
 
 def _flag(value: object) -> bool:
@@ -148,14 +149,15 @@ def check_schedule(program: Program) -> None:
             buckets.add(bucket)
         splits = 0
         for e in layer.eqns:
-            for key in ("overlap", "staged", "split", "bin"):
+            for key in (*split_flags(), "split", "bin"):
                 if not _flag(e.attr(key, False)):
                     raise PlanError(f"layer {layer.name}: {e.op}'s {key} must be true or false, not {e.attr(key)!r}")
             if e.attr("method", "ring") not in HALO_METHODS:
                 raise PlanError(f"layer {layer.name}: {e.op}'s method must be one of {', '.join(HALO_METHODS)}, "
                                 f"not {e.attr('method')!r}")
             splits += exchange_schedule(e).split
-            if bins > 1 and (split_eqn(e) or exchange_schedule(e).split and e.op != "halo"):
+            d = exchange_of(e.op)
+            if bins > 1 and (split_eqn(e) or exchange_schedule(e).split and not (d is not None and d.split_in_bins)):
                 raise PlanError(f"layer {layer.name}: a binned layer runs whole bins, not split parts ({e.op})")
         if splits > 1 and len({e.op for e in layer.eqns if exchange_schedule(e).split}) > 1:
             raise PlanError(f"layer {layer.name}: its split exchanges must be of one kind")

@@ -6,9 +6,10 @@ whether the runtime executes it, which rows a worker holds under it) used to
 be name tuples copied into the planner, the cost model, insert-comm and the
 runtime's row sets. Each consumer now asks the registry below; what varies
 by more than a fact registers against a descriptor's name in its own layer:
-its cost formula (`gnnc.passes.cost.registry.cost_formula`) and its runtime
-exchange (`gnnc.runtime.distributed.EXCHANGES`, keyed by the comm op named
-here). This module sits in the bottom layer: it imports nothing above it.
+its cost formula (`gnnc.passes.cost.registry.cost_formula`); the comm ops it
+names are described in gnnc.plan.comm_ops and run by the exchanges the
+runtime registers with `@implements_exchange` (gnnc.runtime.implementations). This
+module sits in the bottom layer: it imports nothing above it.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ class StrategyDef:
     approximates: what an approximate strategy changes (for --explain and the refusal without --approximate).
     whole_model: its one segment spans every graph layer (the planner prices only the span 0..L).
     batching: the ways of training it runs in (BATCHING).
+    bins: its graph layers may run in G3's bins (its rows are its own and it aggregates over a structure it
+        holds; not P3's feature slices nor MG-GCN's blocks); `bins` is then a schedule option of its formula.
     """
 
     name: str
@@ -75,6 +78,7 @@ class StrategyDef:
     approximates: str = ""
     whole_model: bool = False
     batching: tuple[str, ...] = ("full",)
+    bins: bool = False
 
     def __post_init__(self) -> None:
         for layout in (self.layout_in, self.layout_out):
@@ -104,11 +108,11 @@ def _registry(*defs: StrategyDef) -> Mapping[str, StrategyDef]:
 # The order is the planner's: candidates, the DP's tables and the plan's alternatives follow it.
 STRATEGIES: Mapping[str, StrategyDef] = _registry(
     StrategyDef("depcomm", "NeutronStar's DepComm / G3: fetch remote in-neighbours' rows every layer",
-                "layer", "vertex", "vertex", comm_op="halo", rows="owned", halo=True),
+                "layer", "vertex", "vertex", comm_op="halo", rows="owned", halo=True, bins=True),
     StrategyDef("depcache", "NeutronStar's DepCache: replicate and recompute the L-hop neighbourhood",
-                "segment", "vertex", "vertex", entry_op="fetch", rows="neighbourhood", halo=True),
+                "segment", "vertex", "vertex", entry_op="fetch", rows="neighbourhood", halo=True, bins=True),
     StrategyDef("hybrid", "NeutronStar's Hybrid: cache or communicate each remote dependency (Algorithm 4)",
-                "segment", "vertex", "vertex", comm_op="halo", entry_op="fetch", rows="selected", halo=True),
+                "segment", "vertex", "vertex", comm_op="halo", entry_op="fetch", rows="selected", halo=True, bins=True),
     StrategyDef("bcast1d", "MG-GCN's 1D SpMM: every row block broadcast in P stages",
                 "layer", "vertex", "vertex", comm_op="bcast_rows", rows="blocks", default_partition="random"),
     StrategyDef("pushpull", "P3's push-pull: the first layer on a feature slice, partial sums pulled to owners",

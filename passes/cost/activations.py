@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gnnc.ir import Layer, Program
-from gnnc.ir.ops import COMM_OPS
 from gnnc.plan.bins import MASK_FRACTION, SOURCES, WHOLE, bin_inputs, bin_widths, value_width
+from gnnc.plan.comm_ops import exchange_of
 from gnnc.plan.schedule_attrs import bin_eqn, exchange_schedule, layer_schedule
 from gnnc.plan.strategies import STRATEGIES
 
@@ -84,7 +84,8 @@ def _layer_rows(program: Program, inputs) -> list[_Rows]:
             col = min(depth, hv.shape[1] - 1)
             out.append(_Rows(hv[:, col], hv[:, col], hv[:, col - 1], he[:, col - 1]))
         elif rows == "blocks":
-            staged = any(exchange_schedule(q).split for q in layer.eqns if q.op == "bcast_rows")
+            # a split whose parts are each read once holds two blocks (gnnc.plan.comm_ops: parts_read_once)
+            staged = any(exchange_schedule(q).split and exchange_of(q.op).parts_read_once for q in layer.eqns)
             src = np.full_like(v, 2 * float(v.max())) if staged else np.full_like(v, n)
             out.append(_Rows(v, src, v, e))
         elif rows == "all":
@@ -102,11 +103,12 @@ def _value_rows(layer: Layer, rows: _Rows, owned: np.ndarray) -> dict[str, np.nd
     for e in layer.eqns:
         name = e.outs[0].name
         typ = e.outs[0].type
-        if e.op == "reduce_scatter":  # P3's pull: owned rows from here
+        d = exchange_of(e.op)
+        if d is not None and d.output_rows == "owned":  # P3's pull: owned rows from here
             pulled = True
         if typ is not None and typ.domain == "edge":
             out[name] = rows.edges
-        elif e.op in COMM_OPS and e.op != "reduce_scatter":
+        elif d is not None and d.output_rows == "received":
             out[name] = rows.src
         elif e.op in AGGREGATIONS or any(v.name in after for v in e.ins):
             after.add(name)

@@ -27,18 +27,17 @@ from gnnc.passes.cost.evaluation import evaluate, evaluate_cost
 from gnnc.passes.cost.layouts import boundary
 from gnnc.passes.cost.priced import PricedPlan
 from gnnc.passes.cost.symbols import R_gemm, R_gemm_e, R_spmm, R_spmm_e, alpha, bw
+from gnnc.plan.comm_ops import PIECES, draw_order
 from gnnc.plan.strategies import STRATEGIES
 
 
 # Forward order of a layer's pieces ("overlap": a Max window). The cost model fixes durations and
 # what overlaps, not the order inside a stage; this is the order the runtime runs them in when the
 # dense map comes first (NeutronStar: fetch at the segment's entry, GeMM, exchange while the local
-# edges aggregate, then the remote ones). Backward draws the reverse.
-_DEFAULT_ORDER = ("communication", "dense", "overlap", "aggregation", "compute", "mixed")
-_FORWARD_ORDER = {
-    "bcast1d": ("dense", "communication", "overlap", "aggregation", "compute", "mixed"),  # broadcast W's output
-    "pushpull": ("dense", "aggregation", "overlap", "communication", "compute", "mixed"),  # partials, then pull
-}
+# edges aggregate, then the remote ones); an exchange that runs later says so in its descriptor
+# (gnnc.plan.comm_ops: draw_order; MG-GCN broadcasts W's output, P3 pulls the partial sums).
+# Backward draws the reverse.
+_DEFAULT_ORDER = PIECES
 _TRACK = {"dense": "compute", "aggregation": "compute", "compute": "compute", "communication": "communication",
           "mixed": "mixed"}
 _HOP_EDGES = re.compile(r"HE_(\d+)_i")
@@ -246,7 +245,7 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
                                    _DEFAULT_ORDER))
         key = (seg.start, seg.end, seg.strategy)
         cost, value, extra = priced.formulas[key], priced.values[key], priced.extras[key]
-        order = _FORWARD_ORDER.get(seg.strategy, _DEFAULT_ORDER)
+        order = draw_order(seg.strategy)
         seg_f: list[_StageSpec] = []
         seg_b: list[_StageSpec] = []
         whole = STRATEGIES[seg.strategy].whole_model

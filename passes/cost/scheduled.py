@@ -25,16 +25,9 @@ from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.registry import planner_cost, segment_cost, user_cost
 from gnnc.passes.cost.symbols import Cost
+from gnnc.plan.comm_ops import exchange_of, schedule_options
 from gnnc.plan.schedule_attrs import exchange_schedule, layer_schedule, program_schedule
 from gnnc.plan.strategies import STRATEGIES
-
-# the schedule options each strategy's built-in formula takes (gnnc.passes.cost.neutronstar, .mggcn)
-SCHEDULE_OPTIONS: dict[str, tuple[str, ...]] = {
-    "depcomm": ("overlap", "bins"),
-    "hybrid": ("overlap", "bins"),
-    "depcache": ("bins",),
-    "bcast1d": ("staged",),
-}
 
 
 @dataclass(frozen=True)
@@ -62,15 +55,16 @@ def program_segments(program: Program) -> list[Segment]:
 
 
 def segment_options(layers: Sequence[Layer], strategy: str) -> dict[str, Any]:
-    """The formula options (SCHEDULE_OPTIONS) of a segment's layers, as their annotations say."""
-    names = SCHEDULE_OPTIONS.get(strategy, ())
+    """The formula options (gnnc.plan.comm_ops.schedule_options) of a segment's layers, as their annotations
+    say: a split flag is on when every exchange it splits is split."""
     opts: dict[str, Any] = {}
-    for option, op in (("overlap", "halo"), ("staged", "bcast_rows")):
-        if option in names:
-            ex = [e for layer in layers for e in layer.eqns if e.op == op]
-            opts[option] = bool(ex) and all(exchange_schedule(e).split for e in ex)
-    if "bins" in names:
-        opts["bins"] = max(layer_schedule(layer).bins for layer in layers)
+    for option in schedule_options(strategy):
+        if option == "bins":
+            opts["bins"] = max(layer_schedule(layer).bins for layer in layers)
+            continue
+        ex = [e for layer in layers for e in layer.eqns if (d := exchange_of(e.op)) is not None
+              and d.split_flag == option]
+        opts[option] = bool(ex) and all(exchange_schedule(e).split for e in ex)
     return opts
 
 
@@ -89,7 +83,7 @@ def segment_formula(program: Program, seg: Segment, shapes: Sequence[Any], extra
     strategy = priced_as(seg, extra)
     if user_cost(strategy) is not None:
         return planner_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end])
-    taken = {k: v for k, v in options.items() if k in SCHEDULE_OPTIONS.get(strategy, ())}
+    taken = {k: v for k, v in options.items() if k in schedule_options(strategy)}
     return segment_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end], **taken)
 
 
