@@ -56,11 +56,18 @@ def aggregation_time(layer: int, shape: LayerShape, nnz: sympy.Expr, width: symp
     """The aggregation as a layer runs it: forward (`phase` f), or backward (b): the transpose product, and
     where the edge values come from parameters (attention's coefficients) their gradient too, a dot of the
     output gradient's row with the source row per edge (as many multiply-adds again: a GAT layer's
-    aggregation backward took 2.3x its forward, timed alone on a 16,000-vertex R-MAT graph)."""
+    aggregation backward took 2.3x its forward, timed alone on a 16,000-vertex R-MAT graph). A reducer doing more
+    per edge than a sum (its ReducerCost.edge: std's sums of m and m*m) takes that many times a sum's."""
+    edges = _times(nnz, shape.aggregation.edge)
     if phase != "b":
-        return spmm_time(layer, nnz, width, phase)
-    t = spmm_time(layer, nnz, width, "b")
+        return spmm_time(layer, edges, width, phase)
+    t = spmm_time(layer, edges, width, "b")
     return t + spmm_time(layer, nnz, width, "dw") if shape.attention else t
+
+
+def _times(x: sympy.Expr, k: float) -> sympy.Expr:
+    """x * k, and x itself for a factor of 1 (a sum's expressions stay the ones they were)."""
+    return x if k == 1 else x * k
 
 
 def row_ops(layer: int, in_rows: sympy.Expr, out_rows: sympy.Expr, phase: str = "f") -> sympy.Expr:
@@ -113,8 +120,12 @@ def compute_backward(layer: int, shape: LayerShape, gemm_rows: sympy.Expr, edges
 def layer_memory(layer: int, shape: LayerShape, in_rows: sympy.Expr, halo_rows: sympy.Expr,
                  out_rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:
     """What one layer keeps alive until its backward: input rows, the aggregated buffer (with any
-    received rows), output rows, and the structure it aggregates over (an index and a weight per edge)."""
-    return (b * (in_rows * d(layer) + (in_rows + halo_rows) * shape.width(layer) + out_rows * shape.out_width(layer))
+    received rows, and the reducer's state per output row: ReducerCost.state), output rows, and the structure
+    it aggregates over (an index and a weight per edge)."""
+    aggregated = (in_rows + halo_rows) * shape.width(layer)
+    if shape.aggregation.state:
+        aggregated += out_rows * shape.width(layer) * shape.aggregation.state
+    return (b * (in_rows * d(layer) + aggregated + out_rows * shape.out_width(layer))
             + edges * (b_idx + b))
 
 

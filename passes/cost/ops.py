@@ -14,7 +14,10 @@ each strategy computes (gnnc.passes.cost.compute.layer_ops). A dropout also
 counts its rows (`dropout_row`): a row's mask starts with a hash of its key,
 which a narrow value (an edge's attention, one per head) pays per element;
 an attention op its edges (`attention_row`: an edge's index and its
-destination's segment cost the same for one head as for eight).
+destination's segment cost the same for one head as for eight). An
+aggregation whose reducer works on its output rows after the edges (its
+ReducerDef's `cost.row`: std's mean, variance and square root) counts that
+as elementwise work on the `out` side; sum, mean, max and min have none.
 
 Sides. A graph layer's vertex ops before its first op that reads the
 structure run on the rows its dense map runs on (its input rows: `in`; GAT's
@@ -49,6 +52,7 @@ import math
 from gnnc.ir import Eqn, Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.ops import op_def, reads_structure
+from gnnc.ir.reducers import reducer
 from gnnc.passes.analysis.layers import param_dependent
 from gnnc.passes.cost.symbols import LayerOpWork
 
@@ -147,6 +151,12 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
             reads_sparse = [v for v in e.ins if v.name in sparse]
             if reads_sparse and e.op not in SPARSE_INPUT_OPS:  # densified first: every element written
                 into["forward"].append((side, "elementwise", _elements(reads_sparse[0], config)))
+            finalise = reducer(e.attr("reduce")).cost.row if e.op in ("spmm", "gather") else 0.0
+            if finalise:  # the reducer's work per output row after its edges (std's), elementwise on those rows
+                entry = ("out", "elementwise", finalise * _elements(e.outs[0], config))
+                into["forward"].append(entry)
+                if backward:
+                    into["backward"].append(entry)
             cls = op_class(e)
             if cls in (None, "free"):
                 continue

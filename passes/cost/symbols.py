@@ -57,6 +57,7 @@ from sympy import Symbol
 from gnnc.cluster import KERNELS, ClusterProfile
 from gnnc.ir import Layer
 from gnnc.ir.expr import as_expr
+from gnnc.ir.reducers import ReducerCost, reducer
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 
 
@@ -204,6 +205,9 @@ class LayerShape:
     sparse_gemms: how many of the dense maps read the input features stored
         sparse (a bag-of-words graph's: gnnc.graph.sparse_if_sparse), which
         run as sparse-dense products (`compute.dense_map_time`).
+    aggregation: what its aggregation's reducer costs beyond a sum's (its ReducerDef's cost, gnnc.ir.reducers):
+        per edge at the SpMM rate (`compute.aggregation_time`), its extra state per output row
+        (`compute.layer_memory`); its work per output row is an op's (gnnc.passes.cost.ops).
     """
 
     gemms: int = 1
@@ -212,6 +216,7 @@ class LayerShape:
     mean_heads: bool = False
     input_grad: bool = True
     sparse_gemms: int = 0
+    aggregation: ReducerCost = ReducerCost()
 
     def out_width(self, layer: int) -> sympy.Expr:
         """Width of the dense map's output (heads x d_out when heads are averaged later)."""
@@ -259,9 +264,11 @@ def layer_shape(layer: Layer, needs_grad: set[str], sparse: set[str] = frozenset
     first_agg = next((i for i, o in enumerate(ops) if o in ("spmm", "gather")), None)
     gemm_first = first_linear is not None and (first_agg is None or first_linear < first_agg)
     sparse_gemms = sum(1 for e in layer.eqns if e.op == "linear" and e.ins[0].name in sparse)
+    aggregation = ReducerCost() if first_agg is None else reducer(layer.eqns[first_agg].attr("reduce")).cost
     return LayerShape(gemms=max(1, ops.count("linear")), gemm_first=gemm_first,
                       attention="sddmm" in ops or "edge_softmax" in ops, mean_heads="mean_heads" in ops,
-                      input_grad=layer.inputs[0].name in needs_grad, sparse_gemms=sparse_gemms)
+                      input_grad=layer.inputs[0].name in needs_grad, sparse_gemms=sparse_gemms,
+                      aggregation=aggregation)
 
 
 @dataclass(frozen=True)
