@@ -81,6 +81,7 @@ from gnnc.graph import Graph, edge_data, index_dtype
 from gnnc.graph.storage import UNLABELLED
 from gnnc.graph.generators import GENERATORS, generate, split_masks
 from gnnc.graph.ogb import ogb_files, read_ogb_dir
+from gnnc.graph.store import is_store, open_store
 from gnnc.graph.planetoid import load_planetoid
 from gnnc.host import available_memory, format_bytes
 
@@ -162,6 +163,8 @@ def _load_file(spec: str, cache_dir: str | os.PathLike | None, use_cache: bool) 
     if not path.exists():
         raise GraphInputError(f"graph '{spec}': no such file or directory, and not a known spec "
                               f"(planetoid:NAME, rmat:..., sbm:...; see `gnnc datasets`)")
+    if path.is_dir() and is_store(path):
+        return open_store(path)  # memory-mapped: nothing to convert or cache
     if path.is_dir():
         files = ogb_files(path)
         key = _hash_files(files, path, "ogb")

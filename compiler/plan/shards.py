@@ -33,6 +33,7 @@ import torch
 
 from gnnc.errors import PlanError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
+from gnnc.graph.storage import check_class_labels
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
@@ -204,6 +205,7 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
                 g.entry_perm = torch.from_numpy(arrays[f"g{k}.entry.perm"])
             structures[k] = g
         layers[name] = structures[k]
+    check_class_labels(torch.from_numpy(arrays["y"]), str(manifest["graph"]))
     n_owned = int(arrays["n_owned"])
     lg = LocalGraph(torch.from_numpy(arrays["rows"].astype(np.int64)), n_owned, layers, layout.get("block_rows"))
     inputs = {"x": sparse_if_sparse(torch.from_numpy(arrays["x"])), "y": torch.from_numpy(arrays["y"]),

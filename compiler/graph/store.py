@@ -1,0 +1,296 @@
+"""A graph as a directory of `.npy` files that `--graph DIR` memory-maps: the graph store of `gnnc convert`.
+
+Why this module exists: a graph the size of ogbn-papers100M (111M vertices,
+57 GB of features) cannot be parsed, or even held, by every process that
+touches it. `write_store` writes a loaded Graph once, array by array; `open_store`
+maps each array with `np.load(mmap_mode="r")`, so a process reads the pages
+it touches: a rank's shard gathers its own rows of x, not the whole matrix.
+
+The directory holds, besides the manifest `gnnc-store.json`:
+
+  src, dst [E]                     the edges in their order (index dtype: int32 below 2^31 vertices)
+  in.indptr [N+1], in.indices, in.eids [E]         the in-edge CSR of the plain view (Graph.csr), int64
+  out.indptr [N+1], out.indices, out.eids, out.perm [E]   its transpose (grouped by source; CSR.transpose)
+  x [N, F] float32, y [N] int64 (UNLABELLED: none) or [N, T] float32 (multi-label)
+  train_mask, val_mask, test_mask [N] bool, edge_NAME [E] or [E, d] float32 (edge data `edge.NAME`)
+
+The manifest records, for every array, its file, dtype, shape, size and sha256, and the graph's name, counts
+and stand-ins. Opening checks each file against it (missing, truncated, altered or of another shape: a
+GraphInputError naming the file, exit 2) and then the structure (indptr monotone from 0 to E, every index and
+label in range), in blocks, so the check holds one block at a time. Nothing is unpickled (allow_pickle=False).
+Each array and the manifest are written atomically, the manifest last (and removed first when a store is
+written over): a directory whose manifest is there holds a whole store.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gnnc.errors import GnncError, GraphInputError
+from gnnc.files import atomic_writer, read_text_input
+from gnnc.graph import CSR, Graph, edge_data
+from gnnc.graph.storage import UNLABELLED
+
+MANIFEST = "gnnc-store.json"
+FORMAT = 1
+KIND = "gnnc-graph-store"
+MASKS = ("train_mask", "val_mask", "test_mask")
+BLOCK_BYTES = 64 << 20  # what one step of a check or a checksum reads
+_DTYPES = ("int32", "int64", "float32", "bool")  # every dtype a store's array may have
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
+
+
+def is_store(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+class _HashingWriter:
+    """A file object that hashes what passes through it (np.lib.format.write_array writes in chunks)."""
+
+    def __init__(self, f: Any):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+
+def _save(out: Path, name: str, arr: np.ndarray) -> dict[str, Any]:
+    """One array as `name.npy`, atomically; its manifest entry."""
+    path = out / f"{name}.npy"
+    with atomic_writer(path) as f:
+        h = _HashingWriter(f)
+        np.lib.format.write_array(h, np.ascontiguousarray(arr), allow_pickle=False)
+    return {"file": path.name, "dtype": str(arr.dtype), "shape": list(arr.shape), "bytes": h.size,
+            "sha256": h.sha.hexdigest()}
+
+
+def _arrays(graph: Graph) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
+    """(name, a function making the array) of every array of a store, in writing order: each is made, written
+    and dropped before the next, so the peak is the graph plus one array (the transpose: three)."""
+    yield "src", lambda: graph.src
+    yield "dst", lambda: graph.dst
+    csr = graph.csr("plain")
+    yield "in.indptr", lambda: csr.indptr.numpy()
+    yield "in.indices", lambda: csr.indices.numpy()
+    yield "in.eids", lambda: csr.eids.numpy()
+    t = csr.transpose()
+    yield "out.indptr", lambda: t.indptr.numpy()
+    yield "out.indices", lambda: t.indices.numpy()
+    yield "out.eids", lambda: t.eids.numpy()
+    yield "out.perm", lambda: t._cache["perm_from"].numpy()
+    yield "x", lambda: graph.x.numpy()
+    yield "y", lambda: graph.y.numpy()
+    for m in MASKS:
+        yield m, lambda m=m: getattr(graph, m).numpy()
+    for k, v in graph.edge_data.items():
+        yield edge_data.PREFIX + k, lambda v=v: v.numpy()
+
+
+def write_store(graph: Graph, out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Write `graph` as a store in `out_dir` (created; an existing store there is replaced); the manifest.
+
+    A directory that holds other files and no store is refused: the store's files would be mixed with them.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise GnncError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not is_store(out):
+        raise GnncError(f"{out}: a directory with other files and no graph store in it; give a new or empty one")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest is written, the directory holds no store
+    entries = {}
+    for name, make in _arrays(graph):
+        entries[name] = _save(out, name, make())
+    manifest = {"format": FORMAT, "kind": KIND, "name": graph.name, "num_nodes": graph.num_nodes,
+                "num_edges": graph.num_edges, "stand_ins": graph.stand_ins, "arrays": entries}
+    with atomic_writer(out / MANIFEST) as f:
+        f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return manifest
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+
+def _manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    try:
+        manifest = json.loads(read_text_input(path, str(path)))
+    except json.JSONDecodeError as err:
+        raise GraphInputError(f"{path}: not a graph store manifest ({err})") from None
+    except GnncError as err:
+        raise GraphInputError(str(err)) from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND or manifest.get("format") != FORMAT:
+        raise GraphInputError(f"{path}: not a graph store manifest of format {FORMAT} (write the store again "
+                              f"with `gnnc convert`)")
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    for key in ("num_nodes", "num_edges"):
+        if not count(manifest.get(key)):
+            raise GraphInputError(f"{path}: {key}: expected a count, got {str(manifest.get(key))[:40]!r}")
+    if not isinstance(manifest.get("name"), str):
+        raise GraphInputError(f"{path}: name: expected a string")
+    stand_ins = manifest.get("stand_ins")
+    if not (isinstance(stand_ins, dict) and all(isinstance(v, str) for v in stand_ins.values())):
+        raise GraphInputError(f"{path}: stand_ins: expected an object of strings")
+    arrays = manifest.get("arrays")
+    if not isinstance(arrays, dict):
+        raise GraphInputError(f"{path}: arrays: expected an object")
+    for name, entry in arrays.items():
+        ok = (_NAME.match(name) and isinstance(entry, dict) and entry.get("file") == f"{name}.npy"
+              and entry.get("dtype") in _DTYPES and isinstance(entry.get("shape"), list)
+              and all(count(d) for d in entry["shape"]) and count(entry.get("bytes"))
+              and isinstance(entry.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]))
+        if not ok:
+            # a file is named by the array's name, never by a path from the manifest (`../x`, `/etc/...`)
+            raise GraphInputError(f"{path}: arrays: the entry of {str(name)[:40]!r} must hold file NAME.npy, a dtype "
+                                  f"of {', '.join(_DTYPES)}, a shape, its size in bytes and its sha256")
+    return manifest
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _open_array(root: Path, name: str, entry: dict[str, Any]) -> np.ndarray:
+    """The array `name`, memory-mapped read-only, after its file matched the manifest's size and checksum and
+    its header the manifest's dtype and shape."""
+    path = root / entry["file"]
+    if path.is_symlink() or not path.is_file():
+        raise GraphInputError(f"{path}: {name}: missing from the graph store (or not a regular file)")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise GraphInputError(f"{path}: {name}: {size} bytes, the manifest says {entry['bytes']}: truncated or altered")
+    digest = _sha256(path)
+    if digest != entry["sha256"]:
+        raise GraphInputError(f"{path}: {name}: does not match its checksum (sha256 {digest[:12]}..., the manifest "
+                              f"says {entry['sha256'][:12]}...)")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise GraphInputError(f"{path}: {name}: not a readable .npy file ({err})") from None
+    if str(arr.dtype) != entry["dtype"] or list(arr.shape) != entry["shape"]:
+        raise GraphInputError(f"{path}: {name}: holds {arr.dtype} {list(arr.shape)}, the manifest says "
+                              f"{entry['dtype']} {entry['shape']}")
+    return arr
+
+
+def _blocks(arr: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, rows) of `arr` in blocks of about BLOCK_BYTES."""
+    row_bytes = max(arr.itemsize * math.prod(arr.shape[1:]), 1)
+    step = max(BLOCK_BYTES // row_bytes, 1)
+    for lo in range(0, len(arr), step):
+        yield lo, np.asarray(arr[lo:lo + step])
+
+
+def _check_shape(path: Path, name: str, arr: np.ndarray, want: tuple[int | None, ...]) -> None:
+    if arr.ndim != len(want) or any(w is not None and s != w for s, w in zip(arr.shape, want)):
+        shown = ", ".join("*" if w is None else str(w) for w in want)
+        raise GraphInputError(f"{path}: {name}: expected shape [{shown}], got {list(arr.shape)}")
+
+
+def _check_range(path: Path, name: str, arr: np.ndarray, low: int, high: int) -> None:
+    """Every value of `arr` in [low, high), checked block by block."""
+    for lo, block in _blocks(arr):
+        if len(block) and (int(block.min()) < low or int(block.max()) >= high):
+            at = lo + int(np.nonzero((block < low) | (block >= high))[0][0])
+            raise GraphInputError(f"{path}: {name}: value {int(arr[at])} at {at} is out of range [{low}, {high})")
+
+
+def _check_indptr(path: Path, name: str, indptr: np.ndarray, nnz: int) -> None:
+    if int(indptr[0]) != 0 or int(indptr[-1]) != nnz:
+        raise GraphInputError(f"{path}: {name}: must run from 0 to {nnz}, runs from {int(indptr[0])} to "
+                              f"{int(indptr[-1])}")
+    last = 0
+    for lo, block in _blocks(indptr):
+        if int(block[0]) < last or (len(block) > 1 and bool((block[1:] < block[:-1]).any())):
+            raise GraphInputError(f"{path}: {name}: decreases near row {lo}")
+        last = int(block[-1])
+
+
+def _tensor(arr: np.ndarray) -> torch.Tensor:
+    """A tensor over the mapped pages (no copy). torch warns that it could write to a read-only array: gnnc
+    never writes into a graph's arrays (a write would fault, which the store's tests would show)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(arr)
+
+
+def open_store(path: str | os.PathLike) -> Graph:
+    """The graph a store holds, its arrays memory-mapped; GraphInputError naming the file at the first problem."""
+    root = Path(path)
+    manifest = _manifest(root)
+    where = root / MANIFEST
+    entries = manifest["arrays"]
+    fixed = ("src", "dst", "in.indptr", "in.indices", "in.eids", "out.indptr", "out.indices", "out.eids",
+             "out.perm", "x", "y", *MASKS)
+    for name in fixed:
+        if name not in entries:
+            raise GraphInputError(f"{where}: arrays: {name} missing")
+    extra = [k for k in entries if k not in fixed and not k.startswith(edge_data.PREFIX)]
+    if extra:
+        raise GraphInputError(f"{where}: arrays: unknown array {extra[0]!r}")
+    a = {name: _open_array(root, name, entry) for name, entry in entries.items()}
+    n, e = manifest["num_nodes"], manifest["num_edges"]
+    file = {name: root / entry["file"] for name, entry in entries.items()}
+    if n == 0 or e == 0:
+        raise GraphInputError(f"{where}: empty graph ({n} vertices, {e} edges)")
+    for name in ("src", "dst", "in.indices", "in.eids", "out.indices", "out.eids", "out.perm", "in.indptr",
+                 "out.indptr"):
+        # the CSR's tensors are int64 (as CSR.from_edges makes them); the edge list is in gnnc's index dtype
+        allowed = ("int32", "int64") if name in ("src", "dst") else ("int64",)
+        if str(a[name].dtype) not in allowed:
+            raise GraphInputError(f"{file[name]}: {name}: expected {' or '.join(allowed)}, got {a[name].dtype}")
+    for name in ("src", "dst", "in.indices", "in.eids", "out.indices", "out.eids", "out.perm"):
+        _check_shape(file[name], name, a[name], (e,))
+        _check_range(file[name], name, a[name], 0, e if name.endswith(("eids", "perm")) else n)
+    for name in ("in.indptr", "out.indptr"):
+        _check_shape(file[name], name, a[name], (n + 1,))
+        _check_indptr(file[name], name, a[name], e)
+    _check_shape(file["x"], "x", a["x"], (n, None))
+    if a["x"].dtype != np.float32 or a["x"].shape[1] == 0:
+        raise GraphInputError(f"{file['x']}: x: expected float32 [N, F] with F > 0")
+    y = a["y"]
+    if y.ndim == 1 and y.dtype == np.int64:
+        _check_shape(file["y"], "y", y, (n,))
+        _check_range(file["y"], "y", y, UNLABELLED, 2**31)
+    elif not (y.ndim == 2 and y.dtype == np.float32 and y.shape[0] == n):
+        raise GraphInputError(f"{file['y']}: y: expected int64 [{n}] or float32 [{n}, T], got {y.dtype} "
+                              f"{list(y.shape)}")
+    for m in MASKS:
+        _check_shape(file[m], m, a[m], (n,))
+        if a[m].dtype != np.bool_:
+            raise GraphInputError(f"{file[m]}: {m}: expected bool, got {a[m].dtype}")
+    edges = {}
+    for name in entries:
+        if name.startswith(edge_data.PREFIX):
+            arr = a[name]
+            if arr.dtype != np.float32 or arr.ndim not in (1, 2) or arr.shape[0] != e:
+                raise GraphInputError(f"{file[name]}: {name}: expected float32 [{e}] or [{e}, d], got {arr.dtype} "
+                                      f"{list(arr.shape)}")
+            edges[name[len(edge_data.PREFIX):]] = _tensor(arr)
+    graph = Graph(n, a["src"], a["dst"], _tensor(a["x"]), _tensor(y), *(_tensor(a[m]) for m in MASKS),
+                  name=manifest["name"], edge_data=edges, stand_ins=dict(manifest["stand_ins"]))
+    csr = CSR(_tensor(a["in.indptr"]), _tensor(a["in.indices"]), _tensor(a["in.eids"]), n, n)
+    out = CSR(_tensor(a["out.indptr"]), _tensor(a["out.indices"]), _tensor(a["out.eids"]), n, n)
+    out._cache["perm_from"] = _tensor(a["out.perm"])
+    csr._cache["t"] = out
+    graph._views[("csr", "plain")] = csr  # the stored CSR: Graph.csr would sort every edge again
+    return graph
