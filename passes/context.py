@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gnnc.plan.precision import DEFAULT_PRECISION
 
-if TYPE_CHECKING:  # annotations only: the context sits below the modules that build these
+if TYPE_CHECKING:  # annotations only: `gnnc check` loads the context, and a partition would load torch
     from gnnc.cluster import ClusterProfile
     from gnnc.ir import Program
     from gnnc.passes.partition.core import Partition

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import EXAMPLES, ROOT
 
-HEAVY = ("torch", "scipy", "networkx", "numpy", "gnnc.passes.choose_strategy", "gnnc.runtime", "gnnc.api")
+HEAVY = ("torch", "scipy", "networkx", "numpy", "gnnc.passes.planner.search", "gnnc.runtime", "gnnc.api")
 
 
 def loaded_after(argv: list[str]) -> tuple[int, list[str], str]:

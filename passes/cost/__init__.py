@@ -9,7 +9,11 @@ collectives (`collectives`) by a function registered against its strategy's
 descriptor (`registry`; one module per family: `neutronstar`, `p3`, `mggcn`,
 `local`, `gnnpipe`, and `sampled` for sampled minibatches), plus the layout changes between segments (`layouts`); evaluated on
 numpy arrays (`evaluation`), solved for crossovers (`crossovers`), drawn as
-the predicted epoch (`schedule`) and fitted to this machine (`fit`). A whole
+the predicted epoch (`schedule`) and fitted to this machine (`fit`); a
+compile's inputs to them (`inputs`) and the tables a planner prices with them
+(`priced`) are defined here too. The cost model reads the analyses below it
+(gnnc.passes.analysis, gnnc.passes.partition), never a planner or a pass
+(tests/test_layering.py). A whole
 run's peak memory per process (`memory`) adds parameters, optimizer state,
 the graph and the process to the same per-layer formula; `gnnc run` checks it
 against the memory available before it allocates.

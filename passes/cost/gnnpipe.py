@@ -13,7 +13,7 @@ history refresh every alpha epochs, and each stage's memory (the whole
 graph's structure, the activations of all K chunks, the history).
 
 Symbols of a pipeline cost beside the common ones (values from
-`gnnc.passes.pipeline_plan`, which balances the stages and cuts the chunks):
+`gnnc.passes.planner.pipeline`, which balances the stages and cuts the chunks):
 W_s (elements per row entering stage s: its boundary values side by side),
 DF_s and DB_s (seconds of stage s's dense layers, forward and backward, on
 one member's rows), bw_pipe (bytes/s of the slowest link a stage boundary

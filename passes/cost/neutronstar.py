@@ -3,7 +3,7 @@
 Why this module exists: the three share the halo exchange and the
 neighbourhood replication terms, and Hybrid with nothing cached is DepComm
 layer by layer; `hybrid_values` and `hybrid_unit_costs` bridge the formulas
-to the Hybrid greedy (gnnc.passes.hybrid_greedy). G3's peer-to-peer push is
+to the Hybrid greedy (gnnc.passes.planner.hybrid_greedy). G3's peer-to-peer push is
 DepComm.
 """
 from __future__ import annotations
@@ -168,7 +168,7 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
     rows sent (the communicated dependencies C) and RV_l rows / RE_l edges
     recomputed for the cached ones R (their subtrees, down to the segment's
     first layer); RX rows of h^start are replicated. `hybrid_values` turns a
-    `gnnc.passes.hybrid_greedy.HybridResult` into those symbols' values.
+    `gnnc.passes.planner.hybrid_greedy.HybridResult` into those symbols' values.
 
     Each layer: the worker's own rows (V_i, E_i) as in DepComm, plus the
     recomputation, which runs while the communicated rows are in flight
@@ -183,7 +183,7 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
     replicates nothing) costs it no latency. Charging (P-1)·alpha there made
     a selection that caches everything, and fetches 0 bytes, cost 0.6 ms more
     than DepCache on Cora x 4 at 50 us per message (issue 16). Whole
-    selections are priced by `gnnc.passes.select_hybrid.select`, which prices
+    selections are priced by `gnnc.passes.planner.hybrid.select`, which prices
     the one that caches everything as what the runtime then runs: DepCache.
     The schedule's `overlap` and `bins` as for `depcomm` (without overlap
     nothing runs while the rows are in flight; bins recompute their forward

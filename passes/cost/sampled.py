@@ -3,7 +3,7 @@
 Why this module exists: with `--fanout` a step's work and traffic follow the
 sampled blocks, not the partition's halo sets. The formulas below are
 written in per-worker symbols summed over one epoch's minibatches, valued
-by the seeded dry run of gnnc.passes.sampled_stats (`sampled_values`), so
+by the seeded dry run of gnnc.passes.analysis.sampled_stats (`sampled_values`), so
 their bytes equal what the run's counters measure for that epoch.
 A worker's block counts are those of the seeds it owns:
 
@@ -64,7 +64,7 @@ def edges(layer: int) -> Symbol:
 
 
 def sampled_values(stats) -> dict[Symbol, np.ndarray | float]:
-    """The symbols above valued by a dry run (gnnc.passes.sampled_stats.SampledStats)."""
+    """The symbols above valued by a dry run (gnnc.passes.analysis.sampled_stats.SampledStats)."""
     f = np.float64
     out: dict[Symbol, np.ndarray | float] = {
         NB: float(stats.batches), SR: stats.pulled.astype(f), SS: stats.served.astype(f), SK: stats.packed.astype(f),
