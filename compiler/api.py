@@ -156,7 +156,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     parts = ctx.parts
     if results.pipeline is not None and is_pipeline(program):  # a pipeline's partition is its chunking
         parts = results.pipeline.parts
-        meta["partition"] = {"method": "metis", "parts": int(parts.max()) + 1, "seed": 0,  # pipeline_plan's
+        meta["partition"] = {"method": "metis", "parts": int(parts.max()) + 1, "seed": 0,  # planner.pipeline's
                              "of": "pipeline chunks: part k*G+g is member g's share of chunk k"}
         meta["pipeline"] = pipeline_summary(results.pipeline, results.pipeline_bytes)
     report = results.planner

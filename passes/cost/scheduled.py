@@ -73,7 +73,7 @@ CACHE_ALL = object()  # a Hybrid selection that caches every dependency (it has 
 
 def priced_as(seg: Segment, extra: Any) -> str:
     """The strategy whose formula prices a segment: a Hybrid segment whose selection caches every dependency
-    runs DepCache's rows with an empty halo, and is priced as DepCache (gnnc.passes.select_hybrid.select)."""
+    runs DepCache's rows with an empty halo, and is priced as DepCache (gnnc.passes.planner.hybrid.select)."""
     return "depcache" if seg.strategy == "hybrid" and extra is CACHE_ALL else seg.strategy
 
 
