@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ import torch
 from conftest import EXAMPLES
 from gnnc.cli import main
 from gnnc.graph.loaders import load_graph
-from gnnc.graph.store import MANIFEST, open_store, write_store
+from gnnc.graph.store import MANIFEST, open_store, release_pages, write_store
+from gnnc.plan.shard_files import read_shard, write_shards
 from test_ogb import papers_like, proteins_like
 
 
@@ -47,6 +49,31 @@ def test_store_holds_the_graph_mapped(cora_store) -> None:
         assert all(torch.equal(u, v) for u, v in ((t_s.indptr, t_g.indptr), (t_s.indices, t_g.indices),
                                                   (t_s.eids, t_g.eids)))
     assert torch.equal(a.transpose()._cache["perm_from"], b.transpose()._cache["perm_from"])
+
+
+def _resident_kib(path: Path) -> int:
+    """KiB of `path`'s mappings resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = line.endswith(" " + str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_shard_writing_lets_each_parts_rows_go(cora_store, tmp_path) -> None:
+    """Shards are written part by part from the mapped x, and the pages a part read are let go after it: the
+    process does not end up holding the whole feature matrix."""
+    g = open_store(cora_store)
+    assert float(g.x.sum()) > 0 and _resident_kib(cora_store / "x.npy") > 10_000  # all 15 MB of x read
+    release_pages(g)
+    assert _resident_kib(cora_store / "x.npy") == 0
+    parts = np.arange(g.num_nodes) % 3
+    write_shards(g, parts, 3, tmp_path / "parts")
+    assert _resident_kib(cora_store / "x.npy") == 0
+    shards = [read_shard(tmp_path / "parts", i) for i in range(3)]
+    assert all(np.array_equal(sh.x, g.x.numpy()[sh.global_ids]) for sh in shards)
 
 
 def test_run_from_the_store_gives_the_same_logits(cora_store, tmp_path) -> None:

@@ -3,8 +3,9 @@
 Why this module exists: a graph the size of ogbn-papers100M (111M vertices,
 57 GB of features) cannot be parsed, or even held, by every process that
 touches it. `write_store` writes a loaded Graph once, array by array; `open_store`
-maps each array with `np.load(mmap_mode="r")`, so a process reads the pages
-it touches: a rank's shard gathers its own rows of x, not the whole matrix.
+maps each array read-only (an mmap of the .npy's data, as `np.load(mmap_mode="r")`
+makes, kept so that `release_pages` can drop what was read), so a process reads
+the pages it touches: a rank's shard gathers its own rows of x, not the whole matrix.
 
 The directory holds, besides the manifest `gnnc-store.json`:
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import re
 import warnings
@@ -48,6 +50,8 @@ MASKS = ("train_mask", "val_mask", "test_mask")
 BLOCK_BYTES = 64 << 20  # what one step of a check or a checksum reads
 _DTYPES = ("int32", "int64", "float32", "bool")  # every dtype a store's array may have
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
+_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+_MAPS = "store.maps"  # Graph._views key of a store's mappings (release_pages)
 
 
 def is_store(path: Path) -> bool:
@@ -169,7 +173,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _open_array(root: Path, name: str, entry: dict[str, Any]) -> np.ndarray:
+def _open_array(root: Path, name: str, entry: dict[str, Any], maps: list[mmap.mmap]) -> np.ndarray:
     """The array `name`, memory-mapped read-only, after its file matched the manifest's size and checksum and
     its header the manifest's dtype and shape."""
     path = root / entry["file"]
@@ -183,13 +187,33 @@ def _open_array(root: Path, name: str, entry: dict[str, Any]) -> np.ndarray:
         raise GraphInputError(f"{path}: {name}: does not match its checksum (sha256 {digest[:12]}..., the manifest "
                               f"says {entry['sha256'][:12]}...)")
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in _HEADERS:
+                raise ValueError(f".npy format version {version} is not supported")
+            shape, fortran, dtype = _HEADERS[version](f)
+            offset = f.tell()
+            if dtype.hasobject or fortran:
+                raise ValueError("an array of Python objects or in Fortran order")  # never unpickled
+            if str(dtype) != entry["dtype"] or list(shape) != entry["shape"]:
+                raise GraphInputError(f"{path}: {name}: holds {dtype} {list(shape)}, the manifest says "
+                                      f"{entry['dtype']} {entry['shape']}")
+            if offset + math.prod(shape) * dtype.itemsize != size:
+                raise ValueError(f"{size} bytes do not hold {list(shape)} of {dtype}")
+            # np.load(mmap_mode="r") maps alike; this keeps the mapping, so release_pages can let its pages go
+            pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (ValueError, OSError, EOFError) as err:
         raise GraphInputError(f"{path}: {name}: not a readable .npy file ({err})") from None
-    if str(arr.dtype) != entry["dtype"] or list(arr.shape) != entry["shape"]:
-        raise GraphInputError(f"{path}: {name}: holds {arr.dtype} {list(arr.shape)}, the manifest says "
-                              f"{entry['dtype']} {entry['shape']}")
-    return arr
+    maps.append(pages)
+    return np.frombuffer(pages, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+
+
+def release_pages(graph: Graph) -> None:
+    """Let go of the pages a store's graph has read so far (they stay in the page cache; a later read maps
+    them again). A shard writer calls it after each rank's rows: those were gathered and written, and the
+    process's resident set would otherwise grow to the whole feature matrix over the ranks."""
+    for pages in graph._views.get(_MAPS, ()):
+        pages.madvise(mmap.MADV_DONTNEED)
 
 
 def _blocks(arr: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
@@ -247,7 +271,8 @@ def open_store(path: str | os.PathLike) -> Graph:
     extra = [k for k in entries if k not in fixed and not k.startswith(edge_data.PREFIX)]
     if extra:
         raise GraphInputError(f"{where}: arrays: unknown array {extra[0]!r}")
-    a = {name: _open_array(root, name, entry) for name, entry in entries.items()}
+    maps: list[mmap.mmap] = []
+    a = {name: _open_array(root, name, entry, maps) for name, entry in entries.items()}
     n, e = manifest["num_nodes"], manifest["num_edges"]
     file = {name: root / entry["file"] for name, entry in entries.items()}
     if n == 0 or e == 0:
@@ -293,4 +318,5 @@ def open_store(path: str | os.PathLike) -> Graph:
     out._cache["perm_from"] = _tensor(a["out.perm"])
     csr._cache["t"] = out
     graph._views[("csr", "plain")] = csr  # the stored CSR: Graph.csr would sort every edge again
+    graph._views[_MAPS] = maps
     return graph

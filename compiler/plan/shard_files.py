@@ -40,6 +40,7 @@ import torch
 from gnnc.files import atomic_writer
 from gnnc.errors import PlanError, write_failure
 from gnnc.graph import Graph
+from gnnc.graph.store import release_pages
 
 SHARD_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -185,6 +186,8 @@ def write_shards(graph: Graph, assignment: np.ndarray, parts: int, out_dir: str 
         local[owned] = -1
         local[remote[i]] = -1
         entries.append(write_npz(out / f"part-{i:05d}.npz", i, arrays))
+        del arrays
+        release_pages(graph)  # a store's graph: this part's rows are written, the next part reads its own
         if progress is not None:
             progress(i)
     manifest = {

@@ -34,6 +34,7 @@ import torch
 from gnnc.errors import PlanError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import check_class_labels
+from gnnc.graph.store import release_pages
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
@@ -147,6 +148,7 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
         arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets)
         entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout))
         del arrays
+        release_pages(graph)  # a store's graph: this rank's rows are written, the next rank reads its own
         if progress is not None:
             progress(rank)
     return write_plan_manifest(out, graph, world, entries)
