@@ -51,8 +51,8 @@ def predicted(graph_spec: str, layers: int, nproc: int) -> dict:
     model = api.load_model(ROOT / "examples" / "gcnii.gnn", layers=layers)
     pipe = api.compile(model, graph, workers=nproc, strategy="pipeline", approximate=True)
     depcomm = api.compile(model, graph, workers=nproc, strategy="depcomm")
-    return {"pipeline_step": pipe.meta["predicted_bytes_per_step"], "pipeline_refresh": pipe.meta["pipeline"]["refresh_bytes"],
-            "pipeline": pipe.meta["pipeline"], "depcomm_step": depcomm.meta["predicted_bytes_per_step"]}
+    return {"pipeline_step": pipe.meta.predicted_bytes_per_step, "pipeline_refresh": pipe.meta.pipeline["refresh_bytes"],
+            "pipeline": pipe.meta.pipeline, "depcomm_step": depcomm.meta.predicted_bytes_per_step}
 
 
 def run(args: list[str], epochs: int) -> tuple[dict, list[dict]]:

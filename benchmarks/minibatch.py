@@ -84,7 +84,7 @@ def _bytes_run(graph, hidden: int, strategy: str, tmp: Path) -> dict:
     model = gnnc.load_model(SAGE, hidden=hidden)
     plan = api.compile(model, graph, workers=WORKERS, strategy=strategy, sampling=P3_SAMPLING, seed=0,
                        cluster="p3")
-    predicted = {k: v for k, v in plan.meta["predicted_bytes_per_epoch"].items() if k != "allreduce"}
+    predicted = {k: v for k, v in plan.meta.predicted_bytes_per_epoch.items() if k != "allreduce"}
     metrics = tmp / f"{strategy}-{hidden}.jsonl"
     cfg = TrainConfig.resolve(plan.program, epochs=2, seed=0, progress=False)
     api.run_plan(plan, graph, cfg, metrics=str(metrics), want_logits=False)
@@ -111,9 +111,9 @@ def bytes_section(out: Path) -> dict:
             rows.append(row)
     plan = api.compile(gnnc.load_model(SAGE, hidden=32), graph, workers=WORKERS, sampling=P3_SAMPLING, seed=0,
                        cluster="p3")
-    crossovers = plan.meta["planner"]["crossovers"]
+    crossovers = plan.meta.planner.crossovers
     print(explain(plan))
-    return {"rows": rows, "crossovers": crossovers, "chosen": plan.meta["planner"]["strategies"]}
+    return {"rows": rows, "crossovers": crossovers, "chosen": plan.meta.planner.strategies}
 
 
 def _pipeline_run(graph, schedule: str, seed: int, epochs: int, tmp: Path, workers: int, sampling) -> dict:

@@ -12,6 +12,7 @@ not match what it states.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from typing import Any
@@ -40,6 +41,7 @@ from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.planner.pipeline import pipeline_summary
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
+from gnnc.plan.plan_meta import Partition, PlanMeta, PlannerRecord, WorkersTried
 from gnnc.plan.precision import DEFAULT_PRECISION, check_precision
 from gnnc.plan.shard_files import verify_shards
 from gnnc.plan.approximation import approximations, require_exact
@@ -118,56 +120,46 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1:
         pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap,
                                          pipeline_groups=pipeline_groups)
-    # recorded only when not the default, so an fp32 plan is the file it always was
-    meta: dict[str, Any] = {} if precision == DEFAULT_PRECISION else {"precision": precision}
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
                       approximate=approximate, precision=precision)
-    if getattr(graph, "stand_ins", None):
-        meta["graph_stand_ins"] = dict(graph.stand_ins)  # `gnnc run PLAN` refuses or states them without the graph
+    partitioned = None
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
         method = partition or (SAMPLED_PARTITION if sampling is not None else _default_partition(strategy))
         ctx.partition = partition_graph(graph, workers, method, seed=seed)
         ctx.cluster = resolve_cluster(cluster, device)  # once, for every pass that prices
-        meta["partition"] = {"method": method, "parts": workers, "seed": seed}
+        partitioned = Partition(method, workers, seed)
     program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
     if graph is not None:
         _warn_unused_logits(program, graph, model)
     results = ctx.results
     if sampling is not None:
         sampling.layer_fanouts(len(program.graph_layers()))  # one fan-out per graph layer, or exit 2
-        meta["sampling"] = sampling.to_json()
-        meta["schedule"] = results.schedule or schedule or "sequential"
-        if results.predicted_bytes is not None:
-            meta["predicted_bytes_per_epoch"] = results.predicted_bytes
-    elif results.predicted_bytes is not None:
-        meta["predicted_bytes_per_step"] = results.predicted_bytes
-    if results.predicted_eval_bytes is not None:
-        meta["predicted_eval_bytes_per_epoch"] = results.predicted_eval_bytes
+    step_schedule = (results.schedule or schedule or "sequential") if sampling is not None else None
     chosen = [layer.attr("strategy", "local") for layer in program.graph_layers()]
-    notes = approximations(chosen, meta.get("schedule"))
-    if notes:  # an exact plan says nothing (and stays byte for byte what it was)
-        meta["approximations"] = notes
-    if results.hybrid_selection is not None:
-        meta["hybrid"] = results.hybrid_selection
-    if results.schedule_report is not None:
-        meta["schedule_report"] = results.schedule_report
-    parts = ctx.parts
+    parts, pipe = ctx.parts, None
     if results.pipeline is not None and is_pipeline(program):  # a pipeline's partition is its chunking
         parts = results.pipeline.parts
-        meta["partition"] = {"method": "metis", "parts": int(parts.max()) + 1, "seed": 0,  # planner.pipeline's
-                             "of": "pipeline chunks: part k*G+g is member g's share of chunk k"}
-        meta["pipeline"] = pipeline_summary(results.pipeline, results.pipeline_bytes)
+        partitioned = Partition("metis", int(parts.max()) + 1, 0,  # planner.pipeline's
+                                "pipeline chunks: part k*G+g is member g's share of chunk k")
+        pipe = pipeline_summary(results.pipeline, results.pipeline_bytes)
     report = results.planner
-    if report is not None:
-        meta["planner"] = {"cluster": cluster if isinstance(cluster, str) else ctx.cluster.name,
-                           "strategies": report.strategies, "predicted_time_s": report.predicted_time_s,
-                           "predicted_memory_bytes": report.predicted_memory_bytes,
-                           "alternatives": report.alternatives, "crossovers": report.crossovers,
-                           "segments": [list(seg) for seg in report.segments], "segment_costs": report.segment_costs,
-                           # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
-                           "schedule": report.schedule}
+    meta = PlanMeta(
+        partition=partitioned, precision=precision, sampling=sampling, schedule=step_schedule,
+        predicted_bytes_per_step=results.predicted_bytes if sampling is None else None,
+        predicted_bytes_per_epoch=results.predicted_bytes if sampling is not None else None,
+        predicted_eval_bytes_per_epoch=results.predicted_eval_bytes,
+        approximations=tuple(approximations(chosen, step_schedule)), hybrid=results.hybrid_selection,
+        schedule_report=results.schedule_report, pipeline=pipe,
+        # `gnnc run PLAN` refuses or states them without the graph
+        graph_stand_ins=dict(graph.stand_ins) if getattr(graph, "stand_ins", None) else None,
+        planner=None if report is None else PlannerRecord(
+            cluster=cluster if isinstance(cluster, str) else ctx.cluster.name, strategies=report.strategies,
+            predicted_time_s=report.predicted_time_s, predicted_memory_bytes=report.predicted_memory_bytes,
+            alternatives=report.alternatives, crossovers=report.crossovers,
+            segments=[list(seg) for seg in report.segments], segment_costs=report.segment_costs,
+            schedule=report.schedule))
     if report is not None and report.memory_warning:
         warnings.warn(GnncWarning(report.memory_warning), stacklevel=2)
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
@@ -222,17 +214,17 @@ def _compile_auto(model, graph, passes, graph_spec, after, strategy, partition, 
     profile = resolve_cluster(cluster, device)
     best = compile(model, graph, 1, passes, graph_spec, after, precision=precision)
     best_time = _single_time(best, graph, profile, precision)
-    considered = [{"workers": 1, "time_s": best_time}]
+    considered = [WorkersTried(1, best_time)]
     n = 2
     while n <= profile.workers:
         plan = compile(model, graph, n, passes, graph_spec, None, strategy, partition, seed, profile, allow,
                        memory_cap=memory_cap, precision=precision)
-        t = plan.meta.get("planner", {}).get("predicted_time_s")
-        considered.append({"workers": n, "time_s": t})
+        t = plan.meta.planner.predicted_time_s if plan.meta.planner is not None else None
+        considered.append(WorkersTried(n, t))
         if t is not None and t < best_time:
             best, best_time = plan, t
         n *= 2
-    best.meta["workers_considered"] = considered
+    best.meta = dataclasses.replace(best.meta, workers_considered=tuple(considered))
     return best
 
 
@@ -308,7 +300,7 @@ def thread_settings(asked: int | None, workers: int) -> dict[str, Any]:
 def plan_precision(plan: Plan, asked: str | None) -> str:
     """The precision a run of `plan` uses: the one it was compiled for (its bytes were predicted for it);
     asking for another is refused rather than run with predictions that do not hold."""
-    compiled = plan.meta.get("precision", DEFAULT_PRECISION)
+    compiled = plan.meta.precision
     if asked is not None and check_precision(asked) != compiled:
         raise GnncError(f"--precision {asked}: the plan was compiled for {compiled}; recompile it with "
                         f"`gnnc compile ... --precision {asked}`")
@@ -349,7 +341,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     if plan.graph is not None:
         check_graph_inputs(plan.graph.name, plan.graph.stand_ins)
     else:  # saved shards: what the plan recorded of the graph it was compiled on
-        check_graph_inputs(str(plan.graph_spec), plan.meta.get("graph_stand_ins") or {})
+        check_graph_inputs(str(plan.graph_spec), plan.meta.graph_stand_ins or {})
 
     def job_for(shard_dir: str):
         if plan.sampling is not None:
@@ -370,7 +362,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
                         "`gnnc compile ... --workers N -o PLAN` and run PLAN")
     if plan.parts is None:
-        plan.parts = partition_vertices(plan.graph, plan.workers, plan.meta["partition"]["method"], cfg.seed)
+        plan.parts = partition_vertices(plan.graph, plan.workers, plan.meta.partition.method, cfg.seed)
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph

@@ -90,19 +90,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if not args.json and not printed:
             print(f"wrote {Path(args.output) / 'plan.json'}")
     if args.json:
-        planner = plan.meta.get("planner") or {}
-        predicted_bytes = plan.meta.get("predicted_bytes_per_epoch") or plan.meta.get("predicted_bytes_per_step")
+        meta, planner = plan.meta, plan.meta.planner
+        predicted_bytes = meta.predicted_bytes_per_epoch or meta.predicted_bytes_per_step
         _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
-                    "workers": plan.workers, "exact": not plan.meta.get("approximations"),
-                    "approximations": plan.meta.get("approximations", []), "passes": plan.passes,
-                    "partition": plan.meta.get("partition"), "schedule": plan.meta.get("schedule"),
+                    "workers": plan.workers, "exact": not meta.approximations,
+                    "approximations": list(meta.approximations), "passes": plan.passes,
+                    "partition": meta.partition.to_json() if meta.partition else None, "schedule": meta.schedule,
                     "predicted": {**inspect_plan.predicted_epoch(plan),
                                   "bytes_per_epoch": sum((predicted_bytes or {}).values()),
-                                  "eval_bytes_per_epoch": sum((plan.meta.get("predicted_eval_bytes_per_epoch")
-                                                               or {}).values()),
-                                  "peak_memory_bytes": planner.get("predicted_memory_bytes")},
+                                  "eval_bytes_per_epoch": sum((meta.predicted_eval_bytes_per_epoch or {}).values()),
+                                  "peak_memory_bytes": planner.predicted_memory_bytes if planner else None},
                     "alternatives": [{k: v for k, v in a.items() if k != "formulas"}
-                                     for a in planner.get("alternatives", [])]})
+                                     for a in (planner.alternatives if planner else None) or []]})
     return 0
 
 

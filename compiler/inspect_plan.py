@@ -18,6 +18,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Program
 from gnnc.ir.ops import COMM_OPS
 from gnnc.ir.ops import fmt_shape
+from gnnc.plan.plan_meta import PlannerRecord
 from gnnc.plan.strategies import describe_assignment
 from gnnc.runtime.metrics import epoch_records, read_metrics
 
@@ -122,9 +123,9 @@ def png(program: Program) -> bytes:
 def explain(plan) -> str:
     """Strategies per graph layer, with the planner's alternatives when it recorded them, and why it chose."""
     lines = [f"plan for {plan.workers} worker(s)"]
-    part = plan.meta.get("partition")
+    part = plan.meta.partition
     if part:
-        lines[0] += f", {part['method']} partition"
+        lines[0] += f", {part.method} partition"
     names = [layer.name for layer in plan.program.graph_layers()]
     for layer in plan.program.graph_layers():
         lines.append(f"  {layer.name} {layer.op}: {layer.attr('strategy', 'local')}"
@@ -133,33 +134,33 @@ def explain(plan) -> str:
     if sampling is not None:
         lines.append(f"sampled minibatches: fan-out {sampling.text} (hop order), batch {sampling.batch_size}, "
                      f"schedule {plan.schedule}")
-    for note in plan.meta.get("approximations", []):
+    for note in plan.meta.approximations:
         lines.append(f"approximate: {note}")
-    planner = plan.meta.get("planner")
+    planner = plan.meta.planner
     if planner:
-        cluster = planner.get("cluster")
+        cluster = planner.cluster
         lines.append(f"chosen by the planner on {f'cluster {cluster!r}' if cluster else 'an unnamed cluster profile'}"
-                     f": predicted {planner['predicted_time_s'] * 1000:.3f} ms/epoch, "
-                     f"{planner['predicted_memory_bytes'] / 2**20:.1f} MiB/worker")
-        alternatives = sorted(planner.get("alternatives", []), key=lambda a: a["time_s"])
+                     f": predicted {planner.predicted_time_s * 1000:.3f} ms/epoch, "
+                     f"{planner.predicted_memory_bytes / 2**20:.1f} MiB/worker")
+        alternatives = sorted(planner.alternatives or [], key=lambda a: a["time_s"])
         rows = [(describe_assignment(a["strategies"]) + (f" [{a['schedule']}]" if "schedule" in a else ""),
                  f"{a['time_s'] * 1000:.3f}", f"{a['bytes'] / 1e6:.3f}", f"{a['memory_bytes'] / 2**20:.1f}",
-                 (" <- chosen" if a["strategies"] == planner["strategies"]
+                 (" <- chosen" if a["strategies"] == planner.strategies
                   and a.get("schedule", plan.schedule) == plan.schedule else "")
                  + (f" (user cost: {'; '.join(a['user_costs'])})" if a.get("user_costs") else "")
                  + (" (approximate: " + "; ".join(a["approximate"]) + ")" if a.get("approximate") else ""))
                 for a in alternatives]
         lines += _columns(("strategies", "time ms", "MB/epoch", "MiB/worker"), rows)
         lines += _why(planner, alternatives, names)
-        for c in planner.get("crossovers", []):
+        for c in planner.crossovers or []:
             lines.append(f"  crossover: {c}")
         lines += _segment_table(planner, names)
-    lines += _schedule_lines(plan.meta.get("schedule_report"), names)
-    lines += _pipeline_lines(plan.meta.get("pipeline"))
-    considered = plan.meta.get("workers_considered")
+    lines += _schedule_lines(plan.meta.schedule_report, names)
+    lines += _pipeline_lines(plan.meta.pipeline)
+    considered = plan.meta.workers_considered
     if considered:
         lines.append("workers considered: " + ", ".join(
-            f"{c['workers']}: {c['time_s'] * 1000:.3f} ms" if c["time_s"] is not None else f"{c['workers']}: -"
+            f"{c.workers}: {c.time_s * 1000:.3f} ms" if c.time_s is not None else f"{c.workers}: -"
             for c in considered))
     return "\n".join(lines) + "\n"
 
@@ -192,10 +193,10 @@ def _columns(header: tuple[str, ...], rows: list[tuple[str, ...]], left: int = 1
 _SEGMENT_KEY = re.compile(r"^([\w-]+)\[(\d+):(\d+)\]$")  # an alternative's formula key: strategy[start:end]
 
 
-def _why(planner: dict, alternatives: list[dict], names: list[str]) -> list[str]:
+def _why(planner: PlannerRecord, alternatives: list[dict], names: list[str]) -> list[str]:
     """Why the chosen assignment won: against the next fastest, where their times differ segment by segment,
     and which faster assignments the memory cap ruled out (the DP takes the fastest that fits)."""
-    chosen = next((a for a in alternatives if a["strategies"] == planner["strategies"]), None)
+    chosen = next((a for a in alternatives if a["strategies"] == planner.strategies), None)
     if chosen is None or len(alternatives) < 2:
         return []
     tol = 1e-12 * max(chosen["time_s"], 1e-30)
@@ -208,7 +209,7 @@ def _why(planner: dict, alternatives: list[dict], names: list[str]) -> list[str]
         ratio = nxt["time_s"] / chosen["time_s"] if chosen["time_s"] > 0 else float("inf")
         lines.append(f"why {what}: the fastest assignment that fits in memory, {ratio:.2f}x faster than the next, "
                      f"{describe_assignment(nxt['strategies'])}")
-        costs = {(tuple(c["layers"]), c["strategy"]): c["time_s"] for c in planner.get("segment_costs") or []}
+        costs = {(tuple(c["layers"]), c["strategy"]): c["time_s"] for c in planner.segment_costs or []}
         for label, alt in (("chosen", chosen), ("next", nxt)):
             parts = _segment_times(alt, costs, names)
             if parts is not None:
@@ -242,12 +243,12 @@ def _segment_times(alt: dict, costs: dict, names: list[str]) -> str | None:
             f"{alt['time_s'] * 1000:.3f} ms")
 
 
-def _segment_table(planner: dict, names: list[str]) -> list[str]:
+def _segment_table(planner: PlannerRecord, names: list[str]) -> list[str]:
     """Every strategy the planner priced for each layer (single-layer segments) and for each longer span."""
-    costs = planner.get("segment_costs") or []
+    costs = planner.segment_costs or []
     if not costs:
         return []
-    chosen = {(a, b, s) for a, b, s in planner.get("segments", [])}
+    chosen = {(a, b, s) for a, b, s in planner.segments or []}
     rows = []
     for c in sorted(costs, key=lambda c: (c["layers"][1] - c["layers"][0], c["layers"][0], c["time_s"])):
         a, b = c["layers"]
@@ -314,11 +315,11 @@ _TIDS = {"compute": TID_COMPUTE, "mixed": TID_COMPUTE, "communication": TID_COMM
 def schedule_of(plan) -> dict[str, Any]:
     """The predicted schedule the plan stores (the planner's, redrawn by the schedule pass; or the schedule
     pass's alone when the strategies were fixed); a GnncError (exit 2) when it has none."""
-    schedule = (plan.meta.get("planner") or {}).get("schedule") or \
-        (plan.meta.get("schedule_report") or {}).get("predicted")
+    planner, report = plan.meta.planner, plan.meta.schedule_report
+    schedule = (planner.schedule if planner else None) or (report or {}).get("predicted")
     if not schedule:
         why = ("the planner did not run for it (one worker, or --strategy fixed every layer)"
-               if not plan.meta.get("planner") else
+               if not planner else
                "the planner predicts sampled minibatch training per epoch, not stage by stage"
                if plan.sampling is not None else "it was compiled by a gnnc that did not record one")
         raise GnncError(f"this plan has no predicted schedule: {why}; compile it with --workers N and without "
@@ -342,12 +343,14 @@ def predicted_epoch(plan) -> dict[str, Any]:
 _EPOCH_STAGES = {"allreduce": "gradient all-reduce", "optimizer": "optimizer step"}
 
 
-def _prediction(plan, schedule: dict[str, Any]) -> dict[str, Any]:
+def _prediction(plan, schedule: dict[str, Any]) -> tuple[float, list[str], str | None]:
     """The predicted epoch time, strategies and cluster of the plan's prediction (the planner's, or the
     schedule pass's when the strategies were fixed)."""
-    return plan.meta.get("planner") or {
-        "predicted_time_s": schedule["time_s"], "cluster": schedule.get("cluster"),
-        "strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()]}
+    planner = plan.meta.planner
+    if planner is not None:
+        return planner.predicted_time_s, planner.strategies, schedule.get("cluster") or planner.cluster
+    return (schedule["time_s"], [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
+            schedule.get("cluster"))
 
 
 def _layer_names(plan) -> list[str]:
@@ -488,10 +491,9 @@ def measured_events(records: list[dict[str, Any]], label: str) -> list[dict[str,
 def trace(plan, metrics: str | None = None) -> str:
     """The predicted epoch (and a measured run) as Chrome trace JSON: Perfetto and chrome://tracing read it."""
     schedule = schedule_of(plan)
-    planner = _prediction(plan, schedule)
+    time_s, strategies, cluster = _prediction(plan, schedule)
     events = predicted_events(plan)
-    other = {"predicted_epoch_s": planner["predicted_time_s"], "strategies": planner["strategies"],
-             "cluster": schedule.get("cluster") or planner.get("cluster"), "schedule_per": schedule["per"],
+    other = {"predicted_epoch_s": time_s, "strategies": strategies, "cluster": cluster, "schedule_per": schedule["per"],
              "workers": schedule["workers"]}
     if metrics is not None:
         events += measured_events(read_run(metrics), Path(metrics).name)
@@ -534,10 +536,10 @@ def gantt(plan) -> bytes:
         _draw_gantt(ax, plan, schedule, lo, hi)
     if zoom_end is not None:
         axes[1, 0].set_title("zoom: the stages before the long one", fontsize=9, loc="left")
-    planner = _prediction(plan, schedule)
+    _, strategies, cluster = _prediction(plan, schedule)
     unit, scale = _time_unit(total)
     fig.suptitle(f"{plan.program.name}, predicted epoch: {total * scale:.3g} {unit} on {workers} workers "
-                 f"({_runs(planner['strategies'])}; cluster {schedule.get('cluster') or planner.get('cluster')})",
+                 f"({_runs(strategies)}; cluster {cluster})",
                  fontsize=10)
     legend_rows = _legend(fig, plan, schedule)
     fig.tight_layout(rect=(0, (0.2 + 0.25 * legend_rows) / fig.get_figheight(), 1, 1))  # room for the legend

@@ -51,12 +51,12 @@ def check_run_flags(plan: Plan, *, graph: str | None, strategy: str | None, part
     if schedule is not None and schedule != plan.schedule:
         raise GnncError(f"--schedule {schedule}: the plan was compiled for the {plan.schedule} schedule; {recompile}")
     if pipeline_groups:
-        groups = (plan.meta.get("pipeline") or {}).get("groups")
+        groups = (plan.meta.pipeline or {}).get("groups")
         if groups != pipeline_groups:
             said = f"{groups} workers per stage" if groups else "no pipeline"
             raise GnncError(f"--pipeline-groups {pipeline_groups}: the plan was compiled with {said}; {recompile}")
     if partition is not None:
-        method = (plan.meta.get("partition") or {}).get("method")
+        method = plan.meta.partition.method if plan.meta.partition else None
         if method != partition:
             said = f"a {method} partition" if method else "no partition (one worker)"
             raise GnncError(f"--partition {partition}: the plan was compiled with {said}; {recompile}")

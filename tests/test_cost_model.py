@@ -650,10 +650,10 @@ def test_the_planners_bytes_for_gat_count_its_scores_exchange() -> None:
     model = api.load_model("examples/gat.gnn", hidden=4, heads=2)
     plan = api.compile(model, graph, workers=2)
     checked = set()
-    for alt in plan.meta["planner"]["alternatives"]:
+    for alt in plan.meta.planner.alternatives:
         strategy = alt["strategies"][0]
         if alt["strategies"] == [strategy] * 2 and strategy in ("depcomm", "hybrid", "bcast1d"):
             forced = api.compile(model, graph, workers=2, strategy=strategy)
-            assert alt["bytes"] == sum(forced.meta["predicted_bytes_per_step"].values()), strategy
+            assert alt["bytes"] == sum(forced.meta.predicted_bytes_per_step.values()), strategy
             checked.add(strategy)
     assert {"depcomm", "bcast1d"} <= checked

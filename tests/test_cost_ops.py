@@ -205,15 +205,15 @@ def test_the_predicted_epoch_is_the_step_and_the_evaluation(tmp_path) -> None:
     from gnnc.inspect_plan import predicted_epoch
 
     epoch = predicted_epoch(plan)
-    assert epoch["epoch_time_s"] == pytest.approx(plan.meta["planner"]["predicted_time_s"])
+    assert epoch["epoch_time_s"] == pytest.approx(plan.meta.planner.predicted_time_s)
     assert epoch["step_time_s"] + epoch["eval_time_s"] == pytest.approx(epoch["epoch_time_s"])
     assert 0 < epoch["eval_time_s"] < epoch["step_time_s"]
-    stages = plan.meta["planner"]["schedule"]["stages"]
+    stages = plan.meta.planner.schedule["stages"]
     assert [s["kind"] for s in stages if s["direction"] == "evaluation"] == ["segment", "segment"]
     assert [s["kind"] for s in stages][-3:] == ["optimizer", "segment", "segment"]
     # the evaluation moves every exchange's forward rows once more
-    step = plan.meta["predicted_bytes_per_step"]
-    assert sum(plan.meta["predicted_eval_bytes_per_epoch"].values()) * 2 == step["halo"]
+    step = plan.meta.predicted_bytes_per_step
+    assert sum(plan.meta.predicted_eval_bytes_per_epoch.values()) * 2 == step["halo"]
 
 
 # --- fitted by gnnc probe ----------------------------------------------------------------------------
@@ -289,7 +289,7 @@ def test_the_planner_keeps_room_for_the_weights_refuses_what_cannot_fit_and_warn
     model = api.load_model(GCN, hidden=256)
     plan = api.compile(model, graph, workers=2, allow=["depcomm"])
     weights = 4 * sum(s.bytes for s in parameter_sizes(plan.program))
-    layers = plan.meta["planner"]["predicted_memory_bytes"]
+    layers = plan.meta.planner.predicted_memory_bytes
     assert weights == 4 * 4 * (64 * 256 + 256 + 256 * 4 + 4)
     with pytest.raises(GnncError, match="the weights, their gradients and Adam's moments take"):
         api.compile(model, graph, workers=2, allow=["depcomm"],
@@ -338,7 +338,7 @@ def test_a_run_sends_what_predict_bytes_counted_for_its_step_and_its_evaluation(
     rows = launch(train_each, 2, jobs, 2)[0]  # twice, the second time in reverse order, as the grid trains them
     for plan, row in zip(plans, rows):
         assert row["passes"] == 2 and row["epochs_timed"] == 2
-        step, ev = plan.meta["predicted_bytes_per_step"], plan.meta["predicted_eval_bytes_per_epoch"]
+        step, ev = plan.meta.predicted_bytes_per_step, plan.meta.predicted_eval_bytes_per_epoch
         assert row["bytes_sent_per_epoch"] == sum(step.values()), row["strategies"]
         assert row["eval_bytes_sent_per_epoch"] == sum(ev.values()), row["strategies"]
         assert (sum(ev.values()) > 0) == (step.get("halo", 0) + step.get("bcast_rows", 0) + step.get("reduce_scatter", 0)

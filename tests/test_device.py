@@ -123,7 +123,7 @@ def test_the_gpu_probe_makes_a_profile_the_planner_reads(tmp_path, monkeypatch) 
     profile.save(path)
     assert resolve_cluster("local", "cuda").description.startswith("this machine's 2 x NVIDIA Test")
     plan = api.compile(model, graph, workers=2, cluster="local", device="cuda", precision="bf16")
-    assert plan.meta["planner"]["predicted_time_s"] > 0
+    assert plan.meta.planner.predicted_time_s > 0
 
 
 @needs_no_gpu
@@ -155,7 +155,7 @@ def test_what_stays_on_the_cpu_or_in_fp32_says_so_in_one_line(capsys) -> None:
         api.compile(deep, graph, workers=2, strategy="pipeline", approximate=True, precision="bf16")
     # the planner prices it beside the exact strategies at fp32 only, so --approximate still plans at 16 bits
     priced = {p: {s for alt in api.compile(deep, graph, workers=2, approximate=True, precision=p)
-                  .meta["planner"]["alternatives"] for s in alt["strategies"]} for p in ("fp32", "bf16")}
+                  .meta.planner.alternatives for s in alt["strategies"]} for p in ("fp32", "bf16")}
     assert "pipeline" in priced["fp32"] and "pipeline" not in priced["bf16"]
     if NO_GPU:  # --device cuda is refused for the missing GPU first
         return

@@ -121,7 +121,7 @@ def cases(world: int, tmp):
             lg = load_rank(shards, 0, world).lg.layers["l0"]
             assert any(bins_of(lg, plan.program.graph_layers()[0], plan.program.config_dict()).held)
         job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
-        out.append(((key, strategy, f"schedule={sched}"), single, g, job, plan.meta["predicted_bytes_per_step"]))
+        out.append(((key, strategy, f"schedule={sched}"), single, g, job, plan.meta.predicted_bytes_per_step))
     for key, name, params, strategies, methods, g in runs:
         model = api.load_model(EXAMPLES / f"{name}.gnn", **params)
         single = api.compile(model, g).program
@@ -140,7 +140,7 @@ def cases(world: int, tmp):
                 tc = TrainConfig(seed=SEED, progress=False, use_kernels=False)
                 shards = plan.write_shards(tmp / f"{key}-{strategy}-{method}")
                 job = DistJob(str(plan.program), str(shards), tc)
-                out.append(((key, strategy, method), single, g, job, plan.meta["predicted_bytes_per_step"]))
+                out.append(((key, strategy, method), single, g, job, plan.meta.predicted_bytes_per_step))
     return out
 
 

@@ -335,7 +335,7 @@ def test_probe_network_measures_the_shaped_link(tmp_path) -> None:
     assert profile.gemm_rate == preset("neutronstar-ecs").gemm_rate  # the machines' figures from --base
     plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), api.load_graph("rmat:n=300,deg=5,features=16,"
                        "classes=3,seed=0"), workers=2, cluster=str(out))
-    assert plan.meta["planner"]["predicted_time_s"] > 0
+    assert plan.meta.planner.predicted_time_s > 0
 
 
 def _worker_status(pid: int) -> int | None:
@@ -470,12 +470,12 @@ def test_a_plan_replicates_when_a_layer_caches_or_a_hybrid_segment_caches_any_de
     assert replicates(compiled["depcache"]) and replicates(compiled["depcomm,depcache"])
     assert not replicates(compiled["depcomm"])
     hybrid = compiled["hybrid"]
-    segment = hybrid.meta["hybrid"][0]
+    segment = hybrid.meta.hybrid[0]
     assert replicates(hybrid) == any(c > 0 for layer in segment["cached_per_layer"] for c in layer)
 
     def with_cached(counts: list[list[int]]):
         plan = copy.copy(hybrid)
-        plan.meta = {**hybrid.meta, "hybrid": [{**segment, "cached_per_layer": counts}]}
+        plan.meta = dataclasses.replace(hybrid.meta, hybrid=[{**segment, "cached_per_layer": counts}])
         return plan
 
     nothing = [[0] * len(layer) for layer in segment["cached_per_layer"]]

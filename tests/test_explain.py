@@ -45,7 +45,7 @@ def test_default_cluster_is_named_and_deep_models_keep_their_columns(graph) -> N
         assert len(ends) == 3, row
         # every number ends where its column's heading ends, whatever the width of the strategy names
         assert ends == [header.index(h) + len(h) for h in ("time ms", "MB/epoch", "MiB/worker")], (row, header)
-    chosen = plan.meta["planner"]["strategies"]
+    chosen = plan.meta.planner.strategies
     assert f"  {describe_assignment(chosen)} " in text and "x6" in text  # six layers folded, not six names
     assert re.search(rf"^why {re.escape(describe_assignment(chosen))}: the fastest assignment that fits in memory, "
                      r"\d+\.\d\dx faster than the next, ", text, re.M), text
@@ -55,10 +55,10 @@ def test_default_cluster_is_named_and_deep_models_keep_their_columns(graph) -> N
 def test_explain_names_what_the_memory_cap_ruled_out(graph) -> None:
     model = gnnc.load_model(EXAMPLES / "gcn.gnn")
     roomy = preset(DEFAULT_CLUSTER)
-    free = gnnc.compile(model, graph, workers=4, cluster=roomy).meta["planner"]
-    fastest = min(free["alternatives"], key=lambda a: a["time_s"])
-    assert fastest["strategies"] == free["strategies"]
-    others = [a["memory_bytes"] for a in free["alternatives"] if a["memory_bytes"] < fastest["memory_bytes"]]
+    free = gnnc.compile(model, graph, workers=4, cluster=roomy).meta.planner
+    fastest = min(free.alternatives, key=lambda a: a["time_s"])
+    assert fastest["strategies"] == free.strategies
+    others = [a["memory_bytes"] for a in free.alternatives if a["memory_bytes"] < fastest["memory_bytes"]]
     assert others, "this graph gives no assignment leaner than the fastest; pick another"
     # the assignments compete for a worker's memory less the weights, their gradients and Adam's moments
     weights = 4 * sum(s.bytes for s in parameter_sizes(gnnc.compile(model, graph).program))
@@ -67,5 +67,5 @@ def test_explain_names_what_the_memory_cap_ruled_out(graph) -> None:
     plan = gnnc.compile(model, graph, workers=4, cluster=tight)
     text = explain(plan)
     assert "on cluster 'tight'" in text
-    assert plan.meta["planner"]["strategies"] != fastest["strategies"]
+    assert plan.meta.planner.strategies != fastest["strategies"]
     assert f"  ruled out by the memory cap: {describe_assignment(fastest['strategies'])} would take" in text, text

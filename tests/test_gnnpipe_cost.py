@@ -138,7 +138,7 @@ def test_deep_gcnii_stages_are_balanced_by_predicted_cost() -> None:
     cluster = dataclasses.replace(preset("gnnpipe"), op_rates=(OpRate("call", 0.0, 0.0),))
     plan = api.compile(api.load_model(EXAMPLES / "gcnii.gnn", layers=16), graph, workers=4,
                        strategy="pipeline", approximate=True, cluster=cluster)
-    split = plan.meta["pipeline"]["split"]
+    split = plan.meta.pipeline["split"]
     sizes = [z - a for a, z in split]
     assert sum(sizes) == 16 and sizes[0] < max(sizes), split
 
@@ -155,10 +155,10 @@ TWO_LAYER_GRAPHS = {"random": lambda: random_graph(n=300, e=1500, f=64, c=4, see
 
 def _two_layer_check(name: str, graph, cluster: str, workers: int) -> None:
     plan = _compile(name, graph, workers, cluster, True)
-    planner = plan.meta["planner"]
-    assert "pipeline" not in planner["strategies"], (name, cluster, workers)
-    priced = [a for a in planner["alternatives"] if "pipeline" in a["strategies"]]
-    assert priced and priced[0]["time_s"] > planner["predicted_time_s"], (name, cluster, workers)
+    planner = plan.meta.planner
+    assert "pipeline" not in planner.strategies, (name, cluster, workers)
+    priced = [a for a in planner.alternatives if "pipeline" in a["strategies"]]
+    assert priced and priced[0]["time_s"] > planner.predicted_time_s, (name, cluster, workers)
 
 
 @pytest.mark.parametrize("name", ["gcn", "sage", "gin", "gat"])
@@ -183,8 +183,8 @@ def test_two_layer_models_never_get_the_pipeline_on_any_cluster(name: str) -> No
 def test_without_approximate_the_planner_prices_no_pipeline() -> None:
     graph = random_graph(n=300, e=1500, f=64, c=4, seed=1)
     plan = _compile("gcnii", graph, 4, "gnnpipe", False, layers=8)
-    assert all("pipeline" not in a["strategies"] for a in plan.meta["planner"]["alternatives"])
-    assert "approximations" not in plan.meta
+    assert all("pipeline" not in a["strategies"] for a in plan.meta.planner.alternatives)
+    assert not plan.meta.approximations
     with pytest.raises(GnncError, match="--allow pipeline: 'pipeline' is approximate .* pass --approximate"):
         api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph, workers=2, allow=["pipeline", "depcomm"])
 
@@ -193,7 +193,7 @@ def test_pipeline_traffic_over_graph_parallel_on_a_deep_model() -> None:
     """The planner's view of a deep GCNII: priced, the pipeline moves a fraction of depcomm's bytes."""
     graph = api.load_graph("sbm:n=2000,blocks=8,deg=14,intra=0.5,features=64,classes=8,seed=0")
     plan = _compile("gcnii", graph, 4, "gnnpipe", True, layers=16)
-    costs = plan.meta["planner"]["segment_costs"]
+    costs = plan.meta.planner.segment_costs
     # the pipeline with one worker per stage (GNNPipe's layer-level parallelism): listed with its group size,
     # unless it is the cheapest, listed first without one
     pipes = [c for c in costs if c["strategy"] == "pipeline"]
@@ -212,12 +212,12 @@ def test_flickr_like_deep_gcnii_gets_the_pipeline_only_with_approximate() -> Non
     graph = api.load_graph(FLICKR_LIKE)
     model = api.load_model(EXAMPLES / "gcnii.gnn", layers=32, hidden=100)
     approx = api.compile(model, graph, workers=8, cluster="gnnpipe", approximate=True)
-    assert set(approx.meta["planner"]["strategies"]) == {"pipeline"}
-    assert approx.meta["predicted_bytes_per_step"]["pipe"] == 2 * 4 * 2 * 7 * 89250 * 100  # Table 4: 0.93 GiB
+    assert set(approx.meta.planner.strategies) == {"pipeline"}
+    assert approx.meta.predicted_bytes_per_step["pipe"] == 2 * 4 * 2 * 7 * 89250 * 100  # Table 4: 0.93 GiB
     exact = api.compile(model, graph, workers=8, cluster="gnnpipe")
-    assert "pipeline" not in exact.meta["planner"]["strategies"]
-    assert "approximations" not in exact.meta
-    assert approx.meta["planner"]["predicted_time_s"] < exact.meta["planner"]["predicted_time_s"]
+    assert "pipeline" not in exact.meta.planner.strategies
+    assert not exact.meta.approximations
+    assert approx.meta.planner.predicted_time_s < exact.meta.planner.predicted_time_s
 
 
 @pytest.mark.parametrize("groups", [1, 2])
@@ -227,6 +227,6 @@ def test_the_pipeline_costs_bytes_are_predict_bytes_count(groups: int) -> None:
     graph = api.load_graph("sbm:n=600,blocks=4,deg=8,intra=0.6,features=16,classes=4,seed=1")
     plan = api.compile(api.load_model(EXAMPLES / "gcnii.gnn", layers=4, hidden=8), graph, workers=4,
                        strategy="pipeline", approximate=True, pipeline_groups=groups)
-    counted = sum(plan.meta["predicted_bytes_per_step"].values())
-    assert plan.meta["pipeline"]["predicted"]["bytes"] == pytest.approx(counted, rel=1e-12)
-    assert (plan.meta["predicted_bytes_per_step"]["history"] > 0) == (groups > 1)
+    counted = sum(plan.meta.predicted_bytes_per_step.values())
+    assert plan.meta.pipeline["predicted"]["bytes"] == pytest.approx(counted, rel=1e-12)
+    assert (plan.meta.predicted_bytes_per_step["history"] > 0) == (groups > 1)

@@ -83,7 +83,7 @@ def test_every_strategy_on_two_gpus_matches_one_process(precision: str, tmp_path
             shards = plan.write_shards(tmp_path / f"{name}-{strategy}-{precision}")
             job = DistJob(str(plan.program), str(shards),
                           TrainConfig(progress=False, device="cuda", precision=precision, seed=3))
-            todo.append(((name, strategy), single, job, plan.meta["predicted_bytes_per_step"]))
+            todo.append(((name, strategy), single, job, plan.meta.predicted_bytes_per_step))
     results = launch(one_step_each, 2, [job for _, _, job, _ in todo], device="cuda")[0]
     op_names = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
     failures = []

@@ -76,7 +76,7 @@ def test_cora_x4_hybrid_costs_no_more_than_depcache() -> None:
     graph = api.load_graph("planetoid:cora")
     plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4,
                        allow=["depcomm", "depcache", "hybrid"])
-    costs = {(tuple(c["layers"]), c["strategy"]): c for c in plan.meta["planner"]["segment_costs"]}
+    costs = {(tuple(c["layers"]), c["strategy"]): c for c in plan.meta.planner.segment_costs}
     hybrid, cache = costs[((0, 2), "hybrid")], costs[((0, 2), "depcache")]
     assert hybrid["bytes"] == 0  # it fetches nothing: it caches every dependency
     assert hybrid["time_s"] <= cache["time_s"] and hybrid["memory_bytes"] <= cache["memory_bytes"]

@@ -46,23 +46,23 @@ def test_the_schedule_is_the_planners_prediction(graph, allow) -> None:
     from gnnc.passes.planner.search import plan_costs
 
     plan = _compile(graph, allow)
-    planner = plan.meta["planner"]
-    schedule = planner["schedule"]
+    planner = plan.meta.planner
+    schedule = planner.schedule
     assert schedule["workers"] == WORKERS and schedule["per"] == "worker"
-    assert schedule["time_s"] == pytest.approx(planner["predicted_time_s"], rel=1e-12)
-    assert sum(st["time_s"] for st in schedule["stages"]) == pytest.approx(planner["predicted_time_s"], rel=1e-12)
+    assert schedule["time_s"] == pytest.approx(planner.predicted_time_s, rel=1e-12)
+    assert sum(st["time_s"] for st in schedule["stages"]) == pytest.approx(planner.predicted_time_s, rel=1e-12)
     assert all(st["split"] for st in schedule["stages"]), "every built-in formula splits into pieces"
 
     # each chosen segment's stages take the time the planner priced the segment at
-    priced = {(c["layers"][0], c["layers"][1], c["strategy"]): c["time_s"] for c in planner["segment_costs"]}
-    for start, end, strategy in planner["segments"]:
+    priced = {(c["layers"][0], c["layers"][1], c["strategy"]): c["time_s"] for c in planner.segment_costs}
+    for start, end, strategy in planner.segments:
         stages = [st for st in schedule["stages"] if st["segment"] == [start, end] and st["strategy"] == strategy]
         assert sum(st["time_s"] for st in stages) == pytest.approx(priced[(start, end, strategy)], rel=1e-12)
 
     # worker by worker, the pieces reproduce the cost model's stage times (priced again, independently,
     # on the program the planner saw: the default pipeline's output)
     again = plan_costs(_planned_program(graph), graph, plan.parts, _profile(), list(allow))
-    for start, end, strategy in planner["segments"]:
+    for start, end, strategy in planner.segments:
         stage_times = again.values[(start, end, strategy)].stage_times
         stages = [st for st in schedule["stages"] if st["segment"] == [start, end]]
         assert len(stages) == len(stage_times)
@@ -100,7 +100,7 @@ def _profile():
 def test_overlapped_pieces_start_together_and_the_window_pays_the_longest(graph) -> None:
     plan = _compile(graph, ("depcomm",))
     windows = 0
-    for stage in plan.meta["planner"]["schedule"]["stages"]:
+    for stage in plan.meta.planner.schedule["stages"]:
         ids = {p["overlap"] for p in stage["pieces"] if p["overlap"] is not None}
         for k in ids:
             lanes = [p for p in stage["pieces"] if p["overlap"] == k]
@@ -146,7 +146,7 @@ def test_the_schedule_round_trips_and_is_deterministic(graph, tmp_path) -> None:
     plan = _compile(graph, ("hybrid",))
     plan.save(tmp_path / "a")
     loaded = api.Plan.load(tmp_path / "a")
-    assert loaded.meta["planner"]["schedule"] == plan.meta["planner"]["schedule"]
+    assert loaded.meta.planner.schedule == plan.meta.planner.schedule
     _compile(graph, ("hybrid",)).save(tmp_path / "b")
     assert (tmp_path / "a" / "plan.json").read_bytes() == (tmp_path / "b" / "plan.json").read_bytes()
 
@@ -166,7 +166,7 @@ def _trace(capsys, *args: str) -> dict:
 def test_the_trace_has_every_layer_both_ways_with_the_predicted_durations(saved, capsys) -> None:
     trace = _trace(capsys, str(saved))
     plan = api.Plan.load(saved)
-    schedule = plan.meta["planner"]["schedule"]
+    schedule = plan.meta.planner.schedule
     events = trace["traceEvents"]
     assert {e["ph"] for e in events} == {"X", "M"}
     spans = [e for e in events if e["ph"] == "X"]
@@ -183,7 +183,7 @@ def test_the_trace_has_every_layer_both_ways_with_the_predicted_durations(saved,
         want = sorted((p["start_s"][w] * 1e6, p["time_s"][w] * 1e6) for st in schedule["stages"]
                       for p in st["pieces"] if p["time_s"][w] > 0)
         assert np.allclose(got, want, rtol=1e-12)
-    assert trace["otherData"]["predicted_epoch_s"] == plan.meta["planner"]["predicted_time_s"]
+    assert trace["otherData"]["predicted_epoch_s"] == plan.meta.planner.predicted_time_s
     assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(schedule["time_s"] * 1e6, rel=1e-12)
 
 
@@ -234,7 +234,7 @@ def test_misuse_is_a_user_error(saved, args, message, capsys) -> None:
 def test_a_plan_with_fixed_strategies_has_the_schedule_pass_prediction(graph, tmp_path, capsys) -> None:
     """No planner ran, but the schedule pass priced what it annotated; one worker has no prediction."""
     plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph, workers=2, strategy="depcomm")
-    assert "planner" not in plan.meta and plan.meta["schedule_report"]["predicted"]["stages"]
+    assert plan.meta.planner is None and plan.meta.schedule_report["predicted"]["stages"]
     plan.save(tmp_path / "fixed")
     assert main(["inspect", str(tmp_path / "fixed"), "--format", "trace", "-o", str(tmp_path / "t.json")]) == 0
     api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph).save(tmp_path / "one")

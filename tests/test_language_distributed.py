@@ -172,7 +172,7 @@ def test_language_features_match_pyg_on_two_processes(tmp_path) -> None:
             plan = api.compile(model, graph, workers=WORLD, strategy=strategy, partition="hash")
             shards = plan.write_shards(tmp_path / f"{name}-{strategy}")
             job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
-            todo.append((name, strategy, single, job, plan.meta["predicted_bytes_per_step"]))
+            todo.append((name, strategy, single, job, plan.meta.predicted_bytes_per_step))
     results = launch(one_step_each, WORLD, [job for _, _, _, job, _ in todo])[0]
     failures = []
     for (name, strategy, single, _, predicted), got in zip(todo, results):

@@ -150,7 +150,7 @@ def test_a_sampled_plan_round_trips_and_refuses_a_malformed_sampling_field(tmp_p
     plan.save(tmp_path / "p")
     again = api.Plan.load(tmp_path / "p")
     assert again.sampling == SamplingConfig((4, 3), 16) and again.schedule == "sequential"
-    assert again.meta["predicted_bytes_per_epoch"] == plan.meta["predicted_bytes_per_epoch"]
+    assert again.meta.predicted_bytes_per_epoch == plan.meta.predicted_bytes_per_epoch
     data = json.loads((tmp_path / "p" / "plan.json").read_text())
     for field, value, message in [("sampling", {"fanouts": "25,10", "batch_size": 4}, "list of integers"),
                                   ("sampling", {"fanouts": [4, 0], "batch_size": 4}, "positive count"),
@@ -164,10 +164,10 @@ def test_the_sampled_planner_offers_2f2b_only_with_approximate_and_marks_it() ->
     graph = random_graph(n=120, e=1500, f=64, seed=1)
     model = api.load_model(EXAMPLES / "sage.gnn")
     exact = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3")
-    schedules = {a["schedule"] for a in exact.meta["planner"]["alternatives"]}
-    assert schedules == {"sequential"} and "approximations" not in exact.meta
+    schedules = {a["schedule"] for a in exact.meta.planner.alternatives}
+    assert schedules == {"sequential"} and not exact.meta.approximations
     loose = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3", approximate=True)
-    marked = [a for a in loose.meta["planner"]["alternatives"] if a["schedule"] == "2f2b"]
+    marked = [a for a in loose.meta.planner.alternatives if a["schedule"] == "2f2b"]
     assert len(marked) == 1 and "3 optimizer steps old" in marked[0]["approximate"][0]
     assert any("crossover" not in c and "pushpull sends fewer bytes than dp-sample" in c
-               for c in loose.meta["planner"]["crossovers"])
+               for c in loose.meta.planner.crossovers)

@@ -73,7 +73,7 @@ def check(world: int) -> None:
             if rel(got["grads"][k], g) > 1e-5:
                 failures.append(f"{key}: gradient of {k} differs by {rel(got['grads'][k], g):.2e}")
         measured = {KINDS[k]: v for k, v in got["bytes"].items()}
-        predicted = {k: v for k, v in plan.meta["predicted_bytes_per_epoch"].items() if v}
+        predicted = {k: v for k, v in plan.meta.predicted_bytes_per_epoch.items() if v}
         if measured != predicted:
             failures.append(f"{key}: measured bytes {measured} != predicted {predicted}")
         first = "pull_ids" if strategy == "dp-sample" else "structure"

@@ -120,7 +120,7 @@ def test_planning_inputs_are_computed_once_per_compile(monkeypatch) -> None:
     monkeypatch.setattr(cost_inputs, "planning_inputs", counting)
     plan = api.compile(api.load_model(GCN), random_graph(), workers=2, allow=["hybrid"], cluster="neutronstar-ecs")
     assert [layer.attr("strategy") for layer in plan.program.graph_layers()] == ["hybrid", "hybrid"]
-    assert plan.meta["hybrid"] and plan.meta["planner"]  # both passes used the inputs
+    assert plan.meta.hybrid and plan.meta.planner  # both passes used the inputs
     assert len(calls) == 1
 
 

@@ -165,10 +165,10 @@ def test_pipeline_step_matches_its_reference_and_its_bytes(world: int, tmp_path)
             if k not in got["grads"] or rel(got["grads"][k], g) > 1e-5:
                 failures.append(f"{key}: gradient of {k} differs by "
                                 f"{rel(got['grads'][k], g) if k in got['grads'] else 'missing'}")
-        predicted = plan.meta["predicted_bytes_per_step"]
+        predicted = plan.meta.predicted_bytes_per_step
         if measured_kinds(got["bytes"], True) != predicted:
             failures.append(f"{key}: step bytes {measured_kinds(got['bytes'], True)} != predicted {predicted}")
-        refresh = plan.meta["pipeline"]["refresh_bytes"]
+        refresh = plan.meta.pipeline["refresh_bytes"]
         if measured_kinds(got["refresh_bytes"], False) != refresh:
             failures.append(f"{key}: refresh bytes {measured_kinds(got['refresh_bytes'], False)} != {refresh}")
         if groups > 1:
@@ -180,8 +180,8 @@ def test_pipeline_traffic_is_gnnpipe_formula() -> None:
     """2·b·c·(S-1)·N·H: GCNII sends h and x0 (c = 2) across each of its S-1 boundaries, forward and back."""
     plan = compile_pipeline("gcnii", {"layers": 4, "hidden": 8}, 4)
     n = GRAPH.num_nodes
-    assert plan.meta["predicted_bytes_per_step"] == {"pipe": 2 * 4 * 2 * 3 * n * 8, "history": 0, "allreduce": 0}
-    assert plan.meta["pipeline"]["refresh_bytes"] == {"pipe": 4 * 2 * 3 * n * 8, "history": 0}
+    assert plan.meta.predicted_bytes_per_step == {"pipe": 2 * 4 * 2 * 3 * n * 8, "history": 0, "allreduce": 0}
+    assert plan.meta.pipeline["refresh_bytes"] == {"pipe": 4 * 2 * 3 * n * 8, "history": 0}
 
 
 def test_chunk_order_is_seeded_and_shuffled_per_epoch() -> None:

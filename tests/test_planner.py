@@ -20,9 +20,9 @@ def test_mg_gcn_cora_on_dgx_a100_is_not_distributed() -> None:
     graph = api.load_graph("planetoid:cora")
     plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph, workers="auto", cluster="dgx-a100")
     assert plan.workers == 1
-    considered = plan.meta["workers_considered"]
-    assert [c["workers"] for c in considered] == [1, 2, 4, 8]
-    assert considered[0]["time_s"] == min(c["time_s"] for c in considered)
+    considered = plan.meta.workers_considered
+    assert [c.workers for c in considered] == [1, 2, 4, 8]
+    assert considered[0].time_s == min(c.time_s for c in considered)
 
 
 def test_a_saved_auto_plan_explains_the_worker_counts_it_considered(tmp_path) -> None:
@@ -48,13 +48,13 @@ def test_neutronstar_google_like_graph_gets_depcache_and_a_bandwidth_crossover()
     # NeutronStar compares whole-model strategies: DepCache wins. The DP also finds that caching the first
     # layer and exchanging the narrow (16 classes wide, GeMM first) rows of the second is cheaper still.
     assert [layer.attr("strategy") for layer in plan.program.graph_layers()] == ["depcache", "depcomm"]
-    planner = plan.meta["planner"]
-    times = {tuple(a["strategies"]): a["time_s"] for a in planner["alternatives"]}
+    planner = plan.meta.planner
+    times = {tuple(a["strategies"]): a["time_s"] for a in planner.alternatives}
     assert times[("depcache", "depcache")] < times[("depcomm", "depcomm")]
     assert times[("depcache", "depcomm")] < times[("depcache", "depcache")]
-    assert planner["crossovers"] and planner["crossovers"][0].startswith("depcomm overtakes depcache above")
+    assert planner.crossovers and planner.crossovers[0].startswith("depcomm overtakes depcache above")
     # the crossover is where the two predictions meet: above it depcomm must win
-    gbps = float(planner["crossovers"][0].split("above ")[1].split(" Gb/s")[0])
+    gbps = float(planner.crossovers[0].split("above ")[1].split(" Gb/s")[0])
     from gnnc.cluster import preset
 
     import dataclasses
@@ -63,7 +63,7 @@ def test_neutronstar_google_like_graph_gets_depcache_and_a_bandwidth_crossover()
     fast = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=twice, intra_bandwidth=twice)
     faster = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=256), graph, workers=8, partition="metis",
                          cluster=fast, allow=["depcache", "depcomm"])
-    times = {tuple(a["strategies"]): a["time_s"] for a in faster.meta["planner"]["alternatives"]}
+    times = {tuple(a["strategies"]): a["time_s"] for a in faster.meta.planner.alternatives}
     assert times[("depcomm", "depcomm")] < times[("depcache", "depcache")]
 
 
@@ -87,12 +87,12 @@ def test_p3_pushes_and_pulls_layer_1_in_its_own_setting(features: int) -> None:
 
     p3_baseline = [p for p in DEFAULT_PIPELINE if p != "reorder-gemm"] + DISTRIBUTED_PIPELINE
     allow = ["depcomm", "pushpull", "bcast1d"]
-    planner = _p3_plan(features, 32, p3_baseline, allow).meta["planner"]
-    assert planner["strategies"] == ["pushpull", "depcomm"]
+    planner = _p3_plan(features, 32, p3_baseline, allow).meta.planner
+    assert planner.strategies == ["pushpull", "depcomm"]
     if features == 100:  # the hidden layer as wide as the features: pulling features is cheaper again
-        assert _p3_plan(features, 256, p3_baseline, allow).meta["planner"]["strategies"][0] != "pushpull"
+        assert _p3_plan(features, 256, p3_baseline, allow).meta.planner.strategies[0] != "pushpull"
         # --explain says where between the two: the width at which layer 1's two formulas meet
-        [line] = [c for c in planner["crossovers"] if c.startswith("pushpull beats depcomm on layer 1 while")]
+        [line] = [c for c in planner.crossovers if c.startswith("pushpull beats depcomm on layer 1 while")]
         assert 32 < float(line.rsplit("< ", 1)[1]) < 256
 
 
@@ -100,10 +100,10 @@ def test_with_gemm_first_depcomm_never_moves_more_than_pushpull() -> None:
     """Why the default pipeline does not choose pushpull for P3's layer: with the dense map first, depcomm
     exchanges hidden-wide rows of the |B_i| <= N - |V_i| remote vertices a worker reads, while pushpull
     reduces hidden-wide partials of all N - |V_i| vertices it does not own (forward and backward alike)."""
-    planner = _p3_plan(100, 32, None, ["depcomm", "pushpull"]).meta["planner"]
-    layer1 = {c["strategy"]: c for c in planner["segment_costs"] if c["layers"] == [0, 1]}
+    planner = _p3_plan(100, 32, None, ["depcomm", "pushpull"]).meta.planner
+    layer1 = {c["strategy"]: c for c in planner.segment_costs if c["layers"] == [0, 1]}
     assert 0 < layer1["depcomm"]["bytes"] <= layer1["pushpull"]["bytes"]
-    assert planner["strategies"][0] == "depcomm"
+    assert planner.strategies[0] == "depcomm"
 
 @pytest.mark.parametrize("seed", range(6))
 def test_hybrid_allowed_is_never_predicted_slower_than_the_best_pure_strategy(seed: int) -> None:
@@ -125,7 +125,7 @@ def test_hybrid_allowed_is_never_predicted_slower_than_the_best_pure_strategy(se
 
     def predicted(allow):
         plan = api.compile(model, graph, workers=workers, partition="metis", cluster=cluster, allow=allow)
-        return plan.meta["planner"]["predicted_time_s"], plan
+        return plan.meta.planner.predicted_time_s, plan
 
     pure = min(predicted([s])[0] for s in ("depcomm", "depcache"))
     with_hybrid, plan = predicted(["depcomm", "depcache", "hybrid"])
@@ -186,7 +186,7 @@ def test_segments_that_would_drop_gcniis_initial_residual_are_never_priced() -> 
     def entries(model: str, **params) -> set[int]:
         plan = api.compile(api.load_model(EXAMPLES / model, **params), graph, workers=4, partition="metis",
                            allow=["depcomm", "depcache", "hybrid"])
-        return {c["layers"][0] for c in plan.meta["planner"]["segment_costs"]
+        return {c["layers"][0] for c in plan.meta.planner.segment_costs
                 if c["strategy"] in ("depcache", "hybrid")}
 
     assert entries("gcnii.gnn", layers=4) == {0}

@@ -66,13 +66,13 @@ def test_bytes_are_predicted_per_precision() -> None:
     model = api.load_model(EXAMPLES / "sage.gnn")
     got = {p: api.compile(model, graph, workers=2, strategy="depcomm", partition="metis", precision=p)
            for p in ("fp32", "bf16", "fp16")}
-    fp32 = got["fp32"].meta["predicted_bytes_per_step"]
+    fp32 = got["fp32"].meta.predicted_bytes_per_step
     for p in ("bf16", "fp16"):
-        step = got[p].meta["predicted_bytes_per_step"]
+        step = got[p].meta.predicted_bytes_per_step
         assert step["halo"] * element_bytes("fp32") == fp32["halo"] * element_bytes(p) and step["halo"] > 0
         assert step["allreduce"] == fp32["allreduce"]  # fp32 master gradients at every precision
-        assert got[p].meta["precision"] == p
-    assert "precision" not in got["fp32"].meta  # an fp32 plan is the file it always was
+        assert got[p].meta.precision == p
+    assert "precision" not in got["fp32"].meta.to_json()  # an fp32 plan is the file it always was
 
 
 def test_the_cost_model_prices_16_bit_rates_and_bytes() -> None:
@@ -85,7 +85,7 @@ def test_the_cost_model_prices_16_bit_rates_and_bytes() -> None:
     assert preset("neutronstar-ecs").rates_at("fp16")[0] == preset("neutronstar-ecs").gemm_rate  # no figure given
     graph = random_graph(n=200, e=1500, f=64, c=4, seed=5)
     model = api.load_model(EXAMPLES / "gcn.gnn", hidden=64)
-    time = {p: api.compile(model, graph, workers=2, cluster="dgx-a100", precision=p).meta["planner"]["predicted_time_s"]
+    time = {p: api.compile(model, graph, workers=2, cluster="dgx-a100", precision=p).meta.planner.predicted_time_s
             for p in ("fp32", "bf16")}
     assert time["bf16"] < time["fp32"]
     from gnnc.passes.partition.stats import compute_stats
@@ -107,7 +107,7 @@ def test_bf16_bytes_measured_equal_the_prediction(tmp_path) -> None:
                            partition="metis", precision="bf16")
         job = DistJob(str(plan.program), str(plan.write_shards(tmp_path / name)),
                       TrainConfig(progress=False, precision="bf16"))
-        todo.append((name, job, plan.meta["predicted_bytes_per_step"]))
+        todo.append((name, job, plan.meta.predicted_bytes_per_step))
     results = launch(one_step_each, 2, [job for _, job, _ in todo])[0]
     for (name, _, predicted), got in zip(todo, results):
         assert {k: got["bytes_by_op"].get(op, 0) for k, op in OPS.items()} == predicted, name

@@ -53,7 +53,7 @@ def test_probe_writes_a_loadable_profile(tmp_path) -> None:
 
     graph = api.load_graph("rmat:n=300,deg=5,features=16,classes=3,seed=0")
     plan = api.compile(api.load_model(ROOT / "examples" / "gcn.gnn"), graph, workers=2, cluster=profile)
-    assert profile.workers == os.cpu_count() and plan.meta["planner"]["predicted_time_s"] > 0
+    assert profile.workers == os.cpu_count() and plan.meta.planner.predicted_time_s > 0
 
 
 def test_the_fit_recovers_known_constants() -> None:

@@ -103,7 +103,7 @@ def test_ring_paced_exchanges_are_not_overlapped(cora) -> None:
     """ring_paced completes inside its start: overlapping it is not a choice, and the report says why."""
     text, plan = scheduled(cora, "gcn", "depcomm", "schedule{method=ring_paced}")
     assert "method=ring_paced, overlap=false" in text and "ring_paced, overlap=true" not in text
-    assert "ring_paced" in plan.meta["schedule_report"]["segments"][0]["why"]
+    assert "ring_paced" in plan.meta.schedule_report["segments"][0]["why"]
 
 
 TWO_READERS = """
@@ -129,7 +129,7 @@ def test_a_broadcast_read_twice_is_gathered_not_staged(cora) -> None:
     plan = gnnc.compile(model, cora, workers=2, strategy="bcast1d",
                         after=lambda n, p: out.__setitem__(n, str(p)) if n == "schedule" else None)
     assert "staged=false" in out["schedule"] and "split=true" not in out["schedule"]
-    assert "read by 2 equations" in plan.meta["schedule_report"]["segments"][0]["why"]
+    assert "read by 2 equations" in plan.meta.schedule_report["segments"][0]["why"]
 
 
 def test_bins_mark_the_per_bin_equations(cora) -> None:
@@ -163,7 +163,7 @@ def test_bucket_bytes_split_the_gradients_by_layer(cora) -> None:
 
 def test_each_choice_is_priced_and_the_cheaper_taken(cora) -> None:
     _, plan = scheduled(cora, "gcn", "depcomm,bcast1d")
-    segments = plan.meta["schedule_report"]["segments"]
+    segments = plan.meta.schedule_report["segments"]
     for seg in segments:
         times = {tuple(sorted(a["options"].items())): a["time_s"] for a in seg["alternatives"]}
         assert len(times) == 2
@@ -177,31 +177,31 @@ def test_the_prediction_follows_the_annotations(cora) -> None:
     options read back from the IR are the ones the report priced."""
     _, on = scheduled(cora, "gat", "depcomm")
     _, off = scheduled(cora, "gat", "depcomm", "schedule{overlap=off}")
-    assert off.meta["schedule_report"]["predicted_time_s"] > on.meta["schedule_report"]["predicted_time_s"]
+    assert off.meta.schedule_report["predicted_time_s"] > on.meta.schedule_report["predicted_time_s"]
     for plan, overlap in ((on, True), (off, False)):
-        for seg, entry in zip(program_segments(plan.program), plan.meta["schedule_report"]["segments"]):
+        for seg, entry in zip(program_segments(plan.program), plan.meta.schedule_report["segments"]):
             layers = plan.program.graph_layers()[seg.start:seg.end]
             assert segment_options(layers, seg.strategy) == entry["options"] == {"overlap": overlap, "bins": 1}
 
 
 def test_the_planner_prediction_is_redrawn_from_the_schedule(cora) -> None:
     plan = gnnc.compile(_model("gcn"), cora, workers=2, cluster="neutronstar-ecs")
-    planner = plan.meta["planner"]
-    assert planner["predicted_time_s"] == planner["schedule"]["time_s"] == plan.meta["schedule_report"]["predicted_time_s"]
+    planner = plan.meta.planner
+    assert planner.predicted_time_s == planner.schedule["time_s"] == plan.meta.schedule_report["predicted_time_s"]
 
 
 def test_memory_cap_bins_as_few_as_meet_it(cora) -> None:
     _, free = scheduled(cora, "gat", "depcomm")
     _, most = scheduled(cora, "gat", "depcomm", "schedule{bins=1024}")
-    peak, least = free.meta["schedule_report"]["activation_bytes"], most.meta["schedule_report"]["activation_bytes"]
+    peak, least = free.meta.schedule_report["activation_bytes"], most.meta.schedule_report["activation_bytes"]
     cap = int((peak + least) / 2)
     text, capped = scheduled(cora, "gat", "depcomm", f"schedule{{memory_cap={cap}}}")
-    report = capped.meta["schedule_report"]
+    report = capped.meta.schedule_report
     assert report["activation_bytes"] <= cap < peak and f"memory_cap={cap}" in text
     bins = [layer.attr("bins", 1) for layer in capped.program.graph_layers()]
     assert max(bins) > 1
     # one bin fewer somewhere would not meet the cap: the greedy doubles one layer at a time from 1
-    assert report["predicted_time_s"] > free.meta["schedule_report"]["predicted_time_s"]  # bins recompute in backward
+    assert report["predicted_time_s"] > free.meta.schedule_report["predicted_time_s"]  # bins recompute in backward
 
 
 def test_memory_cap_doubles_the_layer_that_sets_the_peak() -> None:
@@ -214,7 +214,7 @@ def test_memory_cap_doubles_the_layer_that_sets_the_peak() -> None:
 
     graph = gnnc.load_graph("rmat:n=10000,deg=40,features=64,classes=8,seed=0")
     _, free = scheduled(graph, "gat", "depcomm")
-    cap = int(free.meta["schedule_report"]["activation_bytes"] / 3)
+    cap = int(free.meta.schedule_report["activation_bytes"] / 3)
     text, capped = scheduled(graph, "gat", "depcomm", f"schedule{{memory_cap={cap}}}")
     inputs = planning_inputs(capped.program, graph, capped.parts, resolve_cluster(None))[1]
     assert float(estimate(capped.program, inputs).peak.max()) <= cap
@@ -314,7 +314,7 @@ def test_compile_memory_cap_and_explain(cora, tmp_path, capsys) -> None:
 
     _, free = scheduled(cora, "gat", "depcomm")
     _, most = scheduled(cora, "gat", "depcomm", "schedule{bins=1024}")
-    cap = int((free.meta["schedule_report"]["activation_bytes"] + most.meta["schedule_report"]["activation_bytes"]) / 2)
+    cap = int((free.meta.schedule_report["activation_bytes"] + most.meta.schedule_report["activation_bytes"]) / 2)
     args = ["compile", str(EXAMPLES / "gat.gnn"), "--graph", "planetoid:cora", "--workers", "2",
             "--strategy", "depcomm", "--explain", "-o", str(tmp_path / "plan")]
     assert main(args + ["--memory-cap", f"{cap / 2**10}K"]) == 0

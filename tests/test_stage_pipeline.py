@@ -151,7 +151,7 @@ def test_a_plans_pipeline_record_is_data_of_known_shape(tmp_path) -> None:
     plan = api.compile(api.load_model("examples/gcnii.gnn", layers=4), GRAPH, workers=2, strategy="pipeline",
                        approximate=True)
     plan.save(tmp_path / "plan")
-    assert Plan.load(tmp_path / "plan").meta["pipeline"]["stages"] == 2
+    assert Plan.load(tmp_path / "plan").meta.pipeline["stages"] == 2
     data = json.loads((tmp_path / "plan" / "plan.json").read_text())
     data["pipeline"]["split"] = [[0, "two"]]
     (tmp_path / "plan" / "plan.json").write_text(json.dumps(data))

@@ -118,12 +118,12 @@ def assignments(plan: Any) -> list[str | None]:
     from gnnc.plan.strategies import STRATEGIES  # deferred: the script's help needs no gnnc
 
     layers = len(plan.program.graph_layers())
-    priced = {s for a in plan.meta["planner"]["alternatives"] for s in a["strategies"]}
+    priced = {s for a in plan.meta.planner.alternatives for s in a["strategies"]}
     out = []
     for s in sorted(priced):
         per_layer = [s] + ["depcomm"] * (layers - 1) if STRATEGIES[s].first_layer_only else [s] * layers
         out.append(",".join(per_layer))
-    chosen = ",".join(plan.meta["planner"]["strategies"])
+    chosen = ",".join(plan.meta.planner.strategies)
     return [None] + [a for a in out if a != chosen]
 
 

@@ -107,27 +107,27 @@ def prediction(plan: Any) -> dict[str, Any]:
     from gnnc.memory_check import estimate_run_memory
 
     epoch = predicted_epoch(plan)
-    planner = plan.meta.get("planner") or {}
+    planner = plan.meta.planner
     strategies = [layer.attr("strategy") for layer in plan.program.graph_layers()]
-    planner_bytes = next((a["bytes"] for a in planner.get("alternatives", []) if a["strategies"] == strategies),
-                         None)
+    planner_bytes = next((a["bytes"] for a in (planner.alternatives if planner else None) or []
+                          if a["strategies"] == strategies), None)
     memory = estimate_run_memory(plan, shard_dir=plan.shard_dir)
     return {"strategies": strategies, "caches": replicates(plan), "epoch_s": epoch["epoch_time_s"],
             "step_s": epoch["step_time_s"],
-            "eval_s": epoch["eval_time_s"], "bytes": sum(plan.meta.get("predicted_bytes_per_step", {}).values()),
-            "eval_bytes": sum(plan.meta.get("predicted_eval_bytes_per_epoch", {}).values()),
+            "eval_s": epoch["eval_time_s"], "bytes": sum((plan.meta.predicted_bytes_per_step or {}).values()),
+            "eval_bytes": sum((plan.meta.predicted_eval_bytes_per_epoch or {}).values()),
             "planner_bytes": planner_bytes, "peak_memory_bytes": memory.peak}
 
 
 def replicates(plan: Any) -> bool:
     """Whether `plan` replicates remote dependencies (computes rows it does not own instead of fetching them): a
     layer whose strategy computes its whole neighbourhood (DepCache's row rule), or a segment that computes the
-    rows its selection caches (Hybrid's) and caches any (plan.meta["hybrid"])."""
+    rows its selection caches (Hybrid's) and caches any (plan.meta.hybrid)."""
     from gnnc.plan.strategies import STRATEGIES  # deferred, as above
 
     rules = {STRATEGIES[layer.attr("strategy")].rows for layer in plan.program.graph_layers()}
     return "neighbourhood" in rules or ("selected" in rules and any(
-        count > 0 for seg in plan.meta.get("hybrid", []) for layer in seg["cached_per_layer"] for count in layer))
+        count > 0 for seg in plan.meta.hybrid or [] for layer in seg["cached_per_layer"] for count in layer))
 
 
 def run_plans(cluster: EmulatedCluster, plans: list[Path], epochs: int, nproc_per_host: int = 1,

@@ -29,16 +29,17 @@ from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.pipeline_shards import write_pipeline_shards
-from gnnc.plan.plan_meta import check_meta
-from gnnc.plan.precision import PRECISIONS
+from gnnc.plan.plan_meta import PlanMeta
 from gnnc.plan.sampled_shards import check_sampled_shards_match, write_sampled_shards
-from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.shard_files import read_manifest
 from gnnc.plan.shards import check_shards_match, write_plan_shards
 from gnnc.plan.strategies import STRATEGIES, names
 
 PLAN_SCHEMA = "gnnc.plan/1"
 PLAN_FILES = {"parts.npy", "shards/manifest.json"}  # the files beside plan.json that `shards` checksums
+# plan.json's own keys; every other one is a field of PlanMeta (an unknown one is refused, naming it)
+PLAN_KEYS = {"schema", "model", "graph", "config", "training", "passes", "workers", "layers", "ir", "ir_sha256",
+             "shards"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Plan:
     graph_spec: str | None
     passes: list[str]
     workers: int = 1
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: PlanMeta = field(default_factory=PlanMeta)
     parts: Any = None  # part of every vertex, when compiled for several workers
     cached: Any = None  # hybrid: per graph layer, per rank, the dependencies cached (global ids)
     graph: Any = field(default=None, repr=False, compare=False)  # what it was compiled on (not saved)
@@ -69,13 +70,12 @@ class Plan:
     @property
     def sampling(self) -> SamplingConfig | None:
         """The fan-outs and batch size of a plan for sampled minibatches, None for full-graph steps."""
-        data = self.meta.get("sampling")
-        return None if data is None else SamplingConfig.from_json(data, "plan")
+        return self.meta.sampling
 
     @property
     def schedule(self) -> str:
         """The step schedule (gnnc.plan.schedules)."""
-        return self.meta.get("schedule") or "sequential"
+        return self.meta.schedule or "sequential"
 
     def to_json(self) -> dict[str, Any]:
         ir = str(self.program)
@@ -91,7 +91,7 @@ class Plan:
             "layers": [_layer_summary(layer) for layer in self.program.layers],
             "ir": ir,
             "ir_sha256": hashlib.sha256(ir.encode()).hexdigest(),
-            **self.meta,
+            **self.meta.to_json(),
         }
 
     def save(self, directory: str | os.PathLike, progress: Any = None) -> Path:
@@ -212,23 +212,9 @@ class Plan:
                     parts = np.load(io.BytesIO(blob), allow_pickle=False)
                 except (ValueError, OSError, EOFError) as err:
                     raise PlanError(f"{blob_path}: not a partition array: {err}") from None
-        meta = {k: data[k] for k in ("partition", "predicted_bytes_per_step", "planner", "hybrid", "sampling",
-                                     "schedule", "predicted_bytes_per_epoch", "approximations", "pipeline",
-                                     "schedule_report", "predicted_eval_bytes_per_epoch", "workers_considered")
-                if k in data}
-        _check_sampled_fields(meta, path)
-        _check_pipeline_field(meta, path)
-        check_meta(meta, len(program.graph_layers()), lambda message: PlanError(f"{path}: {message}"))
+        meta = PlanMeta.from_json({k: v for k, v in data.items() if k not in PLAN_KEYS}, len(program.graph_layers()),
+                                  lambda message: PlanError(f"{path}: {message}"))
         _check_strategies(program, workers, path)
-        if "precision" in data:
-            if data["precision"] not in PRECISIONS:
-                raise PlanError(f"{path}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
-            meta["precision"] = data["precision"]
-        stand_ins = data.get("graph_stand_ins", {})
-        if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
-            raise PlanError(f"{path}: 'graph_stand_ins' must map field names to descriptions")
-        if stand_ins:
-            meta["graph_stand_ins"] = stand_ins
         shard_dir = Path(directory) / "shards" if "shards/manifest.json" in shards else None
         if shard_dir is not None:
             manifest = read_manifest(shard_dir)
@@ -288,25 +274,6 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def _check_sampled_fields(meta: dict[str, Any], path: Path) -> None:
-    """A plan's sampling, schedule and approximations fields are data of known shape, or a PlanError."""
-    try:
-        if "sampling" in meta:
-            SamplingConfig.from_json(meta["sampling"], str(path))
-    except GnncError as err:
-        raise PlanError(err.message) from None
-    if "schedule" in meta and meta["schedule"] not in SCHEDULES:
-        raise PlanError(f"{path}: unknown schedule {meta['schedule']!r} (known: {', '.join(SCHEDULES)})")
-    notes = meta.get("approximations", [])
-    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise PlanError(f"{path}: 'approximations' must be a list of sentences")
-    for key in ("predicted_bytes_per_epoch", "predicted_eval_bytes_per_epoch"):
-        counts = meta.get(key, {})
-        if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                   for v in counts.values()):
-            raise PlanError(f"{path}: '{key}' must map names to integers")
-
-
 def _check_strategies(program: Program, workers: int, path: Path) -> None:
     """Every layer's strategy is a registered one this many workers run: an edited name would otherwise run as
     another strategy's rows (or fail as a KeyError deep in the runtime), and a plan of one worker runs only the
@@ -320,27 +287,6 @@ def _check_strategies(program: Program, workers: int, path: Path) -> None:
         if workers == 1 and not known.single_worker:
             raise PlanError(f"{path}: layer {layer.name} names strategy {name!r} in a plan of one worker, which runs "
                             f"{', '.join(names(single_worker=True))} only; compile the plan again")
-
-
-def _check_pipeline_field(meta: dict[str, Any], path: Path) -> None:
-    """A plan's `pipeline` record (what --explain and inspect show of it) is data of known shape, or a PlanError;
-    what runs is the IR's annotations (gnnc.plan.pipeline)."""
-    pipe = meta.get("pipeline")
-    if pipe is None:
-        return
-
-    def count(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-    ok = (isinstance(pipe, dict) and all(count(pipe.get(k)) for k in ("stages", "groups", "chunks", "history_every",
-                                                                        "history_reads_per_layer"))
-          and isinstance(pipe.get("split"), list)
-          and all(isinstance(s, list) and len(s) == 2 and all(count(x) for x in s) for s in pipe["split"])
-          and isinstance(pipe.get("bubble"), dict)
-          and all(isinstance(pipe["bubble"].get(k), (int, float)) for k in ("stretch", "idle_fraction")))
-    if not ok:
-        raise PlanError(f"{path}: 'pipeline' must hold the stage, group, chunk and history counts, the split and "
-                        f"the bubble")
 
 
 def _jsonable(v: Any) -> Any:

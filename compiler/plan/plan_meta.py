@@ -1,18 +1,33 @@
-"""The shapes of the records `plan.json` keeps beside the IR: the partition, the planner's report and the
-schedule pass's report.
+"""`PlanMeta`: what `plan.json` keeps beside the IR (the partition, the planner's report, the schedule pass's
+report, predicted bytes, ...), as one typed record with one JSON round trip.
 
-Why this module exists: `gnnc inspect` and `gnnc run --json` read these records field by field, and a plan is
-data anyone can edit (its checksum is recomputable). `Plan.load` checks each record against its shape here,
-so a malformed one is a PlanError naming the field (exit 2), never a TypeError or IndexError in whatever reads
-it later. A shape is: one of the leaf kinds below, `[shape]` (a list of them), a tuple of shapes (a list of
+Why this module exists: the compiler writes these records, and `gnnc inspect`, `gnnc run` and the API read them
+field by field, so they are one frozen dataclass read by attribute, never a dict read by string key. Its JSON
+form is generated from the fields (`to_json`, `from_json`): a field added to the record is saved and loaded
+with no list of names to update. A plan is data anyone can edit (its checksum is recomputable), so `from_json`
+checks everything against the fields' types and the shapes below: an unknown, missing or wrongly typed field is
+a PlanError naming it (exit 2), never a TypeError or IndexError in whatever reads it later, and nothing is
+evaluated.
+
+The records the planning passes build and nothing in the compiler reads by name (the planner's alternatives,
+the predicted schedule, the schedule pass's report, the pipeline's summary) stay JSON values inside the record,
+checked against a shape: one of the leaf kinds below, `[shape]` (a list of them), a tuple of shapes (a list of
 exactly those), `{"key": shape, "key?": shape}` (a dict with those keys, `?` marking an optional one; other
 keys are allowed and never read), `Nullable(shape)`, or a function returning what is wrong (None when fine).
 """
-from __future__ import annotations
-
+# no `from __future__ import annotations`: the fields' types are objects the reader walks, never text it would
+# have to evaluate (typing.get_type_hints calls eval)
+import dataclasses
+import types
+import typing
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from gnnc.errors import GnncError
+from gnnc.graph.sampling import SamplingConfig
+from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
+from gnnc.plan.schedules import SCHEDULES
 
 NUMBER, INTEGER, STRING, BOOLEAN, ANYTHING = "a number", "an integer", "a string", "true or false", "anything"
 
@@ -139,3 +154,186 @@ def _stages(meta: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
         if schedule:
             out += [(schedule["workers"], stage) for stage in schedule["stages"]]
     return out
+
+
+def _check_fields(meta: dict[str, Any], fail: Callable[[str], Exception]) -> None:
+    """A plan's schedule, approximations, byte counts, precision and stand-ins are data of known values (the
+    sampling field is checked as it is read: SamplingConfig.from_json)."""
+    if "schedule" in meta and meta["schedule"] not in SCHEDULES:
+        raise fail(f"unknown schedule {meta['schedule']!r} (known: {', '.join(SCHEDULES)})")
+    notes = meta.get("approximations", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise fail("'approximations' must be a list of sentences")
+    for key in ("predicted_bytes_per_epoch", "predicted_eval_bytes_per_epoch"):
+        counts = meta.get(key, {})
+        if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                   for v in counts.values()):
+            raise fail(f"'{key}' must map names to integers")
+    if "precision" in meta and meta["precision"] not in PRECISIONS:
+        raise fail(f"'precision' must be one of {', '.join(PRECISIONS)}, got {meta['precision']!r}")
+    stand_ins = meta.get("graph_stand_ins", {})
+    if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
+        raise fail("'graph_stand_ins' must map field names to descriptions")
+
+
+def _check_pipeline_field(meta: dict[str, Any], fail: Callable[[str], Exception]) -> None:
+    """A plan's `pipeline` record (what --explain and inspect show of it) is data of known shape; what runs is the
+    IR's annotations (gnnc.plan.pipeline)."""
+    pipe = meta.get("pipeline")
+    if pipe is None:
+        return
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    ok = (isinstance(pipe, dict) and all(count(pipe.get(k)) for k in ("stages", "groups", "chunks", "history_every",
+                                                                        "history_reads_per_layer"))
+          and isinstance(pipe.get("split"), list)
+          and all(isinstance(s, list) and len(s) == 2 and all(count(x) for x in s) for s in pipe["split"])
+          and isinstance(pipe.get("bubble"), dict)
+          and all(isinstance(pipe["bubble"].get(k), (int, float)) for k in ("stretch", "idle_fraction")))
+    if not ok:
+        raise fail("'pipeline' must hold the stage, group, chunk and history counts, the split and the bubble")
+
+
+# --- the typed record -------------------------------------------------------------------------------------
+# Its JSON form is generated from the fields: a field at its default is not written (so an fp32 plan, an exact
+# plan, a plan of one worker is the file it always was), every other one is; a JSON value (`Any`, or a dict or
+# list of them) is written as it is, after the shapes above have checked it on the way in.
+
+class Record:
+    """A record of `plan.json`: its JSON form is generated from its fields (`_encode`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return _encode(self)
+
+
+@dataclass(frozen=True)
+class Partition(Record):
+    """How the vertices were split among the workers (gnnc.passes.partition)."""
+
+    method: str
+    parts: int
+    seed: int
+    of: str | None = None  # what the parts are, when not one per worker (a pipeline's chunks)
+
+
+@dataclass(frozen=True)
+class PlannerRecord(Record):
+    """choose-strategy's report (gnnc.passes.choose_strategy.PlannerReport) as the plan keeps it."""
+
+    strategies: list[str]
+    predicted_time_s: float
+    predicted_memory_bytes: float
+    cluster: str | None = None
+    # every assignment priced: {"strategies", "time_s", "bytes", "memory_bytes", "schedule"?, "formulas"?, ...}
+    alternatives: list[dict[str, Any]] | None = None
+    crossovers: list[str] | None = None
+    segments: list[list[Any]] | None = None  # the chosen [start, end, strategy]
+    segment_costs: list[dict[str, Any]] | None = None  # every segment priced
+    # the predicted epoch per stage and worker, for `gnnc inspect --format gantt|trace`
+    schedule: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class WorkersTried(Record):
+    """--workers auto: one worker count tried and its predicted epoch (None where the planner found none)."""
+
+    workers: int
+    time_s: float | None
+
+
+@dataclass(frozen=True)
+class PlanMeta(Record):
+    """Everything a plan records beside its IR, model and passes (each field a key of `plan.json`)."""
+
+    partition: Partition | None = None
+    planner: PlannerRecord | None = None
+    precision: str = DEFAULT_PRECISION  # the bytes predicted per element and the rates priced; what a run uses
+    sampling: SamplingConfig | None = None  # sampled minibatches: fan-outs and batch size
+    schedule: str | None = None  # the step schedule of a sampled plan (gnnc.plan.schedules)
+    predicted_bytes_per_step: dict[str, int] | None = None  # full-graph training, by exchange
+    predicted_bytes_per_epoch: dict[str, int] | None = None  # sampled minibatches, by exchange
+    predicted_eval_bytes_per_epoch: dict[str, int] | None = None
+    approximations: tuple[str, ...] = ()  # what an approximate strategy or schedule changes, one sentence each
+    hybrid: list[dict[str, Any]] | None = None  # select-hybrid's prediction, one entry per hybrid segment
+    schedule_report: dict[str, Any] | None = None  # what the schedule pass compared and chose
+    pipeline: dict[str, Any] | None = None  # GNNPipe's shape, bubble, refresh traffic and prediction
+    workers_considered: tuple[WorkersTried, ...] = ()  # --workers auto
+    graph_stand_ins: dict[str, str] | None = None  # graph fields stood in for, by name: what a run states
+
+    @staticmethod
+    def from_json(data: dict[str, Any], graph_layers: int, fail: Callable[[str], Exception]) -> "PlanMeta":
+        """Read back what `to_json` wrote, for a plan of `graph_layers` graph layers; `fail(message)` is the
+        error raised for the first field that is unknown, missing or not of its type."""
+        _check_fields(data, fail)
+        _check_pipeline_field(data, fail)
+        check_meta(data, graph_layers, fail)
+        return _decode(data, PlanMeta, "", fail)
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if isinstance(value, SamplingConfig):
+            return value.to_json()
+        return {f.name: _encode(v) for f in dataclasses.fields(value)
+                if (v := getattr(value, f.name)) != _default(f)}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    return value
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+_LEAVES = {str: STRING, bool: BOOLEAN, int: INTEGER, float: NUMBER}
+
+
+def _decode(value: Any, hint: Any, where: str, fail: Callable[[str], Exception]) -> Any:
+    """`value` (from JSON) as `hint` says, or `fail` naming the field `where` (`planner.strategies[1]`)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _decode(value, inner, where, fail)
+    if hint is SamplingConfig:
+        try:
+            return SamplingConfig.from_json(value, "plan")
+        except GnncError as err:  # its own reader's message, which names the field, under the plan's path
+            raise fail(err.message.removeprefix("plan: ")) from None
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise fail(f"'{where or 'the plan'}' must be an object, got {_short(value)}")
+        known = {f.name: f for f in dataclasses.fields(hint)}
+        prefix = f"{where}." if where else ""
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise fail(f"unknown field '{prefix}{unknown[0]}' (known: {', '.join(known)})")
+        given = {}
+        for name, f in known.items():
+            if name in value:
+                given[name] = _decode(value[name], f.type, prefix + name, fail)
+            elif _default(f) is dataclasses.MISSING:
+                raise fail(f"'{where or 'the plan'}' lacks '{name}'")
+        return hint(**given)
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise fail(f"'{where}' must be a list, got {_short(value)}")
+        items = [_decode(v, args[0], f"{where}[{i}]", fail) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise fail(f"'{where}' must be an object, got {_short(value)}")
+        return {k: _decode(v, args[1], f"{where}.{k}", fail) for k, v in value.items()}
+    wrong = mismatch(value, _LEAVES[hint], where)
+    if wrong is not None:
+        raise fail(wrong)
+    return value
