@@ -112,3 +112,5 @@ define_reducer(ReducerDef("mean", sync=True, linear=True))  # partial: the sum; 
 define_reducer(ReducerDef("max", sync=True, combine="max"))
 define_reducer(ReducerDef("min", combine="min"))
 define_reducer(ReducerDef("softmax", emits="edge_softmax", combine="whole"))
+# PyG's StdAggregation: sqrt(E[m^2] - E[m]^2) where that variance exceeds 1e-5, else 0
+define_reducer(ReducerDef("std", powers=(1, 2), cost=ReducerCost(edge=2.0, row=6.0, state=2.0)))

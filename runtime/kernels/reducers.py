@@ -13,6 +13,7 @@ A row without in-edges aggregates to 0 for every reducer.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -66,6 +67,19 @@ def _sum(sums: tuple[torch.Tensor, ...], deg: torch.Tensor) -> torch.Tensor:
 @finalises("mean")
 def _mean(sums: tuple[torch.Tensor, ...], deg: torch.Tensor) -> torch.Tensor:
     return sums[0] / per_row(deg, sums[0])
+
+
+_STD_MIN_VAR = 1e-5
+
+
+@finalises("std")
+def _std(sums: tuple[torch.Tensor, ...], deg: torch.Tensor) -> torch.Tensor:
+    """PyG's StdAggregation: E[m^2] - E[m]^2 (each a mean over the in-edges), its square root where it exceeds
+    1e-5 and 0 elsewhere (rows without in-edges and single-edge rows included: no undefined gradient at 0)."""
+    n = per_row(deg, sums[0])
+    mean, mean2 = sums[0] / n, sums[1] / n
+    out = (mean2 - mean * mean).clamp(min=_STD_MIN_VAR).sqrt()
+    return out.masked_fill(out <= math.sqrt(_STD_MIN_VAR), 0.0)
 
 
 def aggregate(name: str, m: torch.Tensor, dst: torch.Tensor, n: int, deg: torch.Tensor) -> torch.Tensor:
