@@ -182,6 +182,7 @@ def estimate_peak_memory(graph: Graph, parts: int, method: str, baseline_bytes: 
         "hash": 0,
         "chunk": 0,
         "random": 8 * n + 8 * e,
+        "fennel": 8 * n,  # the assignment; the CSR it streams is the graph's (built once, or mapped from a store)
         "metis": adjacency + metis,
         "g3": adjacency + metis + 4 * parts * n + 8 * (2 * e),
     }.get(method, adjacency + metis)

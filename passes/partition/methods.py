@@ -38,4 +38,6 @@ METHODS: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
            "gnnc.passes.partition.g3"),
     Method("random", "MG-GCN: seeded symmetric random permutation, then uniform row blocks",
            "gnnc.passes.partition.random"),
+    Method("fennel", "NeutronStar's streaming partitioner (Fennel): one pass in vertex order, O(N) memory; "
+                     "options gamma (1.5), slack (1.1), batch (64)", "gnnc.passes.partition.fennel"),
 )})
