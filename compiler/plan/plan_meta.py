@@ -220,7 +220,7 @@ class Partition(Record):
 
 @dataclass(frozen=True)
 class PlannerRecord(Record):
-    """choose-strategy's report (gnnc.passes.choose_strategy.PlannerReport) as the plan keeps it."""
+    """choose-strategy's report (gnnc.passes.planner.report.PlannerReport) as the plan keeps it."""
 
     strategies: list[str]
     predicted_time_s: float
