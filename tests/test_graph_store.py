@@ -155,3 +155,6 @@ def test_convert_refuses_a_directory_of_other_files(tmp_path, capsys) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["convert", "planetoid:cora", str(tmp_path)]) == 2
     assert "other files" in capsys.readouterr().err and (tmp_path / "notes.txt").read_text() == "mine"
+    (tmp_path / "file").write_text("")
+    assert main(["convert", "planetoid:cora", str(tmp_path / "file" / "store")]) == 2  # an OSError: named, no traceback
+    assert "cannot write the graph store" in capsys.readouterr().err

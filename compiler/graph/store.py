@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.errors import GnncError, GraphInputError
+from gnnc.errors import GnncError, GraphInputError, write_failure
 from gnnc.files import atomic_writer, read_text_input
 from gnnc.graph import CSR, Graph, edge_data
 from gnnc.graph.storage import UNLABELLED
@@ -112,15 +112,18 @@ def write_store(graph: Graph, out_dir: str | os.PathLike) -> dict[str, Any]:
         raise GnncError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not is_store(out):
         raise GnncError(f"{out}: a directory with other files and no graph store in it; give a new or empty one")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest is written, the directory holds no store
-    entries = {}
-    for name, make in _arrays(graph):
-        entries[name] = _save(out, name, make())
-    manifest = {"format": FORMAT, "kind": KIND, "name": graph.name, "num_nodes": graph.num_nodes,
-                "num_edges": graph.num_edges, "stand_ins": graph.stand_ins, "arrays": entries}
-    with atomic_writer(out / MANIFEST) as f:
-        f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest is written, the directory holds no store
+        entries = {}
+        for name, make in _arrays(graph):
+            entries[name] = _save(out, name, make())
+        manifest = {"format": FORMAT, "kind": KIND, "name": graph.name, "num_nodes": graph.num_nodes,
+                    "num_edges": graph.num_edges, "stand_ins": graph.stand_ins, "arrays": entries}
+        with atomic_writer(out / MANIFEST) as f:
+            f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+    except OSError as err:  # a full disk is exit 1, a read-only or forbidden directory exit 2 (write_failure)
+        raise write_failure(err, f"the graph store {out}") from err
     return manifest
 
 
