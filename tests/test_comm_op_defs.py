@@ -9,6 +9,7 @@ bytes equal to the prediction and the single-process logits and gradients.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -18,11 +19,12 @@ from conftest import EXAMPLES, SCHEDULES, random_graph
 from gnnc import api
 from gnnc.errors import GnncError
 from gnnc.ir import Eqn
+from gnnc.ir.ops import define_op, op_def
 from gnnc.ir.text import parse_ir
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.passes.predict_bytes import predict
 from gnnc.plan.comm_ops import (COMM_OP_DEFS, PIECES, CommOpDef, byte_kinds, comm_op, define_comm_op, draw_order,
-                                halo_rows, schedule_options)
+                                exchange_of, halo_rows, schedule_options)
 from gnnc.plan.schedule_attrs import exchange_schedule
 from gnnc.runtime import comm
 from gnnc.runtime.distributed import DistJob, Exchange, one_step
@@ -115,3 +117,11 @@ def test_a_malformed_or_missing_exchange_is_refused_by_name() -> None:
         implements_exchange("nope")(_halo_halves)
     with pytest.raises(GnncError, match="no parts implementation of exchange 'halo_halves'"):
         exchange_implementation(TOY, "parts")
+
+
+def test_a_communication_op_without_a_descriptor_is_refused_not_priced_as_nothing() -> None:
+    """An IR comm op defined without its CommOpDef: predict-bytes used to count it as 0 bytes (a static op list)."""
+    define_op(dataclasses.replace(op_def("halo"), name="halo_undescribed"))
+    with pytest.raises(KeyError, match="'halo_undescribed' has no CommOpDef"):
+        exchange_of("halo_undescribed")
+    assert exchange_of("relu") is None and exchange_of("halo") is comm_op("halo")

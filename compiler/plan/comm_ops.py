@@ -125,8 +125,12 @@ def comm_op(name: str) -> CommOpDef:
 
 
 def exchange_of(op: str) -> CommOpDef | None:
-    """The descriptor of `op` when it is an exchange, else None."""
-    return COMM_OP_DEFS.get(op)
+    """The descriptor of `op` when it is an exchange, else None; a KeyError for a communication op of the IR
+    without one (priced as nothing, it would move bytes no prediction counts)."""
+    d = COMM_OP_DEFS.get(op)
+    if d is None and op in OPS and OPS[op].comm:
+        raise KeyError(f"communication op {op!r} has no CommOpDef (gnnc.plan.comm_ops.define_comm_op)")
+    return d
 
 
 def split_flags() -> tuple[str, ...]:
