@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import EXAMPLES
+import gnnc
 from gnnc.cli import main
 from gnnc.errors import GraphInputError
 from gnnc.graph.loaders import load_graph
@@ -105,6 +106,20 @@ def test_multi_label_edge_features_and_reverse_edges(tmp_path) -> None:
     assert [int(m.sum()) for m in (g.train_mask, g.val_mask, g.test_mask)] == [20, 10, 10]
     again = load_graph(str(root), cache_dir=tmp_path / "cache")
     assert torch.equal(again.y, g.y) and torch.equal(again.edge_data["attr"], g.edge_data["attr"])
+
+
+def test_nan_labels_from_any_loader_leave_the_made_up_split_too() -> None:
+    """PyG's ogbn-papers100M holds y as float [N, 1] with NaN: a dict of arrays (or a Data) like it loads, and
+    the seeded split that stands in for missing masks leaves the unlabelled vertices out as well."""
+    n = 50
+    y = np.where(np.arange(n) % 3 == 0, np.nan, np.arange(n) % 4).astype(np.float32)[:, None]
+    g = gnnc.load_graph({"edge_index": np.stack([np.arange(n), (np.arange(n) + 1) % n]),
+                         "x": np.ones((n, 2), np.float32), "y": y})
+    unlabelled = np.isnan(y[:, 0])
+    assert np.array_equal(g.y.numpy() == UNLABELLED, unlabelled) and "split" in g.stand_ins
+    for mask in (g.train_mask, g.val_mask, g.test_mask):
+        assert not (mask.numpy() & unlabelled).any()
+    assert int((g.train_mask | g.val_mask | g.test_mask).sum()) == int((~unlabelled).sum())
 
 
 def test_binary_form_of_papers100m(tmp_path) -> None:
