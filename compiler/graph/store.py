@@ -31,7 +31,7 @@ import mmap
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,26 +80,46 @@ def _save(out: Path, name: str, arr: np.ndarray) -> dict[str, Any]:
             "sha256": h.sha.hexdigest()}
 
 
-def _arrays(graph: Graph) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
-    """(name, a function making the array) of every array of a store, in writing order: each is made, written
-    and dropped before the next, so the peak is the graph plus one array (the transpose: three)."""
-    yield "src", lambda: graph.src
-    yield "dst", lambda: graph.dst
-    csr = graph.csr("plain")
-    yield "in.indptr", lambda: csr.indptr.numpy()
-    yield "in.indices", lambda: csr.indices.numpy()
-    yield "in.eids", lambda: csr.eids.numpy()
-    t = csr.transpose()
-    yield "out.indptr", lambda: t.indptr.numpy()
-    yield "out.indices", lambda: t.indices.numpy()
-    yield "out.eids", lambda: t.eids.numpy()
-    yield "out.perm", lambda: t._cache["perm_from"].numpy()
-    yield "x", lambda: graph.x.numpy()
-    yield "y", lambda: graph.y.numpy()
+def _offsets(ids: np.ndarray, n: int) -> np.ndarray:
+    """int64 [n + 1]: where each id's run starts in `ids` sorted (a CSR's indptr)."""
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ids, minlength=n), out=indptr[1:])
+    return indptr
+
+
+def _arrays(graph: Graph) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) of every array of a store, in writing order.
+
+    The CSRs are exactly those `Graph.csr("plain")` and its `transpose()` build (the same stable sorts, so a
+    run from the store sums in the same order as one from the source), computed here one array at a time and
+    let go once written: besides the graph itself, at most three arrays per edge are alive at once, where
+    building both CSR objects holds seven (indices, eids and the destination index of one, the sort order,
+    indices, eids and permutation of the other).
+    """
+    n = graph.num_nodes
+    src, dst = graph.src, graph.dst
+    yield "src", src
+    yield "dst", dst
+    yield "in.indptr", _offsets(dst, n)
+    order = np.argsort(dst, kind="stable")  # in-CSR entry k is edge order[k] (CSR.from_edges)
+    yield "in.eids", order
+    sources = src[order].astype(np.int64)
+    yield "in.indices", sources
+    perm = np.argsort(sources, kind="stable")  # transpose entry k is in-CSR entry perm[k] (CSR.transpose)
+    del sources
+    yield "out.indptr", _offsets(src, n)
+    yield "out.perm", perm
+    eids = order[perm]
+    del order, perm
+    yield "out.eids", eids
+    yield "out.indices", dst[eids].astype(np.int64)
+    del eids
+    yield "x", graph.x.numpy()
+    yield "y", graph.y.numpy()
     for m in MASKS:
-        yield m, lambda m=m: getattr(graph, m).numpy()
+        yield m, getattr(graph, m).numpy()
     for k, v in graph.edge_data.items():
-        yield edge_data.PREFIX + k, lambda v=v: v.numpy()
+        yield edge_data.PREFIX + k, v.numpy()
 
 
 def write_store(graph: Graph, out_dir: str | os.PathLike) -> dict[str, Any]:
@@ -116,8 +136,8 @@ def write_store(graph: Graph, out_dir: str | os.PathLike) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest is written, the directory holds no store
         entries = {}
-        for name, make in _arrays(graph):
-            entries[name] = _save(out, name, make())
+        for name, arr in _arrays(graph):
+            entries[name] = _save(out, name, arr)
         manifest = {"format": FORMAT, "kind": KIND, "name": graph.name, "num_nodes": graph.num_nodes,
                     "num_edges": graph.num_edges, "stand_ins": graph.stand_ins, "arrays": entries}
         with atomic_writer(out / MANIFEST) as f:
