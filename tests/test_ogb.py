@@ -145,7 +145,7 @@ def test_heterogeneous_dataset_refused_naming_what_is_missing(tmp_path) -> None:
 
 @pytest.mark.parametrize("rel, text, message", [
     ("raw/node-label.csv.gz", "0\n1.5\n", r"y: expected integer class labels .*1\.5 at row 1"),
-    ("raw/edge.csv.gz", "0,1\n1,x\n", "edge_index"),
+    ("raw/edge.csv.gz", "0,1\n1,x\n", "edge.csv.gz:2: edge_index: column 2 holds 'x', not a number"),
     ("raw/edge.csv.gz", "0,1\n1,\n", "edge.csv.gz:2: edge_index: an empty field"),
     ("raw/edge.csv.gz", "0,1\n1,7\n", "edge_index: vertex id 7"),
     ("split/s/train.csv.gz", "5\n", "train_mask: vertex id 5 is out of range"),

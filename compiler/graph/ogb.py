@@ -141,8 +141,10 @@ def read_csv(path: Path, dtype: type, field_name: str) -> np.ndarray:
         if pa.types.is_null(column.type):  # every field of the column empty
             column = column.cast(pa.float64())
         if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-            bad = next((str(v) for v in column.to_pylist() if v is not None), "?")
-            raise GraphInputError(f"{path}: {field_name}: column {j + 1} holds {bad[:40]!r}, not a number")
+            row, bad = next(((k, v) for k, v in enumerate(column.to_pylist()) if v is not None and not _number(v)),
+                            (0, "?"))
+            raise GraphInputError(f"{path}:{row + 1}: {field_name}: column {j + 1} holds {str(bad)[:40]!r}, "
+                                  f"not a number")
         if column.null_count and kind != "f":
             row = int(np.nonzero(column.is_null().to_numpy(zero_copy_only=False))[0][0])
             raise GraphInputError(f"{path}:{row + 1}: {field_name}: an empty field or NaN, where a number must be")
@@ -151,6 +153,14 @@ def read_csv(path: Path, dtype: type, field_name: str) -> np.ndarray:
             raise GraphInputError(f"{path}: {field_name}: column {j + 1} holds non-integer values")
         out[:, j] = values
     return out
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _npz(path: Path) -> dict[str, np.ndarray]:
