@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Model", "Plan", "check", "compile", "load_graph", "load_model", "load_model_source", "partition",
                      "run"), "gnnc.api"),
     "elaborate": "gnnc.frontend.elaborate",
+    "to_torch": "gnnc.torch_module",
     "GnncError": "gnnc.errors",
     "register_pass": "gnnc.passes.manager",
     "parse_ir": "gnnc.ir.text",

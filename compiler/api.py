@@ -54,6 +54,7 @@ from gnnc.runtime.main_guard import check_main_guard
 from gnnc.runtime.minibatch import train_minibatch
 from gnnc.runtime.minibatch_dist import SampledJob, sampled_worker
 from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
+from gnnc.torch_module import to_torch  # noqa: F401  (the API's name: a trained model as a torch.nn.Module)
 
 
 def load_graph(spec: Any):
