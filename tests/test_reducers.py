@@ -171,7 +171,8 @@ def test_std_from_the_language_matches_pyg() -> None:
     ("gather    a = std(m)\n", "gather    a = sum(m)\n  sync      s = std(a)\n",
      r"std.gnn:5:3: a sync statement must be sum\(\.\.\.\), mean\(\.\.\.\) or max\(\.\.\.\) of one value"),
     ("apply     h = t", "apply     h = std(t)", r"6:17: reducer 'std' can only be used in a gather statement\n"),
-    ("std(m)", "stdev(m)", r"expected one of sum, mean, max, min, softmax, std\b.*did you mean .std.\?")])
+    ("std(m)", "stdev(m)", r"expected one of sum, mean, max, min, softmax, std\b.*did you mean .std.\?")],
+    ids=["in-sync", "in-apply", "misspelt"])
 def test_std_in_the_language_is_a_gather_reducer_only(old: str, new: str, message: str) -> None:
     graph = random_graph(n=30, e=100, f=6, c=3, seed=1)
     with pytest.raises(GnncError, match=message):
