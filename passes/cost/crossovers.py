@@ -1,39 +1,46 @@
 """Crossovers: where two predictions are equal (the bandwidth, the hidden width at which a choice flips).
 
-Why this module exists: `--explain` says why the planner chose, by solving
-the formulas for the point where the alternative would win. The time
-difference is piecewise (maxima over workers and over overlapped terms);
-sympy solves the piece active at each sign change exactly.
+Why this module exists: `--explain` says why the planner chose, by finding
+the point where the alternative would win. The time difference is piecewise
+(maxima over workers and over overlapped terms): it is found numerically, on
+the formulas compiled once to numpy (gnnc.passes.cost.evaluation), and the
+piece of the difference active there, with every max resolved, is built as a
+sympy equation only when it is read (`Crossover.equation`): sympy deciding
+which of a deep model's terms dominate took seconds per compile.
 """
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import sympy
 from sympy import Symbol
 
 from gnnc.ir.expr import as_expr
-from gnnc.passes.cost.evaluation import Values, table
+from gnnc.passes.cost.evaluation import Values, numeric_function, table
 from gnnc.passes.cost.symbols import CostInputs, Cost, ZERO
 
 
 @dataclass(frozen=True)
 class Crossover:
-    """A value of `symbol` where two predictions are equal, and the equation solved there.
+    """A value of `symbol` where two predictions are equal, and the equation that holds there.
 
     `equation` is the piece of the (piecewise) time difference that is active
-    at the crossover, with every max resolved: sympy solved it exactly.
+    at the crossover, with every max resolved (built when first read).
     `first_faster_above` says which side of the crossover favours the first
     sequence of costs.
     """
 
     symbol: Symbol
     value: float
-    equation: sympy.Eq
     first_faster_above: bool
+    solved: Callable[[], sympy.Eq] = field(repr=False, compare=False)
+
+    @property
+    def equation(self) -> sympy.Eq:
+        return self.solved()
 
 
 def total_time_expr(costs: Iterable[Cost], inputs: CostInputs, keep: Symbol,
@@ -48,9 +55,29 @@ def total_time_expr(costs: Iterable[Cost], inputs: CostInputs, keep: Symbol,
         for stage in cost.stages:
             stage = as_expr(stage)
             # evaluating Max here: with the numbers in, sympy drops the workers that cannot be the slowest,
-            # which leaves the piecewise difference `crossover` solves small
+            # which leaves the piecewise difference small
             total += sympy.Max(*[stage.xreplace(sub) for sub in subs_per_worker])
     return total
+
+
+def time_curve(costs: Sequence[Cost], inputs: CostInputs, symbol: Symbol,
+               extra: Values | None = None) -> tuple[Callable[[np.ndarray], np.ndarray], bool]:
+    """The time of `costs` as a function of `symbol`'s value (every other symbol at its value on `inputs`):
+    it takes an array of values and gives the time at each, each stage's slowest worker summed, in one numpy
+    call per stage; and whether the time depends on `symbol` at all."""
+    p = inputs.workers
+    stages = [numeric_function(as_expr(stage)) for cost in costs for stage in cost.stages]
+    grid = {s: np.asarray(v, np.float64).reshape(p, 1) for s, v in table(inputs, extra).items() if s != symbol}
+
+    def at(xs: np.ndarray) -> np.ndarray:
+        xs = np.asarray(xs, np.float64)
+        grid[symbol] = xs.reshape(1, -1)
+        total = np.zeros(xs.shape)
+        for fn, _ in stages:
+            total += np.broadcast_to(np.asarray(fn(grid), np.float64), (p, xs.size)).max(axis=0)
+        return total
+
+    return at, any(symbol in syms for _, syms in stages)
 
 
 def _active_piece(expr: sympy.Expr, at: Mapping[Symbol, float]) -> sympy.Expr:
@@ -74,57 +101,67 @@ def crossover(first: Sequence[Cost], second: Sequence[Cost], symbol: Symbol, inp
     DepCache's, or the hidden width (`d(1)`) below which pushpull stays
     best. The time difference is piecewise (maxima over workers and over
     overlapped terms): it is sampled on a log grid to bracket each sign
-    change, and on each bracket sympy solves the piece active there exactly;
-    a root that falls outside its piece is refined by bisection instead.
+    change, and each bracket is narrowed by bisection down to adjacent floats
+    (the formulas compiled once, every sample numeric).
     """
     if not 0 < lo < hi:
         raise ValueError(f"need 0 < lo < hi, got {lo}, {hi}")
-    diff = (total_time_expr(first, inputs, symbol, extra_first)
-            - total_time_expr(second, inputs, symbol, extra_second))
-    if symbol not in diff.free_symbols:
+    time_first, depends_first = time_curve(first, inputs, symbol, extra_first)
+    time_second, depends_second = time_curve(second, inputs, symbol, extra_second)
+    if not (depends_first or depends_second):
         return []
-    fn = sympy.lambdify([symbol], diff, modules="numpy")
+
+    def diff(xs: np.ndarray) -> np.ndarray:
+        return time_first(xs) - time_second(xs)
+
+    def at(x: float) -> float:
+        return float(diff(np.array([x]))[0])
+
     grid = np.geomspace(lo, hi, samples)
-    vals = np.array([float(fn(x)) for x in grid])
+    vals = diff(grid)
+    if not vals.any():  # the same time everywhere (the symbol cancels): no point where one overtakes
+        return []
     roots: list[float] = []
     for i in range(samples):
         if vals[i] == 0.0:
             roots.append(float(grid[i]))
         elif i + 1 < samples and vals[i] * vals[i + 1] < 0:
-            roots.append(_solve_bracket(diff, fn, symbol, float(grid[i]), float(grid[i + 1])))
+            roots.append(_bisect(at, float(grid[i]), float(grid[i + 1]), float(vals[i])))
     out: list[Crossover] = []
     for root in roots:
-        below, above = float(fn(max(lo, root * (1 - 1e-6)))), float(fn(min(hi, root * (1 + 1e-6))))
-        piece = _active_piece(diff, {symbol: root})
-        out.append(Crossover(symbol, root, sympy.Eq(piece, 0), above < 0 or (above == 0 and below > 0)))
+        below, above = at(max(lo, root * (1 - 1e-6))), at(min(hi, root * (1 + 1e-6)))
+        out.append(Crossover(symbol, root, above < 0 or (above == 0 and below > 0),
+                             _equation(first, second, symbol, inputs, extra_first, extra_second, root)))
     return out
 
 
-def _solve_bracket(diff: sympy.Expr, fn: Callable[[float], float], symbol: Symbol, x0: float, x1: float) -> float:
-    f0 = float(fn(x0))
-    if f0 == 0.0:
-        return x0
-    mid = math.sqrt(x0 * x1)
-    for _ in range(3):
-        piece = _active_piece(diff, {symbol: mid})
-        roots = [complex(r) for r in sympy.solve(sympy.Eq(piece, 0), symbol)]
-        real = [r.real for r in roots if abs(r.imag) < 1e-12 and x0 <= r.real <= x1]
-        if real:
-            return min(real, key=lambda r: abs(float(fn(r))))
-        # the piece changes inside the bracket: bisect once and try the half holding the sign change
-        if (float(fn(mid)) > 0) == (f0 > 0):
-            x0, f0 = mid, float(fn(mid))
+def _bisect(f: Callable[[float], float], x0: float, x1: float, f0: float) -> float:
+    """The root of `f` in [x0, x1] (f changes sign there; f(x0) = f0), to adjacent floats."""
+    for _ in range(200):
+        mid = 0.5 * (x0 + x1)
+        if not x0 < mid < x1:
+            break
+        f_mid = f(mid)
+        if f_mid == 0.0:
+            return mid
+        if (f_mid > 0) == (f0 > 0):
+            x0, f0 = mid, f_mid
         else:
             x1 = mid
-        mid = math.sqrt(x0 * x1)
-    lo_x, hi_x = x0, x1
-    for _ in range(200):
-        mid = 0.5 * (lo_x + hi_x)
-        if (float(fn(mid)) > 0) == (f0 > 0):
-            lo_x = mid
-        else:
-            hi_x = mid
-    return 0.5 * (lo_x + hi_x)
+    return x0 if abs(f(x0)) <= abs(f(x1)) else x1
+
+
+def _equation(first: Sequence[Cost], second: Sequence[Cost], symbol: Symbol, inputs: CostInputs,
+              extra_first: Values | None, extra_second: Values | None, root: float) -> Callable[[], sympy.Eq]:
+    """The equation that holds at `root`, built symbolically when it is first read."""
+
+    @functools.cache
+    def solved() -> sympy.Eq:
+        diff = (total_time_expr(first, inputs, symbol, extra_first)
+                - total_time_expr(second, inputs, symbol, extra_second))
+        return sympy.Eq(_active_piece(diff, {symbol: root}), 0)
+
+    return solved
 
 
 def bytes_crossover(first: Cost, second: Cost, symbol: Symbol, inputs: CostInputs,
@@ -146,5 +183,6 @@ def bytes_crossover(first: Cost, second: Cost, symbol: Symbol, inputs: CostInput
         if abs(value.imag) > 1e-12 or value.real <= 0:
             continue
         above = float(diff.subs(symbol, value.real * (1 + 1e-6)))
-        out.append(Crossover(symbol, value.real, sympy.Eq(diff, 0), above < 0))
+        equation = sympy.Eq(diff, 0)
+        out.append(Crossover(symbol, value.real, above < 0, lambda equation=equation: equation))
     return out

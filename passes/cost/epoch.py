@@ -51,7 +51,33 @@ def evaluation_of(stages: tuple[sympy.Expr, ...], layers: range) -> tuple[sympy.
     kernels at their forward rates."""
     swap = {op_time(layer, side, "f"): op_time(layer, side, "e") for layer in layers for side in OP_SIDES}
     swap.update({R_gemm: R_gemm_e, R_spmm: R_spmm_e})
-    return tuple(as_expr(s).xreplace(swap) for s in stages)
+    memo: dict[sympy.Basic, sympy.Basic] = {}
+    return tuple(_renamed(as_expr(s), swap, memo) for s in stages)
+
+
+def _renamed(expr: sympy.Basic, swap: dict[sympy.Basic, sympy.Basic],
+             memo: dict[sympy.Basic, sympy.Basic]) -> sympy.Basic:
+    """`expr.xreplace(swap)` for a renaming of symbols, with every max and min rebuilt as the formulas write them
+    (unevaluated, `symbols.Max`): xreplace rebuilds them evaluated, and sympy's evaluating Max asks its
+    assumption system whether each argument dominates another, which took most of a deep model's planning
+    time and, the formulas' terms being incomparable, dropped nothing. Sums and products are rebuilt as
+    xreplace rebuilds them, so the stage and its value are xreplace's. `memo`: the subtrees done already."""
+    if expr in swap:
+        return swap[expr]
+    if not expr.args:
+        return expr
+    done = memo.get(expr)
+    if done is not None:
+        return done
+    args = tuple(_renamed(a, swap, memo) for a in expr.args)
+    if args == expr.args:
+        out = expr
+    elif isinstance(expr, (sympy.Max, sympy.Min)):
+        out = type(expr)(*args, evaluate=False)
+    else:
+        out = expr.func(*args)
+    memo[expr] = out
+    return out
 
 
 def with_evaluation(cost: Cost, start: int, end: int) -> Cost:

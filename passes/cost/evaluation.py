@@ -36,9 +36,17 @@ def compile_expr(expr: sympy.Expr) -> Callable[..., np.ndarray]:
 
 
 @functools.lru_cache(maxsize=8192)
+def numeric_function(expr: sympy.Expr) -> tuple[Callable[[Mapping[Symbol, Any]], Any], tuple[Symbol, ...]]:
+    """`expr` walked once into nested numpy calls (`_numeric`), and its free symbols by name: the function reads
+    its symbols' values from a table and broadcasts as numpy does (one value per worker, or a [workers, points]
+    grid: gnnc.passes.cost.crossovers samples a formula along one symbol in one call)."""
+    expr = as_expr(expr)
+    return _numeric(expr), tuple(sorted(expr.free_symbols, key=lambda s: s.name))
+
+
+@functools.lru_cache(maxsize=8192)
 def _compiled(expr: sympy.Expr) -> Callable[..., np.ndarray]:
-    syms = sorted(expr.free_symbols, key=lambda s: s.name)
-    fn = _numeric(expr)
+    fn, syms = numeric_function(expr)
 
     def run(values: Values, workers: int | None = None) -> np.ndarray:
         missing = [s.name for s in syms if s not in values]

@@ -13,6 +13,7 @@ with the run's evaluation pass appended (gnnc.passes.cost.epoch).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,7 +84,26 @@ def user_cost(name: str) -> Formula | None:
 
 def segment_cost(strategy_name: str, start: int, end: int, shapes: Sequence[LayerShape], **options: Any) -> Cost:
     """The built-in formula of `strategy_name` on layers [start, end) (per-layer strategies: end = start + 1),
-    with the evaluation pass's stages (a whole-model strategy's stages are its own: none added)."""
+    with the evaluation pass's stages (a whole-model strategy's stages are its own: none added).
+
+    Built once per (strategy, span, shapes, options) and kept: a formula holds symbols only, no graph or cluster
+    figure, so one compile's planner, hybrid selection and schedule, and every later compile of the same
+    model, share it (building it is sympy work, evaluating it is numpy's: gnnc.passes.cost.evaluation)."""
+    key = tuple(sorted(options.items()))
+    try:
+        return _built_segment_cost(strategy_name, start, end, tuple(shapes), key)
+    except TypeError:  # an option that cannot be a key (a list): built afresh
+        return _build_segment_cost(strategy_name, start, end, shapes, **options)
+
+
+@functools.lru_cache(maxsize=16384)
+def _built_segment_cost(strategy_name: str, start: int, end: int, shapes: tuple[LayerShape, ...],
+                        options: tuple[tuple[str, Any], ...]) -> Cost:
+    return _build_segment_cost(strategy_name, start, end, shapes, **dict(options))
+
+
+def _build_segment_cost(strategy_name: str, start: int, end: int, shapes: Sequence[LayerShape],
+                        **options: Any) -> Cost:
     fn = _FORMULAS.get((strategy_name, "full"))
     if fn is None:
         raise ValueError(f"no cost formula for strategy {strategy_name!r}")

@@ -451,15 +451,21 @@ class Cost:
         return out
 
     def describe(self) -> str:
-        """The formulas as text, for `--explain` and the plan."""
-        lines = [f"{self.name}:"]
-        first_eval = len(self.stages) - self.evaluation
-        for k, stage in enumerate(self.stages):
-            what = "evaluation stage" if k >= first_eval else "time stage"
-            lines.append(f"  {what} {k} = max over workers i of {stage}")
-        lines.append(f"  bytes sent by worker i = {self.bytes}")
-        lines.append(f"  memory of worker i = {self.memory}")
-        return "\n".join(lines)
+        """The formulas as text, for `--explain` and the plan (printed once per cost: printing a deep
+        segment's sums is sympy sorting their terms, and the alternatives share segments)."""
+        return _described(self)
+
+
+@functools.lru_cache(maxsize=4096)
+def _described(cost: Cost) -> str:
+    lines = [f"{cost.name}:"]
+    first_eval = len(cost.stages) - cost.evaluation
+    for k, stage in enumerate(cost.stages):
+        what = "evaluation stage" if k >= first_eval else "time stage"
+        lines.append(f"  {what} {k} = max over workers i of {stage}")
+    lines.append(f"  bytes sent by worker i = {cost.bytes}")
+    lines.append(f"  memory of worker i = {cost.memory}")
+    return "\n".join(lines)
 
 
 ZERO = sympy.Integer(0)

@@ -1,0 +1,167 @@
+"""The planner evaluates its symbolic formulas numerically (issue 36, items 1-3).
+
+The formulas stay sympy expressions (they print, `--explain` solves them), but
+choose-strategy's search must not ask sympy to decide which term of a max
+dominates (an evaluating `Max`/`Min`: its assumption system took most of a deep
+model's compile), and a formula is built once per (segment, strategy) and kept.
+The fast path is checked against the reference path it replaced: every priced
+segment's evaluation stages are the ones `xreplace` builds, and its numbers are
+what substituting the figures into the formula gives, worker by worker.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import sympy
+from sympy.functions.elementary.miscellaneous import MinMaxBase
+
+import gnnc
+from conftest import EXAMPLES, random_graph
+from gnnc.ir.expr import as_expr
+from gnnc.passes import choose_strategy
+from gnnc.passes.cost import registry
+from gnnc.passes.cost.epoch import evaluation_of, forward_stages
+from gnnc.passes.cost.evaluation import table
+from gnnc.passes.cost.symbols import OP_SIDES, R_gemm, R_gemm_e, R_spmm, R_spmm_e, op_time
+from gnnc.plan.strategies import STRATEGIES
+
+
+@contextlib.contextmanager
+def counting_max_min() -> Iterator[dict[str, int]]:
+    """Count sympy Max/Min constructions: all of them, and those that evaluate (compare their arguments)."""
+    counts = {"all": 0, "evaluated": 0}
+    original = MinMaxBase.__new__
+
+    def counted(cls, *args, **kwargs):
+        counts["all"] += 1
+        if kwargs.get("evaluate", sympy.core.parameters.global_parameters.evaluate):
+            counts["evaluated"] += 1
+        return original(cls, *args, **kwargs)
+
+    MinMaxBase.__new__ = counted
+    try:
+        yield counts
+    finally:
+        MinMaxBase.__new__ = original
+
+
+def _search_counts(monkeypatch, model, graph, workers: int) -> dict[str, int]:
+    """Max/Min constructions inside choose-strategy's search (pricing, DP, report, crossovers) of one compile."""
+    seen: dict[str, int] = {}
+    search = choose_strategy.choose
+
+    def counted(*args, **kwargs):
+        with counting_max_min() as counts:
+            report = search(*args, **kwargs)
+        seen.update(counts)
+        return report
+
+    monkeypatch.setattr(choose_strategy, "choose", counted)
+    gnnc.compile(model, graph, workers=workers)
+    return seen
+
+
+def test_the_search_of_a_16_layer_model_builds_no_max(monkeypatch) -> None:
+    graph = random_graph(n=400, e=2400, f=16, c=4)
+    model = gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=16)
+    registry._built_segment_cost.cache_clear()
+    cold = _search_counts(monkeypatch, model, graph, 8)
+    # the first compile builds each formula once, its maxima as written: none compares its arguments
+    assert cold["evaluated"] == 0, cold
+    warm = _search_counts(monkeypatch, model, graph, 8)
+    # a formula holds no figure of the graph or the cluster: a second compile builds none
+    assert warm["all"] == 0, warm
+
+
+def _xreplace_evaluation(stages, layers: range):
+    """The evaluation stages as they were built before the fast renaming: sympy's xreplace."""
+    swap = {op_time(layer, side, "f"): op_time(layer, side, "e") for layer in layers for side in OP_SIDES}
+    swap.update({R_gemm: R_gemm_e, R_spmm: R_spmm_e})
+    return tuple(as_expr(s).xreplace(swap) for s in stages)
+
+
+def _symbolic(expr, values, workers: int) -> np.ndarray:
+    """`expr` per worker by substituting the figures into the formula (the reference path)."""
+    expr = as_expr(expr)
+    return np.array([float(expr.xreplace({s: sympy.Float(float(np.broadcast_to(values[s], (workers,))[i]))
+                                          for s in expr.free_symbols})) for i in range(workers)])
+
+
+CASES = [("gcn", {}), ("sage", {}), ("gat", {}), ("gin", {}), ("gcnii", {"layers": 4})]
+GRAPHS = {"random": lambda: random_graph(n=200, e=1200, f=24, c=4),
+          "rmat": lambda: gnnc.load_graph("rmat:n=600,deg=6,features=24,classes=4,seed=0")}
+
+
+def _differential(name: str, overrides: dict, graph, workers: int) -> None:
+    """Every segment the planner priced: fast evaluation stages == xreplace's, numbers == substitution's."""
+    model = gnnc.load_model(EXAMPLES / f"{name}.gnn", **overrides)
+    plan, report = plan_report(model, graph, workers)
+    priced = report.priced
+    p = priced.inputs.workers
+    checked = 0
+    for key, cost in priced.formulas.items():
+        start, end, strategy = key
+        if STRATEGIES[strategy].whole_model:
+            continue
+        layers = range(start, end)
+        assert cost.evaluation_stages == _xreplace_evaluation(forward_stages(cost, end - start)[:cost.evaluation],
+                                                              layers), key
+        values = table(priced.inputs, priced.extras[key])
+        value = priced.values[key]
+        want_time = sum(float(_symbolic(stage, values, p).max()) for stage in cost.stages)
+        assert value.time == pytest.approx(want_time, rel=1e-9), key
+        assert value.bytes == pytest.approx(float(_symbolic(cost.bytes, values, p).sum()), rel=1e-9, abs=1e-6), key
+        assert value.memory == pytest.approx(float(_symbolic(cost.memory, values, p).max()), rel=1e-9), key
+        checked += 1
+    assert checked >= 2
+    assert list(report.strategies) == [layer.attr("strategy") for layer in plan.program.graph_layers()]
+
+
+def plan_report(model, graph, workers: int):
+    """One compile's plan, and choose-strategy's report (with its PricedPlan) behind it."""
+    seen = {}
+    search = choose_strategy.choose
+
+    def keep(*args, **kwargs):
+        seen["report"] = search(*args, **kwargs)
+        return seen["report"]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(choose_strategy, "choose", keep)
+        plan = gnnc.compile(model, graph, workers=workers)
+    return plan, seen["report"]
+
+
+@pytest.mark.parametrize("name,overrides", [("gcn", {}), ("gat", {}), ("gcnii", {"layers": 4})],
+                         ids=["gcn", "gat", "gcnii4"])
+def test_fast_evaluation_agrees_with_the_symbolic_reference(name: str, overrides: dict) -> None:
+    _differential(name, overrides, GRAPHS["random"](), 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [2, 4, 8])
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+@pytest.mark.parametrize("name,overrides", CASES, ids=[c[0] for c in CASES])
+def test_fast_evaluation_agrees_on_every_example(name: str, overrides: dict, graph_name: str, workers: int) -> None:
+    _differential(name, overrides, GRAPHS[graph_name](), workers)
+
+
+def test_crossovers_are_numeric_and_their_equation_is_built_when_read() -> None:
+    from gnnc.passes.cost.crossovers import crossover
+    from gnnc.passes.cost.symbols import Cost, CostInputs, V, d
+    from gnnc.cluster import preset
+
+    x = d(1)
+    ones = np.ones(2)
+    inputs = CostInputs(np.array([1.0, 2.0]), ones, 0 * ones, 0 * ones, np.ones((2, 1)), np.ones((2, 1)),
+                        (8.0, 100.0), preset("neutronstar-ecs"))
+    first = [Cost("a", (sympy.Max(V * x, 50, evaluate=False),), 0, 0)]
+    second = [Cost("b", (x + 60,), 0, 0)]
+    with counting_max_min() as counts:
+        [cross] = crossover(first, second, x, inputs, 1.0, 1000.0)
+    assert counts["all"] == 0  # found on the compiled formulas
+    assert cross.value == pytest.approx(60.0, rel=1e-12) and cross.first_faster_above is False
+    assert sympy.simplify(cross.equation.lhs.subs(x, 60)) == 0  # the active piece, built now
