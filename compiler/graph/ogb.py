@@ -1,11 +1,12 @@
 """OGB node-property datasets as OGB's download leaves them on disk, read into arrays.
 
 Why this module exists: users come with `ogbn-*` directories that `ogb`
-(or PyG's `PygNodePropPredDataset`) downloaded, and the largest of them
-(ogbn-papers100M: 111M vertices, 1.6B edges) cannot be read line by line
-with np.loadtxt. The CSVs are read with pyarrow's multi-threaded CSV reader
-(gzip undone on the fly); the caller (`gnnc.graph.loaders`) validates the
-arrays and caches the result, so a directory is parsed once.
+(or PyG's `PygNodePropPredDataset`) downloaded, as large as ogbn-products
+(124M edge lines). The CSVs are read with pyarrow's CSV reader, which parses
+blocks on every core where np.loadtxt uses one (on this project's 2-core
+machine, shared, the two took about as long: 0.6-0.8 s for a million gzipped
+edge lines), with gzip undone on the fly; the caller (`gnnc.graph.loaders`)
+validates the arrays and caches the result, so a directory is parsed once.
 
 The layout (OGB's `ogb/io/read_graph_raw.py` and its README):
 
