@@ -606,6 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gnnc import convert_cli  # its body imports the graph store when the command runs
 
     convert_cli.add_parser(sub)
+    from gnnc import plot  # its body imports matplotlib when the command runs
+
+    plot.add_parser(sub)
     return p
 
 
