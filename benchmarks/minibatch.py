@@ -125,7 +125,7 @@ def _pipeline_run(graph, schedule: str, seed: int, epochs: int, tmp: Path, worke
     if workers > 1:
         summary = api.run_plan(plan, graph, cfg, metrics=str(metrics), want_logits=False)
     else:
-        summary = api.train_local(plan, graph, cfg, metrics=str(metrics)).summary()
+        summary = api.train_local(plan, graph, cfg, metrics=str(metrics)).to_json()
     losses: dict[tuple[int, int], float] = {}
     for rec in read_metrics(metrics):
         if rec.get("kind") == "minibatch":

@@ -7,6 +7,9 @@ The Python API mirrors the command line:
     graph = gnnc.load_graph("planetoid:cora")
     plan = gnnc.compile(model, graph)
     result = gnnc.run(plan, graph, epochs=200)
+    profile, path = gnnc.probe()  # measure this machine for the `local` cluster
+
+`compile`, `run` and `probe` are what `gnnc compile`, `gnnc run` and `gnnc probe` call.
 
 `import gnnc` loads nothing heavy: each name below is imported from its
 module the first time it is used, so `import gnnc.ir` (or `gnnc check`)
@@ -20,7 +23,7 @@ from typing import Any
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Model", "Plan", "check", "compile", "load_graph", "load_model", "load_model_source", "partition",
-                     "run"), "gnnc.api"),
+                     "probe", "run"), "gnnc.api"),
     "elaborate": "gnnc.frontend.elaborate",
     "to_torch": "gnnc.torch_module",
     "GnncError": "gnnc.errors",

@@ -12,14 +12,18 @@ not match what it states.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import sympy
 
-from gnnc.cluster import resolve_cluster
+from gnnc.cluster import ClusterProfile, KernelRate, default_probe_file, load_profile, resolve_cluster
 from gnnc.errors import GnncError, GnncWarning, PlanError
 from gnnc.graph import Graph
 from gnnc.graph.in_memory import as_graph
@@ -33,6 +37,7 @@ from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims,
                              load_model_source)  # (the API's names)
 from gnnc.passes.cost.epoch import epoch_costs
 from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.fit import fit_op_rates, fit_profile
 from gnnc.passes.cost.inputs import planning_inputs
 from gnnc.passes.cost.registry import segment_cost
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
@@ -53,6 +58,10 @@ from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, starte
 from gnnc.runtime.main_guard import check_main_guard
 from gnnc.runtime.minibatch import train_minibatch
 from gnnc.runtime.minibatch_dist import SampledJob, sampled_worker
+from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, PROBE_WIDTHS, across_ranks,
+                                kernel_rate_samples, machine_fields, probe as probe_machine, probe_layer_samples,
+                                probe_op_samples, timing_together)
+from gnnc.runtime.probe_network import links_then_machines, network_probe, profile_fields
 from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
 from gnnc.torch_module import to_torch  # noqa: F401  (the API's name: a trained model as a torch.nn.Module)
 
@@ -240,6 +249,105 @@ def _single_time(plan: Plan, graph: Any, profile, precision: str = DEFAULT_PRECI
     return sum(layers) + epoch_costs(plan.program, inputs)[1].time
 
 
+def probe(output: str | os.PathLike | None = None, threads: int | None = None, device: str = "cpu",
+          network: bool = False, base: str | os.PathLike | None = None,
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[ClusterProfile, Path] | None:
+    """`gnnc probe`: measure this machine (gnnc.runtime.probe), fit the cost model's figures to it
+    (gnnc.passes.cost.fit) and write the profile to `output` (by default the file `--cluster local` reads for
+    `device`); returns the profile and where it went.
+
+    `threads` per worker to measure with (by default what a one-process run uses). With `network`, this
+    process is one rank of a torchrun job and the profile is the job's machines' (`_probe_network`): rank 0
+    writes it and returns it, the others return None.
+    """
+    resolved = resolve_device(device)
+    threads = choose_threads(threads).threads  # what a one-process run would use
+    if network:
+        if resolved != "cpu":
+            raise GnncError(f"--network measures the links between CPU ranks with gloo, not --device {device}'s "
+                            "GPUs; to price GPUs on the measured network, run `gnnc probe --device cuda -o GPU.json` "
+                            "on one machine and pass --base GPU.json")
+        return _probe_network(output, threads, base, timeout_s)
+    measured = probe_machine(threads, resolved)
+    fitted = _fit_samples(_machine_samples(threads, resolved), measured["intra_bandwidth"])
+    profile = ClusterProfile.from_dict({**measured, **fitted}, "probe")
+    return profile, _save_profile(profile, Path(output) if output else default_probe_file(resolved))
+
+
+def _save_profile(profile: ClusterProfile, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    return path
+
+
+def _machine_samples(threads: int, device: str = "cpu", together: Callable[[], None] | None = None) -> dict:
+    """Every timing `_fit_samples` fits: each op class's (`probe_op_samples`), PROBE_MODEL's layers', the
+    kernels' at several widths. `together`: a barrier of the job's ranks, which then start each timing of a
+    layer at once (gnnc.runtime.probe.timing_together): those timings set the level of t_v and t_e, and a
+    job's ranks run the same layer at once. The kernels and single ops are timed without it: ranks in step
+    on every kernel overstate what sharing costs (2 emulated hosts: GAT's aggregation of 8 heads of 32 at
+    1.6 G/s against 3.5 G/s unsynchronised, a DepCache GAT epoch then predicted at 186 ms for 138
+    measured), as a run's ranks are in step on a layer but not on each of its kernels."""
+    features, hidden, classes = PROBE_OPS_WIDTHS
+    ops_model = load_model_source(PROBE_OPS_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
+    ops = probe_op_samples(lambda graph: compile(ops_model, graph).program, threads, device=device)
+    features, hidden, classes = PROBE_WIDTHS
+    model = load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
+    with timing_together(together) if together is not None else contextlib.nullcontext():
+        program, samples, forward = probe_layer_samples(lambda graph: compile(model, graph).program, threads,
+                                                        device=device)
+    return {"ops": ops, "program": program, "layers": samples, "forward": forward,
+            "kernels": kernel_rate_samples(threads, device)}
+
+
+def _fit_samples(timed: dict, bandwidth: float) -> dict:
+    """The cost model's rates fitted to `_machine_samples`' timings, the links at `bandwidth` (ClusterProfile
+    fields): op_rates, kernel_rates, NeutronStar's unit costs and t_v, t_e, t_c."""
+    return fit_profile(timed["program"], timed["layers"], PROBE_WIDTHS, bandwidth, fit_op_rates(timed["ops"]),
+                       timed["forward"], [KernelRate(**r) for r in timed["kernels"]])
+
+
+def _probe_network(output: str | os.PathLike | None, threads: int, base: str | os.PathLike | None,
+                   timeout_s: float) -> tuple[ClusterProfile, Path] | None:
+    """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
+
+    The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `base`
+    (a profile `gnnc probe` wrote) or, without it, from measuring the machines in the same job once the
+    links are done: every rank measures at once, as a job's ranks compute at once (ranks sharing cores or
+    memory see the rates a share gives), each timing of the probe's layers starting on every rank at the
+    same moment (`_machine_samples`), and the fit takes every rank's timings (`across_ranks`: each layer
+    the slowest rank's, each single op and kernel the median over the ranks); rank 0 writes the profile.
+    """
+    def time_machine(barrier: Callable[[], None]) -> tuple[dict, tuple[dict, Any]]:
+        machine, timed = machine_fields(threads), _machine_samples(threads, together=barrier)
+        return {k: v for k, v in timed.items() if k != "program"}, (machine, timed["program"])
+
+    if not started_by_torchrun():
+        raise GnncError("gnnc probe --network measures the links between the ranks of a torchrun job: start it "
+                        "with torchrun on every host (benchmarks/cluster/emulated.py probe does so for the "
+                        "emulated cluster)")
+    if not output:
+        raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
+    known = load_profile(base) if base else None  # read before the job: a bad file fails fast
+    result = join_torchrun(network_probe if known is not None else partial(links_then_machines,
+                                                                            time_machine=time_machine),
+                           timeout_s=timeout_s)
+    if result is None:
+        return None  # a rank other than 0: rank 0 writes the profile
+    if known is not None:
+        network = profile_fields(result)
+        profile = ClusterProfile.from_dict({**known.to_dict(), **network, "name": "measured", "t_c": None,
+                                            "unit_costs": []}, "probe")
+    else:
+        measured, (machine, program), every = result  # rank 0's kernel rates (machine), every rank's timings
+        network = profile_fields(measured)
+        profile = ClusterProfile.from_dict({**machine, **network, "name": "measured", "t_c": None}, "probe")
+        # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
+        fitted = _fit_samples({**across_ranks(every), "program": program}, profile.worker_bandwidth(network["workers"]))
+        profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
+    return profile, _save_profile(profile, Path(output))
+
+
 def partition(graph: Any, parts: int, method: str = "metis", seed: int = 0, **options: Any):
     """Partition a graph (anything `load_graph` takes) with one of gnnc.passes.partition's methods."""
     return partition_graph(load_graph(graph), parts, method, seed=seed, **options)
@@ -250,44 +358,69 @@ def partition_vertices(graph: Any, parts: int, method: str, seed: int = 0):
     return partition_graph(graph, parts, method, seed=seed).assignment
 
 
-def run(target: Plan | Model, graph: Any, epochs: int | None = None, seed: int = 0, lr: float | None = None,
-        weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int = 1,
+def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed: int = 0, lr: float | None = None,
+        weight_decay: float | None = None, progress: bool = False, on_epoch=None, nproc: int | None = None,
         strategy: str | None = None, partition: str | None = None, metrics: str | None = None,
         want_logits: bool = True, sampling: SamplingConfig | None = None, schedule: str | None = None,
         approximate: bool = False, pipeline_groups: int = 0, device: str = "cpu", precision: str | None = None,
-        threads: int | None = None):
-    """Train a plan (or a model, compiled first) on `graph`: in this process, or on `nproc` workers.
+        threads: int | str | None = None, memory_cap: int | None = None, checkpoint_dir: str | None = None,
+        checkpoint_every: int | None = None, resume: bool = False,
+        timeout_s: float | None = None) -> RunResult | None:
+    """Train a plan (or a model, compiled first for `nproc` workers) on `graph`: in this process, or on the
+    plan's workers. This is `gnnc run`: the CLI parses its flags into these arguments and prints the result.
 
-    `device`: cpu, cuda or auto (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16,
-    by default the plan's; `threads` per process, by default this process's torch count in one process and each
-    worker's share of the CPUs this process may use on several (`thread_settings`). Returns a RunResult either way (logits in global vertex order, on the host).
-    With nproc > 1 the workers are new processes started with 'spawn', which
+    `graph`: a spec, a Graph or anything `load_graph` takes; for a plan, by default the one it was compiled on
+    (a plan of several workers with its shards needs none). `device`: cpu, cuda or auto
+    (gnnc.runtime.device.resolve_device); `precision`: fp32, bf16 or fp16, by default the plan's; `threads`
+    per process: a count, "auto" for each process its share of the CPUs this one may use (`thread_settings`),
+    or None for this process's torch count in one process and "auto" on several. `checkpoint_dir`,
+    `checkpoint_every` and `resume` checkpoint the run; `timeout_s` bounds every collective of a distributed
+    one. Returns a RunResult either way (logits in global vertex order, on the host), None on a rank other
+    than 0 of a torchrun job.
+    With several workers they are new processes started with 'spawn', which
     imports the caller's main module again in each: a script must call this
     under `if __name__ == "__main__":` (gnnc refuses it otherwise, naming the line). `sampling` trains sampled minibatches.
     """
-    workers = target.workers if isinstance(target, Plan) else nproc
-    if workers > 1:
-        check_main_guard(workers)  # before the compile: a script without `if __name__ == "__main__":` fails fast
-    g = load_graph(graph)
-    plan = target if isinstance(target, Plan) else compile(target, g, workers=nproc, strategy=strategy,
-                                                             partition=partition, seed=seed,
-                                                             graph_spec=graph if isinstance(graph, str) else None,
-                                                             sampling=sampling, schedule=schedule,
-                                                             approximate=approximate,
-                                                             pipeline_groups=pipeline_groups,
-                                                             precision=precision or DEFAULT_PRECISION)
+    device = resolve_device(device)  # before anything is loaded: no GPU is a one-line exit 2
+    if isinstance(target, Plan):
+        plan, spec = target, graph if graph is not None else target.graph_spec
+        if plan.workers > 1:
+            check_main_guard(plan.workers)
+        g = None
+        if plan.shard_dir is None or plan.workers == 1:  # saved shards hold a distributed plan's graph
+            if spec is None:
+                raise GnncError("the plan names no graph; pass --graph G")
+            g = load_graph(spec)
+    else:
+        if nproc is not None and nproc > 1:
+            check_main_guard(nproc)  # before the compile: a script without `if __name__ == "__main__":` fails fast
+        if graph is None:
+            raise GnncError("gnnc run MODEL.gnn needs --graph G")
+        spec, g = graph, load_graph(graph)
+        if nproc is not None and nproc > g.num_nodes:  # every worker owns at least one vertex
+            raise GnncError(f"--nproc {nproc}: more workers than the graph's {g.num_nodes} vertices")
+        plan = compile(target, g, workers=nproc or 1, strategy=strategy, partition=partition, seed=seed,
+                       graph_spec=graph if isinstance(graph, str) else None, sampling=sampling, schedule=schedule,
+                       approximate=approximate, pipeline_groups=pipeline_groups, memory_cap=memory_cap,
+                       precision=precision or DEFAULT_PRECISION, device=device)
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
-                              progress=progress, device=resolve_device(device),
-                              precision=plan_precision(plan, precision),
+                              progress=progress, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                              resume=resume, device=device, precision=plan_precision(plan, precision),
                               # in this process without `threads`, the caller's torch count stands (a program or a
                               # benchmark may have set it); workers get their share
-                              **(thread_settings(threads, plan.workers) if threads or plan.workers > 1 else {}))
+                              **(thread_settings(None if threads == "auto" else threads, plan.workers)
+                                 if threads or plan.workers > 1 else {}))
     if plan.workers == 1:
         predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
         result = train_local(plan, g, cfg, metrics, on_epoch)
         result.predicted_peak_rss_bytes = int(predicted.peak)
-        return result
-    return run_plan(plan, graph if isinstance(graph, str) else g, cfg, metrics, want_logits)
+    else:
+        result = run_plan(plan, g if g is not None else spec, cfg, metrics, want_logits, timeout_s)
+        if result is None:
+            return None  # a rank other than 0 of a torchrun job: rank 0 reports
+    result.epochs, result.device, result.precision = cfg.epochs, cfg.device, cfg.precision
+    result.model = plan.program.name
+    return result
 
 
 def thread_settings(asked: int | None, workers: int) -> dict[str, Any]:
@@ -375,11 +508,8 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
             plan.shard_dir = None
 
 
-def _result(summary: dict[str, Any] | None, predicted=None) -> RunResult | None:
-    """Rank 0's summary as a RunResult, with the memory check's estimate of the largest process beside its peak."""
-    if summary is None:
-        return None
-    result = RunResult.from_summary(summary)
-    if predicted is not None:
+def _result(result: RunResult | None, predicted=None) -> RunResult | None:
+    """Rank 0's result, with the memory check's estimate of the largest process beside its peak."""
+    if result is not None and predicted is not None:
         result.predicted_peak_rss_bytes = int(predicted.peak)
     return result

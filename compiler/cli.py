@@ -7,13 +7,12 @@ JSON object summarising the command (docs/design.md section 9).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # only light modules here: every command, `gnnc --help` included, imports them (torch and sympy load later,
 # in the commands that need them)
@@ -24,7 +23,7 @@ from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.precision import PRECISIONS
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES, describe_assignment, names as strategy_names
-from gnnc.host import choose_threads, use_huge_pages
+from gnnc.host import use_huge_pages
 
 
 def _sets(values: list[str] | None) -> dict[str, str]:
@@ -161,89 +160,61 @@ def _resolve_device(spec: str, here: bool = True) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import torch
-
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
-    from gnnc.memory_check import check_run_memory
     from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.launch import started_by_torchrun
-    from gnnc.runtime.train import TrainConfig
 
-    device = _resolve_device(args.device)  # before anything is loaded: no GPU is a one-line exit 2
     if not started_by_torchrun() or os.environ.get("RANK") == "0":  # rank 0 alone writes them
         for flag, path in (("--metrics", args.metrics), ("--dump-logits", args.dump_logits)):
             if path:
                 writable_file(path, flag)  # now, not after training: a wrong path would lose the run
-
-    target = Path(args.target)
-    if target.is_dir():
-        plan = api.Plan.load(target)
+    options: dict[str, Any] = {}
+    if Path(args.target).is_dir():
+        target = api.Plan.load(args.target)
         if args.set or args.model_name:
             raise GnncError(f"{'--set' if args.set else '--model'} applies to a .gnn model; recompile the plan "
                             f"to change it")
-        check_run_flags(plan, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc,
+        check_run_flags(target, graph=args.graph, strategy=args.strategy, partition=args.partition, nproc=args.nproc,
                         fanout=args.fanout, batch_size=args.batch_size, schedule=args.schedule,
                         pipeline_groups=args.pipeline_groups)
         if args.memory_cap:
             raise GnncError("--memory-cap is decided when a plan is compiled; recompile it with --memory-cap")
-        spec = args.graph or plan.graph_spec
-        graph = None
-        if plan.shard_dir is None or plan.workers == 1:
-            if spec is None:
-                raise GnncError("the plan names no graph; pass --graph G")
-            graph = api.load_graph(spec)
     else:
         if not args.graph:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
-        spec = args.graph
-        graph = api.load_graph(spec)
-        if args.nproc is not None and args.nproc > graph.num_nodes:  # every worker owns at least one vertex
-            raise GnncError(f"--nproc {args.nproc}: more workers than the graph's {graph.num_nodes} vertices")
-        model = api.load_model(target, model=args.model_name, **_sets(args.set))
-        plan = api.compile(model, graph, workers=args.nproc or 1, strategy=args.strategy,
-                           partition=args.partition, seed=args.seed, graph_spec=spec,
-                           memory_cap=args.memory_cap, precision=args.precision or "fp32", device=device,
-                           **_sampled_options(args))
-    progress = args.progress or (not args.no_progress and sys.stderr.isatty())
+        target = api.load_model(args.target, model=args.model_name, **_sets(args.set))
+        options = {"nproc": args.nproc, "strategy": args.strategy, "partition": args.partition,
+                   "memory_cap": args.memory_cap, **_sampled_options(args)}
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
-    cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
-                              seed=args.seed, progress=progress, checkpoint_dir=args.checkpoint,
-                              checkpoint_every=args.checkpoint_every, resume=args.resume, device=device,
-                              precision=api.plan_precision(plan, args.precision),
-                              **api.thread_settings(args.threads, plan.workers))
-    if plan.workers > 1:
-        result = api.run_plan(plan, spec, cfg, metrics=args.metrics, want_logits=bool(args.dump_logits),
-                              timeout_s=args.timeout)
-        if result is None:
-            return 0  # a rank other than 0 of a torchrun job: rank 0 reports
-    else:
-        predicted = check_run_memory(plan, graph=graph)  # before the run allocates: refused if it cannot fit
-        result = api.train_local(plan, graph, cfg, metrics=args.metrics)
-        result.predicted_peak_rss_bytes = int(predicted.peak)
-    logits = result.logits
-    summary = result.summary()
-    summary["epochs"] = cfg.epochs
-    if summary["cpu_kernels"] not in ("", "compiled"):  # slower, never wrong: said once, not an error
-        print(f"note: CPU kernels: {summary['cpu_kernels']}", file=sys.stderr)
-    if summary["cpu_allocator"] not in ("", "block cache"):  # as the kernels: slower, said once
-        print(f"note: CPU allocator: {summary['cpu_allocator']}", file=sys.stderr)
-    summary["device"], summary["precision"] = cfg.device, cfg.precision
+    result = api.run(target, args.graph, epochs=args.epochs, seed=args.seed, lr=args.lr,
+                     weight_decay=args.weight_decay, metrics=args.metrics, want_logits=bool(args.dump_logits),
+                     progress=args.progress or (not args.no_progress and sys.stderr.isatty()),
+                     device=args.device, precision=args.precision, threads=args.threads or "auto",
+                     checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                     timeout_s=args.timeout, **options)
+    if result is None:
+        return 0  # a rank other than 0 of a torchrun job: rank 0 reports
+    if result.cpu_kernels not in ("", "compiled"):  # slower, never wrong: said once, not an error
+        print(f"note: CPU kernels: {result.cpu_kernels}", file=sys.stderr)
+    if result.cpu_allocator not in ("", "block cache"):  # as the kernels: slower, said once
+        print(f"note: CPU allocator: {result.cpu_allocator}", file=sys.stderr)
     if args.dump_logits:
+        import torch  # deferred: saving the logits needs torch (the run loaded it already)
+
         try:
-            torch.save(logits, args.dump_logits)
+            torch.save(result.logits, args.dump_logits)
         except OSError as err:
             raise write_failure(err, f"--dump-logits {args.dump_logits}") from None
     if args.json:
-        _emit_json(summary)
+        _emit_json(result.to_json())
     else:
-        name = graph.name if graph is not None else summary.get("graph", spec)
-        print(f"{plan.program.name} on {name} x{summary['world_size']} "
-              f"({describe_assignment(summary['strategies'])}): test acc {summary['test_acc']:.4f} "
-              f"(at best val {summary['val_acc']:.4f}, epoch {summary['best_epoch']}); final test acc "
-              f"{summary['final_test_acc']:.4f}; train loss {summary['train_loss']:.4f}; "
-              f"{summary['epoch_time_s'] * 1000:.1f} ms/epoch")
+        print(f"{result.model} on {result.graph or args.graph} x{result.world_size} "
+              f"({describe_assignment(result.strategies)}): test acc {result.test_acc:.4f} "
+              f"(at best val {result.val_acc:.4f}, epoch {result.best_epoch}); final test acc "
+              f"{result.final_test_acc:.4f}; train loss {result.train_loss:.4f}; "
+              f"{result.epoch_time_s * 1000:.1f} ms/epoch")
     return 0
 
 
@@ -295,137 +266,29 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    """Measure this machine (gnnc.runtime.probe), then fit the cost model's figures to it (gnnc.passes.cost.fit)."""
+    """Measure this machine, or under torchrun the job's machines and links (api.probe), and show the profile."""
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
-    from gnnc.cluster import ClusterProfile, default_probe_file
     from gnnc.passes.cost.fit import describe_unit_costs
 
-    device = _resolve_device(args.device)
-    threads = choose_threads(args.threads).threads  # what a one-process run would use
-    if args.network:
-        if device != "cpu":
-            raise GnncError(f"--network measures the links between CPU ranks with gloo, not --device {args.device}'s "
-                            "GPUs; to price GPUs on the measured network, run `gnnc probe --device cuda -o GPU.json` "
-                            "on one machine and pass --base GPU.json")
-        return _probe_network(args, threads)
-    from gnnc.runtime.probe import probe  # deferred: loads torch.distributed
-
-    measured = probe(threads, device)
-    fitted = _fit_machine(api, threads, measured["intra_bandwidth"], device)
-    profile = ClusterProfile.from_dict({**measured, **fitted}, "probe")
-    path = Path(args.output) if args.output else default_probe_file(device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    profile.save(path)
+    done = api.probe(args.output, args.threads, args.device, network=args.network, base=args.base,
+                     timeout_s=args.timeout)
+    if done is None:
+        return 0  # a rank other than 0 of `gnnc probe --network`: rank 0 writes the profile
+    profile, path = done
     print(profile.to_json(), end="")  # stdout stays the profile's JSON, for scripts
-    print(describe_unit_costs(profile), end="", file=sys.stderr)
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
-
-
-def _fit_machine(api, threads: int, bandwidth: float, device: str = "cpu") -> dict:
-    """Time this machine's ops (every op class, then PROBE_MODEL's layers) and fit the cost model's rates to
-    them: op_rates, kernel_rates, NeutronStar's unit costs and t_v, t_e, t_c at `bandwidth` (ClusterProfile
-    fields)."""
-    return _fit_samples(_machine_samples(api, threads, device), bandwidth)
-
-
-def _machine_samples(api, threads: int, device: str = "cpu", together: Callable[[], None] | None = None) -> dict:
-    """Every timing `_fit_samples` fits: each op class's (`probe_op_samples`), PROBE_MODEL's layers', the
-    kernels' at several widths. `together`: a barrier of the job's ranks, which then start each timing of a
-    layer at once (gnnc.runtime.probe.timing_together): those timings set the level of t_v and t_e, and a
-    job's ranks run the same layer at once. The kernels and single ops are timed without it: ranks in step
-    on every kernel overstate what sharing costs (2 emulated hosts: GAT's aggregation of 8 heads of 32 at
-    1.6 G/s against 3.5 G/s unsynchronised, a DepCache GAT epoch then predicted at 186 ms for 138
-    measured), as a run's ranks are in step on a layer but not on each of its kernels."""
-    # deferred: a command loads torch and the planner only when it needs them
-    from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, PROBE_WIDTHS,
-                                    kernel_rate_samples, probe_layer_samples, probe_op_samples, timing_together)
-
-    features, hidden, classes = PROBE_OPS_WIDTHS
-    ops_model = api.load_model_source(PROBE_OPS_MODEL, "<gnnc probe>", features=features, hidden=hidden,
-                                      classes=classes)
-    ops = probe_op_samples(lambda graph: api.compile(ops_model, graph).program, threads, device=device)
-    features, hidden, classes = PROBE_WIDTHS
-    model = api.load_model_source(PROBE_MODEL, "<gnnc probe>", features=features, hidden=hidden, classes=classes)
-    with timing_together(together) if together is not None else contextlib.nullcontext():
-        program, samples, forward = probe_layer_samples(lambda graph: api.compile(model, graph).program, threads,
-                                                        device=device)
-    return {"ops": ops, "program": program, "layers": samples, "forward": forward,
-            "kernels": kernel_rate_samples(threads, device)}
-
-
-def _fit_samples(timed: dict, bandwidth: float) -> dict:
-    """The cost model's rates fitted to `_machine_samples`' timings, the links at `bandwidth` (ClusterProfile
-    fields)."""
-    # deferred, as above
-    from gnnc.cluster import KernelRate
-    from gnnc.passes.cost.fit import fit_op_rates, fit_profile
-    from gnnc.runtime.probe import PROBE_WIDTHS
-
-    return fit_profile(timed["program"], timed["layers"], PROBE_WIDTHS, bandwidth, fit_op_rates(timed["ops"]),
-                       timed["forward"], [KernelRate(**r) for r in timed["kernels"]])
-
-
-def _probe_network(args: argparse.Namespace, threads: int) -> int:
-    """`gnnc probe --network`: one rank of a torchrun job; rank 0 writes the profile of the job's machines.
-
-    The links come from every rank (gnnc.runtime.probe_network); this host's own figures from `--base`
-    (a profile `gnnc probe` wrote) or, without it, from measuring the machines in the same job once the
-    links are done: every rank measures at once, as a job's ranks compute at once (ranks sharing cores or
-    memory see the rates a share gives), each timing of the probe's layers starting on every rank at the
-    same moment (`_machine_samples`), and the fit takes every rank's timings (`across_ranks`: each layer
-    the slowest rank's, each single op and kernel the median over the ranks); rank 0 writes the profile.
-    """
-    # deferred: a command loads torch and the planner only when it needs them
-    import torch.distributed as dist
-    from gnnc import api
-    from gnnc.cluster import ClusterProfile, load_profile
-    from gnnc.runtime.launch import join_torchrun, started_by_torchrun
-    from gnnc.runtime.probe import across_ranks, machine_fields
-    from gnnc.runtime.probe_network import network_probe, profile_fields
-
-    def links_then_machines(cfg) -> tuple | None:
-        measured = network_probe(cfg)
-        machine, timed = machine_fields(threads), _machine_samples(api, threads, together=dist.barrier)
-        every: list | None = [None] * cfg.world_size if cfg.rank == 0 else None
-        dist.gather_object({k: v for k, v in timed.items() if k != "program"}, every, dst=0)
-        return None if measured is None else (measured, machine, {**across_ranks(every), "program": timed["program"]})
-
-    if not started_by_torchrun():
-        raise GnncError("gnnc probe --network measures the links between the ranks of a torchrun job: start it "
-                        "with torchrun on every host (benchmarks/cluster/emulated.py probe does so for the "
-                        "emulated cluster)")
-    if not args.output:
-        raise GnncError("gnnc probe --network needs -o PROFILE.json (the profile of the job's machines, not of this one)")
-    base = load_profile(args.base) if args.base else None  # read before the job: a bad file fails fast
-    result = join_torchrun(network_probe if base is not None else links_then_machines, timeout_s=args.timeout)
-    if result is None:
-        return 0  # a rank other than 0: rank 0 writes the profile
-    if base is not None:
-        network = profile_fields(result)
-        profile = ClusterProfile.from_dict({**base.to_dict(), **network, "name": "measured", "t_c": None,
-                                            "unit_costs": []}, "probe")
+    if not args.network:
+        print(describe_unit_costs(profile), end="", file=sys.stderr)
     else:
-        measured, machine, timed = result  # rank 0's kernel rates (machine), every rank's timings (timed)
-        network = profile_fields(measured)
-        profile = ClusterProfile.from_dict({**machine, **network, "name": "measured", "t_c": None}, "probe")
-        # NeutronStar's T_c is a row's time on the links the ranks share, as the planner prices them
-        fitted = _fit_samples(timed, profile.worker_bandwidth(network["workers"]))
-        profile = ClusterProfile.from_dict({**profile.to_dict(), **fitted}, "probe")
-    path = Path(args.output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    profile.save(path)
-    print(profile.to_json(), end="")
-    inter = [link for link in profile.links if not link.same_host] or list(profile.links)
-    print(f"{len(profile.links)} links: bandwidth {min(x.bandwidth for x in inter) * 8 / 1e9:.3g}.."
-          f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
-          f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
-          f"idle (profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us per message "
-          f"as a step's exchanges pay it)", file=sys.stderr)
-    for c in profile.collectives:
-        print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
-              f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)
+        inter = [link for link in profile.links if not link.same_host] or list(profile.links)
+        print(f"{len(profile.links)} links: bandwidth {min(x.bandwidth for x in inter) * 8 / 1e9:.3g}.."
+              f"{max(x.bandwidth for x in inter) * 8 / 1e9:.3g} Gb/s, latency "
+              f"{min(x.latency for x in inter) * 1e6:.0f}..{max(x.latency for x in inter) * 1e6:.0f} us "
+              f"idle (profile: {profile.inter_bandwidth * 8 / 1e9:.3g} Gb/s, {profile.latency * 1e6:.0f} us per "
+              f"message as a step's exchanges pay it)", file=sys.stderr)
+        for c in profile.collectives:
+            print(f"{c.op}: {c.bytes / 2**20:.0f} MiB per rank in {c.seconds * 1e3:.1f} ms, "
+                  f"{c.bandwidth * 8 / 1e9:.3g} Gb/s sent per rank", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

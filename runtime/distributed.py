@@ -10,6 +10,7 @@ the single-process loss; parameter gradients are summed over ranks
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims
 from gnnc.runtime.implementations import exchange_implementation, implements_exchange
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.parts import PartRun, Parts, PartStream, run_split
-from gnnc.runtime.train import TrainConfig, Worker, fit
+from gnnc.runtime.train import RunResult, TrainConfig, Worker, fit
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class DistJob:
     train: TrainConfig
     metrics_path: str | None = None
     want_logits: bool = False
+
+    @functools.cached_property
+    def program(self) -> Program:
+        """The IR, parsed once in the rank that reads it (the job crosses to the rank as text)."""
+        return parse_ir(self.ir)
 
 
 def strategy_of(program: Program) -> set[str]:
@@ -339,7 +345,7 @@ class DistWorker(Worker):
     def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
         """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
         self.device = devices.start_rank(job.train.device, job.train.precision, cfg.local_rank, device)
-        program = parse_ir(job.ir)
+        program = job.program
         data = load_rank(job.shard_dir, cfg.rank, cfg.world_size)
         check_dims_fit(program, data.num_features, data.num_classes, data.graph_name)
         self.rank, self.world_size = cfg.rank, cfg.world_size
@@ -461,26 +467,27 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
             "bytes_by_op": sent}
 
 
-def worker(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
-    """One rank's training run; rank 0 returns the summary (and the logits in global order)."""
+def worker(cfg: DistConfig, job: DistJob) -> RunResult | None:
+    """One rank's training run; rank 0 returns the run's result (with the logits in global order)."""
     from gnnc.runtime.pipeline import PipelineWorker  # reason: a cycle; the pipeline's worker imports this module
 
-    return train_and_report(PipelineWorker(cfg, job) if is_pipeline(parse_ir(job.ir)) else DistWorker(cfg, job),
+    return train_and_report(PipelineWorker(cfg, job) if is_pipeline(job.program) else DistWorker(cfg, job),
                             cfg, job)
 
 
-def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> dict[str, Any] | None:
-    """Train rank `w` (`job`: train, metrics_path, want_logits); rank 0 returns the summary."""
+def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> RunResult | None:
+    """Train rank `w` (`job`: train, metrics_path, want_logits); rank 0 returns the run's result."""
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
-    summary, logits, history = fit(w, job.train, job.metrics_path)
+    result = fit(w, job.train, job.metrics_path)
     peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64, device=w.device)).cpu()
-    gathered = w.gather_logits(logits) if job.want_logits else None
+    gathered = w.gather_logits(result.logits) if job.want_logits else None
     if cfg.rank != 0:
         return None
-    return {**summary, "graph": w.graph_name, "world_size": cfg.world_size, "peak_rss_bytes": int(peak[0]),
-            "strategies": [layer.attr("strategy") for layer in w.program.graph_layers()],
-            "logits": gathered, "history": history}
+    result.logits, result.graph, result.world_size, result.peak_rss_bytes = (gathered, w.graph_name, cfg.world_size,
+                                                                             int(peak[0]))
+    result.strategies = [layer.attr("strategy") for layer in w.program.graph_layers()]
+    return result
 
 
 def _gather_rows(rows: torch.Tensor, ids: torch.Tensor, n: int, rank: int, world: int) -> torch.Tensor | None:

@@ -41,7 +41,9 @@ unless GLOO_SOCKET_IFNAME names one.
 
 A worker hands its result back as a file in the launcher's private temporary
 directory, written with torch.save and read with `torch.load(weights_only=True)`:
-tensors and plain containers only, so even that file is data, never code.
+tensors, plain containers and the RunResult a training rank returns (`RESULT_TYPES`,
+the one class the reader is allowed to build, from its fields), so even that file is
+data, never code.
 
 Exit codes keep one meaning in one process and in N: `WorkerFailedError`
 carries 2 only when the root cause is a worker's GnncError (bad input), and 1
@@ -83,6 +85,7 @@ from gnnc.runtime.kernels import native
 from gnnc.runtime.main_guard import check_main_guard
 from gnnc.runtime.netif import cannot_resolve, interface_toward
 from gnnc.runtime.peers import PeerTable, diagnose, exchange_addresses
+from gnnc.runtime.train import RunResult
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -821,9 +824,18 @@ class _TextOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused {module}.{name}: the error file holds text only")
 
 
+# what a worker may return besides plain data: dataclasses of plain fields, rebuilt from those fields on reading
+RESULT_TYPES = (RunResult,)
+
+
 def check_plain(value: Any, where: str = "the result") -> None:
-    """Raise TypeError unless `value` is tensors, numbers, strings, None, and lists, tuples and dicts of them."""
+    """Raise TypeError unless `value` is tensors, numbers, strings, None, and lists, tuples and dicts of them, or
+    one of RESULT_TYPES whose fields are."""
     if value is None or type(value) in (bool, int, float, str) or isinstance(value, torch.Tensor):
+        return
+    if type(value) in RESULT_TYPES:
+        for f in dataclasses.fields(value):
+            check_plain(getattr(value, f.name), f"{where}.{f.name}")
         return
     if type(value) in (list, tuple):
         for i, item in enumerate(value):
@@ -843,7 +855,8 @@ def _read_result(run_dir: Path, rank: int) -> Any:
     path = run_dir / f"result-{rank}.pt"
     if not path.exists():
         raise LaunchError(f"rank {rank} exited cleanly but left no result")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    with torch.serialization.safe_globals(list(RESULT_TYPES)):
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _signal_name(code: int) -> str:

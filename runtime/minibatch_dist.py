@@ -50,7 +50,7 @@ from gnnc.runtime.distributed import DistWorker, _gather_rows, train_and_report
 from gnnc.runtime.executor import ExecContext, check_dims_fit, init_params, init_state
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.minibatch import BlockRunner, Flight, MinibatchWorker, block_view
-from gnnc.runtime.train import TrainConfig
+from gnnc.runtime.train import RunResult, TrainConfig
 
 EVAL_CHUNK = 4096  # seeds per full-neighbourhood inference step (bounds the memory of evaluation)
 
@@ -242,8 +242,8 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
                             self.world_size)
 
 
-def sampled_worker(cfg: DistConfig, job: SampledJob) -> dict[str, Any] | None:
-    """One rank's sampled training run; rank 0 returns the summary (and the logits in global order)."""
+def sampled_worker(cfg: DistConfig, job: SampledJob) -> RunResult | None:
+    """One rank's sampled training run; rank 0 returns the run's result (with the logits in global order)."""
     return train_and_report(DistMinibatchWorker(cfg, job), cfg, job)
 
 

@@ -40,7 +40,6 @@ import torch.distributed as dist
 from gnnc.errors import PlanError
 from gnnc.ir import Eqn, Layer
 from gnnc.ir.dims import eval_dim
-from gnnc.ir.text import parse_ir
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.comm_ops import exchange_of
 from gnnc.plan.pipeline_shards import load_pipeline_rank
@@ -72,7 +71,7 @@ class PipelineWorker(Worker):
     def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
         """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
         self.device = devices.start_rank(job.train.device, job.train.precision, cfg.local_rank, device)
-        program = parse_ir(job.ir)
+        program = job.program
         sched = plan_pipeline.schedule_of(program)
         if sched is None or sched.workers != cfg.world_size:
             raise PlanError(f"the plan's pipeline does not run on {cfg.world_size} ranks")

@@ -197,6 +197,21 @@ def network_probe(cfg: DistConfig, nbytes: int = NETWORK_BYTES, repeats: int = R
             "collectives": collectives, "exchange_overhead": overhead}
 
 
+def links_then_machines(cfg: DistConfig, time_machine: Callable[[Callable[[], None]], tuple[dict, Any]]
+                        ) -> tuple[dict[str, Any], Any, list[dict]] | None:
+    """The links (`network_probe`), then every rank's machine timed at once, as a job's ranks compute at once.
+
+    `time_machine(barrier)` times this rank's machine, each timing of a layer started on every rank at the
+    same moment through `barrier`, and returns (what every rank sends rank 0, what only rank 0's is kept of).
+    Rank 0 returns (the links, its own kept part, every rank's sent part); the others None.
+    """
+    measured = network_probe(cfg)
+    sent, kept = time_machine(dist.barrier)
+    every: list | None = [None] * cfg.world_size if cfg.rank == 0 else None
+    dist.gather_object(sent, every, dst=0)
+    return None if measured is None else (measured, kept, every)
+
+
 def profile_fields(measured: dict[str, Any]) -> dict[str, Any]:
     """ClusterProfile fields from `network_probe`'s measurements (the machine's own figures come elsewhere)."""
     addresses = measured["addresses"]

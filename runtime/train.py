@@ -111,7 +111,11 @@ class TrainingDiverged(GnncError):
 
 @dataclass
 class RunResult:
-    """What a training run returns, from one process or from N (`gnnc.run`; `gnnc run --json` prints `summary()`).
+    """What a training run returns, from one process or from N (`gnnc.run`; `gnnc run --json` prints `to_json()`).
+
+    One type from the rank to the caller: `fit` makes it, the process that trained completes it (the one
+    process, or a distributed run's rank 0, whose launcher reads it back as data: gnnc.runtime.launch), and
+    gnnc.run returns it with the run's settings.
 
     `logits` are every vertex's, in global vertex order (None when a
     distributed run was asked not to gather them); `history` has one record
@@ -141,22 +145,21 @@ class RunResult:
     threads: int = 0  # torch's threads in the (first) process as it trained, and why that many (TrainConfig)
     threads_reason: str = ""
     wait_policy: str = ""  # the OpenMP wait policy the processes started with (gnnc.host.wait_policy)
+    epochs: int = 0  # the run's settings as resolved (TrainConfig), set by gnnc.run
+    device: str = ""
+    precision: str = ""
+    model: str = ""  # the program's name, set by gnnc.run for `gnnc run`'s line (not a field of its --json)
 
-    def summary(self) -> dict[str, Any]:
-        """Every field but the logits and the history (JSON-ready)."""
+    def to_json(self) -> dict[str, Any]:
+        """Every field but the logits, the history and the model's name (JSON-ready): what `gnnc run --json`
+        prints."""
         return {k: getattr(self, k) for k in SUMMARY_FIELDS}
-
-    @staticmethod
-    def from_summary(summary: dict[str, Any]) -> "RunResult":
-        """The result a distributed run's rank 0 returns as a dict (gnnc.runtime.distributed.worker)."""
-        return RunResult(**{k: summary[k] for k in SUMMARY_FIELDS if k in summary}, logits=summary.get("logits"),
-                         history=list(summary.get("history") or []))
 
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
                   "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels", "cpu_allocator",
-                  "threads", "threads_reason", "wait_policy")
+                  "threads", "threads_reason", "wait_policy", "epochs", "device", "precision")
 
 
 class Worker:
@@ -355,8 +358,9 @@ def check_trainable(worker: Worker, cfg: TrainConfig) -> None:
 
 def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         on_epoch: Callable[[dict[str, Any]], None] | None = None,
-        ) -> tuple[dict[str, Any], torch.Tensor, list[dict[str, Any]]]:
-    """Train; returns (summary, the owned rows' logits after the last epoch, history).
+        ) -> RunResult:
+    """Train; returns the run's result, whose logits are the owned rows' after the last epoch (where they were
+    computed) and which the caller completes with what only it knows (the graph's name, the strategies, ...).
 
     With `metrics_path`, every rank's EpochRecord (loss, accuracies, compute /
     communication / all-reduce time, bytes per op, peak RSS) is appended as
@@ -464,15 +468,15 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
         raise ValueError("training ran no epoch")
     best = max(history, key=lambda r: (r["val_acc"], -r["epoch"]))
     steady = history[1:] or history
-    summary = {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "final_test_acc": history[-1]["test_acc"],
-               "train_loss": history[-1]["loss"], "epoch_time_s": statistics.median(r["time_s"] for r in steady),
-               "eval_time_s": statistics.median(r.get("eval_time_s", 0.0) for r in steady),
-               "eval_bytes_sent_per_epoch": history[-1].get("eval_bytes_sent", 0),
-               "best_epoch": int(best["epoch"]), "bytes_sent_per_epoch": history[-1]["bytes_sent"],
-               # the training step's activation memory, largest over workers and epochs after the first
-               "activation_peak_bytes": max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
-               "cpu_kernels": native.status(), "cpu_allocator": block_cache.status(), **threads}
-    return summary, logits, history
+    return RunResult(test_acc=best["test_acc"], val_acc=best["val_acc"], final_test_acc=history[-1]["test_acc"],
+                     train_loss=history[-1]["loss"], epoch_time_s=statistics.median(r["time_s"] for r in steady),
+                     logits=logits, history=history, best_epoch=int(best["epoch"]),
+                     eval_time_s=statistics.median(r.get("eval_time_s", 0.0) for r in steady),
+                     eval_bytes_sent_per_epoch=history[-1].get("eval_bytes_sent", 0),
+                     bytes_sent_per_epoch=history[-1]["bytes_sent"],
+                     # the training step's activation memory, largest over workers and epochs after the first
+                     activation_peak_bytes=max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
+                     cpu_kernels=native.status(), cpu_allocator=block_cache.status(), **threads)
 
 
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
@@ -483,13 +487,7 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
 
     check_graph_inputs(graph.name, graph.stand_ins)
     check_class_labels(graph.y, graph.name)
-    summary, logits, history = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
-    return RunResult(summary["test_acc"], summary["val_acc"], summary["final_test_acc"], summary["train_loss"],
-                     summary["epoch_time_s"], logits.cpu(), history, summary["best_epoch"], graph=graph.name,
-                     strategies=[layer.attr("strategy", "local") for layer in program.graph_layers()],
-                     bytes_sent_per_epoch=summary["bytes_sent_per_epoch"], peak_rss_bytes=peak_rss_bytes(),
-                     activation_peak_bytes=summary["activation_peak_bytes"], eval_time_s=summary["eval_time_s"],
-                     eval_bytes_sent_per_epoch=summary["eval_bytes_sent_per_epoch"],
-                     cpu_kernels=summary["cpu_kernels"], cpu_allocator=summary["cpu_allocator"],
-                     threads=summary["threads"], threads_reason=summary["threads_reason"],
-                     wait_policy=summary["wait_policy"])
+    result = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
+    result.logits, result.graph, result.peak_rss_bytes = result.logits.cpu(), graph.name, peak_rss_bytes()
+    result.strategies = [layer.attr("strategy", "local") for layer in program.graph_layers()]
+    return result

@@ -1,44 +1,43 @@
-"""The tutorial through the Python API and through the CLI gives the same plan bytes and logits."""
+"""`gnnc run` is `gnnc.run`: the CLI parses its flags, calls api.run once and prints the RunResult it returns.
+
+The CLI used to repeat the API's run path (load, compile, TrainConfig, memory check, local or distributed run,
+result), and this file compared the two to keep them in step; there is one path now.
+"""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import torch
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES
 import gnnc
-from gnnc.runtime.train import RunResult
+from gnnc import api, cli
+from gnnc.runtime.train import SUMMARY_FIELDS
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "gnnc", *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert r.returncode == 0, r.stderr
-    return r
+def test_the_cli_runs_through_api_run(tmp_path, monkeypatch, capsys) -> None:
+    model = str(EXAMPLES / "gcn.gnn")
+    calls = []
+    real = api.run
 
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        result = real(*args, **kwargs)
+        calls.append(result)
+        return result
 
-def test_api_and_cli_agree(tmp_path) -> None:
-    model_path = str(EXAMPLES / "gcn.gnn")
-    # compile: same plan bytes
-    model = gnnc.load_model(model_path, hidden=32)
-    graph = gnnc.load_graph("planetoid:cora")
-    plan = gnnc.compile(model, graph, graph_spec="planetoid:cora")
-    plan.save(tmp_path / "api")
-    cli("compile", model_path, "--graph", "planetoid:cora", "--set", "hidden=32", "-o", str(tmp_path / "cli"))
-    assert (tmp_path / "api" / "plan.json").read_bytes() == (tmp_path / "cli" / "plan.json").read_bytes()
-    # run: same logits, one process
-    result = gnnc.run(plan, graph, epochs=5, seed=1)
-    cli("run", str(tmp_path / "cli"), "--epochs", "5", "--seed", "1", "--dump-logits", str(tmp_path / "l.pt"))
+    monkeypatch.setattr(api, "run", spy)
+    assert cli.main(["run", model, "--graph", "planetoid:cora", "--set", "hidden=32", "--epochs", "2", "--seed", "1",
+                     "--dump-logits", str(tmp_path / "l.pt"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(calls) == 2, "the CLI calls api.run once"
+    kwargs, result = calls
+    assert kwargs["epochs"] == 2 and kwargs["seed"] == 1 and kwargs["threads"] == "auto"
+    # what it prints is the RunResult api.run returned, as it is
+    assert printed == result.to_json() and set(printed) == set(SUMMARY_FIELDS)
+    assert printed["epochs"] == 2 and printed["device"] == "cpu" and printed["precision"] == "fp32"
     assert torch.equal(result.logits, torch.load(tmp_path / "l.pt"))
-    # and distributed, two workers
-    dist = gnnc.run(model, "planetoid:cora", nproc=2, strategy="depcomm", epochs=3, seed=1)
-    r = cli("run", model_path, "--graph", "planetoid:cora", "--set", "hidden=32", "--nproc", "2", "--strategy",
-            "depcomm", "--epochs", "3", "--seed", "1", "--dump-logits", str(tmp_path / "d.pt"), "--json")
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["world_size"] == 2 and summary["strategies"] == ["depcomm", "depcomm"]
-    assert torch.allclose(dist.logits, torch.load(tmp_path / "d.pt"), rtol=0, atol=0)
-    # one result type for one process and for N (issue 21, item 11), with the summary the CLI prints
-    assert type(result) is type(dist) is RunResult and (result.world_size, dist.world_size) == (1, 2)
-    assert result.summary().keys() == dist.summary().keys() and dist.strategies == ["depcomm", "depcomm"]
-    assert set(dist.summary()) <= set(summary) and dist.test_acc == summary["test_acc"]
+    # and the API called directly with the same settings trains the same model to the same logits
+    monkeypatch.setattr(api, "run", real)
+    again = gnnc.run(gnnc.load_model(model, hidden=32), "planetoid:cora", epochs=2, seed=1, threads="auto")
+    assert torch.equal(again.logits, result.logits) and again.test_acc == printed["test_acc"]

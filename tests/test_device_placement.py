@@ -131,8 +131,8 @@ def test_fit_reads_the_device_once_per_epoch() -> None:
         cfg = TrainConfig(progress=False, device=STANDIN.type, epochs=epochs)
         worker = Worker(program, graph, cfg)
         with sd.watch():
-            summary, _, history = fit(worker, cfg)
-    assert len(history) == epochs and 0 <= summary["test_acc"] <= 1
+            result = fit(worker, cfg)
+    assert len(result.history) == epochs and 0 <= result.test_acc <= 1
     reads = Counter(e.function for e in sd.events if e.kind == "read")
     # the training count before the first epoch, then the epoch's metrics: nothing else
     assert reads == {"train_vertices": 1, "epoch_metrics": epochs}, sd.problems()
