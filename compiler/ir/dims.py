@@ -18,7 +18,16 @@ from gnnc.ir.expr import parse_expr
 
 def eval_dim(d: Any, config: dict[str, Any]) -> int:
     """A symbolic dim's value under the program's configuration."""
-    val = dim(d).subs(_bound(config))
+    expr = dim(d)
+    # a number or one bound name (nearly every dim) without sympy's subs, which the planner's and the
+    # schedule's pricing called thousands of times on a deep model
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        bound = config.get(expr.name)
+        if isinstance(bound, int) and not isinstance(bound, bool):
+            return bound
+    val = expr.subs(_bound(config))
     if val.free_symbols:
         names = ", ".join(sorted(str(s) for s in val.free_symbols))
         raise GnncError(f"model parameter(s) {names} have no value: give a default or --set NAME=VALUE")
