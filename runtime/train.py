@@ -149,6 +149,9 @@ class RunResult:
     device: str = ""
     precision: str = ""
     model: str = ""  # the program's name, set by gnnc.run for `gnnc run`'s line (not a field of its --json)
+    # the trained weights and the ops' running state by IR name, on the host, after the last epoch (what
+    # `gnnc run --save-model` keeps; a pipeline's rank 0 holds only its stage's trained)
+    weights: dict[str, torch.Tensor] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Every field but the logits, the history and the model's name (JSON-ready): what `gnnc run --json`
@@ -476,7 +479,8 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                      bytes_sent_per_epoch=history[-1]["bytes_sent"],
                      # the training step's activation memory, largest over workers and epochs after the first
                      activation_peak_bytes=max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
-                     cpu_kernels=native.status(), cpu_allocator=block_cache.status(), **threads)
+                     cpu_kernels=native.status(), cpu_allocator=block_cache.status(), **threads,
+                     weights={name: t.detach().cpu() for name, t in {**params, **worker.state}.items()})
 
 
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,
