@@ -9,9 +9,11 @@ STAMP := $(VENV)/.installed
 
 # `make gpu-check` (a machine with an NVIDIA GPU): its own venv, so the CPU pin above stays for demo/test.
 # The venv sees the system's site-packages: a python that already holds a CUDA torch and triton keeps them;
-# otherwise pip installs PyPI's Linux torch, the CUDA build, with its triton (network, or PIP_FIND_LINKS).
+# otherwise pip installs PyPI's Linux torch, the CUDA build, with its triton (network, or PIP_FIND_LINKS). Where that
+# python is itself a venv (its site-packages are not the system's), name it: `make gpu-check GPU_VENV=/path/to/venv`.
 GPU_VENV ?= .venv-gpu
 GPU_BIN = $(GPU_VENV)/bin
+GPU_RESULTS ?= benchmarks/RESULTS-gpu.md
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -38,7 +40,7 @@ gpu-check:
 	@$(GPU_BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check: torch ' \
 		+ torch.__version__ + ' in $(GPU_VENV) sees no CUDA device (a CPU build?): install its CUDA build there')"
 	$(GPU_BIN)/python -m pytest -q -p no:cacheprovider -m gpu; tests=$$?; \
-		$(GPU_BIN)/python benchmarks/gpu_check.py -o benchmarks/RESULTS-gpu.md && exit $$tests
+		$(GPU_BIN)/python benchmarks/gpu_check.py -o $(GPU_RESULTS) && exit $$tests
 
 clean:
 	rm -rf $(VENV) $(GPU_VENV) build *.egg-info

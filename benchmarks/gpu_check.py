@@ -151,24 +151,33 @@ def main() -> None:
               f"- load average at the start: {load}; {os.cpu_count()} CPU cores", ""]
     if args.quick:
         lines += ["**--quick: small graphs; the targets below are not what the issue asks.**", ""]
+    out = Path(args.output)
+
+    def save() -> None:
+        # after every section: a run stopped by a time limit still leaves what it measured
+        out.write_text("\n".join(lines) + "\n")
+
     lines += ["## 1. SpMM", ""]
     wins: dict[str, list[bool]] = {}
     spmm_section(device, "uniform", small, args.quick, True, lines, wins)
+    save()
     spmm_section(device, "products scale", products, args.quick, False, lines, wins)  # PyG's [nnz, F] rows: too big
     faster = sorted(op for op, w in wins.items() if w and all(w))
     lines += [f"Triton faster than torch's path at every size measured: {', '.join(faster) or 'no op'} "
               f"(gnnc.runtime.kernels.TRITON_OPS should name {'these' if faster else 'none'}; it names "
               f"{sorted(_triton_ops()) or 'none'}).", ""]
+    save()
     lines += ["## 2. Epochs against PyG", ""]
     g = ["--n", str(small["n"]), "--m", str(small["m"]), "--features", "128", "--hidden", "128", "--heads", "8"]
     epoch_section(device, f"{small['n']:,} vertices, {small['m']:,} edges, F=128, hidden 128", g + epochs,
                   {"gcn": 4.0, "sage": 4.0, "gat": 3.0}, None, lines)
+    save()
     p = ["--n", str(products["n"]), "--m", str(products["m"]), "--features", "100", "--hidden", "256",
          "--classes", "47", "--heads", "8"]
     lines += ["## 3. Products scale, full graph", ""]
     epoch_section(device, f"{products['n']:,} vertices, {products['m']:,} edges, F=100, hidden 256, 47 classes",
                   p + epochs, None, 0.070, lines)
-    Path(args.output).write_text("\n".join(lines) + "\n")
+    save()
     print(f"wrote {args.output}")
 
 
