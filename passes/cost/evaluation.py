@@ -18,7 +18,7 @@ import sympy
 from sympy import Symbol
 
 from gnnc.ir.expr import as_expr
-from gnnc.passes.cost.symbols import CostInputs, Cost, per_worker
+from gnnc.passes.cost.symbols import CostInputs, Cost, Rows, per_worker
 
 
 Values = Mapping[Symbol, Any]
@@ -49,13 +49,15 @@ def _compiled(expr: sympy.Expr) -> Callable[..., np.ndarray]:
     fn, syms = numeric_function(expr)
 
     def run(values: Values, workers: int | None = None) -> np.ndarray:
-        missing = [s.name for s in syms if s not in values]
-        if missing:
-            raise KeyError(f"no value for {', '.join(missing)}")
         if workers is None:
             workers = max((np.shape(v)[0] for v in values.values() if np.ndim(v) == 1), default=1)
-        table = {s: _row(values[s], workers) for s in syms}
-        out = fn(table)
+        if isinstance(values, Rows) and all(s in values for s in syms):
+            out = fn(values)  # rows already (the planner's tables): read as they are, not copied per call
+        else:
+            missing = [s.name for s in syms if s not in values]
+            if missing:
+                raise KeyError(f"no value for {', '.join(missing)}")
+            out = fn({s: _row(values[s], workers) for s in syms})
         return np.array(np.broadcast_to(np.asarray(out, dtype=np.float64), (workers,)))
 
     return run
@@ -113,7 +115,7 @@ def table(inputs: CostInputs, extra: Values | None) -> Mapping[Symbol, Any]:
     """Every symbol's value per worker: the inputs' (`CostInputs.table`, shared, read-only), then `extra`'s."""
     if not extra:
         return inputs.table
-    return {**inputs.table, **per_worker(extra, inputs.workers)}
+    return Rows({**inputs.table, **per_worker(extra, inputs.workers)})
 
 
 def evaluate(expr: sympy.Expr, inputs: CostInputs, extra: Values | None = None) -> np.ndarray:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -362,10 +361,10 @@ class CostInputs:
                    shapes=tuple(shapes))
 
     @functools.cached_property
-    def table(self) -> Mapping[Symbol, np.ndarray]:
+    def table(self) -> Rows:
         """`values()` with every value one float64 entry per worker: what compiled formulas read
         (made once: the planner evaluates thousands of formulas on the same inputs)."""
-        return MappingProxyType(per_worker(self.values(), self.workers))
+        return per_worker(self.values(), self.workers)
 
     def values(self) -> dict[Symbol, np.ndarray | float]:
         """Every symbol the formulas use, mapped to its value (arrays for per-worker symbols)."""
@@ -476,7 +475,20 @@ def zero_cost(name: str) -> Cost:
     return Cost(name, (), ZERO, ZERO)
 
 
-def per_worker(values: Mapping[Symbol, Any], p: int) -> dict[Symbol, np.ndarray]:
+class Rows(dict):
+    """Symbol values, each one float64 entry per worker (`per_worker`'s), read-only: a compiled formula reads
+    them as they are, where another table's values are first made rows (gnnc.passes.cost.evaluation)."""
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a Rows table is shared and read-only; make a new one")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[type, tuple[dict[Symbol, np.ndarray]]]:  # a copy or pickle: built whole, not set
+        return (Rows, (dict(self),))
+
+
+def per_worker(values: Mapping[Symbol, Any], p: int) -> Rows:
     """Every value as one float64 entry per worker (scalars broadcast)."""
-    return {k: (np.broadcast_to(np.asarray(v, np.float64), (p,)) if np.ndim(v) == 0 else np.asarray(v, np.float64))
-            for k, v in values.items()}
+    return Rows({k: (np.broadcast_to(np.asarray(v, np.float64), (p,)) if np.ndim(v) == 0
+                     else np.asarray(v, np.float64)) for k, v in values.items()})
