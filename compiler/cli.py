@@ -166,7 +166,8 @@ def _run(args: argparse.Namespace) -> int:
     from gnnc.runtime.launch import started_by_torchrun
 
     if not started_by_torchrun() or os.environ.get("RANK") == "0":  # rank 0 alone writes them
-        for flag, path in (("--metrics", args.metrics), ("--dump-logits", args.dump_logits)):
+        for flag, path in (("--metrics", args.metrics), ("--dump-logits", args.dump_logits),
+                           ("--save-model", args.save_model)):
             if path:
                 writable_file(path, flag)  # now, not after training: a wrong path would lose the run
     options: dict[str, Any] = {}
@@ -207,6 +208,10 @@ def _run(args: argparse.Namespace) -> int:
             torch.save(result.logits, args.dump_logits)
         except OSError as err:
             raise write_failure(err, f"--dump-logits {args.dump_logits}") from None
+    if args.save_model:
+        from gnnc.saved_model import save_model  # deferred: as the run's modules above
+
+        save_model(args.save_model, target, args.graph, result.weights, result.graph)
     if args.json:
         _emit_json(result.to_json())
     else:
@@ -420,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint-every", type=whole_number(1), default=10, metavar="K")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     c.add_argument("--dump-logits", metavar="FILE.pt")
+    c.add_argument("--save-model", metavar="M", help="write the trained model (source, IR, graph schema, weights) "
+                                                     "for `gnnc predict M` and gnnc.to_torch")
     c.add_argument("--device", default="cpu", metavar="cpu|cuda|auto",
                    help="cpu, cuda (exit 2 without a GPU; with --nproc N rank r takes GPU r and NCCL) or auto "
                         "(cuda when a GPU is present)")
@@ -472,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gnnc import plot  # its body imports matplotlib when the command runs
 
     plot.add_parser(sub)
+    from gnnc import predict_cli  # its body imports the saved model and torch when the command runs
+
+    predict_cli.add_parser(sub)
     return p
 
 

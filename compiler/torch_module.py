@@ -12,8 +12,9 @@ trains them like any module's. In training mode its dropout draws gnnc's counter
 (`seed`, the number of training calls so far): the n-th training call draws what epoch n of a gnnc run with
 that seed draws.
 
-The weights come from where a user has them (`load_weights`): a dict of tensors by IR name, or a checkpoint
-directory or file that `gnnc run --checkpoint` wrote (its rank 0 file: every rank holds every weight). A
+The weights come from where a user has them (`load_weights`): a dict of tensors by IR name, a checkpoint
+directory or file that `gnnc run --checkpoint` wrote (its rank 0 file: every rank holds every weight), or a
+model file that `gnnc run --save-model` wrote (gnnc.saved_model). A
 weight missing, left over or of another shape is refused naming it: such weights belong to another model, or
 to this one at another width.
 
@@ -40,7 +41,7 @@ from gnnc.model_file import Model
 from gnnc.plan.plan_file import Plan
 from gnnc.runtime import device as devices
 from gnnc.runtime import rng
-from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, forward, graph_inputs, init_state
+from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, graph_inputs, init_state
 
 # where the running state of ops (batch_norm's statistics) sits among the module's buffers
 STATE = "state"
@@ -74,6 +75,28 @@ class GnncModule(torch.nn.Module):
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         check_dims_fit(self.program, int(x.shape[-1]), 0, "to_torch")
         graph, views = self._views(x, edge_index, edge_weight)
+        return self._run(graph, views, x.device)
+
+    def predict(self, graph: Graph, output: str | None = None) -> torch.Tensor:
+        """`gnnc predict`'s: in evaluation mode, on a gnnc Graph (its edge data all there), every vertex's logits,
+        or the output of the layer named `output` (`l0`: the first graph layer's embeddings), or the vertex value
+        of the IR of that name."""
+        if output is not None:
+            output = value_named(self.program, output)
+        check_dims_fit(self.program, graph.num_features, 0, graph.name)
+        edge_data.check_fits(self.program, graph.edge_data, graph.name, self._config)
+        views = {v: GraphView.build(graph, v) for v in sorted({layer.edges for layer in self.program.graph_layers()})}
+        was = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                return self._run(graph, views, torch.device("cpu"), output)
+        finally:
+            self.train(was)
+
+    def _run(self, graph: Graph, views: dict[str, GraphView], device: torch.device,
+             output: str | None = None) -> torch.Tensor:
+        """The logits (or the value `output`) of the program on `graph` with this module's weights."""
         params = {name: self.get_parameter(name) for name in self._names}
         state = {name: self.get_buffer(f"{STATE}.{name}") for name in self._state_names}
         if self.training:
@@ -81,12 +104,17 @@ class GnncModule(torch.nn.Module):
             self.steps += 1
         else:
             key = 0  # no dropout draws in evaluation
-        ctx = ExecContext(views, torch.arange(x.shape[0], device=x.device), self._config, self.training,
-                          lambda i: rng.stream_key(key, i), 1.0, state=state)
+        # A value other than the logits is kept past its last reader, and read from equations run one by one:
+        # a fused chain computes its inner values nowhere and may write its result over its input.
+        interp = self._interp if output is None else _Keeping(self.program, output)
+        ctx = ExecContext(views, torch.arange(graph.num_nodes, device=device), self._config, self.training,
+                          lambda i: rng.stream_key(key, i), 1.0, state=state, fuse=output is None)
         # the features as gnnc holds them (sparse when few are nonzero); labels and masks only for the loss
-        inputs = {k: t.to(x.device) for k, t in graph_inputs(graph).items()}
-        logits, _ = forward(self._interp, params, inputs, ctx)
-        return logits
+        inputs = {k: t.to(device) for k, t in graph_inputs(graph).items()}
+        env = dict(inputs)
+        for layer in self.program.layers:
+            interp.run_layer(layer, env, params, ctx)
+        return env[self.program.logits.name if output is None else output]
 
     def _views(self, x: torch.Tensor, edge_index: torch.Tensor,
                edge_weight: torch.Tensor | None) -> tuple[Graph, dict[str, GraphView]]:
@@ -104,6 +132,37 @@ class GnncModule(torch.nn.Module):
         self._graph = (edge_index, edge_index._version, edge_weight, getattr(edge_weight, "_version", None),
                        graph, views)
         return graph, views
+
+
+class _Keeping(Interpreter):
+    """An interpreter that keeps the value `keep` in its environment after its last reader has run."""
+
+    def __init__(self, program: Program, keep: str):
+        super().__init__(program)
+        self.keep = keep
+
+    def drop_dead(self, env: dict[str, Any], layer: Any, k: int | None = None) -> None:
+        kept = env.get(self.keep)
+        super().drop_dead(env, layer, k)
+        if kept is not None:
+            env[self.keep] = kept
+
+
+def value_named(program: Program, name: str) -> str:
+    """The vertex value `predict --output NAME` names: a layer's output (NAME a layer: l0, l1, d1, ...) or the
+    value of that name; GnncError listing the layers otherwise."""
+    layers = {layer.name: layer.outputs[0].name for layer in program.layers
+              if layer.outputs and layer.outputs[0].type is not None and layer.outputs[0].type.domain == "vertex"}
+    if name in layers:
+        return layers[name]
+    values = {v.name for v in program.inputs if v.type is not None and v.type.domain == "vertex"}
+    values.update(o.name for layer in program.layers for e in layer.eqns for o in e.outs
+                  if o.type is not None and o.type.domain == "vertex")
+    if name not in values:
+        raise GnncError(f"--output {name}: model {program.name} has no layer or vertex value of that name (its "
+                        f"layers: {', '.join(layers)}; or the name of a vertex value of its IR, which `gnnc inspect "
+                        "PLAN --format ir` shows)")
+    return name
 
 
 def _graph(program: Program, x: torch.Tensor, edge_index: torch.Tensor, edge_weight: torch.Tensor | None) -> Graph:
@@ -172,13 +231,14 @@ def _add(module: torch.nn.Module, name: str, value: torch.Tensor, buffer: bool =
 
 def load_weights(source: Any, program: Program) -> dict[str, torch.Tensor]:
     """The weights (and op state) by IR name from `source`: a dict of tensors by IR name, a checkpoint
-    directory or `.ckpt` file of `gnnc run --checkpoint`."""
+    directory or `.ckpt` file of `gnnc run --checkpoint`, or a model file of `gnnc run --save-model`."""
     if isinstance(source, Mapping):
         return dict(source)
     if isinstance(source, (str, os.PathLike)):
         return _from_file(Path(source), program)
     raise GnncError(f"to_torch: cannot take weights from a {type(source).__name__}: give a dict of tensors by IR "
-                    "name, or a checkpoint directory or file (gnnc run --checkpoint)")
+                    "name, a checkpoint directory or file (gnnc run --checkpoint) or a saved model "
+                    "(gnnc run --save-model)")
 
 
 def _from_file(path: Path, program: Program) -> dict[str, torch.Tensor]:
@@ -200,9 +260,14 @@ def _from_file(path: Path, program: Program) -> dict[str, torch.Tensor]:
     except OSError as err:
         raise GnncError(f"{path}: cannot read it ({err.strerror})") from None
     if head != MAGIC:
-        raise GnncError(f"{path}: not a gnnc checkpoint (give the directory or a .ckpt file of "
-                        "`gnnc run --checkpoint DIR`)")
-    return checkpoint_weights(load_state(path)["model"], program, path)
+        from gnnc.saved_model import load_saved  # deferred: a cycle, gnnc.saved_model builds on this module
+
+        return load_saved(path).weights
+    state = load_state(path)
+    if "pipeline" in (state.get("fingerprint") or {}).get("strategies", []):
+        raise GnncError(f"checkpoint {path}: a pipeline's ranks each hold their own stage's trained weights, "
+                        "and rank 0's file has only its own; train without the pipeline strategy to use them")
+    return checkpoint_weights(state["model"], program, path)
 
 
 def checkpoint_weights(saved: Mapping[str, torch.Tensor], program: Program, where: Path) -> dict[str, torch.Tensor]:
