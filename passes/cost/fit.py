@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from gnnc.cluster import OP_CLASSES, KernelRate, OpRate, kernel_slowdown
 from gnnc.ir import Program
@@ -67,6 +66,10 @@ def fit_unit_costs(vertices: Sequence[float], edges: Sequence[float], seconds: S
 def _nnls_scaled(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """NNLS on columns scaled to unit norm: V, E and 1 differ by orders of magnitude, which would
     otherwise decide the solver's tolerance for the small columns."""
+    # deferred: scipy.optimize is a heavy import that only `gnnc probe`'s fit uses, and every compile and run
+    # imports this module with the cost model
+    from scipy.optimize import nnls
+
     norms = np.linalg.norm(a, axis=0)
     norms[norms == 0] = 1.0
     coef, _ = nnls(a / norms, y)
