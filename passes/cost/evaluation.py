@@ -51,13 +51,14 @@ def _compiled(expr: sympy.Expr) -> Callable[..., np.ndarray]:
     def run(values: Values, workers: int | None = None) -> np.ndarray:
         if workers is None:
             workers = max((np.shape(v)[0] for v in values.values() if np.ndim(v) == 1), default=1)
-        if isinstance(values, Rows) and all(s in values for s in syms):
-            out = fn(values)  # rows already (the planner's tables): read as they are, not copied per call
-        else:
-            missing = [s.name for s in syms if s not in values]
-            if missing:
-                raise KeyError(f"no value for {', '.join(missing)}")
-            out = fn({s: _row(values[s], workers) for s in syms})
+        missing = [] if isinstance(values, Rows) else [s.name for s in syms if s not in values]
+        if missing:
+            raise KeyError(f"no value for {', '.join(missing)}")
+        try:
+            # rows already (the planner's tables) are read as they are, not copied per call
+            out = fn(values if isinstance(values, Rows) else {s: _row(values[s], workers) for s in syms})
+        except KeyError:
+            raise KeyError(f"no value for {', '.join(s.name for s in syms if s not in values)}") from None
         return np.array(np.broadcast_to(np.asarray(out, dtype=np.float64), (workers,)))
 
     return run

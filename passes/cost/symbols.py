@@ -240,8 +240,9 @@ class LayerShape:
         subs = {d(i): float(w) for i, w in enumerate(dims)}
         subs.update({heads(i): float(h) for i, h in enumerate(n_heads)})
         subs.setdefault(heads(layer), 1.0)
-        k, n = float(d(layer).subs(subs)), float(self.out_width(layer).subs(subs))
-        width, per_head = float(self.width(layer).subs(subs)), 0.0
+        # xreplace, not subs: subs tries every entry of `subs` (two per layer of the model) on the expression
+        k, n = float(d(layer).xreplace(subs)), float(self.out_width(layer).xreplace(subs))
+        width, per_head = float(self.width(layer).xreplace(subs)), 0.0
         if self.attention:
             per_head = subs[heads(layer)]
             width /= per_head

@@ -34,7 +34,8 @@ class Selection:
     formula: Any = None  # the Cost that priced it: the hybrid formula, or depcache's for cache-all
 
 
-def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int, formula=None) -> Selection:
+def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int, formula=None,
+           cache_all_value=None) -> Selection:
     """Algorithm 4 over graph layers [start, end), unless communicating or caching everything predicts less.
 
     Each candidate is priced as the runtime will execute it, so the segment
@@ -47,7 +48,8 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     subtrees twice (an upper bound fit for Algorithm 4's choices, not for
     pricing). Hence a Hybrid segment never predicts more than DepComm, nor
     than DepCache where DepCache fits `memory_cap` (issue 16). Ties keep the
-    greedy's. `formula`: the hybrid formula when the caller has built it already.
+    greedy's. `formula`: the hybrid formula when the caller has built it already; `cache_all_value`: DepCache's
+    value on [start, end) when the caller has priced it already (the planner prices each segment once).
     """
     world = inputs.workers
     unit = hybrid_unit_costs(inputs, start, shapes[start:end])
@@ -67,7 +69,7 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     for cand in candidates:
         if cand.source == "cache-all":
             values, cost = None, cache_all
-            value = compile_cost(cost)(inputs)
+            value = cache_all_value if cache_all_value is not None else compile_cost(cost)(inputs)
             if value.memory > cap:
                 continue  # the DP would refuse the segment: leave the choice to the selections that fit
         else:

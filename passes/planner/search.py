@@ -111,7 +111,8 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             cost = planner_cost(s, start, end, shapes[start:end])
             extra = None
             if sd.rows == "selected" and user_cost(s) is None:  # priced with the selection select-hybrid makes
-                chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost)
+                chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost,
+                                values.get((start, end, "depcache")))
                 extra, value, cost = chosen.values, chosen.value, chosen.formula
             else:
                 value = evaluate_cost(cost, inputs, extra)
