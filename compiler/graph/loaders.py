@@ -315,7 +315,7 @@ def _labels(ya: np.ndarray, n: int, source: str) -> tuple[np.ndarray, np.ndarray
         ya = np.where(missing, UNLABELLED, ya).astype(np.int64)
         labelled = ~missing
     else:
-        ya = ya.astype(np.int64)
+        ya = ya.astype(np.int64, copy=False)  # int64 already (a stand-in): no second copy, which no check budgets
         labelled = None
     values = ya if labelled is None else ya[labelled]
     if len(values) and int(values.min()) < 0:
