@@ -20,7 +20,6 @@ import io
 import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

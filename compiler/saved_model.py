@@ -118,4 +118,4 @@ def load_saved(path: str | Path) -> SavedModel:
 def predict(saved: SavedModel, graph: Any, output: str = "logits") -> np.ndarray:
     """`gnnc predict`'s values: every vertex's logits, or the vertex value `output`, on `graph` (a spec, or
     anything gnnc.load_graph takes)."""
-    return saved.module().predict(load_graph(graph), None if output == "logits" else output).numpy()
+    return saved.module().predict(load_graph(graph), None if output == "logits" else output).cpu().numpy()

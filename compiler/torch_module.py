@@ -85,12 +85,14 @@ class GnncModule(torch.nn.Module):
             output = value_named(self.program, output)
         check_dims_fit(self.program, graph.num_features, 0, graph.name)
         edge_data.check_fits(self.program, graph.edge_data, graph.name, self._config)
-        views = {v: GraphView.build(graph, v) for v in sorted({layer.edges for layer in self.program.graph_layers()})}
+        device = next(self.parameters(), torch.zeros(0)).device  # where the module is (`.cuda()` moves it)
+        views = {v: devices.place(GraphView.build(graph, v), device)
+                 for v in sorted({layer.edges for layer in self.program.graph_layers()})}
         was = self.training
         self.eval()
         try:
             with torch.no_grad():
-                return self._run(graph, views, torch.device("cpu"), output)
+                return self._run(graph, views, device, output)
         finally:
             self.train(was)
 

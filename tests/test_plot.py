@@ -33,7 +33,8 @@ def run_file(tmp_path_factory) -> tuple[Path, list[dict]]:
     return path, result.history
 
 
-def record(epoch: int, rank: int, loss: float, compute: float, comm: float, allreduce: float, pipe: float = 0.0) -> dict:
+def record(epoch: int, rank: int, loss: float, compute: float, comm: float, allreduce: float,
+           pipe: float = 0.0) -> dict:
     """An EpochRecord's JSON as a rank of a run on two processes writes it."""
     return {"epoch": epoch, "rank": rank, "world_size": 2, "loss": loss, "train_acc": 0.5, "val_acc": 0.1 * epoch,
             "test_acc": 0.2, "epoch_s": compute + comm + allreduce, "compute_s": compute, "comm_s": comm,

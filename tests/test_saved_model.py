@@ -110,7 +110,8 @@ def test_what_is_not_a_saved_model_is_exit_2(tmp_path: Path, capsys) -> None:
 
 def test_weights_of_another_width_are_refused(saved) -> None:
     wide = gnnc.load_model(EXAMPLES / "sage.gnn", features=16, classes=4, hidden=32)
-    with pytest.raises(GnncError, match=r"weight l0\.linear0\.weight has shape \[16, 16\] but the model's is \[16, 32\]"):
+    with pytest.raises(GnncError, match=r"weight l0\.linear0\.weight has shape \[16, 16\] but the model's is "
+                                        r"\[16, 32\]"):
         gnnc.to_torch(wide, saved[0])
 
 
