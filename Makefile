@@ -36,7 +36,7 @@ gpu-check:
 	@nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || \
 		{ echo "make gpu-check: no CUDA device (nvidia-smi lists no NVIDIA GPU); run it on a machine with one" >&2; exit 2; }
 	test -x $(GPU_BIN)/python || $(PY) -m venv --system-site-packages $(GPU_VENV)
-	$(GPU_BIN)/pip install -q --no-build-isolation -e '.[test,triton]'
+	$(GPU_BIN)/python -m pip install -q --no-build-isolation -e '.[test,triton]'
 	@$(GPU_BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check: torch ' \
 		+ torch.__version__ + ' in $(GPU_VENV) sees no CUDA device (a CPU build?): install its CUDA build there')"
 	$(GPU_BIN)/python -m pytest -q -p no:cacheprovider -m gpu; tests=$$?; \
