@@ -67,11 +67,11 @@ def time_curve(costs: Sequence[Cost], inputs: CostInputs, symbol: Symbol,
     call per stage; and whether the time depends on `symbol` at all."""
     p = inputs.workers
     stages = [numeric_function(as_expr(stage)) for cost in costs for stage in cost.stages]
-    grid = {s: np.asarray(v, np.float64).reshape(p, 1) for s, v in table(inputs, extra).items() if s != symbol}
+    grid = {s.name: np.asarray(v, np.float64).reshape(p, 1) for s, v in table(inputs, extra).items() if s != symbol}
 
     def at(xs: np.ndarray) -> np.ndarray:
         xs = np.asarray(xs, np.float64)
-        grid[symbol] = xs.reshape(1, -1)
+        grid[symbol.name] = xs.reshape(1, -1)
         total = np.zeros(xs.shape)
         for fn, _ in stages:
             total += np.broadcast_to(np.asarray(fn(grid), np.float64), (p, xs.size)).max(axis=0)

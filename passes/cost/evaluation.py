@@ -35,16 +35,17 @@ def compile_expr(expr: sympy.Expr) -> Callable[..., np.ndarray]:
     return _compiled(as_expr(expr))
 
 
-@functools.lru_cache(maxsize=8192)
-def numeric_function(expr: sympy.Expr) -> tuple[Callable[[Mapping[Symbol, Any]], Any], tuple[Symbol, ...]]:
+# a 64-layer model's spans hold some 12,000 distinct stage expressions: all kept for a second compile
+@functools.lru_cache(maxsize=32768)
+def numeric_function(expr: sympy.Expr) -> tuple[Callable[[Mapping[str, Any]], Any], tuple[Symbol, ...]]:
     """`expr` walked once into nested numpy calls (`_numeric`), and its free symbols by name: the function reads
-    its symbols' values from a table and broadcasts as numpy does (one value per worker, or a [workers, points]
-    grid: gnnc.passes.cost.crossovers samples a formula along one symbol in one call)."""
+    its symbols' values from a table keyed by their names and broadcasts as numpy does (one value per worker,
+    or a [workers, points] grid: gnnc.passes.cost.crossovers samples a formula along one symbol in one call)."""
     expr = as_expr(expr)
     return _numeric(expr), tuple(sorted(expr.free_symbols, key=lambda s: s.name))
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=32768)
 def _compiled(expr: sympy.Expr) -> Callable[..., np.ndarray]:
     fn, syms = numeric_function(expr)
 
@@ -56,7 +57,8 @@ def _compiled(expr: sympy.Expr) -> Callable[..., np.ndarray]:
             raise KeyError(f"no value for {', '.join(missing)}")
         try:
             # rows already (the planner's tables) are read as they are, not copied per call
-            out = fn(values if isinstance(values, Rows) else {s: _row(values[s], workers) for s in syms})
+            out = fn(values.by_name if isinstance(values, Rows)
+                     else {s.name: _row(values[s], workers) for s in syms})
         except KeyError:
             raise KeyError(f"no value for {', '.join(s.name for s in syms if s not in values)}") from None
         return np.array(np.broadcast_to(np.asarray(out, dtype=np.float64), (workers,)))
@@ -84,7 +86,8 @@ def _numeric(expr: sympy.Expr) -> Callable[[Mapping[Symbol, np.ndarray]], Any]:
     evaluates thousands of formulas once each.
     """
     if expr.is_Symbol:
-        return lambda t: t[expr]
+        name = expr.name  # tables are read by name (`Rows.by_name`)
+        return lambda t: t[name]
     if expr.is_Number:
         value = float(expr)
         return lambda t: value
@@ -109,7 +112,7 @@ def _numeric(expr: sympy.Expr) -> Callable[[Mapping[Symbol, np.ndarray]], Any]:
     # anything else (a user cost function's exotic term): sympy compiles it
     syms = sorted(expr.free_symbols, key=lambda s: s.name)
     fn = sympy.lambdify(syms, expr, modules="numpy")
-    return lambda t: fn(*[t[s] for s in syms])
+    return lambda t: fn(*[t[s.name] for s in syms])
 
 
 def table(inputs: CostInputs, extra: Values | None) -> Mapping[Symbol, Any]:

@@ -488,6 +488,13 @@ class Rows(dict):
     def __reduce__(self) -> tuple[type, tuple[dict[Symbol, np.ndarray]]]:  # a copy or pickle: built whole, not set
         return (Rows, (dict(self),))
 
+    @functools.cached_property
+    def by_name(self) -> dict[str, np.ndarray]:
+        """The same values by symbol name, what compiled formulas look up: a str key compares in C, where a
+        sympy Symbol equal to the table's but not the same object compares in Python (most of a deep
+        model's evaluation time went to sympy's __eq__)."""
+        return {s.name: v for s, v in self.items()}
+
 
 def per_worker(values: Mapping[Symbol, Any], p: int) -> Rows:
     """Every value as one float64 entry per worker (scalars broadcast)."""
