@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import stat
 import tempfile
@@ -47,6 +48,15 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(f.fileno(), view[: 1 << 20]):]
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks (a shard or a graph store's array can be GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _fsync_dir(directory: Path) -> None:

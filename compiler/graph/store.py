@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError, GraphInputError, write_failure
-from gnnc.files import atomic_writer, read_text_input
+from gnnc.files import atomic_writer, file_sha256, read_text_input
 from gnnc.graph import CSR, Graph, edge_data
 from gnnc.graph.storage import UNLABELLED
 
@@ -188,14 +188,6 @@ def _manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _open_array(root: Path, name: str, entry: dict[str, Any], maps: list[mmap.mmap]) -> np.ndarray:
     """The array `name`, memory-mapped read-only, after its file matched the manifest's size and checksum and
     its header the manifest's dtype and shape."""
@@ -205,7 +197,7 @@ def _open_array(root: Path, name: str, entry: dict[str, Any], maps: list[mmap.mm
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise GraphInputError(f"{path}: {name}: {size} bytes, the manifest says {entry['bytes']}: truncated or altered")
-    digest = _sha256(path)
+    digest = file_sha256(path)
     if digest != entry["sha256"]:
         raise GraphInputError(f"{path}: {name}: does not match its checksum (sha256 {digest[:12]}..., the manifest "
                               f"says {entry['sha256'][:12]}...)")

@@ -24,7 +24,6 @@ Shard arrays (part i, n_i owned vertices, r_i remote ones):
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.files import atomic_writer
+from gnnc.files import atomic_writer, file_sha256
 from gnnc.errors import PlanError, write_failure
 from gnnc.graph import Graph
 from gnnc.graph.store import release_pages
@@ -82,14 +81,6 @@ class Shard:
         return columns[self.indices], dst
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     try:
         with atomic_writer(path) as f:
@@ -114,7 +105,7 @@ def _savez(f: Any, arrays: dict[str, np.ndarray]) -> None:
 def write_npz(path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> dict[str, Any]:
     """Write one shard atomically; returns its manifest entry (size, sha256 and `extra`)."""
     _atomic_write(path, lambda f: _savez(f, arrays))
-    return {"part": part, "file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path), **extra}
+    return {"part": part, "file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path), **extra}
 
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
@@ -256,7 +247,7 @@ def verify_shard(shard_dir: str | os.PathLike, manifest: dict[str, Any], part: i
     if size != entry.get("bytes"):
         raise PlanError(f"{path}: shard of part {part} is truncated or altered: {size} bytes, "
                         f"the manifest says {entry.get('bytes')}")
-    digest = _sha256(path)
+    digest = file_sha256(path)
     if digest != entry.get("sha256"):
         raise PlanError(f"{path}: shard of part {part} does not match its checksum "
                         f"(sha256 {digest[:12]}..., the manifest says {str(entry.get('sha256'))[:12]}...)")
