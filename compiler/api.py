@@ -173,7 +173,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if report is not None and report.memory_warning:
         warnings.warn(GnncWarning(report.memory_warning), stacklevel=2)
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
-                results.hybrid_cached, graph if workers > 1 else None)
+                results.hybrid_cached, graph if workers > 1 else None, row_sets=results.row_sets)
 
 
 def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:

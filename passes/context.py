@@ -73,6 +73,9 @@ class PassResults:
         groups, chunks, the chunking and its prediction), priced by choose-strategy, fixed by stage-pipeline.
     pipeline_bytes: predict-bytes' count of what a pipeline sends besides the training step (a history
         refresh, once every alpha epochs).
+    row_sets: (layer specs, every rank's RowSets) that predict-bytes counted from (gnnc.plan.rows); the
+        plan's shard writing takes them instead of building them again, when the final program's specs
+        are the same.
     """
 
     strategy: str | list[str] | None = None
@@ -84,6 +87,7 @@ class PassResults:
     predicted_eval_bytes: dict[str, int] | None = None
     pipeline: Any = None
     pipeline_bytes: dict[str, int] | None = None
+    row_sets: tuple[list[Any], list[Any]] | None = None
     schedule: str | None = None
     hybrid_values: dict[tuple[int, int], Any] | None = None
     schedule_report: dict[str, Any] | None = None

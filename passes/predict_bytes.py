@@ -52,6 +52,8 @@ member's chunks: `ctx.results.pipeline_bytes`.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from gnnc.errors import GnncError
@@ -80,10 +82,13 @@ def _width(shape, config) -> int:
 
 def predict(program: Program, graph, parts: np.ndarray, world: int,
             cached: dict[int, list[np.ndarray]] | None = None,
-            precision: str = DEFAULT_PRECISION) -> tuple[Program, dict[str, int]]:
+            precision: str = DEFAULT_PRECISION, sets: list[Any] | None = None) -> tuple[Program, dict[str, int]]:
+    """The program with every exchange's bytes annotated, and the totals by kind; `sets`: every rank's
+    row sets of the program's layer specs, when the caller built them (else built here)."""
     config = program.config_dict()
     elem = element_bytes(precision)
-    sets = all_row_sets(graph, parts, world, layer_specs(program), cached)
+    if sets is None:
+        sets = all_row_sets(graph, parts, world, layer_specs(program), cached)
     graph_index = {layer.name: k for k, layer in enumerate(program.graph_layers())}
     n = graph.num_nodes
     needs_grad = param_dependent(program)
@@ -175,8 +180,11 @@ def predict_bytes(program: Program, ctx: PassContext) -> Program:
             raise GnncError(f"--precision {ctx.precision}: GNNPipe's pipeline runs in {DEFAULT_PRECISION} for now")
         program, totals, ctx.results.pipeline_bytes = predict_pipeline(program, ctx.graph, ctx.results.pipeline.parts)
     else:
+        specs = layer_specs(program)
+        sets = all_row_sets(ctx.graph, ctx.parts, ctx.workers, specs, ctx.results.hybrid_cached)
+        ctx.results.row_sets = (specs, sets)
         program, totals = predict(program, ctx.graph, ctx.parts, ctx.workers, ctx.results.hybrid_cached,
-                                  ctx.precision)
+                                  ctx.precision, sets)
         ctx.results.predicted_eval_bytes = evaluation_bytes(program)
     ctx.results.predicted_bytes = totals
     return program

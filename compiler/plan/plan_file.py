@@ -65,6 +65,8 @@ class Plan:
     parts: Any = None  # part of every vertex, when compiled for several workers
     cached: Any = None  # hybrid: per graph layer, per rank, the dependencies cached (global ids)
     graph: Any = field(default=None, repr=False, compare=False)  # what it was compiled on (not saved)
+    # (layer specs, every rank's row sets) compile's predict-bytes built, for writing the shards (not saved)
+    row_sets: Any = field(default=None, repr=False, compare=False)
     shard_dir: Path | None = None  # per-rank shards, once written (`save`) or found (`load`)
 
     @property
@@ -155,7 +157,7 @@ class Plan:
             write_pipeline_shards(self.program, self.graph, self.parts, self.workers, directory, progress)
             return Path(directory)
         write_plan_shards(self.program, self.graph, self.parts, self.workers, directory,
-                          self.cached, progress)
+                          self.cached, progress, self.row_sets)
         return Path(directory)
 
     @staticmethod

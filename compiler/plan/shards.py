@@ -38,7 +38,7 @@ from gnnc.graph.store import release_pages
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
-from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, all_row_sets, build_local_graph,
+from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, all_row_sets, build_local_graph,
                                       layer_specs)
 from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
 
@@ -137,12 +137,18 @@ def _plan_from(arrays: dict[str, np.ndarray], prefix: str, world: int) -> HaloPl
 
 def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_dir: str | os.PathLike,
                       cached: dict[int, list[np.ndarray]] | None = None,
-                      progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Every rank's shard of `program` (strategies annotated) on `graph` split by `parts`; the manifest."""
+                      progress: Callable[[int], None] | None = None,
+                      row_sets: tuple[list[LayerSpec], list[RowSets]] | None = None) -> dict[str, Any]:
+    """Every rank's shard of `program` (strategies annotated) on `graph` split by `parts`; the manifest.
+    `row_sets`: (specs, every rank's row sets) that compile's predict-bytes built, taken when `program`'s
+    specs are those (the same graph, parts and cache: the plan's), else built here."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     specs = layer_specs(program)
-    sets = all_row_sets(graph, parts, world, specs, cached)
+    if row_sets is not None and row_sets[0] == specs:
+        sets = row_sets[1]
+    else:
+        sets = all_row_sets(graph, parts, world, specs, cached)
     entries = []
     for rank in range(world):
         arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets)
