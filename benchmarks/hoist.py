@@ -33,9 +33,6 @@ def one_run(model, graph, passes: list[str] | None, epochs: int, nproc: int, str
     """Train once; the summary (median epoch time after the first) and the logits."""
     plan = gnnc.compile(model, graph, workers=nproc, passes=passes, strategy=strategy, partition="metis")
     result = gnnc.run(plan, graph, epochs=epochs, seed=0)
-    if isinstance(result, dict):  # several workers: the summary as a dict, the history in it
-        return {"epoch_time_s": result["epoch_time_s"], "first_epoch_s": result["history"][0]["time_s"],
-                "logits": result["logits"]}
     return {"epoch_time_s": result.epoch_time_s, "first_epoch_s": result.history[0]["time_s"],
             "logits": result.logits}
 

@@ -123,15 +123,15 @@ def _pipeline_run(graph, schedule: str, seed: int, epochs: int, tmp: Path, worke
     metrics = tmp / f"{schedule}-{seed}-{workers}.jsonl"
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, seed=seed, progress=False)
     if workers > 1:
-        summary = api.run_plan(plan, graph, cfg, metrics=str(metrics), want_logits=False)
+        result = api.run_plan(plan, graph, cfg, metrics=str(metrics), want_logits=False)
     else:
-        summary = api.train_local(plan, graph, cfg, metrics=str(metrics)).to_json()
+        result = api.train_local(plan, graph, cfg, metrics=str(metrics))
     losses: dict[tuple[int, int], float] = {}
     for rec in read_metrics(metrics):
         if rec.get("kind") == "minibatch":
             key = (rec["epoch"], rec["batch"])
             losses[key] = losses.get(key, 0.0) + rec["loss"]  # ranks' shares add up to the step's loss
-    return {"test_acc": summary["test_acc"], "final_test_acc": summary["final_test_acc"],
+    return {"test_acc": result.test_acc, "final_test_acc": result.final_test_acc,
             "losses": [losses[k] for k in sorted(losses)]}
 
 

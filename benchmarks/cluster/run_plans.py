@@ -66,7 +66,7 @@ def train_each(cfg: DistConfig, jobs: list[tuple[str, DistJob]], passes: int = 1
         forget_peak_rss()
         summary = worker(cfg, job)
         if summary is not None:
-            runs[k].append({"plan": name, **summary})
+            runs[k].append({"plan": name, **summary.to_json(), "history": summary.history})
     return [combined(r) for r in runs] if cfg.rank == 0 else None
 
 
