@@ -480,7 +480,15 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                      # the training step's activation memory, largest over workers and epochs after the first
                      activation_peak_bytes=max(r.get("activation_peak_bytes", 0) for r in (history[1:] or history)),
                      cpu_kernels=native.status(), cpu_allocator=block_cache.status(), **threads,
-                     weights={name: t.detach().cpu() for name, t in {**params, **worker.state}.items()})
+                     weights=host_weights({**params, **worker.state}))
+
+
+def host_weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The trained weights and op state on the host, once after the last epoch (a read of the device each)."""
+    out = {}
+    for name, t in tensors.items():  # a loop, not a comprehension: the device's reads are named after this function
+        out[name] = t.detach().cpu()
+    return out
 
 
 def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | None = None,

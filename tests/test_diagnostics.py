@@ -19,7 +19,7 @@ CASES = [
     ('layer L(in, out) {\n  transform t = linear(h, out)\n  apply h = reluu(t)\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
      "bad.gnn:3:13: unknown op 'reluu'; did you mean 'relu'?"),
     ('layer L(in, out) {\n  scatter m = src.h\n  gather a = median(m)\n  apply h = linear(a, out)\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
-     "bad.gnn:3:14: unknown reducer 'median' (expected one of sum, mean, max, min, softmax); did you mean 'mean'?"),
+     "bad.gnn:3:14: unknown reducer 'median' (expected one of sum, mean, max, min, softmax, std); did you mean 'mean'?"),
     ('layer L(in, out) {\n  transform t = linear(h, out)\n  apply h = mean(t)\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
      "bad.gnn:3:13: reducer 'mean' can only be used in a gather statement (or sum/mean/max in sync)"),
     ('layer L(in, out) {\n  transform t = linear(src.h, out)\n  apply h = t\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
