@@ -141,7 +141,7 @@ def test_a_shard_file_is_a_name_in_the_shard_directory(tmp_path, monkeypatch, na
     out = _written(tmp_path)
     _manifest_edited(out, lambda shards: shards[1].__setitem__("file", name))
     opened = []
-    monkeypatch.setattr(shards_mod, "_sha256", lambda path: opened.append(path))
+    monkeypatch.setattr(shards_mod, "file_sha256", lambda path: opened.append(path))
     with pytest.raises(PlanError, match="'file' must name a file in the shard directory"):
         read_shard(out, 1)
     assert opened == []  # nothing outside was opened or its size reported
