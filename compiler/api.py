@@ -365,7 +365,10 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
         approximate: bool = False, pipeline_groups: int = 0, device: str = "cpu", precision: str | None = None,
         threads: int | str | None = None, memory_cap: int | None = None, checkpoint_dir: str | None = None,
         checkpoint_every: int | None = None, resume: bool = False,
-        timeout_s: float | None = None) -> RunResult | None:
+        timeout_s: float | None = None, optimizer: str | None = None, momentum: float | None = None,
+        lr_schedule: str | None = None, warmup: int | None = None, clip: float | None = None,
+        lr_step_size: int | None = None, lr_gamma: float | None = None, lr_patience: int | None = None,
+        lr_factor: float | None = None) -> RunResult | None:
     """Train a plan (or a model, compiled first for `nproc` workers) on `graph`: in this process, or on the
     plan's workers. This is `gnnc run`: the CLI parses its flags into these arguments and prints the result.
 
@@ -375,7 +378,10 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
     per process: a count, "auto" for each process its share of the CPUs this one may use (`thread_settings`),
     or None for this process's torch count in one process and "auto" on several. `checkpoint_dir`,
     `checkpoint_every` and `resume` checkpoint the run; `timeout_s` bounds every collective of a distributed
-    one. Returns a RunResult either way (logits in global vertex order, on the host), None on a rank other
+    one. `optimizer` (sgd, adam, adamw), `momentum` (sgd's), `lr_schedule` (none, step, cosine, plateau, with
+    `lr_step_size` and `lr_gamma` for step, `lr_patience` and `lr_factor` for plateau), `warmup` (epochs) and
+    `clip` (the largest gradient norm) override the model's `training(...)` (gnnc.runtime.train.TrainConfig).
+    Returns a RunResult either way (logits in global vertex order, on the host), None on a rank other
     than 0 of a torchrun job.
     With several workers they are new processes started with 'spawn', which
     imports the caller's main module again in each: a script must call this
@@ -406,6 +412,9 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
     cfg = TrainConfig.resolve(plan.program, epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed,
                               progress=progress, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                               resume=resume, device=device, precision=plan_precision(plan, precision),
+                              optimizer=optimizer, momentum=momentum, schedule=lr_schedule, warmup=warmup, clip=clip,
+                              lr_step_size=lr_step_size, lr_gamma=lr_gamma, lr_patience=lr_patience,
+                              lr_factor=lr_factor,
                               # in this process without `threads`, the caller's torch count stands (a program or a
                               # benchmark may have set it); workers get their share
                               **(thread_settings(None if threads == "auto" else threads, plan.workers)

@@ -194,7 +194,10 @@ def _run(args: argparse.Namespace) -> int:
                      progress=args.progress or (not args.no_progress and sys.stderr.isatty()),
                      device=args.device, precision=args.precision, threads=args.threads or "auto",
                      checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                     timeout_s=args.timeout, **options)
+                     timeout_s=args.timeout, optimizer=args.optimizer, momentum=args.momentum,
+                     lr_schedule=args.schedule_lr, warmup=args.warmup, clip=args.clip_grad,
+                     lr_step_size=args.lr_step_size, lr_gamma=args.lr_gamma, lr_patience=args.lr_patience,
+                     lr_factor=args.lr_factor, **options)
     if result is None:
         return 0  # a rank other than 0 of a torchrun job: rank 0 reports
     if result.cpu_kernels not in ("", "compiled"):  # slower, never wrong: said once, not an error
@@ -420,6 +423,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=SEED, default=0)
     c.add_argument("--lr", type=real_number(0))
     c.add_argument("--weight-decay", type=real_number(0))
+    c.add_argument("--optimizer", choices=("sgd", "adam", "adamw"),
+                   help="torch.optim's SGD, Adam (the default) or AdamW, each with --weight-decay per group")
+    c.add_argument("--momentum", type=real_number(0, 1), metavar="M", help="sgd's momentum, below 1 (default 0)")
+    c.add_argument("--schedule-lr", choices=("none", "step", "cosine", "plateau"),
+                   help="the learning rate over epochs: step (times --lr-gamma every --lr-step-size epochs), cosine "
+                        "(to 0 at the last epoch), plateau (times --lr-factor after --lr-patience epochs without a "
+                        "better validation accuracy); default none (constant)")
+    c.add_argument("--lr-step-size", type=whole_number(1), metavar="EPOCHS", help="step's period (default 50)")
+    c.add_argument("--lr-gamma", type=real_number(0, 1, positive=True), metavar="G", help="step's factor (default 0.1)")
+    c.add_argument("--lr-patience", type=whole_number(0), metavar="EPOCHS", help="plateau's patience (default 10)")
+    c.add_argument("--lr-factor", type=real_number(0, 1, positive=True), metavar="F",
+                   help="plateau's factor, below 1 (default 0.1)")
+    c.add_argument("--warmup", type=whole_number(0), metavar="EPOCHS",
+                   help="linear warm-up from lr/(EPOCHS+1) to lr over the first EPOCHS epochs (default 0)")
+    c.add_argument("--clip-grad", type=real_number(0, positive=True), metavar="NORM",
+                   help="clip the summed gradients to this norm over the whole model (default: no clipping)")
     c.add_argument("--metrics", metavar="FILE.jsonl")
     c.add_argument("--checkpoint", metavar="DIR", help="save model and optimizer state here every K epochs")
     c.add_argument("--checkpoint-every", type=whole_number(1), default=10, metavar="K")

@@ -43,7 +43,7 @@ from gnnc.plan.schedules import SCHEDULES
 from gnnc.runtime import device as devices
 from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter
 from gnnc.runtime.metrics import MinibatchRecord
-from gnnc.runtime.train import RunResult, TrainConfig, Worker, train
+from gnnc.runtime.train import RunResult, TrainConfig, Worker, optimizer_step, train
 
 
 
@@ -259,7 +259,7 @@ class MinibatchWorker(Worker):
                 p.grad = None if g is None else g
         self.reduce_grads(params)
         t1 = time.perf_counter()
-        opt.step()
+        optimizer_step(self, params, opt)
         opt.zero_grad(set_to_none=True)
         f.phase_s.update(allreduce=t1 - t0, step=time.perf_counter() - t1)
         self.record(f)

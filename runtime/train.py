@@ -68,6 +68,17 @@ class TrainConfig:
     # None: torch's own count in one process, one per rank
     threads: int | None = None
     threads_reason: str = ""
+    # the optimizer and its learning-rate schedule (make_optimizer, make_schedule); the defaults are Adam at a
+    # constant rate, no clipping: what gnnc always ran
+    optimizer: str = "adam"  # sgd, adam or adamw
+    momentum: float | None = None  # sgd's (torch's default 0); no other optimizer takes one
+    schedule: str = "none"  # none, step (StepLR), cosine (CosineAnnealingLR) or plateau (ReduceLROnPlateau)
+    warmup: int = 0  # epochs of linear warm-up (LinearLR) before the schedule
+    clip: float | None = None  # the largest gradient norm (clip_grad_norm_ of the summed gradients)
+    lr_step_size: int = 50  # step: the rate times lr_gamma every lr_step_size epochs
+    lr_gamma: float = 0.1
+    lr_patience: int = 10  # plateau: the rate times lr_factor after lr_patience epochs without a better val_acc
+    lr_factor: float = 0.1
 
     def __post_init__(self) -> None:
         """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
@@ -95,12 +106,31 @@ class TrainConfig:
         for where, value, ok, want in checks:
             if not ok:
                 raise GnncError(f"{where}: must be {want}, not {value!r}")
+        from gnnc.ir.text import training_problem
+
+        for key, flag in OPTIMIZER_FLAGS.items():
+            value = getattr(self, key)
+            problem = None if value is None and key in ("momentum", "clip") else training_problem(key, value)
+            if problem is not None:
+                raise GnncError(f"{flag} or training({key}=...): {problem}")
+        if self.momentum is not None and self.optimizer != "sgd":
+            raise GnncError(f"--momentum or training(momentum=...): only sgd takes a momentum, not {self.optimizer} "
+                            "(give --optimizer sgd, or drop the momentum)")
+        if self.warmup >= self.epochs:
+            raise GnncError(f"--warmup or training(warmup=...): {self.warmup} epochs of warm-up leave none of the "
+                            f"{self.epochs} epochs to train at the full rate: give fewer")
 
     @staticmethod
     def resolve(program: Program, **flags: Any) -> "TrainConfig":
         merged = dict(program.training)
         merged.update({k: v for k, v in flags.items() if v is not None})
         return TrainConfig(**{k: v for k, v in merged.items() if k in TrainConfig.__dataclass_fields__})
+
+
+# TrainConfig's optimizer settings, each with the flag that sets it (the language's training(...) names the field)
+OPTIMIZER_FLAGS = {"optimizer": "--optimizer", "momentum": "--momentum", "schedule": "--schedule-lr",
+                   "warmup": "--warmup", "clip": "--clip-grad", "lr_step_size": "--lr-step-size",
+                   "lr_gamma": "--lr-gamma", "lr_patience": "--lr-patience", "lr_factor": "--lr-factor"}
 
 
 class TrainingDiverged(GnncError):
@@ -233,6 +263,10 @@ class Worker:
     def reduce_grads(self, params) -> None:
         """Sum parameter gradients over workers (nothing to do alone)."""
 
+    def clip_grads(self, params, max_norm: float) -> None:
+        """Clip the (summed) gradients to `max_norm` by their norm over every parameter of the model."""
+        torch.nn.utils.clip_grad_norm_([p for p in params.values() if p.grad is not None], max_norm)
+
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         return t
 
@@ -257,7 +291,75 @@ def make_optimizer(program: Program, params: dict[str, torch.nn.Parameter], cfg:
         {"params": [p for n, p in params.items() if n in graph_names], "weight_decay": gw},
         {"params": [p for n, p in params.items() if n not in graph_names], "weight_decay": cfg.weight_decay},
     ]
-    return torch.optim.Adam([g for g in groups if g["params"]], lr=cfg.lr)
+    groups = [g for g in groups if g["params"]]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum or 0.0)
+    if cfg.optimizer == "adamw":  # decoupled weight decay, per group as Adam's L2 (torch's AdamW)
+        return torch.optim.AdamW(groups, lr=cfg.lr)
+    return torch.optim.Adam(groups, lr=cfg.lr)
+
+
+class LRSchedule:
+    """The learning rate over epochs: `warmup` epochs of linear warm-up (LinearLR from lr/(warmup+1) up to lr:
+    epoch k < warmup trains at lr*(k+1)/(warmup+1)), then StepLR, CosineAnnealingLR (to 0 at the last epoch) or
+    ReduceLROnPlateau on the validation accuracy (mode max: the rate drops when it stops rising), or a constant
+    rate. Stepped once after each epoch's evaluation; its state goes into checkpoints with the optimizer's.
+
+    Warm-up and StepLR/CosineAnnealingLR chain in torch's SequentialLR; ReduceLROnPlateau takes a metric, which
+    SequentialLR does not pass, so the warm-up hands over to it here."""
+
+    def __init__(self, opt: torch.optim.Optimizer, cfg: TrainConfig):
+        sched = torch.optim.lr_scheduler
+        self.warmup, self.steps = cfg.warmup, 0
+        self.plateau = None
+        main: Any = None
+        if cfg.schedule == "step":
+            main = sched.StepLR(opt, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
+        elif cfg.schedule == "cosine":
+            main = sched.CosineAnnealingLR(opt, T_max=max(cfg.epochs - cfg.warmup, 1))
+        warm = sched.LinearLR(opt, start_factor=1.0 / (cfg.warmup + 1), total_iters=cfg.warmup) \
+            if cfg.warmup else None
+        if cfg.schedule == "plateau":
+            self.plateau = sched.ReduceLROnPlateau(opt, mode="max", factor=cfg.lr_factor, patience=cfg.lr_patience)
+        if warm is not None and main is not None:
+            main = sched.SequentialLR(opt, [warm, main], milestones=[cfg.warmup])
+            warm = None
+        self.main, self.warm = main, warm
+
+    def step(self, val_acc: float) -> None:
+        self.steps += 1
+        if self.main is not None:
+            self.main.step()
+        elif self.warm is not None and self.steps <= self.warmup:
+            self.warm.step()
+        elif self.plateau is not None:
+            self.plateau.step(val_acc)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, **{k: getattr(self, k).state_dict() for k in ("main", "warm", "plateau")
+                                        if getattr(self, k) is not None}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        for k in ("main", "warm", "plateau"):
+            if getattr(self, k) is not None:
+                getattr(self, k).load_state_dict(state[k])
+
+
+def optimizer_step(worker: "Worker", params: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
+                   scaler: torch.amp.GradScaler | None = None) -> None:
+    """The optimizer step after the gradients' sum over workers, clipped first to `clip` (TrainConfig): the
+    summed gradients are every worker's, so each clips by the same global norm, as one process would."""
+    clip = worker.cfg.clip
+    if clip is not None:
+        if scaler is not None:
+            scaler.unscale_(opt)  # clip the true gradients; the scaler's step then does not unscale again
+        worker.clip_grads(params, clip)
+    if scaler is None:
+        opt.step()
+    else:
+        scaler.step(opt)
+        scaler.update()
 
 
 class _Params(torch.nn.Module):
@@ -291,11 +393,7 @@ def train_step(worker: Worker, params: dict[str, torch.nn.Parameter], opt: torch
     _, loss = worker.forward(params, True, epoch)
     (loss if scaler is None else scaler.scale(loss)).backward()
     worker.reduce_grads(params)  # scaled gradients sum like unscaled ones, and overflow on every rank alike
-    if scaler is None:
-        opt.step()
-    else:
-        scaler.step(opt)
-        scaler.update()
+    optimizer_step(worker, params, opt, scaler)
     return loss.detach()
 
 
@@ -326,6 +424,10 @@ def run_fingerprint(worker: Worker, cfg: TrainConfig) -> dict[str, Any]:
             "strategies": [layer.attr("strategy", "local") for layer in worker.program.graph_layers()],
             "world_size": worker.world_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
             "graph_weight_decay": cfg.graph_weight_decay, "seed": cfg.seed, "epochs": cfg.epochs,
+            # the optimizer's settings, named only when not the defaults (Adam at a constant rate), so checkpoints
+            # written before there were others still resume
+            **{k: getattr(cfg, k) for k in OPTIMIZER_FLAGS
+               if getattr(cfg, k) != TrainConfig.__dataclass_fields__[k].default},
             # a 16-bit run follows another trajectory (the device does not: a CPU checkpoint resumes on a GPU);
             # named only when not fp32, so checkpoints written before precisions existed still resume
             **({} if cfg.precision == DEFAULT_PRECISION else {"precision": cfg.precision}),
@@ -376,6 +478,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     check_trainable(worker, cfg)
     params = init_params(worker.program, cfg.seed, worker.device)
     opt = make_optimizer(worker.program, params, cfg)
+    schedule = LRSchedule(opt, cfg)
     scaler = devices.grad_scaler(worker.device, cfg.precision)
     ckpt = None
     lock = None
@@ -393,7 +496,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     try:
         if cfg.checkpoint_dir is not None:
             # deferred: checkpoint loads torch.distributed
-            from gnnc.runtime.checkpoint import Checkpointer, resume_or_start
+            from gnnc.runtime.checkpoint import CheckpointError, Checkpointer, resume_or_start
 
             ckpt = Checkpointer(cfg.checkpoint_dir, every=cfg.checkpoint_every,
                                 fingerprint=run_fingerprint(worker, cfg))
@@ -401,6 +504,12 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 
             def restored(_epoch: int, extra: dict[str, Any]) -> None:
                 history.extend(extra.get("history", []))
+                if "lr_schedule" in extra:
+                    try:
+                        schedule.load_state_dict(extra["lr_schedule"])
+                    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                        raise CheckpointError(f"the checkpoint in {cfg.checkpoint_dir} holds no usable learning-"
+                                              f"rate schedule ({type(exc).__name__}: {exc})") from None
 
             start = resume_or_start(ckpt, cfg.resume, _Params(params, worker.state), opt, restored)
             if worker.rank == 0:
@@ -416,6 +525,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             worker.stats.reset()
             base = reset_peak_memory(worker.device)  # the step's activation memory: how far it raises the peak
             t0, cpu0 = time.perf_counter(), time.process_time()
+            lr = float(opt.param_groups[0]["lr"])  # the epoch's rate (a host number: the schedule's)
             loss = worker.train_epoch(params, opt, epoch, scaler)
             if worker.device.type == "cuda":
                 torch.cuda.synchronize(worker.device)  # the step's kernels are queued, not done: time them done
@@ -439,7 +549,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             rec = {"epoch": epoch, "loss": float(counts[0]), "train_acc": float(counts[1] / max(counts[2], 1)),
                    "val_acc": float(counts[3] / max(counts[4], 1)), "test_acc": float(counts[5] / max(counts[6], 1)),
                    "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most),
-                   "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[8])}
+                   "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[8]), "lr": lr}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
             log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
@@ -450,8 +560,10 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                     "features, --lr and --weight-decay)")
             if on_epoch is not None:
                 on_epoch(rec)
+            schedule.step(rec["val_acc"])  # every rank sees the same accuracy: every rank's rate is the same
             if ckpt is not None:
-                ckpt.maybe_save(epoch, _Params(params, worker.state), opt, {"history": history})
+                ckpt.maybe_save(epoch, _Params(params, worker.state), opt,
+                                {"history": history, "lr_schedule": schedule.state_dict()})
             if bar is not None:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}", test=f"{rec['test_acc']:.3f}")
                 bar.update(1)

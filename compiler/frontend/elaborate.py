@@ -30,7 +30,7 @@ from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, Lay
 from gnnc.ir import VIEWS, Eqn, Layer, Param, Program, Type, Value, attrs_of, ops
 from gnnc.ir.expr import as_expr
 from gnnc.ir.reducers import REDUCERS, gather_reducers, sync_reducers
-from gnnc.ir.text import TRAINING_KEYS
+from gnnc.ir.text import TRAINING_CHOICES, TRAINING_KEYS, training_problem
 
 GRAPH_INPUTS = {
     "x": Type("vertex", (sympy.Symbol("features"),)),
@@ -218,11 +218,29 @@ class Elaborator:
             if k.name not in TRAINING_KEYS:
                 raise self.err(f"unknown training setting '{k.name}'{ops.suggest(k.name, TRAINING_KEYS)}",
                                k.loc)
+            if TRAINING_KEYS[k.name] is str:  # a name: `optimizer = adamw`, `schedule = cosine`
+                choices = TRAINING_CHOICES[k.name]
+                if not isinstance(k.value, Name) or k.value.id not in choices:
+                    shown = f" '{k.value.id}'" if isinstance(k.value, Name) else ""
+                    raise self.err(f"training setting '{k.name}' must be one of {', '.join(choices)}, not{shown or ' an expression'}"
+                                   f"{ops.suggest(k.value.id, choices) if isinstance(k.value, Name) else ''}",
+                                   _loc(k.value))
+                self.training[k.name] = k.value.id
+                continue
             v = self._expr(k.value, env, "model")
             value = None if isinstance(v, Value) else _evaluate(v.expr, self.config)
             if value is None:
                 raise self.err(f"training setting '{k.name}' must be a number", k.loc)
-            self.training[k.name] = TRAINING_KEYS[k.name](value)
+            want = TRAINING_KEYS[k.name]
+            if want is int and float(value) != int(value):
+                raise self.err(f"training setting '{k.name}' must be a whole number, not {float(value)!r}",
+                               _loc(k.value))
+            value = want(value)
+            if k.name not in ("epochs", "lr", "weight_decay", "graph_weight_decay", "patience"):
+                problem = training_problem(k.name, value)  # the run checks the older settings' ranges
+                if problem is not None:
+                    raise self.err(f"training setting '{k.name}' {problem}", _loc(k.value))
+            self.training[k.name] = value
 
     # ----- layers ------------------------------------------------------------------------------
     def _new_dense(self) -> _Block:

@@ -37,7 +37,37 @@ from gnnc.ir.core import Eqn, Layer, Param, Program, Type, Value, attrs_of
 from gnnc.ir.expr import ExprSyntaxError, parse_expr
 
 # The settings a program's training may hold, each with its type: the language's `training(...)` keywords.
-TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float, "patience": int}
+TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float, "patience": int,
+                 "optimizer": str, "momentum": float, "schedule": str, "warmup": int, "clip": float,
+                 "lr_step_size": int, "lr_gamma": float, "lr_patience": int, "lr_factor": float}
+# The settings that are names, and the names each may be (`training(optimizer = adamw, schedule = cosine)`).
+TRAINING_CHOICES = {"optimizer": ("sgd", "adam", "adamw"), "schedule": ("none", "step", "cosine", "plateau")}
+# The optimizer settings' ranges, as torch.optim and torch.optim.lr_scheduler accept them (lower, upper, whether
+# the bounds are included); the older settings are checked where the run resolves them (gnnc.runtime.train).
+TRAINING_RANGES = {"momentum": (0.0, 1.0, True, False), "warmup": (0, None, True, True),
+                   "clip": (0.0, None, False, True), "lr_step_size": (1, None, True, True),
+                   "lr_gamma": (0.0, 1.0, False, True), "lr_patience": (0, None, True, True),
+                   "lr_factor": (0.0, 1.0, False, False)}
+
+
+def training_problem(key: str, value: Any) -> str | None:
+    """What is wrong with `value` for training setting `key` (None when nothing): its kind, its name among the
+    choices or its range. One check for the language, the IR's training line and the command line."""
+    want = TRAINING_KEYS[key]
+    if want is str:
+        if value not in TRAINING_CHOICES[key]:
+            return f"must be one of {', '.join(TRAINING_CHOICES[key])}, not {value!r}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, want if want is int else (int, float)):
+        return f"must be {'an integer' if want is int else 'a number'}, not {value!r}"
+    if want is float and not math.isfinite(value):
+        return f"must be a finite number, not {value!r}"
+    if key in TRAINING_RANGES:
+        lo, hi, lo_in, hi_in = TRAINING_RANGES[key]
+        if not ((value >= lo if lo_in else value > lo) and (hi is None or (value <= hi if hi_in else value < hi))):
+            return (f"must be {'at least' if lo_in else 'above'} {lo}"
+                    + ("" if hi is None else f" and {'at most' if hi_in else 'below'} {hi}") + f", not {value!r}")
+    return None
 DIM_ATTRS = {"out", "heads", "width"}
 STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init", "method", "bin_order"}
 _NAME = r"[A-Za-z0-9_.~^]+"
@@ -129,9 +159,11 @@ def _training(settings: dict[str, Any], fail: Callable[[str], IRSyntaxError]) ->
         if want is None:
             raise fail(f"unknown training setting '{key}' (a program's training holds {', '.join(TRAINING_KEYS)} "
                        f"only: paths and devices come from the command line)")
-        if isinstance(value, bool) or not isinstance(value, want if want is int else (int, float)):
-            raise fail(f"training setting '{key}' must be {'an integer' if want is int else 'a number'}, "
-                       f"got {value!r}")
+        if key == "schedule" and value is None:  # `schedule=none` reads back as None
+            settings[key] = value = "none"
+        problem = training_problem(key, value)
+        if problem is not None:
+            raise fail(f"training setting '{key}' {problem}")
     return settings
 
 
