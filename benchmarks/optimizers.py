@@ -10,6 +10,11 @@ GCNConv's): the two then differ only by their dropout masks, a tighter compariso
 
     python benchmarks/optimizers.py              # seeds 0..4
     python benchmarks/optimizers.py --seeds 3 --epochs 200
+
+Its output at 7fc0107 (2 CPU cores, torch 2.8, PyG 2.8.1): test accuracy per seed 0..4, gnnc 0.7900 0.8170
+0.7980 0.8030 0.8020, PyG 0.8270 0.8060 0.8130 0.7940 0.8090, PyG from gnnc's initial weights 0.7750 0.8180
+0.8060 0.8110 0.7990; means 0.8020, 0.8098 and 0.8018: gnnc - PyG = -0.78 points, gnnc - PyG from gnnc's
+initial weights = +0.02 points (both within 1 point).
 """
 from __future__ import annotations
 
