@@ -23,9 +23,8 @@ from typing import Any
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Model", "Plan", "check", "compile", "load_graph", "load_model", "load_model_source", "partition",
-                     "probe", "run"), "gnnc.api"),
+                     "probe", "run", "to_torch"), "gnnc.api"),
     "elaborate": "gnnc.frontend.elaborate",
-    "to_torch": "gnnc.torch_module",
     "GnncError": "gnnc.errors",
     "register_pass": "gnnc.passes.manager",
     "parse_ir": "gnnc.ir.text",

@@ -25,6 +25,7 @@ import sympy
 
 from gnnc.cluster import ClusterProfile, KernelRate, default_probe_file, load_profile, resolve_cluster
 from gnnc.errors import GnncError, GnncWarning, PlanError
+from gnnc.frontend.syntax import parse
 from gnnc.graph import Graph
 from gnnc.graph.in_memory import as_graph
 from gnnc.graph.loaders import load_graph as _load
@@ -53,7 +54,7 @@ from gnnc.plan.approximation import approximations, require_exact
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.device import check_gpu_count, resolve_device
-from gnnc.runtime.distributed import DistJob, worker
+from gnnc.runtime.distributed import DistJob
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 from gnnc.runtime.main_guard import check_main_guard
 from gnnc.runtime.minibatch import train_minibatch
@@ -62,8 +63,10 @@ from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, 
                                 kernel_rate_samples, machine_fields, probe as probe_machine, probe_layer_samples,
                                 probe_op_samples, timing_together)
 from gnnc.runtime.probe_network import links_then_machines, network_probe, profile_fields
+from gnnc.runtime.rank_worker import worker
 from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
-from gnnc.torch_module import to_torch  # noqa: F401  (the API's name: a trained model as a torch.nn.Module)
+from gnnc.saved_model import load_weights
+from gnnc.torch_module import GnncModule
 
 
 def load_graph(spec: Any):
@@ -522,3 +525,33 @@ def _result(result: RunResult | None, predicted=None) -> RunResult | None:
     if result is not None and predicted is not None:
         result.predicted_peak_rss_bytes = int(predicted.peak)
     return result
+
+
+# ----- a trained model in PyTorch
+
+
+def one_process_program(target: Plan | Model | Program, graph: Any = None) -> Program:
+    """The program one gnnc process runs for `target`: a one-worker plan's own, a distributed plan's model
+    compiled again for one worker (its weights are the same), a model compiled (on `graph`, or with its
+    dims set), a program as it is."""
+    if isinstance(target, Program):
+        return target
+    if isinstance(target, Plan):
+        if target.workers == 1:
+            return target.program
+        program = target.program  # every parameter bound, features and classes included
+        target = Model(parse(target.model.source, target.model.file),
+                       tuple((k, str(v)) for k, v in program.config), target.model.name)
+        graph = None
+    if isinstance(target, Model):
+        return compile(target, None if graph is None else load_graph(graph)).program
+    raise GnncError(f"to_torch: expected a model, a plan or a program, not a {type(target).__name__}")
+
+
+def to_torch(model: Plan | Model | Program, weights: Any, graph: Any = None, seed: int = 0) -> GnncModule:
+    """`model` (a plan, a model, or a compiled program) with trained `weights` as a torch.nn.Module whose
+    `forward(x, edge_index, edge_weight=None)` returns gnnc's logits. A model whose `features` and `classes`
+    are not set (`load_model(path, features=..., classes=...)`) takes them from `graph`. `seed` keys the
+    dropout masks in training mode, as `gnnc run --seed`."""
+    program = one_process_program(model, graph)
+    return GnncModule(program, load_weights(weights, program), seed)

@@ -214,7 +214,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.save_model:
         from gnnc.saved_model import save_model  # deferred: as the run's modules above
 
-        save_model(args.save_model, target, args.graph, result.weights, result.graph)
+        save_model(args.save_model, target, api.one_process_program(target, args.graph), result.weights,
+                   result.graph)
     if args.json:
         _emit_json(result.to_json())
     else:

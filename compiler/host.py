@@ -41,6 +41,9 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+# glibc maps blocks of this size and more afresh and unmaps them when freed (the threshold gnnc.runtime.memory
+# fixes, and the smallest block gnnc.runtime.block_cache keeps)
+MMAP_THRESHOLD_BYTES = 1 << 20
 HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"  # torch's switch (c10's CPU allocator): 1 advises huge pages from 2 MiB up
 UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2^63
 

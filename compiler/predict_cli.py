@@ -35,10 +35,12 @@ def run(args: argparse.Namespace) -> int:
     """Run `gnnc predict`; GnncError for bad input (the CLI exits 2 on it)."""
     import numpy as np  # deferred, as below
 
-    from gnnc.saved_model import load_saved, predict  # deferred: it loads torch
+    # deferred: the api and the saved model load torch
+    from gnnc.api import load_graph
+    from gnnc.saved_model import load_saved, predict
 
     saved = load_saved(args.model)
-    values = predict(saved, args.graph, args.output)
+    values = predict(saved, load_graph(args.graph), args.output)
     buf = io.BytesIO()
     np.save(buf, values)
     try:

@@ -18,6 +18,9 @@ graph of another feature width, or weights of another model, are refused naming 
 from __future__ import annotations
 
 import io
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,17 +28,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.api import load_graph
 from gnnc.errors import GnncError, write_failure
 from gnnc.files import atomic_write
-from gnnc.graph import edge_data
+from gnnc.graph import Graph, edge_data
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
 from gnnc.ir.text import parse_ir
 from gnnc.model_file import Model
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
-from gnnc.torch_module import GnncModule, one_process_program
+from gnnc.runtime.executor import init_state
+from gnnc.torch_module import GnncModule, param_shapes
 
 FORMAT = "gnnc-saved-model-1"
 
@@ -62,13 +65,12 @@ def schema_of(program: Program, graph_name: str) -> dict[str, Any]:
             "classes": eval_dim(program.logits.type.shape[0], cfg), "edge_data": widths}
 
 
-def save_model(path: str | Path, target: Plan | Model, graph: Any, weights: dict[str, torch.Tensor],
+def save_model(path: str | Path, target: Plan | Model, program: Program, weights: dict[str, torch.Tensor],
                graph_name: str) -> SavedModel:
-    """Write `target`'s one-process program (compiled on `graph` for a model) with the trained `weights`."""
+    """Write `target`'s one-process `program` (gnnc.api.one_process_program) with the trained `weights`."""
     if isinstance(target, Plan) and is_pipeline(target.program):
         raise GnncError("--save-model: a pipeline's stages each hold their own layers' trained weights, and "
                         "rank 0 hands back only its own; train without the pipeline strategy to save the model")
-    program = one_process_program(target, graph)
     saved = SavedModel(program, dict(weights), _source(target), schema_of(program, graph_name))
     saved.module()  # the weights are the program's, each of its shape (a bug otherwise: they were trained on it)
     buf = io.BytesIO()
@@ -115,7 +117,59 @@ def load_saved(path: str | Path) -> SavedModel:
     return SavedModel(program, weights, dict(payload.get("model") or {}), dict(payload.get("schema") or {}))
 
 
-def predict(saved: SavedModel, graph: Any, output: str = "logits") -> np.ndarray:
-    """`gnnc predict`'s values: every vertex's logits, or the vertex value `output`, on `graph` (a spec, or
-    anything gnnc.load_graph takes)."""
-    return saved.module().predict(load_graph(graph), None if output == "logits" else output).cpu().numpy()
+def predict(saved: SavedModel, graph: Graph, output: str = "logits") -> np.ndarray:
+    """`gnnc predict`'s values: every vertex's logits, or the vertex value `output`, on `graph`."""
+    return saved.module().predict(graph, None if output == "logits" else output).cpu().numpy()
+
+
+# ----- where the weights come from
+
+
+def load_weights(source: Any, program: Program) -> dict[str, torch.Tensor]:
+    """The weights (and op state) by IR name from `source`: a dict of tensors by IR name, a checkpoint
+    directory or `.ckpt` file of `gnnc run --checkpoint`, or a model file of `gnnc run --save-model`."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    if isinstance(source, (str, os.PathLike)):
+        return _from_file(Path(source), program)
+    raise GnncError(f"to_torch: cannot take weights from a {type(source).__name__}: give a dict of tensors by IR "
+                    "name, a checkpoint directory or file (gnnc run --checkpoint) or a saved model "
+                    "(gnnc run --save-model)")
+
+
+def _from_file(path: Path, program: Program) -> dict[str, torch.Tensor]:
+    from gnnc.runtime.checkpoint import MAGIC, load_state  # deferred: checkpoint loads torch.distributed
+
+    if path.is_dir():
+        marker = path / "latest-rank-0.json"
+        try:
+            epoch = int(json.loads(marker.read_text())["epoch"])
+        except FileNotFoundError:
+            raise GnncError(f"{path}: no checkpoint in it ({marker.name} is missing): give the directory of "
+                            "`gnnc run --checkpoint DIR`") from None
+        except (OSError, ValueError, KeyError, TypeError):
+            raise GnncError(f"{marker}: not a checkpoint marker (corrupt)") from None
+        path = path / f"epoch-{epoch:06d}" / "rank-0.ckpt"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+    except OSError as err:
+        raise GnncError(f"{path}: cannot read it ({err.strerror})") from None
+    if head != MAGIC:
+        return load_saved(path).weights
+    state = load_state(path)
+    if "pipeline" in (state.get("fingerprint") or {}).get("strategies", []):
+        raise GnncError(f"checkpoint {path}: a pipeline's ranks each hold their own stage's trained weights, "
+                        "and rank 0's file has only its own; train without the pipeline strategy to use them")
+    return checkpoint_weights(state["model"], program, path)
+
+
+def checkpoint_weights(saved: Mapping[str, torch.Tensor], program: Program, where: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's module state (gnnc.runtime.train's `_Params`: weight k as `p{k}`, op state k as `s{k}`,
+    each in program order) by IR name."""
+    names = [*(f"p{k}" for k in range(len(program.params()))), *(f"s{k}" for k in range(len(init_state(program))))]
+    if sorted(saved) != sorted(names):
+        raise GnncError(f"checkpoint {where} holds {len([k for k in saved if k.startswith('p')])} weights and this "
+                        f"model has {len(program.params())}: it is another model's")
+    ir = [*param_shapes(program), *init_state(program)]
+    return {name: saved[key] for key, name in zip(names, ir)}

@@ -12,33 +12,27 @@ trains them like any module's. In training mode its dropout draws gnnc's counter
 (`seed`, the number of training calls so far): the n-th training call draws what epoch n of a gnnc run with
 that seed draws.
 
-The weights come from where a user has them (`load_weights`): a dict of tensors by IR name, a checkpoint
-directory or file that `gnnc run --checkpoint` wrote (its rank 0 file: every rank holds every weight), or a
-model file that `gnnc run --save-model` wrote (gnnc.saved_model). A
-weight missing, left over or of another shape is refused naming it: such weights belong to another model, or
-to this one at another width.
+The weights come from where a user has them (gnnc.saved_model.load_weights): a dict of tensors by IR
+name, a checkpoint directory or file that `gnnc run --checkpoint` wrote (its rank 0 file: every rank holds
+every weight), or a model file that `gnnc run --save-model` wrote. A weight missing, left over or of another
+shape is refused naming it: such weights belong to another model, or to this one at another width.
+`gnnc.api.to_torch` compiles the model for one process and puts the two together.
 
 Neither `torch.jit.script` nor `torch.export` can take the module: building the edge views reads
 `edge_index`'s values on the host (numpy), which both refuse (tests/test_to_torch.py shows what each says).
 """
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from gnnc.errors import GnncError
-from gnnc.frontend.syntax import parse
 from gnnc.graph import Graph, GraphView, edge_data
 from gnnc.ir import Program
 from gnnc.ir.dims import eval_dim
-from gnnc.model_file import Model
-from gnnc.plan.plan_file import Plan
 from gnnc.runtime import device as devices
 from gnnc.runtime import rng
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, graph_inputs, init_state
@@ -226,87 +220,3 @@ def _add(module: torch.nn.Module, name: str, value: torch.Tensor, buffer: bool =
         module.register_buffer(leaf, value)
     else:
         module.register_parameter(leaf, value)
-
-
-# ----- where the weights come from
-
-
-def load_weights(source: Any, program: Program) -> dict[str, torch.Tensor]:
-    """The weights (and op state) by IR name from `source`: a dict of tensors by IR name, a checkpoint
-    directory or `.ckpt` file of `gnnc run --checkpoint`, or a model file of `gnnc run --save-model`."""
-    if isinstance(source, Mapping):
-        return dict(source)
-    if isinstance(source, (str, os.PathLike)):
-        return _from_file(Path(source), program)
-    raise GnncError(f"to_torch: cannot take weights from a {type(source).__name__}: give a dict of tensors by IR "
-                    "name, a checkpoint directory or file (gnnc run --checkpoint) or a saved model "
-                    "(gnnc run --save-model)")
-
-
-def _from_file(path: Path, program: Program) -> dict[str, torch.Tensor]:
-    from gnnc.runtime.checkpoint import MAGIC, load_state  # deferred: checkpoint loads torch.distributed
-
-    if path.is_dir():
-        marker = path / "latest-rank-0.json"
-        try:
-            epoch = int(json.loads(marker.read_text())["epoch"])
-        except FileNotFoundError:
-            raise GnncError(f"{path}: no checkpoint in it ({marker.name} is missing): give the directory of "
-                            "`gnnc run --checkpoint DIR`") from None
-        except (OSError, ValueError, KeyError, TypeError):
-            raise GnncError(f"{marker}: not a checkpoint marker (corrupt)") from None
-        path = path / f"epoch-{epoch:06d}" / "rank-0.ckpt"
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(MAGIC))
-    except OSError as err:
-        raise GnncError(f"{path}: cannot read it ({err.strerror})") from None
-    if head != MAGIC:
-        from gnnc.saved_model import load_saved  # deferred: a cycle, gnnc.saved_model builds on this module
-
-        return load_saved(path).weights
-    state = load_state(path)
-    if "pipeline" in (state.get("fingerprint") or {}).get("strategies", []):
-        raise GnncError(f"checkpoint {path}: a pipeline's ranks each hold their own stage's trained weights, "
-                        "and rank 0's file has only its own; train without the pipeline strategy to use them")
-    return checkpoint_weights(state["model"], program, path)
-
-
-def checkpoint_weights(saved: Mapping[str, torch.Tensor], program: Program, where: Path) -> dict[str, torch.Tensor]:
-    """A checkpoint's module state (gnnc.runtime.train's `_Params`: weight k as `p{k}`, op state k as `s{k}`,
-    each in program order) by IR name."""
-    names = [*(f"p{k}" for k in range(len(program.params()))), *(f"s{k}" for k in range(len(init_state(program))))]
-    if sorted(saved) != sorted(names):
-        raise GnncError(f"checkpoint {where} holds {len([k for k in saved if k.startswith('p')])} weights and this "
-                        f"model has {len(program.params())}: it is another model's")
-    ir = [*param_shapes(program), *init_state(program)]
-    return {name: saved[key] for key, name in zip(names, ir)}
-
-
-def one_process_program(target: Plan | Model | Program, graph: Any = None) -> Program:
-    """The program one gnnc process runs for `target`: a one-worker plan's own, a distributed plan's model
-    compiled again for one worker (its weights are the same), a model compiled (on `graph`, or with its
-    dims set), a program as it is."""
-    from gnnc.api import compile, load_graph  # deferred: gnnc.api imports this module
-
-    if isinstance(target, Program):
-        return target
-    if isinstance(target, Plan):
-        if target.workers == 1:
-            return target.program
-        program = target.program  # every parameter bound, features and classes included
-        target = Model(parse(target.model.source, target.model.file),
-                       tuple((k, str(v)) for k, v in program.config), target.model.name)
-        graph = None
-    if isinstance(target, Model):
-        return compile(target, None if graph is None else load_graph(graph)).program
-    raise GnncError(f"to_torch: expected a model, a plan or a program, not a {type(target).__name__}")
-
-
-def to_torch(model: Plan | Model | Program, weights: Any, graph: Any = None, seed: int = 0) -> GnncModule:
-    """`model` (a plan, a model, or a compiled program) with trained `weights` as a torch.nn.Module whose
-    `forward(x, edge_index, edge_weight=None)` returns gnnc's logits. A model whose `features` and `classes`
-    are not set (`load_model(path, features=..., classes=...)`) takes them from `graph`. `seed` keys the
-    dropout masks in training mode, as `gnnc run --seed`."""
-    program = one_process_program(model, graph)
-    return GnncModule(program, load_weights(weights, program), seed)

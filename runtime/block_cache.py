@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
+from gnnc.host import MMAP_THRESHOLD_BYTES
 from gnnc.runtime.kernels import native
-from gnnc.runtime.memory import MMAP_THRESHOLD_BYTES
 
 SOURCE = Path(__file__).with_name("block_cache.cpp")
 ENV_SWITCH = "GNNC_BLOCK_CACHE"  # 0 keeps torch's allocator (read once, when a process sets up its allocator)

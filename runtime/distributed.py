@@ -22,7 +22,6 @@ from gnnc.ir.ops import reads_structure
 from gnnc.ir.text import parse_ir
 from gnnc.plan.bins import bins_of
 from gnnc.plan.comm_ops import comm_op
-from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
                                       split_eqn, split_exchange)
@@ -465,14 +464,6 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
             sent[op] = sent.get(op, 0) + nbytes
     return {"logits": gathered, "loss": float(total), "grads": {k: p.grad.detach().to("cpu", copy=True) for k, p in params.items()},
             "bytes_by_op": sent}
-
-
-def worker(cfg: DistConfig, job: DistJob) -> RunResult | None:
-    """One rank's training run; rank 0 returns the run's result (with the logits in global order)."""
-    from gnnc.runtime.pipeline import PipelineWorker  # reason: a cycle; the pipeline's worker imports this module
-
-    return train_and_report(PipelineWorker(cfg, job) if is_pipeline(job.program) else DistWorker(cfg, job),
-                            cfg, job)
 
 
 def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> RunResult | None:

@@ -20,7 +20,6 @@ statistics) lives in `ExecContext.state`, keyed by the equation's result.
 from __future__ import annotations
 
 import math
-import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -91,12 +90,6 @@ def dying_values(program: Program) -> dict[tuple[str, int], list[str]]:
         if name not in (program.logits.name, program.loss.name):
             out.setdefault(at, []).append(name)
     return out
-
-
-def dropout_stream(e: Eqn) -> int:
-    """A dropout's RNG stream: keyed by the name of the value it produces, which passes that
-    insert or move equations (communication, rewrites) keep."""
-    return zlib.crc32(e.outs[0].name.encode())
 
 
 class Interpreter:
@@ -246,13 +239,13 @@ def _dropout(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecC
     p = float(e.attr("p"))
     if x.is_sparse:  # draws only at the nonzeros (the mask elsewhere does not matter)
         idx = x.indices()
-        values = rng.dropout_at(x.values(), ctx.dropout_key(dropout_stream(e)), idx[0], ctx.vertex_ids,
+        values = rng.dropout_at(x.values(), ctx.dropout_key(rng.dropout_stream(e)), idx[0], ctx.vertex_ids,
                                 idx[1] + ctx.col_offset, p)
         return torch.sparse_coo_tensor(idx, values, x.shape, is_coalesced=True, check_invariants=False)
     rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids[: x.shape[0]]
     if rows.shape[0] != x.shape[0]:
         raise AssertionError(f"dropout of {x.shape[0]} rows with ids for {rows.shape[0]}")
-    return rng.dropout(x, ctx.dropout_key(dropout_stream(e)), rows, p, ctx.col_offset)
+    return rng.dropout(x, ctx.dropout_key(rng.dropout_stream(e)), rows, p, ctx.col_offset)
 
 
 @implements("src")

@@ -270,7 +270,6 @@ def _dropout_of(chain: Chain, ctx: Any) -> tuple[Eqn | None, float]:
 
 
 def _run_epilogue(chain: Chain, value, ctx: Any) -> torch.Tensor | None:
-    from gnnc.runtime.executor import dropout_stream  # deferred: the executor imports this module
 
     head = next(e for e in chain.eqns if e.op != "sync")
     x = value(chain.eqns[0].ins[0].name)
@@ -292,7 +291,7 @@ def _run_epilogue(chain: Chain, value, ctx: Any) -> torch.Tensor | None:
     rows, key = None, 0
     if drop is not None:
         rows = native.int64(ctx.vertex_ids[: x.shape[0]])
-        key = ctx.dropout_key(dropout_stream(drop))
+        key = ctx.dropout_key(rng.dropout_stream(drop))
     spec = (act, act_param, rows, key, ctx.col_offset, rng.threshold(p), 1.0 / (1.0 - p))
     return _Epilogue.apply(x, y, bias, spec, chain.inplace and _overwritable(x))
 
@@ -367,7 +366,6 @@ class _Epilogue(torch.autograd.Function):
 
 
 def _run_attention(chain: Chain, value, ctx: Any) -> torch.Tensor | None:
-    from gnnc.runtime.executor import dropout_stream  # deferred: the executor imports this module
 
     dots = [e for e in chain.eqns if e.op == "dot"]
     sddmm, spmm = chain.eqns[len(dots)], chain.eqns[-1]
@@ -404,7 +402,7 @@ def _run_attention(chain: Chain, value, ctx: Any) -> torch.Tensor | None:
     edge_ids, key = None, 0
     if drop is not None:
         edge_ids = native.int64(view.edge_ids)
-        key = ctx.dropout_key(dropout_stream(drop))
+        key = ctx.dropout_key(rng.dropout_stream(drop))
     spec = (csr, n_src, n_dst, heads, depth, slope, edge_ids, key, ctx.col_offset, rng.threshold(p), 1.0 / (1.0 - p))
     if dots:
         return _Attention.apply(z, None, None, a_src.reshape(heads, depth), a_dst.reshape(heads, depth), spec)

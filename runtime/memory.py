@@ -28,8 +28,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
+from gnnc.host import MMAP_THRESHOLD_BYTES
+
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more are mmapped, and unmapped when freed
 
 
 def set_up_allocator() -> None:

@@ -20,9 +20,11 @@ instead of keeping it: no mask is stored between the passes.
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 
+from gnnc.ir import Eqn
 from gnnc.runtime.kernels import native
 
 _M32 = 0xFFFFFFFF
@@ -213,3 +215,9 @@ class _Dropout(torch.autograd.Function):
 # threshold of runtime/memory.py. With 1 MiB blocks each temporary was mmapped and page-faulted anew,
 # and dropout took 60% of a GCN epoch on a 100,000-vertex graph (477 ms; 269 ms with these blocks).
 MASK_BLOCK = 1 << 17
+
+
+def dropout_stream(e: Eqn) -> int:
+    """A dropout's RNG stream: keyed by the name of the value it produces, which passes that
+    insert or move equations (communication, rewrites) keep."""
+    return zlib.crc32(e.outs[0].name.encode())

@@ -35,6 +35,7 @@ import torch
 from gnnc.errors import GnncError, GraphInputError
 from gnnc.host import wait_policy
 from gnnc.ir import Program
+from gnnc.ir.text import training_problem
 from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
 from gnnc.runtime import block_cache
 from gnnc.runtime import device as devices
@@ -106,8 +107,6 @@ class TrainConfig:
         for where, value, ok, want in checks:
             if not ok:
                 raise GnncError(f"{where}: must be {want}, not {value!r}")
-        from gnnc.ir.text import training_problem
-
         for key, flag in OPTIMIZER_FLAGS.items():
             value = getattr(self, key)
             problem = None if value is None and key in ("momentum", "clip") else training_problem(key, value)

@@ -171,7 +171,7 @@ def assert_schedule(text: str, case: str, strategy: str, schedule: str | None) -
 
 
 def rank_worker(cfg: DistConfig, job: DistJob, device: torch.device):
-    """The worker `gnnc.runtime.distributed.worker` runs for `job`, on `device`."""
+    """The worker `gnnc.runtime.rank_worker.worker` runs for `job`, on `device`."""
     return (PipelineWorker if is_pipeline(parse_ir(job.ir)) else DistWorker)(cfg, job, device=device)
 
 

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 import gnnc
 from gnnc.errors import GnncError
 from gnnc.runtime.executor import init_params
-from gnnc.torch_module import GnncModule, to_torch
+from gnnc.api import to_torch
+from gnnc.torch_module import GnncModule
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -4,7 +4,7 @@ Why this exists: a case of the planner's validation grid runs every
 assignment the planner priced, and starting torchrun, its rendezvous and a
 Python with torch on every host costs seconds a plan's few epochs do not; so
 each host's rank trains the plans in turn, in one process group, exactly as
-`gnnc run PLAN` would (gnnc.runtime.distributed.worker: the same shards, the
+`gnnc run PLAN` would (gnnc.runtime.rank_worker.worker: the same shards, the
 same training loop, the same counters). Each plan's peak resident memory is
 its own (the high-water mark starts over before each plan); rank 0 prints
 one JSON line per plan, `{"plan": DIR, ...summary}`:
@@ -30,10 +30,11 @@ import sys
 from typing import Any
 
 from gnnc import api
-from gnnc.runtime.distributed import DistJob, worker
+from gnnc.runtime.distributed import DistJob
 from gnnc.runtime.launch import DistConfig, end_joined_rank, join_torchrun
 from gnnc.host import use_huge_pages
 from gnnc.runtime.metrics import forget_peak_rss
+from gnnc.runtime.rank_worker import worker
 from gnnc.runtime.train import TrainConfig
 
 

@@ -548,7 +548,7 @@ def _bad_edge_line(path: Path, text: str) -> str | None:
 
 def load_ogb_dir(root: Path) -> Graph:
     """An OGB node-property dataset directory as OGB's download lays it out (gnnc.graph.ogb)."""
-    a = read_ogb_dir(root)
+    a = read_ogb_dir(root, read_npz)
     return build_graph(a.edge_index, a.x, a.y, a.masks, a.name, str(root), num_nodes=a.num_nodes, edges=a.edges)
 
 

@@ -33,6 +33,7 @@ num-node-dict.csv.gz) is refused, naming what a homogeneous one would have.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,24 +165,20 @@ def _number(text: str) -> bool:
     return True
 
 
-def _npz(path: Path) -> dict[str, np.ndarray]:
-    from gnnc.graph.loaders import read_npz  # deferred: loaders imports this module
-
-    return read_npz(path)
-
-
-def read_ogb_dir(root: Path) -> OgbArrays:
-    """The arrays of an OGB node-property directory (see the module docstring)."""
+def read_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]) -> OgbArrays:
+    """The arrays of an OGB node-property directory (see the module docstring); `read_npz` reads the binary
+    form's `.npz` files (gnnc.graph.loaders.read_npz: no pickle, every shape checked against the memory
+    before it is allocated; the loaders pass theirs, since they import this module)."""
     ogb_files(root)  # refuses a heterogeneous or incomplete directory before anything is parsed
     raw = root / "raw"
     edge_feat = None
     if (raw / "data.npz").is_file():
-        data = _npz(raw / "data.npz")
+        data = read_npz(raw / "data.npz")
         if "edge_index" not in data:
             raise GraphInputError(f"{raw / 'data.npz'}: edge_index: missing (has {', '.join(sorted(data))})")
         edge_index, x, edge_feat = data["edge_index"], data.get("node_feat"), data.get("edge_feat")
         label_path = raw / "node-label.npz"
-        labels = _npz(label_path)
+        labels = read_npz(label_path)
         if "node_label" not in labels:
             raise GraphInputError(f"{label_path}: node_label: missing (has {', '.join(sorted(labels))})")
         y = labels["node_label"]
