@@ -28,11 +28,14 @@ from gnnc.errors import GnncError, GnncWarning, PlanError
 from gnnc.frontend.syntax import parse
 from gnnc.graph import Graph
 from gnnc.graph.in_memory import as_graph
+from gnnc.graph.tu_dataset import is_graph_dataset_spec
+from gnnc.graph_classification import run as run_graph_classification
 from gnnc.graph.loaders import load_graph as _load
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.host import choose_threads
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
+from gnnc.ir.ops import is_graph_classification, is_link_prediction
 from gnnc.memory_check import check_run_memory
 from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
                              load_model_source)  # (the API's names)
@@ -127,6 +130,12 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
                         "distributed runtime does for full-graph training: compile for --workers N > 1 "
                         "(run with --nproc N), without --fanout")
     program = model.program(graph)
+    if is_graph_classification(program):
+        raise GnncError("a model that reads out graph rows (global_*_pool) classifies graphs: run it with "
+                        "`gnnc run MODEL.gnn --graph tu:DIR` (or graphs:n=600,seed=0), a dataset of many graphs")
+    if is_link_prediction(program) and (workers > 1 or sampling is not None):
+        raise GnncError("link prediction (a model that scores src./dst. pairs) runs in one process for now: "
+                        "compile it for --workers 1 (run it without --nproc) and without --fanout")
     pipeline = [as_spec(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     if workers > 1 and passes is None:
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]
@@ -405,6 +414,13 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
             check_main_guard(nproc)  # before the compile: a script without `if __name__ == "__main__":` fails fast
         if graph is None:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
+        if is_graph_dataset_spec(graph):  # many small graphs: graph classification (gnnc.graph_classification)
+            result = run_graph_classification(target, graph, dict(
+                epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed, progress=progress, device=device,
+                optimizer=optimizer, momentum=momentum, clip=clip, **thread_settings(
+                    None if threads == "auto" else threads, nproc or 1)), nproc or 1, timeout_s=timeout_s)
+            result.epochs, result.device, result.model = len(result.history), device, target.module.models[-1].name
+            return result
         spec, g = graph, load_graph(graph)
         if nproc is not None and nproc > g.num_nodes:  # every worker owns at least one vertex
             raise GnncError(f"--nproc {nproc}: more workers than the graph's {g.num_nodes} vertices")
@@ -423,7 +439,8 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
                               **(thread_settings(None if threads == "auto" else threads, plan.workers)
                                  if threads or plan.workers > 1 else {}))
     if plan.workers == 1:
-        predicted = check_run_memory(plan, graph=g)  # before the run allocates: refused if it cannot fit
+        # before the run allocates: refused if it cannot fit
+        predicted = check_run_memory(plan, graph=g, device=cfg.device)
         result = train_local(plan, g, cfg, metrics, on_epoch)
         result.predicted_peak_rss_bytes = int(predicted.peak)
     else:
@@ -457,6 +474,12 @@ def train_local(plan: Plan, graph: Graph, cfg: TrainConfig, metrics: str | None 
     """Train a one-worker plan in this process: full-graph steps, or sampled minibatches when it samples."""
     if plan.sampling is not None:
         return train_minibatch(plan.program, graph, cfg, plan.sampling, plan.schedule, metrics, on_epoch)
+    if is_link_prediction(plan.program):
+        from gnnc.runtime.link_task import train_link  # deferred: as the runtime's other entry points
+
+        if metrics is not None:
+            raise GnncError("--metrics: link-prediction runs report their metrics with --json, not per rank yet")
+        return train_link(plan.program, graph, cfg, on_epoch=on_epoch)
     return train(plan.program, graph, cfg, metrics_path=metrics, on_epoch=on_epoch)
 
 
@@ -502,7 +525,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         if started_by_torchrun():
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
             return _result(join_torchrun(fn, job, device=cfg.device, timeout_s=timeout))
-        predicted = check_run_memory(plan, shard_dir=plan.shard_dir)  # before any worker starts
+        predicted = check_run_memory(plan, shard_dir=plan.shard_dir, device=cfg.device)  # before any worker starts
         return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
@@ -512,7 +535,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
-        predicted = check_run_memory(plan, shard_dir=tmp)  # before any worker starts
+        predicted = check_run_memory(plan, shard_dir=tmp, device=cfg.device)  # before any worker starts
         fn, job = job_for(tmp)
         try:
             return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)

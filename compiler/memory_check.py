@@ -19,6 +19,11 @@ batch the fan-outs allow (`sampled_layers`: the batch's seeds, and at each
 layer outward every destination's fan-out of sources, bounded by the graph),
 its graph term is what each rank loads (the whole graph in one process, its
 sampled shard in N).
+
+On CUDA (`device="cuda"`) the tensors live on the GPUs: each process's parameters, optimizer state, activations
+and graph are compared with what its GPU has free (`torch.cuda.mem_get_info` of GPU `local rank`, the one
+`gnnc.runtime.device.rank_device` gives it), and only the interpreter itself (`process`) and the graph it loads
+before copying it with the host's memory. Host RAM says nothing about whether a 40 GiB GPU can hold a run.
 """
 from __future__ import annotations
 
@@ -121,25 +126,66 @@ def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:
 
 
 def check_run_memory(plan: Plan, graph: Graph | None = None, shard_dir: str | Path | None = None,
-                     warn: Callable[[str], None] | None = None) -> MemoryEstimate:
+                     warn: Callable[[str], None] | None = None, device: str = "cpu") -> MemoryEstimate:
     """Refuse (GnncError) a run predicted not to fit in the memory available; warn when it comes close.
 
     With `graph`, the run is in this process, which already holds part of what it needs (the
     interpreter, the graph): only the rest must be available. With `shard_dir`, the run starts one
-    new process per shard.
+    new process per shard. On `device` "cuda" each process's device terms are checked against its GPU's
+    free memory, and the host only for the interpreter and the graph (see the module docstring).
     """
     estimate = estimate_run_memory(plan, graph, shard_dir)
+    if device == "cuda":
+        _check_devices(estimate, warn)
     room = available_memory()
     if room is None:
         return estimate
     held = (resident_bytes() or 0) if shard_dir is None else 0
-    need = max(estimate.total - held, 0.0)
+    # on CUDA the host holds each process's interpreter and graph only (the largest process's, for every process)
+    host_total = estimate.total if device != "cuda" else len(estimate.per_process) * _host_terms(estimate)
+    need = max(host_total - held, 0.0)
     if need > room.bytes:
         raise GnncError(describe(estimate, need, room))
     if need > WARN_FRACTION * room.bytes:
         (warn or _stderr)(f"warning: this run is predicted to need {format_bytes(need)} more memory, "
                           f"{need / room.bytes:.0%} of the {room}")
     return estimate
+
+
+# the terms of a process that a CUDA run keeps in the host's memory: the interpreter, and the graph it loads there
+# before copying it to its GPU
+HOST_TERMS = ("process", "graph")
+
+
+def _host_terms(estimate: MemoryEstimate) -> float:
+    return sum(estimate.terms[k] for k in HOST_TERMS)
+
+
+def device_free_memory(index: int) -> AvailableMemory:
+    """What GPU `index` has free now (torch.cuda.mem_get_info: what the driver says, other processes' use
+    included)."""
+    import torch  # deferred: `gnnc check` and a CPU run's pre-check load no torch here
+
+    free, _total = torch.cuda.mem_get_info(index)
+    return AvailableMemory(int(free), f"free on cuda:{index}, torch.cuda.mem_get_info")
+
+
+def _check_devices(estimate: MemoryEstimate, warn: Callable[[str], None] | None) -> None:
+    """Each process's device terms (its total less the interpreter, `process`) against the free memory of its GPU,
+    GPU i for rank i. The graph is counted on both sides: a process loads it on the host and copies it."""
+    baseline = estimate.terms["process"]
+    for rank, total in enumerate(estimate.per_process):
+        need = total - baseline
+        room = device_free_memory(rank)
+        if need > room.bytes:
+            who = "this run" if len(estimate.per_process) == 1 else f"rank {rank} of this run"
+            terms = " + ".join(f"{name} {format_bytes(v)}" for name, v in estimate.terms.items() if name != "process")
+            raise GnncError(f"{who} is predicted to need {format_bytes(need)} on its GPU, more than the {room}; "
+                            f"the largest process needs {terms}. Make the model smaller (--set), or run it on "
+                            "more GPUs (--nproc)")
+        if need > WARN_FRACTION * room.bytes:
+            (warn or _stderr)(f"warning: this run is predicted to need {format_bytes(need)} on cuda:{rank}, "
+                              f"{need / room.bytes:.0%} of the {room}")
 
 
 def describe(estimate: MemoryEstimate, need: float, room: AvailableMemory) -> str:
