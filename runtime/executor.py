@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Program
 from gnnc.graph import CSR, Graph, GraphView, edge_data, sparse_if_sparse
+from gnnc.graph.storage import check_class_labels
 from gnnc.ir.dims import eval_dim, eval_number
 from gnnc.ir.ops import op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
@@ -55,6 +56,14 @@ class ExecContext:
     state: dict[str, torch.Tensor] | None = None  # running state of ops (init_state); None: nothing kept
     hoist_cache: dict[str, torch.Tensor] | None = None  # hoisted values of this run; None: computed every time
     fuse: bool = True  # one process runs fused chains (gnnc.runtime.fusion); False: each equation, as a rank does
+    # the caller runs one backward over this forward and reads none of its values after it but the logits: a fused
+    # kernel may write a gradient over what it kept for that backward (gnnc.runtime.fusion's epilogue)
+    overwrite_saved: bool = False
+    # graph classification (gnnc.runtime.graph_task): the graph row of every vertex row of the batch, and the
+    # dataset ids of the batch's graphs (the graph rows: they key dropout of graph values)
+    batch: torch.Tensor | None = None
+    graph_ids: torch.Tensor | None = None
+    pairs: tuple[torch.Tensor, torch.Tensor] | None = None  # link prediction: the (src, dst) rows pair_src/pair_dst read
 
 
 def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,7 +230,7 @@ def _binary(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecCo
 def _with_rows(e: Eqn, k: int, t: torch.Tensor) -> torch.Tensor:
     """A learnable tensor ([d] or [heads]) meeting vertex or edge rows gets a leading row axis to broadcast on."""
     v, out = e.ins[k].type, e.outs[0].type
-    if v is not None and v.domain == "param" and t.dim() > 0 and out is not None and out.domain in ("vertex", "edge"):
+    if v is not None and v.domain == "param" and t.dim() > 0 and out is not None and out.domain in ("vertex", "edge", "pair", "graph"):
         return t.unsqueeze(0)
     return t
 
@@ -242,7 +251,8 @@ def _dropout(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecC
         values = rng.dropout_at(x.values(), ctx.dropout_key(rng.dropout_stream(e)), idx[0], ctx.vertex_ids,
                                 idx[1] + ctx.col_offset, p)
         return torch.sparse_coo_tensor(idx, values, x.shape, is_coalesced=True, check_invariants=False)
-    rows = view.edge_ids if e.outs[0].type.domain == "edge" else ctx.vertex_ids[: x.shape[0]]
+    domain = e.outs[0].type.domain
+    rows = view.edge_ids if domain == "edge" else ctx.graph_ids if domain == "graph" else ctx.vertex_ids[: x.shape[0]]
     if rows.shape[0] != x.shape[0]:
         raise AssertionError(f"dropout of {x.shape[0]} rows with ids for {rows.shape[0]}")
     return rng.dropout(x, ctx.dropout_key(rng.dropout_stream(e)), rows, p, ctx.col_offset)
@@ -261,6 +271,37 @@ def _dst(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> 
 @implements("edata")
 def _edata(e: Eqn, ins: list[torch.Tensor], view: GraphView, ctx: ExecContext) -> torch.Tensor:
     return view.edge_data[e.attr("name")]
+
+
+@implements("pair_src", "pair_dst")
+def _pair_end(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    if ctx.pairs is None:
+        raise AssertionError(f"{e.op} without a pair set: a link-prediction program runs under gnnc.runtime.link_task")
+    return ins[0][ctx.pairs[0] if e.op == "pair_src" else ctx.pairs[1]]
+
+
+@implements("inner")
+def _inner(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    return (ins[0] * ins[1]).sum(-1)
+
+
+@implements("global_sum_pool", "global_mean_pool", "global_max_pool")
+def _readout(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    """Every vertex row into its graph's row (ctx.batch), as PyG's global_*_pool: a graph without vertices gets 0;
+    max is scatter_reduce's amax without the zeros it starts from (its gradient shared evenly between ties)."""
+    x, batch = ins[0], ctx.batch
+    if batch is None or ctx.graph_ids is None:
+        raise AssertionError(f"{e.op} without a batch of graphs: a graph-classification program runs under "
+                             "gnnc.runtime.graph_task")
+    out = x.new_zeros((ctx.graph_ids.shape[0],) + tuple(x.shape[1:]))
+    if e.op == "global_max_pool":
+        idx = batch.view(-1, *([1] * (x.dim() - 1))).expand_as(x)
+        return out.scatter_reduce(0, idx, x, "amax", include_self=False)
+    out = out.index_add(0, batch, x)
+    if e.op == "global_mean_pool":
+        count = torch.bincount(batch, minlength=out.shape[0]).clamp(min=1).to(x.dtype)
+        out = out / count.view(-1, *([1] * (x.dim() - 1)))
+    return out
 
 
 @implements("gather")
@@ -376,6 +417,39 @@ def _cross_entropy(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx:
     return torch.where(mask, per_row, 0.0).sum() / ctx.loss_count
 
 
+def float_targets(y: torch.Tensor) -> torch.Tensor:
+    """y as the float [rows, T] targets mse and bce read: a multi-label or regression matrix as it is, one class
+    per vertex as a one-column number (what a PyG user's `y.float()` gives; check_class_labels says which
+    graphs a loss accepts)."""
+    return (y if y.dim() == 2 else y.unsqueeze(1)).float()
+
+
+def _per_target(e: Eqn, ins: list[torch.Tensor], ctx: ExecContext,
+                loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The mean of `loss` per (row, target) over the mask's rows and every target, a row at a time as
+    cross_entropy's: every row's term, then the sum over the mask, divided by the global count of mask rows
+    times the targets (a distributed run sums the ranks' parts to the same mean). An unknown target (NaN)
+    adds nothing."""
+    out, y, mask = ins
+    y = float_targets(y)
+    known = mask.unsqueeze(1) & ~torch.isnan(y)
+    terms = loss(out.float(), torch.where(known, y, 0.0))
+    return torch.where(known, terms, 0.0).sum() / (ctx.loss_count * out.shape[1])
+
+
+@implements("mse")
+def _mse(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    return _per_target(e, ins, ctx, lambda out, y: (out - y) ** 2)  # F.mse_loss over the mask's rows
+
+
+@implements("bce")
+def _bce(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecContext) -> torch.Tensor:
+    if len(ins) == 2:  # link prediction's bce(score, label): the mean over the pair set (gnnc.runtime.link_task)
+        return F.binary_cross_entropy_with_logits(ins[0].float().reshape(-1), ins[1].float())
+    # BCEWithLogitsLoss over the mask's rows (the logits' sigmoid is in the loss, stable for large logits)
+    return _per_target(e, ins, ctx, lambda out, y: F.binary_cross_entropy_with_logits(out, y, reduction="none"))
+
+
 def init_params(program: Program, seed: int,
                 device: torch.device | str = "cpu") -> dict[str, torch.nn.Parameter]:
     """Parameters in program order from one seeded generator (the same on every rank and device):
@@ -423,17 +497,38 @@ def graph_inputs(graph: Graph) -> dict[str, torch.Tensor]:
 
 def check_graph_fits(program: Program, graph: Graph) -> None:
     """The program's bound dims, and the edge data it reads, must match the graph it runs on."""
-    check_dims_fit(program, graph.num_features, graph.num_classes, graph.name)
+    check_dims_fit(program, graph.num_features, graph.num_classes, graph.name, graph.y)
     edge_data.check_fits(program, graph.edge_data, graph.name, program.config_dict())
 
 
-def check_dims_fit(program: Program, num_features: int, num_classes: int, name: str) -> None:
+def loss_op(program: Program) -> str:
+    """The op that defines the program's loss (cross_entropy, mse, bce, ...)."""
+    return next(e.op for layer in program.layers for e in layer.eqns if e.outs[0].name == program.loss.name)
+
+
+def check_dims_fit(program: Program, num_features: int, num_classes: int, name: str,
+                   y: torch.Tensor | None = None) -> None:
+    """The model's input width is the graph's; its logits cover the classes, or as many outputs as targets for a
+    loss of float targets. With the graph's (or a shard's) labels `y`, whether the loss can read them
+    (gnnc.graph.storage.check_class_labels)."""
     cfg = program.config_dict()
     feats = program.inputs[0].type.shape[0]
     if eval_dim(feats, cfg) != num_features:
         raise GnncError(f"the model expects {eval_dim(feats, cfg)} input features but graph "
                         f"'{name}' has {num_features}")
     width = eval_dim(program.logits.type.shape[0], cfg)
+    loss = loss_op(program)
+    if op_def(loss).loss == "targets":
+        if y is not None:
+            check_class_labels(y, name, loss)
+            targets = int(y.shape[1]) if y.dim() == 2 else 1
+            if width != targets:
+                raise GnncError(f"the model outputs {width} values per vertex but graph '{name}' has {targets} "
+                                f"target{'s' if targets != 1 else ''} per vertex ({loss} compares one output with "
+                                "each target)")
+        return
+    if y is not None:
+        check_class_labels(y, name, loss)
     if width < num_classes:
         raise GnncError(f"the model outputs {width} logits but graph '{name}' has {num_classes} classes")
 

@@ -30,7 +30,7 @@ from gnnc.frontend.syntax import (Assign, Attr, BinOp, Call, CallStmt, Expr, Lay
 from gnnc.ir import VIEWS, Eqn, Layer, Param, Program, Type, Value, attrs_of, ops
 from gnnc.ir.expr import as_expr
 from gnnc.ir.reducers import REDUCERS, gather_reducers, sync_reducers
-from gnnc.ir.text import TRAINING_CHOICES, TRAINING_KEYS, training_problem
+from gnnc.ir.text import LINK_TRAINING_KEYS, TRAINING_CHOICES, TRAINING_KEYS, training_problem
 
 GRAPH_INPUTS = {
     "x": Type("vertex", (sympy.Symbol("features"),)),
@@ -39,7 +39,57 @@ GRAPH_INPUTS = {
     "val": Type("vertex", (), "bool"),
     "test": Type("vertex", (), "bool"),
 }
+# link prediction's pair labels (1: an edge, 0: a negative pair), read by `loss = bce(score, label)`
+PAIR_LABEL = Value("label", Type("pair", (), "f32"))
 MAX_UNROLL = 4096
+# y's type under a loss that reads float targets (ops.OpDef.loss "targets"): a column per target, `targets` of
+# them (bound from the graph, as `classes` is)
+FLOAT_TARGETS = Type("vertex", (sympy.Symbol("targets"),), "f32")
+# how each loss is called, for the message that refuses another
+LOSS_CALLS = {"cross_entropy": "cross_entropy(logits, y, mask = train)", "mse": "mse(h, y, mask = train)",
+              "bce": "bce(logits, y, mask = train)"}
+
+
+def _is_pair_loss(e: Expr) -> bool:
+    """`bce(score, label)`: a link-prediction loss (the labels are the pairs' `label`, not the vertices' y)."""
+    return (isinstance(e, Call) and e.func == "bce" and e.inputs is None and len(e.args) == 2
+            and isinstance(e.args[1], Name) and e.args[1].id == PAIR_LABEL.name)
+
+
+def _loss_op(stmts) -> str | None:
+    """The op of the model's first `loss = OP(...)` (inside repeat bodies too): it decides y's type."""
+    for s in stmts:
+        if isinstance(s, Assign) and s.target == "loss" and isinstance(s.expr, Call):
+            return None if _is_pair_loss(s.expr) else s.expr.func  # a pair loss reads `label`, y stays classes
+        if isinstance(s, Repeat):
+            found = _loss_op(s.body)
+            if found is not None:
+                return found
+    return None
+
+
+# graph classification: a model that reads out graph rows (ops.READOUTS) is trained on labels and masks of graphs
+GRAPH_LABELS = {"y": Type("graph", (), "i64"), "train": Type("graph", (), "bool"), "val": Type("graph", (), "bool"),
+                "test": Type("graph", (), "bool")}
+
+
+def _calls_readout(node: object) -> bool:
+    """Whether a model's statements (or an expression) call a readout anywhere, repeat bodies included."""
+    if isinstance(node, Call) and node.func in ops.READOUTS:
+        return True
+    if isinstance(node, (list, tuple)):
+        return any(_calls_readout(n) for n in node)
+    if isinstance(node, (Assign, Repeat, BinOp, Neg, Call)):
+        return any(_calls_readout(getattr(node, f)) for f in ("expr", "body", "lhs", "rhs", "operand", "args",
+                                                                 "inputs") if hasattr(node, f))
+    return False
+
+
+def graph_inputs(loss: str | None) -> dict[str, Type]:
+    """The graph's inputs as a model with this loss op reads them: y is an integer class per vertex, or float
+    targets for a loss that reads those (mse, bce)."""
+    op = ops.OPS.get(loss or "")
+    return {**GRAPH_INPUTS, "y": FLOAT_TARGETS} if op is not None and op.loss == "targets" else GRAPH_INPUTS
 
 
 @dataclass(frozen=True)
@@ -122,9 +172,14 @@ class Elaborator:
     # ----- model level -------------------------------------------------------------------------
     def model(self, m: ModelDef) -> Program:
         env: dict[str, Bound] = {}
-        for name, t in GRAPH_INPUTS.items():
+        inputs_t = graph_inputs(_loss_op(m.stmts))
+        if _calls_readout(m.stmts):
+            inputs_t = {**inputs_t, **GRAPH_LABELS}
+        for name, t in inputs_t.items():
             env[name] = Value(name, t)
             self.names.versions[name] = 0
+        env[PAIR_LABEL.name] = PAIR_LABEL
+        self.names.versions[PAIR_LABEL.name] = 0
         for p in m.params:
             val = self.config[p.name]
             if isinstance(val, bool):
@@ -141,8 +196,14 @@ class Elaborator:
             raise self.err(f"model '{m.name}' defines no loss; add "
                            f"`loss = cross_entropy(h, y, mask = train)`", m.loc)
         self._flush_dense(final=True)
+        link = [k for k in LINK_TRAINING_KEYS if k in self.training]
+        if link and not any(e.op in ops.PAIR_OPS for layer in self.layers for e in layer.eqns):
+            raise self.err(f"training setting '{link[0]}' is for link prediction: score pairs with src./dst. "
+                           "(`score = dot(src.z, dst.z)`, `loss = bce(score, label)`)", m.loc)
         layers = _with_outputs(self.layers, self.logits, self.loss)
-        inputs = tuple(Value(n, t) for n, t in GRAPH_INPUTS.items())
+        inputs = tuple(Value(n, t) for n, t in inputs_t.items())
+        if any(v.name == PAIR_LABEL.name for layer in layers for v in layer.inputs):
+            inputs += (PAIR_LABEL,)  # a link-prediction program's pair labels (only then: other programs unchanged)
         cfg = tuple(sorted((k, v) for k, v in self.config.items()))
         return Program(m.name, cfg, inputs, tuple(layers), self.logits, self.loss,
                        tuple(sorted(self.training.items())), self.file)
@@ -172,20 +233,36 @@ class Elaborator:
 
     def _loss(self, s: Assign, env: dict[str, Bound]) -> None:
         e = s.expr
-        if not (isinstance(e, Call) and e.func == "cross_entropy" and e.inputs is None):
-            raise self.err("the loss must be cross_entropy(logits, y, mask = train)", s.loc)
+        if not (isinstance(e, Call) and e.func in ops.loss_ops() and e.inputs is None):
+            calls = [LOSS_CALLS.get(op, f"{op}(...)") for op in ops.loss_ops()]
+            raise self.err(f"the loss must be {', '.join(calls[:-1])} or {calls[-1]}", s.loc)
         if self.loss is not None:
             raise self.err("the loss is defined twice", s.loc)
+        if _is_pair_loss(e):  # link prediction: bce(score, label) over the pair set in use, no mask
+            self._pair_loss(e, env)
+            return
         kw = {k.name: k for k in e.kwargs}
         if len(e.args) != 2 or set(kw) - {"mask"}:
-            raise self.err("cross_entropy takes (logits, labels, mask = MASK)", e.loc)
+            what = "labels" if ops.OPS[e.func].loss == "classes" else "targets"
+            raise self.err(f"{e.func} takes (logits, {what}, mask = MASK)", e.loc)
         logits = self._value(e.args[0], env, "model", "logits")
         labels = self._value(e.args[1], env, "model", "labels")
         mask = self._value(kw["mask"].value, env, "model", "mask") if "mask" in kw else env["train"]
         self.block.target = "loss"
         out = Value(self.names.version("loss"))
-        self._emit("cross_entropy", (logits, labels, mask), out, {}, e.loc)
+        self._emit(e.func, (logits, labels, mask), out, {}, e.loc)
         self.loss, self.logits = out, logits
+
+    def _pair_loss(self, e: Call, env: dict[str, Bound]) -> None:
+        """`loss = bce(score, label)`: the mean over every pair of the set in use (two inputs, no mask)."""
+        if e.kwargs:
+            raise self.err("bce over pairs takes (score, label): every pair of the split in use counts, no mask",
+                           e.kwargs[0].loc)
+        score = self._value(e.args[0], env, "model", "score")
+        self.block.target = "loss"
+        out = Value(self.names.version("loss"))
+        self._emit("bce", (score, PAIR_LABEL), out, {}, e.loc)
+        self.loss, self.logits = out, score
 
     def _repeat(self, s: Repeat, env: dict[str, Bound]) -> None:
         lo = self._int_const(s.start, env)
@@ -449,6 +526,11 @@ class Elaborator:
         raise AssertionError(f"unknown expression node {e!r}")
 
     def _attr(self, e: Attr, scope, prim: str, env) -> Value:
+        if e.base in ("src", "dst") and prim == "model":  # link prediction: z at the pairs' ends (ops.PAIR_OPS)
+            v = self._lookup(e.field, e.loc, scope, env)
+            if not isinstance(v, Value):
+                raise self.err(f"{e.base}.{e.field}: '{e.field}' is a constant, not a vertex tensor", e.loc)
+            return self._emit(f"pair_{e.base}", (v,), None, {}, e.loc)
         if e.base in ("src", "dst"):
             if prim != "scatter":
                 raise self.err(f"{e.base}.{e.field} reads a neighbour: neighbour access is only allowed "
@@ -507,10 +589,13 @@ class Elaborator:
                            + (f" (or {'/'.join(sync_reducers())} in sync)" if REDUCERS[f].sync else "")
                            + (f"; {f}(a, b, ...) of two or more values is elementwise" if f in ops.OPS else ""),
                            c.loc)
-        if f == "cross_entropy":
-            raise self.err("cross_entropy can only define the model's loss", c.loc)
+        if f in ops.loss_ops():
+            raise self.err(f"{f} can only define the model's loss", c.loc)
         if f == "training":
             raise self.err("training(...) must stand alone as a model statement", c.loc)
+        if f == "dot" and len(c.args) == 2 and not c.kwargs and prim == "model":  # a pair's score: dot(src.z, dst.z)
+            xs = tuple(self._value(a, scope, prim, "dot input", env) for a in c.args)
+            return self._emit("inner", xs, None, {}, c.loc)
         op = ops.OPS.get(f)
         if op is None or not op.prims:
             raise GnncTypeError(ops.unknown_op(f, c.loc).message, c.loc, self.module.source)

@@ -7,7 +7,7 @@ layers hold the model-level statements between them (dropout, activations,
 model-level linear maps, the loss). Each equation keeps the source location
 it came from so late errors still point at the user's `.gnn` text.
 
-A `Type` is a domain (vertex, edge, param, scalar), a dtype and a feature
+A `Type` is a domain (vertex, edge, graph, param, scalar), a dtype and a feature
 shape whose entries are sympy expressions (`hidden`, `heads*out`, `16`). An
 elaborated program may hold values whose type is not yet known (`None`,
 printed `?`); the `infer-shapes` pass fills them in.
@@ -27,7 +27,9 @@ import sympy
 from gnnc.errors import GnncError, Loc
 from gnnc.ir.expr import parse_expr
 
-DOMAINS = ("vertex", "edge", "param", "scalar")
+# `pair`: one value per (source, destination) pair of a link-prediction split (gnnc.graph.edge_split)
+# `graph`: one row per graph of a batch of many graphs (graph classification: a readout's result, graph labels)
+DOMAINS = ("vertex", "edge", "param", "scalar", "pair", "graph")
 PRIMITIVES = ("scatter", "gather", "transform", "sync", "apply", "model")
 LAYER_KINDS = ("graph", "dense")
 # the edge views a graph layer may read (see gnnc.graph.storage for what each holds)

@@ -60,6 +60,10 @@ def _combine_domain(eqn: Eqn, a: Type, b: Type) -> str:
         return b.domain
     if b.domain in _UNIFORM:
         return a.domain
+    if "graph" in (a.domain, b.domain):
+        other = b.domain if a.domain == "graph" else a.domain
+        raise _err(eqn, f"cannot combine a graph value (one row per graph) with a {other} value in '{eqn.op}'; "
+                        f"pool vertex values first: {', '.join(READOUTS)}(h)")
     v, e = (eqn.ins[0], eqn.ins[1]) if a.domain == "vertex" else (eqn.ins[1], eqn.ins[0])
     raise _err(eqn, f"cannot combine a vertex value with an edge value in '{eqn.op}'; "
                     f"in scatter, read vertex values through src.X or dst.X")
@@ -138,7 +142,7 @@ def _edge_softmax(eqn: Eqn, ts: list[Type]) -> list[Type]:
 
 def _linear(eqn: Eqn, ts: list[Type]) -> list[Type]:
     x = ts[0]
-    _need(eqn, x, ("vertex", "edge"), "a vertex value")
+    _need(eqn, x, ("vertex", "edge", "pair", "graph"), "a vertex value")
     d_in = _last(eqn, x)
     if len(x.shape) != 1:
         raise _err(eqn, f"'{eqn.op}' expects one feature dim, got {fmt_shape(x.shape)}; "
@@ -156,13 +160,13 @@ def _linear(eqn: Eqn, ts: list[Type]) -> list[Type]:
 
 
 def _bias(eqn: Eqn, ts: list[Type]) -> list[Type]:
-    _need(eqn, ts[0], ("vertex", "edge"), "a vertex value")
+    _need(eqn, ts[0], ("vertex", "edge", "pair", "graph"), "a vertex value")
     return [ts[0]]
 
 
 def _dot(eqn: Eqn, ts: list[Type]) -> list[Type]:
     x = ts[0]
-    _need(eqn, x, ("vertex", "edge"), "a vertex or edge value")
+    _need(eqn, x, ("vertex", "edge", "graph"), "a vertex or edge value")
     _last(eqn, x)
     return [Type(x.domain, x.shape[:-1])]
 
@@ -215,13 +219,41 @@ def _batch_norm(eqn: Eqn, ts: list[Type]) -> list[Type]:
 
 def _cross_entropy(eqn: Eqn, ts: list[Type]) -> list[Type]:
     logits, y, mask = ts
-    _need(eqn, logits, ("vertex",), "vertex logits")
+    # over vertices (node classification) or over graphs (graph classification: logits after a readout, the
+    # graph labels and a mask of graphs); the three on the same rows
+    _need(eqn, logits, ("vertex", "graph"), "vertex logits")
+    rows = logits.domain
     if len(logits.shape) != 1:
         raise _err(eqn, f"cross_entropy expects logits with one feature dim, got {fmt_shape(logits.shape)}")
-    if y.dtype != "i64" or y.domain != "vertex":
-        raise _err(eqn, "cross_entropy expects integer vertex labels (y) as its second argument")
+    if y.dtype != "i64" or y.domain != rows:
+        raise _err(eqn, f"cross_entropy expects integer {rows} labels (y) as its second argument"
+                        + (f", got {y.domain} labels" if y.dtype == "i64" else ""))
+    if mask.dtype != "bool" or mask.domain != rows:
+        raise _err(eqn, f"cross_entropy expects a {rows} mask (train, val, test) as mask")
+    return [Type("scalar", ())]
+
+
+def _readout(eqn: Eqn, ts: list[Type]) -> list[Type]:
+    """vertex rows -> graph rows: one row per graph of the batch, of the same feature shape."""
+    _need(eqn, ts[0], ("vertex",), "a vertex value")
+    _last(eqn, ts[0])
+    return [Type("graph", ts[0].shape)]
+
+
+def _target_loss(eqn: Eqn, ts: list[Type]) -> list[Type]:
+    """mse / bce: one output per target column against a float vertex matrix y; the widths are compared with the
+    graph's number of targets when the program meets a graph (gnnc.runtime.executor.check_dims_fit), since a
+    `linear(h, 1)` and the graph-bound `targets` are different symbols here."""
+    if len(ts) == 2:  # link prediction's bce(score, label): one logit and one 0/1 label per pair, no mask
+        return _pair_loss(eqn, ts)
+    h, y, mask = ts
+    _need(eqn, h, ("vertex",), "vertex outputs (one per target)")
+    if len(h.shape) != 1:
+        raise _err(eqn, f"{eqn.op} expects outputs with one feature dim (one per target), got {fmt_shape(h.shape)}")
+    if y.dtype != "f32" or y.domain != "vertex" or len(y.shape) != 1:
+        raise _err(eqn, f"{eqn.op} expects float vertex targets (y, one column per target) as its second argument")
     if mask.dtype != "bool" or mask.domain != "vertex":
-        raise _err(eqn, "cross_entropy expects a vertex mask (train, val, test) as mask")
+        raise _err(eqn, f"{eqn.op} expects a vertex mask (train, val, test) as mask")
     return [Type("scalar", ())]
 
 
@@ -303,7 +335,9 @@ class OpDef:
     state: non-trainable tensors the op keeps between steps (batch_norm's running statistics), as
         ParamSpecs, held by the runtime under `<result name>.<suffix>` and saved in checkpoints;
     allreduce_elements: in a distributed run, the elements it all-reduces per call (batch_norm's
-        statistics over every rank's rows), from the equation; predict-bytes counts them.
+        statistics over every rank's rows), from the equation; predict-bytes counts them;
+    loss: the op defines a model's loss (`loss = OP(h, y, mask = train)`) and y is typed by it: "classes" (an
+        integer class per vertex) or "targets" (a float matrix, a column per target).
     """
 
     name: str
@@ -327,6 +361,7 @@ class OpDef:
     varies_per_step: bool = False
     state: tuple[ParamSpec, ...] = ()
     allreduce_elements: Callable[[Eqn], Any] | None = None
+    loss: str = ""  # a model's loss: what it reads from y ("classes": one class per vertex; "targets": floats)
 
     @property
     def ir_op(self) -> str:
@@ -353,6 +388,11 @@ def op_def(name: str) -> OpDef:
     if op is None:
         raise KeyError(f"internal: op '{name}' is not defined in gnnc.ir.ops")
     return op
+
+
+def loss_ops() -> list[str]:
+    """The ops that may define a model's loss, in definition order."""
+    return [name for name, op in OPS.items() if op.loss]
 
 
 def callable_ops() -> list[str]:
@@ -454,7 +494,22 @@ define_op(OpDef("maximum", _elementwise_of_many, tensors=None, row_wise=True))
 define_op(OpDef("minimum", _elementwise_of_many, tensors=None, row_wise=True))
 define_op(OpDef("max", None, ELEMENTWISE_PRIMS, tensors=None, emits="maximum"))
 define_op(OpDef("min", None, ELEMENTWISE_PRIMS, tensors=None, emits="minimum"))
-define_op(OpDef("cross_entropy", _cross_entropy, frozenset({"model"}), tensors=3, row_wise=True))
+define_op(OpDef("cross_entropy", _cross_entropy, frozenset({"model"}), tensors=3, row_wise=True, loss="classes"))
+# readouts (PyG's global_*_pool): every vertex's row reduced into its graph's row, over a batch of many graphs
+# (gnnc.runtime.graph_task); max's gradient goes to the maxima as torch's scatter_reduce amax sends it
+READOUTS = ("global_sum_pool", "global_mean_pool", "global_max_pool")
+for _readout_op in READOUTS:
+    define_op(OpDef(_readout_op, _readout, frozenset({"model"})))
+
+
+def is_graph_classification(program: Any) -> bool:
+    """Whether a program reads out graph rows (graph classification over a batch of many graphs)."""
+    return any(e.op in READOUTS for layer in program.layers for e in layer.eqns)
+# node regression (mean squared error over the mask's rows and every target) and multi-label binary targets
+# (binary cross-entropy on logits, ogbn-proteins' 112 tasks); the metrics each reports are the runtime's
+# (gnnc.runtime.task_metrics)
+define_op(OpDef("mse", _target_loss, frozenset({"model"}), tensors=3, row_wise=True, loss="targets"))
+define_op(OpDef("bce", _target_loss, frozenset({"model"}), tensors=3, row_wise=True, loss="targets"))
 
 # binary arithmetic (`a + b`): operands broadcast per head; P3 may add partial sums, scale by a constant
 _TERM_WHY = "adds a term that does not depend on the input before the sync (it would be added once per worker)"
@@ -485,6 +540,46 @@ define_op(OpDef("spmm", _spmm, reads_neighbours=(0,), reads_structure=_always,
                 linear_in=lambda e, reads: _linear_reducer(e) and _reads_first_only(e, reads)))
 define_op(OpDef("sddmm", _sddmm, tensors=2, reads_neighbours=(0,), reads_structure=_always,
                 nonlinear_why=_ATTENTION_WHY))
+
+# link prediction: a model-level `src.z` / `dst.z` reads z at the sources / destinations of the pair set in
+# use (the split's positive and negative pairs, gnnc.graph.edge_split); `dot(a, b)` of two values is `inner`
+def _pair_end(eqn: Eqn, ts: list[Type]) -> list[Type]:
+    _need(eqn, ts[0], ("vertex",), "a vertex value")
+    return [Type("pair", ts[0].shape)]
+
+
+def _inner(eqn: Eqn, ts: list[Type]) -> list[Type]:
+    a, b = ts
+    if a.domain != b.domain or a.domain not in ("vertex", "edge", "pair"):
+        raise _err(eqn, f"dot of two values needs two vertex, edge or pair values of one kind, "
+                        f"got a {a.domain} and a {b.domain} value")
+    if not same_shape(a.shape, b.shape):
+        raise _err(eqn, f"dim mismatch in 'dot': {fmt_shape(a.shape)} vs {fmt_shape(b.shape)}")
+    _last(eqn, a)
+    return [Type(a.domain, a.shape[:-1])]
+
+
+def _pair_loss(eqn: Eqn, ts: list[Type]) -> list[Type]:
+    score, label = ts
+    if score.domain != "pair" or not (not score.shape or (len(score.shape) == 1 and same_dim(score.shape[0], 1))):
+        raise _err(eqn, f"{eqn.op}(score, label) scores pairs: score must be one number per pair "
+                        f"(dot(src.z, dst.z)), got a {score.domain} value of shape {fmt_shape(score.shape)}")
+    if label.domain != "pair" or label.shape or label.dtype != "f32":
+        raise _err(eqn, f"{eqn.op}(score, label) expects the pairs' labels (label) as its second argument")
+    return [Type("scalar", ())]
+
+
+PAIR_OPS = ("pair_src", "pair_dst")
+# the pair set changes between steps (each epoch's negatives, the evaluation's pairs): never hoisted
+define_op(OpDef("pair_src", _pair_end, varies_per_step=True))
+define_op(OpDef("pair_dst", _pair_end, varies_per_step=True))
+define_op(OpDef("inner", _inner, tensors=2, row_wise=True, needs_whole_rows=True))
+
+
+def is_link_prediction(program: Any) -> bool:
+    """Whether a program scores vertex pairs (link prediction) rather than vertices."""
+    return any(e.op in PAIR_OPS for layer in program.layers for e in layer.eqns)
+
 
 # the communication ops insert-comm inserts (see passes/insert_comm.py for what each carries)
 COMM_OPS = tuple(name for name, op in OPS.items() if op.comm)

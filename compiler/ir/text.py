@@ -39,7 +39,12 @@ from gnnc.ir.expr import ExprSyntaxError, parse_expr
 # The settings a program's training may hold, each with its type: the language's `training(...)` keywords.
 TRAINING_KEYS = {"epochs": int, "lr": float, "weight_decay": float, "graph_weight_decay": float, "patience": int,
                  "optimizer": str, "momentum": float, "schedule": str, "warmup": int, "clip": float,
-                 "lr_step_size": int, "lr_gamma": float, "lr_patience": int, "lr_factor": float}
+                 "lr_step_size": int, "lr_gamma": float, "lr_patience": int, "lr_factor": float,
+                 # link prediction's edge split and negatives (gnnc.graph.edge_split), and its Hits@K
+                 "val_edges": float, "test_edges": float, "neg_ratio": float, "hits_k": int,
+                 # graph classification's graphs per step (gnnc.graph.graph_batches)
+                 "batch_size": int}
+LINK_TRAINING_KEYS = ("val_edges", "test_edges", "neg_ratio", "hits_k")
 # The settings that are names, and the names each may be (`training(optimizer = adamw, schedule = cosine)`).
 TRAINING_CHOICES = {"optimizer": ("sgd", "adam", "adamw"), "schedule": ("none", "step", "cosine", "plateau")}
 # The optimizer settings' ranges, as torch.optim and torch.optim.lr_scheduler accept them (lower, upper, whether
@@ -47,7 +52,9 @@ TRAINING_CHOICES = {"optimizer": ("sgd", "adam", "adamw"), "schedule": ("none", 
 TRAINING_RANGES = {"momentum": (0.0, 1.0, True, False), "warmup": (0, None, True, True),
                    "clip": (0.0, None, False, True), "lr_step_size": (1, None, True, True),
                    "lr_gamma": (0.0, 1.0, False, True), "lr_patience": (0, None, True, True),
-                   "lr_factor": (0.0, 1.0, False, False)}
+                   "lr_factor": (0.0, 1.0, False, False), "val_edges": (0.0, 1.0, True, False),
+                   "test_edges": (0.0, 1.0, False, False), "neg_ratio": (0.0, None, False, True),
+                   "hits_k": (1, None, True, True), "batch_size": (1, None, True, True)}
 
 
 def training_problem(key: str, value: Any) -> str | None:
@@ -71,7 +78,7 @@ def training_problem(key: str, value: Any) -> str | None:
 DIM_ATTRS = {"out", "heads", "width"}
 STR_ATTRS = {"reduce", "name", "op", "strategy", "layout", "init", "method", "bin_order"}
 _NAME = r"[A-Za-z0-9_.~^]+"
-_TYPE_RE = re.compile(r"^(vertex|edge|param|scalar):([a-z0-9]+)\[(.*)\]$")
+_TYPE_RE = re.compile(r"^(vertex|edge|param|scalar|pair|graph):([a-z0-9]+)\[(.*)\]$")
 _EQN_RE = re.compile(r"^(?P<outs>.+?) = (?P<op>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<attrs>.*?)\])?"
                      r"\((?P<ins>[^()]*)\)  # (?P<prim>[a-z]+)(?: (?P<line>\d+):(?P<col>\d+))?$")
 _HEAD_RE = re.compile(r"^layer (?P<name>\S+) (?P<kind>graph|dense)(?: (?P<op>[A-Za-z_][A-Za-z0-9_]*)"
