@@ -42,7 +42,7 @@ equations, whose exchanges may sit inside a chain.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -69,6 +69,7 @@ class Chain:
     eqns: tuple[Eqn, ...]  # in program order; the last one's result is the chain's result
     edges: str | None = None  # the graph layer's edge view (attention)
     inplace: bool = False  # the epilogue may write its result over its input x (see `find_chains`)
+    escapes: bool = False  # its result is the program's logits, or an alias of them: read after the backward
 
     @property
     def result(self) -> str:
@@ -176,7 +177,17 @@ def find_chains(program: Program) -> dict[str, Chain]:
             # two stages or more save passes; one saves its output's allocation when it can overwrite its input
             if sum(x.op != "sync" for x in chain) >= (1 if inplace else 2):
                 add(chain, "epilogue", inplace=inplace)
-    return chains
+    logits = _alias_names(program.logits.name, producer)
+    return {k: replace(c, escapes=True) if c.result in logits else c for k, c in chains.items()}
+
+
+def _alias_names(name: str, producer: dict) -> set[str]:
+    """`name` and the values it may be (a view of) in one process, through the ops `_aliases` names."""
+    out = {name}
+    while name in producer and _aliases(producer[name][2]):
+        name = producer[name][2].ins[0].name
+        out.add(name)
+    return out
 
 
 # ops whose backward does not read their own result (spmm: with a linear reducer), so that the next
@@ -293,7 +304,8 @@ def _run_epilogue(chain: Chain, value, ctx: Any) -> torch.Tensor | None:
         rows = native.int64(ctx.vertex_ids[: x.shape[0]])
         key = ctx.dropout_key(rng.dropout_stream(drop))
     spec = (act, act_param, rows, key, ctx.col_offset, rng.threshold(p), 1.0 / (1.0 - p))
-    return _Epilogue.apply(x, y, bias, spec, chain.inplace and _overwritable(x))
+    overwrite_saved = ctx.overwrite_saved and not chain.escapes
+    return _Epilogue.apply(x, y, bias, spec, chain.inplace and _overwritable(x), overwrite_saved)
 
 
 def _overwritable(x: torch.Tensor) -> bool:
@@ -322,11 +334,18 @@ def _epilogue_args(spec: tuple) -> list:
 
 
 class _Epilogue(torch.autograd.Function):
-    """drop(act(x [+ y] [+ bias])); the backward reads only the result (and draws the mask again)."""
+    """drop(act(x [+ y] [+ bias])); the backward reads only the result (and draws the mask again).
+
+    With `overwrite_saved` the backward writes x's gradient over the result it kept: every reader of the result
+    has run its backward by then (they come after the chain), so the step holds two [vertices, width] tensors
+    there (the incoming gradient and the result turned gradient) instead of three. Only for a caller that runs
+    one backward and reads the result no more (ExecContext.overwrite_saved); the version bump makes a second
+    backward over the same graph (retain_graph) fail in torch's words instead of reading a gradient as a result.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor | None, bias: torch.Tensor | None,
-                spec: tuple, inplace: bool = False) -> torch.Tensor:
+                spec: tuple, inplace: bool = False, overwrite_saved: bool = False) -> torch.Tensor:
         """`inplace`: the result is written over x (contiguous), which nothing else reads."""
         x = x.contiguous()
         y = None if y is None else y.contiguous()
@@ -341,6 +360,7 @@ class _Epilogue(torch.autograd.Function):
             raise MemoryError("epilogue: out of memory")
         ctx.spec, ctx.has_y, ctx.bias_shape = spec, y is not None, None if bias is None else bias.shape
         ctx.passes_grad = spec[0] == IDENTITY and spec[2] is None  # d out / d x is 1: nothing to compute
+        ctx.overwrite_saved = overwrite_saved
         if inplace:
             ctx.mark_dirty(x)
         ctx.save_for_backward(None if ctx.passes_grad else out)
@@ -354,15 +374,17 @@ class _Epilogue(torch.autograd.Function):
         if ctx.passes_grad:
             gx = grad
         else:
-            gx = torch.empty_like(out)
+            gx = out if ctx.overwrite_saved else torch.empty_like(out)
             n, width = out.shape[0], math.prod(out.shape[1:])
             status = native.fn(native.usable(out), "epilogue_backward", out.dtype)(
                 native.ptr(grad), native.ptr(out), native.ptr(gx), n, width, *_epilogue_args(ctx.spec))
             if status != 0:
                 raise MemoryError("epilogue backward: out of memory")
+            if ctx.overwrite_saved:
+                torch.autograd.graph.increment_version(out)
         # the bias's gradient as autograd forms it for `x + bias` (torch's sum, in torch's order)
         gb = None if ctx.bias_shape is None else gx.sum(0).reshape(ctx.bias_shape)
-        return gx, (gx if ctx.has_y else None), gb, None, None
+        return gx, (gx if ctx.has_y else None), gb, None, None, None
 
 
 def _run_attention(chain: Chain, value, ctx: Any) -> torch.Tensor | None:

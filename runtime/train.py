@@ -233,7 +233,7 @@ class Worker:
         kb = rng.stream_key(self.cfg.seed, epoch)
         return ExecContext(self.views, self.ids, self.program.config_dict(), training,
                            lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels,
-                           state=self.state, hoist_cache=self.hoisted)
+                           state=self.state, hoist_cache=self.hoisted, overwrite_saved=training)
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and loss; at bf16/fp16 the products run in autocast (fp32 master weights)."""
