@@ -193,9 +193,11 @@ def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
     t = program.logits.type
     if t is None or len(t.shape) != 1:
         return
+    loss = next((e for layer in program.layers for e in layer.eqns if e.outs[0].name == program.loss.name), None)
+    if loss is not None and loss.op != "cross_entropy":
+        return  # a loss of float targets compares one output per target: a mismatch is refused at the run
     width = as_expr(t.shape[0]).subs({sympy.Symbol(k): v for k, v in program.config if isinstance(v, int)})
     if width.is_Integer and int(width) > graph.num_classes:
-        loss = next((e for layer in program.layers for e in layer.eqns if e.op == "cross_entropy"), None)
         warnings.warn(GnncWarning(f"the logits are {int(width)} wide but graph '{graph.name}' has "
                                   f"{graph.num_classes} classes: {int(width) - graph.num_classes} of them never "
                                   f"match a label", loss.loc if loss else None, model.module.source), stacklevel=3)

@@ -220,9 +220,7 @@ def _run(args: argparse.Namespace) -> int:
         _emit_json(result.to_json())
     else:
         print(f"{result.model} on {result.graph or args.graph} x{result.world_size} "
-              f"({describe_assignment(result.strategies)}): test acc {result.test_acc:.4f} "
-              f"(at best val {result.val_acc:.4f}, epoch {result.best_epoch}); final test acc "
-              f"{result.final_test_acc:.4f}; train loss {result.train_loss:.4f}; "
+              f"({describe_assignment(result.strategies)}): {result.headline()}; "
               f"{result.epoch_time_s * 1000:.1f} ms/epoch")
     return 0
 

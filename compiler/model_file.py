@@ -47,7 +47,8 @@ class Model:
 def graph_dims(graph: Any) -> dict[str, int]:
     if graph is None:
         return {}
-    return {"features": graph.num_features, "classes": graph.num_classes, "nodes": graph.num_nodes}
+    return {"features": graph.num_features, "classes": graph.num_classes, "targets": graph.num_targets,
+            "nodes": graph.num_nodes}
 
 
 def edge_shapes(graph: Any) -> dict[str, int | None] | None:

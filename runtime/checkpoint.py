@@ -496,8 +496,9 @@ class Checkpointer:
 
 # --- what a checkpoint holds, checked before anything of it is applied -------------------------
 
-# The numbers of an epoch record in `extra["history"]` (the training loop's), each read back on resume.
-HISTORY_FIELDS = ("epoch", "loss", "train_acc", "val_acc", "test_acc", "time_s", "bytes_sent")
+# The numbers of an epoch record in `extra["history"]` (the training loop's), each read back on resume; the
+# task's metrics (train_acc, val_rmse, ...: gnnc.runtime.task_metrics) are numbers too, named by the task.
+HISTORY_FIELDS = ("epoch", "loss", "time_s", "bytes_sent")
 
 
 def _number(value: Any) -> bool:

@@ -346,7 +346,7 @@ class DistWorker(Worker):
         self.device = devices.start_rank(job.train.device, job.train.precision, cfg.local_rank, device)
         program = job.program
         data = load_rank(job.shard_dir, cfg.rank, cfg.world_size)
-        check_dims_fit(program, data.num_features, data.num_classes, data.graph_name)
+        check_dims_fit(program, data.num_features, data.num_classes, data.graph_name, data.inputs["y"])
         self.rank, self.world_size = cfg.rank, cfg.world_size
         self.program = program
         self.num_nodes = data.num_nodes

@@ -102,7 +102,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         program = parse_ir(job.ir)
         data = load_sampled_rank(job.shard_dir, cfg.rank, cfg.world_size)
         graph = data.graph
-        check_dims_fit(program, data.num_features, graph.num_classes, graph.name)
+        check_dims_fit(program, data.num_features, graph.num_classes, graph.name, graph.y)
         self.rank, self.world_size = cfg.rank, cfg.world_size
         self.device = torch.device("cpu")  # sampled runs on several workers stay on the host (gnnc.api says so)
         self.program, self.cfg, self.stats = program, job.train, comm.CommStats()

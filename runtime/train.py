@@ -41,9 +41,10 @@ from gnnc.runtime import block_cache
 from gnnc.runtime import device as devices
 from gnnc.runtime import rng
 from gnnc.runtime.kernels import native
+from gnnc.runtime.task_metrics import TaskMetrics, task_metrics
 from gnnc.graph import GraphView
 from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params,
-                                   init_state)
+                                   init_state, loss_op)
 from gnnc.graph import Graph
 from gnnc.graph.storage import check_class_labels
 
@@ -181,11 +182,32 @@ class RunResult:
     # the trained weights and the ops' running state by IR name, on the host, after the last epoch (what
     # `gnnc run --save-model` keeps; a pipeline's rank 0 holds only its stage's trained)
     weights: dict[str, torch.Tensor] | None = None
+    # a task's own metrics beside (or, where accuracy means nothing, instead of) the accuracies: link
+    # prediction's test_auc, test_hits@K, test_mrr (gnnc.runtime.link_task); printed by --json at the top level
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Every field but the logits, the history and the model's name (JSON-ready): what `gnnc run --json`
-        prints."""
-        return {k: getattr(self, k) for k in SUMMARY_FIELDS}
+        prints, with the task's metrics; accuracies a task does not have (NaN) are left out."""
+        out = {k: getattr(self, k) for k in SUMMARY_FIELDS
+               if not (k in ("test_acc", "val_acc", "final_test_acc") and getattr(self, k) != getattr(self, k))}
+        out.update(self.metrics)
+        return out
+
+    def headline(self) -> str:
+        """The run's figures in words, for `gnnc run`'s line: the test metric at the best validation epoch, the
+        last epoch's, the training loss (accuracy's, or the task's metrics where it has no accuracy)."""
+        if self.test_acc == self.test_acc:  # not NaN
+            return (f"test acc {self.test_acc:.4f} (at best val {self.val_acc:.4f}, epoch {self.best_epoch}); "
+                    f"final test acc {self.final_test_acc:.4f}; train loss {self.train_loss:.4f}")
+        names = [k[len("final_test_"):] for k in self.metrics if k.startswith("final_test_")]
+        if not names:
+            return f"train loss {self.train_loss:.4f}"
+        at = ", ".join(f"test {n} {self.metrics[f'test_{n}']:.4f}" for n in names)
+        return (f"{at} (at best val {names[0]} {self.metrics[f'val_{names[0]}']:.4f}, epoch {self.best_epoch}); "
+                "final " + ", ".join(f"test {n} {self.metrics[f'final_test_{n}']:.4f}" for n in names)
+                + f"; train loss {self.train_loss:.4f}")
+
 
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
@@ -374,13 +396,6 @@ class _Params(torch.nn.Module):
             self.register_buffer(f"s{i}", t)
 
 
-def _counts(logits: torch.Tensor, own: dict[str, torch.Tensor]) -> torch.Tensor:
-    """[correct, labelled] for train, val and test, float64 on the logits' device (no host read)."""
-    hit = logits.argmax(-1) == own["y"]
-    return torch.stack([t for split in ("train", "val", "test")
-                        for t in ((hit & own[split]).sum(), own[split].sum())]).to(torch.float64)
-
-
 def train_step(worker: Worker, params: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler | None, epoch: int) -> torch.Tensor:
     """One training step: forward, backward, the gradient sum over workers, the optimizer step; returns the loss.
@@ -397,14 +412,16 @@ def train_step(worker: Worker, params: dict[str, torch.nn.Parameter], opt: torch
 
 
 def epoch_metrics(worker: Worker, loss: torch.Tensor, logits: torch.Tensor, maxima: list[float],
-                  sent: int, eval_sent: int = 0) -> tuple[float, list[float], list[float]]:
-    """(this rank's loss, the sums over ranks of [loss, correct and labelled per split, the step's bytes, the
-    evaluation's bytes], the largest over ranks of each of `maxima` (seconds, activation bytes)): the epoch's
-    one read of device values on the host."""
+                  sent: int, eval_sent: int = 0, task: TaskMetrics | None = None
+                  ) -> tuple[float, list[float], list[float]]:
+    """(this rank's loss, the sums over ranks of [loss, the task's numbers (correct and labelled per split for
+    accuracy: gnnc.runtime.task_metrics), the step's bytes, the evaluation's bytes], the largest over ranks of
+    each of `maxima` (seconds, activation bytes)): the epoch's one read of device values on the host."""
     own_logits, own = worker.owned(logits)
     dev = loss.device
+    task = task or task_metrics("cross_entropy")
     # the step's and the evaluation's bytes, each a scalar: the host's one upload of several values is `maxima`
-    local = torch.cat([loss.reshape(1).to(torch.float64), _counts(own_logits, own),
+    local = torch.cat([loss.reshape(1).to(torch.float64), task.local(worker, own_logits, own),
                        torch.tensor([float(sent)], dtype=torch.float64, device=dev),
                        torch.tensor([float(eval_sent)], dtype=torch.float64, device=dev)])
     summed = worker.sum(local)
@@ -475,6 +492,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
     from gnnc.runtime.metrics import EpochRecord, MetricsLog, peak_memory_since, reset_peak_memory
 
     check_trainable(worker, cfg)
+    task = task_metrics(loss_op(worker.program))  # what each epoch reports, and which epoch is best
     params = init_params(worker.program, cfg.seed, worker.device)
     opt = make_optimizer(worker.program, params, cfg)
     schedule = LRSchedule(opt, cfg)
@@ -543,14 +561,13 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             # (not the sum of the two maxima, which would count a fast rank's wait for a slow one twice)
             wall = time.perf_counter() - t0
             record.loss, counts, (slowest, most, wall_slowest) = epoch_metrics(
-                worker, loss, logits, [elapsed, activation, wall], sent, worker.stats.total_bytes() - sent)
+                worker, loss, logits, [elapsed, activation, wall], sent, worker.stats.total_bytes() - sent, task)
             eval_slowest = max(wall_slowest - slowest, 0.0)
-            rec = {"epoch": epoch, "loss": float(counts[0]), "train_acc": float(counts[1] / max(counts[2], 1)),
-                   "val_acc": float(counts[3] / max(counts[4], 1)), "test_acc": float(counts[5] / max(counts[6], 1)),
-                   "time_s": slowest, "bytes_sent": int(counts[7]), "activation_peak_bytes": int(most),
-                   "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[8]), "lr": lr}
+            rec = {"epoch": epoch, "loss": float(counts[0]), **task.finish(counts[1:-2]),
+                   "time_s": slowest, "bytes_sent": int(counts[-2]), "activation_peak_bytes": int(most),
+                   "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[-1]), "lr": lr}
             history.append(rec)
-            record.train_acc, record.val_acc, record.test_acc = rec["train_acc"], rec["val_acc"], rec["test_acc"]
+            record.train_acc, record.val_acc, record.test_acc = (rec.get(f"{s}_acc") for s in ("train", "val", "test"))
             log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
             if not math.isfinite(rec["loss"]):
                 # Every rank sees the same summed loss, so all stop here together; no checkpoint of it.
@@ -559,15 +576,17 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                     "features, --lr and --weight-decay)")
             if on_epoch is not None:
                 on_epoch(rec)
-            schedule.step(rec["val_acc"])  # every rank sees the same accuracy: every rank's rate is the same
+            schedule.step(task.score(rec))  # every rank sees the same metric: every rank's rate is the same
             if ckpt is not None:
                 ckpt.maybe_save(epoch, _Params(params, worker.state), opt,
                                 {"history": history, "lr_schedule": schedule.state_dict()})
             if bar is not None:
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}", test=f"{rec['test_acc']:.3f}")
+                name = task.names[0]
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec[f'val_{name}']:.3f}",
+                                test=f"{rec[f'test_{name}']:.3f}")
                 bar.update(1)
             if cfg.patience is not None:
-                best_epoch = max(history, key=lambda r: (r["val_acc"], -r["epoch"]))["epoch"]
+                best_epoch = max(history, key=lambda r: (task.score(r), -r["epoch"]))["epoch"]
                 if epoch - best_epoch >= cfg.patience:
                     break  # every rank sees the same (all-reduced) accuracies, so all stop together
     finally:
@@ -580,9 +599,10 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             lock.release()
     if not history:
         raise ValueError("training ran no epoch")
-    best = max(history, key=lambda r: (r["val_acc"], -r["epoch"]))
+    best = max(history, key=lambda r: (task.score(r), -r["epoch"]))
     steady = history[1:] or history
-    return RunResult(test_acc=best["test_acc"], val_acc=best["val_acc"], final_test_acc=history[-1]["test_acc"],
+    return RunResult(test_acc=best.get("test_acc", math.nan), val_acc=best.get("val_acc", math.nan),
+                     final_test_acc=history[-1].get("test_acc", math.nan), metrics=task.summary(best, history[-1]),
                      train_loss=history[-1]["loss"], epoch_time_s=statistics.median(r["time_s"] for r in steady),
                      logits=logits, history=history, best_epoch=int(best["epoch"]),
                      eval_time_s=statistics.median(r.get("eval_time_s", 0.0) for r in steady),
@@ -609,7 +629,7 @@ def train(program: Program, graph: Graph, cfg: TrainConfig, metrics_path: str | 
     from gnnc.runtime.metrics import peak_rss_bytes  # deferred: metrics loads torch.distributed
 
     check_graph_inputs(graph.name, graph.stand_ins)
-    check_class_labels(graph.y, graph.name)
+    check_class_labels(graph.y, graph.name, loss_op(program))
     result = fit(worker or Worker(program, graph, cfg), cfg, metrics_path, on_epoch)
     result.logits, result.graph, result.peak_rss_bytes = result.logits.cpu(), graph.name, peak_rss_bytes()
     result.strategies = [layer.attr("strategy", "local") for layer in program.graph_layers()]

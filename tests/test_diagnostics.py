@@ -51,7 +51,7 @@ CASES = [
     ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nlayer L(in) {\n  apply h = h\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
      "bad.gnn:4:7: 'L' is defined twice (first at line 1)"),
     ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = h\n}\n',
-     'bad.gnn:6:3: the loss must be cross_entropy(logits, y, mask = train)'),
+     'bad.gnn:6:3: the loss must be cross_entropy(logits, y, mask = train), mse(h, y, mask = train) or bce(logits, y, mask = train)'),
     ('layer L(in, out) {\n  transform t = L(in, out)(h)\n  apply h = t\n}\nmodel M(features, classes) {\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',
      "bad.gnn:2:17: layer 'L' can only be used in a model, not inside a layer"),
     ('layer L(in, out) {\n  apply h = linear(h, out)\n}\nmodel M(features, classes, n = 2.5) {\n  repeat i in 1..n {\n    x1 = x\n  }\n  h = L(features, classes)(x)\n  loss = cross_entropy(h, y, mask = train)\n}\n',

@@ -144,12 +144,12 @@ def test_heterogeneous_dataset_refused_naming_what_is_missing(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("rel, text, message", [
-    ("raw/node-label.csv.gz", "0\n1.5\n", r"y: expected integer class labels .*1\.5 at row 1"),
+    ("raw/node-label.csv.gz", "0\ninf\n", r"y: expected integer class labels .*inf at row 1"),
     ("raw/edge.csv.gz", "0,1\n1,x\n", "edge.csv.gz:2: edge_index: column 2 holds 'x', not a number"),
     ("raw/edge.csv.gz", "0,1\n1,\n", "edge.csv.gz:2: edge_index: an empty field"),
     ("raw/edge.csv.gz", "0,1\n1,7\n", "edge_index: vertex id 7"),
     ("split/s/train.csv.gz", "5\n", "train_mask: vertex id 5 is out of range"),
-    ("raw/node-label.csv.gz", "0,1\n1,2\n", "multi-label targets must be 0, 1 or NaN"),
+    ("raw/node-label.csv.gz", "0,1\n1,inf\n", "targets must be finite numbers or NaN"),
 ])
 def test_bad_files_name_the_field(tmp_path, rel, text, message) -> None:
     root = tmp_path / "ogbn_small"

@@ -74,8 +74,14 @@ def trained(model, graph, directory: Path, epochs: int = 1):
     return plan, result
 
 
+# examples that read what a module's forward(x, edge_index, edge_weight) does not take
+NOT_ON_CORA = {"proteins_multilabel": "reads 8-dimensional edge features (edge.attr)"}
+
+
 @pytest.mark.parametrize("example", sorted(p.stem for p in EXAMPLES.glob("*.gnn")))
 def test_every_example_gives_gnncs_logits(example: str, cora, tmp_path: Path) -> None:
+    if example in NOT_ON_CORA:
+        pytest.skip(NOT_ON_CORA[example])
     model = gnnc.load_model(EXAMPLES / f"{example}.gnn", **SMALL.get(example, {}))
     plan, result = trained(model, cora, tmp_path)
     module = to_torch(plan, tmp_path).eval()

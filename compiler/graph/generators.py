@@ -71,7 +71,29 @@ SBM_PARAMS: Mapping[str, Param] = {
     "classes": Param(int, 4, lambda v: v >= 1, "an integer >= 1"),
     "seed": Param(int, 0, _nonnegative, "a non-negative integer"),
 }
-GENERATORS: Mapping[str, Mapping[str, Param]] = {"rmat": RMAT_PARAMS, "sbm": SBM_PARAMS}
+REGRESS_PARAMS: Mapping[str, Param] = {
+    "n": Param(int, None, lambda v: v >= 2, "an integer >= 2"),
+    "deg": Param(float, 8.0, _positive, "a positive number"),
+    "features": Param(int, 16, _positive, "a positive integer"),
+    "targets": Param(int, 1, _positive, "a positive integer"),
+    "noise": Param(float, 0.1, _nonnegative, "a non-negative number"),
+    "seed": Param(int, 0, _nonnegative, "a non-negative integer"),
+}
+PROTEINS_PARAMS: Mapping[str, Param] = {
+    "n": Param(int, None, lambda v: v >= 2, "an integer >= 2"),
+    "deg": Param(float, 20.0, _positive, "a positive number"),
+    "features": Param(int, 8, _positive, "a positive integer"),
+    "tasks": Param(int, 112, _positive, "a positive integer"),
+    "edge_features": Param(int, 8, _positive, "a positive integer"),
+    "seed": Param(int, 0, _nonnegative, "a non-negative integer"),
+}
+GENERATORS: Mapping[str, Mapping[str, Param]] = {"rmat": RMAT_PARAMS, "sbm": SBM_PARAMS, "regress": REGRESS_PARAMS,
+                                                 "proteins": PROTEINS_PARAMS}
+# regress: the weight of the vertex's own features in its target, beside the smooth function of its neighbours'
+SELF_WEIGHT = 0.5
+# proteins: the spread of a vertex's latent profile against its edges' noise, and of the tasks' label noise
+PROTEINS_EDGE_NOISE = 0.5
+PROTEINS_LABEL_NOISE = 0.5
 
 
 def _convert(kind: type, text: str) -> Any:
@@ -126,10 +148,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
 def generate(spec: str) -> Graph:
     """The graph a generator spec names (see `parse_spec`)."""
     kind, params = parse_spec(spec)
-    if kind == "rmat":
-        g = rmat(**params)
-    else:
-        g = sbm(**params)
+    g = {"rmat": rmat, "sbm": sbm, "regress": regress, "proteins": proteins}[kind](**params)
     g.name = spec
     return g
 
@@ -185,8 +204,9 @@ def _distinct_pairs(draw: Callable[[int], tuple[np.ndarray, np.ndarray]], n: int
 
 
 def _graph_from_pairs(keys: np.ndarray, n: int, x: np.ndarray, y: np.ndarray, rng: np.random.Generator,
-                      name: str) -> Graph:
-    """Both directions of every pair; edges ordered by destination, then source."""
+                      name: str, pair_attr: np.ndarray | None = None) -> Graph:
+    """Both directions of every pair; edges ordered by destination, then source. `y`: integer classes, or float
+    targets kept as they are; `pair_attr`: a feature row per pair, on both of its edges (`edge.attr`)."""
     dt = index_dtype(n)
     lo, hi = (keys // n).astype(dt), (keys % n).astype(dt)
     src = np.concatenate([lo, hi])
@@ -194,8 +214,74 @@ def _graph_from_pairs(keys: np.ndarray, n: int, x: np.ndarray, y: np.ndarray, rn
     order = np.argsort(dst.astype(np.int64) * n + src, kind="stable")
     src, dst = src[order], dst[order]
     train, val, test = split_masks(n, rng)
-    return Graph(n, src, dst, torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)),
-                 torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(test), name=name)
+    edge_data = {} if pair_attr is None else {"attr": torch.from_numpy(np.concatenate([pair_attr, pair_attr])[order])}
+    return Graph(n, src, dst, torch.from_numpy(x), torch.from_numpy(y if y.dtype.kind == "f" else y.astype(np.int64)),
+                 torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(test), name=name,
+                 edge_data=edge_data)
+
+
+def _uniform_pairs(n: int, deg: float, rng: np.random.Generator) -> np.ndarray:
+    """About n*deg/2 distinct undirected pairs drawn uniformly (an Erdos-Renyi graph of average degree `deg`)."""
+    return _distinct_pairs(lambda m: (rng.integers(0, n, size=m), rng.integers(0, n, size=m)), n,
+                           _target_pairs(n, deg), rng)
+
+
+def _neighbour_mean(keys: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Every vertex's mean of its neighbours' rows of `values` ([n, d]; 0 without a neighbour)."""
+    lo, hi = keys // n, keys % n
+    total = np.zeros((n, values.shape[1]))
+    np.add.at(total, lo, values[hi])
+    np.add.at(total, hi, values[lo])
+    deg = np.bincount(lo, minlength=n) + np.bincount(hi, minlength=n)
+    return total / np.maximum(deg, 1)[:, None]
+
+
+def regress(n: int, deg: float = 8.0, features: int = 16, targets: int = 1, noise: float = 0.1,
+            seed: int = 0) -> Graph:
+    """Node regression with a known target: uniform random edges, Gaussian features, and per target t
+    y[v, t] = sin(a_t(v)) + SELF_WEIGHT * b_t(v) + noise * N(0, 1), with a_t the standardised projection of the
+    mean of v's neighbours' features on a fixed random direction and b_t its own features' on another: a
+    smooth function of the aggregated neighbourhood that a one-layer linear model cannot fit but a GNN can.
+    float32 [n, targets] targets."""
+    _check_size(n, deg)
+    rng = np.random.default_rng(seed)
+    keys = _uniform_pairs(n, deg, rng)
+    x = rng.standard_normal((n, features), dtype=np.float32)
+    w = rng.standard_normal((2, features, targets))
+    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    a = _neighbour_mean(keys, n, x.astype(np.float64)) @ w[0]
+    a /= np.maximum(a.std(axis=0), 1e-12)
+    y = np.sin(a) + SELF_WEIGHT * (x @ w[1]) + noise * rng.standard_normal((n, targets))
+    return _graph_from_pairs(keys, n, x, y.astype(np.float32), rng,
+                             f"regress:n={n},deg={deg:g},features={features},targets={targets},noise={noise:g},"
+                             f"seed={seed}")
+
+
+def proteins(n: int, deg: float = 20.0, features: int = 8, tasks: int = 112, edge_features: int = 8,
+             seed: int = 0) -> Graph:
+    """A graph like ogbn-proteins: `tasks` binary targets per vertex that the vertex features do not predict
+    and its edges' features do. Every vertex has a latent profile (edge_features wide, Gaussian); an edge's
+    features are the sigmoid of its ends' profiles' mean plus noise (in (0, 1), as proteins' association
+    scores; the same on both directions), the features are noise, and target t is 1 where a fixed random
+    direction's projection of the vertex's profile plus noise exceeds the task's threshold (its positive rate
+    drawn in [0.05, 0.5]). Averaging a vertex's edge features recovers its profile, so a model that reads them
+    (`scatter m = edge.attr; gather a = mean(m)`) predicts the targets; float32 [n, tasks] 0/1 targets."""
+    _check_size(n, deg)
+    rng = np.random.default_rng(seed)
+    keys = _uniform_pairs(n, deg, rng)
+    profile = rng.standard_normal((n, edge_features))
+    lo, hi = keys // n, keys % n
+    mixed = (profile[lo] + profile[hi]) / 2 + PROTEINS_EDGE_NOISE * rng.standard_normal((len(keys), edge_features))
+    attr = (1 / (1 + np.exp(-mixed))).astype(np.float32)
+    x = rng.standard_normal((n, features), dtype=np.float32)
+    w = rng.standard_normal((edge_features, tasks))
+    w /= np.linalg.norm(w, axis=0, keepdims=True)
+    score = profile @ w + PROTEINS_LABEL_NOISE * rng.standard_normal((n, tasks))
+    rate = rng.uniform(0.05, 0.5, size=tasks)
+    threshold = np.array([np.quantile(score[:, t], 1 - rate[t]) for t in range(tasks)])
+    y = (score > threshold).astype(np.float32)
+    return _graph_from_pairs(keys, n, x, y, rng, f"proteins:n={n},deg={deg:g},features={features},tasks={tasks},"
+                                                 f"edge_features={edge_features},seed={seed}", pair_attr=attr)
 
 
 def rmat(n: int, deg: float = 10.0, features: int = 16, classes: int = 4, seed: int = 0) -> Graph:

@@ -280,15 +280,25 @@ def build_graph(edge_index: Any, x: Any, y: Any, masks: Mapping[str, Any] | None
                  *(torch.from_numpy(m) for m in mask_arrays), name=name, stand_ins=stand_ins, edge_data=data)
 
 
+def _real_targets(ya: np.ndarray) -> bool:
+    """Float labels with a known value that is not a whole number: regression targets, not classes."""
+    if ya.dtype.kind != "f":
+        return False
+    known = ya[np.isfinite(ya)]
+    return bool((known != np.round(known)).any())
+
+
 def _labels(ya: np.ndarray, n: int, source: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(y as the Graph holds it, which vertices have no label or None) from a file's y.
 
     [N] (or [N, 1]) class labels 0..C-1: integers, or floats whose NaN marks a vertex without a label (OGB
     writes NaN there) and whose other values are whole numbers; a label-less vertex gets UNLABELLED. [N, T]
-    with T > 1: multi-label binary targets (ogbn-proteins' 112 tasks), 0/1 or NaN (unknown), kept as float32;
-    a vertex with no known target is unlabelled.
+    with T > 1, or floats of which one is not a whole number: float targets kept as float32 [N, T] (a [N] as
+    one column), NaN for unknown: multi-label binary targets (ogbn-proteins' 112 tasks, 0/1) or regression
+    targets; the model's loss says which it reads (gnnc.graph.storage.check_class_labels). A vertex with no
+    known target is unlabelled.
     """
-    if ya.ndim == 2 and ya.shape[1] == 1:
+    if ya.ndim == 2 and ya.shape[1] == 1 and not _real_targets(ya):
         ya = ya[:, 0]
     if ya.ndim not in (1, 2):
         raise GraphInputError(f"{source}: y: expected shape [N] (classes) or [N, T] (multi-label), "
@@ -298,12 +308,13 @@ def _labels(ya: np.ndarray, n: int, source: str) -> tuple[np.ndarray, np.ndarray
     if ya.shape[0] != n:
         raise GraphInputError(f"{source}: y: has {ya.shape[0]} rows but x has {n} (one label per vertex)")
     missing = np.isnan(ya) if ya.dtype.kind == "f" else None
+    if ya.ndim == 1 and _real_targets(ya):  # one regression target per vertex: a column of them
+        ya, missing = ya[:, None], missing[:, None]
     if ya.ndim == 2:
         known = ya[~missing] if missing is not None else ya
-        bad = ~np.isin(known, (0, 1))
-        if bad.any():
-            raise GraphInputError(f"{source}: y: multi-label targets must be 0, 1 or NaN (unknown), got "
-                                  f"{float(known[bad][0]):g}")
+        if np.isinf(known).any():
+            raise GraphInputError(f"{source}: y: targets must be finite numbers or NaN (unknown), got "
+                                  f"{float(known[np.isinf(known)][0]):g}")
         unlabelled = missing.all(axis=1) if missing is not None else None
         return np.ascontiguousarray(ya, dtype=np.float32), unlabelled if unlabelled is not None and unlabelled.any() else None
     if missing is not None:

@@ -152,6 +152,11 @@ class Graph:
         return int(self.y.max().item()) + 1 if self.y.numel() else 0
 
     @property
+    def num_targets(self) -> int:
+        """The columns of y as float targets (mse, bce read them): T of a [N, T] y, 1 for one class per vertex."""
+        return int(self.y.shape[1]) if self.y.dim() == 2 else 1
+
+    @property
     def multi_label(self) -> bool:
         """y is a [N, T] matrix of binary targets (ogbn-proteins' 112 tasks), not one class per vertex."""
         return self.y.dim() == 2
@@ -212,13 +217,25 @@ class Graph:
         return self._views[key]
 
 
-def check_class_labels(y: torch.Tensor, name: str) -> None:
-    """Refuse, before a run, multi-label targets: training reads one class per vertex (cross_entropy, accuracy).
-    Such a graph loads, converts, partitions and compiles; training on it is issue 37."""
-    if y.dim() != 1:
-        raise GraphInputError(f"graph '{name}' cannot be trained yet: its y holds multi-label targets "
-                              f"({int(y.shape[1])} binary tasks per vertex, as ogbn-proteins'), and training reads one "
-                              f"class per vertex (cross_entropy); it can be converted, partitioned and compiled")
+def check_class_labels(y: torch.Tensor, name: str, loss: str | None = None) -> None:
+    """Refuse, before a run, labels the model's loss cannot read (`loss`: its op; None: not known yet, nothing
+    to check). cross_entropy reads one class per vertex, so a multi-label (or regression) matrix is refused
+    rather than read as something else; mse reads float targets and takes one class per vertex as a number (as
+    `F.mse_loss(out, y.float())` would); bce reads binary targets: 0, 1 or NaN (unknown), a matrix or one 0/1
+    class per vertex."""
+    if loss is None:
+        return
+    if loss == "cross_entropy" and y.dim() != 1:
+        raise GraphInputError(f"graph '{name}' holds {int(y.shape[1])} float targets per vertex (a multi-label "
+                              f"matrix, as ogbn-proteins' 112 binary tasks), but the model's loss is cross_entropy, "
+                              f"which reads one class per vertex: use `loss = bce(logits, y, mask = train)` for "
+                              f"binary targets or `loss = mse(h, y, mask = train)` for regression")
+    if loss == "bce":
+        known = y[~torch.isnan(y)] if y.is_floating_point() else y[y != UNLABELLED]
+        bad = known[(known != 0) & (known != 1)]
+        if bad.numel():
+            raise GraphInputError(f"graph '{name}': bce reads binary targets (0, 1 or NaN for unknown), but its y "
+                                  f"holds {float(bad[0]):g}; for classes use cross_entropy, for real values mse")
 
 
 @dataclass

@@ -66,8 +66,9 @@ FREE_OPS = frozenset({"const", "edata", "sync"})
 SPARSE_INPUT_OPS = frozenset({"dropout", "linear"})
 # the classes that also cost per row (or edge) whatever its elements, and the class that prices that
 PER_ROW = {"dropout": "dropout_row", "attention": "attention_row"}
-_CLASS_OF = {"dropout": "dropout", "cross_entropy": "loss", "sddmm": "attention", "edge_softmax": "attention",
-             "src": "copy", "dst": "copy"}
+# the losses (cross_entropy, mse, bce: ops.loss_ops) read each row of their widest input once and write a scalar
+_CLASS_OF = {"dropout": "dropout", "cross_entropy": "loss", "mse": "loss", "bce": "loss", "sddmm": "attention",
+             "edge_softmax": "attention", "src": "copy", "dst": "copy"}
 
 
 def op_class(e: Eqn) -> str | None:
