@@ -37,16 +37,36 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return (float((ranks * labels).sum()) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
+def _column_aucs(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """roc_auc of every column at once ([n, T] scores, 0/1 labels, no NaN), ties counted half: each column's
+    average ranks from one sort, a tie's rows sharing the mean of its first and last position."""
+    scores, labels = scores.double(), labels.double()
+    n, t = scores.shape
+    s, order = torch.sort(scores, 0)
+    new = torch.ones_like(s, dtype=torch.bool)
+    new[1:] = s[1:] != s[:-1]
+    group = (torch.cumsum(new.long(), 0) - 1) + torch.arange(t) * n  # a tie's id, unique over the columns
+    pos = torch.arange(1, n + 1, dtype=torch.float64).unsqueeze(1).expand(n, t).reshape(-1)
+    flat = group.reshape(-1)
+    first = torch.full((n * t,), math.inf, dtype=torch.float64).scatter_reduce(0, flat, pos, "amin")
+    last = torch.zeros(n * t, dtype=torch.float64).scatter_reduce(0, flat, pos, "amax")
+    ranks = torch.empty_like(s).scatter_(0, order, ((first[flat] + last[flat]) / 2).reshape(n, t))
+    n_pos = labels.sum(0)
+    n_neg = n - n_pos
+    return ((ranks * labels).sum(0) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
 def mean_roc_auc(scores: torch.Tensor, targets: torch.Tensor) -> float:
     """OGB's rocauc (ogb.nodeproppred.Evaluator for ogbn-proteins): per target column, over its known (non-NaN)
-    rows, skipping a column without both a positive and a negative; the mean over the rest (NaN if none)."""
-    aucs = []
-    for t in range(targets.shape[1]):
-        y = targets[:, t]
-        known = ~torch.isnan(y)
-        yk = y[known]
-        if bool((yk == 1).any()) and bool((yk == 0).any()):
-            aucs.append(roc_auc(scores[known, t], yk))
+    rows, skipping a column without both a positive and a negative; the mean over the rest (NaN if none).
+    Columns without an unknown target are computed together (one sort), the others one by one."""
+    unknown = torch.isnan(targets)
+    rated = ((targets == 1).any(0) & (targets == 0).any(0))
+    whole = rated & ~unknown.any(0)
+    aucs = _column_aucs(scores[:, whole], targets[:, whole]).tolist() if bool(whole.any()) else []
+    for t in torch.nonzero(rated & ~whole).flatten().tolist():
+        known = ~unknown[:, t]
+        aucs.append(roc_auc(scores[known, t], targets[known, t]))
     return sum(aucs) / len(aucs) if aucs else math.nan
 
 
