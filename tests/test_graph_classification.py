@@ -284,3 +284,14 @@ def test_gnnc_run_reports_test_acc(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert 0.0 <= out["test_acc"] <= 1.0 and out["epochs"] == 2 and out["world_size"] == 1
+
+
+def test_readouts_have_cost_entries() -> None:
+    """Each readout is priced as a copy of its vertex rows (passes/cost/ops.py), on the last layer's output rows."""
+    from gnnc.passes.cost.ops import op_class, program_op_work
+
+    program = run_pipeline(_pool_program(), DEFAULT_PIPELINE)
+    pools = [e for layer in program.layers for e in layer.eqns if e.op in ops.READOUTS]
+    assert len(pools) == 3 and {op_class(e) for e in pools} == {"copy"}
+    work = dict(((side, cls), n) for side, cls, n in program_op_work(program)[-1].forward)
+    assert work[("out", "copy")] == 3 * 8  # three pools of the 8-wide h per vertex row

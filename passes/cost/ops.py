@@ -68,7 +68,11 @@ SPARSE_INPUT_OPS = frozenset({"dropout", "linear"})
 PER_ROW = {"dropout": "dropout_row", "attention": "attention_row"}
 # the losses (cross_entropy, mse, bce: ops.loss_ops) read each row of their widest input once and write a scalar
 _CLASS_OF = {"dropout": "dropout", "cross_entropy": "loss", "mse": "loss", "bce": "loss", "sddmm": "attention",
-             "edge_softmax": "attention", "src": "copy", "dst": "copy"}
+             "edge_softmax": "attention", "src": "copy", "dst": "copy", "pair_src": "copy", "pair_dst": "copy",
+             # graph classification's readouts: each vertex row read once and added (or maxed) into its graph's
+             # row, per vertex element as a copy; the ops after them run on graph rows, a graph's share of its
+             # vertices' (eqn_work counts vertex and edge rows only)
+             "global_sum_pool": "copy", "global_mean_pool": "copy", "global_max_pool": "copy"}
 
 
 def op_class(e: Eqn) -> str | None:
@@ -101,7 +105,7 @@ def eqn_work(e: Eqn, config) -> tuple[str, float]:
     (a reduction such as `dot` or the loss reads more than it writes), in the domain of that value."""
     best = ("scalar", 0.0)
     for v in (*e.outs, *e.ins):
-        if v.type is None or v.type.domain not in ("vertex", "edge"):
+        if v.type is None or v.type.domain not in ("vertex", "edge", "pair"):
             continue
         n = _elements(v, config)
         if n > best[1]:
@@ -166,6 +170,8 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
                 continue
             if domain == "edge":
                 side = "edge"
+            elif domain == "pair":  # link prediction's pairs, counted on the message edges (pairs_per_edge)
+                side, n = "edge", n * pairs_per_edge(program)
             if cls == "dropout" and reads_sparse:  # at the nonzeros only, one hash each
                 entries = [(side, "dropout", n * input_density), (side, "dropout_row", n * input_density)]
             else:
@@ -174,6 +180,14 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
             if backward:
                 into["backward"] += entries
     return [LayerOpWork(_merged(w["forward"]), _merged(w["backward"]), w["calls_f"], w["calls_b"]) for w in work]
+
+
+def pairs_per_edge(program: Program) -> float:
+    """A training step's scored pairs per message-passing edge of a link-prediction program: one positive per
+    training edge, whose two directions an undirected graph passes messages over, and neg_ratio negatives each
+    (gnnc.graph.edge_split); the evaluation's pairs (a sixth of the training edges with 85/5/10) are not told
+    apart."""
+    return (1.0 + float(dict(program.training).get("neg_ratio", 1.0))) / 2.0
 
 
 def _merged(entries: list[tuple[str, str, float]]) -> tuple[tuple[str, str, float], ...]:
