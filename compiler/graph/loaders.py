@@ -7,8 +7,9 @@ one on-disk cache. Specs:
 * `planetoid:cora`, `planetoid:citeseer` — shipped with gnnc (public split),
   features row-normalised as PyG's NormalizeFeatures does;
   `planetoid:cora,normalize=false` keeps the raw 0/1 features.
-* `rmat:n=..,deg=..,features=..,classes=..,seed=..`, `sbm:n=..,blocks=..,...`
-  — generators (`gnnc.graph.generators`).
+* `rmat:n=..,deg=..,features=..,classes=..,seed=..`, `sbm:n=..,blocks=..,...`,
+  `regress:n=..,targets=..,noise=..,...` (float targets), `proteins:n=..,tasks=..,edge_features=..,...`
+  (multi-label targets and edge features) — generators (`gnnc.graph.generators`).
 * `FILE.npz` — arrays `edge_index` [2, E] (integer), `x` [N, F] (numeric),
   `y` [N] (integer; or float with NaN for an unlabelled vertex, which is then in no mask;
   or [N, T] multi-label 0/1 targets), optional `train_mask`/`val_mask`/`test_mask` (bool [N];
@@ -128,6 +129,12 @@ def available_datasets() -> list[tuple[str, str]]:
                                                        "undirected, N*D edges"),
         ("sbm:n=N,blocks=B,deg=D,intra=P,features=F,classes=C,seed=S",
          "contextual stochastic block model: a fraction P of edges inside blocks, classes follow blocks"),
+        ("regress:n=N,deg=D,features=F,targets=T,noise=E,seed=S",
+         "node regression with a known target: T float targets, a smooth function of the neighbours' mean "
+         "features plus the vertex's own, plus noise E (`loss = mse(...)`)"),
+        ("proteins:n=N,deg=D,features=F,tasks=T,edge_features=K,seed=S",
+         "like ogbn-proteins: T binary targets that K-dimensional edge features (edge.attr) predict and the "
+         "features do not (`loss = bce(...)`; defaults 112 tasks, 8 edge features)"),
         ("FILE.npz", "arrays edge_index, x, y, optional train_mask/val_mask/test_mask (without them a "
                      "random 60/20/20 split, seed 0; 'FILE.npz,split_seed=N' for another) and edge_NAME "
                      "(edge_weight, edge_attr, ...)"),
