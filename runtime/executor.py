@@ -339,7 +339,7 @@ def _linear(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecCo
         with off:
             out = sparse_features_mm(x, w)
     else:
-        out = x @ w
+        out = rng.matmul_redrawn(x, w)  # a dropout of the features is drawn again in the backward, not kept
     if len(ins) > 2:
         out = out + ins[2]
     heads = e.attr("heads")
