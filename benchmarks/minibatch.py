@@ -110,7 +110,7 @@ def bytes_section(out: Path) -> dict:
                   f"{sum(row['dp-sample']['measured_epoch1'].values()) / dp:.4f} (dp-sample)")
             rows.append(row)
     plan = api.compile(gnnc.load_model(SAGE, hidden=32), graph, workers=WORKERS, sampling=P3_SAMPLING, seed=0,
-                       cluster="p3")
+                       cluster="p3", explain=True)
     crossovers = plan.meta.planner.crossovers
     print(explain(plan))
     return {"rows": rows, "crossovers": crossovers, "chosen": plan.meta.planner.strategies}

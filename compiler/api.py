@@ -86,7 +86,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
             sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
             memory_cap: int | None = None, pipeline_groups: int = 0, precision: str = DEFAULT_PRECISION,
-            device: str = "cpu") -> Plan:
+            device: str = "cpu", explain: bool = False) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -106,7 +106,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     `precision` (gnnc.plan.precision) sets the bytes predicted per exchanged
     element and the rates the planner prices; the plan records it, and a run
     of the plan uses it. `device` picks which of this machine's probes
-    (`gnnc probe --device`) the `local` cluster is.
+    (`gnnc probe --device`) the `local` cluster is. `explain` finds the planner's crossovers (where its choice
+    flips) and keeps them in the plan (`--explain`; not otherwise: they cost more than the choice).
     """
     check_precision(precision)
     if sampling is not None and precision != DEFAULT_PRECISION:
@@ -179,7 +180,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         planner=None if report is None else PlannerRecord(
             cluster=cluster if isinstance(cluster, str) else ctx.cluster.name, strategies=report.strategies,
             predicted_time_s=report.predicted_time_s, predicted_memory_bytes=report.predicted_memory_bytes,
-            alternatives=report.alternatives, crossovers=report.crossovers,
+            alternatives=report.alternatives, crossovers=report.explained() if explain else None,
             segments=[list(seg) for seg in report.segments], segment_costs=report.segment_costs,
             schedule=report.schedule))
     if report is not None and report.memory_warning:

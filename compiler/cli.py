@@ -81,7 +81,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     device = _resolve_device(args.device, here=False)
     plan = api.compile(model, graph, workers=args.workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
-                       memory_cap=args.memory_cap, precision=args.precision, device=device, **_sampled_options(args))
+                       memory_cap=args.memory_cap, precision=args.precision, device=device, explain=args.explain,
+                       **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:

@@ -152,6 +152,8 @@ def explain(plan) -> str:
                 for a in alternatives]
         lines += _columns(("strategies", "time ms", "MB/epoch", "MiB/worker"), rows)
         lines += _why(planner, alternatives, names)
+        if planner.crossovers is None:  # found only when asked for: they cost more than the choice
+            lines.append("  crossovers: not recorded in this plan (gnnc compile --explain finds them)")
         for c in planner.crossovers or []:
             lines.append(f"  crossover: {c}")
         lines += _segment_table(planner, names)

@@ -34,7 +34,7 @@ def _table(text: str, header: str) -> list[str]:
 
 def test_default_cluster_is_named_and_deep_models_keep_their_columns(graph) -> None:
     model = gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=6)
-    plan = gnnc.compile(model, graph, workers=4)  # no --cluster: the default profile
+    plan = gnnc.compile(model, graph, workers=4, explain=True)  # no --cluster: the default profile
     text = explain(plan)
     assert f"on cluster '{DEFAULT_CLUSTER}'" in text and "'None'" not in text
     rows = _table(text, "strategies")
@@ -64,7 +64,7 @@ def test_explain_names_what_the_memory_cap_ruled_out(graph) -> None:
     weights = 4 * sum(s.bytes for s in parameter_sizes(gnnc.compile(model, graph).program))
     tight = dataclasses.replace(roomy, name="tight",
                                 memory_per_worker=(max(others) + fastest["memory_bytes"]) / 2 + weights)
-    plan = gnnc.compile(model, graph, workers=4, cluster=tight)
+    plan = gnnc.compile(model, graph, workers=4, cluster=tight, explain=True)
     text = explain(plan)
     assert "on cluster 'tight'" in text
     assert plan.meta.planner.strategies != fastest["strategies"]

@@ -166,7 +166,8 @@ def test_the_sampled_planner_offers_2f2b_only_with_approximate_and_marks_it() ->
     exact = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3")
     schedules = {a["schedule"] for a in exact.meta.planner.alternatives}
     assert schedules == {"sequential"} and not exact.meta.approximations
-    loose = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3", approximate=True)
+    loose = api.compile(model, graph, workers=2, sampling=SamplingConfig((4, 3), 16), cluster="p3", approximate=True,
+                        explain=True)
     marked = [a for a in loose.meta.planner.alternatives if a["schedule"] == "2f2b"]
     assert len(marked) == 1 and "3 optimizer steps old" in marked[0]["approximate"][0]
     assert any("crossover" not in c and "pushpull sends fewer bytes than dp-sample" in c

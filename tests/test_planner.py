@@ -44,7 +44,7 @@ def test_neutronstar_google_like_graph_gets_depcache_and_a_bandwidth_crossover()
     graph = api.load_graph(GOOGLE_LIKE)
     assert 5.5 < graph.num_edges / graph.num_nodes < 6.5
     plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=256), graph, workers=8, partition="metis",
-                       cluster="neutronstar-ecs", allow=["depcache", "depcomm"])
+                       cluster="neutronstar-ecs", allow=["depcache", "depcomm"], explain=True)
     # NeutronStar compares whole-model strategies: DepCache wins. The DP also finds that caching the first
     # layer and exchanging the narrow (16 classes wide, GeMM first) rows of the second is cheaper still.
     assert [layer.attr("strategy") for layer in plan.program.graph_layers()] == ["depcache", "depcomm"]
@@ -74,7 +74,7 @@ P3_GRAPH = "sbm:n=20000,blocks=16,deg=50,intra=0.5,features={F},classes=4,seed=0
 def _p3_plan(features: int, hidden: int, passes: list[str] | None, allow: list[str] | None):
     graph = api.load_graph(P3_GRAPH.format(F=features))
     return api.compile(api.load_model(EXAMPLES / "sage.gnn", hidden=hidden), graph, workers=16, partition="hash",
-                       cluster="p3", passes=passes, allow=allow)
+                       cluster="p3", passes=passes, allow=allow, explain=True)
 
 
 @pytest.mark.parametrize("features", [100, 128, 256])

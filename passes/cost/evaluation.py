@@ -115,6 +115,18 @@ def _numeric(expr: sympy.Expr) -> Callable[[Mapping[Symbol, np.ndarray]], Any]:
     return lambda t: fn(*[t[s.name] for s in syms])
 
 
+class Overlay(dict):
+    """A table by name (what `numeric_function`'s functions read) with a few entries over a shared base: the
+    entries it holds, else the base's (no copy of the base, which holds every symbol of a deep model)."""
+
+    def __init__(self, base: Mapping[str, Any], entries: Mapping[str, Any]):
+        super().__init__(entries)
+        self.base = base
+
+    def __missing__(self, name: str) -> Any:
+        return self.base[name]
+
+
 def table(inputs: CostInputs, extra: Values | None) -> Mapping[Symbol, Any]:
     """Every symbol's value per worker: the inputs' (`CostInputs.table`, shared, read-only), then `extra`'s."""
     if not extra:

@@ -9,7 +9,7 @@ DepComm.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,11 +19,12 @@ from sympy import Symbol
 from gnnc.passes.cost.collectives import all_to_all_time, all_gather_time, any_moved
 from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_forward, compute_backward,
                                       layer_memory, call_ops, copy_time, edge_ops, layer_ops, row_ops)
-from gnnc.passes.cost.evaluation import compile_expr, table
+from gnnc.passes.cost.epoch import evaluation_of
+from gnnc.passes.cost.evaluation import CostValue, Overlay, compile_expr, numeric_function, table
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, hop_vertices, hop_edges,
                                       comm_rows, comm_sent, recompute_rows, recompute_edges, RX, LayerShape,
-                                      CostInputs, Cost, ZERO)
+                                      CostInputs, Cost, Rows, ZERO)
 
 
 @cost_formula("depcomm")
@@ -142,21 +143,97 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
     fwd_terms, bwd_terms, memory_terms = [], [], []  # summed once: sympy re-sorts a sum at every +=
     for m, shape in enumerate(shapes):
         layer = start + m
-        in_rows, out_rows, edges = hop_vertices(k - m), hop_vertices(k - 1 - m), hop_edges(k - 1 - m)
-        gemm_rows = in_rows if shape.gemm_first else out_rows
-        fwd_terms.append(compute_forward(layer, shape, gemm_rows, edges)
-                         + layer_ops(layer, in_rows, out_rows, edges, "f"))
-        bwd_terms.append(compute_backward(layer, shape, gemm_rows, edges)
-                         + layer_ops(layer, in_rows, out_rows, edges, "b"))
+        rows = {_IN: hop_vertices(k - m), _OUT: hop_vertices(k - 1 - m), _EDGES: hop_edges(k - 1 - m)}
+        fwd, bwd, memory, _ = _depcache_layer(layer, shape)
+        fwd_terms.append(fwd.xreplace(rows))
+        bwd_terms.append(bwd.xreplace(rows))
         if bins > 1:
-            bwd_terms.append(_bin_recompute(layer, shape, out_rows, edges))
-        memory_terms.append(layer_memory(layer, shape, in_rows, ZERO, out_rows, edges))
+            bwd_terms.append(_bin_recompute(layer, shape, rows[_OUT], rows[_EDGES]))
+        memory_terms.append(memory.xreplace(rows))
     fwd, bwd, memory = sympy.Add(*fwd_terms), sympy.Add(*bwd_terms), sympy.Add(*memory_terms)
     nbytes = ZERO
     if fetch_input if fetch_input is not None else start > 0:
         t_f, t_b, nbytes = _fetch_rows(hop_vertices(k) - V, d(start), shapes[0].input_grad)
         fwd, bwd = t_f + fwd, bwd + t_b
     return Cost(f"depcache[{start}:{end}]", (fwd, bwd), nbytes, memory)
+
+
+# A DepCache layer's rows, as placeholders: its input rows, its output rows and the edges it aggregates over (a
+# layer m of a k-layer segment: HV_{k-m}, HV_{k-1-m}, HE_{k-1-m}), so that one formula per layer serves every span
+_IN, _OUT, _EDGES = (Symbol(f"_depcache_{n}", nonnegative=True) for n in ("in_rows", "out_rows", "edges"))
+_HOP = Symbol("_depcache_hop_rows", nonnegative=True)  # HV_k of a k-layer segment, for its entry fetch
+
+
+@functools.lru_cache(maxsize=4096)
+def _depcache_layer(layer: int, shape: LayerShape) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+    """One layer of a DepCache segment on the placeholder rows `_IN`, `_OUT`, `_EDGES`: its forward and backward
+    time, its memory, and its forward as the evaluation pass runs it (gnnc.passes.cost.epoch)."""
+    gemm_rows = _IN if shape.gemm_first else _OUT
+    fwd = compute_forward(layer, shape, gemm_rows, _EDGES) + layer_ops(layer, _IN, _OUT, _EDGES, "f")
+    bwd = compute_backward(layer, shape, gemm_rows, _EDGES) + layer_ops(layer, _IN, _OUT, _EDGES, "b")
+    memory = layer_memory(layer, shape, _IN, ZERO, _OUT, _EDGES)
+    [evaluation] = evaluation_of((fwd,), range(layer, layer + 1))
+    return fwd, bwd, memory, evaluation
+
+
+class DepcacheSpans:
+    """`depcache` (with the evaluation pass's stage, as the planner prices it) on any span of one model, evaluated
+    without building the span's formula.
+
+    Why: a k-layer segment's formula holds O(k) terms and the planner prices up to L(L+1)/2 spans; building
+    each span's sum (sympy sorting its terms) took most of a deep model's compile. Layer l of a segment
+    [start, end) runs on HV_{end-l} input rows, HV_{end-1-l} output rows and HE_{end-1-l} edges, whatever the
+    start: each layer's terms (`_depcache_layer`) are compiled once and evaluated on every hop count in one
+    numpy call, and a span sums its layers' values at its hop counts. The values are the formula's, summed in
+    another order (equal to rounding: tests/test_planner_speed.py).
+    """
+
+    def __init__(self, inputs: CostInputs, shapes: Sequence[LayerShape]):
+        self.inputs, self.shapes = inputs, tuple(shapes)
+        self.table = inputs.table.by_name
+        hv, he = np.asarray(inputs.hop_vertices, np.float64), np.asarray(inputs.hop_edges, np.float64)
+        self.hops = hv.shape[1] - 1  # a segment of at most this many layers has its rows counted
+        p = inputs.workers
+        # every symbol as a column, the placeholders as [workers, hop counts]: one call per layer term
+        self._grid = {**{n: np.broadcast_to(v, (p,)).reshape(p, 1) for n, v in self.table.items()},
+                      _IN.name: hv[:, 1:], _OUT.name: hv[:, :-1], _EDGES.name: he[:, :-1]}
+        self._terms: dict[int, np.ndarray] = {}  # layer -> [hop count h, term (fwd, bwd, memory, eval), worker]
+
+    def _layer(self, layer: int) -> np.ndarray:
+        terms = self._terms.get(layer)
+        if terms is None:
+            p, h = self.inputs.workers, self.hops
+            exprs = _depcache_layer(layer, self.shapes[layer])
+            cols = [np.broadcast_to(np.asarray(numeric_function(e)[0](self._grid), np.float64), (p, h)) for e in exprs]
+            terms = self._terms[layer] = np.ascontiguousarray(np.stack(cols).transpose(2, 0, 1))
+        return terms
+
+    def value(self, start: int, end: int) -> CostValue:
+        k = end - start
+        if not 1 <= k <= self.hops:
+            raise KeyError(f"no value for {hop_vertices(k)} (depcache[{start}:{end}])")
+        fwd, bwd, memory, evaluation = sum(self._layer(layer)[end - 1 - layer] for layer in range(start, end))
+        nbytes = np.zeros(self.inputs.workers)
+        if start > 0:
+            t_f, t_b, fetched = _fetch_terms(start, self.shapes[start].input_grad)
+            rows = Overlay(self.table, {_HOP.name: self.table[hop_vertices(k).name]})
+            t_f, t_b, nbytes = (np.broadcast_to(np.asarray(numeric_function(e)[0](rows), np.float64),
+                                                (self.inputs.workers,)) for e in (t_f, t_b, fetched))
+            fwd, bwd, evaluation = t_f + fwd, bwd + t_b, t_f + evaluation
+        return _value(f"depcache[{start}:{end}]", np.stack([fwd, bwd, evaluation]), nbytes, memory)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fetch_terms(start: int, with_grad: bool) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+    """`_fetch_rows` of a DepCache segment from `start` (its HV_k - V_i rows of h^start), on the placeholder `_HOP`."""
+    return _fetch_rows(_HOP - V, d(start), with_grad)
+
+
+def _value(name: str, stage_times: np.ndarray, worker_bytes: np.ndarray, worker_memory: np.ndarray) -> CostValue:
+    """A cost's value from its per-worker stage times, bytes and memory (as `CompiledCost.on_table` makes it)."""
+    time = float(sum(float(row.max()) for row in stage_times))
+    return CostValue(name, time, float(worker_bytes.sum()), float(worker_memory.max()), stage_times, worker_bytes,
+                     worker_memory)
 
 
 @cost_formula("hybrid")
@@ -257,6 +334,92 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
     return fwd, bwd, nbytes, memory
 
 
+@functools.lru_cache(maxsize=4096)
+def _hybrid_layer_evaluation(layer: int, shape: LayerShape, first: bool) -> sympy.Expr:
+    """`_hybrid_layer`'s forward stage as the evaluation pass runs it (gnnc.passes.cost.epoch)."""
+    [evaluation] = evaluation_of(_hybrid_layer(layer, shape, first)[:1], range(layer, layer + 1))
+    return evaluation
+
+
+@functools.lru_cache(maxsize=4096)
+def _hybrid_entry(start: int, with_grad: bool) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+    """A Hybrid segment's entry from `start`: its fetch of the RX replicated rows (forward, backward time and
+    bytes, `hybrid`'s) and the memory they take."""
+    return (*_fetch_rows(RX, d(start), with_grad, only_if_any=True), RX * d(start) * b)
+
+
+def hybrid_value(start: int, end: int, shapes: Sequence[LayerShape], inputs: CostInputs,
+                 extra: dict[Symbol, Any]) -> CostValue:
+    """`hybrid` on layers [start, end) (`shapes`: theirs; with the evaluation pass's stages, as the planner
+    prices it) on a selection's symbol values `extra` (`hybrid_values`): `hybrid_values_of` for one."""
+    if len(shapes) != end - start:
+        raise ValueError(f"hybrid[{start}:{end}] needs {end - start} layer shapes, got {len(shapes)}")
+    return hybrid_values_of(inputs, {start + m: shape for m, shape in enumerate(shapes)}, [(start, end, extra)])[0]
+
+
+def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequence[LayerShape],
+                     selections: Sequence[tuple[int, int, dict[Symbol, Any]]]) -> list[CostValue]:
+    """`hybrid` (with the evaluation pass's stages) on each of `selections` ((start, end, its symbol values,
+    `hybrid_values`)), evaluated without building a segment's formula. `shapes`: every layer's, by index.
+
+    Why: the planner prices two selections of every span (Algorithm 4's and communicate-all), O(L²) layer
+    stages in all. Each layer's stages are compiled once (`_hybrid_layer`) and evaluated in one numpy call on
+    every selection holding the layer, its values side by side as columns; a selection's stages are its
+    layers' columns (the formula's values, its sums in another order)."""
+    p, n = inputs.workers, len(selections)
+    base = {name: np.broadcast_to(v, (p,)).reshape(p, 1) for name, v in inputs.table.by_name.items()}
+    stages_f: dict[tuple[int, int], np.ndarray] = {}  # (selection, layer) -> [workers]
+    stages_b: dict[tuple[int, int], np.ndarray] = {}
+    stages_e: dict[tuple[int, int], np.ndarray] = {}
+    nbytes, memory = np.zeros((p, n)), np.zeros((p, n))
+
+    named = [{s.name: v for s, v in extra.items()} for _, _, extra in selections]
+
+    def columns(which: list[int], exprs: Sequence[sympy.Expr]) -> Mapping[str, Any]:
+        """The selections' values of the symbols `exprs` read, one column each, over every symbol's value."""
+        names = {s.name for e in exprs for s in numeric_function(e)[1]} & {name for i in which for name in named[i]}
+        return Overlay(base, {name: np.stack([np.broadcast_to(np.asarray(named[i].get(name, np.nan), np.float64),
+                                                              (p,)) for i in which], axis=1) for name in names})
+
+    def run(expr: sympy.Expr, grid: Mapping[str, Any], cols: int) -> np.ndarray:
+        return np.broadcast_to(np.asarray(numeric_function(expr)[0](grid), np.float64), (p, cols))
+
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for i, (start, end, _) in enumerate(selections):
+        for layer in range(start, end):
+            groups.setdefault((layer, layer == start), []).append(i)
+    for (layer, first), which in groups.items():
+        fwd, bwd, layer_bytes, layer_mem = _hybrid_layer(layer, shapes[layer], first)
+        evaluation = _hybrid_layer_evaluation(layer, shapes[layer], first)
+        grid, cols = columns(which, (fwd, bwd, layer_bytes, layer_mem, evaluation)), len(which)
+        f, bk, e = run(fwd, grid, cols), run(bwd, grid, cols), run(evaluation, grid, cols)
+        nbytes[:, which] += run(layer_bytes, grid, cols)
+        memory[:, which] += run(layer_mem, grid, cols)
+        for c, i in enumerate(which):
+            stages_f[i, layer], stages_b[i, layer], stages_e[i, layer] = f[:, c], bk[:, c], e[:, c]
+    entries: dict[tuple[int, bool], list[int]] = {}
+    for i, (start, _, _) in enumerate(selections):
+        entries.setdefault((start, shapes[start].input_grad), []).append(i)
+    for (start, grad), which in entries.items():
+        entry = _hybrid_entry(start, grad)
+        grid, cols = columns(which, entry), len(which)
+        t_f, t_b, fetched, held = (run(e, grid, cols) for e in entry)
+        memory[:, which] += held
+        if start > 0:
+            nbytes[:, which] += fetched
+            for c, i in enumerate(which):
+                stages_f[i, start] = t_f[:, c] + stages_f[i, start]
+                stages_b[i, start] = stages_b[i, start] + t_b[:, c]
+                stages_e[i, start] = t_f[:, c] + stages_e[i, start]
+    out = []
+    for i, (start, end, _) in enumerate(selections):
+        layers = range(start, end)
+        stage_times = np.stack([stages_f[i, l] for l in layers] + [stages_b[i, l] for l in reversed(layers)]
+                               + [stages_e[i, l] for l in layers])
+        out.append(_value(f"hybrid[{start}:{end}]", stage_times, nbytes[:, i].copy(), memory[:, i].copy()))
+    return out
+
+
 def hybrid_values(start: int, comm_received: np.ndarray, comm_sent_rows: np.ndarray, rec_rows: np.ndarray,
                   rec_edges: np.ndarray, replicated: np.ndarray) -> dict[Symbol, np.ndarray]:
     """Symbol values of a Hybrid selection for `hybrid(start, ...)`: arrays [workers, layers] (layer
@@ -272,7 +435,7 @@ def hybrid_values(start: int, comm_received: np.ndarray, comm_sent_rows: np.ndar
 
 
 def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShape],
-                      fetch_input: bool | None = None) -> dict[str, Any]:
+                      fetch_input: bool | None = None, cache: dict[Any, Any] | None = None) -> dict[str, Any]:
     """NeutronStar's unit costs for the greedy, from the same formulas as the strategies above.
 
     Returns t_v, t_e, t_c per layer of the segment (seconds per recomputed
@@ -281,33 +444,43 @@ def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShap
     static), row_bytes per level (bytes of one cached row of h^start ..
     h^end) and edge_bytes, plus own_time [workers, layers]: each worker's
     work on its own rows. When the profile carries measured T_v, T_e, T_c
-    they enter through its effective rates.
+    they enter through its effective rates. `cache`: a dict kept across the segments of one model and inputs
+    (a layer's unit costs are the same in every span holding it).
     """
-    values = table(inputs, None)
+    values = inputs.table
+    cache = {} if cache is None else cache
+
+    def of(layer: int, shape: LayerShape) -> tuple[float, float, float, np.ndarray, float, float]:
+        if (layer, shape) not in cache:
+            per_vertex, per_edge, per_row, own_rows, fetch_row, row = _unit_formulas(layer, shape)
+            cache[layer, shape] = (*(scalar(e) for e in (per_vertex, per_edge, per_row)),
+                                   compile_expr(own_rows)(values, inputs.workers), scalar(fetch_row), scalar(row))
+        return cache[layer, shape]
 
     def scalar(expr: sympy.Expr) -> float:
         return float(compile_expr(expr)(values, inputs.workers)[0])
 
-    k = len(shapes)
-    t_v, t_e, t_c, own = [], [], [], []
-    for m, shape in enumerate(shapes):
-        per_vertex, per_edge, per_row, own_rows = _unit_formulas(start + m, shape)
-        t_v.append(scalar(per_vertex))
-        t_e.append(scalar(per_edge))
-        t_c.append(scalar(per_row))
-        own.append(compile_expr(own_rows)(values, inputs.workers))
+    layers = [of(start + m, shape) for m, shape in enumerate(shapes)]
     fetch = fetch_input if fetch_input is not None else start > 0
-    t_x = scalar(d(start) * b / bw * (2 if shapes[0].input_grad else 1)) if fetch else 0.0
-    row_bytes = [scalar(d(start) * b)] + [scalar(shapes[m].out_width(start + m) * b) for m in range(k)]
+    t_x = layers[0][4] if fetch else 0.0
+    row_bytes = [scalar(_input_row(start))] + [u[5] for u in layers]
     edge_bytes = float(inputs.index_bytes + inputs.bytes_per_element)
-    return {"t_v": np.array(t_v), "t_e": np.array(t_e), "t_c": np.array(t_c), "t_x": t_x,
-            "row_bytes": np.array(row_bytes), "edge_bytes": edge_bytes, "own_time": np.stack(own, axis=1)}
+    return {"t_v": np.array([u[0] for u in layers]), "t_e": np.array([u[1] for u in layers]),
+            "t_c": np.array([u[2] for u in layers]), "t_x": t_x, "row_bytes": np.array(row_bytes),
+            "edge_bytes": edge_bytes, "own_time": np.stack([u[3] for u in layers], axis=1)}
 
 
 @functools.lru_cache(maxsize=4096)
-def _unit_formulas(layer: int, shape: LayerShape) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+def _input_row(layer: int) -> sympy.Expr:
+    """Bytes of one row of h^layer."""
+    return d(layer) * b
+
+
+@functools.lru_cache(maxsize=4096)
+def _unit_formulas(layer: int, shape: LayerShape) -> tuple[sympy.Expr, ...]:
     """`hybrid_unit_costs`' formulas for one layer: seconds per recomputed row, per recomputed edge and
-    per communicated row, and the worker's time on its own rows (cached: every span shares them)."""
+    per communicated row, the worker's time on its own rows, seconds per replicated row of h^layer when a
+    segment starts here, and bytes of one row of h^{layer+1} (cached: every span shares them)."""
     # a recomputed row: its dense map and its other ops, in and out (its input row and itself)
     return (compute_forward(layer, shape, 1, 0) + compute_backward(layer, shape, 1, 0)
             + row_ops(layer, 1, 1, "f") + row_ops(layer, 1, 1, "b"),
@@ -315,4 +488,6 @@ def _unit_formulas(layer: int, shape: LayerShape) -> tuple[sympy.Expr, sympy.Exp
             + edge_ops(layer, 1, "f") + edge_ops(layer, 1, "b"),
             shape.width(layer) * b / bw * (2 if shape.exchange_grad else 1),
             compute_forward(layer, shape, V, E) + compute_backward(layer, shape, V, E)
-            + layer_ops(layer, V, V, E, "f") + layer_ops(layer, V, V, E, "b"))
+            + layer_ops(layer, V, V, E, "f") + layer_ops(layer, V, V, E, "b"),
+            d(layer) * b / bw * (2 if shape.input_grad else 1),
+            shape.out_width(layer) * b)

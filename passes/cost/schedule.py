@@ -118,15 +118,18 @@ def _ordered(pieces: list, order: Sequence[str], gemm_first: dict[int, bool], ba
 
 
 def _merged(pieces: list) -> list:
-    """Adjacent pieces of the same layer and op as one (e.g. a message's bytes and its latency)."""
-    out: list = []
+    """Adjacent pieces of the same layer and op as one (e.g. a message's bytes and its latency). Each run is
+    summed once: adding its terms one by one re-sorted the sum at every step, quadratic in a deep DepCache
+    stage's thousands of terms."""
+    runs: list[list] = []
     for p in pieces:
-        if out and isinstance(p, _Piece) and isinstance(out[-1], _Piece) and (out[-1].layer, out[-1].op) == (
-                p.layer, p.op):
-            out[-1] = _Piece(p.layer, p.op, out[-1].expr + p.expr)
+        if runs and isinstance(p, _Piece) and isinstance(runs[-1][0], _Piece) and (
+                runs[-1][0].layer, runs[-1][0].op) == (p.layer, p.op):
+            runs[-1].append(p)
         else:
-            out.append(p)
-    return out
+            runs.append([p])
+    return [run[0] if len(run) == 1 else _Piece(run[0].layer, run[0].op, sympy.Add(*(p.expr for p in run)))
+            for run in runs]
 
 
 def _stage_items(expr, layers: Sequence[int], order: Sequence[str], gemm_first: dict[int, bool],

@@ -23,6 +23,7 @@ from gnnc.ir import Layer, Program
 from gnnc.ir.dims import eval_dim
 from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.priced import Formulas
 from gnnc.passes.cost.registry import planner_cost, segment_cost, user_cost
 from gnnc.passes.cost.symbols import Cost
 from gnnc.plan.comm_ops import exchange_of, schedule_options
@@ -132,7 +133,7 @@ def scheduled_plan(program: Program, priced: Any, extras: dict[tuple[int, int, s
     `extras`: each segment's symbol values (a Hybrid selection's; CACHE_ALL when it caches every dependency),
     by segment key.
     """
-    formulas, values, segment_extras = dict(priced.formulas), dict(priced.values), dict(priced.extras)
+    formulas, values, segment_extras = Formulas(priced.formulas), dict(priced.values), dict(priced.extras)
     for seg in program_segments(program):
         key = (seg.start, seg.end, seg.strategy)
         extra = (extras or {}).get(key)

@@ -9,14 +9,15 @@ selection, fetching everything and caching everything.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gnnc.passes.cost.evaluation import compile_cost
-from gnnc.passes.cost.neutronstar import hybrid_unit_costs, hybrid_values
-from gnnc.passes.cost.registry import planner_cost, segment_cost
+from gnnc.passes.cost.neutronstar import DepcacheSpans, hybrid_unit_costs, hybrid_values, hybrid_values_of
+from gnnc.passes.cost.registry import planner_cost, segment_cost, user_cost
 from gnnc.passes.planner import hybrid_greedy as hg
 
 
@@ -24,17 +25,26 @@ from gnnc.passes.planner import hybrid_greedy as hg
 class Selection:
     """A hybrid segment's selection: the cached ids per layer and worker, and its predicted cost."""
 
-    cached: dict[int, list[np.ndarray]]
+    cached: dict[int, list[np.ndarray]] | None  # None where the caller did not ask for them (`select_spans`)
     source: str  # "greedy" (Algorithm 4), "communicate-all" or "cache-all"
     values: dict[Any, np.ndarray] | None  # the hybrid formula's symbols (cost.neutronstar.hybrid_values); None
     # when the formula that priced it needs none (cache-all, priced as depcache)
     time: float
     received: np.ndarray  # [workers, layers] rows communicated
     value: Any = None  # the formula's cost.evaluation.CostValue with this selection
-    formula: Any = None  # the Cost that priced it: the hybrid formula, or depcache's for cache-all
+    start: int = 0
+    end: int = 0
+    shapes: tuple[Any, ...] = ()  # the segment's layers' shapes
+
+    @property
+    def formula(self) -> Any:
+        """The Cost that priced it: the hybrid formula, or depcache's for cache-all (built when read: the
+        planner prices a selection numerically, gnnc.passes.cost.neutronstar.hybrid_value)."""
+        name = "depcache" if self.source == "cache-all" else "hybrid"
+        return (planner_cost if name == "depcache" else segment_cost)(name, self.start, self.end, self.shapes)
 
 
-def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int, formula=None,
+def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int,
            cache_all_value=None) -> Selection:
     """Algorithm 4 over graph layers [start, end), unless communicating or caching everything predicts less.
 
@@ -48,38 +58,72 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     subtrees twice (an upper bound fit for Algorithm 4's choices, not for
     pricing). Hence a Hybrid segment never predicts more than DepComm, nor
     than DepCache where DepCache fits `memory_cap` (issue 16). Ties keep the
-    greedy's. `formula`: the hybrid formula when the caller has built it already; `cache_all_value`: DepCache's
-    value on [start, end) when the caller has priced it already (the planner prices each segment once).
+    greedy's. `cache_all_value`: DepCache's value on [start, end) when the caller has priced it already (the
+    planner prices each segment once). The selections are priced numerically (`hybrid_values_of`), without
+    building the segment's formula (`Selection.formula` builds it when read).
     """
+    known = {} if cache_all_value is None else {(start, end): cache_all_value}
+    [best] = select_spans(stats, inputs, shapes, memory_cap, [(start, end)], known, with_ids=True)
+    return best
+
+
+def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequence[tuple[int, int]],
+                 cache_all_values: Mapping[tuple[int, int], Any] | None = None,
+                 with_ids: bool = False) -> list[Selection]:
+    """`select` on each of `spans` ((start, end) over the model's layers, `shapes` every layer's), the selections
+    of every span priced together (`hybrid_values_of`: one numpy call per layer, not per span and layer).
+    `with_ids`: keep each selection's cached ids (`Selection.cached`, what select-hybrid writes); the planner
+    needs only the values (None there: a deep model's spans would hold their dependencies all at once)."""
     world = inputs.workers
-    unit = hybrid_unit_costs(inputs, start, shapes[start:end])
-    costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"], unit["edge_bytes"])
-    deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
     cap = memory_cap if memory_cap else float("inf")
-    if formula is None:
-        formula = segment_cost("hybrid", start, end, shapes[start:end])
-    priced = compile_cost(formula)
-    candidates = [hg.select(deps, costs, unit["own_time"], cap),
-                  hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
-                             source="communicate-all"),
-                  hg.predict(deps, costs, unit["own_time"], [np.ones(len(d), bool) for d in deps],
-                             source="cache-all")]
-    cache_all = planner_cost("depcache", start, end, shapes[start:end])
-    best: Selection | None = None
-    for cand in candidates:
-        if cand.source == "cache-all":
-            values, cost = None, cache_all
-            value = cache_all_value if cache_all_value is not None else compile_cost(cost)(inputs)
-            if value.memory > cap:
-                continue  # the DP would refuse the segment: leave the choice to the selections that fit
-        else:
+    cache_all_values = dict(cache_all_values or {})
+    depcache = None
+    units: dict[Any, Any] = {}  # each layer's unit costs, shared by the spans holding it
+    requests: list[tuple[int, int, dict[Any, np.ndarray]]] = []
+    found = []  # per span: [(source, values or None, request index or None, comm_received, cached ids or None)]
+    for start, end in spans:
+        unit = hybrid_unit_costs(inputs, start, shapes[start:end], cache=units)
+        costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"],
+                             unit["edge_bytes"])
+        deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
+        candidates = [hg.select(deps, costs, unit["own_time"], cap),
+                      hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
+                                 source="communicate-all"),
+                      hg.predict(deps, costs, unit["own_time"], [np.ones(len(d), bool) for d in deps],
+                                 source="cache-all")]
+        mine = []
+        for cand in candidates:
+            ids = None
+            if with_ids:
+                ids = {start + m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])
+                                   .astype(np.int64) for dep, mask in zip(deps, cand.cached)]
+                       for m in range(end - start)}
+            if cand.source == "cache-all":
+                mine.append((cand.source, None, None, cand.comm_received, ids))
+                if (start, end) not in cache_all_values:  # a user's DepCache formula prices it where one is
+                    if user_cost("depcache"):
+                        cache_all_values[start, end] = compile_cost(
+                            planner_cost("depcache", start, end, shapes[start:end]))(inputs)
+                    else:
+                        depcache = depcache or DepcacheSpans(inputs, shapes)
+                        cache_all_values[start, end] = depcache.value(start, end)
+                continue
             values = hybrid_values(start, cand.comm_received, cand.comm_sent, cand.recompute_rows,
                                    cand.recompute_edges, cand.replicated_inputs)
-            cost, value = formula, priced(inputs, values)
-        if best is None or value.time < best.time:
-            cached = {start + m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])
-                                  .astype(np.int64) for dep, mask in zip(deps, cand.cached)]
-                      for m in range(end - start)}
-            best = Selection(cached, cand.source, values, value.time, cand.comm_received, value, cost)
-    assert best is not None
-    return best
+            requests.append((start, end, values))
+            mine.append((cand.source, values, len(requests) - 1, cand.comm_received, ids))
+        found.append(mine)
+    priced = hybrid_values_of(inputs, shapes, requests)
+    out = []
+    for (start, end), mine in zip(spans, found):
+        best: Selection | None = None
+        for source, values, request, received, ids in mine:
+            value = cache_all_values[start, end] if request is None else priced[request]
+            if request is None and value.memory > cap:
+                continue  # the DP would refuse the segment: leave the choice to the selections that fit
+            if best is None or value.time < best.time:
+                best = Selection(ids, source, values, value.time, received, value, start, end,
+                                 tuple(shapes[start:end]))
+        assert best is not None
+        out.append(best)
+    return out

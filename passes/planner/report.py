@@ -7,6 +7,7 @@ and `gnnc inspect` read.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,9 @@ class PlannerReport:
     predicted_time_s: float
     predicted_memory_bytes: float
     alternatives: list[dict[str, Any]] = field(default_factory=list)
-    crossovers: list[str] = field(default_factory=list)
+    # where a choice flips (`explained`): None until asked for (`--explain`), as finding them costs more than
+    # choosing on a deep model
+    crossovers: list[str] | None = None
     segments: list[tuple[int, int, str]] = field(default_factory=list)  # the chosen (start, end, strategy)
     # every segment priced: {"layers": [start, end], "strategy", "time_s", "bytes", "memory_bytes"}
     segment_costs: list[dict[str, Any]] = field(default_factory=list)
@@ -31,3 +34,10 @@ class PlannerReport:
     # bytes every worker holds whatever the assignment: the weights, their gradients and Adam's two moments
     weights_bytes: float = 0.0
     memory_warning: str = ""  # set when the choice takes more than WARN_FRACTION of a worker's memory
+    find_crossovers: Callable[[], list[str]] | None = field(default=None, repr=False)
+
+    def explained(self) -> list[str]:
+        """The crossovers, found now if they were not yet."""
+        if self.crossovers is None:
+            self.crossovers = self.find_crossovers() if self.find_crossovers is not None else []
+        return self.crossovers

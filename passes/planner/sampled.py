@@ -13,6 +13,8 @@ is solved with sympy, in bytes and in time. predict-bytes asks
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import numpy as np
@@ -98,7 +100,8 @@ def choose_sampled(program: Program, ctx: PassContext, allow: list[str] | None):
                      "formulas": {f"{'+'.join(s)} ({k})": c.describe()}, "user_costs": [],
                      "approximate": approximations(s, k)} for s, k, c, v in priced]
     report = PlannerReport(list(best[0]), best[3].time, best[3].memory, alternatives,
-                           _crossovers(shapes, inputs, extra), [(i, i + 1, s) for i, s in enumerate(best[0])])
+                           None, [(i, i + 1, s) for i, s in enumerate(best[0])])
+    report.find_crossovers = functools.partial(_crossovers, shapes, inputs, extra)  # for --explain only
     report.segment_costs = [{"layers": [0, 1], "strategy": name, "time_s": v.time, "bytes": v.bytes,
                              "memory_bytes": v.memory}
                             for name, v in ((n, evaluate_cost(sampled_formula(n)(0, shapes[0]), inputs, extra))

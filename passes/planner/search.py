@@ -17,6 +17,7 @@ groups stage-pipeline will run: gnnc.passes.planner.pipeline).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,12 @@ from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.inputs import PlanningInputs, planning_inputs
 from gnnc.passes.cost.layouts import boundary
 from gnnc.passes.cost.memory import OPTIMIZER_COPIES, WARN_FRACTION, parameter_sizes
-from gnnc.passes.cost.priced import PricedPlan
+from gnnc.passes.cost.neutronstar import DepcacheSpans
+from gnnc.passes.cost.priced import Formulas, PricedPlan
 from gnnc.passes.cost.registry import planner_cost, user_cost
 from gnnc.passes.cost.schedule import predicted_schedule
 from gnnc.passes.cost.symbols import bw, d
-from gnnc.passes.planner.hybrid import select
+from gnnc.passes.planner.hybrid import select_spans
 from gnnc.passes.planner.pipeline import price as price_pipeline
 from gnnc.passes.planner.report import PlannerReport
 from gnnc.passes.planner.segment_dp import solve
@@ -85,9 +87,10 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     allreduce = evaluate_cost(allreduce_cost, inputs)
     pipelines: list[Any] = []
     seg_cost: dict[tuple[int, int, str], tuple[float, float]] = {}
-    formulas: dict[tuple[int, int, str], Any] = {}
+    formulas = Formulas()  # each built when read (the plan's printed formulas, the chosen segments' schedule)
     values: dict[tuple[int, int, str], Any] = {}
     extras: dict[tuple[int, int, str], Any] = {}
+    depcache = DepcacheSpans(inputs, shapes)  # every DepCache span, priced without its formula
     for s in allowed:
         sd = STRATEGIES[s]
         if sd.whole_model:
@@ -107,19 +110,26 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             spans = [(0, 1)]
         else:
             spans = [(i, i + 1) for i in range(L)]
-        for start, end in spans:
-            cost = planner_cost(s, start, end, shapes[start:end])
+        selected = []
+        if sd.rows == "selected" and user_cost(s) is None:  # priced with the selections select-hybrid makes
+            known = {k[:2]: v for k, v in values.items() if k[2] == "depcache"}
+            selected = select_spans(stats, inputs, shapes, profile.memory_per_worker, spans, known)
+        for n, (start, end) in enumerate(spans):
+            key = (start, end, s)
             extra = None
-            if sd.rows == "selected" and user_cost(s) is None:  # priced with the selection select-hybrid makes
-                chosen = select(stats, inputs, shapes, profile.memory_per_worker, start, end, cost,
-                                values.get((start, end, "depcache")))
-                extra, value, cost = chosen.values, chosen.value, chosen.formula
-            else:
-                value = evaluate_cost(cost, inputs, extra)
-            seg_cost[(start, end, s)] = (value.time, value.memory)
-            formulas[(start, end, s)] = cost
-            values[(start, end, s)] = value
-            extras[(start, end, s)] = extra
+            if selected:
+                chosen = selected[n]
+                extra, value = chosen.values, chosen.value
+                formulas[key] = functools.partial(getattr, chosen, "formula")
+            elif s == "depcache" and user_cost(s) is None:
+                value = depcache.value(start, end)
+                formulas[key] = functools.partial(planner_cost, s, start, end, shapes[start:end])
+            else:  # its formula, built and evaluated
+                cost = planner_cost(s, start, end, shapes[start:end])
+                formulas[key], value = cost, evaluate_cost(cost, inputs)
+            seg_cost[key] = (value.time, value.memory)
+            values[key] = value
+            extras[key] = extra
     trans: dict[tuple[str, str, int], float] = {}
     for a in allowed:
         for b_ in allowed:
@@ -153,46 +163,68 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
                         f"smaller (--set)")
     result = solve(L, allowed, priced.seg_cost, priced.trans, memory_cap=room)
     best = result.best
-    alternatives = []
+    alternatives, alternative_segments = [], []
     for alt in result.alternatives:
         segs = [(s.start, s.end, s.strategy) for s in alt.segments]
+        alternative_segments.append(segs)
         alternatives.append({
             "strategies": list(alt.strategies),
             "time_s": alt.time + fixed,
             "bytes": sum(values[k].bytes for k in segs) + (0.0 if _own_allreduce(segs) else allreduce.bytes),
-            "memory_bytes": alt.memory,
-            "formulas": {f"{k[2]}[{k[0]}:{k[1]}]": formulas[k].describe() for k in segs},
+            "memory_bytes": alt.memory,  # and "formulas" here, printed when asked for (`_explain`)
             "user_costs": sorted({f"{k[2]}: {user_cost(k[2]).__module__}.{user_cost(k[2]).__name__}"
                                   for k in segs if user_cost(k[2]) is not None}),
             **({"approximate": notes} if (notes := approximations(alt.strategies)) else {}),
         })
-    crossovers = []
-    # whole-model formulas: a segment strategy's span over every layer, a per-layer one's every layer
-    pure = {s: [formulas[k] for k in formulas if k[2] == s and (STRATEGIES[s].span == "layer" or k[:2] == (0, L))]
-            for s in allowed}
-    if "depcomm" in pure and "depcache" in pure and pure["depcomm"] and pure["depcache"]:
-        for c in crossover(pure["depcomm"], pure["depcache"], bw, inputs, 1e6, 1e12):
-            faster = "depcomm" if c.first_faster_above else "depcache"
-            crossovers.append(f"{faster} overtakes {'depcache' if faster == 'depcomm' else 'depcomm'} "
-                              f"above {c.value * 8 / 1e9:.3g} Gb/s of bandwidth per worker")
-    crossovers += _pushpull_crossovers(priced)
     segment_costs = [{"layers": [k[0], k[1]], "strategy": k[2], "time_s": v.time, "bytes": v.bytes,
                       "memory_bytes": v.memory} for k, v in sorted(values.items())]
     segment_costs += [{"layers": [0, L], "strategy": "pipeline", "groups": c.groups, "stages": c.stages,
                        "chunks": c.chunks, "time_s": c.value.time, "bytes": c.value.bytes,
                        "memory_bytes": c.value.memory} for c in priced.pipelines[1:]]
-    report = PlannerReport(list(best.strategies), best.time + fixed, best.memory, alternatives, crossovers,
+    report = PlannerReport(list(best.strategies), best.time + fixed, best.memory, alternatives, None,
                            [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
                            predicted_schedule(best.segments, priced), priced)
     if _own_allreduce([(seg.start, seg.end, seg.strategy) for seg in best.segments]):
         report.pipeline = priced.pipelines[0]
     report.weights_bytes = weights
+    report.find_crossovers = functools.partial(_explain, priced, L, alternatives, alternative_segments)
     if best.memory + weights > WARN_FRACTION * profile.memory_per_worker:
         report.memory_warning = (f"the chosen plan is predicted to take {best.memory + weights:.6g} bytes per "
                                  f"worker ({best.memory:.6g} kept by its layers, {weights:.6g} for the weights and "
                                  f"Adam's state), {(best.memory + weights) / profile.memory_per_worker:.0%} of the "
                                  f"memory per worker of cluster '{profile.name}'")
     return report
+
+
+def _explain(priced: PricedPlan, L: int, alternatives: list[dict[str, Any]],
+             segments: list[list[tuple[int, int, str]]]) -> list[str]:
+    """For `--explain` (PlannerReport.explained): each alternative's formulas, printed segment by segment, and
+    the crossovers. Printing a deep model's formulas (sympy sorting the terms of every sum) and finding the
+    crossovers cost more than choosing: done only when asked for."""
+    for i, (alt, segs) in enumerate(zip(alternatives, segments)):
+        if "formulas" not in alt:
+            items = list(alt.items())
+            at = [key for key, _ in items].index("memory_bytes") + 1  # where the plan has always kept them
+            printed = {f"{s}[{a}:{b}]": priced.formulas[(a, b, s)].describe() for a, b, s in segs}
+            alternatives[i] = dict(items[:at] + [("formulas", printed)] + items[at:])
+    return crossovers(priced, L)
+
+
+def crossovers(priced: PricedPlan, L: int) -> list[str]:
+    """Where a choice flips, for `--explain` (PlannerReport.explained: computed only when asked for): the
+    bandwidth at which DepComm and DepCache over the whole model take the same time, and P3's width
+    question (`_pushpull_crossovers`)."""
+    formulas, allowed = priced.formulas, priced.allowed
+    out = []
+    # whole-model formulas: a segment strategy's span over every layer, a per-layer one's every layer
+    pure = {s: [formulas[k] for k in formulas if k[2] == s and (STRATEGIES[s].span == "layer" or k[:2] == (0, L))]
+            for s in allowed if s in ("depcomm", "depcache")}
+    if "depcomm" in pure and "depcache" in pure and pure["depcomm"] and pure["depcache"]:
+        for c in crossover(pure["depcomm"], pure["depcache"], bw, priced.inputs, 1e6, 1e12):
+            faster = "depcomm" if c.first_faster_above else "depcache"
+            out.append(f"{faster} overtakes {'depcache' if faster == 'depcomm' else 'depcomm'} "
+                       f"above {c.value * 8 / 1e9:.3g} Gb/s of bandwidth per worker")
+    return out + _pushpull_crossovers(priced)
 
 
 def _own_allreduce(segments) -> bool:
