@@ -290,3 +290,12 @@ def test_generators_are_seeded_and_shaped(regress_graph, proteins_graph) -> None
     key = {(int(s), int(d)): k for k, (s, d) in enumerate(zip(proteins_graph.src, proteins_graph.dst))}
     for (s, d), k in list(key.items())[:20]:
         assert torch.equal(attr[k], attr[key[(d, s)]])
+
+
+def test_every_loss_is_priced_as_a_loss() -> None:
+    """The cost model prices mse and bce as cross_entropy: a read of each row of their widest input."""
+    from gnnc.ir import ops
+    from gnnc.passes.cost.ops import class_of
+
+    assert {"cross_entropy", "mse", "bce"} <= set(ops.loss_ops())
+    assert {class_of(op, 3) for op in ops.loss_ops()} == {"loss"}
