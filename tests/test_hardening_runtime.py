@@ -6,7 +6,9 @@ refuses a different run; two jobs cannot share a checkpoint directory; exit
 codes mean bad input (2), a failed worker (1) or a signal (128+N); metrics
 have one record per epoch after a resume; a NaN loss, an empty training mask
 and `--nproc 0` are reported; a hung rank is named within `--timeout`.
-Multi-process runs use a small generated graph and 2 ranks.
+Multi-process runs use a small generated graph and 2 ranks. What a command decides (resume's refusals, the
+lock's message, the input checks) runs through gnnc.cli.main in this process (conftest.gnnc_in_process); what
+only a process shows (signals, a killed or hung rank, exit 1) starts `python -m gnnc`.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, gnnc_in_process
 from gnnc.errors import GnncError
 from gnnc.runtime.launch import DistConfig, WorkerFailedError, launch
 
@@ -161,19 +163,19 @@ def test_a_signal_to_the_launcher_stops_workers_and_cleans_up(tmp_path: Path, si
 def test_resume_refuses_a_different_run_and_applies_more_epochs(tmp_path: Path) -> None:
     ck = str(tmp_path / "ck")
     base = ["run", GCN, "--checkpoint", ck, "--checkpoint-every", "2"]
-    first = gnnc(*base, "--graph", SMALL, "--epochs", "4", "--json")
+    first = gnnc_in_process(*base, "--graph", SMALL, "--epochs", "4", "--json")
     assert first.returncode == 0, first.stderr
-    r = gnnc(*base, "--graph", SMALL, "--epochs", "4", "--lr", "0.05", "--seed", "3", "--resume")
+    r = gnnc_in_process(*base, "--graph", SMALL, "--epochs", "4", "--lr", "0.05", "--seed", "3", "--resume")
     assert r.returncode == 2 and "lr: 0.01 in the checkpoint, 0.05 now" in r.stderr and "seed: 0" in r.stderr, \
         r.stderr
     assert "Traceback" not in r.stderr
-    r = gnnc(*base, "--graph", OTHER, "--epochs", "4", "--resume")  # same dims, another graph
+    r = gnnc_in_process(*base, "--graph", OTHER, "--epochs", "4", "--resume")  # same dims, another graph
     assert r.returncode == 2 and "graph_content" in r.stderr and "graph:" in r.stderr, r.stderr
-    r = gnnc(*base, "--graph", SMALL, "--epochs", "4", "--set", "hidden=17", "--resume")
+    r = gnnc_in_process(*base, "--graph", SMALL, "--epochs", "4", "--set", "hidden=17", "--resume")
     assert r.returncode == 2 and "program" in r.stderr, r.stderr
-    r = gnnc(*base, "--graph", SMALL, "--epochs", "2", "--resume")  # 4 epochs are done
+    r = gnnc_in_process(*base, "--graph", SMALL, "--epochs", "2", "--resume")  # 4 epochs are done
     assert r.returncode == 2 and "4 epochs done" in r.stderr, r.stderr
-    more = gnnc(*base, "--graph", SMALL, "--epochs", "6", "--resume", "--json")
+    more = gnnc_in_process(*base, "--graph", SMALL, "--epochs", "6", "--resume", "--json")
     assert more.returncode == 0, more.stderr
     assert "--epochs changed from 4 to 6, applied" in more.stderr
     # The report's history is this run's: the best epoch is one of its 6, and the first 4 are the saved ones.
@@ -187,14 +189,14 @@ def test_a_second_job_on_the_same_checkpoint_directory_exits_2_naming_the_holder
     ck = tmp_path / "ck"
     holder, _ = _start(tmp_path, "--checkpoint", str(ck), nproc=1)
     try:
-        r = gnnc("run", GCN, "--graph", SMALL, "--epochs", "2", "--checkpoint", str(ck))
+        r = gnnc_in_process("run", GCN, "--graph", SMALL, "--epochs", "2", "--checkpoint", str(ck))
         assert r.returncode == 2, r.stderr
         assert "is in use by another run" in r.stderr and f"pid {holder.pid} on" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
         assert holder.poll() is None, "the first job must go on"
     finally:
         _stop(holder)
-    r = gnnc("run", GCN, "--graph", SMALL, "--epochs", "2", "--checkpoint", str(ck))  # the lock died with it
+    r = gnnc_in_process("run", GCN, "--graph", SMALL, "--epochs", "2", "--checkpoint", str(ck))  # the lock died with it
     assert r.returncode == 0, r.stderr
 
 
@@ -240,8 +242,8 @@ def test_a_resumed_run_leaves_one_metrics_record_per_epoch(tmp_path: Path) -> No
     # 6 epochs with a save after epoch 3 (every 4): as if killed after epoch 5, the resume reruns 4 and 5.
     metrics, ck = str(tmp_path / "m.jsonl"), str(tmp_path / "ck")
     base = ["run", GCN, "--graph", SMALL, "--checkpoint", ck, "--checkpoint-every", "4", "--metrics", metrics]
-    assert gnnc(*base, "--epochs", "6").returncode == 0
-    r = gnnc(*base, "--epochs", "8", "--resume")
+    assert gnnc_in_process(*base, "--epochs", "6").returncode == 0
+    r = gnnc_in_process(*base, "--epochs", "8", "--resume")
     assert r.returncode == 0, r.stderr
     epochs = [json.loads(line)["epoch"] for line in Path(metrics).read_text().splitlines()]
     assert epochs == list(range(8)), epochs
@@ -265,14 +267,14 @@ def test_a_loss_that_becomes_nan_stops_the_run_naming_the_epoch(tmp_path: Path) 
 
 
 def test_an_empty_training_mask_is_refused_before_training(tmp_path: Path) -> None:
-    r = gnnc("run", GCN, "--graph", _npz(tmp_path / "untrained.npz", train=False), "--epochs", "5", "--json")
+    r = gnnc_in_process("run", GCN, "--graph", _npz(tmp_path / "untrained.npz", train=False), "--epochs", "5", "--json")
     assert r.returncode == 2, r.stderr
     assert "no training vertex" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert r.stdout == ""  # no report with a loss of -0.0
 
 
 def test_nproc_0_is_named_as_nproc() -> None:
-    r = gnnc("run", GCN, "--graph", SMALL, "--nproc", "0")
+    r = gnnc_in_process("run", GCN, "--graph", SMALL, "--nproc", "0")
     assert r.returncode == 2 and "--nproc must be at least 1, not 0" in r.stderr, r.stderr
     assert "--workers" not in r.stderr
 
