@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import sympy
 
-from conftest import EXAMPLES, ROOT, random_graph
+from conftest import EXAMPLES, ROOT, gnnc_in_process, random_graph
 from gnnc import api
 from gnnc.cluster import KERNELS, OP_CLASSES, ClusterProfile, OpRate, preset
 from gnnc.errors import GnncError
@@ -303,13 +303,10 @@ def test_the_planner_keeps_room_for_the_weights_refuses_what_cannot_fit_and_warn
 
 
 def test_the_cli_refuses_it_with_exit_2(tmp_path) -> None:
-    import subprocess
-
     profile = tmp_path / "tiny.json"
     dataclasses.replace(preset("neutronstar-ecs"), memory_per_worker=1e4).save(profile)
-    r = subprocess.run([sys.executable, "-m", "gnnc", "compile", str(GCN), "--graph",
-                        "rmat:n=300,deg=5,features=16,classes=3,seed=0", "--workers", "2", "--cluster", str(profile),
-                        "--set", "hidden=64"], capture_output=True, text=True, cwd=ROOT)
+    r = gnnc_in_process("compile", str(GCN), "--graph", "rmat:n=300,deg=5,features=16,classes=3,seed=0",
+                        "--workers", "2", "--cluster", str(profile), "--set", "hidden=64")
     assert r.returncode == 2 and "Adam's moments take" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +26,7 @@ import sympy.parsing.sympy_parser
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, gnnc_in_process
 from gnnc import api
 from gnnc.errors import GnncError
 from gnnc.ir import dim
@@ -125,9 +124,8 @@ def test_payload_through_the_dim_helpers(read, tmp_path, monkeypatch) -> None:
     assert not calls and not (tmp_path / "pwned").exists()
 
 
-def _gnnc(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gnnc", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+def _gnnc(*args: str, cwd: Path):
+    return gnnc_in_process(*args, cwd=cwd)  # a payload run here would write its file just the same
 
 
 @pytest.mark.parametrize("old,new,field", [(INPUT_DIM, f"%x:vertex:f32[{PAYLOAD}]", "dim 0 of %x"),

@@ -4,13 +4,11 @@ Presets come from datasheets (compiler/cluster.py); nothing here tunes them.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, gnnc_in_process
 from gnnc import api
 
 GOOGLE_LIKE = "sbm:n=200000,blocks=64,deg=6,intra=0.9,features=512,classes=16,seed=0"
@@ -135,9 +133,8 @@ def test_hybrid_allowed_is_never_predicted_slower_than_the_best_pure_strategy(se
 
 
 def test_explain_and_json_list_every_alternative(tmp_path) -> None:
-    r = subprocess.run([sys.executable, "-m", "gnnc", "compile", str(EXAMPLES / "gcn.gnn"), "--graph",
-                        "planetoid:cora", "--workers", "4", "--cluster", "neutronstar-ecs", "--explain", "--json"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = gnnc_in_process("compile", str(EXAMPLES / "gcn.gnn"), "--graph", "planetoid:cora", "--workers", "4",
+                        "--cluster", "neutronstar-ecs", "--explain", "--json")
     assert r.returncode == 0, r.stderr
     assert "<- chosen" in r.stdout and "depcomm x2" in r.stdout
     # the per-layer table prices every legal strategy of every layer, pushpull included for GCN's first
@@ -155,9 +152,8 @@ def test_explain_and_json_list_every_alternative(tmp_path) -> None:
 
 
 def test_illegal_strategy_on_the_cli_exits_2_naming_the_op() -> None:
-    r = subprocess.run([sys.executable, "-m", "gnnc", "compile", str(EXAMPLES / "gat.gnn"), "--graph",
-                        "planetoid:cora", "--workers", "2", "--strategy", "pushpull,depcomm"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = gnnc_in_process("compile", str(EXAMPLES / "gat.gnn"), "--graph", "planetoid:cora", "--workers", "2",
+                        "--strategy", "pushpull,depcomm")
     assert r.returncode == 2
     assert "cannot run pushpull: 'dot' computes attention" in r.stderr and "Traceback" not in r.stderr
 
