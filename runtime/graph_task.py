@@ -17,6 +17,7 @@ gradients to 1e-5 on 2 gloo processes).
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -98,21 +99,27 @@ class GraphTrainer:
         self.opt = make_optimizer(program, self.params, cfg)
         self.stats = comm.CommStats()
         self.comm = _RankComm(self.stats) if world > 1 else None
+        self.eval_batches: dict[str, list[tuple[GraphBatch, dict[str, GraphView]]]] = {}
 
     def share(self, ids: np.ndarray) -> np.ndarray:
         """This rank's graphs of a batch: a contiguous share, so the ranks' rows in order are the batch's."""
         return np.array_split(ids, self.world)[self.rank]
 
-    def _forward(self, b: GraphBatch, training: bool, key: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, b: GraphBatch, training: bool, key: int,
+                 views: dict[str, GraphView] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         n_graphs = len(b.graph_ids)
         ones = torch.ones(n_graphs, dtype=torch.bool)
         inputs = {"x": b.graph.x, "y": b.y, "train": ones, "val": ones, "test": ones}
         if self.comm is not None:
             self.comm.rows = b.graph.num_nodes
-        ctx = ExecContext({v: GraphView.build(b.graph, v) for v in self.views}, b.node_ids, self.config, training,
+        views = views if views is not None else self._views(b)
+        ctx = ExecContext(views, b.node_ids, self.config, training,
                           lambda i, key=key: rng.stream_key(key, i), float(self.loss_count), self.cfg.use_kernels,
                           comm=self.comm, state=self.state, batch=b.batch, graph_ids=b.graph_ids)
         return forward(self.interp, self.params, inputs, ctx)
+
+    def _views(self, b: GraphBatch) -> dict[str, GraphView]:
+        return {v: GraphView.build(b.graph, v) for v in self.views}
 
     def step(self, ids: np.ndarray, epoch: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One training step on batch `ids` (every rank passes the whole batch); returns (this rank's logits, the
@@ -147,13 +154,17 @@ class GraphTrainer:
         return t
 
     @torch.no_grad()
-    def accuracy(self, ids: np.ndarray) -> float:
-        """The accuracy over graphs `ids` (every rank evaluates its share of each batch; the counts are summed)."""
+    def accuracy(self, which: str) -> float:
+        """The accuracy over the "val" or "test" graphs (every rank evaluates its share of each batch; the counts
+        are summed). Their batches and views are built once: they are the same every epoch."""
         correct = torch.zeros(2, dtype=torch.float64)
-        for batch in eval_batches(ids, self.batch_size):
-            self.loss_count = max(len(batch), 1)
-            b = make_batch(self.ds, self.share(batch), self.edge_ptr)
-            logits, _ = self._forward(b, False, 0)
+        if which not in self.eval_batches:
+            ids = self.val_ids if which == "val" else self.test_ids
+            built = [make_batch(self.ds, self.share(batch), self.edge_ptr) for batch in eval_batches(ids, self.batch_size)]
+            self.eval_batches[which] = [(b, self._views(b)) for b in built]
+        for b, views in self.eval_batches[which]:
+            self.loss_count = max(len(b.graph_ids), 1)  # not read: evaluation computes no gradient
+            logits, _ = self._forward(b, False, 0, views)
             correct += torch.tensor([float((logits.argmax(-1) == b.y).sum()), float(len(b.y))], dtype=torch.float64)
         correct = self.sum(correct)
         return float(correct[0] / max(float(correct[1]), 1.0))
@@ -171,12 +182,13 @@ class GraphTrainer:
             if not np.isfinite(loss_sum):
                 raise TrainingDiverged(f"the training loss is {loss_sum} at epoch {epoch}: training stopped "
                                        "(lower the learning rate)")
-            val_acc, test_acc = self.accuracy(self.val_ids), self.accuracy(self.test_ids)
+            val_acc, test_acc = self.accuracy("val"), self.accuracy("test")
             history.append({"epoch": epoch, "train_loss": loss_sum, "val_acc": val_acc, "test_acc": test_acc})
             if val_acc > best_val:
                 best_val, best_test, best_epoch = val_acc, test_acc, epoch
             if progress and self.rank == 0:
-                print(f"epoch {epoch:4d} loss {loss_sum:.4f} val {val_acc:.4f} test {test_acc:.4f}", flush=True)
+                print(f"epoch {epoch:4d} loss {loss_sum:.4f} val {val_acc:.4f} test {test_acc:.4f}", file=sys.stderr,
+                      flush=True)
         steady = times[1:] or times
         return RunResult(test_acc=best_test, val_acc=best_val, final_test_acc=test_acc, train_loss=loss_sum,
                          epoch_time_s=statistics.median(steady), logits=None, history=history, best_epoch=best_epoch,
