@@ -109,7 +109,7 @@ def gnnc_in_process(*args: str, cwd: Path | str = ROOT) -> Ran:
             try:
                 code = cli.main(list(args))
             except SystemExit as stop:  # argparse's refusal of a flag's value, or --help
-                code = stop.code if isinstance(stop.code, int) else 1
+                code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
     finally:
         os.chdir(here)
     return Ran(code, out.getvalue(), err.getvalue())
