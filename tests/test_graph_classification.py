@@ -295,3 +295,19 @@ def test_readouts_have_cost_entries() -> None:
     assert len(pools) == 3 and {op_class(e) for e in pools} == {"copy"}
     work = dict(((side, cls), n) for side, cls, n in program_op_work(program)[-1].forward)
     assert work[("out", "copy")] == 3 * 8  # three pools of the 8-wide h per vertex row
+
+
+def test_pass_testing_kit_covers_readouts(tmp_path: Path) -> None:
+    from gnnc.testing import filecheck, run_pass
+
+    f = tmp_path / "pools.gnn"
+    f.write_text(POOL_MODEL)
+    out = run_pass("lower", str(f), dims={"features": 5, "classes": 3})
+    filecheck(out, """
+        CHECK: inputs %x:vertex:f32[features], %y:graph:i64[], %train:graph:bool[]
+        CHECK: %h:vertex:f32[hidden] = relu(
+        CHECK: :graph:f32[hidden] = global_sum_pool(%h)
+        CHECK-NEXT: :graph:f32[hidden] = global_mean_pool(%h)
+        CHECK-NEXT: :graph:f32[hidden] = global_max_pool(%h)
+        CHECK: %loss:scalar:f32[] = cross_entropy(%g.1, %y, %train)
+    """)
