@@ -3,6 +3,7 @@ fraction of graph parallelism's traffic, and the bytes it sends are the plan's p
 
     python benchmarks/gnnpipe.py                     # 32-layer GCNII, Reddit-like cut, 4 processes, 100 epochs
     python benchmarks/gnnpipe.py --epochs 200 --json
+    python benchmarks/gnnpipe.py --ablation --epochs 40   # GNNPipe section 4.5's tricks, one at a time (below)
 
 The graph is a stochastic block model whose cut over 4 METIS parts is Reddit's
 in GNNPipe's Table 4 (sum_i |B_i| / N = 2.61: nearly every vertex has
@@ -13,6 +14,18 @@ processes (a short run: its bytes are the same every epoch). It prints the
 test accuracies, the bytes per epoch measured against the prediction (the
 training step; an epoch that refreshes the history adds the refresh's), and
 each stage's bubble (its time blocked in pipeline send/recv over its epoch).
+
+`--ablation` trains the same case with GNNPipe's tricks turned off one at a
+time (its section 4.5 ablates chunk shuffling, historical gradients and the
+fixed history; gnnc never sends gradients into the history, so that trick is
+always on, and the third variant here is the hybrid with graph parallelism,
+2 stages of 2 workers, instead of 4 stages of 1): the published pipeline
+(history fixed between refreshes every alpha = 23 epochs, chunks shuffled),
+the per-chunk update (`history_update=chunk`), chunks in id order
+(`shuffle_chunks=false`), the history refreshed every epoch (alpha = 1), and
+the hybrid with either history;
+each row: test accuracy at the best validation epoch and the measured bytes
+per epoch (step, and a refresh epoch's), beside the exact one-process run.
 """
 from __future__ import annotations
 
@@ -85,6 +98,53 @@ def per_epoch(records: list[dict]) -> list[dict]:
     return out
 
 
+# (name, stage-pipeline options, workers per stage): GNNPipe's tricks off one at a time (module docstring)
+ABLATION = [
+    ("published: fixed history, alpha 23, shuffled", "", 1),
+    ("per-chunk history update", "history_update=chunk", 1),
+    ("no chunk shuffling", "shuffle_chunks=false", 1),
+    ("history refreshed every epoch (alpha 1)", "history_every=1", 1),
+    ("hybrid: 2 stages of 2, fixed history", "", 2),
+    ("hybrid: 2 stages of 2, per-chunk update", "history_update=chunk", 2),
+]
+
+
+def ablation_passes(options: str, groups: int) -> str:
+    """The compile's pass pipeline with the pipeline forced and stage-pipeline's `options`."""
+    from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+
+    stage = f"stage-pipeline{{pipeline_groups={groups} {options}}}".replace(" }", "}")
+    rest = [stage if p == "stage-pipeline" else "choose-strategy{strategy=pipeline}" if p == "choose-strategy" else p
+            for p in DISTRIBUTED_PIPELINE]
+    return ",".join([*DEFAULT_PIPELINE, *rest])
+
+
+def ablation(args, common: list[str]) -> dict:
+    """Every ABLATION row trained for `args.epochs` on `args.nproc` processes, and the exact run."""
+    rows = []
+    single, _ = run(common, args.epochs)
+    print(f"exact, one process: test accuracy {single.get('test_acc')}", flush=True)
+    for name, options, groups in ABLATION:
+        with tempfile.TemporaryDirectory() as d:
+            plan = Path(d) / "plan"
+            c = subprocess.run([sys.executable, "-m", "gnnc", "compile", *common, "--workers", str(args.nproc),
+                                "--approximate", "--passes", ablation_passes(options, groups), "-o", str(plan)],
+                               capture_output=True, text=True, cwd=ROOT)
+            if c.returncode != 0:
+                rows.append({"name": name, "error": (c.stderr.strip().splitlines() or ["?"])[-1]})
+                continue
+            got, records = run([str(plan), "--nproc", str(args.nproc)], args.epochs)
+        epochs = per_epoch(records)
+        every = {int(e["bytes"]) for e in epochs}
+        rows.append({"name": name, "options": options, "groups": groups, "test_acc": got.get("test_acc"),
+                     "error": got.get("error"), "bytes_per_epoch": sorted(every),
+                     "epoch_s": got.get("epoch_time_s")})
+        print(f"{name}: test accuracy {got.get('test_acc')}, bytes per epoch {sorted(every)}"
+              + (f" ({got['error']})" if "error" in got else ""), flush=True)
+    return {"graph": args.graph, "layers": args.layers, "epochs": args.epochs, "nproc": args.nproc,
+            "single_test_acc": single.get("test_acc"), "rows": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graph", default=GRAPH)
@@ -92,11 +152,17 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    ap.add_argument("--ablation", action="store_true", help="GNNPipe's tricks off one at a time (module docstring)")
     add_device_argument(ap)
     args = ap.parse_args()
     device = resolve_device_or_exit(args.device)  # cuda: each process takes its own GPU (NCCL)
     model = str(ROOT / "examples" / "gcnii.gnn")
     common = [model, "--graph", args.graph, "--set", f"layers={args.layers}", "--device", device]
+    if args.ablation:
+        result = ablation(args, common)
+        if args.json:
+            print(json.dumps(result, sort_keys=True))
+        return 1 if any(r.get("error") for r in result["rows"]) else 0
     ratio = remote_ratio(args.graph, args.nproc)
     pred = predicted(args.graph, args.layers, args.nproc)
     print(f"{args.graph}: sum|B_i|/N = {ratio:.3f} on {args.nproc} METIS parts; GCNII, {args.layers} layers, "

@@ -49,6 +49,7 @@ from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.pipeline_text import option
 from gnnc.plan.comm_ops import COMM_OP_DEFS, exchange_of, schedule_options
 from gnnc.plan.schedule_attrs import HALO_METHODS, exchange_schedule
+from gnnc.plan.slices import split_weights
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.plan.pipeline import is_pipeline
 
@@ -178,15 +179,18 @@ def annotate_layer(layer: Layer, options: dict[str, Any], method: str) -> Layer:
 
 
 def grad_bucket_attrs(program: Program, bucket_bytes: int) -> dict[str, int]:
-    """Layer name -> gradient bucket: layers with parameters in reverse order (the order backward finishes
-    them), a new bucket whenever the next layer would take one past `bucket_bytes`."""
+    """Layer name -> gradient bucket: layers with replicated parameters in reverse order (the order backward
+    finishes them), a new bucket whenever the next layer would take one past `bucket_bytes`. P3's split weights
+    (gnnc.plan.slices) are never all-reduced: a layer holding only those has no bucket."""
     cfg = program.config_dict()
+    split = split_weights(program)
     out: dict[str, int] = {}
     bucket, size = -1, 0
     for layer in reversed(program.layers):
-        if not layer.params:
+        params = [p for p in layer.params if p.value.name not in split]
+        if not params:
             continue
-        nbytes = 4 * sum(int(np.prod([eval_dim(d, cfg) for d in p.value.type.shape])) for p in layer.params)
+        nbytes = 4 * sum(int(np.prod([eval_dim(d, cfg) for d in p.value.type.shape])) for p in params)
         if bucket < 0 or (size + nbytes > bucket_bytes and size > 0):
             bucket, size = bucket + 1, 0
         out[layer.name] = bucket
@@ -225,8 +229,9 @@ def _priced(program: Program, ctx: PassContext) -> PricedPlan | None:
     if ctx.partition is None or ctx.graph is None or ctx.cluster is None:
         return None
     planned = ctx.analyses.get(PlanningInputs, program)
+    split = split_weights(program)  # P3's split weights: never all-reduced
     params = sum(float(np.prod([eval_dim(d, program.config_dict()) for d in p.value.type.shape]))
-                 for p in program.params())
+                 for p in program.params() if p.value.name not in split)
     ar = grad_allreduce(params)
     epoch_cost, epoch = epoch_costs(program, planned.inputs)
     return PricedPlan({}, {}, {}, {}, {}, planned.inputs, planned.shapes, ar, evaluate_cost(ar, planned.inputs), [],

@@ -7,7 +7,9 @@ consecutive layers balanced by predicted cost, K = 4 x stages METIS chunks
 (`chunks=K` overrides), groups of G workers per stage running it
 graph-parallel (`pipeline_groups=G`: the planner's choice, else the user's,
 else one worker per stage when there are enough graph layers), and the
-history refreshed every `history_every` epochs (GNNPipe's alpha, 23). The
+history refreshed every `history_every` epochs (GNNPipe's alpha, 23), fixed
+between refreshes as GNNPipe publishes it (`history_update=refresh`) or
+updated by each chunk as it passes (`history_update=chunk`). The
 annotations are gnnc.plan.pipeline's; the chunking (the plan's partition)
 and the priced choice go to `ctx.results.pipeline`. Any other program
 passes unchanged.
@@ -33,6 +35,10 @@ class StagePipelineOptions:
     chunks: int = option(0, "chunks of vertices (0: GNNPipe's 4 x stages)")
     history_every: int = option(plan_pipeline.HISTORY_EVERY, "epochs between refreshes of the history "
                                                               "(GNNPipe's alpha)")
+    history_update: str = option(plan_pipeline.HISTORY_UPDATE, "refresh: the history stays fixed between refreshes "
+                                                                "(GNNPipe's trick 3); chunk: each chunk's rows "
+                                                                "update it as the chunk passes")
+    shuffle_chunks: bool = option(True, "a new chunk order every epoch (GNNPipe's trick 1; false to measure it)")
 
 
 @register_pass("stage-pipeline", "GNNPipe: stages balanced by predicted cost, METIS chunks, groups, the history "
@@ -50,16 +56,20 @@ def stage_pipeline(program: Program, ctx: PassContext, opts: StagePipelineOption
                                 f"cannot run in it; use an exact strategy", e.loc)
     if opts.history_every < 1 or opts.chunks < 0:
         raise GnncError("stage-pipeline: history_every must be at least 1 and chunks at least 0")
+    if opts.history_update not in plan_pipeline.HISTORY_UPDATES:
+        raise GnncError(f"stage-pipeline: history_update must be one of {', '.join(plan_pipeline.HISTORY_UPDATES)}, "
+                        f"got {opts.history_update!r}")
     chosen = ctx.results.pipeline
     groups = opts.pipeline_groups or (chosen.groups if chosen is not None else 0) or _default_groups(
         ctx.workers, len(program.graph_layers()))
-    if chosen is None or chosen.groups != groups or opts.chunks or opts.history_every != chosen.history_every:
+    if chosen is None or chosen.groups != groups or opts.chunks or opts.history_every != chosen.history_every \
+            or opts.history_update != chosen.history_update:
         planned = ctx.analyses.get(PlanningInputs, program)
         chosen = price(program, ctx.graph, planned.inputs, planned.shapes, ctx.cluster, ctx.workers, groups,
-                       opts.history_every, chunks=opts.chunks or None)[0]
+                       opts.history_every, chunks=opts.chunks or None, history_update=opts.history_update)[0]
     ctx.results.pipeline = chosen
     return plan_pipeline.annotate(program, chosen.stage_of, chosen.chunks, chosen.groups, chosen.history_every,
-                                  chosen.pipe_grad)
+                                  chosen.pipe_grad, chosen.history_update, opts.shuffle_chunks)
 
 
 def _default_groups(workers: int, layers: int) -> int:

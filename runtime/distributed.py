@@ -6,7 +6,13 @@ Functions of gnnc.runtime.comm, so `loss.backward()` runs the distributed
 backward pass. The loss of each rank is the sum over its owned training
 vertices divided by the global training count, so the ranks' losses add up to
 the single-process loss; parameter gradients are summed over ranks
-(GradAllReduce) and every rank takes the same optimizer step.
+(GradAllReduce) and every rank takes the same optimizer step. Under P3's
+push-pull the weights of the first layer's partial products are the
+exception (P3 section 3.2.2): each rank holds only the rows of its feature
+slice (gnnc.plan.slices.split_weights), computes only their gradient and
+updates them alone, so they are never all-reduced; they are assembled whole
+only where the whole model is wanted (the trained weights, one_step's
+gradients).
 """
 from __future__ import annotations
 
@@ -26,10 +32,11 @@ from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
                                       split_eqn, split_exchange)
 from gnnc.plan.shards import RankData, load_rank
+from gnnc.plan.slices import split_weights
 from gnnc.runtime import comm
 from gnnc.runtime import device as devices
 from gnnc.runtime.bins import run_binned
-from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_params, init_state
+from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_state
 from gnnc.runtime.implementations import exchange_implementation, implements_exchange
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.parts import PartRun, Parts, PartStream, run_split
@@ -182,6 +189,8 @@ class DistInterpreter(PrefixRowsInterpreter):
         super().__init__(program)
         self.lg = lg
         self.phase = phase
+        # the weights the rank holds as its slice's rows already (P3's split W1); others are sliced where read
+        self.split = split_weights(program) if phase is not None else frozenset()
         self.in_phase = phase is not None
         self.sliced: set[str] = {"x"} if phase is not None else set()
         self._ids = lg.rows  # ids of the rows the values of the running layer hold
@@ -204,7 +213,8 @@ class DistInterpreter(PrefixRowsInterpreter):
             ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
             sliced_in = any(v.name in self.sliced for v in e.ins)
             if e.op == "linear" and sliced_in:
-                ins[1] = ins[1][p.cols[0]:p.cols[1]]  # this slice's rows of W: a partial product
+                if e.ins[1].name not in self.split:
+                    ins[1] = ins[1][p.cols[0]:p.cols[1]]  # this slice's rows of W: a partial product
             elif sliced_in:
                 self.sliced.update(o.name for o in e.outs)
             view = fctx.views.get(layer.edges) if layer.kind == "graph" else None
@@ -297,17 +307,20 @@ def build_split_parts(program: Program, lg: LocalGraph) -> None:
             lgl.parts(layer.edges, part_bounds(lgl, exchange.op, lg.block_rows))
 
 
-def grad_buckets(program: Program) -> list[list[int]] | None:
-    """The gradient buckets the schedule annotates (`grad_bucket`), as indices into the parameters in
-    program order (init_params' order), last ones first; None when the plan names none."""
-    index = {p.value.name: i for i, p in enumerate(program.params())}
+def grad_buckets(program: Program, split: frozenset[str] = frozenset()) -> list[list[int]] | None:
+    """The gradient buckets the schedule annotates (`grad_bucket`), as indices into the replicated parameters
+    (those not in `split`, P3's split weights, which are never all-reduced) in program order (init_params'
+    order), last ones first; None when the plan names none."""
+    names = [p.value.name for p in program.params() if p.value.name not in split]
+    index = {name: i for i, name in enumerate(names)}
     buckets: dict[int, list[int]] = {}
     for layer in program.layers:
         b = layer_schedule(layer).grad_bucket
-        if b is None and layer.params:
+        mine = [index[p.value.name] for p in layer.params if p.value.name in index]
+        if b is None and mine:
             return None
         if b is not None:
-            buckets.setdefault(b, []).extend(index[p.value.name] for p in layer.params)
+            buckets.setdefault(b, []).extend(mine)
     return [sorted(buckets[b], reverse=True) for b in sorted(buckets)]
 
 
@@ -339,7 +352,14 @@ def _with(ctx: ExecContext, **changes: Any) -> ExecContext:
 
 
 class DistWorker(Worker):
-    """One rank: its shard, the communication bound to it, and sums over ranks."""
+    """One rank: its shard, the communication bound to it, and sums over ranks.
+
+    Under push-pull the rank's parameters hold only its feature slice's rows of P3's split weights
+    (`split`, columns `cols` of the input features); every other parameter is whole on every rank.
+    """
+
+    split: frozenset[str] = frozenset()  # none in a sampled run's worker (gnnc.runtime.minibatch_dist)
+    cols: tuple[int, int] | None = None
 
     def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
         """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
@@ -381,6 +401,7 @@ class DistWorker(Worker):
         if data.block_order is not None:
             data.block_order = move(data.block_order)
         self.interp = DistInterpreter(program, lg, phase)
+        self.split, self.cols = self.interp.split, data.cols
         self.views: dict[str, Any] = {}
         self.ids = lg.rows
         self.count = data.train_count
@@ -391,9 +412,23 @@ class DistWorker(Worker):
     def context(self, training: bool, epoch: int) -> ExecContext:
         return _with(super().context(training, epoch), comm=self.exchange)
 
+    def initial_params(self, seed: int) -> dict[str, torch.nn.Parameter]:
+        """The parameters one process starts from, P3's split weights cut to this rank's feature slice: the rank
+        holds, differentiates and updates (Adam's moments, weight decay: elementwise) only those rows."""
+        params = super().initial_params(seed)
+        for name in self.split:
+            assert self.cols is not None
+            params[name] = torch.nn.Parameter(params[name].detach()[self.cols[0]:self.cols[1]].clone())
+        return params
+
+    def replicated(self, params) -> list[torch.nn.Parameter]:
+        """The parameters every rank holds whole, whose gradients are summed over ranks (all but `split`)."""
+        return [p for name, p in params.items() if name not in self.split]
+
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._reducer is None:  # before the first backward: an overlapped all-reduce hooks the parameters
-            self._reducer = comm.GradAllReduce(list(params.values()), self.stats, buckets=grad_buckets(self.program),
+            self._reducer = comm.GradAllReduce(self.replicated(params), self.stats,
+                                               buckets=grad_buckets(self.program, self.split),
                                                overlap=program_schedule(self.program).grad_overlap)
         return super().forward(params, training, epoch)
 
@@ -403,8 +438,50 @@ class DistWorker(Worker):
 
     def reduce_grads(self, params) -> None:
         if self._reducer is None:  # a step that never ran forward() (a sampled minibatch's phases): after backward
-            self._reducer = comm.GradAllReduce(list(params.values()), self.stats)
+            self._reducer = comm.GradAllReduce(self.replicated(params), self.stats)
         self._reducer.finish()
+        if self.split and self.cfg.precision == "fp16":
+            self._share_overflow(params)
+
+    def _share_overflow(self, params) -> None:
+        """fp16's loss scaler skips a step whose gradients overflowed; a summed gradient overflows on every rank
+        alike, a split one only where it is held: make every rank's split gradients non-finite when any rank's
+        are, so that all skip the step together (on the device: no host read)."""
+        grads = [params[name].grad for name in sorted(self.split) if params[name].grad is not None]
+        bad = torch.zeros(1, device=self.device)
+        for g in grads:
+            bad = torch.maximum(bad, (~torch.isfinite(g)).any().to(bad.dtype).reshape(1))
+        bad = self.max(bad)
+        poison = torch.where(bad > 0, torch.tensor(float("inf"), device=self.device), torch.zeros(1, device=self.device))
+        for g in grads:
+            g.add_(poison.to(g.dtype))
+
+    def clip_grads(self, params, max_norm: float) -> None:
+        """Clip by the norm over every parameter of the model, as one process: the split weights' squared norms
+        are summed over ranks (their slices are disjoint), the replicated ones' counted once."""
+        if not self.split:
+            return super().clip_grads(params, max_norm)
+        split = [params[name].grad for name in sorted(self.split) if params[name].grad is not None]
+        zero = torch.zeros((), dtype=torch.float32, device=self.device)
+        sq_split = sum((g.detach().float().pow(2).sum() for g in split), zero)
+        sq_whole = sum((p.grad.detach().float().pow(2).sum() for p in self.replicated(params) if p.grad is not None),
+                       zero)
+        total = (self.sum(sq_split.reshape(1))[0] + sq_whole).sqrt()
+        torch.nn.utils.clip_grads_with_norm_([p for p in params.values() if p.grad is not None], max_norm, total)
+
+    def whole_weights(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """`tensors` (one per parameter, on the host: the trained weights, their gradients) with each split
+        weight's slices of every rank assembled into the whole, on rank 0 (None elsewhere); a collective."""
+        mine = {name: tensors[name].detach().cpu() for name in sorted(self.split) if name in tensors}
+        every: list[Any] = [None] * self.world_size
+        dist.all_gather_object(every, (self.cols, mine))
+        if self.rank != 0:
+            return None
+        out = dict(tensors)
+        for name in mine:
+            pieces = sorted(((cols[0], part[name]) for cols, part in every), key=lambda c: c[0])
+            out[name] = torch.cat([t for _, t in pieces], dim=0)
+        return out
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         t = t.clone()
@@ -445,7 +522,7 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     The exactness tests compare this with one process.
     """
     w = DistWorker(cfg, job)
-    params = init_params(w.program, job.train.seed, w.device)
+    params = w.initial_params(job.train.seed)
     with torch.no_grad():  # computes the hoisted values, once per run: the step measured is a steady one
         w.forward(params, False, 0)
     w.stats.reset()
@@ -456,14 +533,14 @@ def one_step(cfg: DistConfig, job: DistJob) -> dict[str, Any] | None:
     gathered = w.gather_logits(logits)
     every: list[Any] = [None] * cfg.world_size
     dist.all_gather_object(every, w.stats.bytes_by("op"))
-    if cfg.rank != 0:
+    grads = w.whole_weights({k: p.grad.detach().to("cpu", copy=True) for k, p in params.items()})  # W1's slices
+    if grads is None:
         return None
     sent: dict[str, int] = {}
     for per_rank in every:
         for op, nbytes in per_rank.items():
             sent[op] = sent.get(op, 0) + nbytes
-    return {"logits": gathered, "loss": float(total), "grads": {k: p.grad.detach().to("cpu", copy=True) for k, p in params.items()},
-            "bytes_by_op": sent}
+    return {"logits": gathered, "loss": float(total), "grads": grads, "bytes_by_op": sent}
 
 
 def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> RunResult | None:
@@ -473,8 +550,10 @@ def train_and_report(w: DistWorker, cfg: DistConfig, job: Any) -> RunResult | No
     result = fit(w, job.train, job.metrics_path)
     peak = w.max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64, device=w.device)).cpu()
     gathered = w.gather_logits(result.logits) if job.want_logits else None
+    weights = w.whole_weights(result.weights) if w.split else result.weights  # the whole W1 (--save-model)
     if cfg.rank != 0:
         return None
+    result.weights = weights
     result.logits, result.graph, result.world_size, result.peak_rss_bytes = (gathered, w.graph_name, cfg.world_size,
                                                                              int(peak[0]))
     result.strategies = [layer.attr("strategy") for layer in w.program.graph_layers()]

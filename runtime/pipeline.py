@@ -7,16 +7,19 @@ A rank is member g of stage s (gnnc.plan.pipeline). Each epoch:
    gradient, every value a layer reads through the history computed for
    every vertex with the epoch's dropout masks, stage after stage;
 2. the pipelined step (GPipe): the chunks in a seeded order, new each
-   epoch; for each, receive its boundary rows from stage s-1 (member g),
+   epoch (GNNPipe's trick 1; in id order with `shuffle_chunks=false`); for each, receive its boundary rows from stage s-1 (member g),
    run the stage's layers on its rows, send the rows stage s+1 needs; then
    every chunk's backward in the reverse order, gradients flowing back the
    same way. A `history` op gives a layer the chunk's current rows (its own,
    and with G > 1 its group peers', exchanged with their gradients) and,
    for every other neighbour, the history row, detached: historical
-   embeddings carry no gradient (GNNPipe's trick 2). As a chunk passes, its
-   rows overwrite the history, so later chunks of the epoch read them (with
-   G > 1 a member also hands the peers its chunk rows they read from their
-   history elsewhere: a group's history follows the chunks as one worker's);
+   embeddings carry no gradient (GNNPipe's trick 2). The history stays as
+   the last refresh left it (GNNPipe's trick 3, `history_update=refresh`,
+   the default): every epoch of a window of alpha reads the same rows. With
+   `history_update=chunk` a chunk's rows overwrite the history as it passes,
+   so later chunks of the epoch read them (with G > 1 a member also hands
+   the peers its chunk rows they read from their history elsewhere: a
+   group's history follows the chunks as one worker's);
 3. one optimizer step: with G > 1 the group first sums its stage's weight
    gradients; stages share no weight, so nothing else is reduced.
 
@@ -54,8 +57,11 @@ from gnnc.runtime.train import Worker, optimizer_step
 F32 = torch.float32
 
 
-def chunk_order(seed: int, epoch: int, chunks: int) -> list[int]:
-    """The chunks' order in epoch `epoch` (GNNPipe's trick 1: shuffled every epoch), the same on every rank."""
+def chunk_order(seed: int, epoch: int, chunks: int, shuffle: bool = True) -> list[int]:
+    """The chunks' order in epoch `epoch` (GNNPipe's trick 1: shuffled every epoch), the same on every rank;
+    without `shuffle` (the trick measured off) every epoch takes them in id order."""
+    if not shuffle:
+        return list(range(chunks))
     return [int(k) for k in np.random.default_rng([seed, epoch, 0x617E]).permutation(chunks)]
 
 
@@ -67,6 +73,10 @@ def refresh_due(epoch: int, history_every: int, refreshed: int | None) -> bool:
 
 class PipelineWorker(Worker):
     """One rank of a pipeline plan: its stage, its member's chunks, the history of its layers' inputs."""
+
+    # P3's split weights (a rank holding a slice of W1, gnnc.plan.slices): none, a pipeline runs no push-pull;
+    # train_and_report asks every full-graph worker
+    split: frozenset[str] = frozenset()
 
     def __init__(self, cfg: DistConfig, job: DistJob, device: torch.device | None = None):
         """`device`: where this rank's tensors live; by default its GPU (`local_rank`) on CUDA, else the CPU."""
@@ -99,6 +109,9 @@ class PipelineWorker(Worker):
         self.num_nodes = data.num_nodes
         self.graph_name = data.graph_name
         self.count = data.train_count
+        # the ops' running state (gnnc.runtime.train.fit saves it with the weights): none, since the pipeline
+        # refuses the ops that keep one (stage-pipeline: statistics over every vertex cannot run chunk by chunk)
+        self.state: dict[str, torch.Tensor] = {}
         self.history: dict[str, torch.Tensor] = {}  # value name -> [N, width], by global id
         self.refreshed: int | None = None  # the epoch of this process's last refresh
         self.last_bubble: dict[str, float] = {}
@@ -162,19 +175,25 @@ class PipelineWorker(Worker):
 
     @implements_exchange("history")
     def _history_chunk(self, e: Eqn, layer: Layer, k: int, x: torch.Tensor, stats: comm.CommStats) -> torch.Tensor:
-        """Chunk k's rows of the value, then its peers' (current), then the history's (no gradient)."""
+        """Chunk k's rows of the value, then its peers' (current), then the history's (no gradient).
+
+        The published history (`history_update=refresh`) is only read here; with `chunk` the chunk's rows
+        (and its peers') overwrite it as the chunk passes."""
         chunk = self.data.structures[layer.edges].chunks[k]
         hist = self._history_of(e.ins[0].name)
+        update = self.sched.history_update == "chunk"
         a, b = self._rows(k)
         parts = [x]
         if chunk.halo is not None:
             peer = comm.halo_exchange(x, chunk.halo, stats, label=layer.name, group=self.group)
-            hist[chunk.ext_ids[:chunk.n_peer]] = peer.detach()
             parts.append(peer)
-            with torch.no_grad():  # the chunk's rows the peers read from their history later, current now
-                hist[chunk.later_ids] = comm.halo_exchange(x.detach(), chunk.later, stats, label=layer.name,
-                                                           group=self.group)
-        hist[self.ids[a:b]] = x.detach()  # as the chunk passes, later chunks read its current rows
+            if update:
+                hist[chunk.ext_ids[:chunk.n_peer]] = peer.detach()
+                with torch.no_grad():  # the chunk's rows the peers read from their history later, current now
+                    hist[chunk.later_ids] = comm.halo_exchange(x.detach(), chunk.later, stats, label=layer.name,
+                                                               group=self.group)
+        if update:
+            hist[self.ids[a:b]] = x.detach()  # as the chunk passes, later chunks read its current rows
         parts.append(hist[chunk.ext_ids[chunk.n_peer:]])
         return torch.cat(parts, dim=0)
 
@@ -260,7 +279,7 @@ class PipelineWorker(Worker):
         pending: list[torch.Tensor] = []
         total = torch.zeros((), dtype=F32, device=self.device)
         in_width = sum(self.widths[v.name] for v in self.recv_values)
-        for k in chunk_order(self.cfg.seed, epoch, self.sched.chunks):
+        for k in chunk_order(self.cfg.seed, epoch, self.sched.chunks, self.sched.shuffle_chunks):
             a, b = self._rows(k)
             if a == b:
                 continue  # no row of this member in the chunk, on any stage

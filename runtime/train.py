@@ -281,6 +281,10 @@ class Worker:
         """The logits and inputs of the rows this worker owns (the ones it reports)."""
         return logits, self.inputs
 
+    def initial_params(self, seed: int) -> dict[str, torch.nn.Parameter]:
+        """The parameters this worker trains, as `seed` initialises them (a push-pull rank: its slice of W1)."""
+        return init_params(self.program, seed, self.device)
+
     def reduce_grads(self, params) -> None:
         """Sum parameter gradients over workers (nothing to do alone)."""
 
@@ -493,7 +497,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
 
     check_trainable(worker, cfg)
     task = task_metrics(loss_op(worker.program))  # what each epoch reports, and which epoch is best
-    params = init_params(worker.program, cfg.seed, worker.device)
+    params = worker.initial_params(cfg.seed)
     opt = make_optimizer(worker.program, params, cfg)
     schedule = LRSchedule(opt, cfg)
     scaler = devices.grad_scaler(worker.device, cfg.precision)

@@ -2,12 +2,13 @@
 
 What it promises (gnnc.runtime.pipeline): in a training step a chunk's
 layer reads its chunk's current rows and, for every other neighbour, the
-history, detached; as the chunk passes, its rows replace theirs in the
-history. Right after a refresh the history holds every row's current value,
+history, detached. The history stays as the refresh left it (GNNPipe's
+published trick 3, the default); with `history_update=chunk` the rows of a
+chunk replace theirs in the history as it passes. Right after a refresh the history holds every row's current value,
 so the step's logits and loss are the single-process ones, and its
 gradients are those of one process in which each chunk's loss sees the rows
 outside the chunk as constants; one epoch later (other dropout masks) the
-history is stale until the chunks pass. `pipelined_reference` computes all
+history is stale (with `chunk`, until the chunks pass). `pipelined_reference` computes all
 that in one process, chunk by chunk in the epoch's order; with one chunk it
 is the exact step. One launch per world size runs every case (4 workers:
 four stages of one, and two stages of groups of 2, graph-parallel inside a
@@ -37,18 +38,20 @@ from gnnc.runtime.train import TrainConfig
 SEED = 3
 GRAPH = random_graph(n=90, e=420, f=10, c=4, seed=11)
 # (name, model parameters, chunks (0: GNNPipe's 4 per stage), workers per stage (0: one), the step's epoch
-# (the history is refreshed in epoch 0))
+# (the history is refreshed in epoch 0)[, history_update (default: the published "refresh")])
 CASES = {
     2: [("gcnii", {"layers": 4}, 1, 0, 0), ("gcnii", {"layers": 4}, 0, 0, 0), ("gcnii", {"layers": 4}, 0, 0, 1),
-        ("gcn", {}, 0, 0, 1), ("gat", {}, 0, 0, 1)],
+        ("gcn", {}, 0, 0, 1), ("gat", {}, 0, 0, 1), ("gcnii", {"layers": 4}, 0, 0, 1, "chunk")],
     4: [("gcnii", {"layers": 4}, 1, 0, 0), ("gcnii", {"layers": 4}, 0, 0, 0), ("gcnii", {"layers": 4}, 0, 2, 1),
-        ("gcn", {}, 0, 2, 1), ("gat", {}, 0, 2, 1), ("sage", {}, 0, 2, 0)],
+        ("gcn", {}, 0, 2, 1), ("gat", {}, 0, 2, 1), ("sage", {}, 0, 2, 0),
+        ("gcnii", {"layers": 4}, 0, 2, 1, "chunk"), ("gcn", {}, 0, 0, 1, "chunk")],
 }
 
 
-def compile_pipeline(name: str, params: dict, world: int, chunks: int = 0, groups: int = 0):
+def compile_pipeline(name: str, params: dict, world: int, chunks: int = 0, groups: int = 0,
+                     history_update: str = "refresh"):
     model = api.load_model(EXAMPLES / f"{name}.gnn", **params)
-    stage = f"stage-pipeline{{chunks={chunks} pipeline_groups={groups}}}"
+    stage = f"stage-pipeline{{chunks={chunks} pipeline_groups={groups} history_update={history_update}}}"
     passes = [*DEFAULT_PIPELINE, "choose-strategy{strategy=pipeline}", "assign-strategy", "select-hybrid", stage,
               "insert-comm", "predict-bytes"]
     return api.compile(model, GRAPH, workers=world, passes=passes, approximate=True)
@@ -57,11 +60,13 @@ def compile_pipeline(name: str, params: dict, world: int, chunks: int = 0, group
 class _History:
     """`ctx.comm` of one process running a pipeline's program. Recording (`chunk` None): a `history` op
     returns its value and keeps it, detached, as the value's history. In a chunk: the value's rows in
-    the chunk, the history elsewhere; then the chunk's rows replace theirs in the history."""
+    the chunk, the history elsewhere; then, with `update` (history_update=chunk), the chunk's rows replace
+    theirs in the history."""
 
-    def __init__(self) -> None:
+    def __init__(self, update: bool = False) -> None:
         self.chunk: torch.Tensor | None = None
         self.rows: dict[str, torch.Tensor] = {}
+        self.update = update
 
     def exchange(self, op: str, x: torch.Tensor, e) -> torch.Tensor:
         assert op == "history"
@@ -71,7 +76,8 @@ class _History:
             return x
         mask = self.chunk.view(-1, *[1] * (x.dim() - 1))
         out = torch.where(mask, x, self.rows[name])
-        self.rows[name] = torch.where(mask, x.detach(), self.rows[name])
+        if self.update:
+            self.rows[name] = torch.where(mask, x.detach(), self.rows[name])
         return out
 
 
@@ -87,7 +93,7 @@ def pipelined_reference(program, graph, chunk_of: np.ndarray, epoch: int):
     its order, each chunk's loss backward with the rows outside it read from the history. Returns the
     step's logits, loss and gradients."""
     params = init_params(program, SEED)
-    history = _History()
+    history = _History(update=schedule_of(program).history_update == "chunk")
     inputs = graph_inputs(graph)
     with torch.no_grad():
         forward(Interpreter(program), params, inputs, _context(program, graph, 0, history))
@@ -137,15 +143,15 @@ def measured_kinds(counts: dict[str, int], step: bool) -> dict[str, int]:
 @pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.slow), 4])  # 4: stages of one and groups of 2
 def test_pipeline_step_matches_its_reference_and_its_bytes(world: int, tmp_path) -> None:
     plans, jobs = [], []
-    for i, (name, params, chunks, groups, _) in enumerate(CASES[world]):
-        plan = compile_pipeline(name, params, world, chunks, groups)
+    for i, (name, params, chunks, groups, _, *update) in enumerate(CASES[world]):
+        plan = compile_pipeline(name, params, world, chunks, groups, *update)
         shards = plan.write_shards(tmp_path / f"case{i}")
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False)))
         plans.append(plan)
     results = launch(one_step_each, world, jobs, [case[4] for case in CASES[world]])[0]
     failures = []
-    for (name, params, chunks, groups, epoch), plan, got in zip(CASES[world], plans, results):
-        key = (name, chunks, groups, epoch)
+    for (name, params, chunks, groups, epoch, *update), plan, got in zip(CASES[world], plans, results):
+        key = (name, chunks, groups, epoch, *update)
         sched = schedule_of(plan.program)
         assert sched.stages * sched.groups == world and sched.chunks == (chunks or 4 * sched.stages)
         chunk_of = np.asarray(plan.parts) // sched.groups

@@ -29,10 +29,10 @@ def test_stage_pipeline_annotates_stages_chunks_and_gradients() -> None:
     filecheck(out, """
         CHECK: layer d0 dense [stage=0]
         CHECK: layer l0 graph GCNConv
-        CHECK-SAME: [chunks=2, groups=1, history_every=23, segment=0, stage=0, strategy=pipeline]
+        CHECK-SAME: [chunk_history=false, chunks=2, groups=1, history_every=23, segment=0, shuffle_chunks=true, stage=0, strategy=pipeline]
         CHECK: layer d1 dense [stage=0]
         CHECK: layer l1 graph GCNConv
-        CHECK-SAME: [chunks=2, groups=1, history_every=23, pipe_grad=true, segment=0, stage=1, strategy=pipeline]
+        CHECK-SAME: [chunk_history=false, chunks=2, groups=1, history_every=23, pipe_grad=true, segment=0, shuffle_chunks=true, stage=1, strategy=pipeline]
         CHECK: layer d2 dense [stage=1]
     """)
     sched = schedule_of(out)

@@ -11,7 +11,12 @@ The annotations (IR attributes, written by `annotate`, read by `schedule_of`):
   (stage 0 holds the dense layers before the first graph layer; a stage
   starts at a graph layer and ends before the next stage's first one);
 * every graph layer: `chunks=K`, `groups=G` (workers per stage, running the
-  stage graph-parallel), `history_every=alpha` (epochs between refreshes);
+  stage graph-parallel), `history_every=alpha` (epochs between refreshes),
+  `chunk_history=true|false` (the setting history_update, HISTORY_UPDATES:
+  false for "refresh", the history fixed between refreshes, GNNPipe's trick
+  3 as published; true for "chunk", each chunk's rows written into it as it
+  passes) and `shuffle_chunks=true|false` (GNNPipe's trick 1: a new chunk
+  order every epoch; false only to measure the trick);
 * the first layer of every stage s >= 1: `pipe_grad=true|false`, whether
   the values it receives carry a gradient back (some depend on a parameter).
 
@@ -44,6 +49,14 @@ from gnnc.plan.halo import HaloPlan
 STRATEGY = "pipeline"
 HISTORY_EVERY = 23  # GNNPipe's alpha: epochs between refreshes of the history (its section 3.2.4)
 CHUNKS_PER_STAGE = 4  # GNNPipe's K = 4 M (M workers, one stage each)
+# How the history changes between refreshes. "refresh" (the default): it does not; every epoch of a window of
+# alpha reads the rows of the window's refresh, GNNPipe's trick 3 ("consecutive epochs observe consistent
+# historical embeddings", its section 3.2.4). "chunk": each chunk's rows overwrite the history as the chunk passes,
+# so later chunks of the epoch read this epoch's rows (with G > 1 the group also hands its peers those rows: the
+# `later` exchange, extra bytes). gnnc's refresh is a full pass at the start of the window's first epoch with that
+# epoch's weights and dropout masks, where GNNPipe keeps the rows its pipeline computed in that epoch.
+HISTORY_UPDATES = ("refresh", "chunk")
+HISTORY_UPDATE = "refresh"
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,8 @@ class PipelineSchedule:
     history_every: int
     stage_of: tuple[int, ...]
     pipe_grad: tuple[bool, ...]
+    history_update: str = HISTORY_UPDATE
+    shuffle_chunks: bool = True
 
     @property
     def workers(self) -> int:
@@ -105,18 +120,29 @@ def schedule_of(program: Program) -> PipelineSchedule | None:
         raise PlanError("pipeline: the first layer of every stage after the first needs pipe_grad=true|false")
     chunks = next(iter(facts["chunks"]))
     groups = next(iter(facts["groups"]))
-    return PipelineSchedule(stages, groups, chunks, next(iter(facts["history_every"])), stage_of, grads)
+    flags = {}
+    for key in ("chunk_history", "shuffle_chunks"):
+        values = {layer.attr(key) for layer in graph_layers}
+        if len(values) != 1 or not isinstance(next(iter(values)), bool):
+            raise PlanError(f"pipeline: every graph layer needs the same {key}=true|false, found "
+                            f"{sorted(map(str, values))} (a plan compiled before the setting: recompile it)")
+        flags[key] = next(iter(values))
+    return PipelineSchedule(stages, groups, chunks, next(iter(facts["history_every"])), stage_of, grads,
+                            "chunk" if flags["chunk_history"] else "refresh", flags["shuffle_chunks"])
 
 
 def annotate(program: Program, stage_of: list[int], chunks: int, groups: int, history_every: int,
-             pipe_grad: list[bool]) -> Program:
+             pipe_grad: list[bool], history_update: str = HISTORY_UPDATE, shuffle_chunks: bool = True) -> Program:
     """`program` with the pipeline's attributes (module docstring); the inverse of `schedule_of`."""
+    if history_update not in HISTORY_UPDATES:
+        raise ValueError(f"history_update must be one of {', '.join(HISTORY_UPDATES)}, got {history_update!r}")
     layers = []
     for k, (layer, s) in enumerate(zip(program.layers, stage_of)):
         attrs = dict(layer.attrs)
         attrs["stage"] = s
         if layer.kind == "graph":
-            attrs.update(chunks=chunks, groups=groups, history_every=history_every)
+            attrs.update(chunks=chunks, groups=groups, history_every=history_every,
+                         chunk_history=history_update == "chunk", shuffle_chunks=shuffle_chunks)
         if k and s != stage_of[k - 1]:
             attrs["pipe_grad"] = pipe_grad[s - 1]
         layers.append(layer.replace(attrs=tuple(sorted(attrs.items()))))
@@ -191,7 +217,8 @@ class ChunkStructure:
     halo: the group exchange of the chunk's peer rows (None with one worker per stage).
     later: the group exchange, as the chunk passes, of its rows that peers read from their history
         in their other chunks (no gradient), `later_ids` the rows it brings here (by owner, then id);
-        so a group's history follows the chunks as one worker's does. None with one worker per stage.
+        so a group's history follows the chunks as one worker's does. None with one worker per stage;
+        run only under history_update=chunk (with the published history nothing passes between refreshes).
     """
 
     view: GraphView
@@ -343,7 +370,8 @@ class GroupRows:
     these rows times the value's width.
 
     received, sent: the chunks' peer rows (with their gradients back when the value has one);
-    later_received, later_sent: the rows a passing chunk hands to the peers' histories (forward only);
+    later_received, later_sent: the rows a passing chunk hands to the peers' histories (forward only; moved
+        under history_update=chunk only);
     refresh: the peer rows fetched before the layer in a full pass; history: the rows read from the history.
     """
 

@@ -67,8 +67,10 @@ def grad_allreduce(param_elements: sympy.Expr, buckets: int = 1, name: str = "gr
     worker on average; `allreduce_payload` gives each rank's exact share.
     b_grad, not b: gradients are of the fp32 master weights at every
     precision. Weights a strategy does not replicate (P3's W1 under pushpull:
-    each worker owns the rows of dW1 for its feature slice) are left out by
-    the caller.
+    each worker holds, differentiates and updates only its feature slice's
+    rows, gnnc.plan.slices.split_weights) are left out by the caller: the
+    planner (gnnc.passes.planner.search), the schedule pass's buckets and
+    predict-bytes, as the runtime leaves them out of its all-reduce.
     """
     nbytes = param_elements * b_grad
     time = 2 * (P - 1) / P * nbytes / bw + 2 * (P - 1) * alpha * buckets

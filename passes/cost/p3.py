@@ -21,8 +21,9 @@ def pushpull(layer: int, shape: LayerShape, structure_push: bool = False) -> Cos
     d_out partials (worker i sends (N - V_i) rows). Bias and non-linearities
     follow the sync. Backward pushes the output gradient to every worker (an
     all-gather: worker i sends its V_i rows to P-1 workers) and each
-    computes its slice of dW locally: no all-reduce for this layer's weights
-    (leave them out of `grad_allreduce`). GAT is legal only with the
+    computes its slice of dW locally and updates those rows alone: no
+    all-reduce for this layer's weights (the planner prices pushpull with
+    them left out of `grad_allreduce`, as the runtime runs it). GAT is legal only with the
     attention scores synced before the softmax: an all-reduce of 2 scores
     per vertex and head.
 

@@ -28,6 +28,7 @@ from gnnc.passes.cost.registry import planner_cost, segment_cost, user_cost
 from gnnc.passes.cost.symbols import Cost
 from gnnc.plan.comm_ops import exchange_of, schedule_options
 from gnnc.plan.schedule_attrs import exchange_schedule, layer_schedule, program_schedule
+from gnnc.plan.slices import split_weights
 from gnnc.plan.strategies import STRATEGIES
 
 
@@ -107,6 +108,7 @@ def grad_buckets(program: Program) -> tuple[list[float], tuple[int, ...]]:
     A program without buckets is one bucket complete when backward ends (index 0).
     """
     cfg = program.config_dict()
+    split = split_weights(program)  # P3's split weights are never all-reduced
     sizes: dict[int, float] = {}
     ready: dict[int, int] = {}
     n_graph = len(program.graph_layers())
@@ -115,11 +117,12 @@ def grad_buckets(program: Program) -> tuple[list[float], tuple[int, ...]]:
         position.append(graph_index)
         graph_index += layer.kind == "graph"
     for layer, at in zip(program.layers, position):
-        if not layer.params:
+        params = [p for p in layer.params if p.value.name not in split]
+        if not params:
             continue
         bucket = layer_schedule(layer).grad_bucket
         bucket = 0 if bucket is None else bucket
-        elements = sum(float(np.prod([eval_dim(d, cfg) for d in p.value.type.shape])) for p in layer.params)
+        elements = sum(float(np.prod([eval_dim(d, cfg) for d in p.value.type.shape])) for p in params)
         sizes[bucket] = sizes.get(bucket, 0.0) + elements
         ready[bucket] = min(ready.get(bucket, n_graph), at)
     order = sorted(sizes)

@@ -142,6 +142,7 @@ class PipelineChoice:
     cost: Cost
     extra: dict[Any, Any]
     value: CostValue
+    history_update: str = plan_pipeline.HISTORY_UPDATE
 
     @property
     def stages(self) -> int:
@@ -176,10 +177,11 @@ def point_to_point_bandwidth(profile, stages: int, groups: int) -> float:
 
 def price(program: Program, graph, inputs: CostInputs, shapes: Sequence[Any], profile, workers: int,
           groups: int = 0, history_every: int = plan_pipeline.HISTORY_EVERY, seed: int = 0,
-          chunks: int | None = None) -> list[PipelineChoice]:
+          chunks: int | None = None, history_update: str = plan_pipeline.HISTORY_UPDATE) -> list[PipelineChoice]:
     """Every pipeline the planner may run (one per group size), cheapest first.
 
-    `groups` 0: every size `group_options` allows; `chunks` None: GNNPipe's 4 per stage.
+    `groups` 0: every size `group_options` allows; `chunks` None: GNNPipe's 4 per stage; `history_update`
+    (gnnc.plan.pipeline.HISTORY_UPDATES): only "chunk" moves the rows a passing chunk hands its peers.
     """
     layers = program.graph_layers()
     L = len(layers)
@@ -222,17 +224,19 @@ def price(program: Program, graph, inputs: CostInputs, shapes: Sequence[Any], pr
         extra[gnnpipe.HR] = float(moved.history.sum())
         extra[gnnpipe.GR], extra[gnnpipe.GS] = float(moved.received.max()), float(moved.sent.max())
         extra[gnnpipe.GT] = float(moved.received.sum())
-        extra[gnnpipe.GL] = float(moved.later_received.sum())
-        extra[gnnpipe.GLM] = float(max(moved.later_received.max(), moved.later_sent.max()))
+        handed = history_update == "chunk"  # the published history takes no row between refreshes
+        extra[gnnpipe.GL] = float(moved.later_received.sum()) if handed else 0.0
+        extra[gnnpipe.GLM] = float(max(moved.later_received.max(), moved.later_sent.max())) if handed else 0.0
         extra[gnnpipe.RR] = float(moved.refresh.max())
         stage_params = [float(sum(np.prod([eval_dim(d, cfg) for d in p.value.type.shape]) for layer, st in
                                   zip(program.layers, stage_of) if st == s for p in layer.params))
                         for s in range(stages)]
         cost = segment_cost("pipeline", 0, L, shapes, split=split, chunks=k_chunks, groups=g,
-                            history_every=history_every, pipe_grad=pipe_grad, stage_params=stage_params)
+                            history_every=history_every, pipe_grad=pipe_grad, stage_params=stage_params,
+                            history_update=history_update)
         value = evaluate_cost(cost, inputs, extra)
         choices.append(PipelineChoice(g, k_chunks, history_every, stage_of, split, pipe_grad, parts, cost, extra,
-                                      value))
+                                      value, history_update))
     return sorted(choices, key=lambda c: (c.value.time, c.groups))
 
 
@@ -241,6 +245,7 @@ def pipeline_summary(choice: PipelineChoice, refresh_bytes: dict[str, int] | Non
     """What a plan records of its pipeline: the shape, GPipe's bubble, the refresh traffic, the prediction."""
     S, K = choice.stages, choice.chunks
     return {"stages": S, "groups": choice.groups, "chunks": K, "history_every": choice.history_every,
+            "history_update": choice.history_update,
             "split": [list(s) for s in choice.split],
             # GPipe: a pass takes K+S-1 steps where each stage computes in K of them
             "bubble": {"stretch": (K + S - 1) / K, "idle_fraction": (S - 1) / (K + S - 1)},

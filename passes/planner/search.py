@@ -44,6 +44,7 @@ from gnnc.passes.planner.report import PlannerReport
 from gnnc.passes.planner.segment_dp import solve
 from gnnc.plan.approximation import approximations
 from gnnc.plan.precision import DEFAULT_PRECISION
+from gnnc.plan.slices import split_weights
 from gnnc.plan.strategies import STRATEGIES, names as strategy_names
 
 
@@ -75,7 +76,9 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     The DP's table holds every assignment's time before the all-reduce of replicated weights,
     which `choose` adds to each; a pipeline replicates no weight across its stages (its groups
     reduce their stage's weights inside its own cost), so its entry is its time minus that
-    all-reduce, and the sum comes out as its own time.
+    all-reduce, and the sum comes out as its own time. Likewise pushpull keeps P3's split weights
+    (W1's rows of each worker's feature slice, gnnc.plan.slices) out of the all-reduce: its entry
+    is its time minus what all-reducing them would take (`split_allreduce_saving`).
     """
     L = len(program.graph_layers())
     if planned is None:
@@ -127,7 +130,8 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             else:  # its formula, built and evaluated
                 cost = planner_cost(s, start, end, shapes[start:end])
                 formulas[key], value = cost, evaluate_cost(cost, inputs)
-            seg_cost[key] = (value.time, value.memory)
+            saved = split_allreduce_saving(program, inputs, allreduce)[0] if sd.layout_in == "feature" else 0.0
+            seg_cost[key] = (value.time - saved, value.memory)
             values[key] = value
             extras[key] = extra
     trans: dict[tuple[str, str, int], float] = {}
@@ -139,6 +143,16 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
     epoch_cost, epoch = epoch_costs(program, inputs)
     return PricedPlan(seg_cost, trans, formulas, values, extras, inputs, shapes, allreduce_cost, allreduce, allowed,
                       pipelines=pipelines, epoch_cost=epoch_cost, epoch=epoch)
+
+
+def split_allreduce_saving(program: Program, inputs, allreduce) -> tuple[float, float]:
+    """What the gradient all-reduce (`allreduce`, of every weight) costs beyond the one a plan with pushpull on
+    its first layer runs, which leaves P3's split weights out: (seconds, bytes)."""
+    split = split_weights(program, pushpull=True)
+    kept = sum(float(np.prod([float(x) for x in _shape(p, program)])) for p in program.params()
+               if p.value.name not in split)
+    smaller = evaluate_cost(grad_allreduce(kept), inputs)
+    return allreduce.time - smaller.time, allreduce.bytes - smaller.bytes
 
 
 def _shape(param, program: Program) -> list[int]:
@@ -153,6 +167,7 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
     formulas, values, inputs, allreduce, allowed = (priced.formulas, priced.values, priced.inputs, priced.allreduce,
                                                     priced.allowed)
     fixed = allreduce.time + priced.epoch.time  # what every assignment pays besides its segments
+    saving = split_allreduce_saving(program, inputs, allreduce)  # a pushpull plan all-reduces less
     L = len(program.graph_layers())
     # a worker's memory holds the weights, their gradients and Adam's moments besides what the segments keep
     weights = (1 + OPTIMIZER_COPIES) * sum(s.bytes for s in parameter_sizes(program))
@@ -170,7 +185,8 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
         alternatives.append({
             "strategies": list(alt.strategies),
             "time_s": alt.time + fixed,
-            "bytes": sum(values[k].bytes for k in segs) + (0.0 if _own_allreduce(segs) else allreduce.bytes),
+            "bytes": sum(values[k].bytes for k in segs) + (0.0 if _own_allreduce(segs) else allreduce.bytes)
+            - (saving[1] if any(STRATEGIES[k[2]].layout_in == "feature" for k in segs) else 0.0),
             "memory_bytes": alt.memory,  # and "formulas" here, printed when asked for (`_explain`)
             "user_costs": sorted({f"{k[2]}: {user_cost(k[2]).__module__}.{user_cost(k[2]).__name__}"
                                   for k in segs if user_cost(k[2]) is not None}),
