@@ -277,13 +277,12 @@ def test_gin_graph_matches_pyg_gin_on_a_batch() -> None:
     assert torch.allclose(p["l0.linear0.weight"].grad, convs[0].nn.lins[0].weight.grad.T, atol=1e-4, rtol=1e-3)
 
 
-def test_gnnc_run_reports_test_acc(tmp_path: Path) -> None:
-    r = subprocess.run(GNNC + ["run", str(EXAMPLES / "gin_graph.gnn"), "--graph", "graphs:n=40,seed=0",
-                               "--epochs", "2", "--set", "layers=2", "--json"],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+def test_gnnc_run_reports_test_acc() -> None:
+    """`gnnc run examples/gin_graph.gnn --graph graphs:... --json` (gnnc.run, which the CLI calls) reports test_acc."""
+    result = api.run(api.load_model(EXAMPLES / "gin_graph.gnn", layers=2), "graphs:n=40,seed=0", epochs=2, threads=1)
+    out = json.loads(json.dumps(result.to_json()))
     assert 0.0 <= out["test_acc"] <= 1.0 and out["epochs"] == 2 and out["world_size"] == 1
+    assert len(result.history) == 2 and result.model == "GIN"
 
 
 def test_readouts_have_cost_entries() -> None:
