@@ -383,7 +383,7 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
         timeout_s: float | None = None, optimizer: str | None = None, momentum: float | None = None,
         lr_schedule: str | None = None, warmup: int | None = None, clip: float | None = None,
         lr_step_size: int | None = None, lr_gamma: float | None = None, lr_patience: int | None = None,
-        lr_factor: float | None = None) -> RunResult | None:
+        lr_factor: float | None = None, eval_every: int | None = None) -> RunResult | None:
     """Train a plan (or a model, compiled first for `nproc` workers) on `graph`: in this process, or on the
     plan's workers. This is `gnnc run`: the CLI parses its flags into these arguments and prints the result.
 
@@ -395,7 +395,8 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
     `checkpoint_every` and `resume` checkpoint the run; `timeout_s` bounds every collective of a distributed
     one. `optimizer` (sgd, adam, adamw), `momentum` (sgd's), `lr_schedule` (none, step, cosine, plateau, with
     `lr_step_size` and `lr_gamma` for step, `lr_patience` and `lr_factor` for plateau), `warmup` (epochs) and
-    `clip` (the largest gradient norm) override the model's `training(...)` (gnnc.runtime.train.TrainConfig).
+    `clip` (the largest gradient norm) override the model's `training(...)` (gnnc.runtime.train.TrainConfig);
+    `eval_every` K evaluates after every K-th epoch only (and the first and the last).
     Returns a RunResult either way (logits in global vertex order, on the host), None on a rank other
     than 0 of a torchrun job.
     With several workers they are new processes started with 'spawn', which
@@ -436,7 +437,7 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
                               resume=resume, device=device, precision=plan_precision(plan, precision),
                               optimizer=optimizer, momentum=momentum, schedule=lr_schedule, warmup=warmup, clip=clip,
                               lr_step_size=lr_step_size, lr_gamma=lr_gamma, lr_patience=lr_patience,
-                              lr_factor=lr_factor,
+                              lr_factor=lr_factor, eval_every=eval_every,
                               # in this process without `threads`, the caller's torch count stands (a program or a
                               # benchmark may have set it); workers get their share
                               **(thread_settings(None if threads == "auto" else threads, plan.workers)

@@ -198,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
                      timeout_s=args.timeout, optimizer=args.optimizer, momentum=args.momentum,
                      lr_schedule=args.schedule_lr, warmup=args.warmup, clip=args.clip_grad,
                      lr_step_size=args.lr_step_size, lr_gamma=args.lr_gamma, lr_patience=args.lr_patience,
-                     lr_factor=args.lr_factor, **options)
+                     lr_factor=args.lr_factor, eval_every=args.eval_every, **options)
     if result is None:
         return 0  # a rank other than 0 of a torchrun job: rank 0 reports
     if result.cpu_kernels not in ("", "compiled"):  # slower, never wrong: said once, not an error
@@ -439,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="linear warm-up from lr/(EPOCHS+1) to lr over the first EPOCHS epochs (default 0)")
     c.add_argument("--clip-grad", type=real_number(0, positive=True), metavar="NORM",
                    help="clip the summed gradients to this norm over the whole model (default: no clipping)")
+    c.add_argument("--eval-every", type=whole_number(1), metavar="K",
+                   help="evaluate every vertex after every K-th epoch only (and the first and last; default 1)")
     c.add_argument("--metrics", metavar="FILE.jsonl")
     c.add_argument("--checkpoint", metavar="DIR", help="save model and optimizer state here every K epochs")
     c.add_argument("--checkpoint-every", type=whole_number(1), default=10, metavar="K")

@@ -81,6 +81,9 @@ class TrainConfig:
     lr_gamma: float = 0.1
     lr_patience: int = 10  # plateau: the rate times lr_factor after lr_patience epochs without a better val_acc
     lr_factor: float = 0.1
+    # evaluate after every K-th epoch (and the first run and the last): on a large graph the evaluation's forward
+    # pass over every vertex is half a training step, every epoch
+    eval_every: int = 1
 
     def __post_init__(self) -> None:
         """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
@@ -102,6 +105,7 @@ class TrainConfig:
                    "a whole number of at least 1"),
                   ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
                    "a whole number of at least 1"),
+                  ("--eval-every", self.eval_every, whole(self.eval_every), "a whole number of at least 1"),
                   ("--precision", self.precision, self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
                   ("--threads", self.threads, self.threads is None or whole(self.threads),
                    "a whole number of at least 1")]
@@ -557,8 +561,12 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             record = EpochRecord.from_stats(epoch, worker.rank, worker.world_size, worker.stats, epoch_s=elapsed,
                                             activation_peak_bytes=activation, step_base_bytes=base or 0,
                                             cpu_s=cpu, extra={k: threads[k] for k in ("threads", "threads_reason")})
-            with torch.no_grad():
-                logits, _ = worker.forward(params, False, epoch)
+            # --eval-every K: between evaluations an epoch's metrics are the last evaluation's (its record says
+            # "evaluated": false), so the best epoch, the earliest of equal scores, is always an evaluated one
+            evaluated = epoch == start or epoch % cfg.eval_every == 0 or epoch == cfg.epochs - 1
+            if evaluated:
+                with torch.no_grad():
+                    logits, _ = worker.forward(params, False, epoch)
             if worker.device.type == "cuda":
                 torch.cuda.synchronize(worker.device)  # as the step: the evaluation's kernels done
             # the slowest rank's step and evaluation: the evaluation is what that holds beyond the slowest step
@@ -569,7 +577,7 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
             eval_slowest = max(wall_slowest - slowest, 0.0)
             rec = {"epoch": epoch, "loss": float(counts[0]), **task.finish(counts[1:-2]),
                    "time_s": slowest, "bytes_sent": int(counts[-2]), "activation_peak_bytes": int(most),
-                   "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[-1]), "lr": lr}
+                   "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[-1]), "lr": lr, "evaluated": evaluated}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = (rec.get(f"{s}_acc") for s in ("train", "val", "test"))
             log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
@@ -609,7 +617,8 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                      final_test_acc=history[-1].get("test_acc", math.nan), metrics=task.summary(best, history[-1]),
                      train_loss=history[-1]["loss"], epoch_time_s=statistics.median(r["time_s"] for r in steady),
                      logits=logits, history=history, best_epoch=int(best["epoch"]),
-                     eval_time_s=statistics.median(r.get("eval_time_s", 0.0) for r in steady),
+                     eval_time_s=statistics.median(r.get("eval_time_s", 0.0) for r in
+                                                   [r for r in steady if r.get("evaluated", True)] or steady),
                      eval_bytes_sent_per_epoch=history[-1].get("eval_bytes_sent", 0),
                      bytes_sent_per_epoch=history[-1]["bytes_sent"],
                      # the training step's activation memory, largest over workers and epochs after the first
