@@ -14,7 +14,9 @@ relays), so a run's measured bytes must equal these numbers exactly:
 * `bcast_rows`: every block to the P-1 other ranks, forward and backward;
 * `reduce_scatter` (P3's pull): each rank sends the N - |V_r| rows it does
   not own, forward; backward all-gathers (P-1) N rows;
-* the gradient all-reduce: 2 (P-1) x the parameters' size;
+* the gradient all-reduce: 2 (P-1) x the replicated parameters' size (all but
+  P3's split weights under pushpull, which each rank holds, differentiates
+  and updates as its feature slice's rows only: gnnc.plan.slices.split_weights);
 * an op that all-reduces statistics of every rank's rows (batch_norm: its
   sums, sums of squares and row count in float64, `allreduce_elements`):
   2 (P-1) x those bytes forward, and the same backward; counted with the
@@ -68,6 +70,7 @@ from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.comm_ops import byte_kinds, exchange_of
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 from gnnc.plan.rows import all_row_sets, layer_specs
+from gnnc.plan.slices import split_weights
 
 STATISTICS_BYTES = 8  # float64: batch_norm sums its statistics in double precision, at every precision
 PIPELINE_ELEMENT_BYTES = element_bytes(DEFAULT_PRECISION)  # a pipeline runs in fp32 (16 bits refused below)
@@ -113,7 +116,8 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
                 e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
             eqns.append(e)
         layers.append(layer.replace(eqns=tuple(eqns)))
-    numel = sum(_width(p.value.type.shape, config) for p in program.params())
+    split = split_weights(program)
+    numel = sum(_width(p.value.type.shape, config) for p in program.params() if p.value.name not in split)
     totals["allreduce"] += 2 * (world - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), totals
 
