@@ -141,6 +141,8 @@ class GraphTrainer:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params.values()]
         flat = torch.cat([g.reshape(-1) for g in grads])
+        self.stats.add_bytes("grads", "allreduce", "bwd",
+                             comm.allreduce_payload_bytes(flat.numel(), flat.element_size(), self.rank, self.world))
         dist.all_reduce(flat)
         offset = 0
         for p in self.params.values():
@@ -175,15 +177,19 @@ class GraphTrainer:
         loss_sum = 0.0
         for epoch in range(self.cfg.epochs):
             start = time.perf_counter()
+            self.stats.reset()
             batches = epoch_batches(self.train_ids, self.batch_size, self.cfg.seed, epoch)
             losses = [self.step(ids, epoch, k)[1] for k, ids in enumerate(batches)]
             times.append(time.perf_counter() - start)
+            # what every rank's training steps sent (gradients, batch_norm's statistics), before the evaluation
+            sent = int(self.sum(torch.tensor([float(self.stats.total_bytes())], dtype=torch.float64))[0])
             loss_sum = float(sum(float(l) * len(ids) for l, ids in zip(losses, batches)) / len(self.train_ids))
             if not np.isfinite(loss_sum):
                 raise TrainingDiverged(f"the training loss is {loss_sum} at epoch {epoch}: training stopped "
                                        "(lower the learning rate)")
             val_acc, test_acc = self.accuracy("val"), self.accuracy("test")
-            history.append({"epoch": epoch, "train_loss": loss_sum, "val_acc": val_acc, "test_acc": test_acc})
+            history.append({"epoch": epoch, "train_loss": loss_sum, "val_acc": val_acc, "test_acc": test_acc,
+                            "bytes_sent": sent})
             if val_acc > best_val:
                 best_val, best_test, best_epoch = val_acc, test_acc, epoch
             if progress and self.rank == 0:
@@ -193,7 +199,9 @@ class GraphTrainer:
         return RunResult(test_acc=best_test, val_acc=best_val, final_test_acc=test_acc, train_loss=loss_sum,
                          epoch_time_s=statistics.median(steady), logits=None, history=history, best_epoch=best_epoch,
                          graph=self.ds.name, world_size=self.world, strategies=["data-parallel"] if self.world > 1
-                         else ["local"], weights=host_weights({**self.params, **self.state}))
+                         else ["local"], weights=host_weights({**self.params, **self.state}),
+                         bytes_sent_per_epoch=history[-1]["bytes_sent"], threads=torch.get_num_threads(),
+                         threads_reason=self.cfg.threads_reason)
 
     def probe(self) -> dict[str, Any]:
         """The first training batch's step: every graph's logits (rows in batch order, summed over ranks into

@@ -42,5 +42,6 @@ def test_two_ranks_train_as_one_process() -> None:
     one = gc.run(_model(), SPEC, FLAGS, 1)
     two = gc.run(_model(), SPEC, FLAGS, 2)
     assert two.world_size == 2 and one.history[-1]["test_acc"] == two.history[-1]["test_acc"]
+    assert one.bytes_sent_per_epoch == 0 < two.bytes_sent_per_epoch  # the gradients' and statistics' all-reduces
     for name, w in one.weights.items():
         assert _close(w, two.weights[name]), name
