@@ -6,7 +6,9 @@ The decisions, as attributes the runtime follows and the cost model prices
 * every halo exchange (depcomm, hybrid) split into start and wait with the
   local edges between (`halo[overlap=true]`; its readers `split=true`):
   NeutronStar's overlap, for every aggregation (sum, mean, max, min, the
-  attention softmax); its messages in ring order (`method=ring`);
+  attention softmax), the edges of remote sources once the whole halo is in
+  (not on each peer's rows as they arrive, as NeutronStar does); its messages
+  in ring order (`method=ring`);
 * every broadcast of bcast1d staged (`bcast_rows[staged=true]`): MG-GCN's
   per-stage multiply, two blocks in memory instead of N rows;
 * G3's bins (`bins=k`, `bin_order=boundary_bfs`, the per-bin equations

@@ -51,8 +51,9 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     The schedule (gnnc.plan.schedule_attrs) prices in: `overlap` (the halo split
     into start and wait): the work on edges with a held source, E_i - Er_i
     (the aggregation and the edge ops, which run per source part),
-    overlaps the exchange (max, not sum), as NeutronStar computes
-    while chunks are in flight; without it every edge waits. `bins` (G3):
+    overlaps the exchange (max, not sum) and the edges of remote sources wait
+    for the whole halo (NeutronStar also computes on each peer's rows as they
+    arrive, which gnnc does not: issue 38 item 4); without it every edge waits. `bins` (G3):
     with k > 1 bins, the bins whose rows have no remote in-neighbour (Ein_i
     edges) run while the halo is in flight (eager computation), and backward
     recomputes every bin's forward before its own backward.
