@@ -29,6 +29,7 @@ from gnnc.frontend.syntax import parse
 from gnnc.graph import Graph
 from gnnc.graph.in_memory import as_graph
 from gnnc.graph.tu_dataset import is_graph_dataset_spec
+from gnnc.graph_classification import refuse_flags as refuse_graph_flags
 from gnnc.graph_classification import run as run_graph_classification
 from gnnc.graph.loaders import load_graph as _load
 from gnnc.graph.sampling import SamplingConfig
@@ -383,7 +384,8 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
         timeout_s: float | None = None, optimizer: str | None = None, momentum: float | None = None,
         lr_schedule: str | None = None, warmup: int | None = None, clip: float | None = None,
         lr_step_size: int | None = None, lr_gamma: float | None = None, lr_patience: int | None = None,
-        lr_factor: float | None = None, eval_every: int | None = None) -> RunResult | None:
+        lr_factor: float | None = None, eval_every: int | None = None,
+        recompute: bool | None = None) -> RunResult | None:
     """Train a plan (or a model, compiled first for `nproc` workers) on `graph`: in this process, or on the
     plan's workers. This is `gnnc run`: the CLI parses its flags into these arguments and prints the result.
 
@@ -396,7 +398,8 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
     one. `optimizer` (sgd, adam, adamw), `momentum` (sgd's), `lr_schedule` (none, step, cosine, plateau, with
     `lr_step_size` and `lr_gamma` for step, `lr_patience` and `lr_factor` for plateau), `warmup` (epochs) and
     `clip` (the largest gradient norm) override the model's `training(...)` (gnnc.runtime.train.TrainConfig);
-    `eval_every` K evaluates after every K-th epoch only (and the first and the last).
+    `eval_every` K evaluates after every K-th epoch only (and the first and the last); `recompute` keeps only
+    the graph layers' inputs for the backward and runs each layer again there (one process, full-graph).
     Returns a RunResult either way (logits in global vertex order, on the host), None on a rank other
     than 0 of a torchrun job.
     With several workers they are new processes started with 'spawn', which
@@ -419,9 +422,12 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
         if graph is None:
             raise GnncError("gnnc run MODEL.gnn needs --graph G")
         if is_graph_dataset_spec(graph):  # many small graphs: graph classification (gnnc.graph_classification)
+            refuse_graph_flags(metrics=metrics, checkpoint=checkpoint_dir, strategy=strategy, partition=partition,
+                               fanout=sampling, schedule=schedule, memory_cap=memory_cap, pipeline_groups=pipeline_groups)
             result = run_graph_classification(target, graph, dict(
                 epochs=epochs, lr=lr, weight_decay=weight_decay, seed=seed, progress=progress, device=device,
-                optimizer=optimizer, momentum=momentum, clip=clip, **thread_settings(
+                optimizer=optimizer, momentum=momentum, clip=clip, schedule=lr_schedule, warmup=warmup,
+                precision=precision, **thread_settings(
                     None if threads == "auto" else threads, nproc or 1)), nproc or 1, timeout_s=timeout_s)
             result.epochs, result.device, result.model = len(result.history), device, target.module.models[-1].name
             return result
@@ -437,14 +443,17 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
                               resume=resume, device=device, precision=plan_precision(plan, precision),
                               optimizer=optimizer, momentum=momentum, schedule=lr_schedule, warmup=warmup, clip=clip,
                               lr_step_size=lr_step_size, lr_gamma=lr_gamma, lr_patience=lr_patience,
-                              lr_factor=lr_factor, eval_every=eval_every,
+                              lr_factor=lr_factor, eval_every=eval_every, recompute=recompute,
                               # in this process without `threads`, the caller's torch count stands (a program or a
                               # benchmark may have set it); workers get their share
                               **(thread_settings(None if threads == "auto" else threads, plan.workers)
                                  if threads or plan.workers > 1 else {}))
+    if cfg.recompute and (plan.workers > 1 or plan.sampling is not None):
+        raise GnncError("--recompute runs one process's full-graph training for now (a rank's layers exchange rows "
+                        "with the others; a sampled minibatch keeps one batch's layers): drop --nproc or the sampling")
     if plan.workers == 1:
         # before the run allocates: refused if it cannot fit
-        predicted = check_run_memory(plan, graph=g, device=cfg.device)
+        predicted = check_run_memory(plan, graph=g, device=cfg.device, recompute=cfg.recompute)
         result = train_local(plan, g, cfg, metrics, on_epoch)
         result.predicted_peak_rss_bytes = int(predicted.peak)
     else:

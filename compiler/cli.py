@@ -171,6 +171,8 @@ def _run(args: argparse.Namespace) -> int:
                            ("--save-model", args.save_model)):
             if path:
                 writable_file(path, flag)  # now, not after training: a wrong path would lose the run
+    if api.is_graph_dataset_spec(args.graph):  # graph classification keeps no vertex logits nor a saved model yet
+        api.refuse_graph_flags(dump_logits=args.dump_logits, save_model=args.save_model)
     options: dict[str, Any] = {}
     if Path(args.target).is_dir():
         target = api.Plan.load(args.target)
@@ -198,7 +200,8 @@ def _run(args: argparse.Namespace) -> int:
                      timeout_s=args.timeout, optimizer=args.optimizer, momentum=args.momentum,
                      lr_schedule=args.schedule_lr, warmup=args.warmup, clip=args.clip_grad,
                      lr_step_size=args.lr_step_size, lr_gamma=args.lr_gamma, lr_patience=args.lr_patience,
-                     lr_factor=args.lr_factor, eval_every=args.eval_every, **options)
+                     lr_factor=args.lr_factor, eval_every=args.eval_every, recompute=args.recompute or None,
+                     **options)
     if result is None:
         return 0  # a rank other than 0 of a torchrun job: rank 0 reports
     if result.cpu_kernels not in ("", "compiled"):  # slower, never wrong: said once, not an error
@@ -441,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clip the summed gradients to this norm over the whole model (default: no clipping)")
     c.add_argument("--eval-every", type=whole_number(1), metavar="K",
                    help="evaluate every vertex after every K-th epoch only (and the first and last; default 1)")
+    c.add_argument("--recompute", action="store_true",
+                   help="keep only each graph layer's inputs for the backward and run the layer again there: less "
+                        "memory, one more forward pass per step (one process, full-graph)")
     c.add_argument("--metrics", metavar="FILE.jsonl")
     c.add_argument("--checkpoint", metavar="DIR", help="save model and optimizer state here every K epochs")
     c.add_argument("--checkpoint-every", type=whole_number(1), default=10, metavar="K")

@@ -27,6 +27,14 @@ def compile_for(model: Model, ds: GraphDataset) -> Program:
     return program
 
 
+def refuse_flags(**given: object) -> None:
+    """Refuse, naming it, a `gnnc run` flag graph classification does not take (rather than ignore it)."""
+    for flag, value in given.items():
+        if value not in (None, False, 0):
+            raise GnncError(f"--{flag.replace('_', '-')}: not available for graph classification (a dataset of many "
+                            "graphs) yet")
+
+
 def run(model: Model, spec: str, cfg_flags: dict, nproc: int = 1, split: GraphSplit = GraphSplit(),
         timeout_s: float | None = None, probe: bool = False) -> RunResult | dict:
     """Train `model` on the dataset `spec` names; `cfg_flags` are TrainConfig.resolve's flags (epochs, lr, ...).
@@ -36,6 +44,13 @@ def run(model: Model, spec: str, cfg_flags: dict, nproc: int = 1, split: GraphSp
     cfg = TrainConfig.resolve(program, **cfg_flags)
     if cfg.device != "cpu":
         raise GnncError(f"--device {cfg.device}: graph classification runs on the CPU for now")
+    if cfg.precision != "fp32":
+        raise GnncError(f"--precision {cfg.precision}: graph classification runs in fp32 for now")
+    unsupported = {"training(patience=...)": cfg.patience is not None, "--schedule-lr or training(schedule=...)":
+                   cfg.schedule != "none", "--warmup or training(warmup=...)": cfg.warmup > 0}
+    for what, given in unsupported.items():
+        if given:
+            raise GnncError(f"{what}: graph classification trains at a constant rate for every epoch, for now")
     batch_size = batch_size_of(program)
     if nproc == 1:
         if probe:

@@ -310,3 +310,21 @@ def test_pass_testing_kit_covers_readouts(tmp_path: Path) -> None:
         CHECK-NEXT: :graph:f32[hidden] = global_max_pool(%h)
         CHECK: %loss:scalar:f32[] = cross_entropy(%g.1, %y, %train)
     """)
+
+
+@pytest.mark.parametrize("flags, want", [
+    (["--metrics", "m.jsonl"], "--metrics: not available for graph classification"),
+    (["--save-model", "w.pt"], "--save-model: not available for graph classification"),
+    (["--strategy", "depcomm"], "--strategy: not available for graph classification"),
+    (["--schedule-lr", "cosine"], "--schedule-lr or training(schedule=...): graph classification trains at a "
+                                  "constant rate"),
+])
+def test_flags_graph_classification_does_not_take_are_refused(tmp_path: Path, monkeypatch, capsys,
+                                                               flags: list[str], want: str) -> None:
+    """Exit 2 naming the flag, before training, rather than a flag silently ignored."""
+    from gnnc.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", str(EXAMPLES / "gin_graph.gnn"), "--graph", "graphs:n=30", "--epochs", "1"] + flags
+    assert main(argv) == 2
+    assert want in capsys.readouterr().err
