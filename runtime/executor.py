@@ -252,7 +252,10 @@ def _dropout(e: Eqn, ins: list[torch.Tensor], view: GraphView | None, ctx: ExecC
                                 idx[1] + ctx.col_offset, p)
         return torch.sparse_coo_tensor(idx, values, x.shape, is_coalesced=True, check_invariants=False)
     domain = e.outs[0].type.domain
-    rows = view.edge_ids if domain == "edge" else ctx.graph_ids if domain == "graph" else ctx.vertex_ids[: x.shape[0]]
+    if domain == "pair":  # link prediction: one mask row per pair of the set in use, keyed by its place in it
+        rows = torch.arange(x.shape[0], device=x.device)
+    else:
+        rows = view.edge_ids if domain == "edge" else ctx.graph_ids if domain == "graph" else ctx.vertex_ids[: x.shape[0]]
     if rows.shape[0] != x.shape[0]:
         raise AssertionError(f"dropout of {x.shape[0]} rows with ids for {rows.shape[0]}")
     return rng.dropout(x, ctx.dropout_key(rng.dropout_stream(e)), rows, p, ctx.col_offset)

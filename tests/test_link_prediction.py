@@ -233,3 +233,11 @@ def test_several_processes_are_refused(capsys) -> None:
     rc = cli.main(["run", str(EXAMPLES / "link_gae.gnn"), "--graph", "planetoid:cora", "--epochs", "1", "--nproc", "2"])
     err = capsys.readouterr().err
     assert rc == 2 and "link prediction" in err and "runs in one process for now" in err
+
+
+def test_dropout_of_pair_values(tmp_path) -> None:
+    """A decoder's dropout draws one mask row per pair (there are more pairs than vertices)."""
+    source = GCN + ("model D(features, latent = 8) {\n  z = GCNConv(features, latent)(x)\n"
+                    "  score = linear(dropout(src.z * dst.z, 0.5), 1)\n  loss = bce(score, label)\n}\n")
+    result = api.run(api.load_model_source(source, "d.gnn"), _small_graph(tmp_path / "g.npz"), epochs=2, seed=0)
+    assert 0.0 <= result.metrics["test_auc"] <= 1.0
