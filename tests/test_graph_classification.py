@@ -90,6 +90,8 @@ def test_generator_is_seeded_balanced_and_structural() -> None:
     ({"graph_indicator": "1\n1\n2\n1\n2\n2\n3\n3\n"}, "TOY_graph_indicator.txt:4: graph_indicator"),
     ({"node_attributes": "1.0, nan\n"}, "TOY_node_attributes.txt:1: node_attributes: NaN"),
     ({"node_labels": "1\n2\n"}, "node_labels: 2 rows for 8 nodes"),
+    ({"node_labels": "1\n2\n3\n1\n1000000000\n3\n2\n2\n"}, "TOY_node_labels.txt:5: node_labels: labels span"),
+    ({"graph_indicator": ""}, "graph_indicator: the file is empty"),
 ])
 def test_bad_tu_files_name_file_and_field(tmp_path: Path, files: dict[str, str], want: str) -> None:
     d = _tu_with_labels(tmp_path)
@@ -106,6 +108,15 @@ def test_bad_tu_file_exits_2_on_the_command_line(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "TOY_graph_labels.txt:2: graph_labels: expected an integer" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("spec, want", [("graphs:n=abc", "n=abc: expected an integer"),
+                                        ("graphs:n=2", "expected 3 to 1000000 graphs"),
+                                        ("graphs:size=3", "unknown option 'size=3'"),
+                                        ("tu:/nonexistent/DS", "no DS_A.txt in /nonexistent/DS")])
+def test_bad_dataset_specs(spec: str, want: str) -> None:
+    with pytest.raises(GraphInputError, match=want):
+        load_graph_dataset(spec)
 
 
 def test_batches_match_pyg_batch() -> None:

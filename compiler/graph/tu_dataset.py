@@ -37,6 +37,7 @@ import numpy as np
 from gnnc.errors import GraphInputError
 from gnnc.files import atomic_write, read_text_input
 
+MAX_ONE_HOT = 1 << 16  # node label values one-hot encoded, at most (TU datasets have tens)
 MAX_TU_FILE_BYTES = 1 << 30  # a TU text file larger than this is refused (the largest TU datasets are far smaller)
 GRAPH_SPECS = ("tu:", "graphs:")
 GENERATOR_CLASSES = ("erdos_renyi", "barabasi_albert", "watts_strogatz")
@@ -193,6 +194,11 @@ def read_tu(where: str) -> GraphDataset:
         if len(nl) != n:
             raise GraphInputError(f"{f['node_labels']}: node_labels: {len(nl)} rows for {n} nodes")
         nl = nl - nl.min(0)
+        widest = int(nl.max())
+        if widest >= MAX_ONE_HOT:  # one column per label value: a stray huge label must not allocate N x 10^9
+            row = int(np.argmax(nl.max(1)))
+            raise GraphInputError(f"{f['node_labels']}:{row + 1}: node_labels: labels span {widest + 1} values; "
+                                  f"one-hot encoding takes at most {MAX_ONE_HOT}")
         for c in range(nl.shape[1]):
             columns.append(np.eye(int(nl[:, c].max()) + 1, dtype=np.float32)[nl[:, c]])
     x = np.concatenate(columns, 1) if columns else np.ones((n, 1), np.float32)
