@@ -1,4 +1,8 @@
-"""`gnnc run --nproc N` as a user runs it: same logits as one process, faults, resume, torchrun."""
+"""`gnnc run --nproc N` as a user runs it: same logits as one process, faults, resume, torchrun.
+
+The launcher runs in this process (gnnc.cli.main, conftest.gnnc_in_process) where a test checks what the run
+computes or refuses: its workers are real processes all the same. A signal's effect and torchrun start
+`python -m gnnc`."""
 from __future__ import annotations
 
 import json
@@ -12,14 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, gnnc_in_process as gnnc
 
 GCN = str(EXAMPLES / "gcn.gnn")
-
-
-def gnnc(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gnnc", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout)
 
 
 def rel(a, b) -> float:
