@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, process_alive
+from conftest import EXAMPLES, ROOT, gnnc_in_process, process_alive
 from gnnc.errors import GnncError
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.netif import interface_toward
@@ -165,10 +165,10 @@ def test_the_network_probe_measures_every_link_and_what_an_exchange_adds_to_a_st
     assert profile_fields(measured)["latency"] == pytest.approx(max(mean, measured["exchange_overhead"] / 2))
 
 
-def test_probe_network_outside_torchrun_says_how_to_start_it(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    r = subprocess.run([sys.executable, "-m", "gnnc", "probe", "--network", "-o", str(tmp_path / "c.json")],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+def test_probe_network_outside_torchrun_says_how_to_start_it(tmp_path, monkeypatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    r = gnnc_in_process("probe", "--network", "-o", str(tmp_path / "c.json"))
     assert r.returncode == 2 and "torchrun" in r.stderr and "Traceback" not in r.stderr
 
 
