@@ -69,6 +69,8 @@ from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, 
 from gnnc.runtime.probe_network import links_then_machines, network_probe, profile_fields
 from gnnc.runtime.rank_worker import worker
 from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
+from gnnc.graph.storage import check_class_labels
+from gnnc.runtime.executor import loss_op
 from gnnc.saved_model import load_weights
 from gnnc.torch_module import GnncModule
 
@@ -522,6 +524,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         plan.graph = load_graph(graph)
     if plan.graph is not None:
         check_graph_inputs(plan.graph.name, plan.graph.stand_ins)
+        check_class_labels(plan.graph.y, plan.graph.name, loss_op(plan.program))  # before any worker starts
     else:  # saved shards: what the plan recorded of the graph it was compiled on
         check_graph_inputs(str(plan.graph_spec), plan.meta.graph_stand_ins or {})
 

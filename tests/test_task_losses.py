@@ -299,3 +299,10 @@ def test_every_loss_is_priced_as_a_loss() -> None:
 
     assert {"cross_entropy", "mse", "bce"} <= set(ops.loss_ops())
     assert {class_of(op, 3) for op in ops.loss_ops()} == {"loss"}
+
+
+def test_several_workers_refuse_before_starting(proteins_graph) -> None:
+    """The labels are checked against the loss in the launching process: no worker starts to find it out."""
+    plan = api.compile(api.load_model_source(CLASSIFIER, "ce.gnn"), proteins_graph, workers=2)
+    with pytest.raises(GraphInputError, match="holds 6 float targets per vertex"):
+        api.run(plan, proteins_graph, epochs=1)
