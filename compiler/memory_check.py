@@ -46,8 +46,9 @@ from gnnc.plan.shard_files import read_manifest
 
 
 def estimate_run_memory(plan: Plan, graph: Graph | None = None,
-                        shard_dir: str | Path | None = None) -> MemoryEstimate:
-    """Predicted peak bytes of each process: one process on `graph`, or one per shard in `shard_dir`."""
+                        shard_dir: str | Path | None = None, recompute: bool = False) -> MemoryEstimate:
+    """Predicted peak bytes of each process: one process on `graph`, or one per shard in `shard_dir`; `recompute`:
+    the run keeps graph layers' inputs only (--recompute)."""
     program = plan.program
     dims, heads = layer_dims(program)
     needs = param_dependent(program)
@@ -65,7 +66,7 @@ def estimate_run_memory(plan: Plan, graph: Graph | None = None,
         processes = [single_process_counts(program, graph, plan.sampling)]
     else:
         raise ValueError("estimate_run_memory needs the graph (one process) or the shards (several)")
-    return run_memory(program, dims, heads, shapes, processes)
+    return run_memory(program, dims, heads, shapes, processes, recompute=recompute)
 
 
 def single_process_counts(program, graph: Graph, sampling: SamplingConfig | None = None) -> ProcessCounts:
@@ -126,7 +127,8 @@ def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:
 
 
 def check_run_memory(plan: Plan, graph: Graph | None = None, shard_dir: str | Path | None = None,
-                     warn: Callable[[str], None] | None = None, device: str = "cpu") -> MemoryEstimate:
+                     warn: Callable[[str], None] | None = None, device: str = "cpu",
+                     recompute: bool = False) -> MemoryEstimate:
     """Refuse (GnncError) a run predicted not to fit in the memory available; warn when it comes close.
 
     With `graph`, the run is in this process, which already holds part of what it needs (the
@@ -134,7 +136,7 @@ def check_run_memory(plan: Plan, graph: Graph | None = None, shard_dir: str | Pa
     new process per shard. On `device` "cuda" each process's device terms are checked against its GPU's
     free memory, and the host only for the interpreter and the graph (see the module docstring).
     """
-    estimate = estimate_run_memory(plan, graph, shard_dir)
+    estimate = estimate_run_memory(plan, graph, shard_dir, recompute)
     if device == "cuda":
         _check_devices(estimate, warn)
     room = available_memory()

@@ -34,7 +34,7 @@ from gnnc.graph.storage import check_class_labels
 from gnnc.ir.dims import eval_dim, eval_number
 from gnnc.ir.ops import op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
-from gnnc.runtime import fusion, rng
+from gnnc.runtime import fusion, recompute, rng
 from gnnc.runtime.kernels import reducers
 from gnnc.runtime.kernels.sparse_features import sparse_features_mm
 from gnnc.runtime.implementations import implementation, implements
@@ -59,6 +59,8 @@ class ExecContext:
     # the caller runs one backward over this forward and reads none of its values after it but the logits: a fused
     # kernel may write a gradient over what it kept for that backward (gnnc.runtime.fusion's epilogue)
     overwrite_saved: bool = False
+    recompute: bool = False  # --recompute: a training forward keeps graph layers' inputs only (gnnc.runtime.recompute)
+    protected: tuple[torch.Tensor, ...] = ()  # tensors no fused chain may write over (a recomputed layer's inputs)
     # graph classification (gnnc.runtime.graph_task): the graph row of every vertex row of the batch, and the
     # dataset ids of the batch's graphs (the graph rows: they key dropout of graph values)
     batch: torch.Tensor | None = None
@@ -540,6 +542,10 @@ def forward(interp: Interpreter, params: dict[str, torch.Tensor], inputs: dict[s
             ctx: ExecContext) -> tuple[torch.Tensor, torch.Tensor]:
     """Run every layer; return (logits, loss)."""
     env = dict(inputs)
+    if ctx.recompute and ctx.training and ctx.comm is None:
+        for layers in recompute.regions(interp.program.layers):
+            recompute.run_recomputed(interp, layers, env, params, ctx)
+        return env[interp.program.logits.name], env[interp.program.loss.name]
     for layer in interp.program.layers:
         interp.run_layer(layer, env, params, ctx)
     return env[interp.program.logits.name], env[interp.program.loss.name]

@@ -305,7 +305,13 @@ def _run_epilogue(chain: Chain, value, ctx: Any) -> torch.Tensor | None:
         key = ctx.dropout_key(rng.dropout_stream(drop))
     spec = (act, act_param, rows, key, ctx.col_offset, rng.threshold(p), 1.0 / (1.0 - p))
     overwrite_saved = ctx.overwrite_saved and not chain.escapes
-    return _Epilogue.apply(x, y, bias, spec, chain.inplace and _overwritable(x), overwrite_saved)
+    inplace = chain.inplace and _overwritable(x) and not _shares_memory(x, ctx.protected)
+    return _Epilogue.apply(x, y, bias, spec, inplace, overwrite_saved)
+
+
+def _shares_memory(x: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Whether x lies in the memory of one of `tensors` (ExecContext.protected: a recomputed layer's inputs)."""
+    return any(x.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in tensors)
 
 
 def _overwritable(x: torch.Tensor) -> bool:

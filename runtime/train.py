@@ -84,6 +84,7 @@ class TrainConfig:
     # evaluate after every K-th epoch (and the first run and the last): on a large graph the evaluation's forward
     # pass over every vertex is half a training step, every epoch
     eval_every: int = 1
+    recompute: bool = False  # keep graph layers' inputs only and run each again in the backward (gnnc.runtime.recompute)
 
     def __post_init__(self) -> None:
         """Refuse settings no run can use, naming the flag or the model's `training(...)` field."""
@@ -259,7 +260,8 @@ class Worker:
         kb = rng.stream_key(self.cfg.seed, epoch)
         return ExecContext(self.views, self.ids, self.program.config_dict(), training,
                            lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels,
-                           state=self.state, hoist_cache=self.hoisted, overwrite_saved=training)
+                           state=self.state, hoist_cache=self.hoisted, overwrite_saved=training,
+                           recompute=self.cfg.recompute)
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and loss; at bf16/fp16 the products run in autocast (fp32 master weights)."""

@@ -18,7 +18,11 @@ The terms, per process (bytes):
 * activations: `layer_memory` of every graph layer (its input rows, the
   aggregated buffer with received rows, its output rows, the structure it
   aggregates over), plus, for the backward pass, the gradients of one
-  layer's input and output alive at once (the widest layer's).
+  layer's input and output alive at once (the widest layer's). With
+  `--recompute` (gnnc.runtime.recompute) a layer keeps its input rows and
+  structure only until its backward, which runs it again: every layer's
+  input, plus the rest of `layer_memory` of the one layer recomputed at a
+  time (the largest).
 * graph: the arrays the process loaded (features, labels, masks, edges or
   its shard).
 * process: an interpreter with torch and gnnc's runtime and the collective
@@ -116,7 +120,7 @@ def parameter_sizes(program: Program) -> list[ParameterSize]:
 
 def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[float], shapes: Sequence[LayerShape],
                processes: Sequence[ProcessCounts], baseline_bytes: float = PROCESS_BASELINE_BYTES,
-               bytes_per_element: int = 4, index_bytes: int = 8) -> MemoryEstimate:
+               bytes_per_element: int = 4, index_bytes: int = 8, recompute: bool = False) -> MemoryEstimate:
     """The peak memory of each process (see the module docstring for the terms).
 
     dims, head_counts, shapes: the graph layers' widths d_0..d_L, heads and LayerShapes (as the planner
@@ -128,17 +132,23 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
     table: dict[Symbol, Any] = {b: float(bytes_per_element), b_idx: float(index_bytes)}
     table.update({d(i): float(w) for i, w in enumerate(dims)})
     table.update({heads(i): float(h) for i, h in enumerate(head_counts)})
-    kept, backward = np.zeros(n), np.zeros(n)
+    kept, backward, recomputed = np.zeros(n), np.zeros(n), np.zeros(n)
     for i, shape in enumerate(shapes):
         for sym, field_name in ROWS.items():
             table[sym] = np.array([float(getattr(p.layers[i], field_name)) for p in processes])
         table[WIDTH] = np.array([float(dims[i] if p.layers[i].in_width is None else p.layers[i].in_width)
                                  for p in processes])
-        kept += compile_expr(layer_memory(i, shape, IN, HALO, OUT, EDGES).subs(d(i), WIDTH))(table, n)
+        whole = compile_expr(layer_memory(i, shape, IN, HALO, OUT, EDGES).subs(d(i), WIDTH))(table, n)
+        if recompute:  # its input rows and structure kept; the rest while its backward runs it again
+            inputs = compile_expr(b * IN * WIDTH + EDGES * (b_idx + b))(table, n)
+            kept += inputs
+            recomputed = np.maximum(recomputed, whole - inputs)
+        else:
+            kept += whole
         # the backward pass holds the gradients of one layer's input and output at a time
         backward = np.maximum(backward, compile_expr(b * (IN * WIDTH + OUT * shape.out_width(i)))(table, n))
     terms = {"parameters": np.full(n, params), "optimizer state": np.full(n, OPTIMIZER_COPIES * params),
-             "activations": kept + backward, "graph": np.array([float(p.graph_bytes) for p in processes]),
+             "activations": kept + recomputed + backward, "graph": np.array([float(p.graph_bytes) for p in processes]),
              "process": np.full(n, float(baseline_bytes))}
     per_process = sum(terms.values())
     top = int(np.argmax(per_process))

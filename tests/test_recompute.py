@@ -1,0 +1,131 @@
+"""--recompute (issue 35, item 1): a training step keeps only the graph layers' inputs and runs each layer again in
+its backward (gnnc.runtime.recompute), with the same gradients, running state and logits as without; it keeps less;
+the memory pre-check prices it; several processes or sampled minibatches are refused with exit 2."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import EXAMPLES, random_graph
+from gnnc import api, cli, memory_check
+from gnnc.program_gen import generate
+from gnnc.runtime import recompute as recompute_module
+from gnnc.runtime.executor import init_params
+from gnnc.runtime.train import TrainConfig, Worker, train_step
+
+BN = """
+layer Conv(in, out) with self_loops {
+  transform t = linear(h, out, bias = false)
+  scatter   m = edge.gcn_norm * src.t
+  gather    a = sum(m)
+  apply     h = relu(batch_norm(a))
+}
+model M(features, classes) {
+  h = dropout(x, 0.5)
+  h = Conv(features, 16)(h)
+  h = dropout(h, 0.5)
+  h = Conv(16, classes)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+
+
+def _model(source: str):
+    kind, name = source.split(":")
+    if kind == "example":
+        sets = {"gat": {"heads": 3, "hidden": 4}, "gcnii": {"layers": 4}}.get(name, {})
+        return api.load_model(EXAMPLES / f"{name}.gnn", **sets)
+    return api.load_model_source(BN if name == "bn" else generate(int(name)), f"{name}.gnn")
+
+
+def _train(program, graph, recompute: bool):
+    cfg = TrainConfig(seed=1, progress=False, recompute=recompute)
+    worker = Worker(program, graph, cfg)
+    params = init_params(program, cfg.seed)
+    opt = torch.optim.SGD(list(params.values()), lr=0.01)
+    out = []
+    for epoch in range(2):
+        train_step(worker, params, opt, None, epoch)
+        out.append({k: None if p.grad is None else p.grad.detach().clone() for k, p in params.items()})
+    with torch.no_grad():
+        out.append({"logits": worker.forward(params, False, 2)[0], **worker.state})
+    return out
+
+
+@pytest.mark.parametrize("source", [f"example:{m}" for m in ("gcn", "sage", "gat", "gin", "gcnii")] + ["gen:bn"]
+                         + [f"gen:{s}" for s in range(8)])
+def test_recomputed_layers_give_the_same_gradients_state_and_logits(source: str) -> None:
+    graph = random_graph(n=80, e=400, f=10, c=4, seed=2)
+    graph.edge_data = {"weight": torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(2)) + 0.1}
+    program = api.compile(_model(source), graph).program
+    want, got = _train(program, graph, False), _train(program, graph, True)
+    for g, w in zip(got, want):
+        for k in w:
+            assert (g[k] is None and w[k] is None) or torch.equal(g[k], w[k]), (source, k)
+
+
+def _saved_bytes(program, graph, recompute: bool, monkeypatch) -> int:
+    """What a training forward keeps until its backward: the tensors autograd saves and those a checkpoint holds
+    as its region's inputs, by storage, less the graph's own features (held anyway)."""
+    worker = Worker(program, graph, TrainConfig(seed=1, progress=False, recompute=recompute))
+    params = init_params(program, 1)
+    worker.forward(params, True, 0)[1].backward()
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        seen[(st.data_ptr(), st.nbytes())] = st.nbytes()
+        return t
+
+    def holding(fn, *args, **kwargs):
+        for t in args:
+            pack(t)
+        return checkpoint(fn, *args, **kwargs)
+
+    checkpoint = recompute_module.checkpoint
+    monkeypatch.setattr(recompute_module, "checkpoint", holding)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, loss = worker.forward(params, True, 1)
+    loss.backward()
+    x = worker.inputs["x"].untyped_storage()
+    seen.pop((x.data_ptr(), x.nbytes()), None)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("name", ["gat", "sage", "gcn"])
+def test_a_recomputed_step_keeps_less(name: str, monkeypatch) -> None:
+    graph = random_graph(n=400, e=3000, f=10, c=4, seed=2)
+    program = api.compile(_model(f"example:{name}"), graph).program
+    kept, recomputed = (_saved_bytes(program, graph, r, monkeypatch) for r in (False, True))
+    assert recomputed < {"gcn": 1.0}.get(name, 0.8) * kept, (kept, recomputed)
+
+
+def test_the_memory_check_prices_recomputation() -> None:
+    graph = random_graph(n=400, e=3000, f=10, c=4, seed=2)
+    plan = api.compile(_model("example:gat"), graph)
+    full = memory_check.estimate_run_memory(plan, graph=graph)
+    less = memory_check.estimate_run_memory(plan, graph=graph, recompute=True)
+    assert less.terms["activations"] < full.terms["activations"]
+    assert {k: v for k, v in less.terms.items() if k != "activations"} == \
+        {k: v for k, v in full.terms.items() if k != "activations"}
+
+
+@pytest.mark.parametrize("extra", [["--nproc", "2"], ["--fanout", "5,5", "--batch-size", "16"]])
+def test_recompute_on_several_processes_or_minibatches_exits_2(extra: list[str], capsys) -> None:
+    assert cli.main(["run", str(EXAMPLES / "gcn.gnn"), "--graph", "planetoid:cora", "--epochs", "1", "--recompute",
+                     *extra]) == 2
+    assert "--recompute runs one process's full-graph training" in capsys.readouterr().err
+
+
+def test_gnnc_run_recompute_trains_as_without(capsys) -> None:
+    args = ["run", str(EXAMPLES / "gcn.gnn"), "--graph", "planetoid:cora", "--epochs", "2", "--json"]
+    runs = []
+    for more in ([], ["--recompute"]):
+        assert cli.main(args + more) == 0
+        runs.append(capsys.readouterr().out.strip().splitlines()[-1])
+    import json
+    a, b = (json.loads(r) for r in runs)
+    assert a["train_loss"] == b["train_loss"] and a["test_acc"] == b["test_acc"]
+    assert b["predicted_peak_rss_bytes"] < a["predicted_peak_rss_bytes"]
