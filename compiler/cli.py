@@ -163,6 +163,7 @@ def _resolve_device(spec: str, here: bool = True) -> str:
 def _run(args: argparse.Namespace) -> int:
     # deferred: a command loads torch and the planner only when it needs them
     from gnnc import api
+    from gnnc.ir.ops import is_link_prediction
     from gnnc.plan_flags import check_run_flags
     from gnnc.runtime.launch import started_by_torchrun
 
@@ -192,6 +193,12 @@ def _run(args: argparse.Namespace) -> int:
                    "memory_cap": args.memory_cap, **_sampled_options(args)}
     if args.resume and not args.checkpoint:
         raise GnncError("--resume needs --checkpoint DIR")
+    if args.dump_logits or args.save_model:  # link prediction scores pairs: no vertex logits, no saved model yet
+        program = target.program if isinstance(target, api.Plan) else target.program()
+        if is_link_prediction(program):
+            flag = "--dump-logits" if args.dump_logits else "--save-model"
+            raise GnncError(f"{flag}: a link-prediction model scores vertex pairs; it keeps no vertex logits nor "
+                            "a saved model yet (its metrics are in --json)")
     result = api.run(target, args.graph, epochs=args.epochs, seed=args.seed, lr=args.lr,
                      weight_decay=args.weight_decay, metrics=args.metrics, want_logits=bool(args.dump_logits),
                      progress=args.progress or (not args.no_progress and sys.stderr.isatty()),

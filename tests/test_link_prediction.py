@@ -241,3 +241,14 @@ def test_dropout_of_pair_values(tmp_path) -> None:
                     "  score = linear(dropout(src.z * dst.z, 0.5), 1)\n  loss = bce(score, label)\n}\n")
     result = api.run(api.load_model_source(source, "d.gnn"), _small_graph(tmp_path / "g.npz"), epochs=2, seed=0)
     assert 0.0 <= result.metrics["test_auc"] <= 1.0
+
+
+@pytest.mark.parametrize("flag", ["--save-model", "--dump-logits"])
+def test_flags_without_vertex_logits_are_refused_before_training(flag: str, capsys, tmp_path) -> None:
+    from gnnc import cli
+
+    rc = cli.main(["run", str(EXAMPLES / "link_gae.gnn"), "--graph", _small_graph(tmp_path / "g.npz"), "--epochs",
+                   "1", flag, str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{flag}: a link-prediction model scores vertex pairs" in err
+    assert not (tmp_path / "out").exists()
