@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ from gnnc import api
 from gnnc.errors import GnncTypeError, GraphInputError
 from gnnc.frontend.elaborate import elaborate
 from gnnc.graph.graph_batches import epoch_batches, fold_split, make_batch, stratified_folds
-from gnnc.graph.tu_dataset import GraphDataset, generate_graphs, load_graph_dataset, read_tu, write_tu
+from gnnc.graph.tu_dataset import generate_graphs, load_graph_dataset, read_tu, write_tu
 from gnnc.ir import Eqn, Type, Value, ops
 from gnnc.ir.text import parse_ir
 from gnnc.passes.manager import DEFAULT_PIPELINE, run_pipeline
@@ -27,7 +25,6 @@ pyg = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool  # noqa: E402
 
-GNNC = [sys.executable, "-m", "gnnc"]
 PYG_POOLS = {"global_sum_pool": global_add_pool, "global_mean_pool": global_mean_pool,
              "global_max_pool": global_max_pool}
 
@@ -101,13 +98,14 @@ def test_bad_tu_files_name_file_and_field(tmp_path: Path, files: dict[str, str],
         read_tu(str(d))
 
 
-def test_bad_tu_file_exits_2_on_the_command_line(tmp_path: Path) -> None:
+def test_bad_tu_file_exits_2_on_the_command_line(tmp_path: Path, capsys) -> None:
+    from gnnc.cli import main
+
     d = _tu_with_labels(tmp_path)
     (d / "TOY_graph_labels.txt").write_text("1\nzero\n1\n")
-    r = subprocess.run(GNNC + ["run", str(EXAMPLES / "gin_graph.gnn"), "--graph", f"tu:{d}", "--epochs", "1"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, r.stderr
-    assert "TOY_graph_labels.txt:2: graph_labels: expected an integer" in r.stderr and "Traceback" not in r.stderr
+    assert main(["run", str(EXAMPLES / "gin_graph.gnn"), "--graph", f"tu:{d}", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "TOY_graph_labels.txt:2: graph_labels: expected an integer" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("spec, want", [("graphs:n=abc", "n=abc: expected an integer"),
