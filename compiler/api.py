@@ -431,7 +431,7 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
                 optimizer=optimizer, momentum=momentum, clip=clip, schedule=lr_schedule, warmup=warmup,
                 precision=precision, **thread_settings(
                     None if threads == "auto" else threads, nproc or 1)), nproc or 1, timeout_s=timeout_s)
-            result.epochs, result.device, result.model = len(result.history), device, target.module.models[-1].name
+            result.epochs, result.device = len(result.history), device
             return result
         spec, g = graph, load_graph(graph)
         if nproc is not None and nproc > g.num_nodes:  # every worker owns at least one vertex

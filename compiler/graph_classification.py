@@ -55,6 +55,10 @@ def run(model: Model, spec: str, cfg_flags: dict, nproc: int = 1, split: GraphSp
     if nproc == 1:
         if probe:
             return GraphTrainer(program, ds, cfg, split, batch_size).probe()
-        return train_graphs(program, ds, cfg, split, batch_size)
-    job = GraphJob(str(program), spec, cfg, split, batch_size, probe)
-    return launch(graph_worker, nproc, job, timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)[0]
+        result = train_graphs(program, ds, cfg, split, batch_size)
+    else:
+        job = GraphJob(str(program), spec, cfg, split, batch_size, probe)
+        result = launch(graph_worker, nproc, job, timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)[0]
+    if isinstance(result, RunResult):
+        result.model = program.name  # the model trained (`--model NAME`, or the file's last)
+    return result
