@@ -337,3 +337,11 @@ def test_flags_graph_classification_does_not_take_are_refused(tmp_path: Path, mo
     argv = ["run", str(EXAMPLES / "gin_graph.gnn"), "--graph", "graphs:n=30", "--epochs", "1"] + flags
     assert main(argv) == 2
     assert want in capsys.readouterr().err
+
+
+def test_run_names_the_model_it_trained() -> None:
+    source = (EXAMPLES / "gin_graph.gnn").read_text() + POOL_MODEL.split("model Pools", 1)[0].replace(
+        "layer Conv", "layer Conv2").replace("Conv(", "Conv2(") + "model Pools" + POOL_MODEL.split("model Pools", 1)[1]
+    model = api.load_model_source(source, "two.gnn", model="GIN", layers=2)
+    result = api.run(model, "graphs:n=30,seed=0", epochs=1, threads=1)
+    assert result.model == "GIN"
