@@ -191,6 +191,10 @@ def fit_link(worker: LinkWorker, cfg: TrainConfig,
         raise GnncError("--checkpoint-dir: link-prediction runs do not checkpoint yet")
     if cfg.precision == "fp16":
         raise GnncError("--precision fp16: link-prediction runs take fp32 or bf16 (no loss scaling yet)")
+    # node classification's run options this loop does not implement: refused rather than ignored
+    for flag, given in (("--recompute", cfg.recompute), ("--eval-every", cfg.eval_every != 1)):
+        if given:
+            raise GnncError(f"{flag}: link-prediction runs do not take it yet (they evaluate after every epoch)")
     params = init_params(worker.program, cfg.seed, worker.device)
     opt = make_optimizer(worker.program, params, cfg)
     schedule = LRSchedule(opt, cfg)

@@ -252,3 +252,14 @@ def test_flags_without_vertex_logits_are_refused_before_training(flag: str, caps
     err = capsys.readouterr().err
     assert rc == 2 and f"{flag}: a link-prediction model scores vertex pairs" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", [["--recompute"], ["--eval-every", "2"], ["--checkpoint", "CK"], ["--metrics", "M"]])
+def test_run_options_the_link_loop_lacks_are_refused(flag: list[str], capsys, tmp_path) -> None:
+    from gnnc import cli
+
+    args = [str(tmp_path / a) if a in ("CK", "M") else a for a in flag]
+    rc = cli.main(["run", str(EXAMPLES / "link_gae.gnn"), "--graph", _small_graph(tmp_path / "g.npz"), "--epochs",
+                   "1", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and flag[0] in err, err
