@@ -12,7 +12,7 @@ import torch
 
 from conftest import EXAMPLES, check_golden
 from gnnc import api
-from gnnc.errors import GnncTypeError, GraphInputError
+from gnnc.errors import GnncError, GnncTypeError, GraphInputError
 from gnnc.frontend.elaborate import elaborate
 from gnnc.graph.graph_batches import epoch_batches, fold_split, make_batch, stratified_folds
 from gnnc.graph.tu_dataset import generate_graphs, load_graph_dataset, read_tu, write_tu
@@ -142,6 +142,8 @@ def test_folds_are_stratified_disjoint_and_cover() -> None:
     train, val, test = fold_split(folds, 0)
     assert np.array_equal(test, folds[0]) and np.array_equal(val, folds[9]) and len(train) == 80
     assert stratified_folds(y, 10, seed=0)[3].tolist() == folds[3].tolist()
+    with pytest.raises(GnncError, match="10-fold cross validation needs at least 10 graphs; the dataset has 4"):
+        stratified_folds(np.array([0, 1, 0, 1]), 10)
     b0, b1 = epoch_batches(train, 32, 0, 0), epoch_batches(train, 32, 0, 1)
     assert [len(b) for b in b0] == [32, 32, 16] and sorted(np.concatenate(b0)) == sorted(train)
     assert not np.array_equal(np.concatenate(b0), np.concatenate(b1))  # reshuffled every epoch

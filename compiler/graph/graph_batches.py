@@ -31,9 +31,9 @@ DEFAULT_BATCH_SIZE = 128  # PyG's GIN example
 def stratified_folds(y: np.ndarray, folds: int = DEFAULT_FOLDS, seed: int = 0) -> list[np.ndarray]:
     """`folds` disjoint, sorted arrays of graph ids covering every graph, each class spread evenly (seeded)."""
     if folds < 3:
-        raise GnncError(f"--folds {folds}: cross validation needs at least 3 folds (test, validation, training)")
+        raise GnncError(f"{folds}-fold cross validation: it needs at least 3 folds (test, validation, training)")
     if folds > len(y):
-        raise GnncError(f"--folds {folds}: more folds than the dataset's {len(y)} graphs")
+        raise GnncError(f"{folds}-fold cross validation needs at least {folds} graphs; the dataset has {len(y)}")
     rng = np.random.default_rng(seed)
     out: list[list[int]] = [[] for _ in range(folds)]
     k = 0
@@ -50,7 +50,7 @@ def fold_split(folds: list[np.ndarray], fold: int) -> tuple[np.ndarray, np.ndarr
     """(train, val, test) graph ids of run `fold`: test fold `fold`, validation fold `fold - 1`, the rest train."""
     k = len(folds)
     if not 0 <= fold < k:
-        raise GnncError(f"--fold {fold}: expected 0..{k - 1}")
+        raise GnncError(f"fold {fold} of {k}-fold cross validation: expected 0..{k - 1}")
     test, val = folds[fold], folds[(fold - 1) % k]
     train = np.sort(np.concatenate([f for i, f in enumerate(folds) if i not in (fold, (fold - 1) % k)]))
     return train, val, test
