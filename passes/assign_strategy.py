@@ -66,13 +66,14 @@ def strategies_for(program: Program, spec: str | list[str] | None, workers: int,
             raise GnncError(f"layer {layer.name} ({layer.op}): {s} runs the first graph layer only "
                             f"(P3 splits the input features; later layers are vertex-partitioned)")
         if STRATEGIES[s].layout_in == "feature":
-            check_pushpull(program, layer)
+            check_pushpull(program, layer, sync_scores=batching == "full")
     return names
 
 
-def check_pushpull(program: Program, layer) -> None:
-    """Raise, naming the op, unless `layer` may run pushpull and everything before it is feature-local."""
-    blocked = pushpull_blocker(layer)
+def check_pushpull(program: Program, layer, sync_scores: bool = False) -> None:
+    """Raise, naming the op, unless `layer` may run pushpull and everything before it is feature-local
+    (`sync_scores`: attention scores are summed over the workers, as full-graph steps do)."""
+    blocked = pushpull_blocker(layer, sync_scores)
     if blocked is not None:
         eqn, why = blocked
         raise GnncError(f"layer {layer.name} ({layer.op}) cannot run pushpull: {why}", eqn.loc if eqn else layer.loc)

@@ -15,7 +15,10 @@ an op that reads neighbours' rows (its OpDef's `reads_neighbours` operands:
 One communication per value and layer, placed just before its first use.
 In a `pushpull` layer (P3) the rows are all vertices, the features a slice;
 its `sync` becomes `reduce_scatter`: the partial results are summed at each
-vertex's owner (P3's pull; backward pushes the gradient to every worker).
+vertex's owner (P3's pull; backward pushes the gradient to every worker), and
+each attention score computed from a partial result is followed by
+`sync_scores`, its sum over the workers, before the softmax reads it (P3's
+sync of GAT's scores; gnnc.passes.analysis.legality.synced_scores).
 `depcache` and `local` layers read only rows they hold: nothing is inserted,
 except where a depcache or hybrid segment starts after the first graph
 layer: `fetch(v)` on its input brings the rows of its replicated
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from gnnc.ir import Eqn, Layer, Program, Value, attrs_of
 from gnnc.ir.ops import reads_neighbours
+from gnnc.passes.analysis.legality import synced_scores
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.plan.strategies import STRATEGIES, StrategyDef
 
@@ -54,9 +58,9 @@ def _fetch_on_entry(layer: Layer, index: int) -> Layer:
 def _insert(layer: Layer) -> Layer:
     sd = _strategy(layer)
     if sd is not None and sd.sync_op is not None:
-        return layer.replace(eqns=tuple(
+        return _sync_scores(layer.replace(eqns=tuple(
             Eqn(sd.sync_op, e.ins, e.outs, attrs_of(reduce="sum"), e.prim, e.loc) if e.op == "sync" else e
-            for e in layer.eqns))
+            for e in layer.eqns)), synced_scores(layer))
     op = sd.comm_op if sd is not None else None
     if op is None:
         return layer
@@ -72,6 +76,21 @@ def _insert(layer: Layer) -> Layer:
                 replaced[v.name] = ext
             ins[k] = replaced[v.name]
         eqns.append(e.replace(ins=tuple(ins)))
+    return layer.replace(eqns=tuple(eqns))
+
+
+def _sync_scores(layer: Layer, scores: list[Eqn]) -> Layer:
+    """After each attention score of a pushpull layer (legality.synced_scores): `sync_scores`, the sum over the
+    workers of their partial dot products (P3's sync of GAT's scores); its readers read the sum."""
+    outs = {e.outs[0].name for e in scores}
+    replaced: dict[str, Value] = {}
+    eqns: list[Eqn] = []
+    for e in layer.eqns:
+        eqns.append(e.replace(ins=tuple(replaced.get(v.name, v) for v in e.ins)))
+        if e.outs[0].name in outs:
+            v = e.outs[0]
+            replaced[v.name] = Value(f"{v.name}^sync", v.type)
+            eqns.append(Eqn("sync_scores", (v,), (replaced[v.name],), attrs_of(), e.prim, e.loc))
     return layer.replace(eqns=tuple(eqns))
 
 

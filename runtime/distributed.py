@@ -138,6 +138,12 @@ class Exchange:
         return PartRun(lgl.parts(layer.edges, part_bounds(lgl, e.op, self.block_sizes)),
                        release=comm_op(e.op).parts_read_once)
 
+    @implements_exchange("sync_scores")
+    def _sync_scores(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
+        """P3's sync of a pushpull layer's attention scores: every vertex's partial dot products summed on every
+        rank (backward: the same sum of their gradients, each rank's loss reading the sum)."""
+        return comm.all_reduce_sum(x, self.stats, label=_label(e))
+
     @implements_exchange("reduce_scatter")
     def _reduce_scatter(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
         """P3's pull: every vertex's partial sums, summed at its owner (rows in block order)."""
@@ -208,7 +214,10 @@ class DistInterpreter(PrefixRowsInterpreter):
         if not self.in_phase:
             return self._run_rows(layer, env, params, ctx)
         p = self.phase
-        fctx = _with(ctx, views=p.views, vertex_ids=p.ids, col_offset=p.cols[0])
+        # every vertex's rows; a value on this worker's feature slice draws its dropout by global column, a whole
+        # one (an attention score summed over the workers, its softmax) as one process does
+        whole_ctx = _with(ctx, views=p.views, vertex_ids=p.ids)
+        fctx = _with(whole_ctx, col_offset=p.cols[0])
         for k, e in enumerate(layer.eqns):
             ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
             sliced_in = any(v.name in self.sliced for v in e.ins)
@@ -218,7 +227,8 @@ class DistInterpreter(PrefixRowsInterpreter):
             elif sliced_in:
                 self.sliced.update(o.name for o in e.outs)
             view = fctx.views.get(layer.edges) if layer.kind == "graph" else None
-            env[e.outs[0].name] = self.eqn(e, ins, view, fctx if self.in_phase else ctx)
+            run_ctx = (fctx if sliced_in else whole_ctx) if self.in_phase else ctx
+            env[e.outs[0].name] = self.eqn(e, ins, view, run_ctx)
             self.drop_dead(env, layer, k)
             if e.op == "reduce_scatter":
                 self.in_phase = False  # the pull: owned rows from here on

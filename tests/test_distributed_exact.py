@@ -29,7 +29,9 @@ MODELS = ["gcn", "sage", "gin", "gat"]
 # one strategy for every layer, mixed per layer, and depcache/hybrid segments entered after layer 0 (a fetch)
 STRATEGIES = ["depcomm", "depcache", "hybrid", "bcast1d", "depcomm,bcast1d", "depcache,depcomm", "hybrid,bcast1d",
               "depcomm,depcache", "pushpull,depcomm", "pushpull,bcast1d", "pushpull,hybrid"]
-PUSHPULL_LEGAL = {"gcn", "sage"}  # SAGE: sink-bias puts its bias after the sync; GIN: ReLU, GAT: attention
+# SAGE: sink-bias puts its bias after the sync; GAT: its scores summed over the ranks before the softmax (P3 section
+# 3.2.2); GIN: a ReLU before the sync
+PUSHPULL_LEGAL = {"gcn", "sage", "gat"}
 SEED = 3
 
 
@@ -217,7 +219,7 @@ def test_strategies_match_one_process(world: int, tmp_path) -> None:
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("name, op", [("gin", "linear"), ("gat", "dot")])
+@pytest.mark.parametrize("name, op", [("gin", "linear")])
 def test_pushpull_illegal_names_the_op(name: str, op: str) -> None:
     from gnnc.errors import GnncError
 

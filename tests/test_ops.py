@@ -56,7 +56,7 @@ def test_define_op_refuses_a_second_definition() -> None:
 def test_callable_ops_come_from_the_definitions() -> None:
     assert {"relu", "linear", "matmul", "dropout", "concat", "cross_entropy"} <= set(ops.callable_ops())
     assert not {"spmm", "halo", "src", "const"} & set(ops.callable_ops())
-    assert ops.COMM_OPS == ("halo", "fetch", "bcast_rows", "reduce_scatter", "history")
+    assert ops.COMM_OPS == ("halo", "fetch", "bcast_rows", "reduce_scatter", "sync_scores", "history")
 
 
 def test_every_ir_op_has_a_reference_implementation() -> None:

@@ -62,7 +62,8 @@ def test_every_runnable_strategy_has_a_cost_formula_and_runtime_exchanges(name: 
 
 
 def test_every_exchange_serves_a_strategy() -> None:
-    used = {op for sd in STRATEGIES.values() for op in sd.comm_ops}
+    # P3's sync of attention scores serves pushpull: insert-comm adds it where a pushpull layer has attention
+    used = {op for sd in STRATEGIES.values() for op in sd.comm_ops} | {"sync_scores"}
     assert used == set(COMM_OPS) <= set(COMM_OP_DEFS)  # (a test may register a toy exchange beside them)
     assert used <= {op for op, role in EXCHANGES if role == "run"}
 

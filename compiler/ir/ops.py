@@ -532,7 +532,7 @@ define_op(OpDef("edge_softmax", _edge_softmax, reads_structure=_always, nonlinea
 define_op(OpDef("sync", _sync))
 
 # communication, after insert-comm: same feature shape, more rows
-for _comm in ("halo", "fetch", "bcast_rows", "reduce_scatter", "history"):
+for _comm in ("halo", "fetch", "bcast_rows", "reduce_scatter", "sync_scores", "history"):
     define_op(OpDef(_comm, _elementwise, comm=True))
 
 # kernel ops, after lowering

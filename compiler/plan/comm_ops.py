@@ -51,6 +51,11 @@ def every_row_to_each_other_rank(sets: list[Any], layer: int, world: int, n: int
     return (world - 1) * n
 
 
+def all_reduce_of_every_row(sets: list[Any], layer: int, world: int, n: int) -> int:
+    """An all-reduce of N rows, as gnnc.runtime.comm counts it (reduce-scatter, then all-gather): 2 (P - 1) N."""
+    return 2 * (world - 1) * n
+
+
 @dataclass(frozen=True)
 class CommOpDef:
     """Everything the compiler knows about one exchange; the runtime's implementation registers apart.
@@ -175,5 +180,8 @@ define_comm_op(CommOpDef("bcast_rows", "MG-GCN's 1D SpMM: every rank's row block
 define_comm_op(CommOpDef("reduce_scatter", "P3's pull: every vertex's partial sums, summed at its owner",
                          every_row_to_each_other_rank, output_rows="owned", combines_partials=True,
                          draw_order=("dense", "aggregation", "overlap", "communication", "compute", "mixed")))
+define_comm_op(CommOpDef("sync_scores", "P3's sync of attention scores in a pushpull layer: every rank's partial dot "
+                         "products of every vertex, summed on every rank", all_reduce_of_every_row,
+                         counted_as="allreduce"))
 define_comm_op(CommOpDef("history", "GNNPipe: a chunk's rows from the group's peers, the rest from the history",
                          None))

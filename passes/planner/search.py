@@ -61,7 +61,7 @@ def candidates(program: Program, allow: list[str] | None, approximate: bool = Fa
                             f"pass --approximate to allow it")
     first = program.graph_layers()[0]
     # a strategy that splits the input features needs a first layer linear in them (P3's legality)
-    return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first) is None]
+    return [s for s in allowed if STRATEGIES[s].layout_in != "feature" or pushpull_blocker(first, True) is None]
 
 
 def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
