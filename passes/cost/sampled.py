@@ -26,7 +26,11 @@ Each layer's other ops (gnnc.passes.cost.ops) run on its blocks' rows and
 edges, dispatched once per minibatch (NB calls).
 Compute and communication add within a step; the 2F2B pipeline (approximate)
 overlaps a step's exchanges with other minibatches' compute, priced here as
-the max of the two per phase. Alpha: one message start per peer per
+the max of the two per phase. The runtime (gnnc.runtime.minibatch's 2F2B)
+posts the pull and the gradient push and waits for them a tick later, but
+waits for the structure push at once (minibatch_dist's push_structure), so
+the max over push + pull overstates what it hides by the push (issue 38
+item 3). Alpha: one message start per peer per
 exchange and minibatch.
 """
 from __future__ import annotations
