@@ -66,12 +66,14 @@ def select_hybrid(program: Program, ctx: PassContext) -> Program:
     report = []
     values = {}
     for start, end in spans:
-        sel = select(planned.stats, planned.inputs, planned.shapes, ctx.cluster.memory_per_worker, start, end)
+        sel = select(planned.stats, planned.inputs, planned.shapes, ctx.cluster.memory_per_worker, start, end,
+                     graph=ctx.graph, parts=ctx.parts)
         cached.update(sel.cached)
         values[(start, end)] = sel.values
         report.append({"layers": [start, end], "source": sel.source, "predicted_time_s": sel.time,
                        "cached_per_layer": [[int(len(ids)) for ids in sel.cached[k]] for k in range(start, end)],
-                       "communicated_per_layer": [[int(x) for x in sel.received[:, m]] for m in range(end - start)]})
+                       "communicated_per_layer": [[int(x) for x in sel.received[:, m]] for m in range(end - start)],
+                       **({"mu": [round(float(x), 6) for x in sel.mu]} if sel.mu is not None else {})})
     ctx.results.hybrid_cached = cached
     ctx.results.hybrid_selection = report
     ctx.results.hybrid_values = values

@@ -64,7 +64,7 @@ def test_hybrid_never_predicts_more_than_depcomm_or_depcache(seed, model, worker
     layers = len(shapes)
     for start in range(layers):
         for end in range(start + 1, layers + 1):
-            chosen = select(stats, inputs, shapes, cap, start, end)
+            chosen = select(stats, inputs, shapes, cap, start, end, graph=graph, parts=parts)
             comm, cache, cache_memory = _pure_times(inputs, shapes, start, end)
             assert chosen.time <= comm * (1 + 1e-9) + 1e-15, (start, end, chosen.source)
             if cache_memory <= cap:  # DepCache is a choice only where it fits the memory cap

@@ -35,6 +35,7 @@ class Selection:
     start: int = 0
     end: int = 0
     shapes: tuple[Any, ...] = ()  # the segment's layers' shapes
+    mu: np.ndarray | None = None  # per worker, equation 3's factor of Algorithm 4 as written (its greedy's only)
 
     @property
     def formula(self) -> Any:
@@ -45,7 +46,7 @@ class Selection:
 
 
 def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int,
-           cache_all_value=None) -> Selection:
+           cache_all_value=None, graph=None, parts=None, rule: str | None = None) -> Selection:
     """Algorithm 4 over graph layers [start, end), unless communicating or caching everything predicts less.
 
     Each candidate is priced as the runtime will execute it, so the segment
@@ -54,39 +55,69 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     `cost.neutronstar.hybrid` formula; cache-all by DepCache's formula,
     because caching every dependency gives each worker DepCache's rows (the
     nested L-hop neighbourhood, gnnc.plan.rows) and an empty halo, and the
-    hybrid formula's per-dependency subtrees count a row shared by two
-    subtrees twice (an upper bound fit for Algorithm 4's choices, not for
-    pricing). Hence a Hybrid segment never predicts more than DepComm, nor
-    than DepCache where DepCache fits `memory_cap` (issue 16). Ties keep the
+    per-dependency subtrees `hybrid_greedy.predict` sums for it count a row
+    shared by two subtrees twice (an upper bound, not a price; Algorithm 4's
+    own selection under the rule "paper" counts V_rep's rows once). Hence a
+    Hybrid segment never predicts more than DepComm, nor than DepCache where
+    DepCache fits `memory_cap` (issue 16). Ties keep the
     greedy's. `cache_all_value`: DepCache's value on [start, end) when the caller has priced it already (the
     planner prices each segment once). The selections are priced numerically (`hybrid_values_of`), without
     building the segment's formula (`Selection.formula` builds it when read).
+    `rule` (hybrid_greedy.RULES): "paper", Algorithm 4 as NeutronStar writes it (V_rep excluded from later
+    subtrees, so a row shared by two cached subtrees is counted once, as the runtime computes it; the memory
+    stop ending the algorithm), its subtrees measured on `graph` split by `parts`; "walks", the earlier
+    reading (each dependency's unfolded tree alone, a layer ended at its first refusal), kept to measure the
+    two (benchmarks/RESULTS-seeds.md, "NeutronStar Algorithm 4"); None: hybrid_greedy.DEFAULT_RULE.
     """
     known = {} if cache_all_value is None else {(start, end): cache_all_value}
-    [best] = select_spans(stats, inputs, shapes, memory_cap, [(start, end)], known, with_ids=True)
+    [best] = select_spans(stats, inputs, shapes, memory_cap, [(start, end)], known, with_ids=True, graph=graph,
+                          parts=parts, rule=rule)
     return best
 
 
 def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequence[tuple[int, int]],
                  cache_all_values: Mapping[tuple[int, int], Any] | None = None,
-                 with_ids: bool = False) -> list[Selection]:
+                 with_ids: bool = False, graph=None, parts=None, rule: str | None = None) -> list[Selection]:
     """`select` on each of `spans` ((start, end) over the model's layers, `shapes` every layer's), the selections
     of every span priced together (`hybrid_values_of`: one numpy call per layer, not per span and layer).
     `with_ids`: keep each selection's cached ids (`Selection.cached`, what select-hybrid writes); the planner
     needs only the values (None there: a deep model's spans would hold their dependencies all at once)."""
+    rule = rule or hg.DEFAULT_RULE
+    if rule not in hg.RULES:
+        raise ValueError(f"hybrid rule {rule!r}: one of {', '.join(hg.RULES)}")
+    if rule == "paper" and (graph is None or parts is None):
+        raise ValueError("Algorithm 4 as written measures the subtrees on the graph: pass graph and parts")
     world = inputs.workers
+    trees = [hg.in_trees(graph, stats.view, parts, r) for r in range(world)] if rule == "paper" else None
+    # Algorithm 4 decides layer after layer: a span's selection is the first layers of the longest span from its
+    # start, so each start runs once per worker (hybrid_greedy.PaperRun)
+    longest = {a: max(b for a2, b in spans if a2 == a) for a, _ in spans}
+    runs: dict[int, list[hg.PaperRun]] = {}
     cap = memory_cap if memory_cap else float("inf")
     cache_all_values = dict(cache_all_values or {})
     depcache = None
     units: dict[Any, Any] = {}  # each layer's unit costs, shared by the spans holding it
     requests: list[tuple[int, int, dict[Any, np.ndarray]]] = []
-    found = []  # per span: [(source, values or None, request index or None, comm_received, cached ids or None)]
+    found = []  # per span: [(source, values or None, request index or None, comm_received, cached ids or None, mu)]
     for start, end in spans:
         unit = hybrid_unit_costs(inputs, start, shapes[start:end], cache=units)
         costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"],
                              unit["edge_bytes"])
         deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
-        candidates = [hg.select(deps, costs, unit["own_time"], cap),
+        if trees is not None:
+            if start not in runs:
+                runs.clear()  # one start's runs at a time: each holds a level x vertex table per worker
+                full = hybrid_unit_costs(inputs, start, shapes[start:longest[start]], cache=units)
+                full_costs = hg.UnitCosts(full["t_v"], full["t_e"], full["t_c"], full["t_x"], full["row_bytes"],
+                                          full["edge_bytes"])
+                layers = longest[start] - start
+                every = [hg.dependencies_from_stats(stats, r, layers) for r in range(world)]
+                runs[start] = [hg.paper_run(trees[r], d.layer, d.vertex, full_costs, cap, layers)
+                               for r, d in enumerate(every)]
+            greedy = hg.select_paper(deps, trees, costs, unit["own_time"], cap, runs=runs[start])
+        else:
+            greedy = hg.select(deps, costs, unit["own_time"], cap)
+        candidates = [greedy,
                       hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
                                  source="communicate-all"),
                       hg.predict(deps, costs, unit["own_time"], [np.ones(len(d), bool) for d in deps],
@@ -99,7 +130,7 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
                                    .astype(np.int64) for dep, mask in zip(deps, cand.cached)]
                        for m in range(end - start)}
             if cand.source == "cache-all":
-                mine.append((cand.source, None, None, cand.comm_received, ids))
+                mine.append((cand.source, None, None, cand.comm_received, ids, None))
                 if (start, end) not in cache_all_values:  # a user's DepCache formula prices it where one is
                     if user_cost("depcache"):
                         cache_all_values[start, end] = compile_cost(
@@ -111,19 +142,19 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
             values = hybrid_values(start, cand.comm_received, cand.comm_sent, cand.recompute_rows,
                                    cand.recompute_edges, cand.replicated_inputs)
             requests.append((start, end, values))
-            mine.append((cand.source, values, len(requests) - 1, cand.comm_received, ids))
+            mine.append((cand.source, values, len(requests) - 1, cand.comm_received, ids, cand.mu))
         found.append(mine)
     priced = hybrid_values_of(inputs, shapes, requests)
     out = []
     for (start, end), mine in zip(spans, found):
         best: Selection | None = None
-        for source, values, request, received, ids in mine:
+        for source, values, request, received, ids, mu in mine:
             value = cache_all_values[start, end] if request is None else priced[request]
             if request is None and value.memory > cap:
                 continue  # the DP would refuse the segment: leave the choice to the selections that fit
             if best is None or value.time < best.time:
                 best = Selection(ids, source, values, value.time, received, value, start, end,
-                                 tuple(shapes[start:end]))
+                                 tuple(shapes[start:end]), mu)
         assert best is not None
         out.append(best)
     return out

@@ -16,26 +16,39 @@ replicates its subtree down to layer 0 (of the segment). Its recompute cost
 is t_r = sum_k (T_v(k)·rows_k + T_e(k)·edges_k) + T_x·inputs, its memory the
 bytes of those rows, edges and inputs.
 
-Algorithm 4 as docs/design.md describes it, and how this module reads it:
-  for each worker, with a memory budget S shared by all its layers,
-  for each layer l = 0, 1, ... (lowest first: lower layers have the smaller
-  subtrees, so the shared budget goes first to the cheapest caches),
-    put the layer's dependencies in a min-queue on t_r (ties: vertex id);
-    pop while the head's t_r < t_c, strictly, and its memory fits in what is
-    left of S: cache it; the first dependency that fails either test stops
-    the layer, and it and everything still queued is communicated.
-Because t_c is the same for every dependency of a layer (one row of h^l), a
-dependency popped after one with t_r >= t_c would fail too, so stopping is
-the paper's "cache while t_r < t_c". Popping a min-queue to exhaustion is a
-sort; `greedy_worker` sorts with numpy (stable on (t_r, vertex)), which is
-the same sequence of pops and fast for millions of dependencies.
+Two rules, hybrid_greedy.RULES; the planner uses DEFAULT_RULE, "paper".
 
-Subtrees are costed per dependency, as the paper does: vertices shared by
-two cached subtrees are counted twice, so the predicted recompute is an
-upper bound on what the runtime must compute.
+"paper" (`paper_run`, `select_paper`): Algorithm 4 as NeutronStar (SIGMOD'22,
+section 4.2) writes it, measured on the graph itself. Per worker, a memory
+budget S shared by all layers and a replicated set V_rep (line 2), one set of
+rows per level; for each layer l = 0, 1, ... (line 3): measure every
+dependency's t_r with V_rep excluded (line 6: a vertex some cached subtree
+replicated already costs nothing again), queue them on t_r (ties: vertex id),
+and pop until the queue is empty (line 8), re-measuring the popped one
+without V_rep (line 10); cache it when t_r < t_c, strictly (lines 11-12), and
+add its subtree to V_rep (line 13); when the caches' size then exceeds S,
+drop it and end the algorithm (lines 14-15): the layers not reached fetch
+every dependency. The predicted recompute and memory are V_rep's, each row
+counted once, which is what the runtime computes (gnnc.plan.rows); equation
+3's mu, which the paper leaves open, is measured (`select_paper`). Subtrees
+are the runtime's: the ball of the dependency expanded through vertices the
+worker does not own (its own rows are computed anyway).
+
+"walks" (`greedy_worker`, `select`): gnnc's earlier reading, kept for the
+measurement in benchmarks/RESULTS-seeds.md ("NeutronStar Algorithm 4"). It
+costs each dependency's subtree alone, as PartStats' unfolded in-trees
+(walks: a vertex reached by two paths counts twice, and two cached subtrees
+sharing a vertex count it twice: an upper bound on what the runtime
+computes), pops while the head's t_r < t_c and its memory fits, and the first
+dependency that fails either test ends the layer, not the algorithm.
+Because t_c is the same for every dependency of a layer and its t_r never
+changes, stopping at the first t_r >= t_c is its "cache while t_r < t_c";
+popping a min-queue to exhaustion is a sort (numpy, stable on (t_r, vertex)),
+fast for millions of dependencies.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,6 +226,7 @@ class HybridResult:
     recompute_edges: np.ndarray = field(repr=False)
     replicated_inputs: np.ndarray = field(repr=False)
     source: str = "greedy"
+    mu: np.ndarray | None = field(default=None, repr=False)  # per worker, equation 3's factor (select_paper)
 
 
 def predict(deps: Sequence[Dependencies], costs: UnitCosts, own_time: np.ndarray,
@@ -300,3 +314,269 @@ def choose(deps: Sequence[Dependencies], costs: UnitCosts, own_time: np.ndarray,
         if cand.time < best.time:
             best = cand
     return best
+
+
+# --- Algorithm 4 as NeutronStar writes it ------------------------------------------------------------------
+# The rule above ("walks") costs each dependency's subtree alone, counted as unfolded walks, and ends a layer at
+# its first refusal. NeutronStar's Algorithm 4 (section 4.2) keeps a replicated set V_rep and measures every
+# subtree without it (lines 2, 6, 10, 13), keeps popping after a refusal (line 8: while the queue is not empty),
+# and when the caches outgrow the memory S it drops the dependency and returns (lines 14-15): the layers not yet
+# reached fetch every dependency. `select_paper` runs that on the graph itself.
+
+RULES = ("paper", "walks")  # "paper": select_paper, Algorithm 4 as written; "walks": select, per-dependency trees
+DEFAULT_RULE = "paper"
+
+
+@dataclass(frozen=True)
+class InTrees:
+    """What one worker's subtrees are measured on: the segment's in-edges (CSR by destination, the view the
+    statistics used) and the vertices the worker owns (computed anyway: never redundant, never expanded)."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    owned: np.ndarray  # bool [N]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.owned)
+
+    @property
+    def in_degree(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+
+def in_trees(graph: Any, view: str, parts: np.ndarray, part: int) -> InTrees:
+    """`part`'s InTrees on `graph`'s edge view `view` (gnnc.graph.Graph.csr)."""
+    csr = graph.csr(view)
+    return InTrees(np.asarray(csr.indptr, dtype=np.int64), np.asarray(csr.indices, dtype=np.int64),
+                   np.asarray(parts) == part)
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """A worker's V_rep after Algorithm 4: per level k = 0..L, the non-owned vertices whose h^k it holds (level
+    0: input rows), with the edges aggregated into them, their cost and memory, and mu (equation 3's factor)."""
+
+    rows: np.ndarray  # [L + 1] vertices per level
+    edges: np.ndarray  # [L + 1] in-edges of those vertices (level 0's are not computed)
+    memory: float  # bytes of the caches (line 14's size)
+    time: float  # seconds to recompute them all once
+
+
+def _expand(trees: InTrees, dep: np.ndarray, vtx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (dep, in-neighbour) pair of the (dep, vertex) pairs, the pairs themselves included."""
+    lo, hi = trees.indptr[vtx], trees.indptr[vtx + 1]
+    counts = hi - lo
+    total = int(counts.sum())
+    if total:
+        starts = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+        src = trees.indices[starts + np.arange(total)]
+        return np.concatenate([dep, np.repeat(dep, counts)]), np.concatenate([vtx, src])
+    return dep, vtx
+
+
+def _measure(trees: InTrees, roots: np.ndarray, m: int, rep: np.ndarray, costs: UnitCosts,
+             cap: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Lines 6 and 10: t_r of caching h^m of each root, V_rep excluded, measured down to where it reaches `cap`.
+
+    Caching h^m_v computes, at each level k < m, the rows of the ball of v (expanded through vertices the
+    worker does not own) and aggregates their in-edges; level 0's rows are inputs (t_x each). A vertex of
+    V_rep costs nothing and is not expanded: what it needs is in V_rep already (V_rep is a union of such
+    balls). Returns per root its cost (exact below `cap`; above, the cost of the levels measured, a lower
+    bound), whether it stayed below `cap`, and its elements (root index, level, vertex): the whole new
+    subtree for those below `cap`, the part measured for the others.
+    """
+    n = trees.num_nodes
+    t_v, t_e = np.asarray(costs.t_v, np.float64), np.asarray(costs.t_e, np.float64)
+    deg = trees.in_degree
+    cost = np.zeros(len(roots))
+    live = np.ones(len(roots), dtype=bool)
+    dep = np.arange(len(roots), dtype=np.int64)
+    vtx = np.asarray(roots, dtype=np.int64)
+    keep = ~rep[m][vtx]
+    dep, vtx = dep[keep], vtx[keep]
+    out_dep, out_lvl, out_vtx = [], [], []
+    for k in range(m, -1, -1):
+        out_dep.append(dep)
+        out_lvl.append(np.full(len(dep), k, dtype=np.int64))
+        out_vtx.append(vtx)
+        if k == 0:
+            cost += np.bincount(dep, minlength=len(roots)) * costs.t_x
+            break
+        cost += np.bincount(dep, weights=t_v[k - 1] + t_e[k - 1] * deg[vtx], minlength=len(roots))
+        live &= cost < cap
+        go = live[dep]  # a root past the cap is not expanded further: it is refused unless V_rep grows into it
+        dep, vtx = _expand(trees, dep[go], vtx[go])
+        keep = ~rep[k - 1][vtx] & ~trees.owned[vtx]
+        key = np.unique(dep[keep] * n + vtx[keep])
+        dep, vtx = key // n, key % n
+    live &= cost < cap
+    return cost, live, np.concatenate(out_dep), np.concatenate(out_lvl), np.concatenate(out_vtx)
+
+
+@dataclass(frozen=True)
+class PaperRun:
+    """One worker's Algorithm 4 over L layers, kept so that every shorter segment from the same start reads its
+    result off it: the algorithm decides layer after layer, so a segment of m layers is its first m layers
+    (the same dependencies, unit costs and budget). rep_when[k, v]: the layer during which v's h^k entered
+    V_rep (L: never); added_rows / added_edges[m, k]: what layer m added at level k; used_after[m]: line 14's
+    size after layer m."""
+
+    rep_when: np.ndarray
+    added_rows: np.ndarray
+    added_edges: np.ndarray
+    used_after: np.ndarray
+    t_v: np.ndarray
+    t_e: np.ndarray
+    t_x: float
+
+    def prefix(self, m: int, layer: np.ndarray, vertex: np.ndarray) -> tuple[np.ndarray, Replicated]:
+        """The cached mask over the dependencies of the first m layers (`layer` < m), and V_rep after them.
+
+        A dependency is cached when its row is in V_rep at its level (line 13 puts a cached dependency's
+        own row there). That includes, beyond the paper's lines, a dependency refused at its layer whose row
+        a later layer's subtree replicated: the worker then holds that row and fetches nothing for it."""
+        layer, vertex = np.asarray(layer, np.int64), np.asarray(vertex, np.int64)
+        cached = self.rep_when[np.minimum(layer, m), vertex] < m if len(layer) else np.zeros(0, dtype=bool)
+        rows = self.added_rows[:m].sum(axis=0)[:m + 1]
+        edges = self.added_edges[:m].sum(axis=0)[:m + 1]
+        time = float(rows[1:] @ self.t_v[:m] + edges[1:] @ self.t_e[:m] + rows[0] * self.t_x) if m else 0.0
+        return cached, Replicated(rows, edges, float(self.used_after[m - 1]) if m else 0.0, time)
+
+
+def paper_run(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: UnitCosts, budget: float,
+              layers: int) -> PaperRun:
+    """Algorithm 4 for one worker, line by line, over `layers` layers (see PaperRun).
+
+    Differences of form, not of result: the queue is popped by sorting (its keys are line 6's measures, which
+    do not change while it is popped); line 10 re-measures only the popped dependencies whose measured subtree
+    V_rep has grown into since (the others' t_r is unchanged), and a run of popped dependencies measured below
+    t_c is cached at once (V_rep only lowers t_r), each charged only for the vertices no earlier one of the run
+    replicated, so the memory test of line 14 sees the same sizes. One liberty: line 6 measures a subtree only
+    until it reaches t_c (a deep one can be the whole graph); a root costing more keeps the lower bound measured
+    as its key, so it is popped after every root below t_c, as by its exact t_r, but among such roots the
+    order is by that bound.
+    """
+    n = trees.num_nodes
+    layer, vertex = np.asarray(layer, np.int64), np.asarray(vertex, np.int64)
+    row_bytes = np.asarray(costs.row_bytes, np.float64)
+    deg = trees.in_degree
+    rep = np.zeros((layers + 1, n), dtype=bool)  # line 2: V_rep, one set per level (rep[k]: rows of h^k)
+    rep_when = np.full((layers + 1, n), layers, dtype=np.int16 if layers < 2**15 else np.int32)
+    added_rows = np.zeros((layers, layers + 1))
+    added_edges = np.zeros((layers, layers + 1))
+    used_after = np.zeros(layers)
+    used = 0.0
+    stopped = False
+    for m in range(layers):  # line 3
+        idx = np.nonzero(layer == m)[0]
+        if stopped or len(idx) == 0:
+            used_after[m] = used
+            continue
+        t_c = float(np.asarray(costs.t_c, np.float64)[m])
+        key, cheap, e_dep, e_lvl, e_vtx = _measure(trees, vertex[idx], m, rep, costs, t_c)  # lines 4-7
+        order = np.lexsort((vertex[idx], key))  # line 9's pops: least t_r first (ties: vertex id)
+        rank = np.empty(len(idx), dtype=np.int64)
+        rank[order] = np.arange(len(idx))
+        stale = np.zeros(len(idx), dtype=bool)
+        elements = (e_dep, e_lvl, e_vtx)
+        pos = 0
+        while pos < len(order):  # line 8
+            j = order[pos]
+            if stale[j]:  # line 10: V_rep grew into what was measured: measure again, every stale one at once
+                again = order[pos:][stale[order[pos:]]]
+                _, now_cheap, d2, l2, v2 = _measure(trees, vertex[idx[again]], m, rep, costs, t_c)
+                cheap[again] = now_cheap
+                stale[again] = False
+                drop = np.isin(elements[0], again)
+                elements = (np.concatenate([elements[0][~drop], again[d2]]), np.concatenate([elements[1][~drop], l2]),
+                            np.concatenate([elements[2][~drop], v2]))
+                continue
+            run_end = pos
+            if cheap[j]:  # lines 11-13: t_r < t_c (strictly), and it only falls as V_rep grows
+                while run_end < len(order) and cheap[order[run_end]] and not stale[order[run_end]]:
+                    run_end += 1
+                run = order[pos:run_end]
+                in_run = np.zeros(len(idx), dtype=bool)
+                in_run[run] = True
+                sel = in_run[elements[0]]
+                d, lv, vx = elements[0][sel], elements[1][sel], elements[2][sel]
+                new = ~rep[lv, vx]
+                d, lv, vx = d[new], lv[new], vx[new]
+                first = np.lexsort((rank[d], lv * n + vx))  # each (level, vertex) charged to its first popper
+                lvx = (lv * n + vx)[first]
+                charged = np.ones(len(first), dtype=bool)
+                charged[1:] = lvx[1:] != lvx[:-1]
+                d, lv, vx = d[first][charged], lv[first][charged], vx[first][charged]
+                nbytes = row_bytes[lv] + np.where(lv > 0, deg[vx] * costs.edge_bytes, 0.0)
+                per_dep = np.bincount(rank[d] - pos, weights=nbytes, minlength=len(run))
+                total = used + np.cumsum(per_dep)
+                over = np.nonzero(total > budget)[0]
+                take = int(over[0]) if len(over) else len(run)
+                taken = np.zeros(len(idx), dtype=bool)
+                taken[run[:take]] = True
+                keep_d = taken[d]
+                lv, vx = lv[keep_d], vx[keep_d]
+                rep[lv, vx] = True  # line 13
+                rep_when[lv, vx] = m
+                added_rows[m] += np.bincount(lv, minlength=layers + 1)
+                added_edges[m] += np.bincount(lv, weights=np.where(lv > 0, deg[vx], 0), minlength=layers + 1)
+                used = float(total[take - 1]) if take else used
+                if take < len(run):  # lines 14-15: the memory would exceed S: drop it, and the algorithm ends
+                    stopped = True
+                    break
+                rest = order[run_end:]
+                if len(lv) and len(rest):  # who measured a vertex V_rep now holds is measured again
+                    hit = rep[elements[1], elements[2]] & ~cheap[elements[0]]
+                    stale[np.unique(elements[0][hit])] = True
+            else:  # t_r >= t_c: communicated (line 16), and the next pop
+                while run_end < len(order) and not cheap[order[run_end]] and not stale[order[run_end]]:
+                    run_end += 1
+            pos = run_end
+        used_after[m] = used
+    return PaperRun(rep_when, added_rows, added_edges, used_after, np.asarray(costs.t_v, np.float64),
+                    np.asarray(costs.t_e, np.float64), float(costs.t_x))
+
+
+def greedy_paper_worker(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: UnitCosts, budget: float,
+                        layers: int) -> tuple[np.ndarray, Replicated]:
+    """Algorithm 4 for one worker over `layers` layers: the cached dependencies (a mask) and V_rep."""
+    return paper_run(trees, layer, vertex, costs, budget, layers).prefix(layers, layer, vertex)
+
+
+def select_paper(deps: Sequence[Dependencies], trees: Sequence[InTrees], costs: UnitCosts, own_time: np.ndarray,
+                 memory_cap: float | Sequence[float], overlap: bool = True,
+                 runs: Sequence[PaperRun] | None = None) -> HybridResult:
+    """Algorithm 4 as written on every worker, and the prediction of its selection: the recomputed rows, edges
+    and inputs are V_rep's (each counted once, as the runtime computes them, gnnc.plan.rows), the memory its
+    bytes. mu (equation 3: 0 < mu <= 1 trims the per-dependency sum to what is computed once; the paper gives
+    no value) is measured: V_rep's recompute time over the per-dependency trees' (`recompute_cost`) of the
+    cached dependencies; `HybridResult.mu` holds it per worker. `runs`: each worker's PaperRun over at least
+    these layers from the same start (the planner runs each start once for all its spans); `trees` then unused.
+    """
+    p = len(deps)
+    caps = np.broadcast_to(np.asarray(memory_cap, np.float64), (p,))
+    masks, reps = [], []
+    for i, dep in enumerate(deps):
+        run = runs[i] if runs is not None else paper_run(trees[i], dep.layer, dep.vertex, costs, float(caps[i]),
+                                                         dep.layers)
+        mask, rep = run.prefix(dep.layers, dep.layer, dep.vertex)
+        masks.append(mask)
+        reps.append(rep)
+    base = predict(deps, costs, own_time, masks, overlap, "greedy")
+    own = np.asarray(own_time, np.float64)
+    layers = own.shape[1]
+    t_v, t_e = np.asarray(costs.t_v, np.float64), np.asarray(costs.t_e, np.float64)
+    rec_rows = np.array([r.rows[1:layers + 1] for r in reps]).reshape(p, layers)
+    rec_edges = np.array([r.edges[1:layers + 1] for r in reps]).reshape(p, layers)
+    replicated = np.array([r.rows[0] for r in reps])
+    rec_t = rec_rows * t_v + rec_edges * t_e
+    rec_t[:, 0] += replicated * costs.t_x
+    comm_t = base.comm_received * np.asarray(costs.t_c, np.float64)
+    layer_times = own + (np.maximum(comm_t, rec_t) if overlap else comm_t + rec_t)
+    per_dep = [float(recompute_cost(dep, costs)[mask].sum()) for dep, mask in zip(deps, masks)]
+    mu = np.array([min(1.0, r.time / s) if s > 0 else 1.0 for r, s in zip(reps, per_dep)])
+    return dataclasses.replace(base, time=float(layer_times.max(axis=0).sum()) if p else 0.0,
+                               layer_times=layer_times, memory=np.array([r.memory for r in reps]),
+                               recompute_rows=rec_rows, recompute_edges=rec_edges, replicated_inputs=replicated,
+                               mu=mu)

@@ -116,7 +116,8 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
         selected = []
         if sd.rows == "selected" and user_cost(s) is None:  # priced with the selections select-hybrid makes
             known = {k[:2]: v for k, v in values.items() if k[2] == "depcache"}
-            selected = select_spans(stats, inputs, shapes, profile.memory_per_worker, spans, known)
+            selected = select_spans(stats, inputs, shapes, profile.memory_per_worker, spans, known, graph=graph,
+                                    parts=parts)
         for n, (start, end) in enumerate(spans):
             key = (start, end, s)
             extra = None
