@@ -16,13 +16,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import sympy
+from sympy.core.operations import AssocOp
 from sympy.functions.elementary.miscellaneous import MinMaxBase
 
 import gnnc
 from conftest import EXAMPLES, random_graph
 from gnnc.ir.expr import as_expr
 from gnnc.passes import choose_strategy
-from gnnc.passes.cost import registry
+from gnnc.passes.cost import epoch, evaluation, neutronstar, registry
 from gnnc.passes.cost.epoch import evaluation_of, forward_stages
 from gnnc.passes.cost.evaluation import table
 from gnnc.passes.cost.symbols import OP_SIDES, R_gemm, R_gemm_e, R_spmm, R_spmm_e, op_time
@@ -74,6 +75,73 @@ def test_the_search_of_a_16_layer_model_builds_no_max(monkeypatch) -> None:
     warm = _search_counts(monkeypatch, model, graph, 8)
     # a formula holds no figure of the graph or the cluster: a second compile builds none
     assert warm["all"] == 0, warm
+
+
+@contextlib.contextmanager
+def counting_sums_and_products() -> Iterator[dict[str, int]]:
+    """Count sympy Add/Mul constructions (what building a formula is made of)."""
+    counts = {"all": 0}
+    original = AssocOp.__new__
+
+    def counted(cls, *args, **kwargs):
+        if cls in (sympy.Add, sympy.Mul):
+            counts["all"] += 1
+        return original(cls, *args, **kwargs)
+
+    AssocOp.__new__ = counted
+    try:
+        yield counts
+    finally:
+        AssocOp.__new__ = original
+
+
+def _clear_formula_caches() -> None:
+    """Forget every formula built (a first compile in a fresh process)."""
+    for module in (registry, neutronstar, evaluation, epoch):
+        for value in vars(module).values():
+            if hasattr(value, "cache_clear"):
+                value.cache_clear()
+
+
+def _sums_built(monkeypatch, model, graph, cold: bool = True) -> dict[str, int]:
+    """Add/Mul ("sums") and Max/Min ("max") constructions inside choose-strategy's search of one compile of
+    `model`: a first one in a fresh process (`cold`), or one after another."""
+    seen: dict[str, int] = {}
+    search = choose_strategy.choose
+
+    def counted(*args, **kwargs):
+        with counting_sums_and_products() as sums, counting_max_min() as maxima:
+            report = search(*args, **kwargs)
+        seen.update(sums=sums["all"], max=maxima["all"])
+        return report
+
+    monkeypatch.setattr(choose_strategy, "choose", counted)
+    if cold:
+        _clear_formula_caches()
+    gnnc.compile(model, graph, workers=4)
+    return seen
+
+
+def test_formulas_built_grow_linearly_in_layers(monkeypatch) -> None:
+    """The search builds each layer's formulas, not each span's: GCNII's L(L+1)/2 DepCache and Hybrid spans from
+    layer 0 built O(L^2) sums (a 64-layer model's compile), its layers O(L). Four times the layers: at most
+    about four times the sums (16 times with a formula per span)."""
+    graph = random_graph(n=300, e=1800, f=16, c=4)
+    small, large = (_sums_built(monkeypatch, gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=n), graph)["sums"]
+                    for n in (6, 24))
+    assert large < 5.5 * small, (small, large)  # measured: 6 layers 6,287 sums, 24 layers 27,152
+
+
+@pytest.mark.slow
+def test_a_64_layer_search_builds_each_layers_formulas_once(monkeypatch) -> None:
+    """The deep case: GCNII x64's 2,080 DepCache and 2,080 Hybrid spans built no sum of their own (some 190,000
+    sums per first compile before), and a second compile builds none but the epoch's few."""
+    graph = random_graph(n=300, e=1800, f=16, c=4)
+    model = gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=64)
+    cold = _sums_built(monkeypatch, model, graph)
+    assert cold["sums"] < 600 * 64, cold
+    warm = _sums_built(monkeypatch, model, graph, cold=False)
+    assert warm["max"] == 0 and warm["sums"] < 2 * 64, warm
 
 
 def _xreplace_evaluation(stages, layers: range):
