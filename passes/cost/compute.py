@@ -14,7 +14,7 @@ from __future__ import annotations
 import sympy
 
 from gnnc.passes.cost.symbols import (b, b_idx, R_gemm, R_spmm, T_copy_b, T_copy_f, d, kernel_factor, op_time,
-                                      rho, LayerShape)
+                                      rho, LayerShape, ZERO)
 
 
 def gemm_time(rows: sympy.Expr, d_in: sympy.Expr, d_out: sympy.Expr, gemms: int = 1) -> sympy.Expr:
@@ -30,8 +30,11 @@ def dense_map_time(layer: int, shape: LayerShape, rows: sympy.Expr, d_in: sympy.
     bag-of-words graph's) as the sparse-dense product they run, rho·d_in nonzeros per row times d_out
     multiply-adds, at the SpMM rate."""
     d_in = d(layer) if d_in is None else d_in
-    dense = (gemm_time(rows, d_in, shape.out_width(layer), shape.gemms - shape.sparse_gemms)
-             * kernel_factor(layer, kernel))
+    out = shape.out_width(layer)
+    dense = gemm_time(rows, d_in, out, shape.gemms - shape.sparse_gemms - shape.square_gemms)
+    if shape.square_gemms:  # an MLP's later maps read the output width
+        dense += gemm_time(rows, out, out, shape.square_gemms)
+    dense *= kernel_factor(layer, kernel)
     if not shape.sparse_gemms:
         return dense
     return dense + shape.sparse_gemms * rows * rho * d_in * shape.out_width(layer) / R_spmm
@@ -58,6 +61,8 @@ def aggregation_time(layer: int, shape: LayerShape, nnz: sympy.Expr, width: symp
     output gradient's row with the source row per edge (as many multiply-adds again: a GAT layer's
     aggregation backward took 2.3x its forward, timed alone on a 16,000-vertex R-MAT graph). A reducer doing more
     per edge than a sum (its ReducerCost.edge: std's sums of m and m*m) takes that many times a sum's."""
+    if shape.hoisted:  # computed once per run (gnnc.passes.hoist), not per epoch
+        return ZERO
     edges = _times(nnz, shape.aggregation.edge)
     if phase != "b":
         return spmm_time(layer, edges, width, phase)
@@ -95,6 +100,12 @@ def layer_ops(layer: int, in_rows: sympy.Expr, out_rows: sympy.Expr, edges: symp
 def copy_time(elements: sympy.Expr, phase: str = "f") -> sympy.Expr:
     """Rows packed and assembled around an exchange (index_select, cat; backward: split, index_add)."""
     return elements * (T_copy_b if phase == "b" else T_copy_f)
+
+
+def per_epoch(shape: LayerShape, exchange: sympy.Expr) -> sympy.Expr:
+    """The time or bytes of exchanging a layer's aggregated value, per epoch: none when the aggregation is hoisted
+    (its input is the graph's: every rank exchanges it in the first step and keeps the rows, gnnc.passes.hoist)."""
+    return ZERO if shape.hoisted else exchange
 
 
 def compute_forward(layer: int, shape: LayerShape, gemm_rows: sympy.Expr, edges: sympy.Expr) -> sympy.Expr:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import sympy
 
 from gnnc.passes.cost.collectives import broadcast_time
-from gnnc.passes.cost.compute import aggregation_time, call_ops, compute_backward, dense_map_time, edge_ops, row_ops
+from gnnc.passes.cost.compute import (aggregation_time, call_ops, compute_backward, dense_map_time, edge_ops,
+                                      per_epoch, row_ops)
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import Max, P, N, V_max, b, b_idx, bw, alpha, V, E, d, LayerShape, Cost, ZERO
 
@@ -37,8 +38,8 @@ def bcast1d(layer: int, shape: LayerShape, staged: bool = True) -> Cost:
     w = shape.width(layer)
     widths = shape.exchanged_widths(layer)  # with attention, its scores are broadcast too
     xw = sympy.Add(*widths)
-    stages = sympy.Add(*(N * x * b / bw + P * sympy.ceiling(sympy.log(P, 2)) * alpha for x in widths))
-    first = sympy.Add(*(broadcast_time(V_max * x * b) for x in widths))
+    stages = per_epoch(shape, sympy.Add(*(N * x * b / bw + P * sympy.ceiling(sympy.log(P, 2)) * alpha for x in widths)))
+    first = per_epoch(shape, sympy.Add(*(broadcast_time(V_max * x * b) for x in widths)))
     rest = stages - first
 
     def window(phase: str) -> sympy.Expr:
@@ -48,7 +49,7 @@ def bcast1d(layer: int, shape: LayerShape, staged: bool = True) -> Cost:
     fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
            + call_ops(layer, "f") + window("f"))
     bwd = compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
-    nbytes = V * xw * (P - 1) * b
+    nbytes = per_epoch(shape, V * xw * (P - 1) * b)
     if shape.exchange_grad:
         bwd += window("b")
         nbytes += (N - V) * xw * b

@@ -18,7 +18,7 @@ from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_to_all_time, all_gather_time, any_moved
 from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_forward, compute_backward,
-                                      layer_memory, call_ops, copy_time, edge_ops, layer_ops, row_ops)
+                                      layer_memory, call_ops, copy_time, edge_ops, layer_ops, per_epoch, row_ops)
 from gnnc.passes.cost.epoch import evaluation_of
 from gnnc.passes.cost.evaluation import CostValue, Overlay, compile_expr, numeric_function, table
 from gnnc.passes.cost.registry import cost_formula
@@ -61,7 +61,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     w = shape.width(layer)
     xw = sympy.Add(*shape.exchanged_widths(layer))  # with attention, its scores' exchange too
     gemm_rows = V
-    exch = sympy.Add(*(all_to_all_time(S * x * b, B * x * b) for x in shape.exchanged_widths(layer)))
+    exch = per_epoch(shape, sympy.Add(*(all_to_all_time(S * x * b, B * x * b) for x in shape.exchanged_widths(layer))))
     gemm = dense_map_time(layer, shape, gemm_rows)
 
     def edge_work(edges: sympy.Expr, phase: str) -> sympy.Expr:
@@ -74,9 +74,9 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
         window = Max(exch, edge_work(E - E_r, "f")) + edge_work(E_r, "f")
     else:
         window = exch + edge_work(E, "f")
-    fwd = gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + copy_time((S + B) * xw, "f") + window
+    fwd = gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + per_epoch(shape, copy_time((S + B) * xw, "f")) + window
     bwd_dense = compute_backward(layer, shape, gemm_rows, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
-    nbytes = S * xw * b
+    nbytes = per_epoch(shape, S * xw * b)
     if shape.exchange_grad:
         bwd = bwd_dense + copy_time((S + B) * xw, "b")
         if overlap:
@@ -304,8 +304,8 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
     rg = (RX if first else recompute_rows(layer - 1)) if shape.gemm_first else rv
     xw = sympy.Add(*shape.exchanged_widths(layer))  # with attention, its scores' exchange too
     # a worker that moves no row at this layer starts no message (its ring posts nothing)
-    exch = sympy.Add(*(all_to_all_time(cs * x * b, cr * x * b, (P - 1) * any_moved(cs + cr))
-                       for x in shape.exchanged_widths(layer)))
+    exch = per_epoch(shape, sympy.Add(*(all_to_all_time(cs * x * b, cr * x * b, (P - 1) * any_moved(cs + cr))
+                                        for x in shape.exchanged_widths(layer))))
 
     def own_edges(edges: sympy.Expr, phase: str) -> sympy.Expr:
         return aggregation_time(layer, shape, edges, w, phase) + edge_ops(layer, edges, phase)
@@ -318,10 +318,10 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
         return Max(exchange, local) if overlap else exchange + local
 
     fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
-           + call_ops(layer, "f") + copy_time((cs + cr) * xw, "f")
+           + call_ops(layer, "f") + per_epoch(shape, copy_time((cs + cr) * xw, "f"))
            + window(exch, own_edges(E - E_r, "f") + recompute("f")) + own_edges(E_r, "f"))
     bwd = compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
-    nbytes = cs * xw * b
+    nbytes = per_epoch(shape, cs * xw * b)
     if shape.exchange_grad:
         bwd += (copy_time((cs + cr) * xw, "b") + window(exch, own_edges(E - E_r, "b") + recompute("b"))
                 + own_edges(E_r, "b"))

@@ -207,6 +207,10 @@ class LayerShape:
     aggregation: what its aggregation's reducer costs beyond a sum's (its ReducerDef's cost, gnnc.ir.reducers):
         per edge at the SpMM rate (`compute.aggregation_time`), its extra state per output row
         (`compute.layer_memory`); its work per output row is an op's (gnnc.passes.cost.ops).
+    square_gemms: how many of the dense maps read the layer's output width rather than its input width (an MLP's
+        later maps, GIN's second Linear: out x out, not d_in x out).
+    hoisted: the aggregation reads only the graph's inputs (gnnc.passes.hoist marks it, and the exchange of its
+        input): it and that exchange run once per run, not per epoch (GIN's first layer sums x's rows).
     """
 
     gemms: int = 1
@@ -216,6 +220,8 @@ class LayerShape:
     input_grad: bool = True
     sparse_gemms: int = 0
     aggregation: ReducerCost = ReducerCost()
+    square_gemms: int = 0
+    hoisted: bool = False
 
     def out_width(self, layer: int) -> sympy.Expr:
         """Width of the dense map's output (heads x d_out when heads are averaged later)."""
@@ -265,10 +271,15 @@ def layer_shape(layer: Layer, needs_grad: set[str], sparse: set[str] = frozenset
     gemm_first = first_linear is not None and (first_agg is None or first_linear < first_agg)
     sparse_gemms = sum(1 for e in layer.eqns if e.op == "linear" and e.ins[0].name in sparse)
     aggregation = ReducerCost() if first_agg is None else reducer(layer.eqns[first_agg].attr("reduce")).cost
+    # a dense map reading a value as wide as the layer's output (an MLP's later maps), not as its input
+    width_in = layer.inputs[0].type.shape[-1] if layer.inputs[0].type is not None else None
+    square = sum(1 for e in layer.eqns if e.op == "linear" and e.ins[0].type is not None and width_in is not None
+                 and e.ins[0].type.shape[-1] != width_in and e.ins[0].type.shape[-1] == e.outs[0].type.shape[-1])
     return LayerShape(gemms=max(1, ops.count("linear")), gemm_first=gemm_first,
                       attention="sddmm" in ops or "edge_softmax" in ops, mean_heads="mean_heads" in ops,
                       input_grad=layer.inputs[0].name in needs_grad, sparse_gemms=sparse_gemms,
-                      aggregation=aggregation)
+                      aggregation=aggregation, square_gemms=square,
+                      hoisted=first_agg is not None and bool(layer.eqns[first_agg].attr("hoisted")))
 
 
 @dataclass(frozen=True)
