@@ -328,6 +328,11 @@ def _overwritable(x: torch.Tensor) -> bool:
         return False
     if not torch.is_grad_enabled():
         return True
+    if x.requires_grad:
+        # autograd turns a write over a view into CopySlices, whose backward clones the base's whole gradient and
+        # copies the view's part into it: two or three base-sized tensors at the backward's peak where a new
+        # result costs one while the forward passes (GAT's concat of its heads: +2 [vertices, width] at the peak)
+        return False
     # torch's own rule, through a private accessor (in the pinned 2.13; not a public API): a torch without
     # it gets no in-place write over a view, the same values through a new tensor
     creation_meta = getattr(torch._C._autograd, "_get_creation_meta", None)

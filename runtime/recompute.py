@@ -2,8 +2,8 @@
 
 Why: between the passes a layer keeps what its backward reads (its aggregated rows, GAT's z and scores, an
 activation's result), a few [vertices, width] tensors per layer. Under torch.utils.checkpoint (use_reentrant=False)
-a graph layer, with the dense layers before it, keeps nothing but its inputs (which the layer before produced, or
-the graph's features), and its backward first runs its forward again, keeping for that layer alone what it keeps without recomputation: one layer's
+a graph layer, with the dense layers after it (`regions`), keeps nothing but its inputs (which the region before
+produced, or the graph's features), and its backward first runs its forward again, keeping for that layer alone what it keeps without recomputation: one layer's
 worth at a time instead of every layer's, for one more forward pass per step.
 
 The recomputation computes the same values: dropout's masks are keyed by (seed, epoch, op, global id)
@@ -25,17 +25,18 @@ from gnnc.ir import Layer
 
 
 def regions(layers: Sequence[Layer]) -> list[tuple[Layer, ...]]:
-    """The layers in the runs one checkpoint each takes: a graph layer with the dense layers before it (back to the
-    previous graph layer: the dropout of its input is then recomputed with it, not kept as its input); dense
-    layers after the last graph layer (the loss) alone."""
+    """The layers in the runs one checkpoint each takes: a graph layer with the dense layers after it, up to the next
+    graph layer (and the first with those before it). A region's input is then what a graph layer's first product
+    reads anyway (the previous region's activation and dropout, written over the aggregation as without
+    recomputation), and the first region's the graph's features: a dropout of them is recomputed, not kept."""
     out: list[tuple[Layer, ...]] = []
-    pending: list[Layer] = []
+    current: list[Layer] = []
     for layer in layers:
-        pending.append(layer)
-        if layer.kind == "graph":
-            out.append(tuple(pending))
-            pending = []
-    return out + [(layer,) for layer in pending]
+        if layer.kind == "graph" and any(x.kind == "graph" for x in current):
+            out.append(tuple(current))
+            current = []
+        current.append(layer)
+    return out + [tuple(current)] if current else out
 
 
 def run_recomputed(interp: Any, layers: tuple[Layer, ...], env: dict[str, torch.Tensor],

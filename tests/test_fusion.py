@@ -169,7 +169,8 @@ def test_no_chain_runs_at_16_bits_or_off_the_cpu(where: str, graph, monkeypatch:
 def test_a_head_shaped_aggregation_is_overwritten_within_autograd(graph, monkeypatch: pytest.MonkeyPatch) -> None:
     """GATv2's aggregation runs as the SpMM kernel (its scores are not GAT's dots), whose result has heads: a
     tensor of its own (not a view made inside the custom Function, which torch forbids writing over and
-    gnnc's first GATv2 run crashed on), so the concat's bias still writes over it."""
+    gnnc's first GATv2 run crashed on). The concat's bias does not write over that view in training: autograd's
+    CopySlices would clone the whole gradient of its base in the backward (fusion._overwritable)."""
     source = (EXAMPLES / "gat.gnn").read_text().replace(
         "transform z = linear(h, heads, out, bias = false)           # [heads, out]\n"
         "  scatter   e = leaky_relu(dot(src.z) + dot(dst.z), slope)",
@@ -182,4 +183,5 @@ def test_a_head_shaped_aggregation_is_overwritten_within_autograd(graph, monkeyp
     check = fusion._overwritable
     monkeypatch.setattr(fusion, "_overwritable", lambda x: written.append(check(x)) or written[-1])
     _step(program, graph, True, torch.float32)
-    assert written == [True, True, True]  # the first layer's bias over the SpMM's result, the elu-dropout, the second
+    assert written == [False, True, True]  # the first layer's bias beside the concat's view, the elu-dropout, the
+    # second layer's bias over its SpMM's result
