@@ -512,8 +512,10 @@ def _check_extra(extra: dict[str, Any], epoch: int, path: Path) -> None:
         raise CheckpointError(f"checkpoint {path}: its history must be a list of epoch records, got "
                               f"{type(history).__name__}")
     for i, rec in enumerate(history):
-        if not (isinstance(rec, dict) and all(isinstance(k, str) and _number(v) for k, v in rec.items())
-                and all(k in rec for k in HISTORY_FIELDS)):
+        # numbers, and flags (`evaluated`: whether --eval-every evaluated that epoch)
+        if not (isinstance(rec, dict) and all(isinstance(k, str) and (_number(v) or isinstance(v, bool))
+                                              for k, v in rec.items())
+                and all(k in rec and _number(rec[k]) for k in HISTORY_FIELDS)):
             raise CheckpointError(f"checkpoint {path}: history record {i} must map {', '.join(HISTORY_FIELDS)} "
                                   f"to numbers, got {str(rec)[:80]}")
         if not isinstance(rec["epoch"], int) or not 0 <= rec["epoch"] <= epoch:
