@@ -88,14 +88,14 @@ class GridCase:
 
     @property
     def graph_spec(self) -> str:
-        return GRAPHS[self.graph].format(f=WIDTHS[self.widths][0])
+        return {**GRAPHS, **EXTENDED_GRAPHS}[self.graph].format(f={**WIDTHS, **EXTENDED_WIDTHS}[self.widths][0])
 
     @property
     def sets(self) -> dict[str, str]:
-        hidden = WIDTHS[self.widths][1]
+        hidden = {**WIDTHS, **EXTENDED_WIDTHS}[self.widths][1]
         if self.model == "gat":  # GAT's hidden is per head: 8 heads, hidden/8 each, as examples/gat.gnn
             return {"hidden": str(hidden // 8), "heads": "8"}
-        return {"hidden": str(hidden)}
+        return {"hidden": str(hidden), **extended_sets(self.model)}
 
 
 def _every_bandwidth(graph: str, widths: str, model: str, workers: int) -> list[GridCase]:
@@ -107,6 +107,35 @@ CASES = [c for base in (("rmat", "F>H", "gcn", 2), ("rmat", "F<H", "sage", 4), (
                         ("sbm", "F<H", "gcn", 2), ("cora", "F>H", "sage", 2), ("cora", "F>H", "gcn", 4),
                         ("rmat", "F<H", "gat", 2), ("sbm", "F>H", "sage", 2))
          for c in _every_bandwidth(*base)]
+# The extended grid (issue 36 item 5): the models, graph shapes and width ratios the cost model's rates were not
+# fitted on. GIN (two dense maps after a sum aggregation of the input features, hoisted), a 4-layer GCNII, and two
+# graph shapes beside the grid's: a denser R-MAT (fewer vertices, three times the degree) and a sparse SBM with
+# strong communities (twice the vertices, degree 4); widths 16x apart both ways.
+EXTENDED_GRAPHS = {
+    "rmat-dense": "rmat:n=8000,deg=24,features={f},classes=8,seed=1",
+    "sbm-sparse": "sbm:n=32000,blocks=16,deg=4,intra=0.9,features={f},classes=8,seed=1",
+}
+EXTENDED_WIDTHS = {"F>>H": (512, 32), "F<<H": (32, 512)}
+EXTENDED_MODELS = {"gcnii": {"layers": "4"}}  # the example's other settings as written
+
+
+def extended_sets(model: str) -> dict[str, str]:
+    """`--set`s of an extended-grid model beside its hidden width (GCNII's layer count)."""
+    return dict(EXTENDED_MODELS.get(model, {}))
+
+
+def extended_cases() -> list[GridCase]:
+    """8 base cases at 3 bandwidths (24): GIN and GCNII x4 on the grid's graphs and the two new shapes, both
+    width orders, 2 and 4 workers. Judged by the same summary line as the grid's."""
+    bases = (("rmat-dense", "F>>H", "gin", 2), ("sbm-sparse", "F>>H", "gin", 4), ("cora", "F>H", "gin", 4),
+             ("rmat", "F<<H", "gin", 2), ("rmat-dense", "F>H", "gcnii", 4), ("sbm-sparse", "F<<H", "gcnii", 2),
+             ("cora", "F>H", "gcnii", 2), ("sbm", "F>>H", "gcnii", 4))
+    return [c for base in bases for c in _every_bandwidth(*base)]
+
+
+# the extended grid's first check (a few minutes): GIN at both link speeds the issue measured it on
+EXTENDED_SMOKE = [GridCase("rmat-dense", "F>>H", "gin", 2, BANDWIDTHS[0]),
+                  GridCase("rmat-dense", "F>>H", "gin", 2, BANDWIDTHS[2])]
 SMOKE = [GridCase("rmat", "F>H", "gcn", 2, BANDWIDTHS[0]), GridCase("rmat", "F>H", "gcn", 2, BANDWIDTHS[2]),
          GridCase("cora", "F>H", "sage", 2, BANDWIDTHS[1])]
 
@@ -393,6 +422,12 @@ def _loadavg() -> str:
         return "unknown"
 
 
+def _chosen_cases(smoke: bool, extended: bool) -> list[GridCase]:
+    if extended:
+        return EXTENDED_SMOKE if smoke else extended_cases()
+    return SMOKE if smoke else CASES
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help=f"{len(SMOKE)} cases instead of {len(CASES)}")
@@ -402,15 +437,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", metavar="FILE.md",
                     help="the report (default: benchmarks/RESULTS-planner.md for the grid; none for --smoke)")
     ap.add_argument("--json", metavar="FILE.jsonl", help="also write every run as one JSON line")
+    ap.add_argument("--extended", action="store_true",
+                    help=f"the extended grid instead ({len(extended_cases())} cases: GIN, GCNII x4, two more graph "
+                         f"shapes; with --smoke {len(EXTENDED_SMOKE)} GIN cases)")
     args = ap.parse_args(argv)
     if refuse_without_requirements():
         return 2
-    cases = SMOKE if args.smoke else CASES
-    results = Path(args.results) if args.results else (None if args.smoke else ROOT / "benchmarks" /
-                                                        "RESULTS-planner.md")
+    cases = _chosen_cases(args.smoke, args.extended)
+    results = Path(args.results) if args.results else (None if args.smoke else ROOT / "benchmarks" / (
+        "RESULTS-planner-extended.md" if args.extended else "RESULTS-planner.md"))
     load_before, t0 = _loadavg(), time.monotonic()
     rows, profiles = run_grid(cases, args.epochs, log=lambda line: print(line, flush=True), passes=args.passes)
-    meta = {"command": "python benchmarks/cluster/grid.py" + (" --smoke" if args.smoke else ""),
+    meta = {"command": "python benchmarks/cluster/grid.py" + (" --extended" if args.extended else "")
+            + (" --smoke" if args.smoke else ""),
             "cases": len(cases), "epochs": args.epochs, "passes": args.passes, "wall_s": time.monotonic() - t0,
             "cpus": len(os.sched_getaffinity(0)), "load_before": load_before, "load_after": _loadavg()}
     if args.json:
