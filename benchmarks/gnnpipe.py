@@ -122,9 +122,11 @@ def ablation_passes(options: str, groups: int) -> str:
 def ablation(args, common: list[str]) -> dict:
     """Every ABLATION row trained for `args.epochs` on `args.nproc` processes, and the exact run."""
     rows = []
-    single, _ = run(common, args.epochs)
+    single, _ = run(common, args.epochs) if not args.rows else ({}, [])
     print(f"exact, one process: test accuracy {single.get('test_acc')}", flush=True)
-    for name, options, groups in ABLATION:
+    for k, (name, options, groups) in enumerate(ABLATION):
+        if args.rows and k not in args.rows:
+            continue
         with tempfile.TemporaryDirectory() as d:
             plan = Path(d) / "plan"
             c = subprocess.run([sys.executable, "-m", "gnnc", "compile", *common, "--workers", str(args.nproc),
@@ -153,6 +155,8 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--ablation", action="store_true", help="GNNPipe's tricks off one at a time (module docstring)")
+    ap.add_argument("--rows", type=lambda t: [int(x) for x in t.split(",")], default=[],
+                    help="with --ablation: only these rows of ABLATION (0-based, comma-separated), no exact run")
     add_device_argument(ap)
     args = ap.parse_args()
     device = resolve_device_or_exit(args.device)  # cuda: each process takes its own GPU (NCCL)

@@ -45,9 +45,8 @@ every vertex's boundary row into each stage after the first (its width the
 boundary values side by side), and its gradient back where it has one;
 `history`, the chunk rows a member fetches from its group peers in each
 history layer (G > 1; the out-of-chunk rows come from the history and cost
-nothing), and their gradients back, plus, when chunks update the history
-(`history_update=chunk`), the chunk rows it hands its peers' histories as the
-chunk passes (forward only); `allreduce`, each group's all-reduce of
+nothing), and their gradients back, plus the chunk rows it hands its peers'
+histories as the chunk passes (forward only); `allreduce`, each group's all-reduce of
 its stage's weights, 2 (G-1) x their size (nothing with one worker per
 stage). A history refresh, once every alpha epochs, sends the boundary rows
 forward once more and fetches, per history layer, the peer rows of the
@@ -159,9 +158,7 @@ def predict_pipeline(program: Program, graph, parts: np.ndarray) -> tuple[Progra
                 moved = rows[layer.edges]
                 w = _width(e.ins[0].type.shape, config) * PIPELINE_ELEMENT_BYTES
                 grads = int(moved.received.sum()) * w
-                # the rows a passing chunk hands its peers' histories move only when chunks update the history
-                handed = int(moved.later_received.sum()) * w if sched.history_update == "chunk" else 0
-                fwd = grads + handed
+                fwd = grads + int(moved.later_received.sum()) * w
                 bwd = grads if e.ins[0].name in needs_grad else 0
                 step["history"] += fwd + bwd
                 refresh["history"] += int(moved.refresh.sum()) * w

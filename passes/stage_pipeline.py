@@ -7,9 +7,10 @@ consecutive layers balanced by predicted cost, K = 4 x stages METIS chunks
 (`chunks=K` overrides), groups of G workers per stage running it
 graph-parallel (`pipeline_groups=G`: the planner's choice, else the user's,
 else one worker per stage when there are enough graph layers), and the
-history refreshed every `history_every` epochs (GNNPipe's alpha, 23), fixed
-between refreshes as GNNPipe publishes it (`history_update=refresh`) or
-updated by each chunk as it passes (`history_update=chunk`). The
+history refreshed every `history_every` epochs (GNNPipe's alpha, 23); the
+neighbours no chunk has processed yet in an epoch are read from the last
+refresh as GNNPipe publishes it (`history_update=refresh`) or from the
+previous epoch (`history_update=chunk`). The
 annotations are gnnc.plan.pipeline's; the chunking (the plan's partition)
 and the priced choice go to `ctx.results.pipeline`. Any other program
 passes unchanged.
@@ -35,9 +36,9 @@ class StagePipelineOptions:
     chunks: int = option(0, "chunks of vertices (0: GNNPipe's 4 x stages)")
     history_every: int = option(plan_pipeline.HISTORY_EVERY, "epochs between refreshes of the history "
                                                               "(GNNPipe's alpha)")
-    history_update: str = option(plan_pipeline.HISTORY_UPDATE, "refresh: the history stays fixed between refreshes "
-                                                                "(GNNPipe's trick 3); chunk: each chunk's rows "
-                                                                "update it as the chunk passes")
+    history_update: str = option(plan_pipeline.HISTORY_UPDATE, "where neighbours no chunk has processed this "
+                                                                "epoch are read: refresh, the last refresh "
+                                                                "(GNNPipe's trick 3); chunk, the previous epoch")
     shuffle_chunks: bool = option(True, "a new chunk order every epoch (GNNPipe's trick 1; false to measure it)")
 
 

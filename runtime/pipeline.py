@@ -13,13 +13,14 @@ A rank is member g of stage s (gnnc.plan.pipeline). Each epoch:
    same way. A `history` op gives a layer the chunk's current rows (its own,
    and with G > 1 its group peers', exchanged with their gradients) and,
    for every other neighbour, the history row, detached: historical
-   embeddings carry no gradient (GNNPipe's trick 2). The history stays as
-   the last refresh left it (GNNPipe's trick 3, `history_update=refresh`,
-   the default): every epoch of a window of alpha reads the same rows. With
-   `history_update=chunk` a chunk's rows overwrite the history as it passes,
-   so later chunks of the epoch read them (with G > 1 a member also hands
-   the peers its chunk rows they read from their history elsewhere: a
-   group's history follows the chunks as one worker's);
+   embeddings carry no gradient (GNNPipe's trick 2). As a chunk passes, its
+   rows overwrite the history, so later chunks of the epoch read them current
+   (GNNPipe's Algorithm 1; with G > 1 a member also hands the peers its chunk
+   rows they read from their history elsewhere: a group's history follows
+   the chunks as one worker's). The rows not yet processed in an epoch come
+   from the last refresh (GNNPipe's trick 3, `history_update=refresh`, the
+   default: each epoch starts from the refresh's history); with
+   `history_update=chunk` from the previous epoch (its most recent rows);
 3. one optimizer step: with G > 1 the group first sums its stage's weight
    gradients; stages share no weight, so nothing else is reduced.
 
@@ -113,6 +114,7 @@ class PipelineWorker(Worker):
         # refuses the ops that keep one (stage-pipeline: statistics over every vertex cannot run chunk by chunk)
         self.state: dict[str, torch.Tensor] = {}
         self.history: dict[str, torch.Tensor] = {}  # value name -> [N, width], by global id
+        self.snapshot: dict[str, torch.Tensor] = {}  # the last refresh's history (history_update=refresh)
         self.refreshed: int | None = None  # the epoch of this process's last refresh
         self.last_bubble: dict[str, float] = {}
         self._reducer: comm.GradAllReduce | None = None
@@ -175,25 +177,21 @@ class PipelineWorker(Worker):
 
     @implements_exchange("history")
     def _history_chunk(self, e: Eqn, layer: Layer, k: int, x: torch.Tensor, stats: comm.CommStats) -> torch.Tensor:
-        """Chunk k's rows of the value, then its peers' (current), then the history's (no gradient).
-
-        The published history (`history_update=refresh`) is only read here; with `chunk` the chunk's rows
-        (and its peers') overwrite it as the chunk passes."""
+        """Chunk k's rows of the value, then its peers' (current), then the history's (no gradient)."""
         chunk = self.data.structures[layer.edges].chunks[k]
         hist = self._history_of(e.ins[0].name)
-        update = self.sched.history_update == "chunk"
         a, b = self._rows(k)
         parts = [x]
         if chunk.halo is not None:
             peer = comm.halo_exchange(x, chunk.halo, stats, label=layer.name, group=self.group)
+            hist[chunk.ext_ids[:chunk.n_peer]] = peer.detach()
             parts.append(peer)
-            if update:
-                hist[chunk.ext_ids[:chunk.n_peer]] = peer.detach()
-                with torch.no_grad():  # the chunk's rows the peers read from their history later, current now
-                    hist[chunk.later_ids] = comm.halo_exchange(x.detach(), chunk.later, stats, label=layer.name,
-                                                               group=self.group)
-        if update:
-            hist[self.ids[a:b]] = x.detach()  # as the chunk passes, later chunks read its current rows
+            with torch.no_grad():  # the chunk's rows the peers read from their history later, current now
+                hist[chunk.later_ids] = comm.halo_exchange(x.detach(), chunk.later, stats, label=layer.name,
+                                                           group=self.group)
+        # GNNPipe's Algorithm 1 (line 15): a neighbour processed this epoch is read current, so as the chunk
+        # passes its rows overwrite the history for the chunks after it
+        hist[self.ids[a:b]] = x.detach()
         parts.append(hist[chunk.ext_ids[chunk.n_peer:]])
         return torch.cat(parts, dim=0)
 
@@ -254,10 +252,22 @@ class PipelineWorker(Worker):
         return torch.cat([env[v.name].reshape(env[v.name].shape[0], -1) for v in self.send_values], dim=1)
 
     def refresh(self, params, epoch: int) -> None:
-        """GNNPipe's history refresh: the epoch's full pass (dropout on, no gradient) into the history."""
+        """GNNPipe's history refresh: the epoch's full pass (dropout on, no gradient) into the history, kept
+        as the window's rows (`self.snapshot`)."""
         with torch.no_grad():
             self._full_pass(params, self.context(True, epoch), self.stats, self.history, "refresh")
         self.refreshed = epoch
+        self.snapshot = {name: rows.clone() for name, rows in self.history.items()}
+
+    def begin_epoch(self, params, epoch: int) -> None:
+        """A refresh when due; then, with the published history (`history_update=refresh`, GNNPipe's trick 3),
+        the history the chunks start from is the refresh's, whatever the chunks wrote into it last epoch: the
+        neighbours not yet processed read the same rows every epoch of the window. With `chunk` they read
+        what the last epoch left (its most recent rows)."""
+        if refresh_due(epoch, self.sched.history_every, self.refreshed):
+            self.refresh(params, epoch)
+        elif self.sched.history_update == "refresh":
+            self.history = {name: rows.clone() for name, rows in self.snapshot.items()}
 
     def train_epoch(self, params, opt: torch.optim.Optimizer, epoch: int,
                     scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
@@ -265,8 +275,7 @@ class PipelineWorker(Worker):
         if scaler is not None:
             raise AssertionError("the pipeline runs in fp32 (predict-bytes refuses 16 bits with it)")
         opt.zero_grad(set_to_none=True)
-        if refresh_due(epoch, self.sched.history_every, self.refreshed):
-            self.refresh(params, epoch)
+        self.begin_epoch(params, epoch)
         loss = self.pipelined_step(params, epoch)
         self.reduce_grads(params)
         optimizer_step(self, params, opt)
@@ -392,15 +401,23 @@ def pipeline_worker(cfg: DistConfig, job: DistJob) -> PipelineWorker:
     return PipelineWorker(cfg, job)
 
 
-def one_step(cfg: DistConfig, job: DistJob, epoch: int = 0) -> dict[str, Any] | None:
-    """A refresh in epoch 0 and one pipelined step in `epoch` (no optimizer step): rank 0 gets the logits of
-    the step's forward pass in global order (the last stage's), the summed loss, every parameter's
+def one_step(cfg: DistConfig, job: DistJob, epoch: int = 0, before: tuple[int, ...] = ()) -> dict[str, Any] | None:
+    """A refresh in epoch 0 and one pipelined step in `epoch` (no optimizer step), after the steps of the
+    epochs `before` (each started as training starts an epoch, their gradients dropped): rank 0 gets the
+    logits of the step's forward pass in global order (the last stage's), the summed loss, every parameter's
     gradient and the bytes by "label/op/direction" summed over ranks, of the step and of the refresh.
     Tests compare it with one process."""
     w = PipelineWorker(cfg, job)
     params = init_params(w.program, job.train.seed, w.device)
     w.refresh(params, 0)
     refreshed = {"/".join(key): c.bytes for key, c in w.stats.counts.items()}
+    for earlier in before:
+        w.begin_epoch(params, earlier)
+        w.pipelined_step(params, earlier)
+        for p in params.values():
+            p.grad = None
+    if before:
+        w.begin_epoch(params, epoch)
     w.stats.reset()
     captured: dict[int, torch.Tensor] = {}
     loss = w.pipelined_step(params, epoch, captured)
@@ -426,7 +443,9 @@ def one_step(cfg: DistConfig, job: DistJob, epoch: int = 0) -> dict[str, Any] | 
     return {"logits": gathered, "loss": float(total[0]), "grads": grads, "bytes": sent, "refresh_bytes": refresh}
 
 
-def one_step_each(cfg: DistConfig, jobs: list[DistJob], epochs: list[int]) -> list[dict[str, Any] | None]:
-    """`one_step` for several jobs (job i's step in `epochs[i]`) in one launch: starting processes is the
-    expensive part."""
-    return [one_step(cfg, job, epoch) for job, epoch in zip(jobs, epochs)]
+def one_step_each(cfg: DistConfig, jobs: list[DistJob], epochs: list[int | tuple[int, ...]]) -> \
+        list[dict[str, Any] | None]:
+    """`one_step` for several jobs (job i's step in `epochs[i]`; a tuple: the steps of those epochs in turn,
+    the last one's reported) in one launch: starting processes is the expensive part."""
+    return [one_step(cfg, job, e[-1], tuple(e[:-1])) if isinstance(e, tuple) else one_step(cfg, job, e)
+            for job, e in zip(jobs, epochs)]

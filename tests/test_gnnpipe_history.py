@@ -1,11 +1,11 @@
-"""GNNPipe's history as published (its trick 3) is the default; the per-chunk update is a named setting.
+"""GNNPipe's history as published (its trick 3) is the default; the previous epoch's rows are a named setting.
 
-GNNPipe (section 3.2.4) fixes the historical embeddings between refreshes every alpha epochs: consecutive
-epochs read the same rows. gnnc used to overwrite the history with each chunk's rows as the chunk passed (with
-groups of G > 1, handing the peers those rows: extra bytes). Now `stage-pipeline{history_update=refresh}` (the
-default) keeps the history fixed and `history_update=chunk` is the old behaviour; the plan records which, the
-prediction counts the handed rows only under `chunk`, and `shuffle_chunks=false` turns trick 1 off to measure
-it. tests/test_pipeline.py runs both settings on 2 and 4 ranks against a one-process reference.
+GNNPipe (section 3.2.4) reads the neighbours a chunk needs but no chunk has processed yet this epoch from the
+embeddings of epoch alpha*floor((t-1)/alpha): every epoch of a window of alpha starts from the same rows (those
+processed this epoch are read current, its Algorithm 1). gnnc used to start each epoch from what the previous
+epoch's chunks left. Now `stage-pipeline{history_update=refresh}` (the default) starts every epoch from the last
+refresh and `history_update=chunk` is the old behaviour; the plan records which, and `shuffle_chunks=false`
+turns trick 1 off to measure it.
 """
 from __future__ import annotations
 
@@ -39,16 +39,38 @@ def test_published_history_is_the_default_and_the_plan_records_the_setting() -> 
     assert "chunk_history=false" in str(published.program) and "chunk_history=true" in str(per_chunk.program)
 
 
-def test_only_the_per_chunk_update_hands_rows_to_the_peers() -> None:
-    """With groups of 2 a passing chunk hands its peers the rows they read from their history elsewhere
-    (the `later` exchange); the published history moves nothing between refreshes, so the step's history
-    bytes are only the chunks' peer rows and their gradients."""
+def test_both_settings_move_the_same_bytes() -> None:
+    """Processed neighbours are read current in both (GNNPipe's Algorithm 1: with groups of 2 a passing chunk
+    hands its peers its rows); the settings differ only in where an epoch's history starts."""
     published, per_chunk = _compile(""), _compile("history_update=chunk")
-    fixed, handed = published.meta.predicted_bytes_per_step, per_chunk.meta.predicted_bytes_per_step
-    assert fixed["pipe"] == handed["pipe"] and fixed["allreduce"] == handed["allreduce"]
-    assert 0 < fixed["history"] < handed["history"]
+    assert published.meta.predicted_bytes_per_step == per_chunk.meta.predicted_bytes_per_step
     assert published.meta.pipeline["refresh_bytes"] == per_chunk.meta.pipeline["refresh_bytes"]
-    assert published.meta.pipeline["predicted"]["bytes"] < per_chunk.meta.pipeline["predicted"]["bytes"]
+
+
+@pytest.mark.parametrize("update", ["refresh", "chunk"])
+def test_an_epoch_after_the_refresh_starts_from_it_only_when_published(update: str, tmp_path) -> None:
+    """Refresh in epoch 0, a step in epoch 1, then the step of epoch 2, on 2 ranks. Published (trick 3), epoch
+    2's chunks start from the refresh's history, as epoch 1's did: its step is the one-process reference that
+    starts from the refresh (test_pipeline.pipelined_reference). Per chunk, epoch 2 starts from what epoch 1's
+    chunks left: another step. Before the setting gnnc always did the latter."""
+    import numpy as np
+    from test_pipeline import SEED, pipelined_reference, rel
+
+    from gnnc.runtime.distributed import DistJob
+    from gnnc.runtime.launch import launch
+    from gnnc.runtime.pipeline import one_step_each
+    from gnnc.runtime.train import TrainConfig
+
+    model = api.load_model(EXAMPLES / "gcnii.gnn", layers=4)
+    passes = [*DEFAULT_PIPELINE, "choose-strategy{strategy=pipeline}", "assign-strategy", "select-hybrid",
+              f"stage-pipeline{{history_update={update}}}", "insert-comm", "predict-bytes"]
+    plan = api.compile(model, GRAPH, workers=2, passes=passes, approximate=True)
+    shards = plan.write_shards(tmp_path / "plan")
+    job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
+    got = launch(one_step_each, 2, [job], [(1, 2)])[0][0]
+    chunk_of = np.asarray(plan.parts) // schedule_of(plan.program).groups
+    logits, loss, _ = pipelined_reference(plan.program, GRAPH, chunk_of, 2)
+    assert (rel(got["logits"], logits) < 1e-5) == (update == "refresh"), rel(got["logits"], logits)
 
 
 def test_unknown_history_update_is_refused_naming_the_choices() -> None:

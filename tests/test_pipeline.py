@@ -2,13 +2,13 @@
 
 What it promises (gnnc.runtime.pipeline): in a training step a chunk's
 layer reads its chunk's current rows and, for every other neighbour, the
-history, detached. The history stays as the refresh left it (GNNPipe's
-published trick 3, the default); with `history_update=chunk` the rows of a
-chunk replace theirs in the history as it passes. Right after a refresh the history holds every row's current value,
+history, detached; as the chunk passes, its rows replace theirs in the
+history. Right after a refresh the history holds every row's current value,
 so the step's logits and loss are the single-process ones, and its
 gradients are those of one process in which each chunk's loss sees the rows
 outside the chunk as constants; one epoch later (other dropout masks) the
-history is stale (with `chunk`, until the chunks pass). `pipelined_reference` computes all
+history is stale until the chunks pass (tests/test_gnnpipe_history.py: where
+a later epoch starts from, GNNPipe's trick 3). `pipelined_reference` computes all
 that in one process, chunk by chunk in the epoch's order; with one chunk it
 is the exact step. One launch per world size runs every case (4 workers:
 four stages of one, and two stages of groups of 2, graph-parallel inside a
@@ -41,10 +41,9 @@ GRAPH = random_graph(n=90, e=420, f=10, c=4, seed=11)
 # (the history is refreshed in epoch 0)[, history_update (default: the published "refresh")])
 CASES = {
     2: [("gcnii", {"layers": 4}, 1, 0, 0), ("gcnii", {"layers": 4}, 0, 0, 0), ("gcnii", {"layers": 4}, 0, 0, 1),
-        ("gcn", {}, 0, 0, 1), ("gat", {}, 0, 0, 1), ("gcnii", {"layers": 4}, 0, 0, 1, "chunk")],
+        ("gcn", {}, 0, 0, 1), ("gat", {}, 0, 0, 1)],
     4: [("gcnii", {"layers": 4}, 1, 0, 0), ("gcnii", {"layers": 4}, 0, 0, 0), ("gcnii", {"layers": 4}, 0, 2, 1),
-        ("gcn", {}, 0, 2, 1), ("gat", {}, 0, 2, 1), ("sage", {}, 0, 2, 0),
-        ("gcnii", {"layers": 4}, 0, 2, 1, "chunk"), ("gcn", {}, 0, 0, 1, "chunk")],
+        ("gcn", {}, 0, 2, 1), ("gat", {}, 0, 2, 1), ("sage", {}, 0, 2, 0)],
 }
 
 
@@ -60,13 +59,11 @@ def compile_pipeline(name: str, params: dict, world: int, chunks: int = 0, group
 class _History:
     """`ctx.comm` of one process running a pipeline's program. Recording (`chunk` None): a `history` op
     returns its value and keeps it, detached, as the value's history. In a chunk: the value's rows in
-    the chunk, the history elsewhere; then, with `update` (history_update=chunk), the chunk's rows replace
-    theirs in the history."""
+    the chunk, the history elsewhere; then the chunk's rows replace theirs in the history."""
 
-    def __init__(self, update: bool = False) -> None:
+    def __init__(self) -> None:
         self.chunk: torch.Tensor | None = None
         self.rows: dict[str, torch.Tensor] = {}
-        self.update = update
 
     def exchange(self, op: str, x: torch.Tensor, e) -> torch.Tensor:
         assert op == "history"
@@ -76,8 +73,7 @@ class _History:
             return x
         mask = self.chunk.view(-1, *[1] * (x.dim() - 1))
         out = torch.where(mask, x, self.rows[name])
-        if self.update:
-            self.rows[name] = torch.where(mask, x.detach(), self.rows[name])
+        self.rows[name] = torch.where(mask, x.detach(), self.rows[name])
         return out
 
 
@@ -93,7 +89,7 @@ def pipelined_reference(program, graph, chunk_of: np.ndarray, epoch: int):
     its order, each chunk's loss backward with the rows outside it read from the history. Returns the
     step's logits, loss and gradients."""
     params = init_params(program, SEED)
-    history = _History(update=schedule_of(program).history_update == "chunk")
+    history = _History()
     inputs = graph_inputs(graph)
     with torch.no_grad():
         forward(Interpreter(program), params, inputs, _context(program, graph, 0, history))

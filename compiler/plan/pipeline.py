@@ -13,9 +13,9 @@ The annotations (IR attributes, written by `annotate`, read by `schedule_of`):
 * every graph layer: `chunks=K`, `groups=G` (workers per stage, running the
   stage graph-parallel), `history_every=alpha` (epochs between refreshes),
   `chunk_history=true|false` (the setting history_update, HISTORY_UPDATES:
-  false for "refresh", the history fixed between refreshes, GNNPipe's trick
-  3 as published; true for "chunk", each chunk's rows written into it as it
-  passes) and `shuffle_chunks=true|false` (GNNPipe's trick 1: a new chunk
+  false for "refresh", the rows not yet processed read from the last
+  refresh, GNNPipe's trick 3 as published; true for "chunk", from the
+  previous epoch) and `shuffle_chunks=true|false` (GNNPipe's trick 1: a new chunk
   order every epoch; false only to measure the trick);
 * the first layer of every stage s >= 1: `pipe_grad=true|false`, whether
   the values it receives carry a gradient back (some depend on a parameter).
@@ -49,12 +49,14 @@ from gnnc.plan.halo import HaloPlan
 STRATEGY = "pipeline"
 HISTORY_EVERY = 23  # GNNPipe's alpha: epochs between refreshes of the history (its section 3.2.4)
 CHUNKS_PER_STAGE = 4  # GNNPipe's K = 4 M (M workers, one stage each)
-# How the history changes between refreshes. "refresh" (the default): it does not; every epoch of a window of
-# alpha reads the rows of the window's refresh, GNNPipe's trick 3 ("consecutive epochs observe consistent
-# historical embeddings", its section 3.2.4). "chunk": each chunk's rows overwrite the history as the chunk passes,
-# so later chunks of the epoch read this epoch's rows (with G > 1 the group also hands its peers those rows: the
-# `later` exchange, extra bytes). gnnc's refresh is a full pass at the start of the window's first epoch with that
-# epoch's weights and dropout masks, where GNNPipe keeps the rows its pipeline computed in that epoch.
+# Where a chunk's layer reads the neighbours no chunk has processed yet this epoch (those processed are read
+# current in both: each chunk's rows overwrite the history as it passes, GNNPipe's Algorithm 1). "refresh" (the
+# default): from the last refresh, every epoch of a window of alpha the same rows, GNNPipe's trick 3 (its section
+# 3.2.4: epoch t reads the embeddings of epoch alpha*floor((t-1)/alpha), "consecutive epochs observe consistent
+# historical embeddings"); each epoch starts from the refresh's history. "chunk": from the previous epoch (the most
+# recent rows, what the chunks left; gnnc's rule before). Both move and compute the same. gnnc's refresh is a full
+# pass at the start of the window's first epoch with that epoch's weights and dropout masks, where GNNPipe keeps
+# the rows its pipeline computed in that epoch.
 HISTORY_UPDATES = ("refresh", "chunk")
 HISTORY_UPDATE = "refresh"
 
@@ -217,8 +219,7 @@ class ChunkStructure:
     halo: the group exchange of the chunk's peer rows (None with one worker per stage).
     later: the group exchange, as the chunk passes, of its rows that peers read from their history
         in their other chunks (no gradient), `later_ids` the rows it brings here (by owner, then id);
-        so a group's history follows the chunks as one worker's does. None with one worker per stage;
-        run only under history_update=chunk (with the published history nothing passes between refreshes).
+        so a group's history follows the chunks as one worker's does. None with one worker per stage.
     """
 
     view: GraphView
@@ -370,8 +371,7 @@ class GroupRows:
     these rows times the value's width.
 
     received, sent: the chunks' peer rows (with their gradients back when the value has one);
-    later_received, later_sent: the rows a passing chunk hands to the peers' histories (forward only; moved
-        under history_update=chunk only);
+    later_received, later_sent: the rows a passing chunk hands to the peers' histories (forward only);
     refresh: the peer rows fetched before the layer in a full pass; history: the rows read from the history.
     """
 

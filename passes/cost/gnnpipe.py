@@ -96,8 +96,7 @@ def bubble(chunks: int, stages: int) -> sympy.Expr:
 @cost_formula("pipeline")
 def pipeline(start: int, end: int, shapes: Sequence[LayerShape], split: Sequence[tuple[int, int]] = (),
              chunks: int = 0, groups: int = 1, history_every: int = 23,
-             pipe_grad: Sequence[bool] = (), stage_params: Sequence[float] = (),
-             history_update: str = "refresh") -> Cost:
+             pipe_grad: Sequence[bool] = (), stage_params: Sequence[float] = ()) -> Cost:
     """A GNNPipe epoch: stages `split` (graph layers [a, b) each; default one per layer), K = `chunks` chunks
     (default GNNPipe's 4 per stage), G = `groups`.
 
@@ -113,8 +112,7 @@ def pipeline(start: int, end: int, shapes: Sequence[LayerShape], split: Sequence
 
     Bytes: `pipeline_traffic` over the boundaries (a boundary without gradient, `pipe_grad`
     false, sends forward only), plus the group exchanges (GT rows per history layer and group,
-    and their gradients back, and, with `history_update` "chunk", the GL rows handed to the peers' histories
-    as chunks pass; the published history, "refresh", stays fixed between refreshes and moves none), plus each group's all-reduce of its stage's `stage_params` weights
+    and their gradients back, and the GL rows handed to the peers' histories), plus each group's all-reduce of its stage's `stage_params` weights
     (2·(G-1)·n_s·b, in the last stage of the cost: the groups reduce side by side; no all-reduce at
     all with one worker per stage, whose weights nobody shares): the job's total, shown per worker
     as its average (divided by P = S·G). Memory of a member: per graph
@@ -146,13 +144,11 @@ def pipeline(start: int, end: int, shapes: Sequence[LayerShape], split: Sequence
             mem.append(layer_memory(layer, shape, rows, GR + HR / G, rows, edges) + b * N * w)
             if G > 1:
                 exch = Max(GS, GR) * w * b / bw_group + K * (G - 1) * alpha
-                handed = GLM * w * b / bw_group + K * (G - 1) * alpha if history_update == "chunk" else ZERO
-                exch_f.append(exch + handed)
+                exch_f.append(exch + GLM * w * b / bw_group + K * (G - 1) * alpha)
                 refresh_x.append(RR * w * b / bw_group + (G - 1) * alpha)
                 if shape.exchange_grad:
                     exch_b.append(exch)
-                group_bytes += GT * w * b * (2 if shape.exchange_grad else 1) + (
-                    GL * w * b if history_update == "chunk" else ZERO)
+                group_bytes += GT * w * b * (2 if shape.exchange_grad else 1) + GL * w * b
         send_f = rows * boundary_width(s + 1) * b / bw_pipe + K * alpha if s < S - 1 else ZERO
         send_b = rows * boundary_width(s) * b / bw_pipe + K * alpha if s > 0 and grads[s - 1] else ZERO
         compute_f, compute_b = sympy.Add(*fwd) + sympy.Add(*exch_f), sympy.Add(*bwd) + sympy.Add(*exch_b)

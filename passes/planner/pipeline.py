@@ -181,7 +181,7 @@ def price(program: Program, graph, inputs: CostInputs, shapes: Sequence[Any], pr
     """Every pipeline the planner may run (one per group size), cheapest first.
 
     `groups` 0: every size `group_options` allows; `chunks` None: GNNPipe's 4 per stage; `history_update`
-    (gnnc.plan.pipeline.HISTORY_UPDATES): only "chunk" moves the rows a passing chunk hands its peers.
+    (gnnc.plan.pipeline.HISTORY_UPDATES): recorded (both settings move and compute the same).
     """
     layers = program.graph_layers()
     L = len(layers)
@@ -224,16 +224,14 @@ def price(program: Program, graph, inputs: CostInputs, shapes: Sequence[Any], pr
         extra[gnnpipe.HR] = float(moved.history.sum())
         extra[gnnpipe.GR], extra[gnnpipe.GS] = float(moved.received.max()), float(moved.sent.max())
         extra[gnnpipe.GT] = float(moved.received.sum())
-        handed = history_update == "chunk"  # the published history takes no row between refreshes
-        extra[gnnpipe.GL] = float(moved.later_received.sum()) if handed else 0.0
-        extra[gnnpipe.GLM] = float(max(moved.later_received.max(), moved.later_sent.max())) if handed else 0.0
+        extra[gnnpipe.GL] = float(moved.later_received.sum())
+        extra[gnnpipe.GLM] = float(max(moved.later_received.max(), moved.later_sent.max()))
         extra[gnnpipe.RR] = float(moved.refresh.max())
         stage_params = [float(sum(np.prod([eval_dim(d, cfg) for d in p.value.type.shape]) for layer, st in
                                   zip(program.layers, stage_of) if st == s for p in layer.params))
                         for s in range(stages)]
         cost = segment_cost("pipeline", 0, L, shapes, split=split, chunks=k_chunks, groups=g,
-                            history_every=history_every, pipe_grad=pipe_grad, stage_params=stage_params,
-                            history_update=history_update)
+                            history_every=history_every, pipe_grad=pipe_grad, stage_params=stage_params)
         value = evaluate_cost(cost, inputs, extra)
         choices.append(PipelineChoice(g, k_chunks, history_every, stage_of, split, pipe_grad, parts, cost, extra,
                                       value, history_update))
