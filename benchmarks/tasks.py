@@ -106,15 +106,23 @@ def link_gae(seeds: list[int], epochs: int) -> dict[str, object]:
             "gnnc_mean": statistics.mean(ours), "pyg_mean": statistics.mean(theirs)}
 
 
-def _pyg_sage(graph, seed: int, epochs: int, x: torch.Tensor, loss_fn, metric) -> dict[str, float]:
+def _pyg_sage(graph, seed: int, epochs: int, x: torch.Tensor, loss_fn, metric,
+              init: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """PyG's two SAGEConv layers (64 hidden, ReLU between, no dropout), Adam lr 0.01, full batch, initial weights
-    torch.manual_seed(seed)'s: `metric(out, mask)` (larger is better) of every split at the best validation
-    epoch."""
+    torch.manual_seed(seed)'s, or gnnc's (`init`: its two SAGE layers' weights by IR name, in order): `metric(out,
+    mask)` (larger is better) of every split at the best validation epoch."""
     from torch_geometric.nn import SAGEConv
 
     torch.manual_seed(seed)
     ei = torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)]).long()
     c1, c2 = SAGEConv(x.shape[1], 64), SAGEConv(64, graph.y.shape[1])
+    if init is not None:
+        layers = sorted({k.split(".")[0] for k in init})
+        with torch.no_grad():
+            for conv, layer in zip((c1, c2), layers):
+                conv.lin_l.weight.copy_(init[f"{layer}.linear0.weight"].T)
+                conv.lin_l.bias.copy_(init[f"{layer}.linear0.bias"])
+                conv.lin_r.weight.copy_(init[f"{layer}.linear1.weight"].T)
     params = [*c1.parameters(), *c2.parameters()]
     opt = torch.optim.Adam(params, lr=0.01)
     masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
@@ -147,11 +155,26 @@ def _rocauc_scipy(out: torch.Tensor, y: torch.Tensor) -> float:
     return float(sum(aucs) / len(aucs))
 
 
+TWO_RANKS = True  # --no-two-ranks: leave out the 2-process repeat
+PYG_ONLY = False  # --pyg-only: PyG's columns alone (gnnc's runs are deterministic: another command gave them)
+
+
+def _gnnc_init(example: str, graph, seed: int) -> dict[str, torch.Tensor]:
+    """gnnc's initial weights of `seed` for the example on `graph`, by IR name."""
+    import gnnc
+    from gnnc.runtime.executor import init_params
+
+    program = gnnc.compile(gnnc.load_model(ROOT / "examples" / example), graph).program
+    return {k: v.detach() for k, v in init_params(program, seed).items()}
+
+
 def _gnnc_runs(example: str, spec: str, seeds: list[int], epochs: int, metric: str) -> tuple[list[float], dict]:
     """gnnc's test `metric` per seed (one process), and seed 0's run on 2 gloo ranks against one process: the
     largest relative difference of the final logits and of each split's metric over every epoch."""
     import gnnc
 
+    if PYG_ONLY:
+        return [], {}
     graph = gnnc.load_graph(spec)
     model = gnnc.load_model(ROOT / "examples" / example)
     ours, first = [], None
@@ -159,6 +182,8 @@ def _gnnc_runs(example: str, spec: str, seeds: list[int], epochs: int, metric: s
         result = gnnc.run(gnnc.compile(model, graph), graph, epochs=epochs, seed=seed)
         ours.append(result.metrics[f"test_{metric}"])
         first = first or result
+    if not TWO_RANKS:
+        return ours, {}
     two = gnnc.run(gnnc.compile(model, graph, workers=2, partition="metis"), graph, epochs=epochs, seed=seeds[0])
     logits = float((two.logits - first.logits).norm() / first.logits.norm())
     per_epoch = max(abs(a[f"{s}_{metric}"] - b[f"{s}_{metric}"]) / max(abs(a[f"{s}_{metric}"]), 1e-12)
@@ -180,9 +205,14 @@ def node_regression(seeds: list[int], epochs: int) -> dict[str, object]:
     graph = gnnc.load_graph(REGRESS)
     rmse = lambda out, m: -float(((out[m] - graph.y[m]) ** 2).mean().sqrt())  # noqa: E731  (larger is better)
     theirs = [-_pyg_sage(graph, s, epochs, graph.x, torch.nn.functional.mse_loss, rmse)["test"] for s in seeds]
-    return {"task": "node_regression", "graph": REGRESS, "seeds": seeds, "epochs": epochs, "gnnc_test_rmse": ours,
-            "pyg_test_rmse": theirs, "gnnc_mean": statistics.mean(ours), "pyg_mean": statistics.mean(theirs),
-            "gnnc_over_pyg": statistics.mean(ours) / statistics.mean(theirs), "two_ranks_vs_one": two}
+    same = [-_pyg_sage(graph, s, epochs, graph.x, torch.nn.functional.mse_loss, rmse,
+                       _gnnc_init("node_regression.gnn", graph, s))["test"] for s in seeds]
+    out = {"task": "node_regression", "graph": REGRESS, "seeds": seeds, "epochs": epochs, "gnnc_test_rmse": ours,
+           "pyg_test_rmse": theirs, "pyg_from_gnnc_init_test_rmse": same, "pyg_mean": statistics.mean(theirs),
+           "pyg_from_gnnc_init_mean": statistics.mean(same), "two_ranks_vs_one": two}
+    if ours:
+        out.update(gnnc_mean=statistics.mean(ours), gnnc_over_pyg=statistics.mean(ours) / statistics.mean(theirs))
+    return out
 
 
 def proteins_multilabel(seeds: list[int], epochs: int) -> dict[str, object]:
@@ -197,12 +227,18 @@ def proteins_multilabel(seeds: list[int], epochs: int) -> dict[str, object]:
     x = scatter(graph.edge_data["attr"], torch.as_tensor(graph.dst).long(), 0, dim_size=graph.num_nodes,
                 reduce="mean")
     auc = lambda out, m: _rocauc_scipy(out[m], graph.y[m])  # noqa: E731
-    theirs = [_pyg_sage(graph, s, epochs, x, torch.nn.functional.binary_cross_entropy_with_logits, auc)["test"]
-              for s in seeds]
-    return {"task": "proteins_multilabel", "graph": PROTEINS, "seeds": seeds, "epochs": epochs,
-            "gnnc_test_rocauc": ours, "pyg_test_rocauc": theirs, "gnnc_mean": statistics.mean(ours),
-            "pyg_mean": statistics.mean(theirs), "points_apart": 100 * (statistics.mean(ours) - statistics.mean(theirs)),
-            "two_ranks_vs_one": two}
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    theirs = [_pyg_sage(graph, s, epochs, x, bce, auc)["test"] for s in seeds]
+    same = [_pyg_sage(graph, s, epochs, x, bce, auc, _gnnc_init("proteins_multilabel.gnn", graph, s))["test"]
+            for s in seeds]
+    out = {"task": "proteins_multilabel", "graph": PROTEINS, "seeds": seeds, "epochs": epochs,
+           "gnnc_test_rocauc": ours, "pyg_test_rocauc": theirs, "pyg_from_gnnc_init_test_rocauc": same,
+           "pyg_mean": statistics.mean(theirs), "pyg_from_gnnc_init_mean": statistics.mean(same),
+           "two_ranks_vs_one": two}
+    if ours:
+        out.update(gnnc_mean=statistics.mean(ours),
+                   points_apart=100 * (statistics.mean(ours) - statistics.mean(theirs)))
+    return out
 
 
 GIN_GRAPH_SPEC = "graphs:n=300,seed=0"  # gnnc's generator (no TU dataset ships with PyG or is on this machine)
@@ -303,7 +339,13 @@ def main() -> None:
     ap.add_argument("--task", choices=sorted(TASKS), required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--epochs", type=int, default=200)
+    ap.add_argument("--no-two-ranks", action="store_true", help="node_regression, proteins_multilabel: leave out "
+                    "the repeat of gnnc's first seed on 2 gloo processes")
+    ap.add_argument("--pyg-only", action="store_true", help="node_regression, proteins_multilabel: PyG's columns "
+                    "alone (gnnc's runs are deterministic for a seed: an earlier command gave them)")
     args = ap.parse_args()
+    global TWO_RANKS, PYG_ONLY
+    TWO_RANKS, PYG_ONLY = not args.no_two_ranks, args.pyg_only
     with open("/proc/loadavg", encoding="ascii") as f:
         load = f.read().split()[:3]
     result = TASKS[args.task](args.seeds, args.epochs)
