@@ -21,8 +21,10 @@ The terms, per process (bytes):
   layer's input and output alive at once (the widest layer's). With
   `--recompute` (gnnc.runtime.recompute) a layer keeps its input rows and
   structure only until its backward, which runs it again: every layer's
-  input, plus the rest of `layer_memory` of the one layer recomputed at a
-  time (the largest).
+  input, plus the whole `layer_memory` of the one layer recomputed at a
+  time (the largest). Measured on a 200K-vertex R-MAT (hidden 256) the
+  step's peak is then no lower: the peak is the backward's gradients beside
+  a layer's forward, which recomputation repeats there.
 * graph: the arrays the process loaded (features, labels, masks, edges or
   its shard).
 * process: an interpreter with torch and gnnc's runtime and the collective
@@ -139,10 +141,12 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
         table[WIDTH] = np.array([float(dims[i] if p.layers[i].in_width is None else p.layers[i].in_width)
                                  for p in processes])
         whole = compile_expr(layer_memory(i, shape, IN, HALO, OUT, EDGES).subs(d(i), WIDTH))(table, n)
-        if recompute:  # its input rows and structure kept; the rest while its backward runs it again
-            inputs = compile_expr(b * IN * WIDTH + EDGES * (b_idx + b))(table, n)
-            kept += inputs
-            recomputed = np.maximum(recomputed, whole - inputs)
+        if recompute:
+            # its input rows and structure kept; while its backward runs it again, all it holds in a forward beside
+            # them (its input counted twice: a GCN layer's forward holds its product and its aggregation at once,
+            # more than it keeps, which a measured run shows on top of the gradients alive there)
+            kept += compile_expr(b * IN * WIDTH + EDGES * (b_idx + b))(table, n)
+            recomputed = np.maximum(recomputed, whole)
         else:
             kept += whole
         # the backward pass holds the gradients of one layer's input and output at a time
