@@ -8,14 +8,12 @@ naming the mismatch (exit 2), and the generated graphs behind the issue's must-s
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import EXAMPLES, check_golden
+from conftest import EXAMPLES, check_golden, gnnc_in_process
 from gnnc import api
 from gnnc.errors import GnncError, GnncTypeError, GraphInputError
 from gnnc.frontend.elaborate import elaborate
@@ -269,11 +267,10 @@ def test_a_file_of_float_targets_loads(tmp_path) -> None:
 
 def test_cli_refusal_is_exit_2(tmp_path) -> None:
     (tmp_path / "ce.gnn").write_text(CLASSIFIER)
-    proc = subprocess.run([sys.executable, "-m", "gnnc", "run", str(tmp_path / "ce.gnn"), "--graph",
-                           "proteins:n=40,deg=4,tasks=3,seed=0", "--epochs", "1"], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr and "use `loss = bce(logits, y, mask = train)`" in proc.stderr
+    ran = gnnc_in_process("run", str(tmp_path / "ce.gnn"), "--graph", "proteins:n=40,deg=4,tasks=3,seed=0",
+                          "--epochs", "1")
+    assert ran.returncode == 2, ran.stderr
+    assert "Traceback" not in ran.stderr and "use `loss = bce(logits, y, mask = train)`" in ran.stderr
 
 
 # ----- the generated graphs ---------------------------------------------------------------------------------
