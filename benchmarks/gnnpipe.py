@@ -20,8 +20,9 @@ time (its section 4.5 ablates chunk shuffling, historical gradients and the
 fixed history; gnnc never sends gradients into the history, so that trick is
 always on, and the third variant here is the hybrid with graph parallelism,
 2 stages of 2 workers, instead of 4 stages of 1): the published pipeline
-(history fixed between refreshes every alpha = 23 epochs, chunks shuffled),
-the per-chunk update (`history_update=chunk`), chunks in id order
+(every epoch starts from the history of the last refresh, every alpha = 23
+epochs, chunks shuffled), the previous epoch's history instead
+(`history_update=chunk`, gnnc's earlier rule), chunks in id order
 (`shuffle_chunks=false`), the history refreshed every epoch (alpha = 1), and
 the hybrid with either history;
 each row: test accuracy at the best validation epoch and the measured bytes
