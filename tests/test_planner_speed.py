@@ -134,12 +134,13 @@ def test_formulas_built_grow_linearly_in_layers(monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_a_64_layer_search_builds_each_layers_formulas_once(monkeypatch) -> None:
-    """The deep case: GCNII x64's 2,080 DepCache and 2,080 Hybrid spans built no sum of their own (some 190,000
-    sums per first compile before), and a second compile builds none but the epoch's few."""
+    """The deep case: GCNII x64's 2,080 DepCache and 2,080 Hybrid spans build no sum of their own: about 1,150
+    sums per layer (73,330 measured), as at 6 and 24 layers (quadratic before: 8,093 at 6 layers, 62,225 at 24),
+    and a second compile builds none but the epoch's few."""
     graph = random_graph(n=300, e=1800, f=16, c=4)
     model = gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=64)
     cold = _sums_built(monkeypatch, model, graph)
-    assert cold["sums"] < 600 * 64, cold
+    assert cold["sums"] < 1500 * 64, cold
     warm = _sums_built(monkeypatch, model, graph, cold=False)
     assert warm["max"] == 0 and warm["sums"] < 2 * 64, warm
 
