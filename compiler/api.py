@@ -140,6 +140,9 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if is_link_prediction(program) and (workers > 1 or sampling is not None):
         raise GnncError("link prediction (a model that scores src./dst. pairs) runs in one process for now: "
                         "compile it for --workers 1 (run it without --nproc) and without --fanout")
+    if not program.graph_layers() and (workers > 1 or sampling is not None):
+        raise GnncError("a model without a graph layer (dense layers only, an MLP) has nothing to split over a "
+                        "graph's vertices: compile it for --workers 1 (run it without --nproc) and without --fanout")
     pipeline = [as_spec(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     if workers > 1 and passes is None:
         pipeline += [as_spec(p) for p in DISTRIBUTED_PIPELINE]

@@ -16,6 +16,8 @@ def layer_dims(program: Program) -> tuple[list[float], list[float]]:
 
     cfg = program.config_dict()
     layers = program.graph_layers()
+    if not layers:  # a model of dense layers only (an MLP baseline) has no graph layer to measure
+        return [], []
     dims = [float(eval_dim(layers[0].inputs[0].type.shape[0], cfg))]
     heads = []
     for layer in layers:
