@@ -48,7 +48,6 @@ fast for millions of dependencies.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -563,20 +562,30 @@ def select_paper(deps: Sequence[Dependencies], trees: Sequence[InTrees], costs: 
         mask, rep = run.prefix(dep.layers, dep.layer, dep.vertex)
         masks.append(mask)
         reps.append(rep)
-    base = predict(deps, costs, own_time, masks, overlap, "greedy")
     own = np.asarray(own_time, np.float64)
     layers = own.shape[1]
+    # the rows fetched, as `predict` counts them; the rest is V_rep's, not the per-dependency trees' it sums
+    received = np.zeros((p, layers))
+    sent = np.zeros((p, layers))
+    owners_known = all(dep.owner is not None for dep in deps)
+    for i, (dep, mask) in enumerate(zip(deps, masks)):
+        lyr = np.asarray(dep.layer, np.int64)[~mask]
+        received[i] = np.bincount(lyr, minlength=layers)[:layers]
+        if owners_known:
+            owner = np.asarray(dep.owner, np.int64)[~mask]
+            sent += np.bincount(owner * layers + lyr, minlength=p * layers)[:p * layers].reshape(p, layers)
+    if not owners_known:
+        sent = received.copy()
     t_v, t_e = np.asarray(costs.t_v, np.float64), np.asarray(costs.t_e, np.float64)
     rec_rows = np.array([r.rows[1:layers + 1] for r in reps]).reshape(p, layers)
     rec_edges = np.array([r.edges[1:layers + 1] for r in reps]).reshape(p, layers)
     replicated = np.array([r.rows[0] for r in reps])
     rec_t = rec_rows * t_v + rec_edges * t_e
     rec_t[:, 0] += replicated * costs.t_x
-    comm_t = base.comm_received * np.asarray(costs.t_c, np.float64)
+    comm_t = received * np.asarray(costs.t_c, np.float64)
     layer_times = own + (np.maximum(comm_t, rec_t) if overlap else comm_t + rec_t)
     per_dep = [float(recompute_cost(dep, costs)[mask].sum()) for dep, mask in zip(deps, masks)]
     mu = np.array([min(1.0, r.time / s) if s > 0 else 1.0 for r, s in zip(reps, per_dep)])
-    return dataclasses.replace(base, time=float(layer_times.max(axis=0).sum()) if p else 0.0,
-                               layer_times=layer_times, memory=np.array([r.memory for r in reps]),
-                               recompute_rows=rec_rows, recompute_edges=rec_edges, replicated_inputs=replicated,
-                               mu=mu)
+    return HybridResult(tuple(masks), float(layer_times.max(axis=0).sum()) if p else 0.0, layer_times,
+                        np.array([r.memory for r in reps]), received, sent, rec_rows, rec_edges, replicated, "greedy",
+                        mu)
