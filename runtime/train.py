@@ -214,7 +214,6 @@ class RunResult:
                 + f"; train loss {self.train_loss:.4f}")
 
 
-
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
                   "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels", "cpu_allocator",
