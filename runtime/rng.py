@@ -169,8 +169,8 @@ def matmul_redrawn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     gradient instead of keeping it. Otherwise (no recipe, x not 2-D, under autocast, whose products a custom
     backward would not cast alike) the plain product."""
     redraw = redraw_of(x)
-    if redraw is None or x.dim() != 2 or w.dim() != 2 or x.requires_grad or \
-            torch.is_autocast_enabled(x.device.type):
+    autocast = torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
+    if redraw is None or x.dim() != 2 or w.dim() != 2 or x.requires_grad or autocast:
         return x @ w
     return _RedrawnMatmul.apply(x, w, redraw)
 

@@ -186,11 +186,11 @@ def standin_steps(cfg: DistConfig, jobs: list[DistJob]) -> list[dict[str, Any] |
         reference = None
         if is_pipeline(parse_ir(job.ir)):
             w = rank_worker(cfg, job, torch.device("cpu"))
-            params = init_params(w.program, job.train.seed)
+            params = w.initial_params(job.train.seed)
             reference = w.gather_logits(steps(w, params, make_optimizer(w.program, params, job.train)))
         with StandinDevice() as sd:
             w = rank_worker(cfg, job, STANDIN)
-            params = init_params(w.program, job.train.seed, w.device)
+            params = w.initial_params(job.train.seed)  # a push-pull rank: its slice of W1
             opt = make_optimizer(w.program, params, job.train)
             with sd.watch():
                 logits = steps(w, params, opt)
