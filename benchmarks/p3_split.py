@@ -19,11 +19,9 @@ import numpy as np
 import torch
 
 from gnnc import api
-from gnnc.graph import GraphView
+from gnnc.testing import first_training_step
 from gnnc.ir.dims import eval_dim
-from gnnc.runtime import rng
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 
@@ -33,14 +31,8 @@ SEED = 3
 
 def one_process(program, graph) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Logits and gradients of the same step (dropout on, the same masks) in one process."""
-    params = init_params(program, SEED)
-    views = {layer.edges: GraphView.build(graph, layer.edges) for layer in program.graph_layers()}
-    kb = rng.stream_key(SEED, 0)
-    ctx = ExecContext(views, torch.arange(graph.num_nodes), program.config_dict(), True,
-                      lambda i: rng.stream_key(kb, i), max(float(graph.train_mask.sum()), 1.0), False)
-    logits, loss = forward(Interpreter(program), params, graph_inputs(graph), ctx)
-    loss.backward()
-    return logits.detach(), {k: p.grad for k, p in params.items()}
+    logits, _, grads = first_training_step(program, graph, SEED)
+    return logits, grads
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

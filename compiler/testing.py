@@ -33,6 +33,7 @@ from gnnc.graph import Graph
 from gnnc.ir import Program, verify
 from gnnc.ir.text import parse_ir
 from gnnc.passes.manager import DEFAULT_PIPELINE, PassContext, parse_pipeline, passes, run_pipeline
+from gnnc.runtime import rng
 from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 
 
@@ -187,6 +188,21 @@ def outputs_and_grads(program: Program, graph, seed: int = 0) -> tuple[torch.Ten
     loss.backward()
     return logits.detach(), {k: p.grad.detach() if p.grad is not None else torch.zeros_like(p)
                              for k, p in params.items()}
+
+
+def first_training_step(program: Program, graph, seed: int, use_kernels: bool = False
+                        ) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+    """Logits, loss and every parameter's gradient of a run's first training step in one process, dropout on and
+    its masks drawn as epoch 0 of a run seeded `seed` draws them: what a distributed step must reproduce.
+    `use_kernels`: the ops' kernels (torch's CSR products) instead of their reference implementations."""
+    params = init_params(program, seed)
+    views = {layer.edges: GraphView.build(graph, layer.edges) for layer in program.graph_layers()}
+    kb = rng.stream_key(seed, 0)
+    ctx = ExecContext(views, torch.arange(graph.num_nodes), program.config_dict(), True,
+                      lambda i: rng.stream_key(kb, i), max(float(graph.train_mask.sum()), 1.0), use_kernels)
+    logits, loss = forward(Interpreter(program), params, graph_inputs(graph), ctx)
+    loss.backward()
+    return logits.detach(), float(loss.detach()), {k: p.grad for k, p in params.items()}
 
 
 def assert_rewrite_exact(pipeline: str, ir: str | Program | os.PathLike, *, graph=None, rtol: float = 1e-5,

@@ -13,11 +13,9 @@ import torch
 
 from conftest import EXAMPLES, EXTREMES, SCHEDULES, random_graph
 from gnnc import api
-from gnnc.runtime import rng
+from gnnc.testing import first_training_step
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.graph import GraphView
 from gnnc.ir.text import parse_ir
-from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
@@ -52,14 +50,7 @@ def hub_graph():
 
 
 def reference(program, graph):
-    params = init_params(program, SEED)
-    views = {layer.edges: GraphView.build(graph, layer.edges) for layer in program.graph_layers()}
-    kb = rng.stream_key(SEED, 0)
-    ctx = ExecContext(views, torch.arange(graph.num_nodes), program.config_dict(), True,
-                      lambda i: rng.stream_key(kb, i), max(float(graph.train_mask.sum()), 1.0), False)
-    logits, loss = forward(Interpreter(program), params, graph_inputs(graph), ctx)
-    loss.backward()
-    return logits.detach(), float(loss.detach()), {k: p.grad for k, p in params.items()}
+    return first_training_step(program, graph, SEED)
 
 
 def rel(a, b) -> float:

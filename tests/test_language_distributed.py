@@ -22,10 +22,9 @@ import torch
 
 from conftest import EXAMPLES, random_graph
 from gnnc import api
-from gnnc.graph import GraphView
-from gnnc.runtime import rng
+from gnnc.testing import first_training_step
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
+from gnnc.runtime.executor import init_params
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 
@@ -148,14 +147,8 @@ def pyg_logits(name: str, graph, params: dict[str, torch.Tensor]):
 
 
 def one_process(program, graph):
-    params = init_params(program, SEED)
-    views = {layer.edges: GraphView.build(graph, layer.edges) for layer in program.graph_layers()}
-    kb = rng.stream_key(SEED, 0)
-    ctx = ExecContext(views, torch.arange(graph.num_nodes), program.config_dict(), True,
-                      lambda i: rng.stream_key(kb, i), float(graph.train_mask.sum()), False)
-    logits, loss = forward(Interpreter(program), params, graph_inputs(graph), ctx)
-    loss.backward()
-    return logits.detach(), {k: p.grad for k, p in params.items()}
+    logits, _, grads = first_training_step(program, graph, SEED)
+    return logits, grads
 
 
 def rel(a, b) -> float:

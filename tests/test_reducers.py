@@ -19,16 +19,17 @@ import torch
 
 from conftest import random_graph
 from gnnc import api
+from gnnc.testing import first_training_step
 from gnnc.errors import GnncError
-from gnnc.graph import CSR, GraphView
+from gnnc.graph import CSR
 from gnnc.ir.reducers import REDUCERS, ReducerCost, ReducerDef, define_reducer, reducer
 from gnnc.passes.analysis.legality import pushpull_blocker
 from gnnc.passes.cost.compute import aggregation_time, layer_memory
 from gnnc.passes.cost.ops import program_op_work
 from gnnc.passes.cost.symbols import LayerShape, layer_shape
-from gnnc.runtime import kernels, rng
+from gnnc.runtime import kernels
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
+from gnnc.runtime.executor import init_params
 from gnnc.runtime.kernels import reducers
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
@@ -127,14 +128,8 @@ def test_std_gradcheck(weighted: bool) -> None:
 
 
 def one_process(program, graph, use_kernels: bool = False):
-    params = init_params(program, SEED)
-    views = {layer.edges: GraphView.build(graph, layer.edges) for layer in program.graph_layers()}
-    kb = rng.stream_key(SEED, 0)
-    ctx = ExecContext(views, torch.arange(graph.num_nodes), program.config_dict(), True,
-                      lambda i: rng.stream_key(kb, i), float(graph.train_mask.sum()), use_kernels)
-    logits, loss = forward(Interpreter(program), params, graph_inputs(graph), ctx)
-    loss.backward()
-    return logits.detach(), {k: p.grad for k, p in params.items()}
+    logits, _, grads = first_training_step(program, graph, SEED, use_kernels)
+    return logits, grads
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -15,13 +15,13 @@ import torch
 
 from conftest import EXAMPLES, check_golden, gnnc_in_process
 from gnnc import api
+from gnnc.testing import first_training_step
 from gnnc.errors import GnncError, GnncTypeError, GraphInputError
 from gnnc.frontend.elaborate import elaborate
 from gnnc.graph import GraphView
 from gnnc.graph.generators import generate
 from gnnc.ir.text import parse_ir
 from gnnc.passes.manager import run_pipeline
-from gnnc.runtime import rng
 from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 from gnnc.runtime.task_metrics import mean_roc_auc, roc_auc
 
@@ -191,14 +191,7 @@ def test_two_ranks_equal_one_process(regress_graph, proteins_graph, tmp_path) ->
         shards = plan.write_shards(tmp_path / name)
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False,
                                                                          use_kernels=False)))
-        params = init_params(single, SEED)
-        kb = rng.stream_key(SEED, 0)
-        views = {layer.edges: GraphView.build(graph, layer.edges) for layer in single.graph_layers()}
-        ctx = ExecContext(views, torch.arange(graph.num_nodes), single.config_dict(), True,
-                          lambda i: rng.stream_key(kb, i), float(graph.train_mask.sum()), False)
-        out, loss = forward(Interpreter(single), params, graph_inputs(graph), ctx)
-        loss.backward()
-        refs.append((out.detach(), float(loss.detach()), {k: p.grad for k, p in params.items()}))
+        refs.append(first_training_step(single, graph, SEED))
     got = launch(one_step_each, 2, jobs)[0]
     for (out, loss, grads), step in zip(refs, got):
         assert rel(step["logits"], out) < 1e-5
