@@ -35,6 +35,7 @@ from gnnc.ir.text import parse_ir
 from gnnc.passes.manager import DEFAULT_PIPELINE, PassContext, parse_pipeline, passes, run_pipeline
 from gnnc.runtime import rng
 from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
+from gnnc.runtime.train import TrainConfig, Worker, train_step
 
 
 class FileCheckError(AssertionError):
@@ -203,6 +204,23 @@ def first_training_step(program: Program, graph, seed: int, use_kernels: bool = 
     logits, loss = forward(Interpreter(program), params, graph_inputs(graph), ctx)
     loss.backward()
     return logits.detach(), float(loss.detach()), {k: p.grad for k, p in params.items()}
+
+
+def sgd_steps(program: Program, graph, cfg: TrainConfig, epochs: int = 2
+              ) -> tuple[Worker, dict[str, torch.nn.Parameter], list[dict[str, torch.Tensor | None]]]:
+    """One process's first `epochs` training steps from `cfg.seed`'s parameters: the worker, its parameters after
+    them and every parameter's gradient at each step. SGD (lr 0.01), not the runs' Adam: Adam's step is about
+    lr * sign(gradient) however small the gradient, so the rounding noise of a gradient that is 0 in exact
+    arithmetic (a bias under a batch norm) moves a parameter by lr either way, which the evaluation (running
+    statistics) then shows."""
+    worker = Worker(program, graph, cfg)
+    params = init_params(program, cfg.seed)
+    opt = torch.optim.SGD(list(params.values()), lr=0.01)
+    grads = []
+    for epoch in range(epochs):
+        train_step(worker, params, opt, None, epoch)
+        grads.append({k: None if p.grad is None else p.grad.detach().clone() for k, p in params.items()})
+    return worker, params, grads
 
 
 def assert_rewrite_exact(pipeline: str, ir: str | Program | os.PathLike, *, graph=None, rtol: float = 1e-5,

@@ -30,7 +30,8 @@ from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.kernels import native
 from gnnc.runtime.launch import launch
-from gnnc.runtime.train import TrainConfig, Worker, train_step
+from gnnc.testing import sgd_steps
+from gnnc.runtime.train import TrainConfig, Worker
 
 compiled = pytest.mark.skipif(native.library() is None, reason=f"compiled kernels: {native.status()}")
 
@@ -219,16 +220,7 @@ def train_two_epochs(program, graph, native_on: bool = True,
     implementations (`use_kernels`)."""
     cfg = TrainConfig(seed=SEED, progress=False, use_kernels=use_kernels)
     with contextlib.nullcontext() if native_on else native.disabled():
-        worker = Worker(program, graph, cfg)
-        params = init_params(program, cfg.seed)
-        # SGD, not the runs' Adam: Adam's step is about lr * sign(gradient) however small the gradient, so the
-        # rounding noise of a gradient that is 0 in exact arithmetic (a bias under a batch norm) moves a
-        # parameter by lr either way, which the evaluation (running statistics) then shows
-        opt = torch.optim.SGD(list(params.values()), lr=0.01)
-        grads = []
-        for epoch in range(2):
-            train_step(worker, params, opt, None, epoch)
-            grads.append({k: None if p.grad is None else p.grad.detach().clone() for k, p in params.items()})
+        worker, params, grads = sgd_steps(program, graph, cfg)
         with torch.no_grad():
             logits, _ = worker.forward(params, False, 2)
     return logits, grads

@@ -14,7 +14,8 @@ from gnnc import api, cli, memory_check
 from gnnc.program_gen import generate
 from gnnc.runtime import recompute as recompute_module
 from gnnc.runtime.executor import init_params
-from gnnc.runtime.train import TrainConfig, Worker, train_step
+from gnnc.testing import sgd_steps
+from gnnc.runtime.train import TrainConfig, Worker
 
 BN = """
 layer Conv(in, out) with self_loops {
@@ -43,13 +44,7 @@ def _model(source: str):
 
 def _train(program, graph, recompute: bool):
     cfg = TrainConfig(seed=1, progress=False, recompute=recompute)
-    worker = Worker(program, graph, cfg)
-    params = init_params(program, cfg.seed)
-    opt = torch.optim.SGD(list(params.values()), lr=0.01)
-    out = []
-    for epoch in range(2):
-        train_step(worker, params, opt, None, epoch)
-        out.append({k: None if p.grad is None else p.grad.detach().clone() for k, p in params.items()})
+    worker, params, out = sgd_steps(program, graph, cfg)
     with torch.no_grad():
         out.append({"logits": worker.forward(params, False, 2)[0], **worker.state})
     return out

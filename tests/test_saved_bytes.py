@@ -24,7 +24,8 @@ from gnnc.program_gen import generate
 from gnnc.runtime import fusion, rng
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.kernels import native
-from gnnc.runtime.train import TrainConfig, Worker, train_step
+from gnnc.testing import sgd_steps
+from gnnc.runtime.train import TrainConfig, Worker
 
 compiled = pytest.mark.skipif(native.library() is None, reason=f"compiled kernels: {native.status()}")
 
@@ -113,13 +114,7 @@ def _step_grads(program, graph, overwrite: bool, monkeypatch,
     if not redraw:
         monkeypatch.setattr(rng, "redraw_of", lambda t: None)
     cfg = TrainConfig(seed=1, progress=False)
-    worker = Worker(program, graph, cfg)
-    params = init_params(program, cfg.seed)
-    opt = torch.optim.SGD(list(params.values()), lr=0.01)
-    grads = []
-    for epoch in range(2):
-        train_step(worker, params, opt, None, epoch)
-        grads.append({k: None if p.grad is None else p.grad.detach().clone() for k, p in params.items()})
+    worker, params, grads = sgd_steps(program, graph, cfg)
     with torch.no_grad():
         grads.append({"logits": worker.forward(params, False, 2)[0]})
     monkeypatch.setattr(Worker, "context", context)
