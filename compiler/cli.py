@@ -18,6 +18,7 @@ from typing import Any
 # in the commands that need them)
 from gnnc.arg_types import SEED, THREADS, TIMEOUT, count_or_auto, memory_bytes, real_number, whole_number
 from gnnc.errors import GnncError, GnncWarning, InternalError, write_failure
+from gnnc.files import writable_file
 from gnnc.passes.partition.methods import METHODS
 from gnnc.passes.pipelines import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.precision import PRECISIONS
@@ -137,21 +138,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except StoppedBySignal as stop:
         print(str(stop), file=sys.stderr)
         return stop.exit_code
-
-
-def writable_file(path: str, flag: str) -> None:
-    """Refuse an output file that could not be written: a directory, in a missing or read-only directory.
-
-    A missing directory is refused, not made: a typo in a path should not grow a tree (PyG and torch
-    do not create one either)."""
-    p = Path(path)
-    if p.is_dir():
-        raise GnncError(f"{flag} {path}: is a directory; name a file")
-    if not p.parent.is_dir():
-        what = "is not a directory" if p.parent.exists() else "does not exist"
-        raise GnncError(f"{flag} {path}: directory {p.parent} {what}; create it first or name another file")
-    if not os.access(p.parent, os.W_OK | os.X_OK) and not os.access(p, os.W_OK):
-        raise GnncError(f"{flag} {path}: directory {p.parent} is not writable")
 
 
 def _resolve_device(spec: str, here: bool = True) -> str:

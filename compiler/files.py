@@ -50,6 +50,21 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
             view = view[os.write(f.fileno(), view[: 1 << 20]):]
 
 
+def writable_file(path: str, flag: str) -> None:
+    """Refuse an output file that could not be written: a directory, in a missing or read-only directory.
+
+    A missing directory is refused, not made: a typo in a path should not grow a tree (PyG and torch
+    do not create one either)."""
+    p = Path(path)
+    if p.is_dir():
+        raise GnncError(f"{flag} {path}: is a directory; name a file")
+    if not p.parent.is_dir():
+        what = "is not a directory" if p.parent.exists() else "does not exist"
+        raise GnncError(f"{flag} {path}: directory {p.parent} {what}; create it first or name another file")
+    if not os.access(p.parent, os.W_OK | os.X_OK) and not os.access(p, os.W_OK):
+        raise GnncError(f"{flag} {path}: directory {p.parent} is not writable")
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """The hex sha256 of a file's bytes, read in 1 MiB blocks (a shard or a graph store's array can be GBs)."""
     h = hashlib.sha256()
