@@ -103,7 +103,7 @@ class Flight:
     batch: MiniBatch
     step: int
     count: float  # seeds of the whole batch (the loss averages over them)
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor] | None  # None until P3's pipeline hands the stashed weights over
     views: dict[str, GraphView] = field(default_factory=dict)
     env: dict[str, torch.Tensor] = field(default_factory=dict)
     ctx: Any = None
@@ -115,6 +115,7 @@ class Flight:
     bytes_before: dict[str, int] = field(default_factory=dict)
     sizes: list[int] = field(default_factory=list)  # push-pull: each worker's first-layer destinations
     m_ctx: Any = None  # push-pull: the model-parallel phase's context (every block's rows, a feature slice)
+    pushed: Any = None  # push-pull: the structure push in flight (`start_prepare` posts, `finish_prepare` waits)
 
 
 class MinibatchWorker(Worker):
@@ -193,9 +194,21 @@ class MinibatchWorker(Worker):
 
     def prepare(self, epoch: int, index: int, seeds: np.ndarray, step: int, weights: dict[str, torch.Tensor],
                 fanouts: list[int] | None = None, training: bool = True) -> Flight:
-        """Sample this worker's seeds of a global batch and gather the step's inputs.
+        """Sample this worker's seeds of a global batch and gather the step's inputs (`start_prepare`, then
+        `finish_prepare` at once). `fanouts` overrides the sampler's (all FULL: full-neighbourhood inference)."""
+        f = self.start_prepare(epoch, index, seeds, step, weights, fanouts, training)
+        self.finish_prepare(f)
+        return f
 
-        `fanouts` overrides the sampler's (all FULL: full-neighbourhood inference)."""
+    def finish_prepare(self, f: Flight) -> None:
+        """Wait for what `start_prepare` posted and finish the step's inputs (one process posts nothing; push-pull
+        waits here for the pushed structure, so P3's pipeline can post it a tick before its use)."""
+
+    def start_prepare(self, epoch: int, index: int, seeds: np.ndarray, step: int,
+                      weights: dict[str, torch.Tensor] | None, fanouts: list[int] | None = None,
+                      training: bool = True) -> Flight:
+        """Sample and gather what needs no peer's answer, and post what does. `weights` may be given later
+        (P3's pipeline samples a minibatch a tick before the stashed weights it runs on exist)."""
         t0 = time.perf_counter()
         mb = self.sampler.sample(self.my_seeds(seeds), epoch, index, fanouts)
         t1 = time.perf_counter()
@@ -310,9 +323,11 @@ class MinibatchWorker(Worker):
         return weighted.sum() / float(sum(len(s) for s in batches))
 
     def _pipelined(self, params, opt, epoch: int, batches: list[np.ndarray], first_step: int) -> list[torch.Tensor]:
-        """P3's 2F2B: at tick t the model-parallel forward of minibatch t, the data-parallel forward and
-        backward of t-1, the model-parallel backward of t-2 and its optimizer step; each minibatch runs on
-        the weights of `staleness` optimizer steps before it (kept in `self.versions`, weight stashing)."""
+        """P3's 2F2B: at tick t the model-parallel forward of minibatch t, then minibatch t+1 sampled and its
+        structure push posted, the data-parallel forward and backward of t-1, the model-parallel backward of t-2
+        and its optimizer step; each exchange is waited on just before its result is used. Each minibatch runs
+        on the weights of `staleness` optimizer steps before it (kept in `self.versions`, weight stashing).
+        Posting the push early changes no value (sampling is counter-based): only the stashed weights are stale."""
         lag = self.schedule.staleness
         if not self.versions:  # the first epoch of this process (a resumed run starts at its checkpoint)
             self.updates = first_step
@@ -320,11 +335,17 @@ class MinibatchWorker(Worker):
         flights: dict[int, Flight] = {}
         losses: list[torch.Tensor] = []
         n = len(batches)
+        ahead: Flight | None = None  # the next minibatch, sampled and its structure posted (P3 section 3.3)
         for tick in range(n + 2):
             if tick < n:
-                step = first_step + tick
-                flights[tick] = self.prepare(epoch, tick, batches[tick], step, self._stashed(step - lag))
-                self.forward_m(flights[tick])
+                f = ahead or self.start_prepare(epoch, tick, batches[tick], first_step + tick, None)
+                f.weights = self._stashed(f.step - lag)
+                self.finish_prepare(f)
+                flights[tick] = f
+                self.forward_m(f)
+                # minibatch tick+1's structure push travels while this tick's other phases compute
+                ahead = self.start_prepare(epoch, tick + 1, batches[tick + 1], first_step + tick + 1, None) \
+                    if tick + 1 < n else None
             if 0 <= tick - 1 < n:
                 self.forward_d(flights[tick - 1])
                 self.backward_d(flights[tick - 1])

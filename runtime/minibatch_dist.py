@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,27 +164,40 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         x[torch.from_numpy(order)] = got
         return x
 
-    def prepare(self, epoch, index, seeds, step, weights, fanouts=None, training=True) -> Flight:
-        f = super().prepare(epoch, index, seeds, step, weights, fanouts, training)
+    def start_prepare(self, epoch, index, seeds, step, weights, fanouts=None, training=True) -> Flight:
+        f = super().start_prepare(epoch, index, seeds, step, weights, fanouts, training)
         if self.layout == "columns":
-            blocks = self.push_structure(f.batch.blocks[0])
-            merged = merge_blocks(blocks)
-            f.sizes = [b.n_dst for b in blocks]
-            layer0 = self.program.graph_layers()[0]
-            f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges], self.structure)
-            ids = torch.from_numpy(merged.src_ids)
-            f.env["x"] = sparse_if_sparse(self.features[ids])
-            f.m_ctx = dataclasses.replace(f.ctx, vertex_ids=ids, col_offset=self.cols[0])
+            f.pushed = self.post_push(f.batch.blocks[0])
         return f
 
-    def push_structure(self, block: Block) -> list[Block]:
-        """P3's push: every rank's first block, on every rank (an all-gather of the packed blocks)."""
+    def finish_prepare(self, f: Flight) -> None:
+        if self.layout != "columns":
+            return
+        t0 = time.perf_counter()
+        blocks = self.finish_push(f.batch.blocks[0], f.pushed)
+        f.pushed = None
+        t1 = time.perf_counter()
+        merged = merge_blocks(blocks)
+        f.sizes = [b.n_dst for b in blocks]
+        layer0 = self.program.graph_layers()[0]
+        f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges], self.structure)
+        ids = torch.from_numpy(merged.src_ids)
+        f.env["x"] = sparse_if_sparse(self.features[ids])
+        f.m_ctx = dataclasses.replace(f.ctx, vertex_ids=ids, col_offset=self.cols[0])
+        f.phase_s.update(push_wait=t1 - t0, slice=time.perf_counter() - t1)
+
+    def post_push(self, block: Block) -> comm.Posted:
+        """P3's push: every rank's first block to every rank (an all-gather of the packed blocks), posted; the
+        sizes travel first and are waited on (a control message of P integers)."""
         flat = torch.from_numpy(pack_block(block, self.index_dtype, self.edge_ids))
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
         dist.all_gather(sizes, torch.tensor([flat.numel()], dtype=torch.int64))  # control: not counted
         counts = [int(t) for t in sizes]
-        got = comm.post_all_gather(flat, counts, self.stats, label=f"{self.first}.structure").wait()
-        pieces = torch.split(got, counts)
+        return comm.post_all_gather(flat, counts, self.stats, label=f"{self.first}.structure")
+
+    def finish_push(self, block: Block, posted: comm.Posted) -> list[Block]:
+        """The pushed blocks of every rank, this rank's own as it is."""
+        pieces = torch.split(posted.wait(), posted.op.sizes)
         return [block if r == self.rank else unpack_block(p.numpy(), self.edge_ids) for r, p in enumerate(pieces)]
 
     # --- push-pull's exchanges around the first layer's sync -----------------------------------------------
