@@ -21,7 +21,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import sympy
+import torch
 
 from gnnc.cluster import ClusterProfile, KernelRate, default_probe_file, load_profile, resolve_cluster
 from gnnc.errors import GnncError, GnncWarning, PlanError
@@ -31,6 +33,7 @@ from gnnc.graph.in_memory import as_graph
 from gnnc.graph.tu_dataset import is_graph_dataset_spec
 from gnnc.graph_classification import refuse_flags as refuse_graph_flags
 from gnnc.graph_classification import run as run_graph_classification
+from gnnc.graph.edge_split import message_graph
 from gnnc.graph.loaders import load_graph as _load
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.host import choose_threads
@@ -48,17 +51,20 @@ from gnnc.passes.cost.registry import segment_cost
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
 from gnnc.passes.pipeline_text import PassSpec, with_values
+from gnnc.passes.predict_bytes import predict_pair_bytes
 from gnnc.passes.planner.pipeline import pipeline_summary
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.plan_meta import Partition, PlanMeta, PlannerRecord, WorkersTried
 from gnnc.plan.precision import DEFAULT_PRECISION, check_precision
 from gnnc.plan.shard_files import verify_shards
+from gnnc.plan.slices import split_weights
 from gnnc.plan.approximation import approximations, require_exact
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.device import check_gpu_count, resolve_device
 from gnnc.runtime.distributed import DistJob
+from gnnc.runtime.link_task import draw_negatives, split_for
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 from gnnc.runtime.main_guard import check_main_guard
 from gnnc.runtime.minibatch import train_minibatch
@@ -67,6 +73,7 @@ from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, 
                                 kernel_rate_samples, machine_fields, probe as probe_machine, probe_layer_samples,
                                 probe_op_samples, timing_together)
 from gnnc.runtime.probe_network import links_then_machines, network_probe, profile_fields
+from gnnc.runtime.pair_exchange import LinkJob, link_worker
 from gnnc.runtime.rank_worker import worker
 from gnnc.runtime.train import RunResult, TrainConfig, check_graph_inputs, train
 from gnnc.graph.storage import check_class_labels
@@ -137,9 +144,14 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if is_graph_classification(program):
         raise GnncError("a model that reads out graph rows (global_*_pool) classifies graphs: run it with "
                         "`gnnc run MODEL.gnn --graph tu:DIR` (or graphs:n=600,seed=0), a dataset of many graphs")
-    if is_link_prediction(program) and (workers > 1 or sampling is not None):
-        raise GnncError("link prediction (a model that scores src./dst. pairs) runs in one process for now: "
-                        "compile it for --workers 1 (run it without --nproc) and without --fanout")
+    link_split = None
+    if is_link_prediction(program):
+        if sampling is not None:
+            raise GnncError("link prediction (a model that scores src./dst. pairs) trains on the full graph for "
+                            "now: compile and run it without --fanout")
+        if workers > 1 and graph is not None:  # the encoder's graph is the split's message-passing graph
+            link_split = split_for(program, graph, seed)
+            graph = message_graph(graph, link_split)
     if not program.graph_layers() and (workers > 1 or sampling is not None):
         raise GnncError("a model without a graph layer (dense layers only, an MLP) has nothing to split over a "
                         "graph's vertices: compile it for --workers 1 (run it without --nproc) and without --fanout")
@@ -163,6 +175,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if graph is not None:
         _warn_unused_logits(program, graph, model)
     results = ctx.results
+    if link_split is not None:
+        _predict_link_bytes(program, link_split, ctx.parts, workers, precision, results)
     if sampling is not None:
         sampling.layer_fanouts(len(program.graph_layers()))  # one fan-out per graph layer, or exit 2
     step_schedule = (results.schedule or schedule or "sequential") if sampling is not None else None
@@ -193,6 +207,32 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         warnings.warn(GnncWarning(report.memory_warning), stacklevel=2)
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
                 results.hybrid_cached, graph if workers > 1 else None, row_sets=results.row_sets)
+
+
+def _predict_link_bytes(program: Program, split: Any, parts: Any, workers: int, precision: str, results: Any) -> None:
+    """A link plan's pair exchange (gnnc.runtime.pair_exchange) beside its encoder's bytes: `pairs` in a training
+    step, the positives' fetch and its gradients (the epoch's negatives add `predict_negative_bytes(plan,
+    epoch)`), and in an evaluation the validation and test pairs' fetch."""
+    if is_pipeline(program) or split_weights(program):
+        raise GnncError("link prediction on several workers runs the data-parallel strategies (not GNNPipe's "
+                        "pipeline nor P3's push-pull) for now: choose others with --strategy")
+    fwd, bwd = predict_pair_bytes(program, split.train_pos, parts, workers, precision)
+    results.predicted_bytes = {**results.predicted_bytes, "pairs": fwd + bwd}
+    evaluated = np.concatenate([split.val_pos, split.val_neg, split.test_pos, split.test_neg], axis=1)
+    results.predicted_eval_bytes = {**(results.predicted_eval_bytes or {}),
+                                    "pairs": predict_pair_bytes(program, evaluated, parts, workers, precision)[0]}
+
+
+def predict_negative_bytes(plan: Plan, graph: Graph, epoch: int) -> int:
+    """The bytes of the pair exchange of epoch `epoch`'s training negatives under `plan` (forward and backward),
+    `graph` the graph the run splits: exact for a run on the CPU, whose ranks draw the same negatives from
+    (seed, epoch) as this replay does (a CUDA generator draws others)."""
+    assert plan.parts is not None and plan.meta.partition is not None
+    split = split_for(plan.program, graph, plan.meta.partition.seed)
+    keys = torch.as_tensor(split.message_keys, dtype=torch.int64)
+    neg = draw_negatives(plan.meta.partition.seed, epoch, graph.num_nodes, split.train_negatives(), keys)
+    fwd, bwd = predict_pair_bytes(plan.program, neg.numpy(), plan.parts, plan.workers, plan.meta.precision)
+    return fwd + bwd
 
 
 def _warn_unused_logits(program: Program, graph: Any, model: Model) -> None:
@@ -521,13 +561,15 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
                         f"--nproc {plan.workers}) runs on the CPU for now; one process runs it on the device")
     if cfg.device == "cuda" and not started_by_torchrun():
         check_gpu_count(plan.workers)  # each local rank takes its own GPU
+    link_split = _link_split(plan, graph, cfg.seed) if is_link_prediction(plan.program) else None
     if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():
         if graph is None:
             raise PlanError("the plan has no shards and no graph was given to write them from")
         plan.graph = load_graph(graph)
     if plan.graph is not None:
         check_graph_inputs(plan.graph.name, plan.graph.stand_ins)
-        check_class_labels(plan.graph.y, plan.graph.name, loss_op(plan.program))  # before any worker starts
+        if link_split is None:  # link prediction reads no vertex labels
+            check_class_labels(plan.graph.y, plan.graph.name, loss_op(plan.program))  # before any worker starts
     else:  # saved shards: what the plan recorded of the graph it was compiled on
         check_graph_inputs(str(plan.graph_spec), plan.meta.graph_stand_ins or {})
 
@@ -535,6 +577,10 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         if plan.sampling is not None:
             return sampled_worker, SampledJob(str(plan.program), shard_dir, cfg, plan.sampling, plan.schedule,
                                               metrics, want_logits)
+        if link_split is not None:
+            if metrics is not None:
+                raise GnncError("--metrics: link-prediction runs report their metrics with --json, not per rank yet")
+            return link_worker, LinkJob(str(plan.program), shard_dir, cfg, split=link_split)
         return worker, DistJob(str(plan.program), shard_dir, cfg, metrics, want_logits)
 
     if plan.shard_dir is not None:
@@ -560,6 +606,25 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
             return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
         finally:
             plan.shard_dir = None
+
+
+def _link_split(plan: Plan, graph: Any, seed: int) -> Any:
+    """The edge split a distributed link-prediction run scores, from the graph the plan was compiled for: its
+    encoder's graph (the plan's shards, or the graph they are written from, set here) is that split's
+    message-passing graph, so the run's seed must be the compile's."""
+    compiled = plan.meta.partition.seed if plan.meta.partition is not None else seed
+    if seed != compiled:
+        raise GnncError(f"--seed {seed}: this link-prediction plan was compiled on the edge split of seed {compiled} "
+                        f"(its encoder passes messages over that split's edges): run it with --seed {compiled} or "
+                        f"compile it with --seed {seed}")
+    spec = graph if graph is not None else plan.graph_spec
+    if spec is None:
+        raise GnncError("link prediction on several workers splits the plan's graph's edges: pass --graph G")
+    original = load_graph(spec)
+    split = split_for(plan.program, original, compiled)
+    if plan.shard_dir is None and plan.graph is None and not started_by_torchrun():
+        plan.graph = message_graph(original, split)  # the shards are written from it
+    return split
 
 
 def _result(result: RunResult | None, predicted=None) -> RunResult | None:

@@ -22,6 +22,11 @@ relays), so a run's measured bytes must equal these numbers exactly:
   2 (P-1) x those bytes forward, and the same backward; counted with the
   gradient all-reduce, whose op it shares.
 
+* link prediction's pair exchange (`predict_pair_bytes`, not a pass: api.compile calls it with the run's edge
+  split): each pair scored on its source's rank fetches its destination's row from the owner, each row once per
+  rank; forward those rows, backward their gradients (key `pairs` of a training step: the fixed positives; of
+  an evaluation: the validation and test pairs; an epoch's negatives are counted from that epoch's draw).
+
 A communication op the `hoist` pass marks runs once per run, not per step:
 it is annotated with its bytes but not counted in the step's totals.
 
@@ -57,6 +62,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from gnnc.errors import GnncError
 from gnnc.ir import Program
@@ -67,6 +73,7 @@ from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.planner.sampled import predict_sampled
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.comm_ops import byte_kinds, exchange_of
+from gnnc.plan.pair_rows import fetched_rows
 from gnnc.plan.precision import DEFAULT_PRECISION, GRAD_BYTES, element_bytes
 from gnnc.plan.rows import all_row_sets, layer_specs
 from gnnc.plan.slices import split_weights
@@ -119,6 +126,25 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
     numel = sum(_width(p.value.type.shape, config) for p in program.params() if p.value.name not in split)
     totals["allreduce"] += 2 * (world - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), totals
+
+
+def predict_pair_bytes(program: Program, pairs: np.ndarray, parts: np.ndarray, world: int,
+                       precision: str = DEFAULT_PRECISION) -> tuple[int, int]:
+    """Forward and backward bytes of scoring `pairs` ([2, k]: sources, destinations) of a link-prediction
+    program on `world` ranks owning the vertices as `parts` says: each `pair_dst` fetches, at its value's width,
+    the destination rows its pairs' source ranks do not own (gnnc.plan.pair_rows, the rows the runtime's pair
+    exchange moves), and sends their gradients back when that value needs one."""
+    p = torch.as_tensor(np.asarray(pairs), dtype=torch.int64)
+    rows = fetched_rows(p[0], p[1], torch.as_tensor(np.asarray(parts), dtype=torch.int64), world)
+    config, elem, needs_grad = program.config_dict(), element_bytes(precision), param_dependent(program)
+    fwd = bwd = 0
+    for layer in program.layers:
+        for e in layer.eqns:
+            if e.op == "pair_dst":
+                nbytes = rows * _width(e.ins[0].type.shape, config) * elem
+                fwd += nbytes
+                bwd += nbytes if e.ins[0].name in needs_grad else 0
+    return fwd, bwd
 
 
 def evaluation_bytes(program: Program) -> dict[str, int]:

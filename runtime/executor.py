@@ -521,6 +521,8 @@ def check_dims_fit(program: Program, num_features: int, num_classes: int, name: 
     if eval_dim(feats, cfg) != num_features:
         raise GnncError(f"the model expects {eval_dim(feats, cfg)} input features but graph "
                         f"'{name}' has {num_features}")
+    if program.logits.type.domain == "pair":  # link prediction scores pairs: it reads no vertex labels
+        return
     width = eval_dim(program.logits.type.shape[0], cfg)
     loss = loss_op(program)
     if op_def(loss).loss == "targets":

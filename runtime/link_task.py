@@ -1,4 +1,4 @@
-"""Link prediction in one process: train an encoder and a pair scorer on an edge split, report AUC and ranks.
+"""Link prediction: train an encoder and a pair scorer on an edge split, report AUC and ranks.
 
 A link-prediction program (gnnc.ir.ops.is_link_prediction) reads pairs at the model level (`src.z`,
 `dst.z`) and defines `loss = bce(score, label)`. Its run:
@@ -15,6 +15,9 @@ A link-prediction program (gnnc.ir.ops.is_link_prediction) reads pairs at the mo
   1 / rank of each positive among all negatives, the rank the mean of the optimistic and pessimistic one);
 - selects the epoch of best validation AUC (`patience` stops on it), as PyG's link-prediction examples do.
 
+On several ranks (`gnnc run --nproc N`), gnnc.runtime.pair_exchange runs the same loop (`fit_link`) with the
+encoder distributed and each pair scored on the rank owning its source.
+
 The metrics go into `RunResult.metrics` (`test_auc`, `val_auc`, `test_hits@K`, `test_mrr`, ...), which
 `gnnc run --json` prints with the rest.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -96,6 +99,27 @@ def pair_metrics(pos: torch.Tensor, neg: torch.Tensor, k: int) -> list[float]:
     return [pair_auc(pos, neg), float(hits_at_k(pos, neg, k)), float(mrr(pos, neg))]
 
 
+def draw_negatives(seed: int, epoch: int, n: int, k: int, message_keys: torch.Tensor) -> torch.Tensor:
+    """An epoch's `k` training negatives [2, k]: uniform pairs u != v of `n` vertices, redrawn where they are
+    message-passing edges (`message_keys`, sorted u * n + v), on message_keys' device from a generator seeded by
+    (seed, epoch): every rank of a distributed run draws the same ones."""
+    device = message_keys.device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(rng.stream_key(seed, epoch, _NEGATIVES_STREAM))
+
+    def draw() -> torch.Tensor:
+        u = torch.randint(0, n, (k,), generator=gen, device=device)
+        v = torch.randint(0, n - 1, (k,), generator=gen, device=device)
+        return u * n + v + (v >= u)
+
+    keys = draw()
+    for _ in range(_REDRAWS):
+        pos = torch.searchsorted(message_keys, keys).clamp(max=max(message_keys.shape[0] - 1, 0))
+        hit = message_keys[pos] == keys if message_keys.numel() else torch.zeros_like(keys, dtype=torch.bool)
+        keys = torch.where(hit, draw(), keys)
+    return torch.stack([keys // n, keys % n])
+
+
 # ----- the run ---------------------------------------------------------------------------------------------
 
 class LinkWorker:
@@ -132,22 +156,11 @@ class LinkWorker:
         self.num_nodes = graph.num_nodes
 
     def negatives(self, epoch: int) -> torch.Tensor:
-        """The epoch's training negatives [2, k]: uniform pairs u != v, redrawn where they are message edges."""
-        n, k = self.num_nodes, self.split.train_negatives()
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(rng.stream_key(self.cfg.seed, epoch, _NEGATIVES_STREAM))
+        """The epoch's training negatives [2, k] (`draw_negatives`)."""
+        return draw_negatives(self.cfg.seed, epoch, self.num_nodes, self.split.train_negatives(), self.message_keys)
 
-        def draw() -> torch.Tensor:
-            u = torch.randint(0, n, (k,), generator=gen, device=self.device)
-            v = torch.randint(0, n - 1, (k,), generator=gen, device=self.device)
-            return u * n + v + (v >= u)
-
-        keys = draw()
-        for _ in range(_REDRAWS):
-            pos = torch.searchsorted(self.message_keys, keys).clamp(max=max(self.message_keys.shape[0] - 1, 0))
-            hit = self.message_keys[pos] == keys if self.message_keys.numel() else torch.zeros_like(keys, dtype=torch.bool)
-            keys = torch.where(hit, draw(), keys)
-        return torch.stack([keys // n, keys % n])
+    def initial_params(self, seed: int) -> dict[str, torch.nn.Parameter]:
+        return init_params(self.program, seed, self.device)
 
     def context(self, training: bool, epoch: int, pairs: torch.Tensor) -> ExecContext:
         kb = rng.stream_key(self.cfg.seed, epoch)
@@ -184,7 +197,24 @@ class LinkWorker:
         return pair_metrics(vp, vn, k) + pair_metrics(tp, tn, k)
 
 
-def fit_link(worker: LinkWorker, cfg: TrainConfig,
+class LinkRun(Protocol):
+    """What `fit_link` trains: one process's LinkWorker, or a rank's (gnnc.runtime.pair_exchange.DistLinkWorker,
+    whose step returns the loss summed over ranks and whose metrics are the same on every rank)."""
+
+    program: Program
+    device: torch.device
+    settings: LinkSettings
+    state: dict[str, torch.Tensor]
+
+    def initial_params(self, seed: int) -> dict[str, torch.nn.Parameter]: ...
+
+    def train_step(self, params: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
+                   epoch: int) -> torch.Tensor: ...
+
+    def evaluate(self, params: dict[str, torch.Tensor], epoch: int) -> list[float]: ...
+
+
+def fit_link(worker: LinkRun, cfg: TrainConfig,
              on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Train and evaluate every epoch; the result's metrics are those of the epoch of best validation AUC."""
     if cfg.checkpoint_dir is not None:
@@ -195,7 +225,7 @@ def fit_link(worker: LinkWorker, cfg: TrainConfig,
     for flag, given in (("--recompute", cfg.recompute), ("--eval-every", cfg.eval_every != 1)):
         if given:
             raise GnncError(f"{flag}: link-prediction runs do not take it yet (they evaluate after every epoch)")
-    params = init_params(worker.program, cfg.seed, worker.device)
+    params = worker.initial_params(cfg.seed)
     opt = make_optimizer(worker.program, params, cfg)
     schedule = LRSchedule(opt, cfg)
     k = worker.settings.hits_k

@@ -4,7 +4,7 @@
 `loss = bce(score, label)` over pairs: type rules and their messages, the printer/parser round trip, golden
 IR of examples/link_gae.gnn after each pass, the cost model's count of their work, GAE's and an MLP
 decoder's scores, loss and gradients against torch_geometric with the same weights, and a short run's
-`--json` (test_auc, test_hits@20, test_mrr); several processes are refused with exit 2.
+`--json` (test_auc, test_hits@20, test_mrr). Several processes: tests/test_link_distributed.py.
 """
 from __future__ import annotations
 
@@ -225,14 +225,6 @@ def test_run_reports_auc_hits_and_mrr(capsys, tmp_path) -> None:
     # seeded: the same split, negatives and initial weights again (threaded sums may differ in the last bits)
     again = api.run(api.load_model(EXAMPLES / "link_gae.gnn"), graph, epochs=3, seed=7)
     assert again.metrics == pytest.approx({k: out[k] for k in again.metrics}, rel=1e-4)
-
-
-def test_several_processes_are_refused(capsys) -> None:
-    from gnnc import cli
-
-    rc = cli.main(["run", str(EXAMPLES / "link_gae.gnn"), "--graph", "planetoid:cora", "--epochs", "1", "--nproc", "2"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "link prediction" in err and "runs in one process for now" in err
 
 
 def test_dropout_of_pair_values(tmp_path) -> None:
