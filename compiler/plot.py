@@ -8,8 +8,15 @@ validation and test accuracies per epoch, with the epoch of best validation accu
 test accuracy `gnnc run` reports), and for a run on several processes each rank's mean step split into those
 parts, over the epochs after the first (the first one builds caches).
 
-Only this module's `run` loads matplotlib (the `plot` extra), and nothing here loads torch: plotting a file
-takes a fraction of a second. A file that is missing, not JSON lines, or not gnnc metrics is refused naming
+`--tensorboard DIR` writes the same run as TensorBoard scalars instead (or as well, with `-o`): per epoch the
+loss, the accuracies or the task's metrics (RMSE and MAE, ROC-AUC), the learning rate and the epoch's time (the
+slowest rank's step), with torch.utils.tensorboard's SummaryWriter, in one new event file. It converts the
+metrics file rather than hooking `gnnc run`: the file is what every kind of run writes already (one process, the
+ranks of a distributed or sampled run, a resumed run), rank 0 alone, so TensorBoard is never imported by a
+training process, and a run already done, or still running, can be looked at without training again.
+
+Only this module's `run` loads matplotlib (the `plot` extra), or torch and tensorboard (the `tensorboard`
+extra) for `--tensorboard`: plotting a file takes a fraction of a second. A file that is missing, not JSON lines, or not gnnc metrics is refused naming
 the file and its line (exit 2); a last line a crash tore (no newline at its end) is passed over, as
 gnnc.runtime.metrics.read_metrics does.
 """
@@ -19,7 +26,10 @@ import argparse
 import io
 import json
 import math
+import os
+import shutil
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +41,9 @@ from gnnc.files import atomic_write
 TIME_PARTS = (("compute", ("compute_s",), ()), ("communication", ("comm_s",), ("pipe_s",)),
               ("pipeline wait", ("pipe_s",), ()), ("gradient all-reduce", ("allreduce_s",), ()))
 ACCURACIES = (("train_acc", "train"), ("val_acc", "validation"), ("test_acc", "test"))
+SPLITS = ("train", "val", "test")
+TENSORBOARD_MISSING = ("gnnc plot --tensorboard needs the tensorboard package: pip install tensorboard "
+                       "(or pip install 'gnnc[tensorboard]')")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -40,7 +53,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                           "RUN.jsonl`, and each rank's time split for a run on several "
                                           "processes. Needs matplotlib (pip install 'gnnc[plot]').")
     c.add_argument("metrics", metavar="RUN.jsonl", help="the file `gnnc run --metrics` wrote")
-    c.add_argument("-o", "--output", metavar="PNG", help="where to write the figure (default: RUN.png beside it)")
+    c.add_argument("-o", "--output", metavar="PNG", help="where to write the figure (default: RUN.png beside it, "
+                                                         "unless --tensorboard is given)")
+    c.add_argument("--tensorboard", metavar="DIR",
+                   help="write the curves as TensorBoard scalars (loss, accuracies or the task's metrics, lr, epoch "
+                        "time) to an event file in DIR instead of the PNG; needs tensorboard (pip install tensorboard)")
     c.add_argument("--json", action="store_true", help="end stdout with one JSON summary line")
     c.set_defaults(fn=run)
     return c
@@ -172,21 +189,92 @@ def draw(c: Curves, title: str) -> bytes:
     return buf.getvalue()
 
 
+def scalars(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard's scalars by tag, each a list of (epoch, value): the loss (the ranks' shares added), rank 0's
+    accuracies or other metrics (`<split>_<name>`: the same on every rank), its learning rate and the slowest
+    rank's step time. A metric a record holds no number for (null) leaves that epoch out of its tag."""
+    by_epoch: dict[int, list[dict[str, Any]]] = {}
+    for rec in records:
+        by_epoch.setdefault(rec["epoch"], []).append(rec)
+    out: dict[str, list[tuple[int, float]]] = {}
+    for epoch in sorted(by_epoch):
+        recs = by_epoch[epoch]
+        first = min(recs, key=lambda r: r["rank"])
+        values = {"loss": math.fsum(r["loss"] for r in recs if r.get("loss") is not None),
+                  "time/epoch_s": max(float(r.get("epoch_s") or 0.0) for r in recs)}
+        extra = first.get("extra") if isinstance(first.get("extra"), dict) else {}
+        for key, value in [*first.items(), *extra.items()]:
+            split, _, name = key.partition("_")
+            if split in SPLITS and name and _is_number(value):
+                values[f"{name}/{split}"] = float(value)
+        if _is_number(extra.get("lr")):
+            values["lr"] = float(extra["lr"])
+        for tag, value in values.items():
+            out.setdefault(tag, []).append((epoch, value))
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def write_tensorboard(directory: Path, tags: dict[str, list[tuple[int, float]]]) -> Path:
+    """One event file of `tags` in `directory` (made if its parent exists); it appears whole, renamed there
+    once written, as gnnc writes every file. Returns its path."""
+    try:
+        import tensorboard  # noqa: F401  (deferred: the optional `tensorboard` extra; torch's writer needs it)
+        from torch.utils.tensorboard import SummaryWriter  # deferred: loads torch
+    except ImportError:
+        raise GnncError(TENSORBOARD_MISSING) from None
+    if directory.exists() and not directory.is_dir():
+        raise GnncError(f"--tensorboard {directory}: is a file; name a directory")
+    if not directory.parent.is_dir():
+        raise GnncError(f"--tensorboard {directory}: directory {directory.parent} does not exist; create it first")
+    try:
+        directory.mkdir(exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".gnnc-plot-", dir=directory))
+    except OSError as err:
+        raise write_failure(err, f"--tensorboard {directory}") from None
+    try:
+        writer = SummaryWriter(log_dir=str(staging))
+        for tag, points in tags.items():
+            for epoch, value in points:
+                writer.add_scalar(tag, value, epoch)
+        writer.close()
+        (event,) = staging.iterdir()
+        final = directory / event.name
+        os.replace(event, final)
+    except OSError as err:
+        raise write_failure(err, f"--tensorboard {directory}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `gnnc plot`; GnncError for bad input (the CLI exits 2 on it)."""
     path = Path(args.metrics)
-    out = Path(args.output) if args.output else path.with_suffix(".png")
-    c = curves(read_records(path))
+    records = read_records(path)
+    c = curves(records)
     world = f", {c.world_size} processes" if c.world_size > 1 else ""
-    png = draw(c, f"{path.name}: {len(c.epochs)} epochs{world}")
-    try:
-        atomic_write(out, png)
-    except OSError as err:
-        raise write_failure(err, f"the figure {out}") from None
-    best = c.best
-    print(f"wrote {out}: {len(c.epochs)} epochs{world}; best validation accuracy "
-          f"{c.accuracy['validation'][best]:.3f} at epoch {c.epochs[best]} (test {c.accuracy['test'][best]:.3f})")
+    summary: dict[str, Any] = {"epochs": len(c.epochs), "world_size": c.world_size}
+    if args.tensorboard:
+        tags = scalars(records)
+        event = write_tensorboard(Path(args.tensorboard), tags)
+        print(f"wrote {event}: {len(c.epochs)} epochs{world}, scalars {', '.join(sorted(tags))} "
+              f"(tensorboard --logdir {args.tensorboard})")
+        summary["tensorboard"] = str(event)
+    if args.output or not args.tensorboard:
+        out = Path(args.output) if args.output else path.with_suffix(".png")
+        png = draw(c, f"{path.name}: {len(c.epochs)} epochs{world}")
+        try:
+            atomic_write(out, png)
+        except OSError as err:
+            raise write_failure(err, f"the figure {out}") from None
+        best = c.best
+        print(f"wrote {out}: {len(c.epochs)} epochs{world}; best validation accuracy "
+              f"{c.accuracy['validation'][best]:.3f} at epoch {c.epochs[best]} (test {c.accuracy['test'][best]:.3f})")
+        summary.update(output=str(out), best_epoch=c.epochs[best], final_loss=c.loss[-1])
     if args.json:
-        print(json.dumps({"output": str(out), "epochs": len(c.epochs), "world_size": c.world_size,
-                          "best_epoch": c.epochs[best], "final_loss": c.loss[-1]}, sort_keys=True))
+        print(json.dumps(summary, sort_keys=True))
     return 0

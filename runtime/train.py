@@ -581,6 +581,10 @@ def fit(worker: Worker, cfg: TrainConfig, metrics_path: str | None = None,
                    "eval_time_s": eval_slowest, "eval_bytes_sent": int(counts[-1]), "lr": lr, "evaluated": evaluated}
             history.append(rec)
             record.train_acc, record.val_acc, record.test_acc = (rec.get(f"{s}_acc") for s in ("train", "val", "test"))
+            # the epoch's rate and the task's metrics other than accuracy (RMSE, ROC-AUC) in the metrics file too, for
+            # `gnnc plot --tensorboard`
+            record.extra.update(lr=lr, **{k: v for k, v in rec.items()
+                                          if k.startswith(("train_", "val_", "test_")) and not k.endswith("_acc")})
             log.log_many([*worker.take_records(), record])  # a sampled run's minibatches, then the epoch
             if not math.isfinite(rec["loss"]):
                 # Every rank sees the same summed loss, so all stop here together; no checkpoint of it.
