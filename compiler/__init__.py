@@ -20,6 +20,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from gnnc.host import set_wait_policy
+
+# Before anything imports torch, whose OpenMP runtime reads its wait policy once as it loads (gnnc.host).
+set_wait_policy()
+
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Model", "Plan", "check", "compile", "load_graph", "load_model", "load_model_source", "partition",

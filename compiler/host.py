@@ -36,6 +36,7 @@ Cora, whose tensors are all under 2 MiB, unchanged.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
@@ -156,12 +157,68 @@ def use_huge_pages(environ: MutableMapping[str, str] | None = None) -> bool:
 # peers a thread spins for may not be running at all: measured on this 2-core machine under load (load average
 # about 3.5), the Cora GCN demo took 246.7 ms an epoch with 2 spinning threads, 11.9 ms with one thread and
 # 10.4 ms with passive waiting (2-4 ms quiet). So the thread count is what the process may really use, decided
-# once (`choose_threads`). The wait policy stays OpenMP's own unless the user sets one (`wait_policy` reports
-# it): passive waiting, tried as the default, made the quiet demo 8.0-8.2 ms an epoch against 6.6-6.9 with the
-# default spin (this AVX-512 Xeon, load 0.7-0.9), and beside a 2-thread torch matmul loop it measured 21-25 ms
-# against the default's 16-23: no better loaded and slower quiet, so it is not the default.
+# once (`choose_threads`). And a thread that waits for its peers spins only briefly before it sleeps
+# (`set_wait_policy`): libgomp, which torch's CPU wheel links (torch/lib/libgomp.so.1) and which the compiled
+# kernels share, spins 300,000 rounds by default (OMP_WAIT_POLICY unset; 3 ms by libgomp's own estimate) at every
+# barrier and at the end of every parallel region, so under contention the spinners take the time slices the
+# peers they wait for need. Measured with benchmarks/contention.py (figures and load averages in
+# benchmarks/RESULTS-contention.md).
 
-WAIT_POLICY, SPIN_COUNT = "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"  # OpenMP's standard switch; libgomp's own spin
+# OpenMP's standard switch, libgomp's spin rounds, Intel's and LLVM's time a thread spins (ms)
+WAIT_POLICY, SPIN_COUNT, BLOCK_TIME = "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"
+# gnnc's default, for the OpenMP runtime torch links: 1000 libgomp rounds (10 us by its estimate: an epoch's next
+# parallel region, a Python call away, still finds the threads awake), or Intel's/LLVM's shortest time but 0
+# (not measured: this machine's torch links libgomp)
+SHORT_SPIN = {SPIN_COUNT: "1000", BLOCK_TIME: "1"}
+_OPENMP_LIBRARIES = {"libgomp": SPIN_COUNT, "libiomp5": BLOCK_TIME, "libomp": BLOCK_TIME}
+
+
+@dataclass
+class _WaitPolicy:
+    """What `set_wait_policy` found when it ran in this process (its report needs it)."""
+
+    late: bool = False  # OpenMP was already loaded: this process keeps what it read, its children take the setting
+
+
+_WAIT = _WaitPolicy()
+
+
+def set_wait_policy(environ: MutableMapping[str, str] | None = None, maps: str | Path = "/proc/self/maps") -> None:
+    """Have OpenMP's waiting threads spin briefly, then sleep (`SHORT_SPIN`, for the runtime torch links), unless
+    the user set a wait setting of any runtime (OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME): kept as given.
+    OpenMP reads its settings once, when it is loaded (with torch), so gnnc's package runs this first thing, and
+    the processes a run starts (spawned workers) inherit it; where torch was imported before gnnc, this process
+    keeps OpenMP's default and `wait_policy` says so."""
+    env = os.environ if environ is None else environ
+    if any(name in env for name in (WAIT_POLICY, SPIN_COUNT, BLOCK_TIME)):
+        return
+    name = _torch_openmp()
+    env[name] = SHORT_SPIN[name]
+    _WAIT.late = _openmp_loaded(Path(maps))
+
+
+def _torch_openmp() -> str:
+    """The wait setting of the OpenMP runtime torch's wheel carries (torch/lib), found without importing torch;
+    libgomp's where it carries none (a build linked against the system's GCC runtime)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        folders = [Path(f) / "lib" for f in (spec.submodule_search_locations or [])] if spec else []
+        names = [n for folder in folders if folder.is_dir() for n in os.listdir(folder)]
+    except (ImportError, ValueError, OSError):
+        names = []
+    for library, setting in _OPENMP_LIBRARIES.items():
+        if any(n.startswith(library + ".") for n in names):
+            return setting
+    return SPIN_COUNT
+
+
+def _openmp_loaded(maps: Path) -> bool:
+    """Whether an OpenMP runtime is mapped into this process already (it has read its settings)."""
+    try:
+        text = maps.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(f"/{library}." in text for library in _OPENMP_LIBRARIES)
 
 
 @dataclass(frozen=True)
@@ -248,5 +305,11 @@ def _v1_quota(folder: Path) -> float | None:
 def wait_policy(environ: MutableMapping[str, str] | None = None) -> str:
     """The OpenMP wait policy the processes of a run start with, as `gnnc run --json` states it."""
     env = os.environ if environ is None else environ
-    given = [f"{name}={env[name]}" for name in (WAIT_POLICY, SPIN_COUNT) if name in env]
-    return ", ".join(given) or "OpenMP's default (spin, then sleep)"
+    given = [f"{name}={env[name]}" for name in (WAIT_POLICY, SPIN_COUNT, BLOCK_TIME) if name in env]
+    if not given:
+        return "OpenMP's default (spin, then sleep)"
+    ours = len(given) == 1 and any(given[0] == f"{n}={v}" for n, v in SHORT_SPIN.items())
+    policy = ", ".join(given) + (" (gnnc's default: spin briefly, then sleep)" if ours else " (set by the user)")
+    if ours and _WAIT.late and environ is None:
+        policy += "; this process loaded OpenMP before gnnc set it and keeps OpenMP's default"
+    return policy

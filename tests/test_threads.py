@@ -1,8 +1,10 @@
-"""The threads a run uses and the OpenMP wait policy it reports (gnnc.host; issue 42).
+"""The threads a run uses and the OpenMP wait policy it sets and reports (gnnc.host; issue 42).
 
 The thread count comes from what the process may really use (its affinity mask, its cgroup's CPU quota, v2 or
 v1, in a fake cgroup tree here), or `--threads`, and ranks on one machine share it; a run records it in
-`--json` and its metrics, and that is the count torch trained with.
+`--json` and its metrics, and that is the count torch trained with. OpenMP's waiting threads spin briefly, then
+sleep, in a fresh gnnc process and the workers it spawns, unless the user set a wait policy: what libgomp really
+read is what it prints under OMP_DISPLAY_ENV=verbose.
 """
 from __future__ import annotations
 
@@ -15,10 +17,26 @@ from pathlib import Path
 import pytest
 
 from gnnc.cli import build_parser
-from gnnc.host import choose_threads, cpu_quota, usable_cpus, wait_policy
+from gnnc.host import (BLOCK_TIME, SHORT_SPIN, SPIN_COUNT, WAIT_POLICY, _torch_openmp, choose_threads, cpu_quota,
+                       set_wait_policy, usable_cpus, wait_policy)
 
 ROOT = Path(__file__).resolve().parents[1]
 FOUR = {0, 1, 2, 3}
+WAIT_SETTINGS = (WAIT_POLICY, SPIN_COUNT, BLOCK_TIME)
+libgomp = pytest.mark.skipif(_torch_openmp() != SPIN_COUNT, reason="torch here does not link libgomp")
+
+
+def _user_env(**given: str) -> dict[str, str]:
+    """This environment less every OpenMP wait setting (the test process's own gnnc import set one), plus `given`,
+    with libgomp told to print the settings it read."""
+    env = {k: v for k, v in os.environ.items() if k not in WAIT_SETTINGS}
+    return {**env, "OMP_DISPLAY_ENV": "verbose", **given}
+
+
+def _spin_counts(stderr: str) -> list[str]:
+    """The spin count each libgomp that loaded read (one line per process, OMP_DISPLAY_ENV=verbose)."""
+    return [line.split("=")[1].strip().strip("'") for line in stderr.splitlines()
+            if line.strip().startswith("GOMP_SPINCOUNT =")]
 
 
 def _cgroup(tmp_path: Path, self_cgroup: str, files: dict[str, str]) -> tuple[Path, Path]:
@@ -80,12 +98,63 @@ def test_the_threads_flag_takes_a_whole_number() -> None:
         assert exit_.value.code == 2
 
 
-def test_the_wait_policy_is_openmps_unless_the_user_sets_one() -> None:
-    """Passive waiting was tried as the default and measured slower quiet (compiler/host.py): the policy is
-    OpenMP's own, and a run states whichever the user set."""
+def test_the_wait_policy_is_a_short_spin_unless_the_user_sets_one(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 00:00 1 /usr/lib/libc.so.6\n")
+    env: dict[str, str] = {}
+    set_wait_policy(env, maps)
+    assert env == {SPIN_COUNT: SHORT_SPIN[SPIN_COUNT]} and SHORT_SPIN[SPIN_COUNT] == "1000"
+    assert wait_policy(env) == "GOMP_SPINCOUNT=1000 (gnnc's default: spin briefly, then sleep)"
+    for name, value in ((WAIT_POLICY, "active"), (SPIN_COUNT, "300000"), (BLOCK_TIME, "200")):
+        user = {name: value}
+        set_wait_policy(user, maps)
+        assert user == {name: value}  # any runtime's setting is the user's choice: nothing added
+        assert wait_policy(user) == f"{name}={value} (set by the user)"
     assert "default" in wait_policy({})
-    assert wait_policy({"OMP_WAIT_POLICY": "passive"}) == "OMP_WAIT_POLICY=passive"
-    assert wait_policy({"GOMP_SPINCOUNT": "3000"}) == "GOMP_SPINCOUNT=3000"
+
+
+@libgomp
+def test_a_fresh_gnnc_process_sets_it_before_openmp_loads() -> None:
+    """What libgomp read in a fresh process that imports gnnc, then torch (the CLI's order): gnnc's short spin,
+    or the user's policy as given; OpenMP's own default was 300,000 rounds."""
+    code = "import gnnc, torch; from gnnc.host import wait_policy; print(wait_policy())"
+    ours = subprocess.run([sys.executable, "-c", code], env=_user_env(), capture_output=True, text=True, timeout=120)
+    assert ours.returncode == 0, ours.stderr
+    assert _spin_counts(ours.stderr) == ["1000"]
+    assert ours.stdout.strip() == "GOMP_SPINCOUNT=1000 (gnnc's default: spin briefly, then sleep)"
+    users = subprocess.run([sys.executable, "-c", code], env=_user_env(OMP_WAIT_POLICY="active"),
+                           capture_output=True, text=True, timeout=120)
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in users.stderr and _spin_counts(users.stderr) == ["30000000000"]
+    assert users.stdout.strip() == "OMP_WAIT_POLICY=active (set by the user)"
+
+
+SPAWNING = """
+import torch  # before gnnc: this process's OpenMP has read its default already
+import gnnc
+from gnnc.host import wait_policy
+from gnnc.runtime.launch import launch
+
+
+def policy(cfg):
+    return wait_policy()
+
+
+if __name__ == "__main__":
+    print(wait_policy())
+    print(launch(policy, 1, timeout_s=60))
+"""
+
+
+@libgomp
+def test_spawned_workers_start_with_it_even_when_torch_came_first(tmp_path: Path) -> None:
+    script = tmp_path / "spawning.py"
+    script.write_text(SPAWNING)
+    out = subprocess.run([sys.executable, str(script)], env=_user_env(), capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert sorted(_spin_counts(out.stderr)) == ["1000", "300000"]  # the worker's, then this process's
+    caller, workers = out.stdout.strip().splitlines()[-2:]
+    assert caller.endswith("this process loaded OpenMP before gnnc set it and keeps OpenMP's default")
+    assert workers == str(["GOMP_SPINCOUNT=1000 (gnnc's default: spin briefly, then sleep)"])
 
 
 SEEN_PLUGIN = '''
@@ -112,7 +181,7 @@ train.train_step = counting_step
 def test_a_run_records_the_threads_it_trained_with(tmp_path: Path) -> None:
     plugin = tmp_path / "seen.py"
     plugin.write_text(SEEN_PLUGIN)
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in WAIT_SETTINGS}
     out = subprocess.run([sys.executable, "-m", "gnnc.cli", "run", "examples/gcn.gnn", "--graph", "planetoid:cora",
                           "--epochs", "2", "--threads", "1", "--json", "--metrics", str(tmp_path / "m.jsonl"),
                           "--plugin", str(plugin)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -120,6 +189,6 @@ def test_a_run_records_the_threads_it_trained_with(tmp_path: Path) -> None:
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert (summary["threads"], summary["threads_reason"]) == (1, "--threads 1")
     assert json.loads(plugin.with_suffix(".json").read_text()) == [1]  # torch's count in every training step
-    assert "default" in summary["wait_policy"]  # OpenMP's own, none being set
+    assert summary["wait_policy"] == "GOMP_SPINCOUNT=1000 (gnnc's default: spin briefly, then sleep)"
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert {r["extra"]["threads"] for r in records if "extra" in r} == {1}

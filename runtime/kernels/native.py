@@ -6,7 +6,8 @@ epoch); GAT's attention as torch ops writes and reads six [edges, heads] tensors
 backward. One C loop does each in one pass. Plain C with OpenMP, no torch headers and no pybind:
 it compiles in 1.3 s of CPU (a torch C++ extension compiles torch's headers first), so nothing has to
 be shipped prebuilt. Built with -fopenmp, the library needs `libgomp.so.1`, which torch's wheel has
-already loaded under that name: both share one OpenMP runtime and its threads.
+already loaded under that name: both share one OpenMP runtime, its threads and the wait policy gnnc sets before
+torch loads it (gnnc.host.set_wait_policy).
 
 The library is built once per source, compiler and CPU into a private cache directory (`cache_dir`: it
 and every directory above it out of other users' reach, gnnc.files.private_dir), and everything in it is
