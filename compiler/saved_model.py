@@ -9,7 +9,8 @@ trained on (feature width, classes, the edge data it reads) and the weights afte
 ops' running state (batch_norm's statistics). It is written atomically (gnnc.files) with torch.save of plain
 containers and tensors, and read with `torch.load(weights_only=True)`: nothing in it is run as code.
 
-`gnnc predict` runs it on one process, full-graph, in evaluation mode, on the graph it was trained on or any
+`gnnc predict` runs it on one process (or on N, `--nproc`: gnnc.predict_cli compiles its source for N workers and
+gnnc.runtime.predict runs the ranks), full-graph, in evaluation mode, on the graph it was trained on or any
 other with the same feature width (GraphSAGE's inductive case: a new graph), and writes the logits, or the
 value of any vertex value of the IR (`--output l0.h`: the first layer's embeddings), as a .npy file. It
 computes what `gnnc.to_torch`'s module computes (the same interpreter on the same program and weights). A
@@ -37,8 +38,8 @@ from gnnc.ir.text import parse_ir
 from gnnc.model_file import Model
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.plan.plan_file import Plan
-from gnnc.runtime.executor import init_state
-from gnnc.torch_module import GnncModule, param_shapes
+from gnnc.runtime.executor import check_dims_fit, init_state
+from gnnc.torch_module import GnncModule, param_shapes, value_named
 
 FORMAT = "gnnc-saved-model-1"
 
@@ -115,6 +116,15 @@ def load_saved(path: str | Path) -> SavedModel:
     except GnncError as err:
         raise GnncError(f"{path}: its IR does not parse: {err}") from None
     return SavedModel(program, weights, dict(payload.get("model") or {}), dict(payload.get("schema") or {}))
+
+
+def check_fits(saved: SavedModel, graph: Graph, output: str = "logits") -> str:
+    """The IR name of the value `output` names (the logits, a layer, a vertex value), the graph checked to fit the
+    model (feature width, edge data); GnncError naming what does not."""
+    value = saved.program.logits.name if output == "logits" else value_named(saved.program, output)
+    check_dims_fit(saved.program, graph.num_features, 0, graph.name)
+    edge_data.check_fits(saved.program, graph.edge_data, graph.name, saved.program.config_dict())
+    return value
 
 
 def predict(saved: SavedModel, graph: Graph, output: str = "logits") -> np.ndarray:

@@ -36,6 +36,7 @@ from gnnc.ir.dims import eval_dim
 from gnnc.runtime import device as devices
 from gnnc.runtime import rng
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, graph_inputs, init_state
+from gnnc.runtime.predict import KeepingInterpreter
 
 # where the running state of ops (batch_norm's statistics) sits among the module's buffers
 STATE = "state"
@@ -102,7 +103,7 @@ class GnncModule(torch.nn.Module):
             key = 0  # no dropout draws in evaluation
         # A value other than the logits is kept past its last reader, and read from equations run one by one:
         # a fused chain computes its inner values nowhere and may write its result over its input.
-        interp = self._interp if output is None else _Keeping(self.program, output)
+        interp = self._interp if output is None else KeepingInterpreter(self.program, output)
         ctx = ExecContext(views, torch.arange(graph.num_nodes, device=device), self._config, self.training,
                           lambda i: rng.stream_key(key, i), 1.0, state=state, fuse=output is None)
         # the features as gnnc holds them (sparse when few are nonzero); labels and masks only for the loss
@@ -128,20 +129,6 @@ class GnncModule(torch.nn.Module):
         self._graph = (edge_index, edge_index._version, edge_weight, getattr(edge_weight, "_version", None),
                        graph, views)
         return graph, views
-
-
-class _Keeping(Interpreter):
-    """An interpreter that keeps the value `keep` in its environment after its last reader has run."""
-
-    def __init__(self, program: Program, keep: str):
-        super().__init__(program)
-        self.keep = keep
-
-    def drop_dead(self, env: dict[str, Any], layer: Any, k: int | None = None) -> None:
-        kept = env.get(self.keep)
-        super().drop_dead(env, layer, k)
-        if kept is not None:
-            env[self.keep] = kept
 
 
 def value_named(program: Program, name: str) -> str:

@@ -1,0 +1,148 @@
+"""`gnnc predict --nproc N`'s rank: a saved model's values on this rank's rows, assembled and written by rank 0.
+
+Each rank loads its shard of a plan compiled for N workers (gnnc.saved_model.predict_distributed), as a rank
+of `gnnc run --nproc N` does (gnnc.runtime.distributed.DistWorker), takes the saved weights in place of
+initial ones (under P3's push-pull its feature slice's rows of the split first-layer weights) and the ops'
+running state, and runs one forward pass in evaluation mode, exchanging rows as the plan says. It keeps the
+value asked for (the logits, or a vertex value of the IR) past its last reader, and sends the rows of it that
+it owns to rank 0, which puts every vertex's row in global order and writes the .npy file atomically: every
+vertex is owned by exactly one rank, so no row is written twice and none is missing.
+
+A value is held by rows where a rank runs its layer: the prefix of that layer's row order (gnnc.plan.rows)
+that the value covers. Values before P3's pull are feature slices or partial sums instead, and the caller
+plans such a value's layer with a row strategy (`in_feature_phase`).
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gnnc.errors import GnncError, write_failure
+from gnnc.files import atomic_write
+from gnnc.ir import Program
+from gnnc.runtime import device as devices
+from gnnc.runtime.distributed import DistInterpreter, DistJob, DistWorker
+from gnnc.runtime.executor import Interpreter
+from gnnc.runtime.launch import DistConfig
+from gnnc.runtime.train import TrainConfig
+
+
+class Keeping:
+    """An interpreter mixin that keeps the value `keep` in its environment after its last reader has run (the
+    one-process module's `--output` and the ranks' both read it after the forward pass)."""
+
+    keep: str | None = None
+
+    def drop_dead(self, env: dict[str, Any], layer: Any, k: int | None = None) -> None:
+        kept = env.get(self.keep) if self.keep is not None else None
+        super().drop_dead(env, layer, k)  # type: ignore[misc]
+        if kept is not None:
+            env[self.keep] = kept
+
+
+class KeepingInterpreter(Keeping, Interpreter):
+    """One process's interpreter keeping `keep` (gnnc.torch_module's `predict`)."""
+
+    def __init__(self, program: Program, keep: str):
+        super().__init__(program)
+        self.keep = keep
+
+
+class _KeepingRanks(Keeping, DistInterpreter):
+    """A rank's interpreter keeping `keep`, with the global ids of its rows: the rows of the layer that made it."""
+
+    def __init__(self, program: Program, lg: Any, phase: Any, keep: str):
+        super().__init__(program, lg, phase)
+        self.keep = keep
+        self.kept_ids: torch.Tensor | None = None
+
+    def run_layer(self, layer, env, params, ctx):
+        before = self.keep in env
+        super().run_layer(layer, env, params, ctx)
+        if not before and self.keep in env and self.kept_ids is None:
+            self.kept_ids = self._ids  # the row order the layer ran in (its segment's, gnnc.plan.rows)
+
+
+def in_feature_phase(program: Program) -> frozenset[str]:
+    """The values a rank holds as feature slices or partial sums (P3's push-pull, up to its `reduce_scatter`),
+    not as rows: everything computed before the pull, and the inputs it reads."""
+    seen: set[str] = {v.name for v in program.inputs}
+    for layer in program.layers:
+        for e in layer.eqns:
+            if e.op == "reduce_scatter":
+                return frozenset(seen)
+            seen.update(o.name for o in e.outs)
+    return frozenset()
+
+
+@dataclass(frozen=True)
+class PredictJob:
+    """What every rank needs (picklable): the plan's IR and shards, the weights by IR name, the value to keep,
+    where rank 0 writes it."""
+
+    ir: str
+    shard_dir: str
+    weights: dict[str, torch.Tensor]
+    value: str  # the IR name of the value written (the logits' by default)
+    out: str
+    threads: int | None = None
+
+
+def predict_rank(cfg: DistConfig, job: PredictJob) -> dict[str, Any] | None:
+    """One rank's forward pass; rank 0 writes every vertex's row of `job.value` to `job.out` and returns its
+    shape (None on the other ranks)."""
+    w = DistWorker(cfg, DistJob(job.ir, job.shard_dir, TrainConfig(epochs=1, progress=False)))
+    if job.threads is not None:
+        torch.set_num_threads(job.threads)
+    interp = _KeepingRanks(w.program, w.lg, w.interp.phase, job.value)
+    w.interp = interp
+    params = {}
+    for name in (p.value.name for p in w.program.params()):
+        t = job.weights[name].to(w.device)
+        if name in w.split:  # this rank's feature slice of P3's split weight: the rows it multiplies
+            assert w.cols is not None
+            t = t[w.cols[0]:w.cols[1]]
+        params[name] = t
+    for name in w.state:  # the ops' running state (batch_norm's statistics) as trained
+        if name in job.weights:
+            w.state[name] = job.weights[name].to(w.device)
+    env = dict(w.inputs)
+    if job.value in env:
+        interp.kept_ids = w.lg.rows
+    ctx = w.context(False, 0)
+    with torch.no_grad(), devices.autocast(w.device, w.cfg.precision):
+        for layer in w.program.layers:
+            interp.run_layer(layer, env, params, ctx)
+    value = env[job.value]
+    value = value.to_dense() if value.is_sparse else value
+    assert interp.kept_ids is not None
+    ids = interp.kept_ids[: value.shape[0]]
+    mine = torch.isin(ids, w.lg.owned)
+    rows = (ids[mine].cpu(), value[mine].detach().cpu())
+    every: list[Any] = [None] * cfg.world_size if cfg.rank == 0 else None  # type: ignore[assignment]
+    dist.gather_object(rows, every, dst=0)
+    if cfg.rank != 0:
+        return None
+    out = torch.zeros((w.num_nodes, *rows[1].shape[1:]), dtype=rows[1].dtype)
+    covered = torch.zeros(w.num_nodes, dtype=torch.bool)
+    for ids_r, rows_r in every:
+        out[ids_r] = rows_r
+        covered[ids_r] = True
+    if not bool(covered.all()):
+        missing = int((~covered).sum())
+        raise GnncError(f"--output {job.value}: {missing} of the {w.num_nodes} vertices' rows are held by no rank "
+                        "on this plan; ask for it without --nproc")
+    array = out.numpy()
+    buf = io.BytesIO()
+    np.save(buf, array)
+    try:
+        atomic_write(Path(job.out), buf.getvalue())
+    except OSError as err:
+        raise write_failure(err, f"-o {job.out}") from None
+    return {"shape": list(array.shape)}
