@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import PlanError
-from gnnc.graph import CSR, Graph, GraphView
+from gnnc.graph import CSR, Graph, GraphView, sorted_unique
 from gnnc.ir import Layer, Program, Value
 from gnnc.ir.dims import eval_dim
 from gnnc.plan.halo import HaloPlan
@@ -291,11 +291,11 @@ def _lists(graph: Graph, view: str, parts: np.ndarray, chunks: int, groups: int)
             s = src[e]
             in_chunk = chunk_of[s] == k
             out.edges[(k, g)], out.sources[(k, g)] = e, s
-            out.peer[(k, g)] = _by_owner(np.unique(s[in_chunk & (member_of[s] != g)]), member_of)
-            out.hist[(k, g)] = np.unique(s[~in_chunk]).astype(np.int64)
+            out.peer[(k, g)] = _by_owner(sorted_unique(s[in_chunk & (member_of[s] != g)]), member_of)
+            out.hist[(k, g)] = sorted_unique(s[~in_chunk]).astype(np.int64)
     for g in range(groups):
         read = np.concatenate([out.hist[(k, g)] for k in range(chunks)]) if chunks else np.zeros(0, np.int64)
-        read = np.unique(read)
+        read = sorted_unique(read)
         read = read[member_of[read] != g]
         for k in range(chunks):
             ids = read[chunk_of[read] == k]
@@ -361,7 +361,7 @@ def member_structures(graph: Graph, view: str, parts: np.ndarray, chunks: int, g
 def _refresh_ids(lists: _Lists, chunks: int, member: int, member_of: np.ndarray) -> np.ndarray:
     """The peer-owned rows among all of `member`'s ext rows, by (owner, id)."""
     ext = [np.concatenate([lists.peer[(k, member)], lists.hist[(k, member)]]) for k in range(chunks)]
-    ids = np.unique(np.concatenate(ext)) if ext else np.zeros(0, np.int64)
+    ids = sorted_unique(np.concatenate(ext)) if ext else np.zeros(0, np.int64)
     return _by_owner(ids[member_of[ids] != member], member_of)
 
 

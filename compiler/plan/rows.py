@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gnnc.graph import CSR, Graph, GraphView
+from gnnc.graph import CSR, Graph, GraphView, sorted_unique
 from gnnc.graph.storage import view_edge_data
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.strategies import STRATEGIES
@@ -307,17 +307,62 @@ class LocalGraph:
         return LocalGraph(fn(self.rows), self.n_owned, layers, self.block_rows)
 
 
-def _view(graph: Graph, view: str, sel: np.ndarray, local_src: np.ndarray, local_dst: np.ndarray,
-          n_dst: int, n_src: int) -> GraphView:
-    csr = CSR.from_edges(local_src, local_dst, n_dst, n_src)
-    global_eids = torch.as_tensor(sel, dtype=torch.int64)[csr.eids]
-    return GraphView(csr, csr.indices, csr.dst_index(), global_eids, view_edge_data(graph, view, global_eids),
+def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, col: np.ndarray,
+          n_src: int) -> GraphView:
+    """The in-edges of `out_rows` (global ids in local row order; mask `computed` over every vertex), their
+    sources numbered by `col` (global id -> local column, -1: not held).
+
+    The graph's CSR rows are gathered in local row order: a row's in-edges stay in the view's edge order, the
+    order a stable sort of the edges by local row gives, with no sort per layer and rank. The CSR's `eids` are
+    edge positions among the in-edges of `computed` in view order, as such a sort of them numbers them."""
+    g = graph.csr(view)
+    g_indptr, g_src, g_eids = g.indptr.numpy(), g.indices.numpy(), g.eids.numpy()
+    lo = g_indptr[out_rows]
+    counts = g_indptr[out_rows + 1] - lo
+    indptr = np.zeros(len(out_rows) + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    at = np.repeat(lo - indptr[:-1], counts) + np.arange(indptr[-1], dtype=np.int64)
+    global_eids = g_eids[at]
+    local_src = col[g_src[at]]
+    if len(local_src) and local_src.min() < 0:
+        raise AssertionError(f"view {view}: an in-neighbour of a computed row is neither held nor fetched")
+    _, dst = graph.edges(view)
+    position = np.cumsum(computed[dst]) - 1  # view edge -> its position among the computed rows' in-edges
+    n_dst = len(out_rows)
+    dst_index = torch.from_numpy(np.repeat(np.arange(n_dst, dtype=np.int64), counts))
+    csr = CSR(torch.from_numpy(indptr), torch.from_numpy(local_src.astype(np.int64, copy=False)),
+              torch.from_numpy(position[global_eids].astype(np.int64, copy=False)), n_dst, n_src,
+              _cache={"dst": dst_index})  # what CSR.dst_index would expand from the degrees, here from the counts
+    eids = torch.from_numpy(global_eids.astype(np.int64, copy=False))
+    return GraphView(csr, csr.indices, dst_index, eids, view_edge_data(graph, view, eids),
                      csr.in_degree().to(torch.float32))
+
+
+def _same_rows_key(sets: list[RowSets], rank: int, lyr: int, s: LayerSpec) -> tuple:
+    """What a depcache/hybrid layer's structure is built from, by content: C^l, its output rows and every
+    worker's H^l (the send side reads the receivers'). Deep layers of a segment mostly hold the same rows
+    (the hop neighbourhood saturates), so equal keys are built once (the segment and view are in the key)."""
+    mine = sets[rank]
+    halos = None if mine.halos[lyr] is None else tuple(
+        None if st.halos[lyr] is None else st.halos[lyr].tobytes() for st in sets)
+    return (s.segment, s.view, s.strategy, np.packbits(mine.held_in[lyr]).tobytes(),
+            np.packbits(mine.held_out[lyr]).tobytes(), halos)
+
+
+def _same_structure(lg: LayerGraph) -> LayerGraph:
+    """Another layer's LayerGraph over the same tensors: its own object, as each nested layer had when built
+    apiece (a plan's shards give each such layer its own structure; the runtime keeps per-layer state on it)."""
+    views = {k: GraphView(v.csr, v.src, v.dst, v.edge_ids, dict(v.edge_data), v.deg) for k, v in lg.views.items()}
+    return LayerGraph(lg.n_in, lg.n_out, views, lg.halo, lg.blocks, ids=lg.ids)
 
 
 def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec],
                       sets: list[RowSets]) -> LocalGraph:
-    """Worker `rank`'s LocalGraph from every worker's row sets."""
+    """Worker `rank`'s LocalGraph from every worker's row sets.
+
+    Each distinct structure is built once: layers of a per-layer strategy on one view share one LayerGraph;
+    layers of a depcache/hybrid segment with equal row sets (`_same_rows_key`) get their own LayerGraph
+    over the tensors of the first."""
     mine = sets[rank]
     n = graph.num_nodes
     owned_ids = mine.orders[-1]
@@ -325,6 +370,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
     block_col = None
     layers: dict[str, LayerGraph] = {}
     built: dict[tuple, LayerGraph] = {}
+    same_rows: dict[tuple, LayerGraph] = {}
     positions: dict[int, np.ndarray] = {}
     for lyr, s in enumerate(specs):
         seg = s.segment if _nested(s.strategy) else -1
@@ -338,9 +384,13 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
         if key is not None and key in built:
             layers[s.name] = built[key]
             continue
-        src, dst = graph.edges(s.view)
-        sel = np.nonzero(mine.held_out[lyr][dst])[0]  # in-edges of the rows it computes
+        rows_key = _same_rows_key(sets, rank, lyr, s) if seg >= 0 and lyr not in mine.entries else None
+        if rows_key is not None and rows_key in same_rows:
+            layers[s.name] = _same_structure(same_rows[rows_key])
+            continue
         ids = torch.as_tensor(order, dtype=torch.int64)
+        computed = mine.held_out[lyr]
+        out_rows = order[:n_out]  # the rows it computes: a prefix of the order
         rows = STRATEGIES[s.strategy].rows
         if rows == "all":  # runs on the whole first-layer structure (the shard's full views, gnnc.plan.shards)
             lg = LayerGraph(n_in, n_out, {}, None, ids=ids)
@@ -348,7 +398,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if block_col is None:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
-            views = {s.view: _view(graph, s.view, sel, block_col[src[sel]], pos[dst[sel]], n_out, n)}
+            views = {s.view: _view(graph, s.view, out_rows, computed, block_col, n)}
             lg = LayerGraph(n_in, n_out, views, None, True, ids=ids)
         else:
             col = np.where(mine.held_in[lyr], pos, -1)
@@ -357,12 +407,8 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if h is not None:
                 col[h] = n_in + np.arange(len(h))
                 halo = _halo_plan(parts, rank, world, [st.halos[lyr] for st in sets], pos, h)
-            local_src = col[src[sel]]
-            if len(local_src) and local_src.min() < 0:
-                raise AssertionError(f"layer {s.name}: an in-neighbour of a held row is neither held nor fetched")
             n_src = n_in + (len(h) if h is not None else 0)
-            lg = LayerGraph(n_in, n_out, {s.view: _view(graph, s.view, sel, local_src, pos[dst[sel]], n_out, n_src)},
-                            halo, ids=ids)
+            lg = LayerGraph(n_in, n_out, {s.view: _view(graph, s.view, out_rows, computed, col, n_src)}, halo, ids=ids)
         if lyr in mine.entries:
             fetched = mine.entries[lyr]
             lg.entry = _halo_plan(parts, rank, world, [st.entries[lyr] for st in sets], pos, fetched)
@@ -373,6 +419,8 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
         layers[s.name] = lg
         if key is not None:
             built[key] = lg
+        if rows_key is not None:
+            same_rows[rows_key] = lg
     first = mine.orders[specs[0].segment if specs and _nested(specs[0].strategy) else -1] if specs else owned_ids
     block_rows = [int(c) for c in np.bincount(parts, minlength=world)]
     return LocalGraph(torch.as_tensor(first, dtype=torch.int64), n_owned, layers, block_rows)
@@ -404,7 +452,7 @@ def remote_in_neighbours(graph: Graph, parts: np.ndarray, world: int, views: lis
             s, d = graph.edges(v)
             m = (parts[d] == p) & (parts[s] != p)
             srcs.append(s[m])
-        b = np.unique(np.concatenate(srcs)) if srcs else np.zeros(0, np.int64)
+        b = sorted_unique(np.concatenate(srcs)) if srcs else np.zeros(0, np.int64)
         b = b[np.lexsort((b, parts[b]))]
         out.append(b.astype(np.int64))
     return out

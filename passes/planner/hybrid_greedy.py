@@ -54,6 +54,8 @@ from typing import Any
 
 import numpy as np
 
+from gnnc.graph import sorted_unique
+
 
 @dataclass(frozen=True)
 class Dependencies:
@@ -407,7 +409,7 @@ def _measure(trees: InTrees, roots: np.ndarray, m: int, rep: np.ndarray, costs: 
         go = live[dep]  # a root past the cap is not expanded further: it is refused unless V_rep grows into it
         dep, vtx = _expand(trees, dep[go], vtx[go])
         keep = ~rep[k - 1][vtx] & ~trees.owned[vtx]
-        key = np.unique(dep[keep] * n + vtx[keep])
+        key = sorted_unique(dep[keep] * n + vtx[keep])
         dep, vtx = key // n, key % n
     live &= cost < cap
     return cost, live, np.concatenate(out_dep), np.concatenate(out_lvl), np.concatenate(out_vtx)
@@ -527,7 +529,7 @@ def paper_run(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: Unit
                 rest = order[run_end:]
                 if len(lv) and len(rest):  # who measured a vertex V_rep now holds is measured again
                     hit = rep[elements[1], elements[2]] & ~cheap[elements[0]]
-                    stale[np.unique(elements[0][hit])] = True
+                    stale[sorted_unique(elements[0][hit])] = True
             else:  # t_r >= t_c: communicated (line 16), and the next pop
                 while run_end < len(order) and not cheap[order[run_end]] and not stale[order[run_end]]:
                     run_end += 1
