@@ -41,6 +41,7 @@ from gnnc.passes.analysis.layers import layer_dims, param_dependent
 from gnnc.passes.cost.memory import WARN_FRACTION, LayerRows, MemoryEstimate, ProcessCounts, run_memory
 from gnnc.passes.cost.symbols import layer_shape
 from gnnc.plan.plan_file import Plan
+from gnnc.plan.sampled_shards import features_bytes
 from gnnc.plan.shard_files import read_manifest
 
 
@@ -59,7 +60,9 @@ def estimate_run_memory(plan: Plan, graph: Graph | None = None,
             layers = sampled_layers(program, plan.sampling, int(manifest["num_nodes"]),
                                     {"plain": int(manifest["num_edges"]),
                                      "self_loops": int(manifest["num_edges"]) + int(manifest["num_nodes"])})
-            processes = [ProcessCounts(layers, float(entry["bytes"])) for entry in manifest["shards"]]
+            # a rank maps its features' file (gnnc.plan.sampled_shards): the pages an epoch reads count in its RSS
+            processes = [ProcessCounts(layers, float(entry["bytes"] + features_bytes(entry)))
+                         for entry in manifest["shards"]]
         else:
             processes = shard_counts(program, manifest)
     elif graph is not None:

@@ -13,7 +13,11 @@ plain arrays (no pickle) beside the manifest of gnnc.plan.shard_files:
   src, dst        the edge list (the structure every rank samples from)
   parts           the owner of every vertex
   y, train, val, test
-  x               rows of the owned vertices (layout "rows") or columns [c0, c1) of every vertex ("columns")
+
+and, beside it, the rank's features as their own `.npy` (`rank-NNNNN.x.npy`, its size, shape and sha256 in the
+manifest's entry of the rank, under "x"): rows of the owned vertices (layout "rows") or columns [c0, c1) of every
+vertex ("columns"). A rank memory-maps that file (as `--graph DIR` maps a graph store, gnnc.graph.store) and
+gathers only the rows a minibatch samples, so its resident set is the structure's, not its share of the features.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import torch
 
 from gnnc.errors import GnncError, PlanError
 from gnnc.graph import Graph
+from gnnc.graph.store import _open_array, _save, _tensor, release_pages
 from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
@@ -46,7 +51,7 @@ class SampledRankData:
     """One rank's shard, loaded: the structure as a Graph (no features), its features and the owners."""
 
     graph: Graph  # structure, labels and masks; x has no columns
-    features: torch.Tensor  # [owned, F] (rows) or [N, c1 - c0] (columns)
+    features: torch.Tensor  # [owned, F] (rows) or [N, c1 - c0] (columns), over the mapped file (read-only)
     layout: str
     parts: np.ndarray
     cols: tuple[int, int]
@@ -72,12 +77,44 @@ def write_sampled_shards(program, graph: Graph, parts: np.ndarray, world: int,
             x = graph.x.numpy()[np.nonzero(common["parts"] == rank)[0]]
         else:
             x = graph.x.numpy()[:, slices[rank][0]:slices[rank][1]]
-        entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, {**common, "x": np.ascontiguousarray(x)},
-                                 cols=list(slices[rank])))
+        features = _save(out, _features_name(rank), x)
+        del x
+        release_pages(graph)  # a store's pages read for this rank (a graph in memory has none)
+        entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, common, cols=list(slices[rank]), x=features))
     write_manifest(out, {"kind": "sampled", "layout": layout, "graph": graph.name, "num_nodes": graph.num_nodes,
                          "num_edges": graph.num_edges, "num_features": graph.num_features,
                          "num_classes": graph.num_classes, "parts": world, "shards": entries})
     return read_manifest(out)
+
+
+def _features_name(rank: int) -> str:
+    return f"rank-{rank:05d}.x"
+
+
+def features_bytes(entry: dict[str, Any]) -> int:
+    """The size of the features file a rank's shard entry describes (0 where it describes none: such shards are
+    refused when a rank opens them)."""
+    x = entry.get("x")
+    size = x.get("bytes") if isinstance(x, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0
+
+
+def _open_features(shard_dir: str | os.PathLike, manifest: dict[str, Any], rank: int) -> np.ndarray:
+    """Rank `rank`'s features, memory-mapped read-only once the file matches the manifest's size, checksum,
+    dtype and shape. The file is the one the rank's name gives, never a path read from the manifest."""
+    entry = manifest["shards"][rank].get("x")
+    name = _features_name(rank)
+    if not (isinstance(entry, dict) and entry.get("file") == f"{name}.npy" and entry.get("dtype") == "float32"
+            and isinstance(entry.get("shape"), list) and len(entry["shape"]) == 2
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"])
+            and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
+        raise PlanError(f"{shard_dir}: rank {rank}'s shard entry must describe its features as {name}.npy (float32 "
+                        f"[rows, columns], size and sha256); shards written before they were mapped hold them "
+                        f"inside the .npz: compile the plan again")
+    try:
+        return _open_array(Path(shard_dir), "x", entry, [])
+    except GnncError as err:  # missing, truncated or altered: the plan's shards are damaged
+        raise PlanError(str(err)) from None
 
 
 def check_sampled_shards_match(manifest: dict[str, Any], program, where: str) -> None:
@@ -107,7 +144,12 @@ def load_sampled_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> Sa
     if src.shape != dst.shape or (len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n)):
         raise PlanError(f"{shard_dir}: the edge list of rank {rank}'s shard does not fit {n} vertices")
     cols = tuple(int(c) for c in manifest["shards"][rank]["cols"])
+    x = _open_features(shard_dir, manifest, rank)
+    want = (int(np.count_nonzero(a["parts"] == rank)), int(manifest["num_features"])) \
+        if manifest["layout"] == "rows" else (n, cols[1] - cols[0])
+    if x.shape != want:
+        raise PlanError(f"{shard_dir}: rank {rank}'s features have shape {list(x.shape)}, expected {list(want)}")
     graph = Graph(n, src, dst, torch.zeros((n, 0)), torch.from_numpy(a["y"]), torch.from_numpy(a["train"]),
                   torch.from_numpy(a["val"]), torch.from_numpy(a["test"]), name=str(manifest["graph"]))
-    return SampledRankData(graph, torch.from_numpy(a["x"]), str(manifest["layout"]), a["parts"], cols,
+    return SampledRankData(graph, _tensor(x), str(manifest["layout"]), a["parts"], cols,
                            int(manifest["num_features"]))
