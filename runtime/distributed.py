@@ -36,10 +36,12 @@ from gnnc.plan.slices import split_weights
 from gnnc.runtime import comm
 from gnnc.runtime import device as devices
 from gnnc.runtime.bins import run_binned
-from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_dims_fit, init_state
+from gnnc.runtime.executor import (ExecContext, PrefixRowsInterpreter, check_dims_fit, chunked_evaluation,
+                                   init_state)
 from gnnc.runtime.implementations import exchange_implementation, implements_exchange
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.parts import PartRun, Parts, PartStream, run_split
+from gnnc.runtime.layerwise import run_layer_chunked
 from gnnc.runtime.train import RunResult, TrainConfig, Worker, fit
 
 
@@ -260,6 +262,9 @@ class DistInterpreter(PrefixRowsInterpreter):
                 env[e.outs[0].name] = run_split(e, ins, run, lambda eq, xs, v: self.compute(eq, xs, v, ctx),
                                                 ctx.use_kernels)
             else:
+        if layer.kind == "graph" and chunked_evaluation(ctx) and run_layer_chunked(self, layer, env, params, ctx,
+                                                                                ctx.eval_chunk):
+            return  # an evaluation layer-wise: exchanges whole, as below, the rest per chunk of rows
                 env[e.outs[0].name] = self.eqn(e, [whole(x) for x in ins], view, ctx)
             self.drop_dead(env, layer, k)
 

@@ -34,7 +34,7 @@ from gnnc.graph.storage import check_class_labels
 from gnnc.ir.dims import eval_dim, eval_number
 from gnnc.ir.ops import op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
-from gnnc.runtime import fusion, recompute, rng
+from gnnc.runtime import fusion, layerwise, recompute, rng
 from gnnc.runtime.kernels import reducers
 from gnnc.runtime.kernels.sparse_features import sparse_features_mm
 from gnnc.runtime.implementations import implementation, implements
@@ -61,11 +61,18 @@ class ExecContext:
     overwrite_saved: bool = False
     recompute: bool = False  # --recompute: a training forward keeps graph layers' inputs only (gnnc.runtime.recompute)
     protected: tuple[torch.Tensor, ...] = ()  # tensors no fused chain may write over (a recomputed layer's inputs)
+    # an evaluation's graph layers run in chunks of this many destination rows (gnnc.runtime.layerwise); None: whole
+    eval_chunk: int | None = None
     # graph classification (gnnc.runtime.graph_task): the graph row of every vertex row of the batch, and the
     # dataset ids of the batch's graphs (the graph rows: they key dropout of graph values)
     batch: torch.Tensor | None = None
     graph_ids: torch.Tensor | None = None
     pairs: tuple[torch.Tensor, torch.Tensor] | None = None  # link prediction: the (src, dst) rows pair_src/pair_dst read
+
+
+def chunked_evaluation(ctx: ExecContext) -> bool:
+    """Whether `ctx` runs its graph layers layer-wise in row chunks (an evaluation given a chunk size)."""
+    return not ctx.training and bool(ctx.eval_chunk)
 
 
 def _align(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,6 +127,9 @@ class Interpreter:
 
     def run_layer(self, layer: Layer, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
                   ctx: ExecContext) -> None:
+        if layer.kind == "graph" and chunked_evaluation(ctx) and layerwise.run_layer_chunked(
+                self, layer, env, params, ctx, ctx.eval_chunk):
+            return
         view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
         fuse = ctx.use_kernels and ctx.fuse and ctx.comm is None
         for k, e in enumerate(layer.eqns):

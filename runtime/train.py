@@ -84,6 +84,10 @@ class TrainConfig:
     # evaluate after every K-th epoch (and the first run and the last): on a large graph the evaluation's forward
     # pass over every vertex is half a training step, every epoch
     eval_every: int = 1
+    # the evaluation's graph layers in chunks of this many destination rows (gnnc.runtime.layerwise): about two
+    # [rows, width] tensors and a chunk instead of a layer's every edge value at once; 0: whole layers; None: as
+    # the run decides (gnnc.memory_check.evaluation_chunk: layer-wise when the whole forward would not fit)
+    eval_chunk: int | None = None
     recompute: bool = False  # keep graph layers' inputs only and run each again in the backward (gnnc.runtime.recompute)
 
     def __post_init__(self) -> None:
@@ -107,6 +111,8 @@ class TrainConfig:
                   ("--checkpoint-every", self.checkpoint_every, whole(self.checkpoint_every),
                    "a whole number of at least 1"),
                   ("--eval-every", self.eval_every, whole(self.eval_every), "a whole number of at least 1"),
+                  ("--eval-chunk", self.eval_chunk, self.eval_chunk is None or self.eval_chunk == 0
+                   or whole(self.eval_chunk), "a whole number of rows (0: whole layers)"),
                   ("--precision", self.precision, self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
                   ("--threads", self.threads, self.threads is None or whole(self.threads),
                    "a whole number of at least 1")]
@@ -260,7 +266,7 @@ class Worker:
         return ExecContext(self.views, self.ids, self.program.config_dict(), training,
                            lambda i, kb=kb: rng.stream_key(kb, i), self.count, self.cfg.use_kernels,
                            state=self.state, hoist_cache=self.hoisted, overwrite_saved=training,
-                           recompute=self.cfg.recompute)
+                           recompute=self.cfg.recompute, eval_chunk=None if training else self.cfg.eval_chunk or None)
 
     def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and loss; at bf16/fp16 the products run in autocast (fp32 master weights)."""

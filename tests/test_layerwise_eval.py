@@ -54,3 +54,160 @@ def test_a_bad_eval_every_exits_2_naming_the_flag(k: str, capsys) -> None:
 def test_train_config_refuses_a_bad_eval_every() -> None:
     with pytest.raises(train_module.GnncError, match="--eval-every: must be a whole number of at least 1"):
         train_module.TrainConfig(eval_every=0)
+
+
+# ----- layer-wise evaluation in row chunks (issue 35, item 2)
+
+ALL_EXAMPLES = ["gcn", "gat", "sage", "gin", "gcnii", "sgc", "node_regression"]
+
+
+def _evaluation(program, graph, chunk: int, monkeypatch=None) -> tuple[torch.Tensor, list[bool]]:
+    """One process's evaluation logits after hoisting, with `chunk` rows per chunk (0: whole layers), and for each
+    graph layer whether it ran in chunks."""
+    from gnnc.runtime import layerwise
+
+    ran: list[bool] = []
+    if monkeypatch is not None:
+        chunked = layerwise.run_layer_chunked
+
+        def recorded(*args, **kwargs):
+            ran.append(chunked(*args, **kwargs))
+            return ran[-1]
+
+        monkeypatch.setattr(layerwise, "run_layer_chunked", recorded)
+    worker = train_module.Worker(program, graph, train_module.TrainConfig(epochs=1, progress=False, eval_chunk=chunk))
+    params = worker.initial_params(3)
+    with torch.no_grad():
+        worker.forward(params, False, 0)  # the hoisted values, as after a first training step
+        ran.clear()
+        logits, _ = worker.forward(params, False, 0)
+    if monkeypatch is not None:
+        monkeypatch.undo()
+    return logits, ran
+
+
+def _accuracies(logits: torch.Tensor, graph) -> list[float]:
+    pred = logits.argmax(1)
+    return [float((pred[m] == graph.y[m]).float().mean()) for m in (graph.train_mask, graph.val_mask, graph.test_mask)]
+
+
+@pytest.mark.parametrize("name", ALL_EXAMPLES)
+def test_layerwise_evaluation_equals_the_whole_forward(name: str, monkeypatch) -> None:
+    graph = random_graph(n=90, e=600, f=8, c=3, seed=2)
+    program = api.compile(api.load_model(EXAMPLES / f"{name}.gnn",
+                                         **({"layers": 4} if name == "gcnii" else {})), graph).program
+    whole, _ = _evaluation(program, graph, 0)
+    for chunk in (7, 1000):  # many chunks (the last one short), and one holding every row
+        got, ran = _evaluation(program, graph, chunk, monkeypatch)
+        assert ran and all(ran), (name, ran)  # every graph layer ran in chunks, none fell back to the whole layer
+        assert torch.allclose(got, whole, rtol=1e-6, atol=1e-6 * float(whole.abs().max())), name
+        if graph.num_classes == whole.shape[1] and name != "node_regression":
+            assert _accuracies(got, graph) == _accuracies(whole, graph)
+
+
+def test_a_layer_reading_an_aggregate_at_its_sources_runs_whole() -> None:
+    """Two aggregations in one layer, the second over the first's result: its sources need every row of a value
+    computed per chunk, which layer-wise evaluation does not run; the layer runs whole, with the same logits."""
+    from gnnc.runtime import layerwise
+
+    model = api.load_model_source("""
+layer Twice(in, out) with self_loops {
+  transform t = linear(h, out)
+  scatter   m = edge.gcn_norm * src.t
+  gather    a = sum(m)
+  scatter   m2 = edge.gcn_norm * src.a
+  gather    b = sum(m2)
+  apply     h = relu(b)
+}
+model M(features, hidden = 8, classes) {
+  h = Twice(features, hidden)(x)
+  h = Twice(hidden, classes)(h)
+  loss = cross_entropy(h, y, mask = train)
+}
+""", "twice.gnn")
+    graph = random_graph(n=50, e=300, f=8, c=3, seed=4)
+    program = api.compile(model, graph).program
+    assert all(layerwise.split_layer(layer) is None for layer in program.graph_layers())
+    whole, _ = _evaluation(program, graph, 0)
+    got, _ = _evaluation(program, graph, 5)
+    assert torch.allclose(got, whole, rtol=1e-6, atol=1e-7)
+
+
+def test_train_config_refuses_a_bad_eval_chunk() -> None:
+    with pytest.raises(train_module.GnncError, match="--eval-chunk: must be a whole number of rows"):
+        train_module.TrainConfig(eval_chunk=-1)
+
+
+def _rank_evaluations(cfg, jobs):
+    """On each rank, for each job: the evaluation's logits of every vertex (rank 0) and its exchanges' bytes, whole
+    and in chunks of 3 rows; and whether each graph layer ran in chunks."""
+    import dataclasses
+
+    from gnnc.runtime import layerwise
+    from gnnc.runtime.distributed import DistWorker
+
+    ran: list[bool] = []
+    chunked = layerwise.run_layer_chunked
+
+    def recorded(*args, **kwargs):
+        ran.append(chunked(*args, **kwargs))
+        return ran[-1]
+
+    layerwise.run_layer_chunked = recorded
+    import gnnc.runtime.distributed as distributed  # the name it imported
+
+    distributed.run_layer_chunked = recorded
+    out = []
+    for job in jobs:
+        worker = DistWorker(cfg, job)
+        params = worker.initial_params(job.train.seed)
+        got = {}
+        with torch.no_grad():
+            worker.forward(params, False, 0)  # the hoisted values
+            for chunk in (0, 3):
+                worker.cfg = dataclasses.replace(job.train, eval_chunk=chunk)
+                worker.stats.reset()
+                ran.clear()
+                logits, _ = worker.forward(params, False, 0)
+                got[chunk] = (worker.gather_logits(logits), worker.stats.total_bytes(), list(ran))
+        out.append(got)
+    return out if cfg.rank == 0 else None
+
+
+DIST_CASES = [("gcn", "depcomm"), ("gcn", "depcache"), ("gcn", "bcast1d"), ("gcn", "pushpull,depcomm"),
+              ("sage", "hybrid"), ("gin", "depcomm,bcast1d"), ("gat", "depcomm"), ("gat", "pushpull,hybrid"),
+              ("gat", "depcache,depcomm")]
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_layerwise_evaluation_on_ranks_equals_the_whole_forward(world: int, tmp_path) -> None:
+    """Every rank evaluates its rows layer by layer, its exchanges run whole as in the training forward: the same
+    logits as its whole forward and as one process, the same bytes, and every row layer in chunks (P3's feature-
+    sliced first layer runs whole)."""
+    from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+    from gnnc.plan.schedule_attrs import split_exchange
+    from gnnc.runtime.distributed import DistJob
+    from gnnc.runtime.launch import launch
+
+    graph = random_graph(n=80, e=500, f=8, c=3, seed=5)
+    jobs, singles = [], []
+    for k, (name, strategy) in enumerate(DIST_CASES + [("gcn", "depcomm@bins")]):
+        strategy, _, sched = strategy.partition("@")
+        passes = (DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + ["schedule{bins=3}"]) if sched else None
+        model = api.load_model(EXAMPLES / f"{name}.gnn")
+        plan = api.compile(model, graph, workers=world, strategy=strategy, partition="metis", passes=passes)
+        shards = plan.write_shards(tmp_path / str(k))
+        jobs.append(DistJob(str(plan.program), str(shards), train_module.TrainConfig(seed=3, progress=False)))
+        if (name, strategy, sched) == ("gcn", "depcomm", ""):  # an overlapped halo: the structure held by parts
+            assert all(split_exchange(layer) is not None for layer in plan.program.graph_layers())
+        singles.append(api.compile(model, graph).program)
+    results = launch(_rank_evaluations, world, jobs)[0]
+    for (name, strategy), single, got in zip(DIST_CASES + [("gcn", "depcomm@bins")], singles, results):
+        (whole, whole_bytes, _), (chunks, chunk_bytes, ran) = got[0], got[3]
+        one, _ = _evaluation(single, graph, 0)
+        layers = len(single.graph_layers()) - strategy.startswith("pushpull")
+        assert ran.count(True) == layers, (name, strategy, ran)
+        assert chunk_bytes == whole_bytes, (name, strategy)
+        for ref in (whole, one):
+            assert torch.allclose(chunks, ref, rtol=1e-6, atol=1e-6 * float(ref.abs().max())), (name, strategy)
+        assert _accuracies(chunks, graph) == _accuracies(whole, graph)
