@@ -46,9 +46,10 @@ from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.sampled_shards import load_sampled_rank
+from gnnc.plan.slices import split_weights
 from gnnc.runtime import comm
 from gnnc.runtime.distributed import DistWorker, _gather_rows, train_and_report
-from gnnc.runtime.executor import ExecContext, check_dims_fit, init_params, init_state
+from gnnc.runtime.executor import ExecContext, check_dims_fit, init_state
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.minibatch import BlockRunner, Flight, MinibatchWorker, block_view
 from gnnc.runtime.train import RunResult, TrainConfig
@@ -71,11 +72,12 @@ class SampledJob:
 
 class SlicedRunner(BlockRunner):
     """Push-pull's model-parallel phase: values computed from `x` hold this rank's feature slice, and a
-    linear map of one uses the matching rows of its weight (a partial product, summed at the owners)."""
+    linear map of one uses the matching rows of its weight (a partial product, summed at the owners). P3's split
+    weights (`split`) are held as those rows already; a weight also read elsewhere is whole and sliced here."""
 
-    def __init__(self, program: Program, cols: tuple[int, int]):
+    def __init__(self, program: Program, cols: tuple[int, int], split: frozenset[str]):
         super().__init__(program)
-        self.cols = cols
+        self.cols, self.split = cols, split
         self.sliced: set[str] = set()
 
     def run(self, env, params, ctx, views, start=0, stop=None) -> None:
@@ -86,7 +88,8 @@ class SlicedRunner(BlockRunner):
     def inputs_of(self, e, ins, ctx):
         sliced_in = any(v.name in self.sliced for v in e.ins)
         if e.op == "linear" and sliced_in:
-            ins = [ins[0], ins[1][self.cols[0]:self.cols[1]], *ins[2:]]
+            if e.ins[1].name not in self.split:
+                ins = [ins[0], ins[1][self.cols[0]:self.cols[1]], *ins[2:]]
         elif sliced_in:
             self.sliced.update(o.name for o in e.outs)
         return ins
@@ -129,7 +132,10 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         self.index_dtype = np.dtype(f"int{8 * index_bytes(graph.num_nodes, graph.num_edges)}")
         self.edge_ids = reads_edge_ids(program.graph_layers()[0])
         if self.layout == "columns":
-            self.m_runner = SlicedRunner(program, self.cols)
+            # P3's split W1 (section 3.2.2): each rank holds, differentiates and updates its slice's rows only
+            # (DistWorker.initial_params cuts them, its all-reduce leaves them out), as full-graph push-pull does
+            self.split = split_weights(program)
+            self.m_runner = SlicedRunner(program, self.cols, self.split)
 
     # --- which seeds, which inputs -------------------------------------------------------------------------
 
@@ -266,7 +272,7 @@ def sampled_one_step(cfg: DistConfig, job: SampledJob, epoch: int = 0, index: in
     the seeds' logits (global ids and rows) and the bytes every op sent, summed over ranks.
     The exactness tests compare it with one process."""
     w = DistMinibatchWorker(cfg, job)
-    params = init_params(w.program, job.train.seed)
+    params = w.initial_params(job.train.seed)
     seeds = w.epoch_batches(epoch)[index]
     f = w.prepare(epoch, index, seeds, epoch * len(w.epoch_batches(epoch)) + index, params)
     w.forward_m(f)
@@ -275,6 +281,7 @@ def sampled_one_step(cfg: DistConfig, job: SampledJob, epoch: int = 0, index: in
     w.backward_m(f)
     w.reduce_grads(params)
     loss = w.sum(f.loss.detach().reshape(1))
+    grads = w.whole_weights({k: p.grad.detach().clone() for k, p in params.items()})  # W1's slices assembled
     every: list[Any] = [None] * cfg.world_size
     mine = (f.batch.seeds, f.env[w.program.logits.name].detach(), w.stats.bytes_by("op"), w.stats.as_dict())
     dist.all_gather_object(every, mine)
@@ -287,7 +294,7 @@ def sampled_one_step(cfg: DistConfig, job: SampledJob, epoch: int = 0, index: in
             by_op[k] = by_op.get(k, 0) + v
         for k, v in keys.items():
             by_key[k] = by_key.get(k, 0) + int(v["bytes"])
-    return {"loss": float(loss[0]), "grads": {k: p.grad.detach().clone() for k, p in params.items()},
+    return {"loss": float(loss[0]), "grads": grads,
             "seeds": torch.from_numpy(np.concatenate([e[0] for e in every])), "logits": torch.cat([e[1] for e in every]),
             "bytes_by_op": by_op, "bytes": by_key}
 

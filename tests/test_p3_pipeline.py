@@ -2,7 +2,8 @@
 minibatch's structure push a tick before its use and waits on it just before the model-parallel forward that reads
 it, overlapped with the other minibatches' phases; the sequential schedule waits at once. Both equal one process
 running the same schedule (2F2B's only change is its stale weights, P3's equation (3)), and the bytes each op sends
-equal the planner's prediction."""
+equal the planner's prediction. Each rank holds and updates only its feature slice's rows of W1 (P3 section 3.2.2),
+which the gradient all-reduce leaves out."""
 from __future__ import annotations
 
 import tempfile
@@ -52,7 +53,7 @@ def _train(cfg: DistConfig, jobs: list[SampledJob]) -> list[dict] | None:
     out = []
     for job in jobs:
         w = _Recording(cfg, job)
-        params = init_params(w.program, job.train.seed)
+        params = w.initial_params(job.train.seed)  # W1: this rank's slice's rows (P3's split weights)
         opt = make_optimizer(w.program, params, job.train)
         losses, sent = [], None
         for e in range(EPOCHS):
@@ -61,7 +62,8 @@ def _train(cfg: DistConfig, jobs: list[SampledJob]) -> list[dict] | None:
                 counts = w.stats.as_dict()
                 sent = w.sum(torch.tensor([counts[k]["bytes"] if k in counts else 0 for k in KINDS],
                                           dtype=torch.float64))
-        out.append({"losses": losses, "weights": {k: p.detach().clone() for k, p in params.items()},
+        out.append({"losses": losses, "weights": w.whole_weights({k: p.detach() for k, p in params.items()}),
+                    "split": {k: tuple(params[k].shape) for k in w.split},
                     "events": w.events, "bytes": dict(zip(KINDS.values(), sent.tolist()))})
     return out if cfg.rank == 0 else None
 
@@ -98,6 +100,12 @@ def test_2f2b_posts_each_push_a_tick_ahead_and_trains_as_one_process() -> None:
             assert torch.allclose(got["weights"][k], want, rtol=1e-5, atol=1e-6), (schedule, k)
         predicted = {k: v for k, v in plan.meta.predicted_bytes_per_epoch.items() if v}
         assert {k: int(v) for k, v in got["bytes"].items() if v} == predicted, schedule
+        # W1 stays split (SAGE's two first-layer maps of the features): rank 0 held its 12 of 24 feature rows of
+        # each, and the all-reduce is every other weight's
+        assert len(got["split"]) == 2 and all(got["split"][k] == (12, weights[k].shape[1]) for k in got["split"])
+        others = sum(t.numel() for k, t in weights.items() if k not in got["split"])
+        batches = len([e for e in got["events"] if e[0] == "forward_d"]) // EPOCHS
+        assert predicted["allreduce"] == batches * 2 * (2 - 1) * others * 4
         events = got["events"]
         n = len([e for e in events if e[0] == "forward_d"]) // EPOCHS
         assert n >= 5

@@ -37,6 +37,7 @@ from gnnc.plan.approximation import approximations, is_exact
 from gnnc.plan.pipeline import value_width
 from gnnc.plan.precision import GRAD_BYTES, element_bytes
 from gnnc.plan.schedules import SCHEDULES
+from gnnc.plan.slices import split_weights
 from gnnc.plan.strategies import names as strategy_names
 
 
@@ -88,9 +89,11 @@ def choose_sampled(program: Program, ctx: PassContext, allow: list[str] | None):
     """The planner's report for a sampled compile, and the chosen schedule."""
     inputs, extra, shapes, stats = _inputs(program, ctx)
     cfg = program.config_dict()
-    params = float(sum(np.prod([eval_dim(x, cfg) for x in p.value.type.shape]) for p in program.params()))
     priced = []
     for strategies, schedule in candidates(program, allow, ctx.approximate):
+        split = split_weights(program, pushpull=strategies[0] == "pushpull")  # P3's W1: never all-reduced
+        params = float(sum(np.prod([eval_dim(x, cfg) for x in p.value.type.shape]) for p in program.params()
+                           if p.value.name not in split))
         cost = price(strategies, schedule, shapes, params)
         priced.append((strategies, schedule, cost, evaluate_cost(cost, inputs, extra)))
     if not priced:
@@ -149,6 +152,7 @@ def predict_sampled(program: Program, ctx: PassContext) -> tuple[Program, dict[s
         width = value_width(program, program.inputs[0])
         totals["pull_ids"] = int(stats.pulled.sum()) * ids
         totals["halo"] = int(stats.served.sum()) * width * element_bytes(ctx.precision)
-    numel = sum(value_width(program, p.value) for p in program.params())
+    split = split_weights(program)  # P3's W1, split under push-pull: never all-reduced
+    numel = sum(value_width(program, p.value) for p in program.params() if p.value.name not in split)
     totals["allreduce"] = stats.batches * 2 * (world - 1) * numel * GRAD_BYTES
     return program.replace(layers=tuple(layers)), totals
