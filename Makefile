@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/gnnc run examples/gcn.gnn --graph planetoid:cora --epochs 200 --lr 0.01 --weight-decay 5e-4 --seed 0
 
+# The tests run on one pytest-xdist worker per usable CPU (tests/conftest.py says how many); worksteal evens out
+# the long distributed tests at the end. A single file runs as before: python -m pytest tests/test_x.py
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow

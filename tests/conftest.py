@@ -115,6 +115,26 @@ def gnnc_in_process(*args: str, cwd: Path | str = ROOT) -> Ran:
     return Ran(code, out.getvalue(), err.getvalue())
 
 
+# What one pytest-xdist worker may hold at once: its own ~1 GiB (torch, the test modules) and the 2-4 gloo ranks a
+# distributed test launches, a few hundred MiB each.
+WORKER_MEMORY_BYTES = 3 << 30
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` (make test): one worker per CPU this process may use, as gnnc sizes its own threads (affinity
+    mask, cgroup quota; xdist's default counts every physical core of the host), fewer where memory is short,
+    and none (the tests in this process) where that leaves one. PYTEST_XDIST_AUTO_NUM_WORKERS still decides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    from gnnc.host import available_memory, usable_cpus
+
+    workers, _ = usable_cpus()
+    memory = available_memory()
+    if memory is not None:
+        workers = min(workers, memory.bytes // WORKER_MEMORY_BYTES)
+    return workers if workers > 1 else 0
+
+
 @pytest.fixture
 def small_graph() -> Graph:
     return random_graph()
