@@ -22,6 +22,11 @@ Two ways of feeding the first graph layer (the strategy of that layer in the IR)
   partial sum of the layer), the partials are reduced at the owners
   (`reduce_scatter`), the rest runs data-parallel, and the backward pushes
   the layer's output gradient to every rank (`all_gather`, direction bwd).
+  The weights of the dense maps on the slice (W1, gnnc.plan.slices.split_weights)
+  stay split: a rank holds and updates its slice's rows, never all-reduced.
+  Under P3's 2F2B schedule a minibatch's push is posted a tick before its use
+  (`start_prepare`) and waited on just before its model-parallel forward
+  (`finish_prepare`); the sequential schedule waits at once.
 
 Control messages (the sizes exchanged before a variable-size collective, P
 integers) are not counted; everything else is the logical payload, as
