@@ -6,9 +6,12 @@ The decisions, as attributes the runtime follows and the cost model prices
 * every halo exchange (depcomm, hybrid) split into start and wait with the
   local edges between (`halo[overlap=true]`; its readers `split=true`):
   NeutronStar's overlap, for every aggregation (sum, mean, max, min, the
-  attention softmax), the edges of remote sources once the whole halo is in
-  (not on each peer's rows as they arrive, as NeutronStar does); its messages
-  in ring order (`method=ring`);
+  attention softmax); its messages in ring order (`method=ring`); and per
+  layer, whether the edges of remote sources run on each peer's rows as
+  they arrive, in ring order (`chunked=true`: NeutronStar's chunks, section
+  4.3), or once the whole halo is in: priced by gnnc.passes.cost.overlap
+  (each chunk's exposed communication against one more dispatch of the
+  layer's equations per chunk), the cheaper taken;
 * every broadcast of bcast1d staged (`bcast_rows[staged=true]`): MG-GCN's
   per-stage multiply, two blocks in memory instead of N rows;
 * G3's bins (`bins=k`, `bin_order=boundary_bfs`, the per-bin equations
@@ -16,7 +19,7 @@ The decisions, as attributes the runtime follows and the cost model prices
 * the gradient all-reduce in buckets of whole layers (`grad_bucket=b`),
   posted during backward (program attribute `grad_overlap=true`).
 
-Each choice is priced by the cost model: overlap or not, staged or not (the
+Each choice is priced by the cost model: overlap or not, chunked or not, staged or not (the
 strategy's formula with that schedule option), bins by the activation
 memory they leave (gnnc.passes.cost.activations) and the recomputation they
 cost; `auto` takes the cheaper, `on`/`off` fix it. A split exchange is
@@ -62,6 +65,8 @@ MAX_BINS = 1 << 12  # beyond this the bins are a few rows each: the cap is not m
 @dataclass(frozen=True)
 class ScheduleOptions:
     overlap: str = option("auto", "split each halo into start and wait, the local edges between: auto, on, off")
+    chunked: str = option("auto", "an overlapped halo's remote edges run on each peer's rows as they arrive "
+                          "(ring order): auto, on, off")
     staged: str = option("auto", "bcast1d: multiply each block as it arrives (MG-GCN's stages): auto, on, off")
     method: str = option("ring", f"order of a halo's messages: {', '.join(HALO_METHODS)}")
     bins: int = option(0, "G3's bins per graph layer; 0: as few as memory_cap allows (none without a cap)")
@@ -81,7 +86,7 @@ class SegmentChoice:
 
 
 def _check(opts: ScheduleOptions) -> None:
-    for name in ("overlap", "staged", "grad_overlap"):
+    for name in ("overlap", "chunked", "staged", "grad_overlap"):
         if getattr(opts, name) not in CHOICES:
             raise GnncError(f"schedule: {name} must be one of {', '.join(CHOICES)}, not '{getattr(opts, name)}'")
     if opts.method not in HALO_METHODS:
@@ -164,6 +169,8 @@ def annotate_layer(layer: Layer, options: dict[str, Any], method: str) -> Layer:
             attrs["method"] = method
         if d is not None and d.split_flag is not None:
             attrs[d.split_flag] = bool(options.get(d.split_flag, False)) and not hoisted
+            if d.chunk_flag is not None and attrs[d.split_flag] and bins == 1 and options.get(d.chunk_flag, False):
+                attrs[d.chunk_flag] = True  # written only where chosen: absent, the remote rows come as one part
         if d is None and not hoisted:
             if split_values and (any(v.name in split_values for v in e.ins) or any(map(_edge, e.ins))
                                  or any(map(_edge, e.outs))):
@@ -270,8 +277,17 @@ def choose_segment(program: Program, seg: Segment, priced: PricedPlan | None, ex
     names = schedule_options(seg.strategy)
     why = []
     space: dict[str, list[bool]] = {}
+    chunk_of = {d.chunk_flag: d.split_flag for d in COMM_OP_DEFS.values() if d.chunk_flag is not None}
     for flag in names:
         if flag == "bins":
+            continue
+        if flag in chunk_of:
+            # a peer's chunk is waited for alone only in the ring, whose receives are posted one per peer
+            # (all_to_all is one collective; ring_paced completes before any work)
+            if opts.method != "ring":
+                why.append(f"not {flag}: {opts.method} exchanges deliver every peer's rows at once")
+            # unchunked first: on a tie the whole halo, one dispatch per part fewer
+            space[flag] = _flags(getattr(opts, flag, "auto"), opts.method == "ring")[::-1]
             continue
         splits = [d for d in COMM_OP_DEFS.values() if d.split_flag == flag]
         if any(opts.method in d.no_overlap_methods for d in splits):
@@ -285,6 +301,9 @@ def choose_segment(program: Program, seg: Segment, priced: PricedPlan | None, ex
     combos: list[dict[str, Any]] = [{}]
     for name, values in space.items():
         combos = [{**c, name: v} for c in combos for v in values]
+    # chunks are of a split exchange only: an exchange not split comes whole (chunked=on with overlap=off too)
+    combos = [{**c, **{ch: False for ch, sp in chunk_of.items() if ch in c and not c.get(sp, False)}} for c in combos]
+    combos = [c for k, c in enumerate(combos) if c not in combos[:k]]
     bins = {"bins": 1} if "bins" in names else {}
     alternatives = []
     best = None

@@ -307,6 +307,9 @@ class _HaloExchange(_Op):
         self.method = method
         self.works: list[Any] = []
         self.keep: list[Tensor] = []  # send buffers must live until their sends complete
+        self.recv_works: dict[int, Any] = {}  # the ring's receive from each peer (a chunk is waited alone)
+        self.grads: dict[int, Tensor] = {}  # a chunked exchange's backward: the row gradients of each peer's chunk
+        self.grads_sent: set[int] = set()
 
     def _exchange(self, send: list[Tensor], recv: list[Tensor]) -> None:
         """Post sends of send[p] to p and receives of recv[p] from p (one entry per rank)."""
@@ -340,8 +343,10 @@ class _HaloExchange(_Op):
         else:
             # every step's receive before any send, for the reason above
             ops = [op for ops in steps for op in ops]
-            self.works = self._post_p2p([op for op in ops if op.op is dist.irecv]
-                                        + [op for op in ops if op.op is dist.isend])
+            recvs = [op for op in ops if op.op is dist.irecv]
+            self.works = self._post_p2p(recvs + [op for op in ops if op.op is dist.isend])
+            peers = [src for _, src in ring_schedule(self.rank, self.world) if recv[src].shape[0]]
+            self.recv_works = dict(zip(peers, self.works[:len(recvs)]))
 
     def _post_p2p(self, ops: list[Any]) -> list[Any]:
         if not ops:
@@ -355,10 +360,22 @@ class _HaloExchange(_Op):
 
     def _received(self, recv: list[Tensor]) -> list[Tensor]:
         _wait_all(self.works)
-        self.works, self.keep = [], []
+        self.works, self.keep, self.recv_works = [], [], {}
         if self.method == "all_to_all":
             return list(torch.split(self._a2a_out, [r.shape[0] for r in recv]))
         return recv
+
+    def _received_from(self, peer: int, recv: list[Tensor], last: bool) -> Tensor:
+        """Peer's rows once its receive alone has completed (the ring's chunks; another method completes
+        all at once); `last`: the exchange's last chunk, after which its sends are waited for too."""
+        if last or self.method != "ring":
+            return self._received(recv)[peer]
+        work = self.recv_works.pop(peer, None)
+        if work is not None:
+            work.wait()
+            # waited once only: a gloo receive waited for again waits for another message (and times out)
+            self.works = [w for w in self.works if w is not work]
+        return recv[peer]
 
     def forward_start(self, x: Tensor) -> None:
         width = tuple(x.shape[1:])
@@ -382,7 +399,56 @@ class _HaloExchange(_Op):
         self._count("bwd", _nbytes(self.plan.n_halo * self.row_numel, grad.dtype))
         self._exchange(send, self.grad_recv)
 
+    # --- chunked: each peer's rows a value of their own (NeutronStar's chunks, in ring order) ---------------
+
+    def forward_chunk(self, peer: int, last: bool) -> Tensor:
+        """Forward: the rows from `peer`, waited for alone (`last`: every receive and send of the exchange)."""
+        out = self._received_from(peer, self.recv, last)
+        if last:
+            self.recv = []
+        return out
+
+    def backward_chunk(self, peer: int, grad: Tensor) -> None:
+        """Backward of `peer`'s chunk: under the ring, its gradients go back to `peer` at once (every
+        receive of the exchange's gradients posted with the first chunk's), so a chunk's message is in flight
+        while backward computes the others; another method sends them together with the last chunk's."""
+        self.grads[peer] = grad
+        if self.method != "ring":
+            if len(self.grads) == self.world - 1:
+                self._backward_post_rest()
+            return
+        if not self.grads_sent:
+            width, dtype = tuple(grad.shape[1:]), grad.dtype
+            self.grad_recv = [grad.new_empty((c, *width)) for c in self.plan.send_counts]
+            self._count("bwd", _nbytes(self.plan.n_halo * self.row_numel, dtype))
+            recvs = [dist.P2POp(dist.irecv, self.grad_recv[src], _global(self.group, src), self.group)
+                     for _, src in ring_schedule(self.rank, self.world) if self.grad_recv[src].shape[0]]
+            self.works = self._post_p2p(recvs)
+        self.grads_sent.add(peer)
+        if grad.shape[0]:
+            self.keep.append(grad)
+            self.works += self._post_p2p([dist.P2POp(dist.isend, grad, _global(self.group, peer), self.group)])
+
+    def _backward_post_rest(self) -> None:
+        """Send the gradients of every chunk not sent yet: zeros for one whose rows nothing read (autograd
+        never reached it), so that its peer's receive completes."""
+        n_local, width, dtype, device = self.meta
+        if self.method != "ring":
+            grads = [self.grads.get(p, torch.zeros((c, *width), dtype=dtype, device=device))
+                     for p, c in enumerate(self.plan.recv_counts)]
+            self.backward_start(torch.cat(grads))
+            self.grads_sent = set(range(self.world)) - {self.rank}
+            return
+        for _, src in ring_schedule(self.rank, self.world):
+            if src not in self.grads_sent:
+                zero = torch.zeros((self.plan.recv_counts[src], *width), dtype=dtype, device=device)
+                self.backward_chunk(src, self.grads.get(src, zero))
+
     def backward_finish(self) -> Tensor:
+        if self.grads or self.grads_sent:  # a chunked exchange
+            if len(self.grads_sent) < self.world - 1:
+                self._backward_post_rest()
+            self.grads, self.grads_sent = {}, set()
         parts = self._received(self.grad_recv)
         self.grad_recv = []
         n_local, width, dtype, device = self.meta
@@ -414,6 +480,51 @@ def start_halo_exchange(x: Tensor, plan: HaloPlan, stats: CommStats, *, label: s
                         method: str = "ring", group: Group = None) -> CommHandle:
     """Post a halo exchange and return at once; compute local work, then `handle.wait()`."""
     return _start(_HaloExchange(plan, stats, label, group, method), x)
+
+
+class _FinishChunk(torch.autograd.Function):
+    """One peer's rows of a chunked halo exchange; backward sends their gradients back (`backward_chunk`)."""
+
+    @staticmethod
+    def forward(ctx: Any, token: Tensor, op: _HaloExchange, peer: int, last: bool) -> Tensor:
+        ctx.op, ctx.peer = op, peer
+        ctx.token_meta = (token.dtype, token.device)
+        return op._timed("fwd", op.forward_chunk, peer, last)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        op: _HaloExchange = ctx.op
+        op._timed("bwd", op.backward_chunk, ctx.peer, grad.contiguous())
+        dtype, device = ctx.token_meta
+        return torch.zeros(0, dtype=dtype, device=device), None, None, None
+
+
+class ChunkedHalo:
+    """A halo exchange in flight whose rows are waited for peer by peer (NeutronStar's chunks, section 4.3).
+
+    `peers` is the order the chunks come in: the ring's (step j receives from rank-j-1), every other rank
+    once, those that send nothing included (an empty chunk), so that every rank builds the same autograd
+    graph and runs the exchange's backward messages in the same order. `chunks()` yields each peer's rows
+    [recv_counts[peer], ...] as its receive completes (the last one also waits for this rank's sends).
+    In backward each chunk's gradients go back to its peer as soon as autograd has them.
+    """
+
+    def __init__(self, op: _HaloExchange, token: Tensor):
+        self._op, self._token = op, token
+        self.peers = [src for _, src in ring_schedule(op.rank, op.world)]
+
+    def chunks(self) -> Iterator[Tensor]:
+        for k, peer in enumerate(self.peers):
+            yield _FinishChunk.apply(self._token, self._op, peer, k == len(self.peers) - 1)
+
+
+def start_chunked_halo_exchange(x: Tensor, plan: HaloPlan, stats: CommStats, *, label: str = "halo",
+                                method: str = "ring", group: Group = None) -> ChunkedHalo:
+    """Post a halo exchange whose rows are taken peer by peer, in ring order, as each peer's arrive
+    (`ChunkedHalo`); the rows are those of `halo_exchange`, its chunk from peer p at offset
+    plan.recv_offsets()[p]."""
+    op = _HaloExchange(plan, stats, label, group, method)
+    return ChunkedHalo(op, _Start.apply(x, op))
 
 
 # --- layout transitions: vertex-partitioned <-> feature-partitioned (P3) -----------------------

@@ -17,6 +17,7 @@ gradients).
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,8 @@ from gnnc.runtime.executor import (ExecContext, PrefixRowsInterpreter, check_dim
                                    init_state)
 from gnnc.runtime.implementations import exchange_implementation, implements_exchange
 from gnnc.runtime.launch import DistConfig
-from gnnc.runtime.parts import PartRun, Parts, PartStream, run_split
 from gnnc.runtime.layerwise import run_layer_chunked
+from gnnc.runtime.parts import PartRun, Parts, PartStream, run_split
 from gnnc.runtime.train import RunResult, TrainConfig, Worker, fit
 
 
@@ -76,6 +77,8 @@ class Exchange:
         self.layer: LayerGraph | None = None  # the graph layer running now (DistInterpreter sets it)
         self.block_order = data.block_order
         self.block_sizes = data.lg.block_rows
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = world
         self.dtype = dtype  # what exchanged rows travel in: the run's precision (gnnc.plan.precision)
 
     def wire(self, x: torch.Tensor) -> torch.Tensor:
@@ -100,13 +103,25 @@ class Exchange:
 
     @implements_exchange("halo", "parts")
     def _halo_parts(self, x: torch.Tensor, e: Eqn) -> PartStream:
-        """An overlapped halo: the held rows at once, the remote rows once they arrive."""
+        """An overlapped halo: the held rows at once, the remote rows once they arrive; chunked, each peer's
+        rows once that peer's have arrived, in ring order (part 1 + p holds rank p's, this rank's empty)."""
         layer = self.layer
         assert layer is not None and layer.halo is not None
         held = self.wire(_dense(x)[: layer.n_in])  # a sparse input (bag of words) travels as dense rows
-        handle = comm.start_halo_exchange(held, layer.halo, self.stats, label=_label(e),
-                                          method=exchange_schedule(e).method)
+        schedule = exchange_schedule(e)
+        if schedule.chunked:
+            chunked = comm.start_chunked_halo_exchange(held, layer.halo, self.stats, label=_label(e),
+                                                       method=schedule.method)
+            mine = held.new_empty((0, *held.shape[1:]))
+            return PartStream(held, itertools.chain([mine], chunked.chunks()), 1 + self.world,
+                              self.chunk_order()[1:])
+        handle = comm.start_halo_exchange(held, layer.halo, self.stats, label=_label(e), method=schedule.method)
         return PartStream(held, _waited(handle), 2)
+
+    def chunk_order(self) -> tuple[int, ...]:
+        """A chunked halo's parts in the order they are run: the held rows, this rank's (empty) part, then each
+        peer's in ring order (gnnc.runtime.comm.ChunkedHalo)."""
+        return (0, 1 + self.rank, *(1 + src for _, src in comm.ring_schedule(self.rank, self.world)))
 
     @implements_exchange("bcast_rows", "parts")
     def _bcast_rows_parts(self, x: torch.Tensor, e: Eqn) -> PartStream:
@@ -134,11 +149,12 @@ class Exchange:
         return later()
 
     def part_run(self, layer, e: Eqn) -> PartRun:
-        """The source parts of `layer`'s edges that its split exchange `e` delivers."""
+        """The source parts of `layer`'s edges that its split exchange `e` delivers, in the order they arrive."""
         lgl = self.layer
         assert lgl is not None
-        return PartRun(lgl.parts(layer.edges, part_bounds(lgl, e.op, self.block_sizes)),
-                       release=comm_op(e.op).parts_read_once)
+        return PartRun(lgl.parts(layer.edges, part_bounds(lgl, e, self.block_sizes)),
+                       release=comm_op(e.op).parts_read_once,
+                       order=self.chunk_order() if exchange_schedule(e).chunked else None)
 
     @implements_exchange("sync_scores")
     def _sync_scores(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
@@ -246,6 +262,9 @@ class DistInterpreter(PrefixRowsInterpreter):
         parts arrive (gnnc.runtime.parts); the others run on whole values.
         Backward overlaps the same way (gnnc.runtime.comm's split ops).
         """
+        if layer.kind == "graph" and chunked_evaluation(ctx) and run_layer_chunked(self, layer, env, params, ctx,
+                                                                                ctx.eval_chunk):
+            return  # an evaluation layer-wise: exchanges whole, as below, the rest per chunk of rows
         if layer.kind == "graph" and layer_schedule(layer).binned:
             run_binned(self, layer, env, params, ctx)
             self.drop_dead(env, layer)
@@ -262,9 +281,6 @@ class DistInterpreter(PrefixRowsInterpreter):
                 env[e.outs[0].name] = run_split(e, ins, run, lambda eq, xs, v: self.compute(eq, xs, v, ctx),
                                                 ctx.use_kernels)
             else:
-        if layer.kind == "graph" and chunked_evaluation(ctx) and run_layer_chunked(self, layer, env, params, ctx,
-                                                                                ctx.eval_chunk):
-            return  # an evaluation layer-wise: exchanges whole, as below, the rest per chunk of rows
                 env[e.outs[0].name] = self.eqn(e, [whole(x) for x in ins], view, ctx)
             self.drop_dead(env, layer, k)
 
@@ -309,7 +325,7 @@ def hold_parts_views(program: Program, lg: LocalGraph) -> None:
         if layer.edges not in lgl.views or lgl.views[layer.edges].csr is None:
             continue
         if all(other.edges == layer.edges for other, _ in uses):
-            lgl.hold_parts(layer.edges, part_bounds(lgl, e.op, lg.block_rows))
+            lgl.hold_parts(layer.edges, part_bounds(lgl, e, lg.block_rows))
 
 
 def build_split_parts(program: Program, lg: LocalGraph) -> None:
@@ -319,7 +335,7 @@ def build_split_parts(program: Program, lg: LocalGraph) -> None:
         exchange = split_exchange(layer)
         lgl = lg.layers[layer.name]
         if exchange is not None and not layer_schedule(layer).binned and lgl.views[layer.edges].csr is not None:
-            lgl.parts(layer.edges, part_bounds(lgl, exchange.op, lg.block_rows))
+            lgl.parts(layer.edges, part_bounds(lgl, exchange, lg.block_rows))
 
 
 def grad_buckets(program: Program, split: frozenset[str] = frozenset()) -> list[list[int]] | None:
@@ -339,9 +355,14 @@ def grad_buckets(program: Program, split: frozenset[str] = frozenset()) -> list[
     return [sorted(buckets[b], reverse=True) for b in sorted(buckets)]
 
 
-def part_bounds(lgl: LayerGraph, op: str, block_rows: list[int]) -> tuple[int, ...]:
-    """Where each source part of split exchange `op` starts (its registered "bounds")."""
-    return exchange_implementation(op, "bounds")(lgl, block_rows)
+def part_bounds(lgl: LayerGraph, e: Eqn, block_rows: list[int]) -> tuple[int, ...]:
+    """Where each source part of split exchange `e` starts (its registered "bounds"); chunked, the remote
+    rows cut by the rank that sends them (the received rows are ordered by rank, gnnc.plan.halo)."""
+    bounds = exchange_implementation(e.op, "bounds")(lgl, block_rows)
+    if not exchange_schedule(e).chunked:
+        return bounds
+    assert lgl.halo is not None and len(bounds) == 3
+    return (0, lgl.n_in, *(lgl.n_in + off for off in lgl.halo.recv_offsets()[1:]))
 
 
 @implements_exchange("halo", "bounds")

@@ -30,7 +30,7 @@ process within rounding.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,17 +44,26 @@ from gnnc.runtime.kernels import reducers, spmm_add_
 
 
 class PartStream:
-    """An exchange's rows, part by part: `part(p)` waits for part p; `whole()` for all of them."""
+    """An exchange's rows, part by part: `part(p)` waits for part p; `whole()` for all of them.
 
-    def __init__(self, first: torch.Tensor | None, later: Iterator[torch.Tensor], count: int):
-        self._got: list[torch.Tensor] = [] if first is None else [first]
+    `later` yields the parts after `first` in the order they arrive, `arrival` (part indices; by default
+    1, 2, ...): a chunked halo's peers come in ring order, not in the order their rows are held (by rank).
+    """
+
+    def __init__(self, first: torch.Tensor | None, later: Iterator[torch.Tensor], count: int,
+                 arrival: Sequence[int] | None = None):
+        self._got: dict[int, torch.Tensor] = {} if first is None else {0: first}
         self._later = later
         self.count = count
+        start = 0 if first is None else 1
+        self.arrival = list(range(start, count)) if arrival is None else list(arrival)
+        self._next = 0
         self._whole: torch.Tensor | None = None
 
     def part(self, p: int) -> torch.Tensor:
-        while len(self._got) <= p:
-            self._got.append(next(self._later))
+        while p not in self._got:
+            self._got[self.arrival[self._next]] = next(self._later)
+            self._next += 1
         return self._got[p]
 
     def set_part(self, p: int, value: torch.Tensor) -> None:
@@ -64,11 +73,13 @@ class PartStream:
 
     def taken(self, p: int) -> bool:
         """Whether part p has been waited for."""
-        return len(self._got) > p
+        return p in self._got
 
     def whole(self) -> torch.Tensor:
         if self._whole is None:
-            self._whole = torch.cat([self.part(p) for p in range(self.count)], dim=0)
+            for p in self.arrival:  # waited for in their order of arrival, then held in part order
+                self.part(p)
+            self._whole = torch.cat([self._got[p] for p in range(self.count)], dim=0)
         return self._whole
 
     def release(self, p: int) -> None:
@@ -86,10 +97,15 @@ class PartRun:
 
     parts: SourceParts
     release: bool = False  # a staged broadcast: every part is read once, then dropped
+    order: tuple[int, ...] | None = None  # the parts in the order they arrive (None: 0, 1, ...)
 
     @property
     def count(self) -> int:
         return len(self.parts)
+
+    def in_order(self) -> tuple[int, ...]:
+        """The parts in the order they are run: the order they arrive in."""
+        return tuple(range(self.count)) if self.order is None else self.order
 
 
 Runner = Callable[[Eqn, list[Any], Any], torch.Tensor]
@@ -123,18 +139,18 @@ def run_split(e: Eqn, ins: list[Any], run: PartRun, eval_eqn: Runner, use_kernel
         return _edge_softmax(ins[0], run)
     out_domain = e.outs[0].type.domain if e.outs[0].type is not None else "edge"
     if out_domain != "vertex":
-        out = Parts()
-        for p in range(run.count):
-            out.append(eval_eqn(e, [_part_input(x, k, p, e, run) for k, x in enumerate(ins)], run.parts.views[p]))
+        got: dict[int, Any] = {}
+        for p in run.in_order():
+            got[p] = eval_eqn(e, [_part_input(x, k, p, e, run) for k, x in enumerate(ins)], run.parts.views[p])
             _release(ins, p, run)
-        return out
+        return Parts(got[p] for p in range(run.count))
     if e.op not in ("spmm", "gather"):
         raise AssertionError(f"{e.op} turns a split edge value into vertex rows without reducing it")
     r = reducer(e.attr("reduce"))
     if r.combine == "add":
         part_eqn = e.with_attrs(reduce="sum")
         totals: list[Any] = [None] * len(r.powers)
-        for p in range(run.count):
+        for p in run.in_order():
             xs = [_part_input(x, k, p, e, run) for k, x in enumerate(ins)]
             view = run.parts.views[p]
             for i, power in enumerate(r.powers):
@@ -182,10 +198,10 @@ def _extreme(e: Eqn, ins: list[Any], run: PartRun, eval_eqn: Runner) -> torch.Te
     largest = reducer(e.attr("reduce")).combine == "max"
     fill = -math.inf if largest else math.inf
     pick = torch.maximum if largest else torch.minimum
-    ys, has = [], []
-    for p in range(run.count):
-        ys.append(eval_eqn(e, [_part_input(x, k, p, e, run) for k, x in enumerate(ins)], run.parts.views[p]))
-        has.append(run.parts.views[p].csr.in_degree() > 0)
+    got = {p: eval_eqn(e, [_part_input(x, k, p, e, run) for k, x in enumerate(ins)], run.parts.views[p])
+           for p in run.in_order()}
+    ys = [got[p] for p in range(run.count)]
+    has = [run.parts.views[p].csr.in_degree() > 0 for p in range(run.count)]
     shape = (-1,) + (1,) * (ys[0].dim() - 1)
     with torch.no_grad():
         best = None

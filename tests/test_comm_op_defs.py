@@ -93,9 +93,9 @@ def test_the_descriptors_hold_what_the_name_switches_held() -> None:
     # the byte totals every plan lists: the kinds of the exchanges a strategy inserts (a fetch is a halo)
     assert byte_kinds() == ("halo", "bcast_rows", "reduce_scatter")
     assert comm_op("fetch").counted_as == "halo" and comm_op("history").rows is None
-    # the schedule options of each strategy's formula: its exchanges' split flags, then G3's bins
+    # the schedule options of each strategy's formula: its exchanges' split flags, their chunk flags, then G3's bins
     assert {s: schedule_options(s) for s in ("depcomm", "hybrid", "depcache", "bcast1d", "pushpull")} == {
-        "depcomm": ("overlap", "bins"), "hybrid": ("overlap", "bins"), "depcache": ("bins",),
+        "depcomm": ("overlap", "chunked", "bins"), "hybrid": ("overlap", "chunked", "bins"), "depcache": ("bins",),
         "bcast1d": ("staged",), "pushpull": ()}
     assert draw_order("depcomm") == PIECES and draw_order("bcast1d")[:2] == ("dense", "communication")
     assert comm_op("reduce_scatter").output_rows == "owned" and comm_op("bcast_rows").parts_read_once

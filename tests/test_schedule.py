@@ -166,9 +166,10 @@ def test_each_choice_is_priced_and_the_cheaper_taken(cora) -> None:
     segments = plan.meta.schedule_report["segments"]
     for seg in segments:
         times = {tuple(sorted(a["options"].items())): a["time_s"] for a in seg["alternatives"]}
-        assert len(times) == 2
+        assert len(times) == (3 if "chunked" in seg["options"] else 2)  # chunks only of an overlapped halo
         assert seg["time_s"] == min(times.values()) == times[tuple(sorted(seg["options"].items()))]
-    assert segments[0]["options"] == {"overlap": True, "bins": 1}
+    # on Cora a chunk's dispatch costs more than the little exchange it would hide
+    assert segments[0]["options"] == {"overlap": True, "chunked": False, "bins": 1}
     assert segments[1]["options"] == {"staged": True}
 
 
@@ -181,7 +182,8 @@ def test_the_prediction_follows_the_annotations(cora) -> None:
     for plan, overlap in ((on, True), (off, False)):
         for seg, entry in zip(program_segments(plan.program), plan.meta.schedule_report["segments"]):
             layers = plan.program.graph_layers()[seg.start:seg.end]
-            assert segment_options(layers, seg.strategy) == entry["options"] == {"overlap": overlap, "bins": 1}
+            assert segment_options(layers, seg.strategy) == entry["options"] == {"overlap": overlap,
+                                                                                 "chunked": False, "bins": 1}
 
 
 def test_the_planner_prediction_is_redrawn_from_the_schedule(cora) -> None:
@@ -303,7 +305,7 @@ def test_schedule_pass_alone_on_the_tiny_graph() -> None:
         CHECK: halo[bytes_bwd=192, bytes_fwd=192, method=ring, overlap=true](%l0.t)
         CHECK: spmm[reduce=sum, split=true](%l0.t^halo, %l0.m~1)
     """)
-    assert ctx.results.schedule_report["segments"][0]["options"] == {"overlap": True, "bins": 1}
+    assert ctx.results.schedule_report["segments"][0]["options"] == {"overlap": True, "chunked": False, "bins": 1}
 
 
 # --- the command line --------------------------------------------------------------------------------

@@ -73,6 +73,9 @@ class CommOpDef:
       parts_read_once: each part is read by one equation and dropped (a worker holds two of them), so a
         split needs a single reader through the edges.
       no_overlap_methods: message orders (`method`) under which its split overlaps nothing.
+      chunk_flag: the equation attribute that makes a split exchange deliver its remote rows peer by peer, each
+        peer's as they arrive, in ring order (NeutronStar's chunks), its readers running once per peer; also the
+        schedule option of the formulas of the strategies inserting it. None: the remote rows come as one part.
       ordered: it takes a message order (`method`, gnnc.plan.schedule_attrs.HALO_METHODS).
     Memory rule (gnnc.passes.cost.activations):
       output_rows: "received": its output holds the rows the layer reads (held and received);
@@ -92,6 +95,7 @@ class CommOpDef:
     split_in_bins: bool = False
     parts_read_once: bool = False
     no_overlap_methods: tuple[str, ...] = ()
+    chunk_flag: str | None = None
     ordered: bool = False
     output_rows: Literal["received", "owned"] = "received"
     draw_order: tuple[str, ...] | None = None
@@ -102,7 +106,8 @@ class CommOpDef:
             object.__setattr__(self, "counted_as", self.name)
         if self.draw_order is not None and sorted(self.draw_order) != sorted(PIECES):
             raise ValueError(f"exchange {self.name}: draw_order must order {PIECES}")
-        if (self.split_in_bins or self.parts_read_once or self.no_overlap_methods) and self.split_flag is None:
+        if (self.split_in_bins or self.parts_read_once or self.no_overlap_methods or self.chunk_flag) \
+                and self.split_flag is None:
             raise ValueError(f"exchange {self.name}: a split rule without a split_flag")
 
 
@@ -143,6 +148,11 @@ def split_flags() -> tuple[str, ...]:
     return tuple(dict.fromkeys(d.split_flag for d in COMM_OP_DEFS.values() if d.split_flag is not None))
 
 
+def chunk_flags() -> tuple[str, ...]:
+    """Every chunk attribute (a split exchange's remote rows peer by peer), in registry order, once."""
+    return tuple(dict.fromkeys(d.chunk_flag for d in COMM_OP_DEFS.values() if d.chunk_flag is not None))
+
+
 def byte_kinds(strategies: Mapping[str, StrategyDef] = STRATEGIES) -> tuple[str, ...]:
     """The kinds a step's byte totals always list (0 when absent): those of the exchanges the strategies insert
     and predict-bytes prices, in strategy order. An exchange no strategy inserts is listed where a plan holds it."""
@@ -152,11 +162,11 @@ def byte_kinds(strategies: Mapping[str, StrategyDef] = STRATEGIES) -> tuple[str,
 
 def schedule_options(strategy: str) -> tuple[str, ...]:
     """The schedule options a strategy's built-in formula takes: the split flag of each exchange it inserts,
-    then `bins` when it runs in G3's bins (gnnc.passes.cost.neutronstar, .mggcn)."""
+    then their chunk flags, then `bins` when it runs in G3's bins (gnnc.passes.cost.neutronstar, .mggcn)."""
     s = STRATEGIES.get(strategy)
     if s is None:
         return ()
-    flags = (comm_op(op).split_flag for op in s.comm_ops)
+    flags = [comm_op(op).split_flag for op in s.comm_ops] + [comm_op(op).chunk_flag for op in s.comm_ops]
     return tuple(dict.fromkeys(f for f in flags if f is not None)) + (("bins",) if s.bins else ())
 
 
@@ -171,7 +181,7 @@ def draw_order(strategy: str) -> tuple[str, ...]:
 # in gnnc.ir.ops, which must parse a plan without this layer.
 define_comm_op(CommOpDef("halo", "DepComm / G3: the held rows, then the remote in-neighbours' rows of the layer",
                          halo_rows, split_flag="overlap", split_in_bins=True, no_overlap_methods=("ring_paced",),
-                         ordered=True))
+                         chunk_flag="chunked", ordered=True))
 define_comm_op(CommOpDef("fetch", "entering a DepCache / Hybrid segment: the neighbourhood rows not owned",
                          entry_rows, counted_as="halo", ordered=True))
 define_comm_op(CommOpDef("bcast_rows", "MG-GCN's 1D SpMM: every rank's row block to every rank",

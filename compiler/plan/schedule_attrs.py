@@ -16,6 +16,12 @@ On a communication equation:
   while the remote rows are in flight, then the edges from the remote rows
   once they have arrived (NeutronStar's DepComm overlap). `overlap=false`:
   the readers wait for every row.
+* `halo[overlap=true, chunked=true]`: the remote rows come peer by peer
+  (NeutronStar's chunks, section 4.3): the readers run on the held rows,
+  then on each peer's rows as soon as that peer's have arrived, peers in
+  ring order (rank-1, rank-2, ...), instead of once on the whole halo; in
+  backward each peer's gradients are sent back as soon as they are
+  computed. `chunked=false` (or absent): the remote rows as one part.
 * `halo[method=ring]`: the message order (`HALO_METHODS`): `ring` posts one
   chunk per peer, step j sending to rank+j+1 and receiving from rank-j-1
   (NeutronStar's ring); `ring_paced` waits for each step before the next (no
@@ -58,7 +64,7 @@ from dataclasses import dataclass
 
 from gnnc.errors import PlanError
 from gnnc.ir import Eqn, Layer, Program
-from gnnc.plan.comm_ops import exchange_of, split_flags
+from gnnc.plan.comm_ops import chunk_flags, exchange_of, split_flags
 
 HALO_METHODS = ("ring", "ring_paced", "all_to_all")
 BIN_ORDERS = ("boundary_bfs",)
@@ -70,6 +76,7 @@ class ExchangeSchedule:
 
     split: bool  # its split flag set (gnnc.plan.comm_ops: halo overlap=true, bcast_rows staged=true)
     method: str = "ring"  # a halo's or fetch's message order
+    chunked: bool = False  # a split exchange's remote rows peer by peer (its chunk flag: halo chunked=true)
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,9 @@ class ProgramSchedule:
 def exchange_schedule(e: Eqn) -> ExchangeSchedule:
     d = exchange_of(e.op)
     flag = d.split_flag if d is not None else None
-    return ExchangeSchedule(bool(e.attr(flag, False)) if flag else False, e.attr("method", "ring"))
+    split = bool(e.attr(flag, False)) if flag else False
+    chunk = d.chunk_flag if d is not None else None
+    return ExchangeSchedule(split, e.attr("method", "ring"), split and chunk is not None and bool(e.attr(chunk, False)))
 
 
 def layer_schedule(layer: Layer) -> LayerSchedule:
@@ -149,7 +158,7 @@ def check_schedule(program: Program) -> None:
             buckets.add(bucket)
         splits = 0
         for e in layer.eqns:
-            for key in (*split_flags(), "split", "bin"):
+            for key in (*split_flags(), *chunk_flags(), "split", "bin"):
                 if not _flag(e.attr(key, False)):
                     raise PlanError(f"layer {layer.name}: {e.op}'s {key} must be true or false, not {e.attr(key)!r}")
             if e.attr("method", "ring") not in HALO_METHODS:
@@ -157,9 +166,16 @@ def check_schedule(program: Program) -> None:
                                 f"not {e.attr('method')!r}")
             splits += exchange_schedule(e).split
             d = exchange_of(e.op)
+            if d is not None and d.chunk_flag and e.attr(d.chunk_flag, False) and not exchange_schedule(e).split:
+                raise PlanError(f"layer {layer.name}: {e.op}'s {d.chunk_flag} needs {d.split_flag}=true (its remote "
+                                "rows come in chunks only when its readers run per part)")
+            if bins > 1 and d is not None and d.chunk_flag and e.attr(d.chunk_flag, False):
+                raise PlanError(f"layer {layer.name}: a binned layer runs whole bins, not chunks ({e.op})")
             if bins > 1 and (split_eqn(e) or exchange_schedule(e).split and not (d is not None and d.split_in_bins)):
                 raise PlanError(f"layer {layer.name}: a binned layer runs whole bins, not split parts ({e.op})")
         if splits > 1 and len({e.op for e in layer.eqns if exchange_schedule(e).split}) > 1:
             raise PlanError(f"layer {layer.name}: its split exchanges must be of one kind")
+        if len({exchange_schedule(e).chunked for e in layer.eqns if exchange_schedule(e).split}) > 1:
+            raise PlanError(f"layer {layer.name}: its split exchanges must all come in chunks or none")
     if buckets and buckets != set(range(len(buckets))):
         raise PlanError(f"gradient buckets must be numbered 0..{len(buckets) - 1}, got {sorted(buckets)}")

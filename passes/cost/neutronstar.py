@@ -21,6 +21,7 @@ from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_
                                       layer_memory, call_ops, copy_time, edge_ops, layer_ops, per_epoch, row_ops)
 from gnnc.passes.cost.epoch import evaluation_of
 from gnnc.passes.cost.evaluation import CostValue, Overlay, compile_expr, numeric_function, table
+from gnnc.passes.cost.overlap import overlap_window
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, hop_vertices, hop_edges,
                                       comm_rows, comm_sent, recompute_rows, recompute_edges, RX, LayerShape,
@@ -28,7 +29,7 @@ from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, h
 
 
 @cost_formula("depcomm")
-def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) -> Cost:
+def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, chunked: bool = False) -> Cost:
     """DepComm (NeutronStar) / G3's peer-to-peer push: halo exchange of remote in-neighbour rows.
 
     Worker i sends S_i rows and receives B_i rows of the exchanged value (one
@@ -52,8 +53,9 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     into start and wait): the work on edges with a held source, E_i - Er_i
     (the aggregation and the edge ops, which run per source part),
     overlaps the exchange (max, not sum) and the edges of remote sources wait
-    for the whole halo (NeutronStar also computes on each peer's rows as they
-    arrive, which gnnc does not: issue 38 item 4); without it every edge waits. `bins` (G3):
+    for the whole halo, or with `chunked` each peer's edges for that peer's rows,
+    as they arrive in ring order (NeutronStar section 4.3; gnnc.passes.cost.overlap);
+    without it every edge waits. `bins` (G3):
     with k > 1 bins, the bins whose rows have no remote in-neighbour (Ein_i
     edges) run while the halo is in flight (eager computation), and backward
     recomputes every bin's forward before its own backward.
@@ -71,7 +73,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
         held, rest = edge_work(E_in, "f"), edge_work(E - E_in, "f")
         window = Max(exch, held) + rest if overlap else exch + held + rest
     elif overlap:
-        window = Max(exch, edge_work(E - E_r, "f")) + edge_work(E_r, "f")
+        window = overlap_window(exch, edge_work(E - E_r, "f"), edge_work(E_r, "f"), chunked, call_ops(layer, "f"))
     else:
         window = exch + edge_work(E, "f")
     fwd = gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + per_epoch(shape, copy_time((S + B) * xw, "f")) + window
@@ -80,7 +82,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1) 
     if shape.exchange_grad:
         bwd = bwd_dense + copy_time((S + B) * xw, "b")
         if overlap:
-            bwd += Max(exch, edge_work(E - E_r, "b")) + edge_work(E_r, "b")
+            bwd += overlap_window(exch, edge_work(E - E_r, "b"), edge_work(E_r, "b"), chunked, call_ops(layer, "b"))
         else:
             bwd += exch + edge_work(E, "b")
         nbytes += B * xw * b
@@ -239,7 +241,7 @@ def _value(name: str, stage_times: np.ndarray, worker_bytes: np.ndarray, worker_
 
 @cost_formula("hybrid")
 def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool | None = None,
-           overlap: bool = True, bins: int = 1) -> Cost:
+           overlap: bool = True, bins: int = 1, chunked: bool = False) -> Cost:
     """Hybrid (NeutronStar): the cost of a given cache/communicate selection over a segment.
 
     Per worker and layer l the selection gives CR_l rows received and CS_l
@@ -263,7 +265,7 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
     than DepCache on Cora x 4 at 50 us per message (issue 16). Whole
     selections are priced by `gnnc.passes.planner.hybrid.select`, which prices
     the one that caches everything as what the runtime then runs: DepCache.
-    The schedule's `overlap` and `bins` as for `depcomm` (without overlap
+    The schedule's `overlap`, `chunked` and `bins` as for `depcomm` (without overlap
     nothing runs while the rows are in flight; bins recompute their forward
     in backward).
     """
@@ -275,7 +277,7 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
     byte_terms: list[sympy.Expr] = []  # summed once: sympy re-sorts a sum at every +=
     memory_terms: list[sympy.Expr] = []
     for m, shape in enumerate(shapes):
-        fwd, bwd, nbytes, memory = _hybrid_layer(start + m, shape, m == 0, overlap, bins)
+        fwd, bwd, nbytes, memory = _hybrid_layer(start + m, shape, m == 0, overlap, bins, chunked)
         stages_f.append(fwd)
         stages_b.append(bwd)
         byte_terms.append(nbytes)
@@ -291,7 +293,7 @@ def hybrid(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool
 
 @functools.lru_cache(maxsize=4096)
 def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = True,
-                  bins: int = 1) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+                  bins: int = 1, chunked: bool = False) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
     """One layer of a Hybrid segment: forward and backward stage, bytes, memory (see `hybrid`).
 
     They depend on the segment only through whether the layer is its first, so a
@@ -314,17 +316,19 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
         kernels = compute_forward(layer, shape, rg, re) if phase == "f" else compute_backward(layer, shape, rg, re)
         return kernels + row_ops(layer, rg, rv, phase) + edge_ops(layer, re, phase)
 
-    def window(exchange: sympy.Expr, local: sympy.Expr) -> sympy.Expr:
-        return Max(exchange, local) if overlap else exchange + local
+    def window(exchange: sympy.Expr, local: sympy.Expr, remote: sympy.Expr, phase: str) -> sympy.Expr:
+        if not overlap:
+            return exchange + local + remote
+        return overlap_window(exchange, local, remote, chunked, call_ops(layer, phase))
 
     fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
            + call_ops(layer, "f") + per_epoch(shape, copy_time((cs + cr) * xw, "f"))
-           + window(exch, own_edges(E - E_r, "f") + recompute("f")) + own_edges(E_r, "f"))
+           + window(exch, own_edges(E - E_r, "f") + recompute("f"), own_edges(E_r, "f"), "f"))
     bwd = compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
     nbytes = per_epoch(shape, cs * xw * b)
     if shape.exchange_grad:
-        bwd += (copy_time((cs + cr) * xw, "b") + window(exch, own_edges(E - E_r, "b") + recompute("b"))
-                + own_edges(E_r, "b"))
+        bwd += copy_time((cs + cr) * xw, "b") + window(exch, own_edges(E - E_r, "b") + recompute("b"),
+                                                       own_edges(E_r, "b"), "b")
         nbytes += cr * xw * b
     else:
         bwd += recompute("b") + edge_ops(layer, E, "b")

@@ -58,15 +58,21 @@ def program_segments(program: Program) -> list[Segment]:
 
 def segment_options(layers: Sequence[Layer], strategy: str) -> dict[str, Any]:
     """The formula options (gnnc.plan.comm_ops.schedule_options) of a segment's layers, as their annotations
-    say: a split flag is on when every exchange it splits is split."""
+    say: a split flag is on when every exchange it splits is split, a chunk flag when every one it chunks
+    comes in chunks."""
     opts: dict[str, Any] = {}
     for option in schedule_options(strategy):
         if option == "bins":
             opts["bins"] = max(layer_schedule(layer).bins for layer in layers)
             continue
-        ex = [e for layer in layers for e in layer.eqns if (d := exchange_of(e.op)) is not None
-              and d.split_flag == option]
-        opts[option] = bool(ex) and all(exchange_schedule(e).split for e in ex)
+        split = [e for layer in layers for e in layer.eqns if (d := exchange_of(e.op)) is not None
+                 and d.split_flag == option]
+        chunked = [e for layer in layers for e in layer.eqns if (d := exchange_of(e.op)) is not None
+                   and d.chunk_flag == option]
+        if split:
+            opts[option] = all(exchange_schedule(e).split for e in split)
+        else:
+            opts[option] = bool(chunked) and all(exchange_schedule(e).chunked for e in chunked)
     return opts
 
 

@@ -1,0 +1,39 @@
+"""The window of an overlapped halo: the exchange beside the work on the rows it does not wait for.
+
+Why this module exists: DepComm's and Hybrid's formulas (gnnc.passes.cost.neutronstar) price a layer's
+exchange overlapped with its computation the same way, and the schedule pass chooses between the two
+runtime schedules of that overlap (gnnc.plan.schedule_attrs: `halo[overlap=true]` with or without
+`chunked=true`); both are priced here, once.
+
+* Whole halo (`chunked=false`): the edges of held sources (`held`) run while the exchange (`exch`) is in
+  flight, the edges of remote sources (`remote`) once every peer's rows are in:
+  max(exch, held) + remote.
+* Chunked (NeutronStar section 4.3, ring order): the remote rows arrive in n = P - 1 chunks, one per peer,
+  priced as equal (the link is shared by them: chunk k is in after k * exch / n), and the edges of chunk k
+  run once it is in and the previous chunk's are done. With held work h, chunk work r = remote / n and
+  c = exch / n, the last chunk ends at max over k of (k c + (n - k + 1) r) and h + remote; that is linear
+  in k, so its maximum is at k = 1 or k = n:
+
+      max(h + remote, c + remote, exch + r)
+
+  the exposed communication being that less h + remote: max(0, c - h, exch - h - remote + r), the per-chunk
+  form max(0, comm - overlappable compute). Each chunk costs its equations' dispatch once more
+  (`calls`: the layer's every op once, an upper bound of its per-part equations), P - 1 more part runs than
+  the whole halo's two (the held rows, the halo), so chunking can lose where the exchange is short.
+"""
+from __future__ import annotations
+
+import sympy
+
+from gnnc.passes.cost.symbols import Max, P
+
+
+def overlap_window(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr, chunked: bool,
+                   calls: sympy.Expr) -> sympy.Expr:
+    """Seconds of an overlapped halo's window (module docstring): written as a Max of lanes plus the last
+    chunk's work, so the predicted schedule draws the lanes side by side (gnnc.passes.cost.schedule)."""
+    if not chunked:
+        return Max(exch, held) + remote
+    n = Max(P - 1, 1)
+    before_last = remote * (n - 1) / n
+    return Max(held + before_last, exch / n + before_last, exch) + remote / n + (P - 1) * calls
