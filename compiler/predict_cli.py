@@ -5,7 +5,9 @@ In one process it runs gnnc.saved_model.predict (the model as gnnc.to_torch's mo
 model is compiled for N workers on G, as `gnnc run MODEL.gnn --nproc N` compiles it (the planner's strategies,
 the partition, the shards), and started by the launcher `gnnc run` uses (gnnc.runtime.launch): each rank runs
 one forward pass in evaluation mode on its rows with the saved weights and rank 0 writes every vertex's row in
-global order (gnnc.runtime.predict). The values are the one process's, to float rounding. The graph's labels
+global order (gnnc.runtime.predict). The values are the one process's, to float rounding. On a graph larger than
+gnnc.runtime.predict.CHUNK_ROWS vertices both evaluate the layers layer-wise, in chunks of rows
+(gnnc.runtime.layerwise), unless the value asked for is computed inside a layer. The graph's labels
 and masks play no part: the shards get stand-ins (no label, empty masks), so a new graph needs none.
 
 The command's parser apart from gnnc.saved_model, which loads torch: building gnnc's parser (`gnnc --help`,
@@ -95,7 +97,7 @@ def predict_on_ranks(saved: Any, graph: Any, output: str, nproc: int, out: str, 
     from gnnc.plan.strategies import names
     from gnnc.runtime.executor import loss_op
     from gnnc.runtime.launch import launch
-    from gnnc.runtime.predict import PredictJob, in_feature_phase, predict_rank
+    from gnnc.runtime.predict import PredictJob, chunk_rows, in_feature_phase, predict_rank
     from gnnc.saved_model import check_fits
     from gnnc.torch_module import param_shapes
 
@@ -138,7 +140,8 @@ def predict_on_ranks(saved: Any, graph: Any, output: str, nproc: int, out: str, 
     with tempfile.TemporaryDirectory(prefix="gnnc-predict-") as tmp:
         plan.write_shards(tmp)
         plan.graph = None  # the ranks read their shards
-        job = PredictJob(str(plan.program), tmp, dict(saved.weights), value, str(out), threads)
+        job = PredictJob(str(plan.program), tmp, dict(saved.weights), value, str(out), threads,
+                         chunk_rows(plan.program, n, value))
         results = launch(predict_rank, nproc, job, timeout_s=timeout_s)
     return list(results[0]["shape"])
 

@@ -36,7 +36,7 @@ from gnnc.ir.dims import eval_dim
 from gnnc.runtime import device as devices
 from gnnc.runtime import rng
 from gnnc.runtime.executor import ExecContext, Interpreter, check_dims_fit, graph_inputs, init_state
-from gnnc.runtime.predict import KeepingInterpreter
+from gnnc.runtime.predict import KeepingInterpreter, chunk_rows
 
 # where the running state of ops (batch_norm's statistics) sits among the module's buffers
 STATE = "state"
@@ -87,12 +87,14 @@ class GnncModule(torch.nn.Module):
         self.eval()
         try:
             with torch.no_grad():
-                return self._run(graph, views, device, output)
+                # the logits run as fused chains, which hold no edge value: layer-wise only for another value
+                chunk = None if output is None else chunk_rows(self.program, graph.num_nodes, output)
+                return self._run(graph, views, device, output, chunk)
         finally:
             self.train(was)
 
     def _run(self, graph: Graph, views: dict[str, GraphView], device: torch.device,
-             output: str | None = None) -> torch.Tensor:
+             output: str | None = None, chunk: int | None = None) -> torch.Tensor:
         """The logits (or the value `output`) of the program on `graph` with this module's weights."""
         params = {name: self.get_parameter(name) for name in self._names}
         state = {name: self.get_buffer(f"{STATE}.{name}") for name in self._state_names}
@@ -105,13 +107,15 @@ class GnncModule(torch.nn.Module):
         # a fused chain computes its inner values nowhere and may write its result over its input.
         interp = self._interp if output is None else KeepingInterpreter(self.program, output)
         ctx = ExecContext(views, torch.arange(graph.num_nodes, device=device), self._config, self.training,
-                          lambda i: rng.stream_key(key, i), 1.0, state=state, fuse=output is None)
+                          lambda i: rng.stream_key(key, i), 1.0, state=state, fuse=output is None, eval_chunk=chunk)
         # the features as gnnc holds them (sparse when few are nonzero); labels and masks only for the loss
         inputs = {k: t.to(device) for k, t in graph_inputs(graph).items()}
         env = dict(inputs)
         for layer in self.program.layers:
             interp.run_layer(layer, env, params, ctx)
-        return env[self.program.logits.name if output is None else output]
+        if output is None:
+            return env[self.program.logits.name]
+        return env[output] if output in inputs else interp.kept_value
 
     def _views(self, x: torch.Tensor, edge_index: torch.Tensor,
                edge_weight: torch.Tensor | None) -> tuple[Graph, dict[str, GraphView]]:

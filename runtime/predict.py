@@ -33,17 +33,44 @@ from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.train import TrainConfig
 
 
-class Keeping:
-    """An interpreter mixin that keeps the value `keep` in its environment after its last reader has run (the
-    one-process module's `--output` and the ranks' both read it after the forward pass)."""
+# A graph of more vertices than this is evaluated layer-wise (gnnc.runtime.layerwise), in chunks of this many rows
+# (gnnc.memory_check measured 16,384 rows at 22 MiB above the two [rows, width] tensors on a 200K-vertex R-MAT)
+CHUNK_ROWS = 16_384
 
-    keep: str | None = None
+
+def chunk_rows(program: Program, num_nodes: int, value: str) -> int | None:
+    """The rows per chunk of layer-wise evaluation for predicting `value` on a graph of `num_nodes` vertices,
+    equation by equation (a rank's evaluation; one process's for any value but the logits, whose fused chains hold
+    no edge value: gnnc.runtime.fusion): CHUNK_ROWS on a larger graph, where a layer's every edge value at once
+    would be the largest thing held; None (whole layers) on a smaller one, or for a value computed inside a layer,
+    which a layer run in chunks does not keep."""
+    outputs = {v.name for layer in program.layers for v in layer.outputs}
+    return CHUNK_ROWS if num_nodes > CHUNK_ROWS and value in outputs else None
+
+
+class Keeping:
+    """An interpreter mixin that keeps the value `keep` (`kept_value`) from the layer that computes it: past its last
+    reader within that layer, and whatever a later layer drops (gnnc.torch_module's `predict --output` and the
+    ranks both read it after the forward pass)."""
+
+    keep: str = ""
+    kept_value: torch.Tensor | None = None
 
     def drop_dead(self, env: dict[str, Any], layer: Any, k: int | None = None) -> None:
-        kept = env.get(self.keep) if self.keep is not None else None
+        value = env.get(self.keep)
         super().drop_dead(env, layer, k)  # type: ignore[misc]
-        if kept is not None:
-            env[self.keep] = kept
+        if value is not None:
+            env[self.keep] = value
+
+    def run_layer(self, layer, env, params, ctx):
+        before = self.keep in env
+        super().run_layer(layer, env, params, ctx)  # type: ignore[misc]
+        if not before and self.kept_value is None and self.keep in env:
+            self.kept_value = env[self.keep]
+            self.made_by(layer)
+
+    def made_by(self, layer: Any) -> None:
+        """Called once the layer computing the value has run."""
 
 
 class KeepingInterpreter(Keeping, Interpreter):
@@ -55,18 +82,15 @@ class KeepingInterpreter(Keeping, Interpreter):
 
 
 class _KeepingRanks(Keeping, DistInterpreter):
-    """A rank's interpreter keeping `keep`, with the global ids of its rows: the rows of the layer that made it."""
+    """A rank's interpreter keeping `keep`, with the global ids of its rows: those of the layer that made it."""
 
     def __init__(self, program: Program, lg: Any, phase: Any, keep: str):
         super().__init__(program, lg, phase)
         self.keep = keep
         self.kept_ids: torch.Tensor | None = None
 
-    def run_layer(self, layer, env, params, ctx):
-        before = self.keep in env
-        super().run_layer(layer, env, params, ctx)
-        if not before and self.keep in env and self.kept_ids is None:
-            self.kept_ids = self._ids  # the row order the layer ran in (its segment's, gnnc.plan.rows)
+    def made_by(self, layer: Any) -> None:
+        self.kept_ids = self._ids  # the row order the layer ran in (its segment's, gnnc.plan.rows)
 
 
 def in_feature_phase(program: Program) -> frozenset[str]:
@@ -92,12 +116,13 @@ class PredictJob:
     value: str  # the IR name of the value written (the logits' by default)
     out: str
     threads: int | None = None
+    chunk: int | None = None  # layer-wise evaluation's rows per chunk (chunk_rows); None: whole layers
 
 
 def predict_rank(cfg: DistConfig, job: PredictJob) -> dict[str, Any] | None:
     """One rank's forward pass; rank 0 writes every vertex's row of `job.value` to `job.out` and returns its
     shape (None on the other ranks)."""
-    w = DistWorker(cfg, DistJob(job.ir, job.shard_dir, TrainConfig(epochs=1, progress=False)))
+    w = DistWorker(cfg, DistJob(job.ir, job.shard_dir, TrainConfig(epochs=1, progress=False, eval_chunk=job.chunk)))
     if job.threads is not None:
         torch.set_num_threads(job.threads)
     interp = _KeepingRanks(w.program, w.lg, w.interp.phase, job.value)
@@ -113,16 +138,17 @@ def predict_rank(cfg: DistConfig, job: PredictJob) -> dict[str, Any] | None:
         if name in job.weights:
             w.state[name] = job.weights[name].to(w.device)
     env = dict(w.inputs)
-    if job.value in env:
-        interp.kept_ids = w.lg.rows
-    ctx = w.context(False, 0)
-    with torch.no_grad(), devices.autocast(w.device, w.cfg.precision):
-        for layer in w.program.layers:
-            interp.run_layer(layer, env, params, ctx)
-    value = env[job.value]
+    if job.value in env:  # the features: as the shard holds them, no layer run
+        value, held = env[job.value], w.lg.rows
+    else:
+        ctx = w.context(False, 0)
+        with torch.no_grad(), devices.autocast(w.device, w.cfg.precision):
+            for layer in w.program.layers:
+                interp.run_layer(layer, env, params, ctx)
+        value, held = interp.kept_value, interp.kept_ids
+    assert value is not None and held is not None
     value = value.to_dense() if value.is_sparse else value
-    assert interp.kept_ids is not None
-    ids = interp.kept_ids[: value.shape[0]]
+    ids = held[: value.shape[0]]
     mine = torch.isin(ids, w.lg.owned)
     rows = (ids[mine].cpu(), value[mine].detach().cpu())
     every: list[Any] = [None] * cfg.world_size if cfg.rank == 0 else None  # type: ignore[assignment]

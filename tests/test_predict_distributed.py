@@ -2,8 +2,9 @@
 
 The saved model is compiled for N workers and each rank computes its vertices' rows; rank 0 writes them in global
 order. The values equal one process's `gnnc predict` (1e-5 relative) on 2 and 4 gloo processes: the logits of a
-GraphSAGE on another graph than it was trained on (inductive), a named intermediate value, and a value P3's
-push-pull holds as feature slices (its layer is planned on rows instead). Bad input is exit 2 before any process
+GraphSAGE on another graph than it was trained on (inductive), a named intermediate value (evaluated layer-wise,
+in chunks of rows, as on a large graph), and a value P3's push-pull holds as feature slices (its layer is planned
+on rows instead). Bad input is exit 2 before any process
 starts; a killed worker is exit 1, every process stopped and no file written.
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pytest
 from conftest import gnnc_in_process
 
 import gnnc.api
+from gnnc.runtime import layerwise
+from gnnc.runtime import predict as predict_runtime
 from gnnc.runtime.predict import in_feature_phase
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,13 +50,36 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
-@pytest.mark.parametrize("nproc, graph, output", [(2, OTHER, "logits"), (4, TRAIN, "l0")])
-def test_n_processes_give_one_process_values(model: Path, nproc: int, graph: str, output: str,
-                                             tmp_path: Path) -> None:
+# the 4-process case evaluates layer-wise, in chunks of 64 rows (as a graph larger than CHUNK_ROWS would)
+@pytest.mark.parametrize("nproc, graph, output, chunk", [(2, OTHER, "logits", None), (4, TRAIN, "l0", 64)])
+def test_n_processes_give_one_process_values(model: Path, nproc: int, graph: str, output: str, chunk: int | None,
+                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one = predicted(model, graph, tmp_path / "one.npy", "--output", output)
+    if chunk is not None:
+        monkeypatch.setattr(predict_runtime, "CHUNK_ROWS", chunk)
     many = predicted(model, graph, tmp_path / "many.npy", "--output", output, "--nproc", str(nproc))
     assert many.shape == one.shape and many.dtype == one.dtype
     assert rel(many, one) < 1e-5
+
+
+@pytest.mark.parametrize("output, chunked", [("logits", False), ("l0", True), ("l0.t~2", False)])
+def test_one_process_evaluates_a_large_graph_layer_wise(model: Path, output: str, chunked: bool, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above CHUNK_ROWS vertices a value computed equation by equation runs in chunks of rows
+    (gnnc.runtime.layerwise), unchanged; the logits run as fused chains (no edge value held), and a value computed
+    inside a layer (l0.t~2), which a chunked layer does not keep, is computed on whole layers."""
+    whole = predicted(model, OTHER, tmp_path / "whole.npy", "--output", output)
+    calls: list[bool] = []
+    run_chunked = layerwise.run_layer_chunked
+
+    def spy(*args, **kwargs):
+        calls.append(run_chunked(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(layerwise, "run_layer_chunked", spy)
+    monkeypatch.setattr(predict_runtime, "CHUNK_ROWS", 64)
+    assert rel(predicted(model, OTHER, tmp_path / "chunks.npy", "--output", output), whole) < 1e-5
+    assert (calls != [] and all(calls)) == chunked, calls
 
 
 def test_a_value_push_pull_holds_as_slices_is_planned_on_rows(model: Path, tmp_path: Path,
