@@ -40,7 +40,7 @@ from gnnc.host import choose_threads
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
 from gnnc.ir.ops import is_graph_classification, is_link_prediction
-from gnnc.memory_check import check_run_memory
+from gnnc.memory_check import check_run_memory, evaluation_chunk
 from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
                              load_model_source)  # (the API's names)
 from gnnc.passes.cost.epoch import epoch_costs
@@ -429,7 +429,7 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
         timeout_s: float | None = None, optimizer: str | None = None, momentum: float | None = None,
         lr_schedule: str | None = None, warmup: int | None = None, clip: float | None = None,
         lr_step_size: int | None = None, lr_gamma: float | None = None, lr_patience: int | None = None,
-        lr_factor: float | None = None, eval_every: int | None = None,
+        lr_factor: float | None = None, eval_every: int | None = None, eval_chunk: int | None = None,
         recompute: bool | None = None) -> RunResult | None:
     """Train a plan (or a model, compiled first for `nproc` workers) on `graph`: in this process, or on the
     plan's workers. This is `gnnc run`: the CLI parses its flags into these arguments and prints the result.
@@ -443,8 +443,10 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
     one. `optimizer` (sgd, adam, adamw), `momentum` (sgd's), `lr_schedule` (none, step, cosine, plateau, with
     `lr_step_size` and `lr_gamma` for step, `lr_patience` and `lr_factor` for plateau), `warmup` (epochs) and
     `clip` (the largest gradient norm) override the model's `training(...)` (gnnc.runtime.train.TrainConfig);
-    `eval_every` K evaluates after every K-th epoch only (and the first and the last); `recompute` keeps only
-    the graph layers' inputs for the backward and runs each layer again there (one process, full-graph).
+    `eval_every` K evaluates after every K-th epoch only (and the first and the last), `eval_chunk` ROWS layer by
+    layer in chunks of that many rows (0: whole layers; None: as gnnc.memory_check.evaluation_chunk decides);
+    `recompute` keeps only the graph layers' inputs for the backward and runs each layer again there (one process,
+    full-graph).
     Returns a RunResult either way (logits in global vertex order, on the host), None on a rank other
     than 0 of a torchrun job.
     With several workers they are new processes started with 'spawn', which
@@ -488,7 +490,7 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
                               resume=resume, device=device, precision=plan_precision(plan, precision),
                               optimizer=optimizer, momentum=momentum, schedule=lr_schedule, warmup=warmup, clip=clip,
                               lr_step_size=lr_step_size, lr_gamma=lr_gamma, lr_patience=lr_patience,
-                              lr_factor=lr_factor, eval_every=eval_every, recompute=recompute,
+                              lr_factor=lr_factor, eval_every=eval_every, eval_chunk=eval_chunk, recompute=recompute,
                               # in this process without `threads`, the caller's torch count stands (a program or a
                               # benchmark may have set it); workers get their share
                               **(thread_settings(None if threads == "auto" else threads, plan.workers)
@@ -499,6 +501,7 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
     if plan.workers == 1:
         # before the run allocates: refused if it cannot fit
         predicted = check_run_memory(plan, graph=g, device=cfg.device, recompute=cfg.recompute)
+        cfg = dataclasses.replace(cfg, eval_chunk=evaluation_chunk(predicted, cfg.eval_chunk, cfg.device))
         result = train_local(plan, g, cfg, metrics, on_epoch)
         result.predicted_peak_rss_bytes = int(predicted.peak)
     else:
@@ -591,6 +594,8 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
             # one rank of a torchrun job (possibly across machines): rank 0 returns the summary
             return _result(join_torchrun(fn, job, device=cfg.device, timeout_s=timeout))
         predicted = check_run_memory(plan, shard_dir=plan.shard_dir, device=cfg.device)  # before any worker starts
+        cfg = dataclasses.replace(cfg, eval_chunk=evaluation_chunk(predicted, cfg.eval_chunk, cfg.device))
+        fn, job = job_for(str(plan.shard_dir))
         return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)
     if started_by_torchrun():
         raise PlanError("under torchrun every rank reads its shard from the plan: compile it with "
@@ -601,6 +606,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         plan.write_shards(tmp)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
         predicted = check_run_memory(plan, shard_dir=tmp, device=cfg.device)  # before any worker starts
+        cfg = dataclasses.replace(cfg, eval_chunk=evaluation_chunk(predicted, cfg.eval_chunk, cfg.device))
         fn, job = job_for(tmp)
         try:
             return _result(launch(fn, plan.workers, job, device=cfg.device, timeout_s=timeout)[0], predicted)

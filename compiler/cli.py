@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
                      timeout_s=args.timeout, optimizer=args.optimizer, momentum=args.momentum,
                      lr_schedule=args.schedule_lr, warmup=args.warmup, clip=args.clip_grad,
                      lr_step_size=args.lr_step_size, lr_gamma=args.lr_gamma, lr_patience=args.lr_patience,
-                     lr_factor=args.lr_factor, eval_every=args.eval_every, recompute=args.recompute or None,
+                     lr_factor=args.lr_factor, eval_every=args.eval_every, eval_chunk=args.eval_chunk, recompute=args.recompute or None,
                      **options)
     if result is None:
         return 0  # a rank other than 0 of a torchrun job: rank 0 reports
@@ -437,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clip the summed gradients to this norm over the whole model (default: no clipping)")
     c.add_argument("--eval-every", type=whole_number(1), metavar="K",
                    help="evaluate every vertex after every K-th epoch only (and the first and last; default 1)")
+    c.add_argument("--eval-chunk", type=whole_number(0), metavar="ROWS",
+                   help="evaluate layer by layer in chunks of ROWS destination rows (about two [vertices, width] "
+                        "tensors and a chunk at once); 0: whole layers; default: chunks where the whole evaluation "
+                        "would not fit beside a run of several processes")
     c.add_argument("--recompute", action="store_true",
                    help="keep only each graph layer's inputs for the backward and run the layer again there: less "
                         "memory, one more forward pass per step (one process, full-graph)")

@@ -211,3 +211,42 @@ def test_layerwise_evaluation_on_ranks_equals_the_whole_forward(world: int, tmp_
         for ref in (whole, one):
             assert torch.allclose(chunks, ref, rtol=1e-6, atol=1e-6 * float(ref.abs().max())), (name, strategy)
         assert _accuracies(chunks, graph) == _accuracies(whole, graph)
+
+
+def test_eval_chunk_reaches_the_evaluation_from_gnnc_run(monkeypatch) -> None:
+    """api.run(eval_chunk=ROWS) (gnnc run --eval-chunk ROWS) evaluates layer-wise: the same logits and history as
+    whole layers."""
+    from gnnc.runtime import layerwise
+
+    graph = random_graph(n=60, e=300, f=8, c=3, seed=1)
+    whole = api.run(api.load_model(GCN), graph, epochs=2, seed=3, eval_chunk=0)
+    ran: list[bool] = []
+    chunked = layerwise.run_layer_chunked
+    monkeypatch.setattr(layerwise, "run_layer_chunked", lambda *a, **k: ran.append(chunked(*a, **k)) or ran[-1])
+    got = api.run(api.load_model(GCN), graph, epochs=2, seed=3, eval_chunk=8)
+    assert ran and all(ran)
+    assert torch.allclose(got.logits, whole.logits, rtol=1e-6, atol=1e-7)
+    assert [r["val_acc"] for r in got.history] == [r["val_acc"] for r in whole.history]
+
+
+def test_a_bad_eval_chunk_exits_2_naming_the_flag(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", GCN, "--graph", "planetoid:cora", "--eval-chunk", "-1"])
+    assert exc.value.code == 2 and "argument --eval-chunk:" in capsys.readouterr().err
+
+
+def test_the_run_chooses_layerwise_evaluation_on_ranks_near_the_memory_there_is(monkeypatch) -> None:
+    """Asked: as asked. Otherwise whole layers in one process (its fused chains hold no edge value), and on several
+    processes layer-wise once they are predicted above WARN_FRACTION of the memory available."""
+    from gnnc import memory_check
+    from gnnc.host import AvailableMemory
+    from gnnc.passes.cost.memory import MemoryEstimate
+
+    two = MemoryEstimate((4e9, 4e9), {})
+    monkeypatch.setattr(memory_check, "available_memory", lambda: AvailableMemory(int(20e9), "test"))
+    assert memory_check.evaluation_chunk(two, None) == 0
+    assert memory_check.evaluation_chunk(two, 500) == 500
+    monkeypatch.setattr(memory_check, "available_memory", lambda: AvailableMemory(int(9e9), "test"))
+    assert memory_check.evaluation_chunk(two, None) == memory_check.EVAL_CHUNK_ROWS
+    assert memory_check.evaluation_chunk(two, 0) == 0
+    assert memory_check.evaluation_chunk(MemoryEstimate((8e9,), {}), None) == 0
