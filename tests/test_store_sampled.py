@@ -5,18 +5,21 @@ below the features' size, and the losses are those of the same run from the grap
 from __future__ import annotations
 
 import gc
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, random_graph
 from gnnc import api
+from gnnc.errors import PlanError
 from gnnc.graph import Graph
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.graph.store import write_store
 from gnnc.ir.text import parse_ir
+from gnnc.plan.sampled_shards import load_sampled_rank
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.launch import DistConfig, launch
 from gnnc.runtime.minibatch import MinibatchWorker
@@ -112,3 +115,20 @@ def test_sampled_runs_from_the_store_gather_only_the_sampled_rows_and_train_as_f
             assert run["added"] < 0.75 * run["share"], (
                 f"rank {rank} ({strategy}) added {run['added'] / 2**20:.1f} MiB of anonymous memory; its share of "
                 f"the features is {run['share'] / 2**20:.1f} MiB")
+
+
+def test_a_damaged_or_misnamed_features_file_of_a_sampled_shard_is_refused_naming_it(tmp_path) -> None:
+    graph = random_graph(n=60, e=300, f=8, seed=1)
+    plan = api.compile(api.load_model(EXAMPLES / "sage.gnn"), graph, workers=2, strategy="pushpull",
+                       sampling=SAMPLING, seed=SEED)
+    plan.write_shards(tmp_path)
+    assert load_sampled_rank(tmp_path, 1, 2).features.shape == (60, 4)
+    x = tmp_path / "rank-00001.x.npy"
+    x.write_bytes(x.read_bytes()[:-8])
+    with pytest.raises(PlanError, match=r"rank-00001\.x\.npy: x: .* truncated or altered"):
+        load_sampled_rank(tmp_path, 1, 2)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["shards"][0]["x"]["file"] = "../rank-00001.x.npy"  # a path from the manifest is never opened
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PlanError, match=r"rank 0's shard entry must describe its features as rank-00000\.x\.npy"):
+        load_sampled_rank(tmp_path, 0, 2)
