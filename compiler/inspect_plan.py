@@ -265,6 +265,8 @@ def _segment_table(planner: PlannerRecord, names: list[str]) -> list[str]:
 def _options_text(options: dict[str, Any]) -> str:
     words = {"overlap": ("overlapped", "not overlapped"), "staged": ("staged", "gathered")}
     parts = [words[k][0 if v else 1] for k, v in options.items() if k in words]
+    if options.get("chunked"):  # (said only where on: a halo's remote rows come whole otherwise)
+        parts.append("in chunks per peer")
     if options.get("bins", 1) > 1:
         parts.append(f"{options['bins']} bins")
     return ", ".join(parts) or "-"

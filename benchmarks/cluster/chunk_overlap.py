@@ -1,0 +1,135 @@
+"""NeutronStar's chunks (issue 38 item 4): exposed halo time per epoch, whole halo against chunks, on the emulated
+cluster.
+
+    python benchmarks/cluster/chunk_overlap.py [--bandwidths 400mbit 3600mbit] [--models sage gat] [--epochs 5]
+
+Why this exists: an overlapped halo runs its remote edges either once every peer's rows are in (`chunked=false`)
+or on each peer's rows as they arrive, in ring order (`halo[chunked=true]`, gnnc.plan.schedule_attrs). What that
+changes is the time a rank is blocked waiting for the exchange, forward and backward: every rank's
+CommStats seconds of its halo ops (EpochRecord.seconds_by_op, the time spent in wait(), which the load of the
+machine moves less than the epoch). For each model it compiles DepComm on every layer for 4 workers three ways
+(`schedule{chunked=off}`, `schedule{chunked=on}` and the schedule pass's own choice, whose per-layer decision is
+printed), trains the first two in one torchrun job on 4 emulated hosts, in alternating passes (run_plans.py's
+protocol), and prints per plan the median over steady epochs of the mean over ranks of the halo's blocked
+seconds, its largest rank's, and the epoch. The profile is fixed (algorithm4.py's measured rates at 4 workers,
+the link the case's), not probed, to keep a run to a few minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GRAPH = "sbm:n=8000,blocks=8,deg=10,intra=0.5,features=128,classes=8,seed=0"
+MEASURED = {"gemm_rate": 35e9, "spmm_rate": 1.4e9, "latency": 1.6e-3}  # algorithm4.py's 4-worker figures
+SCHEDULES = {"whole": "schedule{chunked=off}", "chunked": "schedule{chunked=on}"}
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    """One rank: train every plan `passes` times in alternating order, each pass's records to its own file."""
+    from gnnc import api
+    from gnnc.runtime.distributed import DistJob
+    from gnnc.runtime.launch import end_joined_rank, join_torchrun
+    from gnnc.runtime.rank_worker import worker
+    from gnnc.runtime.train import TrainConfig
+    from run_plans import pass_order
+
+    jobs = []
+    for path in args.plans:
+        plan = api.Plan.load(path)
+        cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, seed=0, progress=False)
+        jobs.append((path, str(plan.program), str(plan.shard_dir), cfg))
+
+    def run(dist_cfg):
+        for n, k in enumerate(pass_order(len(jobs), args.passes)):
+            path, ir, shards, cfg = jobs[k]
+            worker(dist_cfg, DistJob(ir, shards, cfg, metrics_path=f"{path}/metrics-{n}.jsonl"))
+
+    join_torchrun(run, timeout_s=300.0)
+    end_joined_rank(0)
+
+
+def blocked(plan_dir: Path) -> dict[str, float]:
+    """Per steady epoch (each pass's first left out) the mean and the largest over ranks of the seconds the
+    halo ops blocked (forward and backward), and the slowest rank's epoch; medians over the epochs."""
+    mean, most, epoch = [], [], []
+    for f in sorted(plan_dir.glob("metrics-*.jsonl")):
+        by_epoch: dict[int, list[dict]] = {}
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("kind") != "minibatch":
+                by_epoch.setdefault(r["epoch"], []).append(r)
+        for e in sorted(by_epoch)[1:]:
+            halo = [sum(s for k, s in r["seconds_by_op"].items() if k.split("/")[1] == "halo") for r in by_epoch[e]]
+            mean.append(sum(halo) / len(halo))
+            most.append(max(halo))
+            epoch.append(max(r["epoch_s"] for r in by_epoch[e]))
+    return {"halo_blocked_mean_s": statistics.median(mean), "halo_blocked_max_s": statistics.median(most),
+            "epoch_s": statistics.median(epoch), "epochs": len(mean)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bandwidths", nargs="*", default=["400mbit", "3600mbit"])
+    ap.add_argument("--models", nargs="*", default=["sage", "gat"])
+    ap.add_argument("--graph", default=GRAPH)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("plans", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    from emulated import EmulatedCluster, parse_rate, refuse_without_requirements
+    from runner import ROOT
+
+    if refuse_without_requirements():
+        return 2
+    from gnnc import api
+    from gnnc.cluster import preset
+    from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+    from gnnc.plan.schedule_attrs import exchange_schedule
+
+    graph = api.load_graph(args.graph)
+    for bandwidth in args.bandwidths:
+        rate = parse_rate(bandwidth) / 8
+        profile = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=rate, intra_bandwidth=rate,
+                                      workers=4, **MEASURED)
+        for name in args.models:
+            model = api.load_model(ROOT / "examples" / f"{name}.gnn")
+            auto = api.compile(model, graph, workers=4, strategy="depcomm", partition="metis", cluster=profile)
+            chosen = [[exchange_schedule(e).chunked for e in layer.eqns if e.op == "halo"]
+                      for layer in auto.program.graph_layers()]
+            with tempfile.TemporaryDirectory(prefix="gnnc-chunks-") as tmp:
+                dirs = []
+                for key, sched in SCHEDULES.items():
+                    plan = api.compile(model, graph, workers=4, strategy="depcomm", partition="metis",
+                                       cluster=profile, passes=DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [sched])
+                    plan.save(Path(tmp) / key)
+                    dirs.append(Path(tmp) / key)
+                load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+                t0 = time.perf_counter()
+                with EmulatedCluster(4, bandwidth) as cluster:
+                    results = cluster.run_torchrun([__file__, "--worker", "--epochs", str(args.epochs), "--passes",
+                                                    str(args.passes), *map(str, dirs)], 1, timeout_s=900,
+                                                   run_id=f"gnnc-chunks-{os.getpid()}")
+                if results[0][0] != 0:
+                    print(f"{name} {bandwidth}: the run failed: {results[0][2][-3000:]}", file=sys.stderr)
+                    return 1
+                row = {"model": name, "bandwidth": bandwidth, "graph": args.graph, "auto_chunked": chosen,
+                       "load_before": load, "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+                       "run_s": round(time.perf_counter() - t0, 1)}
+                for key, d in zip(SCHEDULES, dirs):
+                    row[key] = blocked(d)
+                print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
