@@ -15,7 +15,8 @@ the same split's message-passing edges and positives, with the same fixed valida
 training negatives drawn each epoch by torch_geometric.utils.negative_sampling against the message-passing
 edges (gnnc draws its own, uniformly, seeded), binary cross-entropy on the logits of positives and
 negatives together (PyG's link_pred example). Both report the test AUC at the epoch of best validation AUC;
-PyG's initial weights are torch.manual_seed(seed)'s, gnnc's its own of that seed.
+PyG's initial weights are torch.manual_seed(seed)'s, gnnc's its own of that seed. gnnc's run of the first seed
+is repeated on 2 gloo processes (`--nproc 2`): each of its --json metrics beside one process's.
 
 node_regression, proteins_multilabel: examples/node_regression.gnn (mse) and examples/proteins_multilabel.gnn
 (bce; its input the mean of each vertex's in-edges' 8 features) -- two GraphSAGE layers, 64 hidden, ReLU, no
@@ -87,12 +88,19 @@ def _pyg_gae(graph, seed: int, epochs: int) -> float:
     return best[1]
 
 
-def _gnnc_gae(seed: int, epochs: int) -> float:
-    """gnnc's run of examples/link_gae.gnn (its --json's test_auc), in a process of its own."""
+def _gnnc_gae_run(seed: int, epochs: int, nproc: int = 1) -> dict[str, object]:
+    """gnnc's run of examples/link_gae.gnn (its --json), in a process of its own, on `nproc` gloo processes."""
+    ranks = ["--nproc", str(nproc)] if nproc > 1 else []
     out = subprocess.run([sys.executable, "-m", "gnnc", "run", "examples/link_gae.gnn", "--graph", "planetoid:cora",
-                          "--seed", str(seed), "--epochs", str(epochs), "--json", "--no-progress"],
-                         capture_output=True, text=True, cwd=ROOT, check=True)
-    return float(json.loads(out.stdout)["test_auc"])
+                          "--seed", str(seed), "--epochs", str(epochs), "--json", "--no-progress", *ranks],
+                         capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(f"gnnc run (--nproc {nproc}) exited {out.returncode}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def _gnnc_gae(seed: int, epochs: int) -> float:
+    return float(_gnnc_gae_run(seed, epochs)["test_auc"])  # type: ignore[arg-type]
 
 
 def link_gae(seeds: list[int], epochs: int) -> dict[str, object]:
@@ -100,10 +108,19 @@ def link_gae(seeds: list[int], epochs: int) -> dict[str, object]:
     import gnnc
 
     graph = gnnc.load_graph("planetoid:cora")
-    ours = [_gnnc_gae(s, epochs) for s in seeds]
+    runs = [_gnnc_gae_run(s, epochs) for s in seeds]
+    ours = [float(r["test_auc"]) for r in runs]  # type: ignore[arg-type]
     theirs = [_pyg_gae(graph, s, epochs) for s in seeds]
-    return {"task": "link_gae", "seeds": seeds, "epochs": epochs, "gnnc_test_auc": ours, "pyg_test_auc": theirs,
-            "gnnc_mean": statistics.mean(ours), "pyg_mean": statistics.mean(theirs)}
+    out: dict[str, object] = {"task": "link_gae", "seeds": seeds, "epochs": epochs, "gnnc_test_auc": ours,
+                              "pyg_test_auc": theirs, "gnnc_mean": statistics.mean(ours),
+                              "pyg_mean": statistics.mean(theirs)}
+    if TWO_RANKS:  # the first seed again on 2 gloo processes (gnnc.runtime.pair_exchange): every metric, loss
+        one, two = runs[0], _gnnc_gae_run(seeds[0], epochs, nproc=2)
+        keys = sorted(k for k in one if k.startswith(("test_", "val_", "final_test_")) or k == "train_loss")
+        out["two_ranks"] = {"seed": seeds[0], **{k: [one[k], two[k]] for k in keys if k in two},
+                            "best_epoch": [one["best_epoch"], two["best_epoch"]],
+                            "epoch_time_s": [one["epoch_time_s"], two["epoch_time_s"]]}
+    return out
 
 
 def _pyg_sage(graph, seed: int, epochs: int, x: torch.Tensor, loss_fn, metric,
@@ -339,8 +356,8 @@ def main() -> None:
     ap.add_argument("--task", choices=sorted(TASKS), required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--epochs", type=int, default=200)
-    ap.add_argument("--no-two-ranks", action="store_true", help="node_regression, proteins_multilabel: leave out "
-                    "the repeat of gnnc's first seed on 2 gloo processes")
+    ap.add_argument("--no-two-ranks", action="store_true", help="link_gae, node_regression, proteins_multilabel: "
+                    "leave out the repeat of gnnc's first seed on 2 gloo processes")
     ap.add_argument("--pyg-only", action="store_true", help="node_regression, proteins_multilabel: PyG's columns "
                     "alone (gnnc's runs are deterministic for a seed: an earlier command gave them)")
     args = ap.parse_args()

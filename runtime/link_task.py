@@ -162,6 +162,9 @@ class LinkWorker:
     def initial_params(self, seed: int) -> dict[str, torch.nn.Parameter]:
         return init_params(self.program, seed, self.device)
 
+    def bytes_sent(self) -> tuple[int, int]:
+        return 0, 0  # one process sends nothing
+
     def context(self, training: bool, epoch: int, pairs: torch.Tensor) -> ExecContext:
         kb = rng.stream_key(self.cfg.seed, epoch)
         return ExecContext(self.views, self.ids, self.program.config_dict(), training,
@@ -213,6 +216,10 @@ class LinkRun(Protocol):
 
     def evaluate(self, params: dict[str, torch.Tensor], epoch: int) -> list[float]: ...
 
+    def bytes_sent(self) -> tuple[int, int]:
+        """What the last training step and evaluation sent to other ranks (every rank's, summed)."""
+        ...
+
 
 def fit_link(worker: LinkRun, cfg: TrainConfig,
              on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
@@ -244,6 +251,7 @@ def fit_link(worker: LinkRun, cfg: TrainConfig,
             m = [float(loss), *worker.evaluate(params, epoch)]
             rec = {"epoch": epoch, "loss": m[0], "val_auc": m[1], f"val_hits@{k}": m[2], "val_mrr": m[3],
                    "test_auc": m[4], f"test_hits@{k}": m[5], "test_mrr": m[6], "time_s": elapsed, "lr": lr}
+            rec["bytes_sent"], rec["eval_bytes_sent"] = worker.bytes_sent()
             history.append(rec)
             if m[0] != m[0] or abs(m[0]) == float("inf"):
                 raise TrainingDiverged(f"training stopped at epoch {epoch}: the loss is {m[0]} (check the scale "
@@ -265,7 +273,8 @@ def fit_link(worker: LinkRun, cfg: TrainConfig,
     return RunResult(test_acc=float("nan"), val_acc=float("nan"), final_test_acc=float("nan"),
                      train_loss=history[-1]["loss"], epoch_time_s=statistics.median(r["time_s"] for r in steady),
                      logits=None, history=history, best_epoch=int(best["epoch"]), metrics=metrics,
-                     weights=host_weights({**params, **worker.state}))
+                     weights=host_weights({**params, **worker.state}), bytes_sent_per_epoch=history[-1]["bytes_sent"],
+                     eval_bytes_sent_per_epoch=history[-1]["eval_bytes_sent"])
 
 
 def _best(history: list[dict[str, Any]]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ Bytes (CommStats, op `halo`): labels `pairs` (the training positives), `negative
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,12 +27,13 @@ import torch.nn.functional as F
 
 from gnnc.errors import GnncError
 from gnnc.graph.edge_split import EdgeSplit
-from gnnc.ir import Eqn
+from gnnc.ir import Eqn, Program
 from gnnc.plan.pair_rows import PairRows, pair_rows
+from gnnc.plan.rows import LocalGraph
 from gnnc.plan.schedule_attrs import program_schedule
 from gnnc.runtime import comm, rng
 from gnnc.runtime import device as devices
-from gnnc.runtime.distributed import DistInterpreter, DistJob, DistWorker, grad_buckets
+from gnnc.runtime.distributed import DistInterpreter, DistJob, DistWorker, FeaturePhase, grad_buckets
 from gnnc.runtime.executor import ExecContext, forward
 from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.link_task import LinkSettings, draw_negatives, fit_link, pair_metrics
@@ -64,7 +66,8 @@ class PairSet:
             fetched += rows.fetch.n_halo
         self.dst = torch.cat(dst)
 
-    def destinations(self, z: torch.Tensor, stats: comm.CommStats, wire) -> torch.Tensor:
+    def destinations(self, z: torch.Tensor, stats: comm.CommStats,
+                     wire: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The destination rows of this rank's pairs: its own rows of `z`, and the remote ones fetched."""
         own = z[: self.n_owned]
         got = [comm.halo_exchange(wire(own), rows.fetch, stats, label=label, method=HALO_METHOD).to(own.dtype)
@@ -73,11 +76,14 @@ class PairSet:
 
 
 class PairInterpreter(DistInterpreter):
-    """The distributed interpreter with the pair ops on this rank's share of the pair set in use."""
+    """The distributed interpreter with the pair ops on this rank's share of the pair set in use (`pairs`, set
+    before each forward), its exchanges counted in `stats`, rows sent in the run's precision (`wire`)."""
 
-    pairs: PairSet | None = None
-    stats: comm.CommStats | None = None
-    wire: Any = None
+    def __init__(self, program: Program, lg: LocalGraph, phase: FeaturePhase | None, stats: comm.CommStats,
+                 wire: Callable[[torch.Tensor], torch.Tensor]):
+        super().__init__(program, lg, phase)
+        self.stats, self.wire = stats, wire
+        self.pairs: PairSet | None = None
 
     def compute(self, e: Eqn, ins: list[torch.Tensor], view, ctx: ExecContext) -> torch.Tensor:
         ps = self.pairs
@@ -85,7 +91,7 @@ class PairInterpreter(DistInterpreter):
             assert ps is not None
             return ins[0][ps.src]
         if e.op == "pair_dst":
-            assert ps is not None and self.stats is not None
+            assert ps is not None
             return ps.destinations(ins[0], self.stats, self.wire)
         if e.op == "bce" and len(ins) == 2:  # this rank's share of the mean over the whole set
             assert ps is not None
@@ -108,8 +114,7 @@ class DistLinkWorker(DistWorker):
         if self.split:
             raise GnncError("link prediction on several ranks does not run P3's push-pull (split weights) yet")
         self.settings = LinkSettings.of(self.program)
-        self.interp = PairInterpreter(self.program, self.lg, self.interp.phase)
-        self.interp.stats, self.interp.wire = self.stats, self.exchange.wire
+        self.interp = PairInterpreter(self.program, self.lg, self.interp.phase, self.stats, self.exchange.wire)
         # every vertex's owner and its row there: each rank builds every rank's fetch lists from them
         every: list[Any] = [None] * self.world_size
         dist.all_gather_object(every, self.lg.owned.cpu())
@@ -128,8 +133,13 @@ class DistLinkWorker(DistWorker):
         self.eval_sizes = [p.shape[1] for p in parts]
         eval_pairs = as_t(torch.cat([torch.as_tensor(p) for p in parts], 1))
         self.eval_set = PairSet([(self.rows(eval_pairs), EVAL_LABEL, 0)], eval_pairs.shape[1], self.lg.n_owned)
+        self._step_bytes, self._sent = 0, (0, 0)
         self.eval_labels = torch.cat([torch.full((n,), float(k % 2 == 0)) for k, n in enumerate(self.eval_sizes)]
                                      ).to(self.device)
+
+    def bytes_sent(self) -> tuple[int, int]:
+        """The last training step's and evaluation's bytes, every rank's (summed in `evaluate`)."""
+        return self._sent
 
     def rows(self, pairs: torch.Tensor) -> PairRows:
         return pair_rows(pairs[0], pairs[1], self.owner, self.local, self.rank, self.world_size, self.lg.n_owned)
@@ -158,6 +168,7 @@ class DistLinkWorker(DistWorker):
 
     def train_step(self, params, opt: torch.optim.Optimizer, epoch: int) -> torch.Tensor:
         """One epoch's step; returns the whole loss (summed over ranks)."""
+        self.stats.reset()
         ps, labels = self.training_set(epoch)
         opt.zero_grad(set_to_none=True)
         _, loss = self.score(params, True, epoch, ps, labels)
@@ -166,6 +177,7 @@ class DistLinkWorker(DistWorker):
         if self.cfg.clip is not None:
             self.clip_grads(params, self.cfg.clip)
         opt.step()
+        self._step_bytes = self.stats.total_bytes()
         return self.sum(loss.detach().reshape(1))[0]
 
     def gather_scores(self, scores: torch.Tensor, ps: PairSet) -> torch.Tensor:
@@ -179,8 +191,11 @@ class DistLinkWorker(DistWorker):
 
     def evaluate(self, params, epoch: int) -> list[float]:
         """[val auc, hits, mrr, test auc, hits, mrr], the same on every rank."""
+        self.stats.reset()
         with torch.no_grad():
             scores, _ = self.score(params, False, epoch, self.eval_set, self.eval_labels[self.eval_set.index])
+        local = torch.tensor([self._step_bytes, self.stats.total_bytes()], dtype=torch.int64, device=self.device)
+        self._sent = tuple(int(b) for b in self.sum(local).tolist())
         vp, vn, tp, tn = torch.split(self.gather_scores(scores, self.eval_set), self.eval_sizes)
         k = self.settings.hits_k
         return pair_metrics(vp, vn, k) + pair_metrics(tp, tn, k)

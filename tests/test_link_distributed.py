@@ -31,8 +31,8 @@ PAIR_LABELS = (TRAIN_LABEL, NEGATIVES_LABEL, EVAL_LABEL)
 def _steps_and_run(cfg: DistConfig, job: LinkJob) -> tuple[Any, Any]:
     steps = link_steps(cfg, job, EPOCHS)
     result = link_worker(cfg, job)
-    return steps, None if result is None else [(h["loss"], h["val_auc"], h["test_auc"], h["test_mrr"])
-                                               for h in result.history]
+    return steps, None if result is None else [(h["loss"], h["val_auc"], h["test_auc"], h["test_mrr"],
+                                                h["bytes_sent"], h["eval_bytes_sent"]) for h in result.history]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,9 @@ def test_link_prediction_on_ranks_is_one_process(world: int, strategy: str | Non
     plan.write_shards(tmp_path)
     cfg = TrainConfig.resolve(plan.program, epochs=len(EPOCHS), seed=SEED)
     split = api._link_split(plan, cora, SEED)
-    steps, history = launch(_steps_and_run, world, LinkJob(str(plan.program), str(tmp_path), cfg, split=split))[0]
+    # a generous bound on the rendezvous and every collective: four ranks starting on a loaded machine are slow
+    steps, history = launch(_steps_and_run, world, LinkJob(str(plan.program), str(tmp_path), cfg, split=split),
+                            timeout_s=180)[0]
     ref_steps, ref_history = one_process
     failures = []
     for epoch, got, ref in zip(EPOCHS, steps, ref_steps):
@@ -119,9 +121,12 @@ def test_link_prediction_on_ranks_is_one_process(world: int, strategy: str | Non
             failures.append(f"epoch {epoch}: measured bytes {got_bytes} != predicted {wanted}")
     assert not failures, "\n".join(failures)
     assert len(history) == len(ref_history)
-    for (loss, *aucs), (ref_loss, *ref_aucs) in zip(history, ref_history):
+    for epoch, ((loss, *aucs, sent, eval_sent), (ref_loss, *ref_aucs)) in enumerate(zip(history, ref_history)):
         assert loss == pytest.approx(ref_loss, rel=1e-5)
         assert aucs == pytest.approx(ref_aucs, abs=1e-6)  # one pair ranked otherwise moves an AUC by > 3e-6
+        # the run's own count (gnnc run --json's bytes_sent_per_epoch): every exchange of the step, as predicted
+        assert sent == sum(predicted.values()) + api.predict_negative_bytes(plan, cora, epoch)
+        assert eval_sent == sum(predicted_eval.values())
 
 
 def test_a_plan_compiled_for_another_seed_is_refused(model, cora) -> None:
