@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `gnnc predict`; GnncError for bad input (the CLI exits 2 on it)."""
+    """Run `gnnc predict`; GnncError for bad input (the CLI exits 2 on it), 128 + N after signal N."""
+    from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
+
+    try:
+        # SIGTERM and SIGHUP unwind like Ctrl-C: ranks stopped, temporary shards removed (as `gnnc run`)
+        with stop_on_signals():
+            return _predict(args)
+    except StoppedBySignal as stop:
+        print(str(stop), file=sys.stderr)
+        return stop.exit_code
+
+
+def _predict(args: argparse.Namespace) -> int:
     import numpy as np  # deferred, as below
 
     # deferred: the api and the saved model load torch

@@ -5,7 +5,7 @@ order. The values equal one process's `gnnc predict` (1e-5 relative) on 2 and 4 
 GraphSAGE on another graph than it was trained on (inductive), a named intermediate value (evaluated layer-wise,
 in chunks of rows, as on a large graph), and a value P3's push-pull holds as feature slices (its layer is planned
 on rows instead). Bad input is exit 2 before any process
-starts; a killed worker is exit 1, every process stopped and no file written.
+starts; a killed worker is exit 1 and a SIGTERM 128+15, every process stopped and no file written.
 """
 from __future__ import annotations
 
@@ -141,7 +141,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_killed_worker_is_exit_1_with_every_process_stopped(model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("victim, signum, code", [("rank", signal.SIGKILL, 1),
+                                                   ("launcher", signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_a_killed_worker_or_launcher_stops_every_process(model: Path, victim: str, signum: int, code: int,
+                                                         tmp_path: Path) -> None:
+    """A rank killed: exit 1 naming it; the command stopped by SIGTERM: exit 128+15 (as `gnnc run`). Either way
+    every rank is stopped and no file is written."""
     out = tmp_path / "x.npy"
     proc = subprocess.Popen([sys.executable, "-m", "gnnc", "predict", str(model), "--graph", OTHER, "--nproc", "2",
                              "-o", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -151,8 +156,10 @@ def test_a_killed_worker_is_exit_1_with_every_process_stopped(model: Path, tmp_p
         ranks = _ranks(proc.pid)
         time.sleep(0.05)
     assert len(ranks) == 2, f"expected two ranks, found {ranks}: {proc.communicate()[1] if proc.poll() is not None else ''}"
-    os.kill(ranks[-1], signal.SIGKILL)  # while the ranks start (importing torch takes seconds): before any writes
+    # while the ranks start (importing torch takes seconds): before anything is written
+    os.kill(ranks[-1] if victim == "rank" else proc.pid, signum)
     _, err = proc.communicate(timeout=90)
-    assert proc.returncode == 1, err
-    assert "rank 1" in err and "SIGKILL" in err, err
+    assert proc.returncode == code, err
+    assert ("rank 1" in err and "SIGKILL" in err) if victim == "rank" else "stopped by SIGTERM" in err, err
+    assert "Traceback" not in err
     assert not any(_alive(p) for p in ranks) and not out.exists()
