@@ -141,7 +141,8 @@ def evaluate(expr: sympy.Expr, inputs: CostInputs, extra: Values | None = None) 
 
 @dataclass(frozen=True)
 class CostValue:
-    """A `Cost` evaluated: the time (sum over stages of the slowest worker), the job's bytes, the peak memory."""
+    """A `Cost` evaluated: the time (sum over stages of the slowest worker), the job's bytes, the peak memory; of
+    the time, what its evaluation stages take (`epoch_time`)."""
 
     name: str
     time: float
@@ -150,6 +151,16 @@ class CostValue:
     stage_times: np.ndarray = field(repr=False)  # [stages, workers]
     worker_bytes: np.ndarray = field(repr=False)  # [workers]
     worker_memory: np.ndarray = field(repr=False)  # [workers]
+    evaluation_time: float = 0.0  # the evaluation forward pass's stages (Cost.evaluation), slowest worker each
+
+    def epoch_time(self, eval_every: int = 1, recompute: bool = False) -> float:
+        """The epoch a run of this cost makes on average under its flags: `--eval-every K` evaluates after one epoch
+        in K (gnnc.runtime.train.fit), so the evaluation stages count 1/K; `--recompute` runs every graph layer's
+        forward again in its backward (gnnc.runtime.recompute): one more forward pass, priced as the evaluation's
+        stages (the forward's own are not told apart from the backward's in a sum of segments' costs). At the
+        defaults it is `time`, what the planner compares."""
+        return (self.time - self.evaluation_time * (1.0 - 1.0 / eval_every)
+                + (self.evaluation_time if recompute else 0.0))
 
 
 class CompiledCost:
@@ -169,9 +180,10 @@ class CompiledCost:
                        else np.zeros((0, workers)))
         worker_bytes = self._bytes(table, workers)
         worker_memory = self._memory(table, workers)
-        time = float(sum(float(row.max()) for row in stage_times))
-        return CostValue(self.cost.name, time, float(worker_bytes.sum()), float(worker_memory.max()),
-                         stage_times, worker_bytes, worker_memory)
+        slowest = [float(row.max()) for row in stage_times]
+        k = self.cost.evaluation  # the last k stages (gnnc.passes.cost.epoch.with_evaluation)
+        return CostValue(self.cost.name, float(sum(slowest)), float(worker_bytes.sum()), float(worker_memory.max()),
+                         stage_times, worker_bytes, worker_memory, float(sum(slowest[len(slowest) - k:])))
 
 
 def compile_cost(cost: Cost) -> CompiledCost:
