@@ -93,6 +93,7 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
     # start, so each start runs once per worker (hybrid_greedy.PaperRun)
     longest = {a: max(b for a2, b in spans if a2 == a) for a, _ in spans}
     runs: dict[int, list[hg.PaperRun]] = {}
+    longest_deps: dict[int, list[hg.Dependencies]] = {}
     cap = memory_cap if memory_cap else float("inf")
     cache_all_values = dict(cache_all_values or {})
     depcache = None
@@ -103,34 +104,38 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
         unit = hybrid_unit_costs(inputs, start, shapes[start:end], cache=units)
         costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"],
                              unit["edge_bytes"])
-        deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
         if trees is not None:
             if start not in runs:
                 runs.clear()  # one start's runs at a time: each holds a level x vertex table per worker
+                longest_deps.clear()
                 full = hybrid_unit_costs(inputs, start, shapes[start:longest[start]], cache=units)
                 full_costs = hg.UnitCosts(full["t_v"], full["t_e"], full["t_c"], full["t_x"], full["row_bytes"],
                                           full["edge_bytes"])
                 layers = longest[start] - start
-                every = [hg.dependencies_from_stats(stats, r, layers) for r in range(world)]
+                longest_deps[start] = [hg.dependencies_from_stats(stats, r, layers) for r in range(world)]
                 runs[start] = [hg.paper_run(trees[r], d.layer, d.vertex, full_costs, cap, layers)
-                               for r, d in enumerate(every)]
+                               for r, d in enumerate(longest_deps[start])]
+            # a span's dependencies are the first of its start's longest span's (built once per start)
+            deps = [hg.dependencies_prefix(d, end - start) for d in longest_deps[start]]
             greedy = hg.select_paper(deps, trees, costs, unit["own_time"], cap, runs=runs[start])
         else:
+            deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
             greedy = hg.select(deps, costs, unit["own_time"], cap)
+        # cache-all is priced by DepCache's formula: of its own prediction only the (empty) fetches are read
         candidates = [greedy,
                       hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
                                  source="communicate-all"),
-                      hg.predict(deps, costs, unit["own_time"], [np.ones(len(d), bool) for d in deps],
-                                 source="cache-all")]
+                      None]
         mine = []
         for cand in candidates:
+            masks = [np.ones(len(d), bool) for d in deps] if cand is None else cand.cached
             ids = None
             if with_ids:
                 ids = {start + m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])
-                                   .astype(np.int64) for dep, mask in zip(deps, cand.cached)]
+                                   .astype(np.int64) for dep, mask in zip(deps, masks)]
                        for m in range(end - start)}
-            if cand.source == "cache-all":
-                mine.append((cand.source, None, None, cand.comm_received, ids, None))
+            if cand is None:
+                mine.append(("cache-all", None, None, np.zeros((world, end - start)), ids, None))
                 if (start, end) not in cache_all_values:  # a user's DepCache formula prices it where one is
                     if user_cost("depcache"):
                         cache_all_values[start, end] = compile_cost(

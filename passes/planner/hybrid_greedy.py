@@ -137,6 +137,20 @@ def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
                         owner=np.tile(owners, layers) if len(owners) == n else None)
 
 
+def dependencies_prefix(deps: Dependencies, layers: int) -> Dependencies:
+    """The dependencies of a segment's first `layers` layers out of `dependencies_from_stats`' for a longer one
+    from the same start: its entries are layer by layer and a layer's subtree does not depend on the layers
+    above, so the shorter segment's are the first entries, their first `layers` columns (copied contiguous:
+    the same arrays as building them for `layers`, without building every span's apiece)."""
+    if layers == deps.layers:
+        return deps
+    n = int(np.searchsorted(deps.layer, layers))
+    return Dependencies(deps.layer[:n].copy(), deps.vertex[:n].copy(),
+                        np.ascontiguousarray(deps.sub_rows[:n, :layers]),
+                        np.ascontiguousarray(deps.sub_edges[:n, :layers]), deps.sub_inputs[:n].copy(),
+                        owner=None if deps.owner is None else deps.owner[:n].copy())
+
+
 @dataclass(frozen=True)
 class UnitCosts:
     """NeutronStar's constants for one segment (`gnnc.passes.cost.neutronstar.hybrid_unit_costs` derives them).
@@ -266,6 +280,8 @@ def predict(deps: Sequence[Dependencies], costs: UnitCosts, own_time: np.ndarray
             owner = np.asarray(dep.owner, np.int64)
             np.add.at(sent, (owner[comm], lyr[comm]), 1.0)
         comm_t[i] = received[i] * t_c
+        if not mask.any():  # nothing cached: no recompute, no memory (the zeros the sums below would give)
+            continue
         rec_rows[i] = np.asarray(dep.sub_rows, np.float64)[mask].sum(axis=0)
         rec_edges[i] = np.asarray(dep.sub_edges, np.float64)[mask].sum(axis=0)
         replicated[i] = float(np.asarray(dep.sub_inputs, np.float64)[mask].sum())
