@@ -20,7 +20,6 @@ from gnnc.graph.sampling import SamplingConfig
 from gnnc.graph.store import write_store
 from gnnc.ir.text import parse_ir
 from gnnc.plan.sampled_shards import load_sampled_rank
-from gnnc.runtime.executor import init_params
 from gnnc.runtime.launch import DistConfig, launch
 from gnnc.runtime.minibatch import MinibatchWorker
 from gnnc.runtime.minibatch_dist import DistMinibatchWorker, SampledJob
@@ -49,7 +48,7 @@ def _graph() -> Graph:
 
 
 def _epoch(worker, program, cfg: TrainConfig) -> float:
-    params = init_params(program, SEED)
+    params = worker.initial_params(SEED)  # a push-pull rank: its slice's rows of W1
     loss = worker.train_epoch(params, make_optimizer(program, params, cfg), 0)
     return float(worker.sum(loss.reshape(1).float())[0]) if worker.world_size > 1 else float(loss)
 
