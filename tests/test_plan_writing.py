@@ -82,3 +82,38 @@ def test_deep_segment_builds_each_distinct_row_set_once(monkeypatch: pytest.Monk
             view = lg.layers[s.name].views[s.view]
             ref, ref_eids = _sorted_view(g, parts, rank, world, spec_list, sets, lyr)
             assert torch.equal(view.csr.indices, ref.indices) and torch.equal(view.edge_ids, ref_eids)
+
+
+def test_select_hybrid_reuses_the_planners_algorithm4_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """choose-strategy runs Algorithm 4 once per span start for every span from it (select_spans); select-hybrid,
+    selecting a span from that start next, reads its selection off those runs (Algorithm 4 decides layer by
+    layer) instead of running it again, and selects what running it again selects."""
+    from conftest import EXAMPLES
+    from gnnc import api
+    from gnnc.cluster import preset
+    from gnnc.graph.loaders import load_graph
+    from gnnc.passes.cost.inputs import planning_inputs
+    from gnnc.passes.planner import hybrid, hybrid_greedy
+
+    graph = load_graph("planetoid:cora")
+    parts = np.random.default_rng(0).integers(0, 4, graph.num_nodes)
+    profile = preset("neutronstar-ecs")
+    program = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph).program
+    stats, inputs, shapes = planning_inputs(program, graph, parts, profile)
+    runs = []
+    real = hybrid_greedy.paper_run
+    monkeypatch.setattr(hybrid_greedy, "paper_run", lambda *a, **k: runs.append(1) or real(*a, **k))
+    cap = profile.memory_per_worker
+    hybrid.select_spans(stats, inputs, shapes, cap, [(0, 1), (0, 2)], graph=graph, parts=parts)
+    assert len(runs) == 4  # one per worker
+    reused = [hybrid.select(stats, inputs, shapes, cap, 0, end, graph=graph, parts=parts) for end in (1, 2)]
+    assert len(runs) == 4
+    fresh = []
+    for end in (1, 2):
+        hybrid._last_runs.clear()
+        fresh.append(hybrid.select(stats, inputs, shapes, cap, 0, end, graph=graph, parts=parts))
+    assert len(runs) == 12
+    for a, b in zip(reused, fresh):
+        assert (a.source, a.time) == (b.source, b.time) and np.array_equal(a.received, b.received)
+        assert a.cached.keys() == b.cached.keys()
+        assert all(np.array_equal(x, y) for k in a.cached for x, y in zip(a.cached[k], b.cached[k]))

@@ -9,6 +9,7 @@ selection, fetching everything and caching everything.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,34 @@ class Selection:
         planner prices a selection numerically, gnnc.passes.cost.neutronstar.hybrid_value)."""
         name = "depcache" if self.source == "cache-all" else "hybrid"
         return (planner_cost if name == "depcache" else segment_cost)(name, self.start, self.end, self.shapes)
+
+
+@dataclass
+class _StartRuns:
+    """One span start's Algorithm 4 runs (`hybrid_greedy.PaperRun`, one per worker), kept for the next
+    `select_spans` on the same statistics, graph and parts: select-hybrid selects the chosen span after
+    choose-strategy ran its start for every span. Weak references: it never keeps a compile's graph alive."""
+
+    of: tuple[weakref.ref, weakref.ref, weakref.ref]  # stats, graph, parts
+    start: int
+    cap: float
+    costs: hg.UnitCosts  # the unit costs the runs were made with, over their layers
+    runs: list[hg.PaperRun]
+
+    def serves(self, stats, graph, parts, start: int, cap: float, costs: hg.UnitCosts) -> bool:
+        """Whether these runs are the ones `costs` (over as many or fewer layers) would make: a run decides
+        layer after layer, so a shorter span's is the prefix of a longer one's with the same first costs."""
+        layers = len(costs.t_c)
+        mine = self.costs
+        return (all(r() is o for r, o in zip(self.of, (stats, graph, parts))) and self.start == start
+                and self.cap == cap and layers <= len(mine.t_c) and mine.t_x == costs.t_x
+                and mine.edge_bytes == costs.edge_bytes
+                and all(np.array_equal(np.asarray(a)[:len(b)], b) for a, b in
+                        ((mine.t_v, costs.t_v), (mine.t_e, costs.t_e), (mine.t_c, costs.t_c),
+                         (mine.row_bytes, costs.row_bytes))))
+
+
+_last_runs: list[_StartRuns] = []  # the last start select_spans ran (at most one: each holds tables per worker)
 
 
 def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int,
@@ -113,8 +142,14 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
                                           full["edge_bytes"])
                 layers = longest[start] - start
                 longest_deps[start] = [hg.dependencies_from_stats(stats, r, layers) for r in range(world)]
-                runs[start] = [hg.paper_run(trees[r], d.layer, d.vertex, full_costs, cap, layers)
-                               for r, d in enumerate(longest_deps[start])]
+                if _last_runs and _last_runs[0].serves(stats, graph, parts, start, cap, full_costs):
+                    runs[start] = _last_runs[0].runs
+                else:
+                    _last_runs.clear()
+                    runs[start] = [hg.paper_run(trees[r], d.layer, d.vertex, full_costs, cap, layers)
+                                   for r, d in enumerate(longest_deps[start])]
+                    _last_runs.append(_StartRuns((weakref.ref(stats), weakref.ref(graph), weakref.ref(parts)),
+                                                 start, cap, full_costs, runs[start]))
             # a span's dependencies are the first of its start's longest span's (built once per start)
             deps = [hg.dependencies_prefix(d, end - start) for d in longest_deps[start]]
             greedy = hg.select_paper(deps, trees, costs, unit["own_time"], cap, runs=runs[start])
