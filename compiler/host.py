@@ -164,7 +164,7 @@ def use_huge_pages(environ: MutableMapping[str, str] | None = None) -> bool:
 # peers they wait for need. Measured with benchmarks/contention.py on this 2-core machine, shared (load 17-24;
 # benchmarks/RESULTS-contention.md): the Cora demo beside a 2-thread torch matmul loop 105 ms an epoch with 1000
 # rounds against 961 with OpenMP's 300,000, a 50K-vertex R-MAT GCN 1.39 s against 2.79; quiet (at real-time
-# priority) R-MAT's epoch unchanged, Cora's 8.1 against 7.0 ms; passive waiting (0 rounds) was slower still quiet.
+# priority) both within the noise (Cora 8.1, 11.8, 8.1 ms in three runs against 7.0, 10.1, 10.0).
 
 # OpenMP's standard switch, libgomp's spin rounds, Intel's and LLVM's time a thread spins (ms)
 WAIT_POLICY, SPIN_COUNT, BLOCK_TIME = "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"
