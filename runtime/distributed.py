@@ -256,8 +256,9 @@ class DistInterpreter(PrefixRowsInterpreter):
         """A layer on rows, as its schedule annotations say (gnnc.plan.schedule_attrs).
 
         A binned layer runs bin by bin (gnnc.runtime.bins). Otherwise a split
-        exchange (an overlapped halo: NeutronStar's DepComm, its chunks posted
-        in ring order; a staged broadcast: MG-GCN) is posted where it stands
+        exchange (an overlapped halo: NeutronStar's DepComm, one message per
+        peer posted in ring order, its remote rows one part or, chunked, one
+        part per peer; a staged broadcast: MG-GCN) is posted where it stands
         and the equations marked `split` run once per source part as the
         parts arrive (gnnc.runtime.parts); the others run on whole values.
         Backward overlaps the same way (gnnc.runtime.comm's split ops).

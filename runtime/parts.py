@@ -4,7 +4,8 @@ Why this module exists: the schedule pass marks a layer's exchange `split`
 (an overlapped halo, a staged broadcast; gnnc.plan.schedule_attrs) and the
 equations that read it `split=true`. Such an exchange delivers its rows as a
 `PartStream`, part after part (the held rows at once and the halo rows
-after the wait; rank j's block at stage j), and each split equation runs on
+after the wait, or with `chunked=true` each peer's rows as they arrive, in
+ring order; rank j's block at stage j), and each split equation runs on
 the edges of one part at a time (`gnnc.plan.rows.SourceParts`), so the work
 on the parts that have arrived runs while the others are in flight. Edge
 values stay as one tensor per part (`Parts`); an equation that turns edges
