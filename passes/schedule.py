@@ -301,7 +301,11 @@ def choose_segment(program: Program, seg: Segment, priced: PricedPlan | None, ex
     combos: list[dict[str, Any]] = [{}]
     for name, values in space.items():
         combos = [{**c, name: v} for c in combos for v in values]
-    # chunks are of a split exchange only: an exchange not split comes whole (chunked=on with overlap=off too)
+    # chunks are of a split exchange only: chunked=on splits it where it may be split; an exchange not split
+    # comes whole (chunked=on with overlap=off too)
+    for ch, sp in chunk_of.items():
+        if getattr(opts, ch, "auto") == "on" and any(c.get(ch) and c.get(sp) for c in combos):
+            combos = [c for c in combos if c.get(sp)]
     combos = [{**c, **{ch: False for ch, sp in chunk_of.items() if ch in c and not c.get(sp, False)}} for c in combos]
     combos = [c for k, c in enumerate(combos) if c not in combos[:k]]
     bins = {"bins": 1} if "bins" in names else {}

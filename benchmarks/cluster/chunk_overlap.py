@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                 for key, sched in SCHEDULES.items():
                     plan = api.compile(model, graph, workers=4, strategy="depcomm", partition="metis",
                                        cluster=profile, passes=DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [sched])
+                    halos = [exchange_schedule(e) for layer in plan.program.graph_layers() for e in layer.eqns
+                             if e.op == "halo"]
+                    assert all(h.split and h.chunked == (key == "chunked") for h in halos), (key, halos)
                     plan.save(Path(tmp) / key)
                     dirs.append(Path(tmp) / key)
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
