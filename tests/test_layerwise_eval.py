@@ -179,6 +179,10 @@ DIST_CASES = [("gcn", "depcomm"), ("gcn", "depcache"), ("gcn", "bcast1d"), ("gcn
               ("gat", "depcache,depcomm")]
 
 
+# G3's bins, and a halo in one part per peer (NeutronStar's chunks)
+SCHEDULED = [("gcn", "depcomm@bins=3"), ("gat", "depcomm@chunked=on")]
+
+
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_layerwise_evaluation_on_ranks_equals_the_whole_forward(world: int, tmp_path) -> None:
     """Every rank evaluates its rows layer by layer, its exchanges run whole as in the training forward: the same
@@ -191,9 +195,9 @@ def test_layerwise_evaluation_on_ranks_equals_the_whole_forward(world: int, tmp_
 
     graph = random_graph(n=80, e=500, f=8, c=3, seed=5)
     jobs, singles = [], []
-    for k, (name, strategy) in enumerate(DIST_CASES + [("gcn", "depcomm@bins")]):
+    for k, (name, strategy) in enumerate(DIST_CASES + SCHEDULED):
         strategy, _, sched = strategy.partition("@")
-        passes = (DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + ["schedule{bins=3}"]) if sched else None
+        passes = (DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [f"schedule{{{sched}}}"]) if sched else None
         model = api.load_model(EXAMPLES / f"{name}.gnn")
         plan = api.compile(model, graph, workers=world, strategy=strategy, partition="metis", passes=passes)
         shards = plan.write_shards(tmp_path / str(k))
@@ -202,7 +206,7 @@ def test_layerwise_evaluation_on_ranks_equals_the_whole_forward(world: int, tmp_
             assert all(split_exchange(layer) is not None for layer in plan.program.graph_layers())
         singles.append(api.compile(model, graph).program)
     results = launch(_rank_evaluations, world, jobs)[0]
-    for (name, strategy), single, got in zip(DIST_CASES + [("gcn", "depcomm@bins")], singles, results):
+    for (name, strategy), single, got in zip(DIST_CASES + SCHEDULED, singles, results):
         (whole, whole_bytes, _), (chunks, chunk_bytes, ran) = got[0], got[3]
         one, _ = _evaluation(single, graph, 0)
         layers = len(single.graph_layers()) - strategy.startswith("pushpull")
