@@ -82,8 +82,8 @@ def run_gnnc(model: str, spec: str, epochs: int, peer: str) -> dict:
 def run_pyg(model: str, spec: str, epochs: int, peer: str) -> dict:
     import torch
     import torch.nn.functional as F
-    from torch_geometric import nn as pyg
     from torch_geometric.utils import to_torch_csr_tensor
+    from vs_pyg import pyg_two_layer  # this folder is the script's, on sys.path
 
     from gnnc import api
     from gnnc.runtime.metrics import peak_rss_bytes
@@ -96,23 +96,12 @@ def run_pyg(model: str, spec: str, epochs: int, peer: str) -> dict:
         del ei
         ei = adj
     x, y, mask = graph.x.to_dense() if graph.x.is_sparse else graph.x, graph.y, graph.train_mask
-    f = x.shape[1]
-    if model == "gcn":
-        convs = [pyg.GCNConv(f, 256, cached=True), pyg.GCNConv(256, CLASSES, cached=True)]
-    elif model == "sage":
-        convs = [pyg.SAGEConv(f, 256), pyg.SAGEConv(256, CLASSES)]
-    else:
-        convs = [pyg.GATConv(f, 64, heads=4, dropout=0.6), pyg.GATConv(256, CLASSES, heads=1, dropout=0.6)]
-    net = torch.nn.ModuleList(convs)
+    net, forward_on = pyg_two_layer(model, x.shape[1], 64 if model == "gat" else 256, 4 if model == "gat" else 1,
+                                    CLASSES)
     opt = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=5e-4)
-    p = 0.6 if model == "gat" else 0.5
-    act = F.elu if model == "gat" else F.relu
 
     def forward(training: bool):
-        z = F.dropout(x, p, training=training)
-        z = act(net[0](z, ei))
-        z = F.dropout(z, p, training=training)
-        return net[1](z, ei)
+        return forward_on(x, ei, training)
 
     steps, evals = [], []
     for _ in range(epochs):

@@ -52,11 +52,37 @@ def _sizes(model: str, hidden: int | None, heads: int) -> tuple[int, int]:
     return (hidden // heads, heads) if model == "gat" else (hidden, 1)
 
 
+def pyg_two_layer(model: str, f: int, width: int, heads: int, classes: int):
+    """The two-layer PyG model the gnnc examples are compared with (GCNConv, SAGEConv or GATConv; dropout and
+    activation as the examples have them): the module and `forward(x, edge_index_or_adj_t, training)`."""
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric import nn as pyg
+
+    if model == "gcn":
+        convs = [pyg.GCNConv(f, width, cached=True), pyg.GCNConv(width, classes, cached=True)]
+    elif model == "sage":
+        convs = [pyg.SAGEConv(f, width), pyg.SAGEConv(width, classes)]
+    else:
+        convs = [pyg.GATConv(f, width, heads=heads, dropout=0.6),
+                 pyg.GATConv(width * heads, classes, heads=1, dropout=0.6)]
+    net = torch.nn.ModuleList(convs)
+    p = 0.6 if model == "gat" else 0.5
+    act = F.elu if model == "gat" else F.relu
+
+    def forward(x, ei, training: bool):
+        z = F.dropout(x, p, training=training)
+        z = act(net[0](z, ei))
+        z = F.dropout(z, p, training=training)
+        return net[1](z, ei)
+
+    return net, forward
+
+
 def pyg_epoch(model: str, graph, args):
     """PyG's epoch for `model` on args.device: a training step, then the evaluation forward pass."""
     import torch
     import torch.nn.functional as F
-    from torch_geometric import nn as pyg
 
     device = torch.device(args.device)
     ei = torch.stack([torch.as_tensor(graph.src), torch.as_tensor(graph.dst)]).long().to(device)  # R-MAT: int32
@@ -64,22 +90,12 @@ def pyg_epoch(model: str, graph, args):
     y, mask = graph.y.to(device), graph.train_mask.to(device)
     width, heads = _sizes(model, args.hidden, args.heads)
     f, c = x.shape[1], int(graph.y.max()) + 1
-    if model == "gcn":
-        convs = [pyg.GCNConv(f, width, cached=True), pyg.GCNConv(width, c, cached=True)]
-    elif model == "sage":
-        convs = [pyg.SAGEConv(f, width), pyg.SAGEConv(width, c)]
-    else:
-        convs = [pyg.GATConv(f, width, heads=heads, dropout=0.6), pyg.GATConv(width * heads, c, heads=1, dropout=0.6)]
-    net = torch.nn.ModuleList(convs).to(device)
+    net, forward_on = pyg_two_layer(model, f, width, heads, c)
+    net.to(device)
     opt = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=5e-4)
-    p = 0.6 if model == "gat" else 0.5
-    act = F.elu if model == "gat" else F.relu
 
     def forward(training: bool):
-        z = F.dropout(x, p, training=training)
-        z = act(net[0](z, ei))
-        z = F.dropout(z, p, training=training)
-        return net[1](z, ei)
+        return forward_on(x, ei, training)
 
     def step() -> None:
         net.train()

@@ -25,7 +25,7 @@ from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from gnnc.testing import first_training_step
-from test_distributed_exact import communities, half_of_the_dependencies, hub_graph, parts_for, rel
+from test_distributed_exact import communities, half_of_the_dependencies, hub_graph, parts_for, step_differences
 
 SEED = 3
 CHUNKED = "schedule{chunked=on}"
@@ -74,14 +74,7 @@ def test_chunked_halos_match_one_process(world: int, tmp_path) -> None:
                      "allreduce": "allreduce"}.items()}
         if measured != predicted:
             failures.append(f"{key}: measured bytes {measured} != predicted {predicted}")
-        logits, loss, grads = first_training_step(single, graph, SEED)
-        if rel(got["logits"], logits) > 1e-5:
-            failures.append(f"{key}: logits differ by {rel(got['logits'], logits):.2e}")
-        if abs(got["loss"] - loss) > 1e-5 * abs(loss):
-            failures.append(f"{key}: loss {got['loss']} vs {loss}")
-        for k, g in grads.items():
-            if rel(got["grads"][k], g) > 1e-5:
-                failures.append(f"{key}: gradient of {k} differs by {rel(got['grads'][k], g):.2e}")
+        failures += step_differences(key, got, *first_training_step(single, graph, SEED))
     assert not failures, "\n".join(failures)
 
 
