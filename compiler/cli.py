@@ -127,17 +127,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
+    from gnnc.runtime.launch import until_signal  # deferred: launch loads torch
 
     if args.nproc is not None and args.nproc < 1:
         raise GnncError(f"--nproc must be at least 1, not {args.nproc}")
-    try:
-        # SIGTERM and SIGHUP unwind like Ctrl-C: workers stopped, temporary files removed.
-        with stop_on_signals():
-            return _run(args)
-    except StoppedBySignal as stop:
-        print(str(stop), file=sys.stderr)
-        return stop.exit_code
+    return until_signal(lambda: _run(args))
 
 
 def _resolve_device(spec: str, here: bool = True) -> str:

@@ -16,15 +16,12 @@ The command's parser apart from gnnc.saved_model, which loads torch: building gn
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from gnnc.arg_types import TIMEOUT, whole_number
-from gnnc.errors import GnncError, write_failure
-from gnnc.files import atomic_write, writable_file
+from gnnc.errors import GnncError
+from gnnc.files import writable_file
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,20 +47,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run `gnnc predict`; GnncError for bad input (the CLI exits 2 on it), 128 + N after signal N."""
-    from gnnc.runtime.launch import StoppedBySignal, stop_on_signals  # deferred: launch loads torch
+    from gnnc.runtime.launch import until_signal  # deferred: launch loads torch
 
-    try:
-        # SIGTERM and SIGHUP unwind like Ctrl-C: ranks stopped, temporary shards removed (as `gnnc run`)
-        with stop_on_signals():
-            return _predict(args)
-    except StoppedBySignal as stop:
-        print(str(stop), file=sys.stderr)
-        return stop.exit_code
+    return until_signal(lambda: _predict(args))  # ranks stopped, temporary shards removed, as `gnnc run`
 
 
 def _predict(args: argparse.Namespace) -> int:
-    import numpy as np  # deferred, as below
-
     # deferred: the api and the saved model load torch
     from gnnc.api import load_graph
     from gnnc.saved_model import load_saved, predict
@@ -74,14 +63,11 @@ def _predict(args: argparse.Namespace) -> int:
     if args.nproc > 1:
         shape = predict_on_ranks(saved, graph, args.output, args.nproc, args.out, args.timeout)
     else:
+        from gnnc.runtime.predict import write_array
+
         values = predict(saved, graph, args.output)
         shape = list(values.shape)
-        buf = io.BytesIO()
-        np.save(buf, values)
-        try:
-            atomic_write(Path(args.out), buf.getvalue())
-        except OSError as err:
-            raise write_failure(err, f"-o {args.out}") from None
+        write_array(args.out, values)
     on = f" on {args.nproc} processes" if args.nproc > 1 else ""
     print(f"wrote {args.out}: {args.output} of {args.graph}{on}, {' x '.join(map(str, shape))} "
           f"({saved.program.name} trained on {saved.schema.get('graph', '?')})")

@@ -196,6 +196,17 @@ def stop_on_signals() -> Any:
             signal.signal(s, old)
 
 
+def until_signal(body: Callable[[], int]) -> int:
+    """`body()` with SIGTERM and SIGHUP unwinding it like Ctrl-C (workers stopped, temporary files removed):
+    its exit code, or 128 + N after signal N, said on stderr. What `gnnc run` and `gnnc predict` run in."""
+    try:
+        with stop_on_signals():
+            return body()
+    except StoppedBySignal as stop:
+        print(str(stop), file=sys.stderr)
+        return stop.exit_code
+
+
 @dataclass(frozen=True)
 class DistConfig:
     """Where this worker stands in the job, and how to reach the others.

@@ -165,10 +165,15 @@ def predict_rank(cfg: DistConfig, job: PredictJob) -> dict[str, Any] | None:
         raise GnncError(f"--output {job.value}: {missing} of the {w.num_nodes} vertices' rows are held by no rank "
                         "on this plan; ask for it without --nproc")
     array = out.numpy()
+    write_array(job.out, array)
+    return {"shape": list(array.shape)}
+
+
+def write_array(out: str, array: np.ndarray) -> None:
+    """`gnnc predict`'s -o: `array` as a .npy file, written atomically (an OSError names -o)."""
     buf = io.BytesIO()
     np.save(buf, array)
     try:
-        atomic_write(Path(job.out), buf.getvalue())
+        atomic_write(Path(out), buf.getvalue())
     except OSError as err:
-        raise write_failure(err, f"-o {job.out}") from None
-    return {"shape": list(array.shape)}
+        raise write_failure(err, f"-o {out}") from None

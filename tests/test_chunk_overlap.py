@@ -25,7 +25,7 @@ from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from gnnc.testing import first_training_step
-from test_distributed_exact import communities, half_of_the_dependencies, hub_graph, parts_for, step_differences
+from test_distributed_exact import communities, compile_half_cached, hub_graph, step_differences
 
 SEED = 3
 CHUNKED = "schedule{chunked=on}"
@@ -48,13 +48,7 @@ def cases(world: int, tmp):
                                      ("sage", communities, "hybrid"), ("gat", communities, "hybrid,depcomm")]:
         g = graph_of()
         model = _model(name)
-        names = strategy.split(",") * (2 if "," not in strategy else 1)
-        cached = None
-        if "hybrid" in names:
-            cached = half_of_the_dependencies(g, parts_for(g, world, "metis"), world,
-                                              [k for k, n in enumerate(names) if n == "hybrid"])
-        plan = api.compile(model, g, workers=world, strategy=strategy, partition="metis", hybrid_cached=cached,
-                           passes=DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [CHUNKED])
+        plan = compile_half_cached(model, g, world, strategy, DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [CHUNKED])
         assert chunked_halos(plan.program) >= 1, (name, strategy)
         shards = plan.write_shards(tmp / f"{name}-{strategy}")
         job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))

@@ -70,6 +70,18 @@ def step_differences(key, got: dict, logits, loss: float, grads: dict, rtol: flo
     return out
 
 
+def compile_half_cached(model, g, world: int, strategy: str, passes: list[str]):
+    """The plan of `strategy` (one name for both layers, or one per layer) on METIS parts, a hybrid layer caching
+    half of its dependencies (half_of_the_dependencies), compiled with `passes`."""
+    names = strategy.split(",") * (2 if "," not in strategy else 1)
+    cached = None
+    if "hybrid" in names:
+        cached = half_of_the_dependencies(g, parts_for(g, world, "metis"), world,
+                                          [k for k, n in enumerate(names) if n == "hybrid"])
+    return api.compile(model, g, workers=world, strategy=strategy, partition="metis", hybrid_cached=cached,
+                       passes=passes)
+
+
 def parts_for(graph, world: int, method: str) -> np.ndarray:
     return api.partition_vertices(graph, world, method, seed=0)
 
@@ -114,13 +126,7 @@ def cases(world: int, tmp):
         g = communities() if key.endswith("@sbm") else graph
         single = api.compile(model, g).program
         passes = DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [SCHEDULES[sched] if sched else "schedule"]
-        names = strategy.split(",") * (2 if "," not in strategy else 1)
-        cached = None
-        if "hybrid" in names:
-            cached = half_of_the_dependencies(g, parts_for(g, world, "metis"), world,
-                                              [k for k, n in enumerate(names) if n == "hybrid"])
-        plan = api.compile(model, g, workers=world, strategy=strategy, partition="metis", hybrid_cached=cached,
-                           passes=passes)
+        plan = compile_half_cached(model, g, world, strategy, passes)
         assert_schedule(plan.program, sched)
         shards = plan.write_shards(tmp / f"{key}-{strategy}-{sched}")
         if key == "gcn@sbm" and strategy == "depcomm":  # the eager path runs: a bin of held rows exists
