@@ -53,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    # deferred: the api and the saved model load torch
+    # deferred: the api, the saved model and the predict runtime load torch
     from gnnc.api import load_graph
+    from gnnc.runtime.predict import write_array
     from gnnc.saved_model import load_saved, predict
 
     writable_file(args.out, "-o")  # now, not after the work: a wrong path would lose it
@@ -63,8 +64,6 @@ def _predict(args: argparse.Namespace) -> int:
     if args.nproc > 1:
         shape = predict_on_ranks(saved, graph, args.output, args.nproc, args.out, args.timeout)
     else:
-        from gnnc.runtime.predict import write_array
-
         values = predict(saved, graph, args.output)
         shape = list(values.shape)
         write_array(args.out, values)
