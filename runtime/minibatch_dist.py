@@ -122,6 +122,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         self.local_row[self.owned_ids] = np.arange(len(self.owned_ids))
         self.layout, self.cols, self.features = data.layout, data.cols, data.features
         self.labels = graph.y
+        self.train_mask = graph.train_mask
         self.train_ids = np.nonzero(graph.train_mask.numpy())[0]
         own = torch.from_numpy(self.owned_ids)
         self.inputs = {"y": graph.y[own], "train": graph.train_mask[own], "val": graph.val_mask[own],
@@ -151,7 +152,9 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         n = len(mb.seeds)
         seeds = torch.from_numpy(mb.seeds)
         x = sparse_if_sparse(self.pull_rows(mb.blocks[0].src_ids)) if self.layout == "rows" else torch.zeros(0)
-        return {"x": x, "y": self.labels[seeds], "train": torch.ones(n, dtype=torch.bool),
+        # the seeds' own train mask: a training batch's are all True, but the evaluation's seeds are every owned
+        # vertex, and an unlabelled one (y = UNLABELLED, papers100M's 98.6%) in the loss's mask is an IndexError
+        return {"x": x, "y": self.labels[seeds], "train": self.train_mask[seeds],
                 "val": torch.zeros(n, dtype=torch.bool), "test": torch.zeros(n, dtype=torch.bool)}
 
     def pull_rows(self, ids: np.ndarray) -> torch.Tensor:
