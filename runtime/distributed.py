@@ -17,7 +17,6 @@ gradients).
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +103,8 @@ class Exchange:
     @implements_exchange("halo", "parts")
     def _halo_parts(self, x: torch.Tensor, e: Eqn) -> PartStream:
         """An overlapped halo: the held rows at once, the remote rows once they arrive; chunked, each peer's
-        rows once that peer's have arrived, in ring order (part 1 + p holds rank p's, this rank's empty)."""
+        rows once that peer's have arrived, in ring order (part 1 + k holds the k-th other rank's, by rank; this
+        rank sends itself nothing and has no part)."""
         layer = self.layer
         assert layer is not None and layer.halo is not None
         held = self.wire(_dense(x)[: layer.n_in])  # a sparse input (bag of words) travels as dense rows
@@ -112,16 +112,14 @@ class Exchange:
         if schedule.chunked:
             chunked = comm.start_chunked_halo_exchange(held, layer.halo, self.stats, label=_label(e),
                                                        method=schedule.method)
-            mine = held.new_empty((0, *held.shape[1:]))
-            return PartStream(held, itertools.chain([mine], chunked.chunks()), 1 + self.world,
-                              self.chunk_order()[1:])
+            return PartStream(held, chunked.chunks(), self.world, self.chunk_order()[1:])
         handle = comm.start_halo_exchange(held, layer.halo, self.stats, label=_label(e), method=schedule.method)
         return PartStream(held, _waited(handle), 2)
 
     def chunk_order(self) -> tuple[int, ...]:
-        """A chunked halo's parts in the order they are run: the held rows, this rank's (empty) part, then each
-        peer's in ring order (gnnc.runtime.comm.ChunkedHalo)."""
-        return (0, 1 + self.rank, *(1 + src for _, src in comm.ring_schedule(self.rank, self.world)))
+        """A chunked halo's parts in the order they are run: the held rows, then each peer's in ring order
+        (gnnc.runtime.comm.ChunkedHalo); peer src's part is 1 + its place among the other ranks."""
+        return (0, *(chunk_part(src, self.rank) for _, src in comm.ring_schedule(self.rank, self.world)))
 
     @implements_exchange("bcast_rows", "parts")
     def _bcast_rows_parts(self, x: torch.Tensor, e: Eqn) -> PartStream:
@@ -152,7 +150,7 @@ class Exchange:
         """The source parts of `layer`'s edges that its split exchange `e` delivers, in the order they arrive."""
         lgl = self.layer
         assert lgl is not None
-        return PartRun(lgl.parts(layer.edges, part_bounds(lgl, e, self.block_sizes)),
+        return PartRun(lgl.parts(layer.edges, part_bounds(lgl, e, self.block_sizes, self.rank)),
                        release=comm_op(e.op).parts_read_once,
                        order=self.chunk_order() if exchange_schedule(e).chunked else None)
 
@@ -307,7 +305,7 @@ def _waited(handle: comm.CommHandle):
     yield handle.wait()
 
 
-def hold_parts_views(program: Program, lg: LocalGraph) -> None:
+def hold_parts_views(program: Program, lg: LocalGraph, rank: int) -> None:
     """Hold a layer structure by source parts only (LayerGraph.hold_parts) when every layer using it reads
     its structure only in equations that run per part (a split exchange's readers, gnnc.plan.schedule_attrs)."""
     users: dict[int, list[tuple[Any, Eqn | None]]] = {}
@@ -326,17 +324,17 @@ def hold_parts_views(program: Program, lg: LocalGraph) -> None:
         if layer.edges not in lgl.views or lgl.views[layer.edges].csr is None:
             continue
         if all(other.edges == layer.edges for other, _ in uses):
-            lgl.hold_parts(layer.edges, part_bounds(lgl, e, lg.block_rows))
+            lgl.hold_parts(layer.edges, part_bounds(lgl, e, lg.block_rows, rank))
 
 
-def build_split_parts(program: Program, lg: LocalGraph) -> None:
+def build_split_parts(program: Program, lg: LocalGraph, rank: int) -> None:
     """Group by source part (`LayerGraph.parts`) the structure of every layer whose exchange is split, here on
     the host before the shard moves to its device: built there, during the first epoch, it would read the device."""
     for layer in program.graph_layers():
         exchange = split_exchange(layer)
         lgl = lg.layers[layer.name]
         if exchange is not None and not layer_schedule(layer).binned and lgl.views[layer.edges].csr is not None:
-            lgl.parts(layer.edges, part_bounds(lgl, exchange, lg.block_rows))
+            lgl.parts(layer.edges, part_bounds(lgl, exchange, lg.block_rows, rank))
 
 
 def grad_buckets(program: Program, split: frozenset[str] = frozenset()) -> list[list[int]] | None:
@@ -356,14 +354,24 @@ def grad_buckets(program: Program, split: frozenset[str] = frozenset()) -> list[
     return [sorted(buckets[b], reverse=True) for b in sorted(buckets)]
 
 
-def part_bounds(lgl: LayerGraph, e: Eqn, block_rows: list[int]) -> tuple[int, ...]:
+def part_bounds(lgl: LayerGraph, e: Eqn, block_rows: list[int], rank: int) -> tuple[int, ...]:
     """Where each source part of split exchange `e` starts (its registered "bounds"); chunked, the remote
-    rows cut by the rank that sends them (the received rows are ordered by rank, gnnc.plan.halo)."""
+    rows cut by the rank that sends them (the received rows are ordered by rank, gnnc.plan.halo), one part per
+    other rank: this rank's own (always empty) range is no part, since every part runs each of the layer's
+    per-part equations once more, forward and backward (an empty one measured 0.5-5 ms a layer on the loaded
+    box: benchmarks/RESULTS-seeds.md)."""
     bounds = exchange_implementation(e.op, "bounds")(lgl, block_rows)
     if not exchange_schedule(e).chunked:
         return bounds
     assert lgl.halo is not None and len(bounds) == 3
-    return (0, lgl.n_in, *(lgl.n_in + off for off in lgl.halo.recv_offsets()[1:]))
+    ends = lgl.halo.recv_offsets()[1:]
+    return (0, lgl.n_in, *(lgl.n_in + end for src, end in enumerate(ends) if src != rank))
+
+
+def chunk_part(src: int, rank: int) -> int:
+    """The part of a chunked halo that holds rank src's rows on rank `rank` (`part_bounds`: part 0 the held
+    rows, then one per other rank, by rank)."""
+    return 1 + src - (src > rank)
 
 
 @implements_exchange("halo", "bounds")
@@ -420,11 +428,12 @@ class DistWorker(Worker):
                     comm.check_halo_plan(layer.entry, lg.n_owned)
                 checked.add(id(layer))
         check_schedule(program)
-        hold_parts_views(program, lg)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        hold_parts_views(program, lg, rank)
         for layer in program.graph_layers():  # a binned layer's bins: structure, built with the shard
             if layer_schedule(layer).binned:
                 bins_of(lg.layers[layer.name], layer, program.config_dict())
-        build_split_parts(program, lg)
+        build_split_parts(program, lg, rank)
         # The shard goes to the device once, every structure derived from it (parts, bins) built first, on the
         # host: built there during the first epoch, they would read the device (on CPU this changes nothing).
         move = devices.mover(self.device)

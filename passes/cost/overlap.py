@@ -17,9 +17,17 @@ runtime schedules of that overlap (gnnc.plan.schedule_attrs: `halo[overlap=true]
       max(h + remote, c + remote, exch + r)
 
   the exposed communication being that less h + remote: max(0, c - h, exch - h - remote + r), the per-chunk
-  form max(0, comm - overlappable compute). Each chunk costs its equations' dispatch once more
-  (`calls`: the layer's every op once, an upper bound of its per-part equations), P - 1 more part runs than
-  the whole halo's two (the held rows, the halo), so chunking can lose where the exchange is short.
+  form max(0, comm - overlappable compute). Chunked, a layer runs its per-part equations P times (the held
+  rows, one part per peer: gnnc.runtime.distributed.part_bounds), P - 2 more than the whole halo's two (the
+  held rows, the halo); each extra part is charged `calls`, the dispatch of the layer's every op once.
+
+  What a part costs was measured (benchmarks/RESULTS-seeds.md, NeutronStar chunks): on the loaded 2-core box an
+  extra part of SAGE's one per-part equation (its mean) cost 0.5-1.2 ms forward and backward and one of GAT's
+  five 5.4-5.8 ms, against `calls` at the default dispatch (10 us an op) 0.07-0.14 ms: this charge is a lower
+  bound of a part's cost there, not an upper one, so it is not what makes the pass keep SAGE's halo whole. What
+  the model lacks is the gain: it prices every rank starting its exchange together (exposed communication
+  max(0, exch - held)), while the measured blocked time is 2-15x the link's transfer time, mostly waiting for
+  a rank behind (two ranks to a core); chunks hide part of that wait, which no symbol here prices.
 """
 from __future__ import annotations
 
@@ -36,4 +44,4 @@ def overlap_window(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr, chunk
         return Max(exch, held) + remote
     n = Max(P - 1, 1)
     before_last = remote * (n - 1) / n
-    return Max(held + before_last, exch / n + before_last, exch) + remote / n + (P - 1) * calls
+    return Max(held + before_last, exch / n + before_last, exch) + remote / n + Max(P - 2, 0) * calls
