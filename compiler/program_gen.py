@@ -14,8 +14,17 @@ combinations with learnable scalars), and between them chains of activations, dr
 and inside layers, as GCNII's `x0`). Every width is a literal or `features`/`classes`, so each call's `in`
 is checked against its input.
 
+`generate(seed, task=...)` draws the same encoders for the other tasks a user can write: `regress`
+(`loss = mse(h, y, mask = train)` over `targets` float columns), `multilabel` (`bce` on `targets` 0/1 columns),
+both also reading the edges' features (`edge.attr`, `EDGE_FEATURES` wide: a sigmoid gate of messages, their mean
+into the vertices); `graph` (graph classification: readouts `global_sum_pool`, `global_mean_pool`,
+`global_max_pool`, alone or concatenated, then dense layers on graph rows; no edge data, as the graph datasets
+have none); `link` (link prediction: `score = dot(src.z, dst.z)`, or an MLP on `src.z * dst.z` or
+`concat(src.z, dst.z)`, `loss = bce(score, label)`). The default task, `classify`, draws exactly what it drew
+before the others existed (tests keep programs by seed).
+
 Every program this module produces type-checks (`gnnc check`: `gnnc.model_file.check`) on a graph with
-`edge_weight`: a refused program is a bug of this generator or of the checker, never skipped
+`edge_weight` (and `edge_attr`, EDGE_FEATURES wide, for `regress`, `multilabel` and `link`): a refused program is a bug of this generator or of the checker, never skipped
 (tests/test_generated_programs.py). A test runs the programs and compares two ways of computing them:
 the compiled fast paths and the torch reference (`GNNC_NATIVE=0`), one process and two.
 """
@@ -25,13 +34,20 @@ import random
 
 ACTIVATIONS = ("relu", "elu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu", "softplus")
 HIDDEN = (4, 6, 8)
+TASKS = ("classify", "regress", "multilabel", "graph", "link")
+EDGE_FEATURES = 3  # the width of `edge.attr` the task programs that read it expect
+# the edge data each task's programs may read: graph datasets have none (gnnc.graph.tu_dataset)
+_EDGES = {"classify": ("weight",), "regress": ("weight", "attr"), "multilabel": ("weight", "attr"), "graph": (),
+          "link": ("weight", "attr")}
+READOUTS = ("global_sum_pool", "global_mean_pool", "global_max_pool")
 
 
 class _Program:
     """The text of one program being drawn: its layers, and the model's statements."""
 
-    def __init__(self, rnd: random.Random) -> None:
+    def __init__(self, rnd: random.Random, edges: tuple[str, ...] = ("weight",)) -> None:
         self.rnd = rnd
+        self.edges = edges  # the graph's edge data the program may read (`edge.weight`, `edge.attr`)
         self.layers: list[str] = []
         self.body: list[str] = []
         self.named: list[tuple[str, str]] = []  # model values kept by name (residuals), with their widths
@@ -59,7 +75,7 @@ class _Program:
             return "s"
         return "c"
 
-    def tail(self, x: str) -> str:
+    def tail(self, x: str, norms: bool = True) -> str:
         """A random epilogue over `x`: [bias], [a normalisation], [activation], [dropout], each or not.
 
         A normalisation comes before the dropout: normalising rows a dropout has left with a few small
@@ -70,13 +86,32 @@ class _Program:
         r = self.rnd
         if r.random() < 0.4:
             x = f"bias({x})"
-        if r.random() < 0.15:
+        if r.random() < 0.15 and norms:  # the draw made all the same: `classify` programs stay as they were
             x = r.choice(("layer_norm", "batch_norm")) + f"({x})"
         if r.random() < 0.6:
             x = self.act(x)
         if r.random() < 0.4:
             x = f"dropout({x}, {self.p()})"
         return x
+
+    def rows(self, x: str, width: str) -> tuple[str, str]:
+        """A few statements over the graph or pair rows `x` (width `width`): activations, dropouts, dense maps and
+        scalings, no normalisation (vertex rows' alone) and no vertex value; the new value's name and width."""
+        r = self.rnd
+        for _ in range(r.randint(0, 3)):
+            kind = r.choice(("act", "dropout", "linear", "linear", "scale"))
+            if kind == "act":
+                self.stmt(f"{x} = {self.act(x)}")
+            elif kind == "dropout":
+                self.stmt(f"{x} = dropout({x}, {self.p()})")
+            elif kind == "linear":
+                width = str(r.choice(HIDDEN))
+                self.stmt(f"{x} = {self.tail(f'linear({x}, {width})', norms=False)}")
+            else:
+                g = self.name("g")
+                self.stmt(f"param {g} = {r.choice(('0.5', '2.0'))}")
+                self.stmt(f"{x} = {g} * {x}")
+        return x, width
 
     # ----- graph layers: each returns the call's text and its output width
 
@@ -85,8 +120,11 @@ class _Program:
         r = self.rnd
         name = self.name("Conv")
         loops = r.random() < 0.5
-        coef = r.choice(["", "edge.gcn_norm * ", "edge.weight * ", f"dropout(edge.gcn_norm, {self.p()}) * "]
-                        if loops else ["", "edge.weight * ", "edge.gcn_norm * "])
+        coef = r.choice([c for c in (["", "edge.gcn_norm * ", "edge.weight * ", f"dropout(edge.gcn_norm, {self.p()}) * "]
+                                     if loops else ["", "edge.weight * ", "edge.gcn_norm * "])
+                         if "edge.weight" not in c or "weight" in self.edges])
+        if "attr" in self.edges and r.random() < 0.3:  # a gate learned from the edge's features
+            coef = "sigmoid(dot(edge.attr)) * "
         reducer = r.choice(("sum", "sum", "mean", "max", "min"))
         lines = []
         transform_first = r.random() < 0.5
@@ -198,13 +236,18 @@ class _Program:
         return h, width
 
 
-def generate(seed: int, layers: int | None = None) -> str:
-    """The text of a random well-typed model (`model Gen`), the same for the same seed and `layers`."""
-    r = random.Random(seed)
-    g = _Program(r)
-    n_layers = layers if layers is not None else r.randint(1, 3)
+EDGE_MEAN = """layer EdgeMean() {
+  scatter   m = edge.attr
+  gather    a = mean(m)
+  apply     h = a
+}
+"""
+
+
+def _encoder(g: _Program, n_layers: int, out: str) -> None:
+    """The vertex model: graph layers and dense statements from x to `h`, `out` wide (a width's text)."""
+    r = g.rnd
     width = "features"
-    h = "x"
     if r.random() < 0.4:
         g.stmt(f"h = dropout(x, {g.p()})")
     else:
@@ -213,27 +256,69 @@ def generate(seed: int, layers: int | None = None) -> str:
         hidden = str(r.choice(HIDDEN))
         g.stmt(f"h = {g.tail(f'linear(h, {hidden})')}")
         width = hidden
+    if "attr" in g.edges and r.random() < 0.4:  # the mean of the in-edges' features beside the vertex's own
+        hidden = str(r.choice(HIDDEN))
+        g.layers.append(EDGE_MEAN)
+        g.stmt(f"h = {g.tail(f'linear(concat(h, EdgeMean()(x)), {hidden})')}")
+        width = hidden
     if width != "features" and r.random() < 0.5:
         g.stmt("x0 = h")
         g.named.append(("x0", width))
     for k in range(n_layers):
         last = k == n_layers - 1
-        out = "classes" if last else str(r.choice(HIDDEN))
+        w_out = out if last else str(r.choice(HIDDEN))
         if r.random() < 0.35:
             heads = 1 if last else r.choice((1, 2, 3))
             concat = not last and r.random() < 0.6
             name = g.attention(heads, concat)
-            g.stmt(f"h = {name}({width}, {out})(h)")
-            width = str(heads * int(out)) if concat else out
+            g.stmt(f"h = {name}({width}, {w_out})(h)")
+            width = str(heads * int(w_out)) if concat else w_out
         else:
             residual = next(((n, w) for n, w in g.named if n == "x0"), None)
-            name = g.conv(width, out, residual)
-            g.stmt(f"h = {name}({width}, {out})(h)")
-            width = out
+            name = g.conv(width, w_out, residual)
+            g.stmt(f"h = {name}({width}, {w_out})(h)")
+            width = w_out
         if not last:
-            h, width = g.dense("h", width)
-    if width != "classes":  # a last jumping-knowledge step may have widened the logits
-        g.stmt("h = linear(h, classes)")
+            _, width = g.dense("h", width)
+    if width != out:  # a last jumping-knowledge step may have widened the output
+        g.stmt(f"h = linear(h, {out})")
+
+
+def generate(seed: int, layers: int | None = None, task: str = "classify") -> str:
+    """The text of a random well-typed model (`model Gen`) for `task` (TASKS), the same for the same seed, `layers`
+    and task."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r} (expected one of {', '.join(TASKS)})")
+    r = random.Random(seed)
+    g = _Program(r, _EDGES[task])
+    n_layers = layers if layers is not None else r.randint(1, 3)
+    if task == "classify":
+        _encoder(g, n_layers, "classes")
+        params, loss = "features, classes", "cross_entropy(h, y, mask = train)"
+    elif task in ("regress", "multilabel"):
+        _encoder(g, n_layers, "targets")
+        params, loss = "features, targets", f"{'mse' if task == 'regress' else 'bce'}(h, y, mask = train)"
+    elif task == "graph":
+        width = str(r.choice(HIDDEN))
+        _encoder(g, n_layers, width)
+        pools = r.sample(READOUTS, r.choice((1, 1, 2)))
+        g.stmt(f"g = {pools[0]}(h)" if len(pools) == 1 else f"g = concat({', '.join(f'{p}(h)' for p in pools)})")
+        g.rows("g", str(len(pools) * int(width)))
+        g.stmt("g = linear(g, classes)")
+        params, loss = "features, classes", "cross_entropy(g, y, mask = train)"
+    else:
+        latent = str(r.choice(HIDDEN))
+        _encoder(g, n_layers, latent)
+        g.stmt("z = h")
+        kind = r.choice(("dot", "dot", "hadamard", "concat"))
+        if kind == "dot":
+            g.stmt("score = dot(src.z, dst.z)")
+        else:
+            pair = "src.z * dst.z" if kind == "hadamard" else "concat(src.z, dst.z)"
+            g.stmt(f"p = {pair}")
+            g.rows("p", latent if kind == "hadamard" else str(2 * int(latent)))
+            g.stmt("score = linear(p, 1)")
+        params, loss = "features", "bce(score, label)"
     body = "\n  ".join(g.body)
     return "".join(l + "\n" for l in g.layers) + (
-        f"model Gen(features, classes) {{\n  {body}\n  loss = cross_entropy(h, y, mask = train)\n}}\n")
+        f"model Gen({params}) {{\n  {body}\n  loss = {loss}\n}}\n")

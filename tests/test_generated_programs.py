@@ -232,11 +232,12 @@ def _ties(program) -> bool:
     return any(e.op == "spmm" and e.attr("reduce") in ("max", "min") for layer in program.layers for e in layer.eqns)
 
 
-def differences(program, graph, references: tuple[str, ...] = tuple(RUNS)[1:]) -> list[str]:
-    """What differs between the fast paths and each of `references` (RUNS) on `program` (empty: nothing)."""
+def differences(program, graph, references: tuple[str, ...] = tuple(RUNS)[1:], train=train_two_epochs) -> list[str]:
+    """What differs between the fast paths and each of `references` (RUNS) on `program` (empty: nothing); `train`
+    runs it as `train_two_epochs` does (another task's loop: tests/test_generated_tasks.py)."""
     if _ties(program):
         references = tuple(r for r in references if RUNS[r][0].get("use_kernels", True))
-    (logits, grads), *refs = (train_two_epochs(program, graph, **RUNS[who][0]) for who in ("fast",) + references)
+    (logits, grads), *refs = (train(program, graph, **RUNS[who][0]) for who in ("fast",) + references)
     out = []
     for who, (want_logits, want_grads) in zip(references, refs):
         tolerance = RUNS[who][1]
@@ -251,23 +252,24 @@ def differences(program, graph, references: tuple[str, ...] = tuple(RUNS)[1:]) -
     return out
 
 
-def _sweep(sources: dict[str, tuple[str, Any]], references: tuple[str, ...] = tuple(RUNS)[1:]) -> dict[str, Any]:
+def _sweep(sources: dict[str, tuple[str, Any]], references: tuple[str, ...] = tuple(RUNS)[1:],
+           compile=_program, train=train_two_epochs) -> dict[str, Any]:
     """Every program's differences on its graph (name -> (source, graph)), or the error it raised; and how many
-    ran a fused chain."""
+    ran a fused chain. `compile` and `train` as `_program` and `train_two_epochs` take them (another task's)."""
     ran: list[bool] = []
     run = fusion.run
     failures: dict[str, Any] = {}
     fused = 0
     for name, (source, graph) in sources.items():
         try:
-            program = _program(source, name, graph)
+            program = compile(source, name, graph)
         except Exception as err:  # noqa: BLE001 (reported, with the program, as a generator or checker bug)
             failures[name] = f"refused: {err}\n{source}"
             continue
         ran.clear()
         fusion.run = lambda chain, *args: ran.append(run(chain, *args)) or ran[-1]
         try:
-            diff = differences(program, graph, references)
+            diff = differences(program, graph, references, train)
         except Exception as err:  # noqa: BLE001 (a crash of either path is a failure of this program)
             diff = [f"crashed: {type(err).__name__}: {err}"]
         finally:
@@ -278,8 +280,9 @@ def _sweep(sources: dict[str, tuple[str, Any]], references: tuple[str, ...] = tu
     return {"failures": failures, "fused": fused}
 
 
-def _assert_sweep(sources: dict[str, tuple[str, Any]], references: tuple[str, ...] = tuple(RUNS)[1:]) -> None:
-    result = _sweep(sources, references)
+def _assert_sweep(sources: dict[str, tuple[str, Any]], references: tuple[str, ...] = tuple(RUNS)[1:],
+                  compile=_program, train=train_two_epochs) -> None:
+    result = _sweep(sources, references, compile, train)
     failures = result["failures"]
     assert not failures, "\n".join(f"{k}: {v}" for k, v in failures.items())
     assert result["fused"] > 0  # the fast paths ran
@@ -312,27 +315,39 @@ def one_process_step(program, graph) -> tuple[torch.Tensor, dict[str, torch.Tens
     return logits.detach(), {k: None if p.grad is None else p.grad for k, p in params.items()}
 
 
+def step_differences(name: str, got: dict[str, Any], logits: torch.Tensor,
+                     grads: dict[str, torch.Tensor | None]) -> list[str]:
+    """What differs between a step on ranks (`got`: its logits and gradients) and one process's."""
+    out = []
+    if _rel(got["logits"], logits) > TOLERANCE:
+        out.append(f"{name}: logits differ by {_rel(got['logits'], logits):.2e}")
+    floor = _grad_floor(grads)
+    for k, g in grads.items():
+        if _rel(got["grads"].get(k), g, floor) > TOLERANCE:
+            out.append(f"{name}: gradient of {k} differs by {_rel(got['grads'].get(k), g, floor):.2e}")
+    return out
+
+
+def node_jobs(cases: list[tuple[str, str, Any, str]], tmp_path) -> list[tuple[str, Any, Any, DistJob]]:
+    """(name, graph, one process's program, the ranks' job) of each (name, source, graph, strategy)."""
+    todo = []
+    for name, source, graph, strategy in cases:
+        model = api.load_model_source(source, f"{name}.gnn")
+        plan = api.compile(model, graph, workers=2, strategy=strategy, partition="hash")
+        shards = plan.write_shards(tmp_path / name)
+        todo.append((f"{name} ({strategy})", graph, api.compile(model, graph).program,
+                     DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False))))
+    return todo
+
+
 def _two_ranks(seeds, graphs, tmp_path) -> None:
     """One step of each program on 2 processes (a strategy per program, in turn) against one process."""
-    todo = []
-    for s in seeds:
-        graph = graph_for(s, graphs)
-        model = api.load_model_source(generate(s), f"gen-{s}.gnn")
-        strategy = STRATEGIES[s % len(STRATEGIES)]
-        plan = api.compile(model, graph, workers=2, strategy=strategy, partition="hash")
-        shards = plan.write_shards(tmp_path / f"gen-{s}")
-        todo.append((f"gen-{s} ({strategy})", graph, api.compile(model, graph).program,
-                     DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False))))
+    todo = node_jobs([(f"gen-{s}", generate(s), graph_for(s, graphs), STRATEGIES[s % len(STRATEGIES)])
+                      for s in seeds], tmp_path)
     results = launch(one_step_each, 2, [job for *_, job in todo])[0]
     failures = []
     for (name, graph, single, _), got in zip(todo, results):
-        logits, grads = one_process_step(single, graph)
-        if _rel(got["logits"], logits) > TOLERANCE:
-            failures.append(f"{name}: logits differ by {_rel(got['logits'], logits):.2e}")
-        floor = _grad_floor(grads)
-        for k, g in grads.items():
-            if _rel(got["grads"][k], g, floor) > TOLERANCE:
-                failures.append(f"{name}: gradient of {k} differs by {_rel(got['grads'][k], g, floor):.2e}")
+        failures += step_differences(name, got, *one_process_step(single, graph))
     assert not failures, "\n".join(failures)
 
 
