@@ -11,13 +11,28 @@ Each case (the README's demo, Cora GCN; a GCN and a GAT on an R-MAT graph of 200
 for gnnc under its default settings and each alternative (`--settings`: threads=N, OMP_WAIT_POLICY=passive or
 active, GOMP_SPINCOUNT=N; `spin=300000` is OpenMP's own default, gnnc's before issue 42), and PyG's epoch under
 torch's defaults in the same conditions. Every measurement is a fresh process (OpenMP reads its settings once,
-when torch loads it), started with this environment less any OpenMP wait setting, so "default" is gnnc's own.
+when torch loads it), started with this environment less any OpenMP wait setting, so "default" is gnnc's own,
+and with torch's huge-page advice on, as `gnnc run` and benchmarks/vs_pyg.py allocate (gnnc.host).
 Printed and written (benchmarks/RESULTS-contention.md): each epoch in ms, its ratio to the same setting's quiet
-epoch, and the load average (/proc/loadavg) before and after each figure.
+epoch, the epochs warmed up and timed, and the load average (/proc/loadavg) before and after each figure.
 
-    python benchmarks/contention.py                 # 200K vertices, 20 timed epochs (Cora 100) after 4 (Cora 20)
-    python benchmarks/contention.py --quick         # 50K vertices, 6 timed epochs (Cora 30) after 2 (Cora 10)
+Warm-up and budget (`Timing`): a case warms up for at least --warmup epochs and --warmup-s seconds and then until
+an epoch takes within 15% of the one before it (after 2 warm-up epochs a 200K-vertex graph's quiet epoch was
+measured slower than its loaded one: RESULTS-contention.md), then --epochs epochs are timed; a case
+stops at --budget-s seconds of epochs (warm-up at most a third of it) once it has 3 timed epochs. So a run takes
+at most about children x (start-up + cases x budget), children = competitors x (settings + PyG).
+
+PyG's peer is what PyG's own example (examples/gcn.py) writes: GCNConv with cached=True (normalisation and
+self-loops computed once), dropout on the dense input features, Adam. On Cora most of its epoch is that dropout:
+torch's CPU `bernoulli_` draws a 2708 x 1433 mask (measured with torch 2.13 on one thread, loaded machine: the
+dropout 116 ms of a 132 ms epoch's CPU time, bernoulli_ 92 of them), where gnnc draws only the features' nonzeros
+(the same distribution). So the PyG rows come twice: the epoch, and the epoch less its input dropout (timed alone
+in the same process and conditions).
+
+    python benchmarks/contention.py                 # 200K vertices, 20 timed epochs (Cora 100) after >= 4 (Cora 20)
+    python benchmarks/contention.py --quick         # 50K vertices, 6 timed epochs (Cora 30) after >= 2 (Cora 10)
     python benchmarks/contention.py --cases cora-gcn --settings default,threads=1,passive --competitors quiet,torch
+    python benchmarks/contention.py --cases rmat-gcn,rmat-gat --settings default --budget-s 60
     python benchmarks/contention.py --quick --realtime   # a shared machine: quiet epochs at real-time priority
 
 The full run needs the machine to itself (the competitors are the only other load it should see). On a shared
@@ -33,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -42,6 +58,9 @@ RESULTS = HERE / "RESULTS-contention.md"
 WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OMP_NUM_THREADS")
 COMPETITORS = ("quiet", "busy", "torch")
 MATMUL = 512  # the competitor's matrices: small enough that its threads meet at a barrier every few ms
+STEADY = 0.15  # warmed up: an epoch within this fraction of the one before it
+MIN_TIMED = 3  # timed epochs a case gets even past its budget: a median needs some
+CHILD_START_S = 180  # a child's own start, graph and compile per case, beyond its budget, before it is given up
 
 
 def _cases(n: int) -> dict[str, tuple[str, str, int | None]]:
@@ -72,6 +91,40 @@ def loadavg() -> str:
 
 # ----- one measurement, in its own process
 
+@dataclass
+class Timing:
+    """One case's epochs (module docstring): warm-up until the epoch time is steady, then timed epochs, within a
+    budget of `budget_s` seconds of epochs."""
+
+    warmup: int  # epochs warmed up at least
+    warmup_s: float  # seconds warmed up at least
+    epochs: int  # epochs timed at most
+    budget_s: float
+    times: list[float] = field(default_factory=list)
+    warm_at: int | None = None  # the first timed epoch, once warmed up
+
+    def add(self, seconds: float) -> bool:
+        """Record an epoch of `seconds`; True when the case has been timed enough."""
+        self.times.append(seconds)
+        spent = sum(self.times)
+        if self.warm_at is None:
+            steady = len(self.times) >= 2 and abs(seconds - self.times[-2]) <= STEADY * self.times[-2]
+            if (len(self.times) >= self.warmup and spent >= self.warmup_s and steady) or spent >= self.budget_s / 3:
+                self.warm_at = len(self.times)
+            return False
+        timed = len(self.times) - self.warm_at
+        return timed >= self.epochs or (timed >= MIN_TIMED and spent >= self.budget_s)
+
+    def row(self) -> dict:
+        timed = self.times[self.warm_at:] if self.warm_at is not None else []
+        return {"epoch_s": statistics.median(timed), "warmup": self.warm_at, "epochs": len(timed),
+                "warmup_s": sum(self.times[:self.warm_at]), "first_s": self.times[0]}
+
+
+class _Enough(Exception):
+    """Raised from gnnc.run's epoch callback once the case is timed: the run stops there."""
+
+
 def measure(system: str, setting: str, cases: list[str], args: argparse.Namespace) -> dict[str, dict]:
     """Time each case in this process: {case: {"epoch_s", "load_before", "load_after", ...}}."""
     threads, _ = _setting(setting) if system == "gnnc" else (None, {})
@@ -85,38 +138,61 @@ def measure(system: str, setting: str, cases: list[str], args: argparse.Namespac
     for case in cases:
         model, spec, hidden = _cases(args.n)[case]
         small = spec.startswith("planetoid")
-        epochs, warmup = (args.epochs * 5, args.warmup * 5) if small else (args.epochs, args.warmup)
+        timing = Timing(*((args.warmup * 5, args.warmup_s, args.epochs * 5) if small else
+                          (args.warmup, args.warmup_s, args.epochs)), args.budget_s)
         load_before = loadavg()
         torch.manual_seed(0)
         graph = floor.bench_graph(spec, 0, 0, 0, 0)  # a gnnc graph spec
         if system == "pyg":
             torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
             step = vs_pyg.pyg_epoch(model, graph, argparse.Namespace(device="cpu", hidden=hidden, heads=8))
-            times = []
-            for epoch in range(warmup + epochs):
-                if epoch == warmup:
-                    _timed_part(args.realtime)
+            while True:
                 t0 = time.perf_counter()
                 step()
-                times.append(time.perf_counter() - t0)
+                done = timing.add(time.perf_counter() - t0)
+                if timing.warm_at == len(timing.times):
+                    _timed_part(args.realtime)
+                if done:
+                    break
+            row = {**timing.row(), "input_dropout_s": _input_dropout(model, graph, timing.row()["epochs"]),
+                   "threads": torch.get_num_threads(), "wait_policy": "OpenMP's default"}
             _timed_part(False)
-            row = {"epoch_s": statistics.median(times[warmup:]), "threads": torch.get_num_threads(),
-                   "wait_policy": "OpenMP's default"}
         else:
+            from gnnc.host import wait_policy
+
             plan = floor.compile_model(model, graph, hidden, 8)
+            seen: dict[str, int] = {}
 
             def after(rec: dict) -> None:
-                if rec["epoch"] == warmup - 1:
+                seen["threads"] = torch.get_num_threads()  # what the run trains with (gnnc.run sets it)
+                done = timing.add(rec["time_s"] + rec["eval_time_s"])
+                if timing.warm_at == len(timing.times):
                     _timed_part(args.realtime)
+                if done:
+                    raise _Enough
 
-            result = gnnc.run(plan, graph, epochs=warmup + epochs, threads=threads or "auto", on_epoch=after)
+            try:
+                gnnc.run(plan, graph, epochs=1_000_000, threads=threads or "auto", on_epoch=after)
+            except _Enough:
+                pass
             _timed_part(False)
-            steady = result.history[warmup:]
-            row = {"epoch_s": statistics.median(r["time_s"] + r["eval_time_s"] for r in steady),
-                   "threads": result.threads, "wait_policy": result.wait_policy}
-        out[case] = {**row, "load_before": load_before, "load_after": loadavg(), "epochs": epochs, "warmup": warmup}
+            row = {**timing.row(), "threads": seen["threads"], "wait_policy": wait_policy()}
+        out[case] = {**row, "load_before": load_before, "load_after": loadavg()}
         del graph
     return out
+
+
+def _input_dropout(model: str, graph, times: int) -> float:
+    """The median time of PyG's first dropout alone (on the dense input features, as vs_pyg.pyg_two_layer has it)."""
+    import torch.nn.functional as F
+
+    x = graph.x.to_dense() if graph.x.is_sparse else graph.x
+    spent = []
+    for _ in range(max(times, 1)):
+        t0 = time.perf_counter()
+        F.dropout(x, 0.6 if model == "gat" else 0.5, training=True)
+        spent.append(time.perf_counter() - t0)
+    return statistics.median(spent)
 
 
 def _timed_part(realtime: bool) -> None:
@@ -169,10 +245,15 @@ def run_child(system: str, setting: str, comp: str, cases: list[str], args: argp
     _, extra = _setting(setting) if system == "gnnc" else (None, {})
     env = {**{k: v for k, v in os.environ.items() if k not in WAIT_SETTINGS}, **extra}
     command = [sys.executable, str(Path(__file__)), "--one", f"{system}:{setting}", "--cases", ",".join(cases),
-               "--n", str(args.n), "--epochs", str(args.epochs), "--warmup", str(args.warmup)]
+               "--n", str(args.n), "--epochs", str(args.epochs), "--warmup", str(args.warmup),
+               "--warmup-s", str(args.warmup_s), "--budget-s", str(args.budget_s)]
     if args.realtime and comp == "quiet":
         command.append("--realtime")
-    r = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT, timeout=args.child_timeout)
+    try:
+        r = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT,
+                           timeout=args.child_timeout or len(cases) * (2 * args.budget_s + CHILD_START_S))
+    except subprocess.TimeoutExpired as e:
+        return {case: {"error": f"timed out after {e.timeout:.0f} s"} for case in cases}
     if r.returncode != 0:
         error = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
         return {case: {"error": error} for case in cases}
@@ -188,20 +269,26 @@ def table(rows: dict[tuple[str, str, str], dict], cases: list[str], settings: li
         f"{c} ms{'' if c == 'quiet' else ' (x quiet)'} | load" for c in competitors) + " |"
     lines = [head, "|" + "---|" * (3 + 2 * len(competitors))]
     for case in cases:
-        for system, setting in [("gnnc", s) for s in settings] + [("pyg", "torch's defaults")]:
-            quiet = rows.get((system, setting, "quiet"), {}).get(case, {}).get("epoch_s")
+        for system, setting, name in [("gnnc", s, s) for s in settings] + [
+                ("pyg", "torch's defaults", "PyG"), ("pyg", "torch's defaults", "PyG less its input dropout")]:
+            def epoch(r: dict) -> float | None:
+                if "epoch_s" not in r:
+                    return None
+                return r["epoch_s"] - r["input_dropout_s"] if name.startswith("PyG less") else r["epoch_s"]
+
+            quiet = epoch(rows.get((system, setting, "quiet"), {}).get(case, {}))
             cells, threads = [], "-"
             for comp in competitors:
                 r = rows.get((system, setting, comp), {}).get(case, {})
-                if "epoch_s" not in r:
+                seconds = epoch(r)
+                if seconds is None:
                     cells += [r.get("error", "-"), "-"]
                     continue
                 threads = str(r["threads"])
-                ms = f"{r['epoch_s'] * 1000:.1f}"
+                ms = f"{seconds * 1000:.1f}"
                 if comp != "quiet" and quiet:
-                    ms += f" ({r['epoch_s'] / quiet:.2f}x)"
-                cells += [ms, f"{r['load_before']} / {r['load_after']}"]
-            name = "PyG" if system == "pyg" else setting
+                    ms += f" ({seconds / quiet:.2f}x)"
+                cells += [ms + f" [{r['epochs']} after {r['warmup']}]", f"{r['load_before']} / {r['load_after']}"]
             lines.append(f"| {case} | {name} | {threads} | " + " | ".join(cells) + " |")
     return lines
 
@@ -214,13 +301,18 @@ def main() -> None:
     ap.add_argument("--competitors", default=",".join(COMPETITORS))
     ap.add_argument("--no-pyg", action="store_true", help="gnnc only")
     ap.add_argument("--n", type=int, help="vertices of the R-MAT graph (default 200000; --quick 50000)")
-    ap.add_argument("--epochs", type=int, help="timed epochs (default 20, --quick 6; Cora 5x as many)")
-    ap.add_argument("--warmup", type=int, help="epochs before timing (default 4, --quick 2; Cora 5x as many)")
+    ap.add_argument("--epochs", type=int, help="timed epochs at most (default 20, --quick 6; Cora 5x as many)")
+    ap.add_argument("--warmup", type=int,
+                    help="epochs before timing at least (default 4, --quick 2; Cora 5x as many), then until steady")
+    ap.add_argument("--warmup-s", type=float, default=5.0, help="seconds of epochs before timing at least")
+    ap.add_argument("--budget-s", type=float, default=90.0,
+                    help="seconds of epochs per case and measurement (warm-up at most a third), past which it stops "
+                         f"once it has {MIN_TIMED} timed epochs")
     ap.add_argument("--realtime", action="store_true",
                     help="time the quiet epochs at real-time priority (needs CAP_SYS_NICE): on a shared machine the "
                          "nearest to a quiet one; the competitors' epochs stay among the machine's other load")
     ap.add_argument("--output", type=Path, default=RESULTS, help="the Markdown file written")
-    ap.add_argument("--child-timeout", type=float, default=900.0, help=argparse.SUPPRESS)
+    ap.add_argument("--child-timeout", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: system:setting measured in this process
     args = ap.parse_args()
     args.n = args.n or (50_000 if args.quick else 200_000)
@@ -232,10 +324,12 @@ def main() -> None:
         system, setting = args.one.split(":", 1)
         print(json.dumps(measure(system, setting, cases, args)))
         return
+    from gnnc.host import use_huge_pages  # here: the measuring child imports gnnc (or not, for PyG) itself
     settings, competitors = args.settings.split(","), args.competitors.split(",")
     for s in settings:
         _setting(s)
     cores = len(os.sched_getaffinity(0))
+    use_huge_pages()  # every measurement's process inherits it: allocated as `gnnc run` allocates (gnnc.host)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's SIGTERM still stops the competitor
     started, load_start = time.perf_counter(), loadavg()
     rows: dict[tuple[str, str, str], dict] = {}
@@ -253,8 +347,11 @@ def main() -> None:
     first = next((r for v in rows.values() for r in v.values() if "epochs" in r), {})
     lines = [f"# An epoch beside other processes (benchmarks/contention.py{' --quick' if args.quick else ''})", "",
              f"{cores} cores; R-MAT graph of {args.n} vertices (deg 10, features and hidden 128, GAT 8 heads x 16); "
-             f"Cora at the example's sizes. Epoch = training step + evaluation forward, the median of "
-             f"{args.epochs} after {args.warmup} (Cora {5 * args.epochs} after {5 * args.warmup}). busy: a CPU-bound "
+             f"Cora at the example's sizes. Epoch = training step + evaluation forward, the median of at most "
+             f"{args.epochs} timed epochs (Cora {5 * args.epochs}) after at least {args.warmup} "
+             f"(Cora {5 * args.warmup}) and {args.warmup_s:g} s of warm-up, then until an epoch is within {STEADY:.0%} "
+             f"of the one before, within {args.budget_s:g} s of epochs per case ([timed after warm-up] beside each). "
+             f"busy: a CPU-bound "
              f"loop per core; torch: a {MATMUL}x{MATMUL} matmul loop on {cores} threads under OpenMP's defaults. "
              f"{'Quiet epochs timed at real-time priority (--realtime). ' if args.realtime else ''}"
              f"Load average (1, 5, 15 min) before / after each figure. {time.perf_counter() - started:.0f} s in all; "

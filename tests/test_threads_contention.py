@@ -1,0 +1,62 @@
+"""benchmarks/contention.py's timing (issue 42): a case warms up until its epoch time is steady, is timed within a
+budget, and PyG's rows state its epoch with and without its dense input dropout."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import contention  # noqa: E402
+from contention import MIN_TIMED, Timing  # noqa: E402
+
+
+def _feed(timing: Timing, epochs: list[float]) -> int:
+    """Epochs fed until the timing says done; how many it took."""
+    for n, seconds in enumerate(epochs, 1):
+        if timing.add(seconds):
+            return n
+    raise AssertionError("never done")
+
+
+def test_warm_up_lasts_until_the_epoch_is_steady() -> None:
+    # a 200K-vertex graph's first epochs fault its memory in: 2 warm-up epochs timed the slow ones
+    timing = Timing(warmup=2, warmup_s=0.0, epochs=4, budget_s=1000.0)
+    _feed(timing, [3.0, 2.0, 1.2, 0.6, 0.33, 0.32, 0.33, 0.31, 0.32, 0.33])
+    assert timing.warm_at == 6 and timing.row()["epochs"] == 4
+    assert timing.row()["epoch_s"] == 0.325  # the steady epochs only
+    assert timing.row()["first_s"] == 3.0
+
+
+def test_warm_up_lasts_its_minimum_epochs_and_seconds() -> None:
+    timing = Timing(warmup=3, warmup_s=0.0, epochs=2, budget_s=1000.0)
+    _feed(timing, [1.0] * 10)
+    assert timing.warm_at == 3
+    timing = Timing(warmup=1, warmup_s=2.5, epochs=2, budget_s=1000.0)
+    _feed(timing, [1.0] * 10)
+    assert timing.warm_at == 3
+
+
+def test_the_budget_bounds_a_case_but_leaves_a_median() -> None:
+    # never steady: the warm-up stops at a third of the budget, the case at the budget with MIN_TIMED epochs
+    timing = Timing(warmup=2, warmup_s=0.0, epochs=100, budget_s=30.0)
+    taken = _feed(timing, [5.0, 10.0] * 20)
+    assert timing.row()["warmup_s"] >= 10.0 and timing.warm_at == 2
+    assert sum(timing.times) >= 30.0 and taken == 2 + MIN_TIMED
+    # epochs longer than the budget itself: still MIN_TIMED timed ones
+    timing = Timing(warmup=1, warmup_s=0.0, epochs=100, budget_s=10.0)
+    assert _feed(timing, [20.0] * 10) == 1 + MIN_TIMED
+
+
+def test_pyg_is_stated_with_and_without_its_input_dropout() -> None:
+    quiet = {"epoch_s": 0.140, "input_dropout_s": 0.100, "threads": 2, "epochs": 20, "warmup": 10,
+             "load_before": "1.0", "load_after": "1.0"}
+    loaded = {**quiet, "epoch_s": 0.240, "input_dropout_s": 0.120}
+    rows = {("pyg", "torch's defaults", "quiet"): {"cora-gcn": quiet},
+            ("pyg", "torch's defaults", "torch"): {"cora-gcn": loaded}}
+    lines = contention.table(rows, ["cora-gcn"], [], ["quiet", "torch"])
+    pyg = next(line for line in lines if "| PyG |" in line)
+    less = next(line for line in lines if "PyG less its input dropout" in line)
+    assert "140.0 [20 after 10]" in pyg and "240.0 (1.71x)" in pyg
+    assert "40.0 [20 after 10]" in less and "120.0 (3.00x)" in less
