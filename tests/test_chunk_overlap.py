@@ -162,3 +162,17 @@ def test_a_ranks_chunks_run_in_ring_order() -> None:
     stream = PartStream(torch.zeros(1, 1), later(), 4, ex.chunk_order()[1:])
     assert float(stream.part(2)[0, 0]) == 2 and arrived == [1, 3, 2]  # waits for the parts that come before
     assert stream.whole().flatten().tolist() == [0, 1, 2, 3] and arrived == [1, 3, 2]  # held in part order
+
+
+@pytest.mark.parametrize("exch, held, remote", [(1.0, 0.1, 0.3), (1.0, 2.0, 0.5), (0.2, 0.1, 3.0), (5.0, 0.0, 0.0)])
+def test_the_exposed_communication_is_the_window_less_its_work(exch: float, held: float, remote: float) -> None:
+    """What chunk_overlap.py predicts as a rank's blocked halo time: the window (its dispatch apart) less the held
+    and remote work, whole and chunked."""
+    from gnnc.passes.cost.overlap import exposed_communication
+
+    for workers in (2, 3, 4, 8):
+        for chunked in (False, True):
+            args = (sympy.Float(exch), sympy.Float(held), sympy.Float(remote))
+            window = float(overlap_window(*args, chunked, sympy.Integer(0)).subs(P, workers))
+            assert float(exposed_communication(*args, chunked).subs(P, workers)) == pytest.approx(
+                window - held - remote, abs=1e-12)

@@ -74,6 +74,52 @@ def blocked(plan_dir: Path) -> dict[str, float]:
             "epoch_s": statistics.median(epoch), "epochs": len(mean)}
 
 
+def predicted_blocked(model, graph, profile, passes: list[str]) -> dict[str, float]:
+    """The cost model's blocked halo seconds per epoch (training: forward and backward) of a plan compiled with
+    `passes`: per worker the sum over its overlapped halo windows of their exposed communication
+    (gnnc.passes.cost.overlap.exposed_communication), evaluated on the schedule pass's inputs; the mean over
+    workers and the largest, as `blocked` measures them.
+
+    The windows' terms are read where the formulas build them: overlap_window is wrapped for the compile, which
+    prices every alternative; the chosen segment options select the windows priced with them."""
+    import numpy as np
+
+    from gnnc import api
+    from gnnc.passes import schedule as schedule_pass
+    from gnnc.passes.cost import neutronstar, registry
+    from gnnc.passes.cost.evaluation import evaluate
+    from gnnc.passes.cost.overlap import exposed_communication
+
+    windows: list[tuple] = []
+    per_segment: dict[tuple[int, int], dict[bool, list[np.ndarray]]] = {}
+    wrapped, choose = neutronstar.overlap_window, schedule_pass.choose_segment
+
+    def record(exch, held, remote, chunked, calls):
+        windows.append((exch, held, remote, chunked))
+        return wrapped(exch, held, remote, chunked, calls)
+
+    def priced_choice(program, seg, priced, extra, opts):
+        windows.clear()
+        # formulas built before (cached) would not call the wrapper
+        neutronstar._hybrid_layer.cache_clear()
+        registry._built_segment_cost.cache_clear()
+        out = choose(program, seg, priced, extra, opts)
+        got: dict[bool, list[np.ndarray]] = {}
+        for exch, held, remote, chunked in windows:
+            got.setdefault(chunked, []).append(np.asarray(evaluate(exposed_communication(exch, held, remote, chunked),
+                                                                   priced.inputs, extra), dtype=np.float64))
+        per_segment[(seg.start, seg.end)] = {**got, "chosen": out.options.get("chunked", False)}
+        return out
+
+    neutronstar.overlap_window, schedule_pass.choose_segment = record, priced_choice
+    try:
+        api.compile(model, graph, workers=4, strategy="depcomm", partition="metis", cluster=profile, passes=passes)
+    finally:
+        neutronstar.overlap_window, schedule_pass.choose_segment = wrapped, choose
+    total = sum(sum(v[v_chosen]) for v in per_segment.values() for v_chosen in [v["chosen"]])
+    return {"halo_blocked_mean_s": float(np.mean(total)), "halo_blocked_max_s": float(np.max(total))}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bandwidths", nargs="*", default=["400mbit", "3600mbit"])
@@ -81,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph", default=GRAPH)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--predict-only", action="store_true", help="print the cost model's blocked halo time, run nothing")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("plans", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -106,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
             auto = api.compile(model, graph, workers=4, strategy="depcomm", partition="metis", cluster=profile)
             chosen = [[exchange_schedule(e).chunked for e in layer.eqns if e.op == "halo"]
                       for layer in auto.program.graph_layers()]
+            predicted = {key: predicted_blocked(model, graph, profile,
+                                                DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [sched])
+                         for key, sched in SCHEDULES.items()}
+            if args.predict_only:
+                print(json.dumps({"model": name, "bandwidth": bandwidth, "auto_chunked": chosen,
+                                  "predicted": predicted}), flush=True)
+                continue
             with tempfile.TemporaryDirectory(prefix="gnnc-chunks-") as tmp:
                 dirs = []
                 for key, sched in SCHEDULES.items():
@@ -129,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                        "load_before": load, "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
                        "run_s": round(time.perf_counter() - t0, 1)}
                 for key, d in zip(SCHEDULES, dirs):
-                    row[key] = blocked(d)
+                    row[key] = {**blocked(d), "predicted": predicted[key]}
                 print(json.dumps(row), flush=True)
     return 0
 

@@ -45,3 +45,12 @@ def overlap_window(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr, chunk
     n = Max(P - 1, 1)
     before_last = remote * (n - 1) / n
     return Max(held + before_last, exch / n + before_last, exch) + remote / n + Max(P - 2, 0) * calls
+
+
+def exposed_communication(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr, chunked: bool) -> sympy.Expr:
+    """Seconds of an overlapped halo's window that a worker waits for the exchange (module docstring): the window
+    less its work, dispatch apart; what a rank's blocked halo time measures (benchmarks/cluster/chunk_overlap.py)."""
+    if not chunked:
+        return Max(exch - held, 0)
+    n = Max(P - 1, 1)
+    return Max(0, exch / n - held, exch - held - remote * (n - 1) / n)
