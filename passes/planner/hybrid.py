@@ -152,7 +152,7 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
                                                  start, cap, full_costs, runs[start]))
             # a span's dependencies are the first of its start's longest span's (built once per start)
             deps = [hg.dependencies_prefix(d, end - start) for d in longest_deps[start]]
-            greedy = hg.select_paper(deps, trees, costs, unit["own_time"], cap, runs=runs[start])
+            greedy = hg.select_paper(deps, trees, costs, unit["own_time"], cap, runs=runs[start], measure_mu=with_ids)
         else:
             deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
             greedy = hg.select(deps, costs, unit["own_time"], cap)

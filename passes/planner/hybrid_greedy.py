@@ -127,11 +127,11 @@ def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
     rows = np.zeros((layers * n, layers))
     edges = np.zeros((layers * n, layers))
     inputs = np.zeros(layers * n)
-    for m in range(layers):
+    for m in range(layers):  # block m, column k < m: w_{m-1-k} rows, w_{m-k} edges (row by row, not column by column)
         block = slice(m * n, (m + 1) * n)
-        for k in range(m):
-            rows[block, k] = walks[:, m - 1 - k]
-            edges[block, k] = walks[:, m - k]
+        if m:
+            rows[block, :m] = walks[:, m - 1::-1]
+            edges[block, :m] = walks[:, m:0:-1]
         inputs[block] = walks[:, m]
     return Dependencies(layer, np.tile(ids, layers), rows, edges, inputs,
                         owner=np.tile(owners, layers) if len(owners) == n else None)
@@ -140,15 +140,14 @@ def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
 def dependencies_prefix(deps: Dependencies, layers: int) -> Dependencies:
     """The dependencies of a segment's first `layers` layers out of `dependencies_from_stats`' for a longer one
     from the same start: its entries are layer by layer and a layer's subtree does not depend on the layers
-    above, so the shorter segment's are the first entries, their first `layers` columns (copied contiguous:
-    the same arrays as building them for `layers`, without building every span's apiece)."""
+    above, so the shorter segment's are the first entries, their first `layers` columns. Views of `deps`, not
+    copies: the planner reads a span's layers, vertices and owners, and copying a deep model's subtree columns
+    per span was most of its compile (GCNII x32 on an 89,000-vertex SBM: 22 of 92 s)."""
     if layers == deps.layers:
         return deps
     n = int(np.searchsorted(deps.layer, layers))
-    return Dependencies(deps.layer[:n].copy(), deps.vertex[:n].copy(),
-                        np.ascontiguousarray(deps.sub_rows[:n, :layers]),
-                        np.ascontiguousarray(deps.sub_edges[:n, :layers]), deps.sub_inputs[:n].copy(),
-                        owner=None if deps.owner is None else deps.owner[:n].copy())
+    return Dependencies(deps.layer[:n], deps.vertex[:n], deps.sub_rows[:n, :layers], deps.sub_edges[:n, :layers],
+                        deps.sub_inputs[:n], owner=None if deps.owner is None else deps.owner[:n])
 
 
 @dataclass(frozen=True)
@@ -276,9 +275,9 @@ def predict(deps: Sequence[Dependencies], costs: UnitCosts, own_time: np.ndarray
         lyr = np.asarray(dep.layer, np.int64)
         comm = ~mask
         received[i] = np.bincount(lyr[comm], minlength=layers)[:layers]
-        if owners_known:
-            owner = np.asarray(dep.owner, np.int64)
-            np.add.at(sent, (owner[comm], lyr[comm]), 1.0)
+        if owners_known:  # a count per (owner, layer): bincount, not np.add.at's unbuffered loop (seconds)
+            owner = np.asarray(dep.owner, np.int64)[comm]
+            sent += np.bincount(owner * layers + lyr[comm], minlength=p * layers)[:p * layers].reshape(p, layers)
         comm_t[i] = received[i] * t_c
         if not mask.any():  # nothing cached: no recompute, no memory (the zeros the sums below would give)
             continue
@@ -498,21 +497,24 @@ def paper_run(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: Unit
         stale = np.zeros(len(idx), dtype=bool)
         elements = (e_dep, e_lvl, e_vtx)
         pos = 0
+        ends = None  # where each run of pops alike (cheap or not, neither stale) ends; None: cheap or stale changed
         while pos < len(order):  # line 8
             j = order[pos]
+            if ends is None:  # found in one numpy pass, not a Python step per pop (millions on a deep model)
+                alike = cheap[order].astype(np.int8) | (stale[order].astype(np.int8) << 1)
+                ends = np.append(np.flatnonzero(alike[1:] != alike[:-1]) + 1, len(order))
             if stale[j]:  # line 10: V_rep grew into what was measured: measure again, every stale one at once
                 again = order[pos:][stale[order[pos:]]]
                 _, now_cheap, d2, l2, v2 = _measure(trees, vertex[idx[again]], m, rep, costs, t_c)
                 cheap[again] = now_cheap
                 stale[again] = False
+                ends = None
                 drop = np.isin(elements[0], again)
                 elements = (np.concatenate([elements[0][~drop], again[d2]]), np.concatenate([elements[1][~drop], l2]),
                             np.concatenate([elements[2][~drop], v2]))
                 continue
-            run_end = pos
+            run_end = int(ends[np.searchsorted(ends, pos, side="right")])  # the pops alike from pos on
             if cheap[j]:  # lines 11-13: t_r < t_c (strictly), and it only falls as V_rep grows
-                while run_end < len(order) and cheap[order[run_end]] and not stale[order[run_end]]:
-                    run_end += 1
                 run = order[pos:run_end]
                 in_run = np.zeros(len(idx), dtype=bool)
                 in_run[run] = True
@@ -546,9 +548,8 @@ def paper_run(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: Unit
                 if len(lv) and len(rest):  # who measured a vertex V_rep now holds is measured again
                     hit = rep[elements[1], elements[2]] & ~cheap[elements[0]]
                     stale[sorted_unique(elements[0][hit])] = True
-            else:  # t_r >= t_c: communicated (line 16), and the next pop
-                while run_end < len(order) and not cheap[order[run_end]] and not stale[order[run_end]]:
-                    run_end += 1
+                    ends = None
+            # else t_r >= t_c: communicated (line 16), and the next pop
             pos = run_end
         used_after[m] = used
     return PaperRun(rep_when, added_rows, added_edges, used_after, np.asarray(costs.t_v, np.float64),
@@ -563,13 +564,15 @@ def greedy_paper_worker(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, c
 
 def select_paper(deps: Sequence[Dependencies], trees: Sequence[InTrees], costs: UnitCosts, own_time: np.ndarray,
                  memory_cap: float | Sequence[float], overlap: bool = True,
-                 runs: Sequence[PaperRun] | None = None) -> HybridResult:
+                 runs: Sequence[PaperRun] | None = None, measure_mu: bool = True) -> HybridResult:
     """Algorithm 4 as written on every worker, and the prediction of its selection: the recomputed rows, edges
     and inputs are V_rep's (each counted once, as the runtime computes them, gnnc.plan.rows), the memory its
     bytes. mu (equation 3: 0 < mu <= 1 trims the per-dependency sum to what is computed once; the paper gives
     no value) is measured: V_rep's recompute time over the per-dependency trees' (`recompute_cost`) of the
     cached dependencies; `HybridResult.mu` holds it per worker. `runs`: each worker's PaperRun over at least
     these layers from the same start (the planner runs each start once for all its spans); `trees` then unused.
+    `measure_mu` False: mu is None (nothing prices with it; the planner leaves it, and each cached dependency's
+    subtree sums, to select-hybrid's record).
     """
     p = len(deps)
     caps = np.broadcast_to(np.asarray(memory_cap, np.float64), (p,))
@@ -602,8 +605,10 @@ def select_paper(deps: Sequence[Dependencies], trees: Sequence[InTrees], costs: 
     rec_t[:, 0] += replicated * costs.t_x
     comm_t = received * np.asarray(costs.t_c, np.float64)
     layer_times = own + (np.maximum(comm_t, rec_t) if overlap else comm_t + rec_t)
-    per_dep = [float(recompute_cost(dep, costs)[mask].sum()) for dep, mask in zip(deps, masks)]
-    mu = np.array([min(1.0, r.time / s) if s > 0 else 1.0 for r, s in zip(reps, per_dep)])
+    mu = None
+    if measure_mu:
+        per_dep = [float(recompute_cost(dep, costs)[mask].sum()) for dep, mask in zip(deps, masks)]
+        mu = np.array([min(1.0, r.time / s) if s > 0 else 1.0 for r, s in zip(reps, per_dep)])
     return HybridResult(tuple(masks), float(layer_times.max(axis=0).sum()) if p else 0.0, layer_times,
                         np.array([r.memory for r in reps]), received, sent, rec_rows, rec_edges, replicated, "greedy",
                         mu)
