@@ -10,12 +10,13 @@ dropout); `test_acc` is the test accuracy at the epoch of best validation accura
 Data-parallel on N ranks: every rank draws the same batches, takes its share of each batch's graphs (contiguous,
 `np.array_split`), computes the loss of its graphs divided by the batch's whole graph count, and the gradients
 are summed over the ranks before the same optimizer step everywhere; batch_norm's statistics are summed over
-the ranks' vertices (gnnc.runtime.comm.all_reduce_sum), and dropout masks are keyed by dataset node and graph
+the ranks' vertices (gnnc.runtime.comm.all_reduce_sum), and dropout masks are keyed by dataset node, edge and graph
 ids. So N ranks compute what one process computes (tests/test_graph_classification_dist.py checks logits and
 gradients to 1e-5 on 2 gloo processes).
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -75,6 +76,19 @@ class _RankComm:
         return comm.all_reduce_sum(t, self.stats, label=e.outs[0].name)
 
 
+def dataset_edge_ids(view: GraphView, b: GraphBatch, name: str, num_edges: int) -> GraphView:
+    """`view` (of batch `b`'s graph) with its edges' ids the dataset's, which key dropout of edge values: a view's
+    own ids are places in the batch, so a rank's share of a batch would draw other masks than the whole batch
+    in one process. A self-loop the view adds to vertex v is edge `num_edges + v` (v the dataset's id)."""
+    keys = b.edge_ids
+    if name == "self_loops":  # the view's edges: the graph's other than loops, then one loop per vertex
+        keep = torch.from_numpy(b.graph.src != b.graph.dst)
+        keys = torch.cat([keys[keep], num_edges + b.node_ids])
+    elif name != "plain":
+        raise AssertionError(f"edge view {name!r}: graph_task knows the dataset's ids of plain and self_loops only")
+    return dataclasses.replace(view, edge_ids=keys[view.edge_ids])
+
+
 def batch_size_of(program: Program) -> int:
     """The program's `training(batch_size = B)`, PyG's GIN example's 128 without one."""
     return int(dict(program.training).get("batch_size", DEFAULT_BATCH_SIZE))
@@ -119,7 +133,7 @@ class GraphTrainer:
         return forward(self.interp, self.params, inputs, ctx)
 
     def _views(self, b: GraphBatch) -> dict[str, GraphView]:
-        return {v: GraphView.build(b.graph, v) for v in self.views}
+        return {v: dataset_edge_ids(GraphView.build(b.graph, v), b, v, len(self.ds.src)) for v in self.views}
 
     def step(self, ids: np.ndarray, epoch: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One training step on batch `ids` (every rank passes the whole batch); returns (this rank's logits, the

@@ -78,6 +78,7 @@ class GraphBatch:
     node_ids: torch.Tensor  # int64 [nodes]: the dataset's ids of the nodes (dropout masks are keyed by them)
     graph_ids: torch.Tensor  # int64 [graphs]
     y: torch.Tensor  # int64 [graphs]
+    edge_ids: torch.Tensor  # int64 [edges]: the dataset's ids of the graph's edges, in its edge order
 
 
 def make_batch(ds: GraphDataset, graph_ids: np.ndarray, edge_ptr: np.ndarray | None = None) -> GraphBatch:
@@ -99,4 +100,4 @@ def make_batch(ds: GraphDataset, graph_ids: np.ndarray, edge_ptr: np.ndarray | N
     graph = Graph(n, ds.src[eids] + shift, ds.dst[eids] + shift, torch.from_numpy(ds.x[node_ids]),
                   torch.zeros(n, dtype=torch.int64), none, none.clone(), none.clone(), name=ds.name)
     return GraphBatch(graph, torch.from_numpy(batch), torch.from_numpy(node_ids), torch.from_numpy(graph_ids),
-                      torch.from_numpy(ds.y[graph_ids]))
+                      torch.from_numpy(ds.y[graph_ids]), torch.from_numpy(eids.astype(np.int64)))
