@@ -7,8 +7,13 @@ the aggregation, the halo) run once on every row; those marked `bin` run once
 per bin on G3's bin subgraph: the bin's rows, their in-edges and the source
 rows those read, gathered from the layer's values. When the halo is
 overlapped, the bins whose sources are all held run first, while the halo is
-in flight (G3's eager computation), the others once it has arrived; without
-a halo the bins run in priority order.
+in flight, the others once all of it has arrived; without a halo the bins run
+in priority order. That is the part of G3's eager computation (section 5.2)
+that needs no remote row: G3 also starts the rows whose remote inputs have
+arrived while other peers' are still in flight, and its inter-layer pipeline
+sends each bin's output rows as soon as the bin is done; gnnc does neither
+(it waits for the whole halo, and a layer's rows leave in one exchange after
+the layer).
 
 Memory: forward runs the bins without recording them and keeps only their
 output rows; backward (`_Bins.backward`) goes through the bins in reverse

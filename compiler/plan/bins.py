@@ -19,9 +19,11 @@ without one), so a bin holds neighbours together. The list puts the rows
 whose inputs arrive first, then the rows only sent, then the others, each
 group in traversal order: that concentrates the rows that wait for the halo
 in the first bins and leaves the later bins *held* (every source they read
-is held), so they can run while the halo is in flight (G3's eager
-computation); gnnc sends a layer's rows in one exchange after the layer, not
-bin by bin, so putting the sent rows first buys nothing more here.
+is held), so they can run while the halo is in flight (the part of G3's eager
+computation that needs no remote row: G3 also starts rows whose remote inputs
+have arrived, which gnnc does not); gnnc sends a layer's rows in one exchange
+after the layer, not bin by bin as G3's inter-layer pipeline does (section
+5.2, not built), so putting the sent rows first buys nothing more here.
 
 Bins are cut from that list by the memory they take, as G3 sizes them (to
 half a device's memory), not by row count: a bin holds its rows' values and
