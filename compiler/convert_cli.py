@@ -31,7 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from gnnc.graph.store import write_store
     from gnnc.runtime.metrics import peak_rss_bytes
 
-    graph = load_graph(args.source)
+    # no load cache: the store is the converted graph, and the cache's copy of it would be the whole source again
+    # on disk (papers100M's 57 GB of features) and one more write of every array
+    graph = load_graph(args.source, use_cache=False)
     manifest = write_store(graph, args.output)
     print(f"wrote {args.output}: {graph.name}, {graph.num_nodes} vertices, {graph.num_edges} edges, "
           f"{len(manifest['arrays'])} arrays")
