@@ -1,0 +1,662 @@
+"""Graphs the size of the seeds' datasets, from disk (issue 34 item 5): every step's wall time and peak memory.
+
+Steps (`--steps`, comma-separated; default all, in this order), each in its own process:
+
+* `generate`: a papers100M-like graph at `--fraction` of ogbn-papers100M (default 0.1: 11.1M vertices, 161.6M
+  directed edges, 128 features, 172 classes; 1.1% of the vertices labelled for training, 0.11% validation, 0.19%
+  test, as OGB's split; every other vertex's label NaN, unlabelled), written streaming in OGB's own binary layout
+  (`raw/data.npz`, `raw/node-label.npz`, `split/time/*.csv.gz`: what a user has after OGB's download) in blocks
+  of `BLOCK` vertices and edges: neither the edges nor the feature matrix are ever whole in memory. Edges are
+  R-MAT (gnnc's quadrant probabilities, hubs at low ids; self-loops redrawn, duplicates kept), features a noisy
+  class mean per vertex, so a sampled GraphSAGE learns something.
+* `convert`: `gnnc convert` of that directory into the memory-mapped graph store.
+* `fennel`: `--partition fennel` (gnnc.partition on the store, the partitioner `--partition` runs) into 4 and 8
+  parts: time, edge cut, balance (largest part over the average).
+* `sage1`, `sage2`: sampled GraphSAGE, three layers of 256 (fan-out 15,10,5; batch 1024), one epoch from the store,
+  in one process and on `--nproc 2` (each rank maps its own shard's features). Its evaluation is gnnc's for sampled
+  runs: every vertex, full neighbourhood, layer by layer (gnnc.runtime.minibatch: `Worker.forward` in evaluation
+  mode), accuracy on the labelled vertices of each split only.
+* `products`: the ogbn-products size (2,449,029 vertices, 123,718,280 directed edges, 100 features, 47 classes) at
+  `--products-fraction` (default: ten times `--fraction`, at most 1), generated and converted alike; METIS and
+  Fennel into 2, 4 and 8 parts side by side; `gnnc compile` of GraphSAGE for 8 workers after partitioning.
+* `plan`: the full papers100M on paper (the method is written beside the figures).
+
+Each step runs under a watchdog that reads its process tree's resident memory (and every process's VmHWM, its
+exact peak) every 0.05 s and kills the tree above `--limit-gib`: that row reads "out of memory at N GiB" and the
+benchmark goes on. An address-space limit (RLIMIT_AS) would refuse torch's large virtual reservations long
+before the resident memory got there (benchmarks/products.py says the same), and a cgroup needs privileges this
+script must not assume. The load average is printed beside each timing; the machine may be shared.
+
+    python benchmarks/scale.py                                  # the must-show: the machine alone, hours
+    python benchmarks/scale.py --fraction 0.001 --limit-gib 3   # a check at 111K vertices
+    python benchmarks/scale.py --project 0.1                    # each step at 0.1, from the two largest checks
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "RESULTS-scale.md"
+GNNC = [sys.executable, "-m", "gnnc"]
+# (vertices, directed edges, features, classes) of the real datasets
+PAPERS = (111_059_956, 1_615_685_872, 128, 172)
+PRODUCTS = (2_449_029, 123_718_280, 100, 47)
+# OGB's splits as fractions of the vertices: papers100M 1.2M / 125K / 214K of 111M (the rest unlabelled),
+# products 196,615 / 39,323 / 2,213,091 of 2.45M (every vertex labelled)
+PAPERS_SPLIT = (0.011, 0.0011, 0.0019)
+PRODUCTS_SPLIT = (0.0803, 0.0161, 0.9036)
+RMAT = (0.57, 0.19, 0.19)  # gnnc.graph.generators' quadrants
+BLOCK = 1 << 20  # vertices or edges generated and written at once
+FANOUT, BATCH, HIDDEN = "15,10,5", 1024, 256
+WORKERS = (16, 32, 64)
+PRESETS = ("dgx-a100", "cpu-cluster")
+STEPS = ("generate", "convert", "fennel", "sage1", "sage2", "products", "plan")
+SAGE3 = """# GraphSAGE, three layers (fan-out 15,10,5), written by benchmarks/scale.py
+layer SAGE(in, out) {
+  scatter   m = src.h
+  gather    a = mean(m)
+  transform t = linear(a, out) + linear(h, out, bias = false)
+  sync      s = sum(t)
+  apply     h = s
+}
+
+model GraphSAGE3(features, hidden = 256, classes, p = 0.5) {
+  h = dropout(x, p)
+  h = SAGE(features, hidden)(h)
+  h = relu(h)
+  h = dropout(h, p)
+  h = SAGE(hidden, hidden)(h)
+  h = relu(h)
+  h = dropout(h, p)
+  h = SAGE(hidden, classes)(h)
+  training(epochs = 1, lr = 0.003, weight_decay = 0)
+  loss = cross_entropy(h, y, mask = train)
+}
+"""
+T0 = time.monotonic()
+
+
+def say(text: str) -> None:
+    """A progress line: the elapsed time of the whole benchmark and the load average."""
+    print(f"[{time.monotonic() - T0:8.1f} s, load {loadavg()}] {text}", flush=True)
+
+
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+# ----- the streaming generator (a child process)
+
+
+def rmat_edges(rng: np.random.Generator, n: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """`count` R-MAT edges on `n` vertices without self-loops (ids drawn on the next power of two, those past n
+    and the loops drawn again)."""
+    levels = max(math.ceil(math.log2(n)), 1)
+    a, b, c = RMAT
+    src_out, dst_out, have = [], [], 0
+    while have < count:
+        want = int((count - have) * 1.3) + 16
+        src = np.zeros(want, dtype=np.int64)
+        dst = np.zeros(want, dtype=np.int64)
+        for _ in range(levels):
+            u = rng.random(want)
+            right = ((u >= a) & (u < a + b)) | (u >= a + b + c)
+            down = u >= a + b
+            src = (src << 1) | down
+            dst = (dst << 1) | right
+        keep = (src < n) & (dst < n) & (src != dst)
+        src_out.append(src[keep][: count - have])
+        dst_out.append(dst[keep][: count - have])
+        have += len(src_out[-1])
+    return np.concatenate(src_out), np.concatenate(dst_out)
+
+
+class NpyStream:
+    """One .npy member of a zip archive (an .npz) written block by block: its header first (the shape is known),
+    then each block's bytes, so the array is never whole in memory."""
+
+    def __init__(self, archive: zipfile.ZipFile, name: str, dtype: np.dtype, shape: tuple[int, ...]):
+        self.f = archive.open(f"{name}.npy", "w", force_zip64=True)
+        self.dtype = np.dtype(dtype)
+        np.lib.format.write_array_header_2_0(self.f, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                      "fortran_order": False, "shape": shape})
+
+    def write(self, block: np.ndarray) -> None:
+        self.f.write(np.ascontiguousarray(block, dtype=self.dtype).tobytes())
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def generate_ogb(out: Path, n: int, e: int, features: int, classes: int, split: tuple[float, float, float],
+                 seed: int = 0) -> dict[str, Any]:
+    """An OGB node-property directory in OGB's binary layout (papers100M's), written streaming."""
+    if out.exists():
+        shutil.rmtree(out)
+    raw = out / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    means = rng.standard_normal((classes, features)).astype(np.float32) * (3.0 / math.sqrt(features))
+    with zipfile.ZipFile(raw / "data.npz", "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        # edge_index [2, E] is row-major: every source, then every destination (each drawn again from the same
+        # seeded stream, block by block, so neither row is held whole)
+        ei = NpyStream(z, "edge_index", np.int64, (2, e))
+        for row in (0, 1):
+            block_rng = np.random.default_rng(seed + 1)
+            for lo in range(0, e, BLOCK):
+                src, dst = rmat_edges(block_rng, n, min(BLOCK, e - lo))
+                ei.write(src if row == 0 else dst)
+        ei.close()
+        x = NpyStream(z, "node_feat", np.float32, (n, features))
+        klass = np.empty(n, dtype=np.int64)  # O(N): each vertex's class, its label where it has one
+        for lo in range(0, n, BLOCK):
+            hi = min(lo + BLOCK, n)
+            klass[lo:hi] = rng.integers(0, classes, hi - lo)
+            x.write(means[klass[lo:hi]] + rng.standard_normal((hi - lo, features), dtype=np.float32))
+        x.close()
+        for name, value in (("num_nodes_list", n), ("num_edges_list", e)):
+            s = NpyStream(z, name, np.int64, (1,))
+            s.write(np.array([value]))
+            s.close()
+    draw = rng.random(n)
+    bounds = np.cumsum(split)
+    which = np.searchsorted(bounds, draw, side="right")  # 0 train, 1 valid, 2 test, 3 unlabelled
+    with zipfile.ZipFile(raw / "node-label.npz", "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        y = NpyStream(z, "node_label", np.float32, (n, 1))
+        for lo in range(0, n, BLOCK):
+            hi = min(lo + BLOCK, n)
+            block = klass[lo:hi].astype(np.float32)
+            block[which[lo:hi] == 3] = np.nan
+            y.write(block[:, None])
+        y.close()
+    folder = out / "split" / "time"
+    folder.mkdir(parents=True)
+    counts = {}
+    for k, name in enumerate(("train", "valid", "test")):
+        ids = np.nonzero(which == k)[0]
+        counts[name] = len(ids)
+        with gzip.open(folder / f"{name}.csv.gz", "wt", compresslevel=1) as f:
+            for lo in range(0, len(ids), BLOCK):
+                f.write("\n".join(map(str, ids[lo:lo + BLOCK].tolist())) + "\n")
+    return {"vertices": n, "edges": e, "features": features, "classes": classes, **counts,
+            "bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
+
+
+# ----- children: each step's work in its own process, its result on one `RESULT {json}` line
+
+
+def child(args: argparse.Namespace) -> None:
+    spec = json.loads(args.child)
+    kind = spec.pop("kind")
+    if kind == "generate":
+        out = generate_ogb(Path(spec["out"]), *spec["size"], tuple(spec["split"]))
+    elif kind == "partition":
+        from gnnc import api
+        from gnnc.runtime.metrics import peak_rss_bytes
+
+        graph = api.load_graph(spec["graph"])
+        opened = peak_rss_bytes()
+        t0 = time.perf_counter()
+        part = api.partition(graph, spec["parts"], spec["method"], seed=0)
+        elapsed = time.perf_counter() - t0
+        sizes = np.bincount(part.assignment, minlength=spec["parts"])
+        cut = part.stats["edge_cut"] if "edge_cut" in part.stats else _cut(graph, part.assignment)
+        out = {"time_s": elapsed, "edge_cut": int(cut), "cut_fraction": int(cut) / graph.num_edges,
+               "balance": float(sizes.max() / (graph.num_nodes / spec["parts"])), "peak_after_open": opened}
+        out.update({k: v for k, v in part.stats.items() if k in ("gamma", "slack", "batch", "ufactor")})
+    elif kind == "plan":
+        out = plan_child(spec)
+    else:
+        raise SystemExit(f"unknown child {kind}")
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def _cut(graph: Any, assignment: np.ndarray) -> int:
+    """Directed edges whose ends are in different parts, counted in blocks."""
+    src, dst = graph.edges("plain")
+    step = 1 << 22
+    return sum(int(np.count_nonzero(assignment[np.asarray(src[k:k + step])] != assignment[np.asarray(dst[k:k + step])]))
+               for k in range(0, len(src), step))
+
+
+# ----- the driver: a step's command under the watchdog
+
+
+def _status(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in bytes; (0, 0) once it is gone."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss, hwm
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def measure(name: str, cmd: list[str], limit: float, timeout: float) -> dict[str, Any]:
+    """Run `cmd` in its own session under the watchdog: wall time, every process's peak (VmHWM), the tree's
+    largest sampled resident sum, the exit status, the load average before and after, its last JSON line."""
+    say(f"{name}: {' '.join(cmd[2:] if cmd[:2] == GNNC[:2] else cmd)}")
+    before = loadavg()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")})
+    peaks: dict[int, int] = {}
+    tree_most, killed, last_say = 0, None, t0
+    while True:
+        try:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            peaks[proc.pid] = max(peaks.get(proc.pid, 0), usage.ru_maxrss * 1024)
+            break
+        total = 0
+        for p in _tree(proc.pid):
+            rss, hwm = _status(p)
+            total += rss
+            if hwm:
+                peaks[p] = max(peaks.get(p, 0), hwm)
+        tree_most = max(tree_most, total)
+        now = time.monotonic()
+        if tree_most > limit or now - t0 > timeout:
+            killed = (f"out of memory at {limit / 2**30:.1f} GiB" if tree_most > limit
+                      else f"timed out after {timeout:.0f} s")
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            break
+        if now - last_say > 30:
+            say(f"{name}: running {now - t0:.0f} s, tree {tree_most / 2**30:.2f} GiB")
+            last_say = now
+        time.sleep(0.05)
+    wall = time.monotonic() - t0
+    out_text, err_text = proc.communicate()
+    result: dict[str, Any] = {"wall_s": wall, "rc": proc.returncode, "load_before": before, "load_after": loadavg(),
+                              "peak_bytes": max(peaks.values(), default=0), "tree_bytes": tree_most,
+                              "root_peak": peaks.get(proc.pid, 0),
+                              "child_peaks": sorted((v for p, v in peaks.items() if p != proc.pid), reverse=True)}
+    if killed:
+        result["error"] = killed
+    elif proc.returncode != 0:
+        tail = [line for line in err_text.strip().splitlines() if line.strip()][-1:] or ["?"]
+        result["error"] = f"exit {proc.returncode}: {tail[0][:200]}"
+    for line in reversed(out_text.splitlines()):
+        text = line[len("RESULT "):] if line.startswith("RESULT ") else line
+        if text.startswith("{"):
+            try:
+                result["out"] = json.loads(text)
+                break
+            except json.JSONDecodeError:
+                continue
+    say(f"{name}: {'failed: ' + result['error'] if 'error' in result else 'done'} in {wall:.1f} s, peak "
+        f"{gib(result['peak_bytes'])} GiB")
+    return result
+
+
+def gib(b: float | None) -> str:
+    return "-" if b is None else f"{b / 2**30:.2f}"
+
+
+def sized(full: tuple[int, int, int, int], fraction: float) -> tuple[int, int, int, int]:
+    n, e, f, c = full
+    return max(int(round(n * fraction)), 1000), max(int(round(e * fraction)), 1000), f, c
+
+
+# ----- the steps
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.work = Path(args.work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.limit = args.limit_gib * 2**30
+        self.rows: list[dict[str, Any]] = []
+        self.papers = sized(PAPERS, args.fraction)
+        self.products = sized(PRODUCTS, args.products_fraction)
+        self.model = self.work / "sage3.gnn"
+        self.model.write_text(SAGE3)
+        self.started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        self.first_load = loadavg()
+        self.before = Path(args.output).read_text() if Path(args.output).exists() else ""
+        # every step's measurement at this fraction, kept in the work directory, so `--steps plan` alone reads
+        # the sampled runs' peaks measured by an earlier invocation
+        self.saved = self.work / f"measured-{args.fraction:g}.json"
+        self.measured: dict[str, dict[str, Any]] = json.loads(self.saved.read_text()) if self.saved.exists() else {}
+
+    def path(self, name: str) -> str:
+        return str(self.work / name)
+
+    def me(self, **spec: Any) -> list[str]:
+        return [sys.executable, __file__, "--child", json.dumps(spec)]
+
+    def step(self, name: str, cmd: list[str], note: str = "", timeout: float | None = None) -> dict[str, Any]:
+        r = measure(name, cmd, self.limit, timeout or self.args.timeout)
+        self.measured[name] = r
+        self.saved.write_text(json.dumps(self.measured))
+        self.rows.append({"step": name, "note": note, **r})
+        self.write()
+        return r
+
+    def generate(self, which: str = "papers") -> None:
+        size, split = (self.papers, PAPERS_SPLIT) if which == "papers" else (self.products, PRODUCTS_SPLIT)
+        self.step(f"generate {which}", self.me(kind="generate", out=self.path(f"{which}-ogb"), size=size,
+                                                split=split),
+                  note="OGB binary layout, streaming, blocks of {:,}".format(BLOCK))
+
+    def convert(self, which: str = "papers") -> None:
+        store = Path(self.path(f"{which}-store"))
+        if store.exists():
+            shutil.rmtree(store)
+        self.step(f"convert {which}", [*GNNC, "convert", self.path(f"{which}-ogb"), str(store), "--json"])
+
+    def partition(self, which: str, method: str, parts: int) -> None:
+        r = self.step(f"{method} {parts} ({which})", self.me(kind="partition", graph=self.path(f"{which}-store"),
+                                                             method=method, parts=parts))
+        if "out" in r:
+            o = r["out"]
+            r["note"] = (f"partition {o['time_s']:.1f} s, edge cut {o['edge_cut']:,} ({o['cut_fraction']:.1%}), "
+                         f"balance {o['balance']:.3f}")
+            self.rows[-1]["note"] = r["note"]
+            self.write()
+
+    def sage(self, nproc: int) -> None:
+        cmd = [*GNNC, "run", str(self.model), "--graph", self.path("papers-store"), "--fanout", FANOUT,
+               "--batch-size", str(BATCH), "--epochs", "1", "--seed", "0", "--json", "--no-progress",
+               "--timeout", "600"]
+        if nproc > 1:
+            cmd += ["--nproc", str(nproc), "--partition", "fennel"]
+        r = self.step(f"sage {nproc} process{'es' if nproc > 1 else ''}", cmd)
+        o = r.get("out")
+        if o:
+            r["note"] = (f"epoch {o.get('epoch_time_s', float('nan')):.1f} s, evaluation "
+                         f"{o.get('eval_time_s', float('nan')):.1f} s, test acc {o.get('test_acc', float('nan')):.3f}"
+                         f", launcher {gib(r['root_peak'])} GiB"
+                         + (f", ranks {', '.join(gib(p) for p in r['child_peaks'][:nproc])} GiB" if nproc > 1 else ""))
+            self.rows[-1]["note"] = r["note"]
+            self.write()
+
+    def products_steps(self) -> None:
+        self.generate("products")
+        self.convert("products")
+        for parts in (2, 4, 8):
+            for method in ("metis", "fennel"):
+                self.partition("products", method, parts)
+        plan = self.path("products-plan")
+        shutil.rmtree(plan, ignore_errors=True)
+        r = self.step("compile 8 workers (products)",
+                      [*GNNC, "compile", str(self.model), "--graph", self.path("products-store"), "--workers", "8",
+                       "--partition", "metis", "-o", plan, "--json"])
+        if "out" in r:
+            cut = self.measured.get("metis 8 (products)", {}).get("out", {}).get("time_s")
+            self.rows[-1]["note"] = (f"full-graph GraphSAGE, the planner's {'+'.join(r['out']['strategies'])}; the wall "
+                                     f"time holds the compile's own METIS run"
+                                     + (f" (METIS into 8 alone: {cut:.1f} s)" if cut is not None else "")
+                                     + " and the shards' writing")
+            self.write()
+
+    def plan(self) -> None:
+        base = measure("runtime baseline", [sys.executable, "-c", "import torch, gnnc.api, gnnc.runtime.minibatch_dist"],
+                       self.limit, 600)
+        others = {p.stem[len("measured-"):]: json.loads(p.read_text()) for p in self.work.glob("measured-*.json")}
+        self.step("plan full papers100M", self.me(kind="plan", baseline_bytes=base["peak_bytes"], others=others, store=self.path("papers-store"),
+                                                  model=str(self.model), fraction=self.args.fraction,
+                                                  measured=self.measured))
+
+    def write(self) -> None:
+        a = self.args
+        n, e, f, c = self.papers
+        pn, pe, _, _ = self.products
+        head = [f"## `python benchmarks/scale.py --fraction {a.fraction:g} --products-fraction {a.products_fraction:g} "
+                f"--limit-gib {a.limit_gib:g}` ({self.started})", "",
+                f"papers100M-like: {n:,} vertices, {e:,} directed edges, {f} features, {c} classes "
+                f"({a.fraction:g} of ogbn-papers100M); products-like: {pn:,} vertices, {pe:,} edges "
+                f"({a.products_fraction:g} of ogbn-products). "
+                + ("The must-show's size." if a.fraction == 0.1 else
+                   f"NOT the must-show's size (one tenth): a check at {a.fraction:g}."),
+                f"Load average at the start {self.first_load}: "
+                + ("a loaded, shared machine; times are not comparable to a quiet one." if
+                   float(self.first_load.split()[0]) > 1.5 else "a quiet machine."),
+                "Peak: the largest process's VmHWM (its own high-water mark); tree: the step's process tree's "
+                "largest sampled resident sum. Each step in its own process under a watchdog (--limit-gib).", "",
+                "| step | wall s | peak GiB | tree GiB | load before / after | result |", "|---|---|---|---|---|---|"]
+        for r in self.rows:
+            result = r.get("error") or r.get("note") or "ok"
+            head.append(f"| {r['step']} | {r['wall_s']:.1f} | {gib(r['peak_bytes'])} | {gib(r['tree_bytes'])} | "
+                        f"{r['load_before']} / {r['load_after']} | {result} |")
+        if "plan full papers100M" in self.measured and "out" in self.measured["plan full papers100M"]:
+            head += ["", *self.measured["plan full papers100M"]["out"]["lines"]]
+        Path(a.output).write_text((self.before.rstrip() + "\n\n" if self.before else
+                                   "# Graphs the size of the seeds' datasets, from disk (issue 34)\n\n")
+                                  + "\n".join(head) + "\n")
+
+
+# ----- the plan on paper (a child)
+
+
+def plan_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Plan the full papers100M from the measured fraction (the method: PLAN_METHOD)."""
+    from gnnc import api
+    from gnnc.graph.sampling import SamplingConfig
+
+    graph = api.load_graph(spec["store"])
+    n_f, e_f = graph.num_nodes, graph.num_edges
+    n_full, e_full, features, _ = PAPERS
+    model = api.load_model(spec["model"])
+    sampling = SamplingConfig(tuple(int(k) for k in FANOUT.split(",")), BATCH)
+    train_f = int(graph.train_mask.sum())
+    steps_f = max(math.ceil(train_f / BATCH), 1)
+    steps_full = math.ceil(PAPERS_SPLIT[0] * n_full / BATCH)  # the batch is global: each rank takes its seeds of it
+    x_row = 4 * features
+    measured = spec["measured"]
+    ranks = measured.get("sage 2 processes", {})
+    # the largest rank's peak (the launcher's own process is the step's root)
+    rank_peak = max(ranks.get("child_peaks") or [0]) if ranks.get("rc") == 0 else 0
+    base = spec["baseline_bytes"]
+    # what a rank holds beyond a fixed part and its share of the mapped features is the structure every rank
+    # replicates (the edge list, the sampler's CSR): per edge, the slope of the rank's peak between this fraction
+    # and another measured one (the rank's fixed part cancels); with one fraction only, over the runtime's
+    # baseline (an upper bound: a rank's own fixed part is above that baseline)
+    others = sorted((float(f), m) for f, m in spec["others"].items() if float(f) != spec["fraction"])
+    rank_other = max((m.get("sage 2 processes", {}).get("child_peaks") or [0]) for _, m in others[-1:]) \
+        if others else 0
+    if rank_peak and rank_other:
+        n_o, e_o, _, _ = sized(PAPERS, others[-1][0])
+        per_edge = (rank_peak - rank_other - (n_f - n_o) * x_row / 2) / (e_f - e_o)
+        how = (f"the slope of a rank's peak between this fraction and {others[-1][0]:g} ({gib(rank_other)} GiB "
+               f"there), less the features' share")
+    else:
+        per_edge = max(rank_peak - base - n_f * x_row / 2, 0) / e_f if rank_peak else float("nan")
+        how = "this rank's peak over the runtime's baseline, less the features' share (one fraction only)"
+    lines = ["### The full papers100M on paper", "",
+             PLAN_METHOD.format(fraction=spec["fraction"], n=n_f, e=e_f, train=train_f, steps_f=steps_f,
+                                steps_full=steps_full),
+             "",
+             f"Measured here: the runtime's baseline (a process that imported gnnc's runtime and torch) "
+             f"{gib(base)} GiB; a rank of the 2-process sampled run peaked at {gib(rank_peak)} GiB; replicated "
+             f"structure {per_edge:.1f} bytes per edge ({how}).", "",
+             "| cluster | workers | planner's strategies | predicted step ms | predicted epoch s (full) | replicated "
+             "structure GiB | features GiB | activations MiB | per-worker GiB |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for name in PRESETS:
+        for workers in WORKERS:
+            try:
+                cluster = scaled_cluster(name, workers)
+                plan = api.compile(model, graph, workers=workers, cluster=cluster, sampling=sampling,
+                                   partition="fennel")
+                rec = plan.meta.planner
+                step_s = float(rec.predicted_time_s) / steps_f
+                structure = per_edge * e_full
+                feats = n_full * x_row / workers
+                act = float(rec.predicted_memory_bytes)
+                total = base + structure + feats + act
+                rows.append({"cluster": name, "workers": workers, "strategies": list(rec.strategies),
+                             "step_s": step_s, "epoch_full_s": step_s * steps_full, "structure_bytes": structure,
+                             "feature_bytes": feats, "activation_bytes": act, "per_worker_bytes": total})
+                lines.append(f"| {name} | {workers} | {'+'.join(rec.strategies)} | {step_s * 1e3:.2f} | "
+                             f"{step_s * steps_full:.1f} | {gib(structure)} | {gib(feats)} | {act / 2**20:.1f} | "
+                             f"{gib(total)} |")
+            except Exception as exc:  # a cluster the planner refuses: its row says why
+                lines.append(f"| {name} | {workers} | error: {type(exc).__name__}: {str(exc)[:120]} | | | | | | |")
+    return {"rows": rows, "lines": lines, "per_edge_bytes": per_edge, "baseline_bytes": base,
+            "rank_peak_bytes": rank_peak}
+
+
+PLAN_METHOD = ("Method: gnnc's planner cannot plan without a graph (`gnnc compile` partitions the graph and dry-runs "
+               "the sampler on it; there is no symbolic graph descriptor), so every plan is compiled for the sampled "
+               "GraphSAGE on this run's {fraction:g} store ({n:,} vertices, {e:,} edges, {train:,} training "
+               "vertices: {steps_f} global batches of 1024) with `--partition fennel`, for each cluster and worker "
+               "count. A step's time is the planner's predicted epoch over those batches (a sampled step's work is "
+               "bounded by the fan-out, not the graph's size; on a small fraction the sampled neighbourhoods overlap "
+               "more, so the step is underestimated there); the full epoch is {steps_full:,} steps (1.2M training "
+               "vertices / 1024). A worker's memory: the runtime's baseline, the structure every rank of a sampled "
+               "plan replicates (gnnc.plan.sampled_shards: the whole edge list and the sampler's CSR) at the "
+               "bytes per edge measured on a rank here, times the full 1.6B edges; its share of the features "
+               "(111M x 128 x 4 bytes / workers, memory-mapped: resident as far as it is read); and the planner's "
+               "predicted activation memory of a step. dgx-a100 at 16/32/64 workers: 2, 4, 8 DGX A100 (the "
+               "preset's 8 GPUs and NVSwitch per box) joined by 200 Gb/s HDR InfiniBand per GPU; cpu-cluster: "
+               "this machine's `gnnc probe` profile (`local`) as one worker per host on 10 Gb/s Ethernet.")
+
+
+def scaled_cluster(name: str, workers: int) -> Any:
+    """`workers` workers of a cluster (module docstring of PLAN_METHOD): DGX A100 boxes on InfiniBand, or this
+    machine's probed profile as hosts on Ethernet."""
+    from gnnc.cluster import ClusterProfile, preset
+
+    if name == "dgx-a100":
+        base = preset("dgx-a100").to_dict()
+        base.update(workers=workers, inter_bandwidth=8 * 200e9 / 8, latency=5e-6, topology="nvswitch+infiniband",
+                    name=f"dgx-a100 x{workers // 8}")
+    else:
+        base = preset("local").to_dict()
+        base.update(workers=workers, devices_per_node=1, inter_bandwidth=10e9 / 8, latency=50e-6,
+                    topology="ethernet", name=f"cpu-cluster x{workers}")
+    base.pop("links", None), base.pop("collectives", None)  # measured between this machine's ranks only
+    return ClusterProfile.from_dict(base)
+
+
+def project(work: Path, target: float) -> list[str]:
+    """Each step's peak and wall time at `target`, extrapolated linearly in the graph's size from the two largest
+    fractions measured in `work` (`measured-F.json`; every step's size is proportional to the fraction: the
+    papers-like and the products-like graphs alike). The fixed part (the interpreter, torch) is the line's
+    intercept; what grows with the graph, its slope."""
+    runs = sorted((float(p.stem[len("measured-"):]), json.loads(p.read_text())) for p in work.glob("measured-*.json"))
+    if len(runs) < 2:
+        raise SystemExit(f"--project needs two fractions measured in {work}, found {len(runs)}")
+    (f1, m1), (f2, m2) = runs[-2:]
+    lines = [f"Projected to --fraction {target:g} from the runs at {f1:g} and {f2:g} (linear in the fraction):", "",
+             "| step | peak GiB at " + f"{f1:g} / {f2:g}" + " | projected peak GiB | wall s at " + f"{f1:g} / {f2:g}"
+             + " | projected wall s | inner s (partition, epoch) projected |", "|---|---|---|---|---|---|"]
+
+    def line(v1: float, v2: float) -> float:
+        return v2 + (v2 - v1) / (f2 - f1) * (target - f2)
+
+    for name, r2 in m2.items():
+        r1 = m1.get(name)
+        if r1 is None or r1.get("rc") != 0 or r2.get("rc") != 0:
+            lines.append(f"| {name} | {gib(r1 and r1['peak_bytes'])} / {gib(r2['peak_bytes'])} | - | - | - | "
+                         f"not both measured |")
+            continue
+        peaks = [r1["peak_bytes"], r2["peak_bytes"]]
+        if name.startswith("sage 2"):  # a rank's peak, not the launcher's
+            peaks = [max(r1["child_peaks"] or [0]), max(r2["child_peaks"] or [0])]
+        inner = ""
+        o1, o2 = r1.get("out") or {}, r2.get("out") or {}
+        for key in ("time_s", "epoch_time_s", "eval_time_s"):
+            if isinstance(o1.get(key), (int, float)) and isinstance(o2.get(key), (int, float)):
+                inner += f"{key} {line(o1[key], o2[key]):.0f} "
+        lines.append(f"| {name}{' (a rank)' if name.startswith('sage 2') else ''} | {gib(peaks[0])} / "
+                     f"{gib(peaks[1])} | {gib(line(*peaks))} | {r1['wall_s']:.1f} / {r2['wall_s']:.1f} | "
+                     f"{line(r1['wall_s'], r2['wall_s']):.0f} | {inner.strip() or '-'} |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fraction", type=float, default=0.1, help="of ogbn-papers100M's vertices and edges")
+    ap.add_argument("--products-fraction", type=float, default=None,
+                    help="of ogbn-products' vertices and edges (default: ten times --fraction, at most 1)")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    ap.add_argument("--limit-gib", type=float, default=20.0, help="a step's process tree is killed above this")
+    ap.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds a step may run")
+    ap.add_argument("--work", default="/tmp/gnnc-scale", help="where the graphs, stores and plans are written")
+    ap.add_argument("-o", "--output", default=str(RESULTS), help="the results file (a section appended per run)")
+    ap.add_argument("--project", type=float, metavar="FRACTION",
+                    help="print each step's peak and time projected to FRACTION from the two largest fractions "
+                         "measured in --work, and run nothing")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    if args.project:
+        print("\n".join(project(Path(args.work), args.project)))
+        return None
+    if args.products_fraction is None:
+        args.products_fraction = min(10 * args.fraction, 1.0)
+    steps = args.steps.split(",")
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise SystemExit(f"unknown step {unknown[0]!r} (known: {', '.join(STEPS)})")
+    bench = Bench(args)
+    say(f"papers-like {bench.papers}, products-like {bench.products}, work {bench.work}")
+    for step in STEPS:
+        if step not in steps:
+            continue
+        if step == "generate":
+            bench.generate("papers")
+        elif step == "convert":
+            bench.convert("papers")
+        elif step == "fennel":
+            for parts in (4, 8):
+                bench.partition("papers", "fennel", parts)
+        elif step == "sage1":
+            bench.sage(1)
+        elif step == "sage2":
+            bench.sage(2)
+        elif step == "products":
+            bench.products_steps()
+        elif step == "plan":
+            bench.plan()
+    say(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
