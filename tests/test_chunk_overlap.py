@@ -176,3 +176,21 @@ def test_the_exposed_communication_is_the_window_less_its_work(exch: float, held
             window = float(overlap_window(*args, chunked, sympy.Integer(0)).subs(P, workers))
             assert float(exposed_communication(*args, chunked).subs(P, workers)) == pytest.approx(
                 window - held - remote, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+def test_a_part_is_charged_the_equations_that_run_per_part(name: str) -> None:
+    """Each extra part of a chunked halo is priced at the dispatch of the equations that run once per part (those
+    the schedule pass marks `split`: SAGE's mean, GAT's five on edges), not of every op of the layer (9 for SAGE):
+    the cost model's count is the plan's."""
+    from gnnc.passes.cost.ops import program_op_work
+    from gnnc.plan.schedule_attrs import split_eqn
+
+    g = hub_graph()
+    model = _model(name)
+    plan = api.compile(model, g, workers=4, strategy="depcomm", passes=DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1]
+                       + [CHUNKED])
+    split = [sum(split_eqn(e) for e in layer.eqns) for layer in plan.program.graph_layers()]
+    work = program_op_work(api.compile(model, g).program)
+    assert [w.part_calls_forward for w in work] == split
+    assert all(w.part_calls_forward < w.calls_forward for w in work)

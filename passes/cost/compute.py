@@ -91,6 +91,11 @@ def call_ops(layer: int, phase: str = "f") -> sympy.Expr:
     return op_time(layer, "call", phase)
 
 
+def part_calls(layer: int, phase: str = "f") -> sympy.Expr:
+    """The dispatch of the equations a split exchange's layer runs once per source part (gnnc.runtime.parts)."""
+    return op_time(layer, "part", phase)
+
+
 def layer_ops(layer: int, in_rows: sympy.Expr, out_rows: sympy.Expr, edges: sympy.Expr,
               phase: str = "f") -> sympy.Expr:
     """Every op of one layer that the dense map and the aggregation leave, on these rows and edges, once."""

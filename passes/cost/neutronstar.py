@@ -18,7 +18,8 @@ from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_to_all_time, all_gather_time, any_moved
 from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_forward, compute_backward,
-                                      layer_memory, call_ops, copy_time, edge_ops, layer_ops, per_epoch, row_ops)
+                                      layer_memory, call_ops, copy_time, edge_ops, layer_ops, part_calls, per_epoch,
+                                      row_ops)
 from gnnc.passes.cost.epoch import evaluation_of
 from gnnc.passes.cost.evaluation import CostValue, Overlay, compile_expr, numeric_function, table
 from gnnc.passes.cost.overlap import overlap_window
@@ -73,7 +74,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, 
         held, rest = edge_work(E_in, "f"), edge_work(E - E_in, "f")
         window = Max(exch, held) + rest if overlap else exch + held + rest
     elif overlap:
-        window = overlap_window(exch, edge_work(E - E_r, "f"), edge_work(E_r, "f"), chunked, call_ops(layer, "f"))
+        window = overlap_window(exch, edge_work(E - E_r, "f"), edge_work(E_r, "f"), chunked, part_calls(layer, "f"))
     else:
         window = exch + edge_work(E, "f")
     fwd = gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + per_epoch(shape, copy_time((S + B) * xw, "f")) + window
@@ -82,7 +83,7 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, 
     if shape.exchange_grad:
         bwd = bwd_dense + copy_time((S + B) * xw, "b")
         if overlap:
-            bwd += overlap_window(exch, edge_work(E - E_r, "b"), edge_work(E_r, "b"), chunked, call_ops(layer, "b"))
+            bwd += overlap_window(exch, edge_work(E - E_r, "b"), edge_work(E_r, "b"), chunked, part_calls(layer, "b"))
         else:
             bwd += exch + edge_work(E, "b")
         nbytes += B * xw * b
@@ -319,7 +320,7 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
     def window(exchange: sympy.Expr, local: sympy.Expr, remote: sympy.Expr, phase: str) -> sympy.Expr:
         if not overlap:
             return exchange + local + remote
-        return overlap_window(exchange, local, remote, chunked, call_ops(layer, phase))
+        return overlap_window(exchange, local, remote, chunked, part_calls(layer, phase))
 
     fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
            + call_ops(layer, "f") + per_epoch(shape, copy_time((cs + cr) * xw, "f"))

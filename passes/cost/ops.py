@@ -134,7 +134,8 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
     graph_layers = program.graph_layers()
     if not graph_layers:
         return []
-    work: list[dict] = [{"forward": [], "backward": [], "calls_f": 0, "calls_b": 0} for _ in graph_layers]
+    work: list[dict] = [{"forward": [], "backward": [], "calls_f": 0, "calls_b": 0, "parts_f": 0, "parts_b": 0}
+                        for _ in graph_layers]
     index = -1  # the graph layer the next dense layer's ops belong to (-1: before the first one)
     for layer in program.layers:
         graph = layer.kind == "graph"
@@ -150,6 +151,11 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
             backward = any(o.name in needs_grad for o in e.outs)
             into["calls_f"] += 1
             into["calls_b"] += backward
+            # run once per source part under a split exchange (the schedule pass's `split` rule: on edges, or
+            # reading the exchanged rows, which only the equations reading the structure do)
+            if graph and (reads_structure(e) or any(_on_edges(v) for v in (*e.ins, *e.outs))):
+                into["parts_f"] += 1
+                into["parts_b"] += backward
             if graph and reads_structure(e):
                 after_structure = True
             side = "in" if (graph and not after_structure) or (not graph and index < 0) else "out"
@@ -179,7 +185,12 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
             into["forward"] += entries
             if backward:
                 into["backward"] += entries
-    return [LayerOpWork(_merged(w["forward"]), _merged(w["backward"]), w["calls_f"], w["calls_b"]) for w in work]
+    return [LayerOpWork(_merged(w["forward"]), _merged(w["backward"]), w["calls_f"], w["calls_b"], w["parts_f"],
+                        w["parts_b"]) for w in work]
+
+
+def _on_edges(v) -> bool:
+    return v.type is not None and v.type.domain == "edge"
 
 
 def pairs_per_edge(program: Program) -> float:

@@ -19,15 +19,18 @@ runtime schedules of that overlap (gnnc.plan.schedule_attrs: `halo[overlap=true]
   the exposed communication being that less h + remote: max(0, c - h, exch - h - remote + r), the per-chunk
   form max(0, comm - overlappable compute). Chunked, a layer runs its per-part equations P times (the held
   rows, one part per peer: gnnc.runtime.distributed.part_bounds), P - 2 more than the whole halo's two (the
-  held rows, the halo); each extra part is charged `calls`, the dispatch of the layer's every op once.
+  held rows, the halo); each extra part is charged `calls`, the dispatch of those equations once
+  (gnnc.passes.cost.compute.part_calls: the equations on edges and the readers of the exchanged rows, those the
+  schedule pass marks `split`; SAGE 1, GAT 5, GCN 2 forward), at the profile's measured dispatch (`call`).
 
-  What a part costs was measured (benchmarks/RESULTS-seeds.md, NeutronStar chunks): on the loaded 2-core box an
-  extra part of SAGE's one per-part equation (its mean) cost 0.5-1.2 ms forward and backward and one of GAT's
-  five 5.4-5.8 ms, against `calls` at the default dispatch (10 us an op) 0.07-0.14 ms: this charge is a lower
-  bound of a part's cost there, not an upper one, so it is not what makes the pass keep SAGE's halo whole. What
-  the model lacks is the gain: it prices every rank starting its exchange together (exposed communication
-  max(0, exch - held)), while the measured blocked time is 2-15x the link's transfer time, mostly waiting for
-  a rank behind (two ranks to a core); chunks hide part of that wait, which no symbol here prices.
+  Checked against the runtime (benchmarks/chunk_parts.py, benchmarks/RESULTS-seeds.md): on the loaded 2-core box
+  an extra part cost SAGE 0.5-2 ms and GAT 2.7-7.9 ms forward and backward, and the probe's dispatch there was
+  0.2-0.8 ms an equation forward and 1-2.9 ms backward, so the count times that dispatch is within a factor of
+  about 2 of a part's cost. The layer's every op (9 for SAGE, 14 for GAT), charged before, priced SAGE's part
+  at 9 equations' dispatch where it runs 1. What the model still lacks is the gain: it prices every rank
+  starting its exchange together (exposed communication max(0, exch - held)), while the measured blocked time
+  is 2-3x what it predicts, mostly waiting for ranks behind (two ranks to a core); chunks hide part of that
+  wait, which no symbol here prices.
 """
 from __future__ import annotations
 

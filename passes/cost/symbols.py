@@ -141,7 +141,7 @@ T_copy_f = Symbol("Tcopy_f", nonnegative=True)
 T_copy_b = Symbol("Tcopy_b", nonnegative=True)
 T_opt = Symbol("Topt", nonnegative=True)
 T_opt_call = Symbol("Toptcall", nonnegative=True)
-OP_SIDES = ("in", "out", "edge", "call")
+OP_SIDES = ("in", "out", "edge", "call", "part")
 PHASES = {"f": "forward", "b": "backward", "e": "evaluation"}
 
 
@@ -150,7 +150,8 @@ def op_time(layer: int, side: str, phase: str) -> Symbol:
     aggregations and exchanges; the dense layer after it and, for layer 0, the one before it, included)
     per row of its input (side "in": ops before the aggregation, and the dense layer before layer 0),
     per row of its output ("out": ops after it, and the dense layer after the layer), per edge ("edge"),
-    and once per call ("call": every op's dispatch). Phase f: training forward, b: backward,
+    once per call ("call": every op's dispatch), and once per source part of a split exchange ("part": the
+    dispatch of the equations that run per part, gnnc.runtime.parts). Phase f: training forward, b: backward,
     e: evaluation forward (no dropout, no backward)."""
     if side not in OP_SIDES or phase not in PHASES:
         raise ValueError(f"op_time side must be one of {OP_SIDES} and phase one of {tuple(PHASES)}")
@@ -175,12 +176,19 @@ class LayerOpWork:
     backward: tuple[tuple[str, str, float], ...] = ()
     calls_forward: int = 0
     calls_backward: int = 0
+    # the equations that run once per source part when the layer's exchange is split (gnnc.passes.schedule marks
+    # them `split`: those on edges and the readers of the exchanged rows, which read them through the edges)
+    part_calls_forward: int = 0
+    part_calls_backward: int = 0
 
     def seconds(self, profile: Any, side: str, phase: str) -> float:
         """The value of `op_time(layer, side, phase)` on the rates of `profile` (a ClusterProfile, or anything
         with its `op_rate(op, direction)`)."""
-        if side == "call":
-            calls = self.calls_backward if phase == "b" else self.calls_forward
+        if side in ("call", "part"):
+            if side == "part":
+                calls = self.part_calls_backward if phase == "b" else self.part_calls_forward
+            else:
+                calls = self.calls_backward if phase == "b" else self.calls_forward
             return calls * profile.op_rate("call", "backward" if phase == "b" else "forward")
         entries = self.backward if phase == "b" else self.forward
         direction = "backward" if phase == "b" else "forward"
