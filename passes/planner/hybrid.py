@@ -36,7 +36,7 @@ class Selection:
     start: int = 0
     end: int = 0
     shapes: tuple[Any, ...] = ()  # the segment's layers' shapes
-    mu: np.ndarray | None = None  # per worker, equation 3's factor of Algorithm 4 as written (its greedy's only)
+    mu: np.ndarray | None = None  # per worker, equation 3's factor of Algorithm 4 (its greedy's, with ids only)
 
     @property
     def formula(self) -> Any:
@@ -123,6 +123,7 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
     longest = {a: max(b for a2, b in spans if a2 == a) for a, _ in spans}
     runs: dict[int, list[hg.PaperRun]] = {}
     longest_deps: dict[int, list[hg.Dependencies]] = {}
+    traffic: dict[int, hg.StartTraffic] = {}
     cap = memory_cap if memory_cap else float("inf")
     cache_all_values = dict(cache_all_values or {})
     depcache = None
@@ -150,22 +151,29 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
                                    for r, d in enumerate(longest_deps[start])]
                     _last_runs.append(_StartRuns((weakref.ref(stats), weakref.ref(graph), weakref.ref(parts)),
                                                  start, cap, full_costs, runs[start]))
-            # a span's dependencies are the first of its start's longest span's (built once per start)
-            deps = [hg.dependencies_prefix(d, end - start) for d in longest_deps[start]]
-            greedy = hg.select_paper(deps, trees, costs, unit["own_time"], cap, runs=runs[start], measure_mu=with_ids)
+            if with_ids:  # a span's dependencies are the first of its start's longest span's (built once per start)
+                deps = [hg.dependencies_prefix(d, end - start) for d in longest_deps[start]]
+                greedy = hg.select_paper(deps, trees, costs, unit["own_time"], cap, runs=runs[start])
+                everything = hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
+                                        source="communicate-all")
+            else:  # the planner's spans: their rows counted off the start's (hybrid_greedy.StartTraffic)
+                if start not in traffic:
+                    traffic.clear()
+                    traffic[start] = hg.start_traffic(longest_deps[start], runs[start])
+                greedy = hg.select_paper_prefix(traffic[start], runs[start], costs, unit["own_time"])
+                everything = hg.communicate_all(traffic[start], costs, unit["own_time"])
         else:
             deps = [hg.dependencies_from_stats(stats, r, end - start) for r in range(world)]
             greedy = hg.select(deps, costs, unit["own_time"], cap)
+            everything = hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
+                                    source="communicate-all")
         # cache-all is priced by DepCache's formula: of its own prediction only the (empty) fetches are read
-        candidates = [greedy,
-                      hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
-                                 source="communicate-all"),
-                      None]
+        candidates = [greedy, everything, None]
         mine = []
         for cand in candidates:
-            masks = [np.ones(len(d), bool) for d in deps] if cand is None else cand.cached
             ids = None
             if with_ids:
+                masks = [np.ones(len(d), bool) for d in deps] if cand is None else cand.cached
                 ids = {start + m: [np.sort(np.asarray(dep.vertex)[np.asarray(mask) & (np.asarray(dep.layer) == m)])
                                    .astype(np.int64) for dep, mask in zip(deps, masks)]
                        for m in range(end - start)}

@@ -219,7 +219,8 @@ def greedy_worker(t_r: np.ndarray, t_c: np.ndarray, memory: np.ndarray, layer: n
 class HybridResult:
     """A selection and its prediction.
 
-    cached: per worker, a mask over its dependencies (True: in R).
+    cached: per worker, a mask over its dependencies (True: in R); empty where the planner counted a span's
+        rows without them (select_paper_prefix, communicate_all).
     time: the predicted segment time, sum over layers of the slowest worker.
     layer_times[i, k]: worker i's time at layer k.
     memory[i]: bytes of worker i's caches.
@@ -454,10 +455,14 @@ class PaperRun:
         a later layer's subtree replicated: the worker then holds that row and fetches nothing for it."""
         layer, vertex = np.asarray(layer, np.int64), np.asarray(vertex, np.int64)
         cached = self.rep_when[np.minimum(layer, m), vertex] < m if len(layer) else np.zeros(0, dtype=bool)
+        return cached, self.replicated(m)
+
+    def replicated(self, m: int) -> Replicated:
+        """V_rep after the first m layers."""
         rows = self.added_rows[:m].sum(axis=0)[:m + 1]
         edges = self.added_edges[:m].sum(axis=0)[:m + 1]
         time = float(rows[1:] @ self.t_v[:m] + edges[1:] @ self.t_e[:m] + rows[0] * self.t_x) if m else 0.0
-        return cached, Replicated(rows, edges, float(self.used_after[m - 1]) if m else 0.0, time)
+        return Replicated(rows, edges, float(self.used_after[m - 1]) if m else 0.0, time)
 
 
 def paper_run(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: UnitCosts, budget: float,
@@ -564,15 +569,13 @@ def greedy_paper_worker(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, c
 
 def select_paper(deps: Sequence[Dependencies], trees: Sequence[InTrees], costs: UnitCosts, own_time: np.ndarray,
                  memory_cap: float | Sequence[float], overlap: bool = True,
-                 runs: Sequence[PaperRun] | None = None, measure_mu: bool = True) -> HybridResult:
+                 runs: Sequence[PaperRun] | None = None) -> HybridResult:
     """Algorithm 4 as written on every worker, and the prediction of its selection: the recomputed rows, edges
     and inputs are V_rep's (each counted once, as the runtime computes them, gnnc.plan.rows), the memory its
     bytes. mu (equation 3: 0 < mu <= 1 trims the per-dependency sum to what is computed once; the paper gives
     no value) is measured: V_rep's recompute time over the per-dependency trees' (`recompute_cost`) of the
     cached dependencies; `HybridResult.mu` holds it per worker. `runs`: each worker's PaperRun over at least
     these layers from the same start (the planner runs each start once for all its spans); `trees` then unused.
-    `measure_mu` False: mu is None (nothing prices with it; the planner leaves it, and each cached dependency's
-    subtree sums, to select-hybrid's record).
     """
     p = len(deps)
     caps = np.broadcast_to(np.asarray(memory_cap, np.float64), (p,))
@@ -597,6 +600,16 @@ def select_paper(deps: Sequence[Dependencies], trees: Sequence[InTrees], costs: 
             sent += np.bincount(owner * layers + lyr, minlength=p * layers)[:p * layers].reshape(p, layers)
     if not owners_known:
         sent = received.copy()
+    per_dep = [float(recompute_cost(dep, costs)[mask].sum()) for dep, mask in zip(deps, masks)]
+    mu = np.array([min(1.0, r.time / s) if s > 0 else 1.0 for r, s in zip(reps, per_dep)])
+    return _paper_result(tuple(masks), reps, received, sent, costs, own, overlap, mu)
+
+
+def _paper_result(cached: tuple[np.ndarray, ...], reps: Sequence[Replicated], received: np.ndarray,
+                  sent: np.ndarray, costs: UnitCosts, own: np.ndarray, overlap: bool,
+                  mu: np.ndarray | None) -> HybridResult:
+    """Algorithm 4's prediction from what each worker fetches and replicates (select_paper, select_paper_prefix)."""
+    p, layers = own.shape
     t_v, t_e = np.asarray(costs.t_v, np.float64), np.asarray(costs.t_e, np.float64)
     rec_rows = np.array([r.rows[1:layers + 1] for r in reps]).reshape(p, layers)
     rec_edges = np.array([r.edges[1:layers + 1] for r in reps]).reshape(p, layers)
@@ -605,10 +618,75 @@ def select_paper(deps: Sequence[Dependencies], trees: Sequence[InTrees], costs: 
     rec_t[:, 0] += replicated * costs.t_x
     comm_t = received * np.asarray(costs.t_c, np.float64)
     layer_times = own + (np.maximum(comm_t, rec_t) if overlap else comm_t + rec_t)
-    mu = None
-    if measure_mu:
-        per_dep = [float(recompute_cost(dep, costs)[mask].sum()) for dep, mask in zip(deps, masks)]
-        mu = np.array([min(1.0, r.time / s) if s > 0 else 1.0 for r, s in zip(reps, per_dep)])
-    return HybridResult(tuple(masks), float(layer_times.max(axis=0).sum()) if p else 0.0, layer_times,
+    return HybridResult(cached, float(layer_times.max(axis=0).sum()) if p else 0.0, layer_times,
                         np.array([r.memory for r in reps]), received, sent, rec_rows, rec_edges, replicated, "greedy",
                         mu)
+
+
+@dataclass(frozen=True)
+class StartTraffic:
+    """The rows each worker fetches and sends in every span from one start, under Algorithm 4's selection and
+    under communicate-all, counted once for all the spans (the planner prices up to L of them per start, and
+    counting each apiece was O(L^2) passes over a deep model's dependencies).
+
+    A dependency (l, v) of a span's first m layers is fetched unless v's h^l entered V_rep during one of them
+    (rep_when[l, v] < m: PaperRun.prefix), so per layer a histogram of rep_when, summed from the top, holds
+    every span's count: fetched[i, l, t], worker i's dependencies at layer l with rep_when >= t (t = 0: all of
+    them, communicate-all's); sent[o, l, t] likewise of the rows worker o owns, over every worker, or None
+    when the owners are unknown (sends are then taken equal to receives, as `predict` and `select_paper` do)."""
+
+    fetched: np.ndarray
+    sent: np.ndarray | None
+
+    def rows(self, layers: int, everything: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """[workers, layers] rows received and sent in the span of the first `layers` layers: Algorithm 4's
+        selection, or with `everything` communicate-all's."""
+        t = 0 if everything else layers
+        received = self.fetched[:, :layers, t].astype(np.float64)
+        return received, received.copy() if self.sent is None else self.sent[:, :layers, t].astype(np.float64)
+
+
+def start_traffic(deps: Sequence[Dependencies], runs: Sequence[PaperRun]) -> StartTraffic:
+    """StartTraffic of the dependencies of a start's longest span and its workers' PaperRuns (over as many layers
+    or more)."""
+    p = len(deps)
+    layers = deps[0].layers if p else 0
+    top = runs[0].rep_when.shape[0] if p else 1  # rep_when's values: 0 .. the runs' layers
+    owners_known = all(dep.owner is not None for dep in deps)
+    fetched = np.zeros((p, layers, top), np.int64)
+    sent = np.zeros((p, layers, top), np.int64) if owners_known else None
+    for i, (dep, run) in enumerate(zip(deps, runs)):
+        lyr = np.asarray(dep.layer, np.int64)
+        key = lyr * top + run.rep_when[lyr, np.asarray(dep.vertex, np.int64)]
+        fetched[i] = np.bincount(key, minlength=layers * top).reshape(layers, top)
+        if sent is not None:
+            owned = np.asarray(dep.owner, np.int64) * (layers * top) + key
+            sent += np.bincount(owned, minlength=p * layers * top).reshape(p, layers, top)
+    # from the top: [..., t] counts the rows with rep_when >= t
+    fetched = np.cumsum(fetched[..., ::-1], axis=-1)[..., ::-1]
+    return StartTraffic(fetched, None if sent is None else np.cumsum(sent[..., ::-1], axis=-1)[..., ::-1])
+
+
+def select_paper_prefix(traffic: StartTraffic, runs: Sequence[PaperRun], costs: UnitCosts, own_time: np.ndarray,
+                        overlap: bool = True) -> HybridResult:
+    """`select_paper` of the span of the first `own_time.shape[1]` layers from the start `traffic` and `runs`
+    were made for, counted off them: the same prediction, without the per-dependency masks (`cached` is empty)
+    or mu (None), which only select-hybrid's record reads."""
+    own = np.asarray(own_time, np.float64)
+    layers = own.shape[1]
+    received, sent = traffic.rows(layers)
+    return _paper_result((), [run.replicated(layers) for run in runs], received, sent, costs, own, overlap, None)
+
+
+def communicate_all(traffic: StartTraffic, costs: UnitCosts, own_time: np.ndarray,
+                    overlap: bool = True) -> HybridResult:
+    """`predict` of fetching every dependency of the span of the first `own_time.shape[1]` layers from the
+    start `traffic` was made for (`cached` empty: no masks)."""
+    own = np.asarray(own_time, np.float64)
+    p, layers = own.shape
+    received, sent = traffic.rows(layers, everything=True)
+    comm_t = received * np.asarray(costs.t_c, np.float64)
+    zeros = np.zeros((p, layers))
+    layer_times = own + (np.maximum(comm_t, zeros) if overlap else comm_t + zeros)
+    return HybridResult((), float(layer_times.max(axis=0).sum()) if p else 0.0, layer_times, np.zeros(p), received,
+                        sent, zeros, zeros.copy(), np.zeros(p), "communicate-all")
