@@ -7,15 +7,16 @@ one per peer).
 Why this exists: the schedule pass charges each extra part of a chunked halo the dispatch of the layer's ops
 (gnnc.passes.cost.overlap); this measures what a part costs in gnnc.runtime.parts.run_split, on rank 0 of the
 4-worker plan of benchmarks/cluster/chunk_overlap.py (its graph, DepComm, METIS), the halo's rows given as a
-PartStream of separate tensors as a rank receives them. Medians of `--repeat` runs, one thread; per extra part:
-(chunked - whole) / (P - 2). Beside it the model's charge per extra part (the layer's `call` ops at the default
-profile's dispatch, forward and backward) and its held and remote work (the profile of chunk_overlap.py).
+PartStream of separate tensors as a rank receives them. Medians of `--repeat` runs of each, alternating, one
+thread; per extra part: (chunked - whole) / (P - 2). Then the dispatch of one equation as `gnnc probe` measures it, the rate the cost
+model charges each of a part's equations at (gnnc.passes.cost.overlap).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                            workers=workers, strategy="depcomm", partition="metis",
                            passes=DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + ["schedule{chunked=on}"])
         program, cfg = plan.program, plan.program.config_dict()
-        data = load_rank(plan.shard_dir, 0, workers)
+        with tempfile.TemporaryDirectory(prefix="gnnc-parts-") as tmp:
+            data = load_rank(plan.write_shards(Path(tmp) / name), 0, workers)
         interp = PrefixRowsInterpreter(program)
         for layer in program.graph_layers():
             lgl = data.lg.layers[layer.name]
@@ -82,22 +84,34 @@ def main(argv: list[str] | None = None) -> int:
                                                     lambda eq, xs, view: interp.compute(eq, xs, view, ctx), True)
                 env[eqns[-1].outs[0].name].sum().backward()
 
-            def median(bounds: tuple[int, ...]) -> float:
-                times = []
-                for _ in range(args.repeat):
-                    t0 = time.perf_counter()
-                    run(bounds)
-                    times.append(time.perf_counter() - t0)
-                return statistics.median(times)
+            def timed(bounds: tuple[int, ...]) -> float:
+                t0 = time.perf_counter()
+                run(bounds)
+                return time.perf_counter() - t0
 
             for _ in range(3):
                 run(whole), run(chunked)
-            tw, tc = median(whole), median(chunked)
+            # alternating, so that a change of the machine's load falls on both alike
+            pairs = [(timed(whole), timed(chunked)) for _ in range(args.repeat)]
+            tw, tc = statistics.median(w for w, _ in pairs), statistics.median(c for _, c in pairs)
             extra = len(chunked) - 1 - 2
             print(f"{name} {layer.name}: {len(eqns)} per-part equations ({', '.join(e.op for e in eqns)}), "
                   f"{lgl.views[layer.edges].csr.indices.numel()} edges; fwd+bwd whole (2 parts) {tw * 1e3:.2f} ms, "
-                  f"chunked ({len(chunked) - 1} parts) {tc * 1e3:.2f} ms, per extra part {(tc - tw) / extra * 1e3:.2f} ms",
+                  f"chunked ({len(chunked) - 1} parts) {tc * 1e3:.2f} ms, "
+                  f"per extra part {(tc - tw) / extra * 1e3:.2f} ms",
                   flush=True)
+    # the dispatch of one equation as `gnnc probe` measures it (the median over PROBE_OPS_MODEL's equations run
+    # alone on its dispatch graph, gnnc.passes.cost.fit), the rate the model charges a part's equations at
+    from gnnc.graph.generators import rmat
+    from gnnc.runtime.probe import DISPATCH_GRAPH, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, eqn_times
+
+    features, hidden, classes = PROBE_OPS_WIDTHS
+    small = rmat(*DISPATCH_GRAPH, features=features, classes=classes, seed=0)
+    ops = api.compile(api.load_model_source(PROBE_OPS_MODEL, "<gnnc probe>", features=features, hidden=hidden,
+                                            classes=classes), small).program
+    timed = eqn_times(ops, small)
+    print(f"dispatch per equation (gnnc probe's): forward {statistics.median(t[4] for t in timed) * 1e6:.0f} us, "
+          f"backward {statistics.median(t[5] for t in timed if t[5] > 0) * 1e6:.0f} us", flush=True)
     print(f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}", flush=True)
     return 0
 

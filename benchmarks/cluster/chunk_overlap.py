@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--predict-only", action="store_true", help="print the cost model's blocked halo time, run nothing")
+    ap.add_argument("--dispatch-us", default=None, metavar="FWD,BWD",
+                    help="the profile's dispatch per equation (`call`, what gnnc probe measures), in us; default: "
+                         "the assumed 10 us (gnnc.cluster.CALL_OVERHEAD_S)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("plans", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -148,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         rate = parse_rate(bandwidth) / 8
         profile = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=rate, intra_bandwidth=rate,
                                       workers=4, **MEASURED)
+        if args.dispatch_us:
+            from gnnc.cluster import OpRate
+
+            fwd, bwd = (float(x) * 1e-6 for x in args.dispatch_us.split(","))
+            profile = dataclasses.replace(profile, op_rates=(*(r for r in profile.op_rates if r.op != "call"),
+                                                             OpRate("call", fwd, bwd)))
         for name in args.models:
             model = api.load_model(ROOT / "examples" / f"{name}.gnn")
             auto = api.compile(model, graph, workers=4, strategy="depcomm", partition="metis", cluster=profile)

@@ -23,14 +23,14 @@ runtime schedules of that overlap (gnnc.plan.schedule_attrs: `halo[overlap=true]
   (gnnc.passes.cost.compute.part_calls: the equations on edges and the readers of the exchanged rows, those the
   schedule pass marks `split`; SAGE 1, GAT 5, GCN 2 forward), at the profile's measured dispatch (`call`).
 
-  Checked against the runtime (benchmarks/chunk_parts.py, benchmarks/RESULTS-seeds.md): on the loaded 2-core box
-  an extra part cost SAGE 0.5-2 ms and GAT 2.7-7.9 ms forward and backward, and the probe's dispatch there was
-  0.2-0.8 ms an equation forward and 1-2.9 ms backward, so the count times that dispatch is within a factor of
-  about 2 of a part's cost. The layer's every op (9 for SAGE, 14 for GAT), charged before, priced SAGE's part
-  at 9 equations' dispatch where it runs 1. What the model still lacks is the gain: it prices every rank
-  starting its exchange together (exposed communication max(0, exch - held)), while the measured blocked time
-  is 2-3x what it predicts, mostly waiting for ranks behind (two ranks to a core); chunks hide part of that
-  wait, which no symbol here prices.
+  Checked against the runtime (`python benchmarks/chunk_parts.py --repeat 60`, benchmarks/RESULTS-seeds.md): on
+  the loaded 2-core box an extra part cost SAGE 1.1-1.8 ms and GAT 3.4-3.6 ms forward and backward, and the
+  probe's dispatch there was 127 us an equation forward, 282 us backward: the count times it, SAGE 0.41 ms and GAT
+  2.0 ms, is 1.7-4.3x below a part's cost (a part's equations also pass over every destination row); the layer's
+  every op, charged before (SAGE 9, GAT 14 forward), was 1.5-3x above it. What the model still lacks is the
+  gain: it prices every rank starting its exchange together (exposed communication max(0, exch - held)), while
+  the blocked time measured on the emulated cluster was 2.4-6x what it predicts, mostly ranks waiting for ranks
+  behind (two to a core); chunks hide part of that wait, which no symbol here prices.
 """
 from __future__ import annotations
 
