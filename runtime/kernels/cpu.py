@@ -191,9 +191,9 @@ def pattern(csr: CSR, transposed: bool, heads: int, device: torch.device) -> Pat
             crow, col, perm = csr.indptr, csr.indices, None
             rows, cols = csr.n_dst, csr.n_src
         nnz = int(col.numel())
-        if heads > 1:
-            crow, col, perm = _block(crow, col, perm, rows, nnz, heads)
         itype = _index_dtype(nnz * heads, rows * heads + 1, cols * heads)
+        if heads > 1:
+            crow, col, perm = _block(crow, col, perm, rows, nnz, heads, itype)
         return Pattern(crow.to(device=device, dtype=itype), col.to(device=device, dtype=itype),
                        None if perm is None else perm.to(device=device, dtype=torch.int64),
                        (rows * heads, cols * heads), heads)
@@ -201,20 +201,28 @@ def pattern(csr: CSR, transposed: bool, heads: int, device: torch.device) -> Pat
     return cached(csr, ("pattern", transposed, heads, str(device)), build)
 
 
+# block entries computed at a time by `_block`: its int64 temporaries stay at a few MiB each. Built whole, they were
+# about ten [nnz * heads] int64 tensors at once: measured on a 630K-edge part with 4 heads (GAT on a rank, which runs
+# no fused chain), 190 MiB above the pattern's 10 MiB of columns, most of a rank's peak (issue 35)
+BLOCK_CHUNK = 1 << 18
+
+
 def _block(crow: torch.Tensor, col: torch.Tensor, perm: torch.Tensor | None, rows: int, nnz: int,
-           heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Block structure with one row per (row, head); see `Pattern`."""
+           heads: int, itype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block structure with one row per (row, head); see `Pattern`. Columns come as `itype`."""
     dev = crow.device  # built where the structure is; the sizes are known, so nothing is read back
-    deg = crow[1:] - crow[:-1]
-    bdeg = deg.repeat_interleave(heads)
     bcrow = torch.zeros(rows * heads + 1, dtype=torch.int64, device=dev)
-    bcrow[1:] = torch.cumsum(bdeg, 0)
-    # block row of each block entry
-    brow = torch.repeat_interleave(torch.arange(rows * heads, device=dev), bdeg, output_size=nnz * heads)
-    r, h = brow // heads, brow % heads
-    k = crow[r] + (torch.arange(nnz * heads, device=dev) - bcrow[brow])  # the base entry it copies
-    base = k if perm is None else perm[k]
-    return bcrow, col[k] * heads + h, base * heads + h
+    bcrow[1:] = torch.cumsum((crow[1:] - crow[:-1]).repeat_interleave(heads), 0)
+    bcol = torch.empty(nnz * heads, dtype=itype, device=dev)
+    bperm = torch.empty(nnz * heads, dtype=torch.int64, device=dev)
+    for start in range(0, nnz * heads, BLOCK_CHUNK):
+        p = torch.arange(start, min(start + BLOCK_CHUNK, nnz * heads), device=dev)
+        brow = torch.searchsorted(bcrow, p, right=True) - 1  # the block row of each block entry (empty rows skipped)
+        r, h = brow // heads, brow % heads
+        k = crow[r] + (p - bcrow[brow])  # the base entry it copies
+        bcol[start:start + p.numel()] = col[k] * heads + h
+        bperm[start:start + p.numel()] = (k if perm is None else perm[k]) * heads + h
+    return bcrow, bcol, bperm
 
 
 def weight_heads(weight: torch.Tensor | None, feat_shape: tuple[int, ...]) -> int:
