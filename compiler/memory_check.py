@@ -69,7 +69,8 @@ def estimate_run_memory(plan: Plan, graph: Graph | None = None,
         processes = [single_process_counts(program, graph, plan.sampling)]
     else:
         raise ValueError("estimate_run_memory needs the graph (one process) or the shards (several)")
-    return run_memory(program, dims, heads, shapes, processes, recompute=recompute)
+    # a rank runs no fused chain (gnnc.runtime.fusion): its attention holds per-edge values one process does not
+    return run_memory(program, dims, heads, shapes, processes, recompute=recompute, fused=shard_dir is None)
 
 
 def single_process_counts(program, graph: Graph, sampling: SamplingConfig | None = None) -> ProcessCounts:

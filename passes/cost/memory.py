@@ -25,6 +25,14 @@ The terms, per process (bytes):
   time (the largest). Measured on a 200K-vertex R-MAT (hidden 256) the
   step's peak is then no lower: the peak is the backward's gradients beside
   a layer's forward, which recomputation repeats there.
+* attention on a rank: a process of several runs no fused chain (gnnc.runtime.fusion runs in one process only),
+  so a GAT layer there runs equation by equation and holds, per edge and head, what autograd saves of its scores
+  (the scores, their softmax, the dropped attention: `ATTENTION_EDGE_VALUES` values) and the per-head block
+  patterns its SpMM multiplies over, forward and transposed (gnnc.runtime.kernels.cpu.Pattern: an int32 column
+  and an int64 permutation per edge and head each, `PATTERN_BYTES`), and in its backward those values' gradients
+  (`ATTENTION_EDGE_GRADS`) beside the gradients of its transformed rows, every source row's, from the aggregation
+  and from the scores before they are summed (`ATTENTION_SOURCE_GRADS`). One process computes the same in fused
+  chains that keep none of them.
 * graph: the arrays the process loaded (features, labels, masks, edges or
   its shard).
 * process: an interpreter with torch and gnnc's runtime and the collective
@@ -62,6 +70,15 @@ WARN_FRACTION = 0.8  # a prediction above this share of the memory there is gets
 IN, HALO, OUT, EDGES, WIDTH = (Symbol(name, nonnegative=True)
                                for name in ("in_rows", "halo_rows", "out_rows", "edges", "in_width"))
 ROWS = {IN: "in_rows", HALO: "halo_rows", OUT: "out_rows", EDGES: "edges"}
+# a rank's unfused attention layer, per edge and head (module docstring): the values autograd saves (the scores,
+# their softmax, the dropped attention), the block patterns (forward and transposed: int32 column, int64 permutation),
+# the gradients alive at once in its backward (per edge and head; per source row, of its transformed rows). Measured on
+# a 50K-vertex R-MAT (deg 20, GAT 4 x 64, 2 ranks): without them the pre-check predicted 0.49 GiB for a rank that
+# peaked at 0.80
+ATTENTION_EDGE_VALUES = 3
+PATTERN_BYTES = 2 * (4 + 8)
+ATTENTION_EDGE_GRADS = 3
+ATTENTION_SOURCE_GRADS = 2
 BYTES_PER = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "bool": 1}
 
 
@@ -122,8 +139,10 @@ def parameter_sizes(program: Program) -> list[ParameterSize]:
 
 def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[float], shapes: Sequence[LayerShape],
                processes: Sequence[ProcessCounts], baseline_bytes: float = PROCESS_BASELINE_BYTES,
-               bytes_per_element: int = 4, index_bytes: int = 8, recompute: bool = False) -> MemoryEstimate:
-    """The peak memory of each process (see the module docstring for the terms).
+               bytes_per_element: int = 4, index_bytes: int = 8, recompute: bool = False,
+               fused: bool = True) -> MemoryEstimate:
+    """The peak memory of each process (see the module docstring for the terms); `fused`: the processes run
+    attention as fused chains (one process), else equation by equation (the ranks of a run on several).
 
     dims, head_counts, shapes: the graph layers' widths d_0..d_L, heads and LayerShapes (as the planner
     reads them off the IR: `analysis.layers.layer_dims`, `cost.symbols.layer_shape`).
@@ -150,7 +169,12 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
         else:
             kept += whole
         # the backward pass holds the gradients of one layer's input and output at a time
-        backward = np.maximum(backward, compile_expr(b * (IN * WIDTH + OUT * shape.out_width(i)))(table, n))
+        grads = b * (IN * WIDTH + OUT * shape.out_width(i))
+        if shape.attention and not fused:
+            kept += compile_expr(EDGES * heads(i) * (ATTENTION_EDGE_VALUES * b + PATTERN_BYTES))(table, n)
+            grads += b * (EDGES * heads(i) * ATTENTION_EDGE_GRADS
+                          + (IN + HALO) * shape.out_width(i) * ATTENTION_SOURCE_GRADS)
+        backward = np.maximum(backward, compile_expr(grads)(table, n))
     terms = {"parameters": np.full(n, params), "optimizer state": np.full(n, OPTIMIZER_COPIES * params),
              "activations": kept + recomputed + backward, "graph": np.array([float(p.graph_bytes) for p in processes]),
              "process": np.full(n, float(baseline_bytes))}
