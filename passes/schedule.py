@@ -10,8 +10,9 @@ The decisions, as attributes the runtime follows and the cost model prices
   layer, whether the edges of remote sources run on each peer's rows as
   they arrive, in ring order (`chunked=true`: NeutronStar's chunks, section
   4.3), or once the whole halo is in: priced by gnnc.passes.cost.overlap
-  (each chunk's exposed communication against one more dispatch of the
-  layer's equations per chunk), the cheaper taken;
+  (each chunk's exposed communication against the dispatch of the
+  equations an extra part reruns; the wait for ranks behind is not priced),
+  the cheaper taken;
 * every broadcast of bcast1d staged (`bcast_rows[staged=true]`): MG-GCN's
   per-stage multiply, two blocks in memory instead of N rows;
 * G3's bins (`bins=k`, `bin_order=boundary_bfs`, the per-bin equations
