@@ -36,13 +36,15 @@ from gnnc.graph_classification import run as run_graph_classification
 from gnnc.graph.edge_split import message_graph
 from gnnc.graph.loaders import load_graph as _load
 from gnnc.graph.sampling import SamplingConfig
-from gnnc.host import choose_threads
+from gnnc.graph.storage import input_density
+from gnnc.host import SMALL_EPOCH_ELEMENTS, choose_threads
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
 from gnnc.ir.ops import is_graph_classification, is_link_prediction
 from gnnc.memory_check import check_run_memory, evaluation_chunk
 from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
                              load_model_source)  # (the API's names)
+from gnnc.passes.analysis.layers import layer_dims
 from gnnc.passes.cost.epoch import epoch_costs
 from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.fit import fit_op_rates, fit_profile
@@ -493,7 +495,8 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
                               lr_factor=lr_factor, eval_every=eval_every, eval_chunk=eval_chunk, recompute=recompute,
                               # in this process without `threads`, the caller's torch count stands (a program or a
                               # benchmark may have set it); workers get their share
-                              **(thread_settings(None if threads == "auto" else threads, plan.workers)
+                              **(thread_settings(None if threads == "auto" else threads, plan.workers,
+                                                 epoch_elements(plan, g))
                                  if threads or plan.workers > 1 else {}))
     if cfg.recompute and (plan.workers > 1 or plan.sampling is not None):
         raise GnncError("--recompute runs one process's full-graph training for now (a rank's layers exchange rows "
@@ -513,12 +516,28 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
     return result
 
 
-def thread_settings(asked: int | None, workers: int) -> dict[str, Any]:
+def thread_settings(asked: int | None, workers: int, elements: int | None = None) -> dict[str, Any]:
     """TrainConfig's `threads` and `threads_reason`: `asked` (--threads), or each of the `workers` processes its
-    share of the CPUs this one may use (gnnc.host.choose_threads). Under torchrun the plan's workers may span
-    several machines: sharing among all of them gives each rank fewer threads than its machine has, never more."""
-    choice = choose_threads(asked, workers)
+    share of the CPUs this one may use (gnnc.host.choose_threads), one thread where a worker's share of the epoch's
+    widest vertex tensor (`elements`, `epoch_elements`) is too small to split. Under torchrun the plan's workers
+    may span several machines: sharing among all of them gives each rank fewer threads than its machine has, never
+    more."""
+    choice = choose_threads(asked, workers, elements=None if elements is None else elements // workers)
     return {"threads": choice.threads, "threads_reason": choice.reason}
+
+
+def epoch_elements(plan: Plan, graph: Graph | None) -> int | None:
+    """The elements of a full-graph epoch's widest vertex tensor: vertices x the widest of the graph layers'
+    outputs and the input features' nonzeros per vertex (Cora's 1433 bag-of-words columns are 18 a vertex,
+    multiplied as sparse: gnnc.graph.storage.input_density). None where the epoch is not that: no graph in this
+    process (saved shards), sampled minibatches, no graph layer."""
+    dims, _ = layer_dims(plan.program)
+    if graph is None or plan.sampling is not None or len(dims) < 2:
+        return None
+    hidden = int(graph.num_nodes * max(dims[1:]))
+    if hidden >= SMALL_EPOCH_ELEMENTS or not isinstance(graph.x, torch.Tensor):
+        return hidden  # wide enough to share without counting the features (a large graph's are read once more)
+    return max(hidden, int(graph.num_nodes * dims[0] * input_density(graph.x)))
 
 
 def plan_precision(plan: Plan, asked: str | None) -> str:

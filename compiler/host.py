@@ -223,6 +223,24 @@ def _openmp_loaded(maps: Path) -> bool:
     return any(f"/{library}." in text for library in _OPENMP_LIBRARIES)
 
 
+# Below this many elements in an epoch's widest vertex tensor (vertices x the widest of the graph layers' outputs
+# and the input features' nonzeros per vertex: gnnc.api.epoch_elements) a run takes one thread. torch and the
+# compiled kernels split an operation between threads only above 32,768 elements (torch's grain size, native.c's
+# PARALLEL_MIN), so on such a graph each parallel region gives a second thread some tens of microseconds of work,
+# about what waking it costs (a thread that spins 1000 rounds is asleep by the next region). Measured on this
+# 2-core machine, shared (load 8-23), with the timed epochs at real-time priority (the nearest it came to quiet):
+# the Cora GCN demo (49,216) in three alternating runs each, 2 threads 12.8, 10.7, 11.7 ms an epoch (16.8 ms of CPU,
+# 34 sleeps and wake-ups an epoch), 1 thread 11.4, 13.0, 11.3 (12.7 ms of CPU, none), OpenMP's 300,000-round spin on
+# 2 threads 9.6, 11.4, 12.7 (26.1 ms of CPU); at normal priority (load 13-16) 2 threads 85 and 102 ms, 1 thread 48
+# and 127. On the quiet machine the lead measured 1 thread 7.3, 6.0, 7.9 ms and OpenMP's spin 7.0, 6.6, 6.5 (gnnc
+# run --json, 200 epochs). Above the line 2 threads gained or tied (one run each, real-time): Cora GAT (173,312)
+# 27.9 against 31.5 ms, a 40K-vertex R-MAT GCN (hidden 16, 5.1M) 42.1 against 63.3, a 10K-vertex one (128 dense
+# features: 1.28M) 18.3 against 18.6 at hidden 16 and 34.2 against 58.5 at 128. So one thread keeps a small
+# epoch's quiet time (within the noise above) for a quarter less CPU than 2 threads and half of OpenMP's spin's,
+# and never waits at a barrier under contention; the line is drawn low, below Cora's GAT.
+SMALL_EPOCH_ELEMENTS = 1 << 17
+
+
 @dataclass(frozen=True)
 class ThreadChoice:
     """The threads each process of a run uses, and why (`gnnc run --json`'s `threads` and `threads_reason`)."""
@@ -232,16 +250,21 @@ class ThreadChoice:
 
 
 def choose_threads(asked: int | None = None, ranks: int = 1, proc: str | Path = "/proc",
-                   cgroup_root: str | Path = "/sys/fs/cgroup", affinity: set[int] | None = None) -> ThreadChoice:
+                   cgroup_root: str | Path = "/sys/fs/cgroup", affinity: set[int] | None = None,
+                   elements: int | None = None) -> ThreadChoice:
     """`asked` (--threads) threads per process, or each of `ranks` processes on this machine its share of the
     CPUs this process may use (`usable_cpus`), rounded down and at least 1: ranks that oversubscribe the cores
-    wait for one another at every barrier."""
+    wait for one another at every barrier. One thread where the epoch is too small to share (`elements`, a
+    process's widest vertex tensor: `SMALL_EPOCH_ELEMENTS`)."""
     if asked is not None:
         return ThreadChoice(asked, f"--threads {asked}")
     cpus, source = usable_cpus(proc, cgroup_root, affinity)
-    if ranks <= 1:
-        return ThreadChoice(cpus, source)
-    return ThreadChoice(max(1, cpus // ranks), f"{source}, shared by {ranks} ranks on this machine")
+    if ranks > 1:
+        cpus, source = max(1, cpus // ranks), f"{source}, shared by {ranks} ranks on this machine"
+    if cpus > 1 and elements is not None and elements < SMALL_EPOCH_ELEMENTS:
+        return ThreadChoice(1, f"1 thread of {cpus}: the epoch's widest vertex tensor has {elements:,} elements, "
+                               f"under {SMALL_EPOCH_ELEMENTS:,} a second thread gains nothing ({source})")
+    return ThreadChoice(cpus, source)
 
 
 def usable_cpus(proc: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup",

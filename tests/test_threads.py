@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gnnc.cli import build_parser
-from gnnc.host import (BLOCK_TIME, SHORT_SPIN, SPIN_COUNT, WAIT_POLICY, _torch_openmp, choose_threads, cpu_quota,
-                       set_wait_policy, usable_cpus, wait_policy)
+from gnnc.host import (BLOCK_TIME, SHORT_SPIN, SMALL_EPOCH_ELEMENTS, SPIN_COUNT, WAIT_POLICY, _torch_openmp,
+                       choose_threads, cpu_quota, set_wait_policy, usable_cpus, wait_policy)
 
 ROOT = Path(__file__).resolve().parents[1]
 FOUR = {0, 1, 2, 3}
@@ -86,6 +86,59 @@ def test_threads_asked_for_and_shared_between_ranks(tmp_path: Path) -> None:
     shared = [choose_threads(None, ranks, proc, root, affinity=FOUR).threads for ranks in (1, 2, 3, 4, 8)]
     assert shared == [4, 2, 1, 1, 1]  # floor(usable / ranks), at least 1: never more threads than cores
     assert "shared by 3 ranks" in choose_threads(None, 3, proc, root, affinity=FOUR).reason
+
+
+def test_an_epoch_too_small_to_share_takes_one_thread(tmp_path: Path) -> None:
+    proc, root = _cgroup(tmp_path, "0::/\n", {})
+    small = choose_threads(None, 1, proc, root, affinity=FOUR, elements=SMALL_EPOCH_ELEMENTS - 1)
+    assert small.threads == 1
+    assert small.reason == ("1 thread of 4: the epoch's widest vertex tensor has 131,071 elements, under 131,072 a "
+                            "second thread gains nothing (4 CPUs in this process's affinity mask)")
+    assert choose_threads(None, 1, proc, root, affinity=FOUR, elements=SMALL_EPOCH_ELEMENTS).threads == 4
+    assert choose_threads(2, 1, proc, root, affinity=FOUR, elements=10) == choose_threads(2, 1, proc, root)  # asked
+    # one CPU: the mask is the reason, not the size
+    one_cpu = choose_threads(None, 1, proc, root, affinity={0}, elements=10)
+    assert one_cpu.reason == "1 CPU in this process's affinity mask"
+
+
+def test_the_epoch_is_sized_by_its_widest_vertex_tensor() -> None:
+    from gnnc import api
+
+    cora = api.load_graph("planetoid:cora")
+    gcn, gat = (api.compile(api.load_model(ROOT / "examples" / f"{m}.gnn"), cora) for m in ("gcn", "gat"))
+    # GCN: 16 hidden, 7 classes, 1433 bag-of-words features of which 18.2 a vertex are nonzero (multiplied sparse)
+    assert 2708 * 16 < api.epoch_elements(gcn, cora) == 49_216 < SMALL_EPOCH_ELEMENTS
+    assert api.epoch_elements(gat, cora) == 2708 * 64  # 8 heads x 8
+    assert api.epoch_elements(gcn, None) is None  # no graph in this process: the CPUs decide
+    wide = api.load_graph("rmat:n=4000,deg=4,features=128,classes=4,seed=0")  # dense features
+    assert api.epoch_elements(api.compile(api.load_model(ROOT / "examples" / "gcn.gnn"), wide), wide) == 4000 * 128
+    # ranks: each one's share
+    assert api.thread_settings(None, 2, 2 * SMALL_EPOCH_ELEMENTS - 2)["threads"] == 1
+
+
+def test_a_small_epoch_runs_on_one_thread_and_says_why() -> None:
+    """What `gnnc run --json` prints as threads and threads_reason (test_a_run_records_the_threads_it_trained_with
+    reads them off the CLI's --json, with --threads)."""
+    from gnnc import api
+
+    cpus = len(os.sched_getaffinity(0))
+    result = api.run(api.load_model(ROOT / "examples" / "gcn.gnn"), "planetoid:cora", epochs=1, threads="auto")
+    assert result.threads == 1
+    if cpus > 1:
+        assert result.threads_reason == (
+            f"1 thread of {cpus}: the epoch's widest vertex tensor has 49,216 elements, under 131,072 a second "
+            f"thread gains nothing ({cpus} CPUs in this process's affinity mask)")
+
+
+def test_taskset_is_honoured() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in WAIT_SETTINGS}
+    out = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m", "gnnc.cli", "run",
+                          "examples/gcn.gnn", "--graph", "planetoid:cora", "--epochs", "1", "--json"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (summary["threads"], summary["threads_reason"]) == (1, "1 CPU in this process's affinity mask")
+    assert summary["wait_policy"] == "GOMP_SPINCOUNT=1000 (gnnc's default: spin briefly, then sleep)"
 
 
 def test_the_threads_flag_takes_a_whole_number() -> None:
