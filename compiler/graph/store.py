@@ -288,6 +288,7 @@ def open_store(path: str | os.PathLike) -> Graph:
         raise GraphInputError(f"{where}: arrays: unknown array {extra[0]!r}")
     maps: list[mmap.mmap] = []
     a = {name: _open_array(root, name, entry, maps) for name, entry in entries.items()}
+    mapped = dict(zip(entries, maps))  # _open_array appends each array's mapping in this order
     n, e = manifest["num_nodes"], manifest["num_edges"]
     file = {name: root / entry["file"] for name, entry in entries.items()}
     if n == 0 or e == 0:
@@ -298,12 +299,16 @@ def open_store(path: str | os.PathLike) -> Graph:
         allowed = ("int32", "int64") if name in ("src", "dst") else ("int64",)
         if str(a[name].dtype) not in allowed:
             raise GraphInputError(f"{file[name]}: {name}: expected {' or '.join(allowed)}, got {a[name].dtype}")
+    # each array's pages are let go once checked: the check reads every index (48 bytes per edge in all), and
+    # RSS counts a mapping's resident pages, so a process that only opened a papers100M-sized store held them all
     for name in ("src", "dst", "in.indices", "in.eids", "out.indices", "out.eids", "out.perm"):
         _check_shape(file[name], name, a[name], (e,))
         _check_range(file[name], name, a[name], 0, e if name.endswith(("eids", "perm")) else n)
+        mapped[name].madvise(mmap.MADV_DONTNEED)
     for name in ("in.indptr", "out.indptr"):
         _check_shape(file[name], name, a[name], (n + 1,))
         _check_indptr(file[name], name, a[name], e)
+        mapped[name].madvise(mmap.MADV_DONTNEED)
     _check_shape(file["x"], "x", a["x"], (n, None))
     if a["x"].dtype != np.float32 or a["x"].shape[1] == 0:
         raise GraphInputError(f"{file['x']}: x: expected float32 [N, F] with F > 0")
@@ -311,6 +316,7 @@ def open_store(path: str | os.PathLike) -> Graph:
     if y.ndim == 1 and y.dtype == np.int64:
         _check_shape(file["y"], "y", y, (n,))
         _check_range(file["y"], "y", y, UNLABELLED, 2**31)
+        mapped["y"].madvise(mmap.MADV_DONTNEED)
     elif not (y.ndim == 2 and y.dtype == np.float32 and y.shape[0] == n):
         raise GraphInputError(f"{file['y']}: y: expected int64 [{n}] or float32 [{n}, T], got {y.dtype} "
                               f"{list(y.shape)}")

@@ -29,11 +29,13 @@ from typing import Any
 import numpy as np
 
 from gnnc.errors import GnncError
+from gnnc.graph.store import release_pages
 from gnnc.passes.partition.core import PartitionInput
 
 GAMMA = 1.5
 SLACK = 1.1
 BATCH = 64
+RELEASE = 1 << 16  # vertices streamed between two releases of a store's pages read so far
 
 
 def _neighbour_counts(lo: int, hi: int, csrs: list[tuple[np.ndarray, np.ndarray]], assignment: np.ndarray,
@@ -83,9 +85,15 @@ def run(inp: PartitionInput, parts: int, seed: int, gamma: float = GAMMA, slack:
             sizes[best] += 1
             chosen.append(best)
         assignment[lo:hi] = chosen
+        if hi % RELEASE < batch:
+            # a store's CSR pages, read once in vertex order, let go as the pass goes: RSS counts a mapping's
+            # resident pages, and the pass would otherwise end holding both CSRs (32 bytes per edge)
+            release_pages(graph)
     src, dst = graph.edges("plain")
     step = 1 << 22  # the cut counted in blocks of edges: no array per edge
-    cut = sum(int(np.count_nonzero(assignment[src[k:k + step]] != assignment[dst[k:k + step]]))
-              for k in range(0, len(src), step))
+    cut = 0
+    for k in range(0, len(src), step):
+        cut += int(np.count_nonzero(assignment[src[k:k + step]] != assignment[dst[k:k + step]]))
+        release_pages(graph)
     return assignment, {"gamma": gamma, "slack": slack, "alpha": alpha, "batch": batch, "edge_cut": cut,
                         "balance": float(max(sizes) / (n / parts))}
