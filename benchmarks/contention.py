@@ -269,8 +269,9 @@ def table(rows: dict[tuple[str, str, str], dict], cases: list[str], settings: li
         f"{c} ms{'' if c == 'quiet' else ' (x quiet)'} | load" for c in competitors) + " |"
     lines = [head, "|" + "---|" * (3 + 2 * len(competitors))]
     for case in cases:
-        for system, setting, name in [("gnnc", s, s) for s in settings] + [
-                ("pyg", "torch's defaults", "PyG"), ("pyg", "torch's defaults", "PyG less its input dropout")]:
+        pyg = [("pyg", "torch's defaults", "PyG"), ("pyg", "torch's defaults", "PyG less its input dropout")]
+        for system, setting, name in [("gnnc", s, s) for s in settings] + (pyg if any(k[0] == "pyg" for k in rows)
+                                                                           else []):
             def epoch(r: dict) -> float | None:
                 if "epoch_s" not in r:
                     return None

@@ -60,3 +60,9 @@ def test_pyg_is_stated_with_and_without_its_input_dropout() -> None:
     less = next(line for line in lines if "PyG less its input dropout" in line)
     assert "140.0 [20 after 10]" in pyg and "240.0 (1.71x)" in pyg
     assert "40.0 [20 after 10]" in less and "120.0 (3.00x)" in less
+
+
+def test_gnnc_only_has_no_pyg_rows() -> None:
+    row = {"epoch_s": 0.01, "threads": 1, "epochs": 100, "warmup": 20, "load_before": "1.0", "load_after": "1.0"}
+    lines = contention.table({("gnnc", "default", "quiet"): {"cora-gcn": row}}, ["cora-gcn"], ["default"], ["quiet"])
+    assert len(lines) == 3 and "| cora-gcn | default | 1 | 10.0 [100 after 20] |" in lines[2]
