@@ -29,7 +29,7 @@ runtime schedules of that overlap (gnnc.plan.schedule_attrs: `halo[overlap=true]
   2.0 ms, is 1.7-4.3x below a part's cost (a part's equations also pass over every destination row); the layer's
   every op, charged before (SAGE 9, GAT 14 forward), was 1.5-3x above it. What the model still lacks is the
   gain: it prices every rank starting its exchange together (exposed communication max(0, exch - held)), while
-  the blocked time measured on the emulated cluster was 2.4-6x what it predicts, mostly ranks waiting for ranks
+  the blocked time measured on the emulated cluster was 2-6x what it predicts, mostly ranks waiting for ranks
   behind (two to a core); chunks hide part of that wait, which no symbol here prices.
 """
 from __future__ import annotations
