@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -200,10 +201,27 @@ def _distributed_checkpoints(cfg: DistConfig, directory: str) -> tuple[int | Non
     return latest, start, int(torch.equal(model.weight, torch.nn.Linear(3, 3).weight))
 
 
-def test_ranks_resume_from_the_newest_save_all_of_them_finished(tmp_path: Path) -> None:
-    results = launch(_distributed_checkpoints, 2, str(tmp_path), timeout_s=60)
-    assert results == [(2, 2, 1), (2, 2, 1)]  # latest 2; after the marker rollback, epoch 1 -> start 2
-    assert sorted(p.name for p in (tmp_path / "epoch-000001").iterdir()) == ["rank-0.ckpt", "rank-1.ckpt"]
+def _each_two_rank_case(cfg: DistConfig, root: str) -> dict[str, Any]:
+    """The three cases below, each in its own directory: one launch of 2 ranks instead of three."""
+    return {"newest": _distributed_checkpoints(cfg, f"{root}/newest"),
+            "metrics": _log_two_epochs(cfg, f"{root}/m.jsonl"),
+            "fallback": _distributed_fallback(cfg, f"{root}/fallback")}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """Where the 2-rank cases wrote, and what each rank returned (by case)."""
+    root = tmp_path_factory.mktemp("two-ranks")
+    for case in ("newest", "fallback"):
+        (root / case).mkdir()
+    return root, launch(_each_two_rank_case, 2, str(root), timeout_s=60)
+
+
+def test_ranks_resume_from_the_newest_save_all_of_them_finished(two_ranks) -> None:
+    root, results = two_ranks
+    # latest 2; after the marker rollback, epoch 1 -> start 2
+    assert [r["newest"] for r in results] == [(2, 2, 1), (2, 2, 1)]
+    assert sorted(p.name for p in (root / "newest" / "epoch-000001").iterdir()) == ["rank-0.ckpt", "rank-1.ckpt"]
 
 
 # --- metrics files: the same promise, complete lines only --------------------------------------
@@ -223,9 +241,10 @@ def _log_two_epochs(cfg: DistConfig, path: str) -> list[dict] | None:
     return out
 
 
-def test_rank_0_writes_one_line_per_rank_and_epoch(tmp_path: Path) -> None:
-    path = tmp_path / "m.jsonl"
-    results = launch(_log_two_epochs, 2, str(path), timeout_s=60)
+def test_rank_0_writes_one_line_per_rank_and_epoch(two_ranks) -> None:
+    root, ranks = two_ranks
+    path = root / "m.jsonl"
+    results = [r["metrics"] for r in ranks]
     assert results[1] is None and [r["rank"] for r in results[0]] == [0, 1]
     records = read_metrics(path)
     assert [(r["epoch"], r["rank"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -350,8 +369,8 @@ def _distributed_fallback(cfg: DistConfig, directory: str) -> tuple[int, list[st
     return start, again.resume_notes
 
 
-def test_ranks_pass_over_a_save_one_of_them_cannot_read(tmp_path: Path) -> None:
-    (start0, notes0), (start1, notes1) = launch(_distributed_fallback, 2, str(tmp_path), timeout_s=60)
+def test_ranks_pass_over_a_save_one_of_them_cannot_read(two_ranks) -> None:
+    (start0, notes0), (start1, notes1) = [r["fallback"] for r in two_ranks[1]]
     assert start0 == start1 == 1
     assert "another rank could not read" in notes0[0] and "rank-1.ckpt is not a gnnc checkpoint" in notes1[0]
 
