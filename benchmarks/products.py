@@ -5,8 +5,8 @@ The graph is the products-sized R-MAT: 2,449,029 vertices, 123,718,280 directed 
 a machine that cannot hold it, and the results file says which scale ran. Models: GCN and GraphSAGE (hidden 256),
 GAT (4 heads x 64). Peers, each in its own process:
 
-* gnnc in one process (`gnnc.run`, what `gnnc run MODEL --graph G` runs), and on `--nproc 2` with depcomm and with
-  the planner's choice;
+* gnnc in one process (`gnnc.run`, what `gnnc run MODEL --graph G` runs), the same with `--recompute`, and on
+  `--nproc 2` with depcomm and with the planner's choice;
 * PyG: GCNConv (cached), SAGEConv, GATConv on `edge_index`, and on a `torch.sparse` CSR adjacency (adj_t: what a
   PyG user does to save memory) where the layer accepts one; the same dropout, Adam, an evaluation forward pass
   after each step.
@@ -17,12 +17,18 @@ tree on two. Every peer runs under a watchdog that samples its process tree's re
 `--limit-gib` GiB: that row reads "out of memory at N GiB" and the benchmark goes on (an address-space limit,
 RLIMIT_AS, would refuse torch's large virtual reservations long before its resident memory got there).
 
+The graph is generated once and converted into a memory-mapped store (`gnnc convert`, under `--store`, reused by
+later runs of the same scale): every peer maps it (`--graph DIR`) instead of generating it again. Progress lines on
+stdout carry the elapsed time; each run appends its own section to the results file, with the load average at
+each peer's start and end beside its times, and each model's one-process peak against its floor and the largest
+rank's peak on two processes against the one-process peak (the issue's 0.6x).
+
 Each model's floor: the features (N x 100 x 4 bytes), the CSR in both directions (int64 index and f32 weight per
 edge, twice, and the row pointers), one [N, width] tensor kept per layer and two transient [N, hidden] gradients
 (the issue's count for GCN); GAT keeps each layer's attention coefficients too (edges x heads x 4 bytes), SAGE
 each layer's neighbour mean ([N, width in]).
 
-    python benchmarks/products.py                   # the full size: the machine alone, about 20 GiB
+    python benchmarks/products.py --models gcn,sage,gat --epochs 2   # the full size: the machine alone, about 20 GiB
     python benchmarks/products.py --scale 0.02 --epochs 3 --limit-gib 3.5   # a check on a shared machine
 """
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -42,7 +49,8 @@ RESULTS = ROOT / "benchmarks" / "RESULTS-products.md"
 VERTICES, EDGES, FEATURES, CLASSES = 2_449_029, 123_718_280, 100, 47
 MODELS = {"gcn": ("gcn.gnn", {"hidden": 256}), "sage": ("sage.gnn", {"hidden": 256}),
           "gat": ("gat.gnn", {"hidden": 64, "heads": 4})}
-PEERS = ("gnnc", "gnnc-nproc2-depcomm", "gnnc-nproc2-planner", "pyg-edge_index", "pyg-csr")
+PEERS = ("gnnc", "gnnc-recompute", "gnnc-nproc2-depcomm", "gnnc-nproc2-planner", "pyg-edge_index", "pyg-csr")
+STORE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gnnc" / "products"
 
 
 def graph_spec(scale: float) -> str:
@@ -73,7 +81,7 @@ def run_gnnc(model: str, spec: str, epochs: int, peer: str) -> dict:
     nproc = 2 if "nproc2" in peer else None
     strategy = "depcomm" if peer.endswith("depcomm") else None
     result = api.run(api.load_model(ROOT / "examples" / file, **sets), spec, epochs=epochs, seed=0, nproc=nproc,
-                     strategy=strategy, want_logits=False)
+                     strategy=strategy, want_logits=False, recompute=peer == "gnnc-recompute" or None)
     return {"epoch_s": result.epoch_time_s, "eval_s": result.eval_time_s, "peak_bytes": result.peak_rss_bytes,
             "predicted_bytes": result.predicted_peak_rss_bytes, "strategies": sorted(set(result.strategies)),
             "test_acc": result.test_acc}
@@ -116,9 +124,12 @@ def run_pyg(model: str, spec: str, epochs: int, peer: str) -> dict:
             logits = forward(False)
         steps.append(t1 - t0)
         evals.append(time.perf_counter() - t1)
-    acc = float((logits.argmax(1)[graph.test_mask] == y[graph.test_mask]).float().mean())
-    return {"epoch_s": statistics.median(steps[1:] or steps), "eval_s": statistics.median(evals[1:] or evals),
-            "peak_bytes": peak_rss_bytes(), "test_acc": acc}
+        acc = float((logits.argmax(1)[graph.test_mask] == y[graph.test_mask]).float().mean())
+        out = {"epoch_s": statistics.median(steps[1:] or steps), "eval_s": statistics.median(evals[1:] or evals),
+               "peak_bytes": peak_rss_bytes(), "test_acc": acc, "epochs_done": len(steps)}
+        # after every epoch: a peer stopped at --timeout still reports the epochs it ran (the driver keeps the last)
+        print("RESULT " + json.dumps(out), flush=True)
+    return out
 
 
 def peer_main(args: argparse.Namespace) -> None:
@@ -157,6 +168,13 @@ def tree_rss(pid: int) -> int:
 
 def run_peer(peer: str, model: str, spec: str, epochs: int, limit: float, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--peer", peer, "--model", model, "--graph", spec, "--epochs", str(epochs)]
+    return watched(cmd, limit, timeout)
+
+
+def watched(cmd: list[str], limit: float, timeout: float) -> dict:
+    """Run `cmd` in a session of its own, killed when its process tree's resident memory passes `limit` bytes or
+    it runs past `timeout` s; its last `RESULT {json}` line, with the tree's sampled peak and the wall time."""
+    cpu0 = _children_cpu()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True, cwd=ROOT)
     most, t0, killed = 0, time.monotonic(), None
@@ -168,15 +186,47 @@ def run_peer(peer: str, model: str, spec: str, epochs: int, limit: float, timeou
             proc.wait()
             break
         time.sleep(0.05)
+    # CPU seconds of the tree (its processes waited for; a killed one's too): on a loaded machine the wall time says
+    # little, this says what the peer would take alone (about cpu / 2 on 2 cores)
+    seen = {"tree_bytes": most, "wall_s": time.monotonic() - t0, "cpu_s": _children_cpu() - cpu0}
     out = proc.stdout.read() if proc.stdout else ""
-    if killed == "out of memory":
-        return {"error": f"out of memory at {limit / 2**30:.1f} GiB", "tree_bytes": most}
-    if killed:
-        return {"error": f"timed out after {timeout:.0f} s", "tree_bytes": most}
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    partial = json.loads(lines[-1][len("RESULT "):]) if lines else {}  # a killed PyG peer's epochs so far
+    if killed == "out of memory":
+        return {**partial, "error": f"out of memory at {limit / 2**30:.1f} GiB", **seen}
+    if killed:
+        done = f" after {partial['epochs_done']} epoch(s)" if "epochs_done" in partial else ""
+        return {**partial, "error": f"timed out after {timeout:.0f} s{done}", **seen}
     if not lines:
-        return {"error": f"exit {proc.returncode}", "tree_bytes": most}
-    return {**json.loads(lines[-1][len("RESULT "):]), "tree_bytes": most}
+        return {"error": f"exit {proc.returncode}", **seen}
+    return {**partial, **seen}
+
+
+def _children_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def store_for(spec: str, root: Path, limit: float, timeout: float, progress) -> tuple[Path, dict]:
+    """The graph's store under `root` (one directory per spec), converted once by `gnnc convert` in a watched
+    process; its manifest (vertex and edge counts) and how long the conversion took (0 when reused)."""
+    from gnnc.graph.store import MANIFEST  # the store's manifest file; imports no torch
+
+    path = root / spec.replace(":", "_").replace(",", "_").replace("=", "-")
+    if not (path / MANIFEST).exists():
+        progress(f"generating {spec} and converting it to {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "gnnc", "convert", spec, str(path)]
+        r = watched(cmd + ["--json"], limit, timeout)
+        if not (path / MANIFEST).exists():
+            raise SystemExit(f"gnnc convert {spec} failed: {r.get('error', r)}")
+        convert_s = r["wall_s"]
+        progress(f"converted in {convert_s:.0f} s (process tree peak {gib(r['tree_bytes'])} GiB)")
+    else:
+        convert_s = 0.0
+        progress(f"reusing the store {path}")
+    manifest = json.loads((path / MANIFEST).read_text())
+    return path, {"n": int(manifest["num_nodes"]), "e": int(manifest["num_edges"]), "convert_s": convert_s}
 
 
 def loadavg() -> str:
@@ -188,60 +238,98 @@ def gib(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**30:.2f}"
 
 
-def write_results(args: argparse.Namespace, spec: str, n: int, e: int, before: str,
-                  rows: list[tuple[str, str, dict]]) -> None:
-    after = loadavg()
-    lines = ["# Full-graph training at ogbn-products size: gnnc beside PyG (issue 35 item 4)", "",
-             f"`python benchmarks/products.py --scale {args.scale:g} --epochs {args.epochs} --limit-gib "
-             f"{args.limit_gib:g}`: graph `{spec}` ({n:,} vertices, {e:,} directed edges"
-             + ("; the products size" if args.scale == 1 else f"; {args.scale:g} of products' size, NOT the full "
-                "size: the full run needs the machine alone") + ").",
-             f"Load average before {before}, after the last row {after}"
-             + (" (loaded: a shared machine; times are not comparable)." if float(before.split()[0]) > 2.5 else "."),
+def section(args: argparse.Namespace, spec: str, info: dict, started: str, rows: list[tuple[str, str, dict]]) -> str:
+    """This run's section of the results file (rewritten after every peer: a run cut short keeps its rows)."""
+    n, e = info["n"], info["e"]
+    size = "the products size" if args.scale == 1 else (f"{args.scale:g} of products' size, NOT the full size: the "
+                                                        "full run needs the machine alone")
+    conv = (f"generated and converted to a store in {info['convert_s']:.0f} s" if info["convert_s"]
+            else "the store of an earlier run reused")
+    lines = [f"## {started}: --scale {args.scale:g}, {args.models}", "",
+             f"`python benchmarks/products.py --scale {args.scale:g} --models {args.models} --peers {args.peers} "
+             f"--epochs {args.epochs} --limit-gib {args.limit_gib:g}`: graph `{spec}` ({n:,} vertices, {e:,} directed "
+             f"edges; {size}; {conv}).",
              "Epoch: the training step's median over the epochs after the first; evaluation: the evaluation "
-             "forward's; peak: the largest process's VmHWM (tree: the peer's process tree, sampled).", "",
-             "| model | peer | epoch s | evaluation s | peak GiB | tree GiB | floor GiB | note |",
-             "|---|---|---|---|---|---|---|---|"]
+             "forward's; load: the load average (1 min) at the peer's start and end (above 2.5: a loaded machine, "
+             "times not comparable); wall, cpu: the peer's whole process (start, graph, every epoch) in wall and CPU "
+             "seconds; peak: the largest process's VmHWM (tree: the peer's process tree, sampled); "
+             "floor: the model's floor (module docstring of benchmarks/products.py).", "",
+             "| model | peer | epoch s | evaluation s | load | wall s | cpu s | peak GiB | tree GiB | floor GiB "
+             "| note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for model, peer, r in rows:
         note = r.get("error") or ", ".join(f"{k} {v}" for k, v in r.items()
                                             if k in ("strategies", "test_acc") and v is not None)
         cells = [model, peer, f"{r['epoch_s']:.3f}" if "epoch_s" in r else "-",
-                 f"{r['eval_s']:.3f}" if "eval_s" in r else "-", gib(r.get("peak_bytes")), gib(r.get("tree_bytes")),
-                 gib(floor_bytes(model, n, e)), note]
+                 f"{r['eval_s']:.3f}" if "eval_s" in r else "-", r.get("load", "-"), f"{r.get('wall_s', 0):.0f}",
+                 f"{r.get('cpu_s', 0):.0f}",
+                 gib(r.get("peak_bytes")), gib(r.get("tree_bytes")), gib(floor_bytes(model, n, e)), note]
         lines.append("| " + " | ".join(cells) + " |")
-    Path(args.output).write_text("\n".join(lines) + "\n")
+    lines.append("")
+    for model in dict.fromkeys(m for m, _, _ in rows):
+        got = {peer: r for m, peer, r in rows if m == model}
+        one = got.get("gnnc", {}).get("peak_bytes")
+        said = []
+        if one:
+            said.append(f"one process {gib(one)} GiB, {one / floor_bytes(model, n, e):.2f}x its floor")
+        for peer in ("gnnc-recompute", "gnnc-nproc2-depcomm", "gnnc-nproc2-planner"):
+            peak = got.get(peer, {}).get("peak_bytes")
+            if one and peak:
+                what = "largest rank" if "nproc2" in peer else "peak"
+                said.append(f"{peer}: {what} {peak / one:.2f}x the one-process peak")
+        if said:
+            lines.append(f"- {model}: " + "; ".join(said) + ".")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scale", type=float, default=1.0, help="fraction of products' vertices (and edges)")
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of products' vertices (and edges); 1: full")
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--models", default="gcn,sage,gat")
-    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--models", default="gcn,sage,gat", help="comma-separated, of " + ",".join(MODELS))
+    ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated, of " + ",".join(PEERS))
     ap.add_argument("--limit-gib", type=float, default=22.0, help="a peer's process tree is killed above this")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a peer may run")
-    ap.add_argument("-o", "--output", default=str(RESULTS))
+    ap.add_argument("--store", default=str(STORE),
+                    help="where the graph is converted once (a store per scale, reused by later runs)")
+    ap.add_argument("-o", "--output", default=str(RESULTS), help="the results file a section is appended to")
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--graph", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:
         return peer_main(args)
-    spec = graph_spec(args.scale)
-    from gnnc import api  # the graph's size, for the floors (loaded here once; each peer loads its own)
+    models, peers = args.models.split(","), args.peers.split(",")
+    for name, given, known in (("model", models, MODELS), ("peer", peers, PEERS)):
+        bad = [x for x in given if x not in known]
+        if bad:
+            ap.error(f"unknown {name} {bad[0]!r}: expected some of {','.join(known)}")
+    t0 = time.monotonic()
 
-    g = api.load_graph(spec)
-    n, e = g.num_nodes, g.num_edges
-    del g
-    before = loadavg()
+    def progress(line: str) -> None:
+        print(f"[{time.monotonic() - t0:7.0f} s] {line}", flush=True)
+
+    spec = graph_spec(args.scale)
+    limit = args.limit_gib * 2**30
+    store, info = store_for(spec, Path(args.store), limit, args.timeout, progress)
+    out = Path(args.output)
+    before = out.read_text() if out.exists() else \
+        "# Full-graph training at ogbn-products size: gnnc beside PyG (issue 35 item 4)\n"
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows: list[tuple[str, str, dict]] = []
-    for model in args.models.split(","):
-        for peer in args.peers.split(","):
-            r = run_peer(peer, model, spec, args.epochs, args.limit_gib * 2**30, args.timeout)
+    for model in models:
+        for peer in peers:
+            load = loadavg().split()[0]
+            progress(f"{model} {peer}: started (load {load})")
+            r = run_peer(peer, model, str(store), args.epochs, limit, args.timeout)
+            r["load"] = f"{load} / {loadavg().split()[0]}"
             rows.append((model, peer, r))
-            print(model, peer, json.dumps(r), flush=True)
-            write_results(args, spec, n, e, before, rows)  # after every peer: a long run cut short keeps its rows
-    print(f"wrote {args.output}")
+            said = r.get("error") or (f"epoch {r.get('epoch_s', 0):.2f} s, evaluation {r.get('eval_s', 0):.2f} s, "
+                                      f"peak {gib(r.get('peak_bytes'))} GiB")
+            progress(f"{model} {peer}: {said} (tree {gib(r['tree_bytes'])} GiB, {r['wall_s']:.0f} s wall, "
+                     f"{r['cpu_s']:.0f} s cpu)")
+            out.write_text(before.rstrip("\n") + "\n\n" + section(args, spec, info, started, rows))
+    progress(f"appended to {out}")
 
 
 if __name__ == "__main__":
