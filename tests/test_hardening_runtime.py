@@ -264,7 +264,8 @@ def _npz(path: Path, scale: float = 1.0, train: bool = True) -> str:
 
 
 def test_a_loss_that_becomes_nan_stops_the_run_naming_the_epoch(tmp_path: Path) -> None:
-    r = gnnc("run", GCN, "--graph", _npz(tmp_path / "huge.npz", scale=3e38), "--epochs", "5")
+    # in this process: exit 1 from a process is the killed and the hung rank's (real processes above)
+    r = gnnc_in_process("run", GCN, "--graph", _npz(tmp_path / "huge.npz", scale=3e38), "--epochs", "5")
     assert r.returncode == 1, r.stderr
     assert "training stopped at epoch 0: the loss is nan" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
