@@ -34,11 +34,6 @@ OTHER = "rmat:n=400,deg=4,features=8,classes=3,seed=1"  # same sizes, other edge
 START_DEADLINE_S = 180.0
 
 
-def gnnc(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gnnc", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=timeout)
-
-
 # --- a job running in the background ----------------------------------------------------------
 
 
