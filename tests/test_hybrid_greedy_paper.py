@@ -118,3 +118,38 @@ def test_the_runtime_holds_v_rep_and_fetches_the_rest() -> None:
         assert held == rep.rows[:layers].astype(int).tolist(), r
         assert [len(h) for h in rows[r].halos] == result.comm_received[r].astype(int).tolist(), r
         assert result.replicated_inputs[r] == rep.rows[0] and result.memory[r] == rep.memory
+
+
+def test_every_span_counted_off_its_start_equals_each_span_apiece() -> None:
+    """The planner prices every span from a start off one set of runs (hybrid_greedy.StartTraffic, issue 36):
+    each span's Algorithm 4 and communicate-all predictions equal select_paper's and predict's of that span's
+    own dependencies, to the bit (a random graph, 3 workers, a 5-layer start whose caching stops midway)."""
+    from gnnc.passes.partition.stats import compute_stats
+
+    graph = random_graph(300, 1500, f=16, seed=5)
+    world, layers = 3, 5
+    parts = np.random.default_rng(1).integers(0, world, graph.num_nodes)
+    stats = compute_stats(graph, parts, layers, "plain", num_parts=world)
+    costs = UnitCosts(t_v=np.linspace(0.8, 1.2, layers), t_e=np.full(layers, 0.2),
+                      t_c=np.array([0.4, 2.2, 4.0, 6.0, 9.0]), t_x=0.3, row_bytes=np.full(layers + 1, 4.0),
+                      edge_bytes=1.0)
+    longest = [hg.dependencies_from_stats(stats, r, layers) for r in range(world)]
+    t = [hg.in_trees(graph, "plain", parts, r) for r in range(world)]
+    for budget in (1e12, 300.0):  # caching everything worth it, and the memory stop of lines 14-15
+        runs = [hg.paper_run(t[r], d.layer, d.vertex, costs, budget, layers) for r, d in enumerate(longest)]
+        traffic = hg.start_traffic(longest, runs)
+        for m in range(1, layers + 1):
+            span = UnitCosts(costs.t_v[:m], costs.t_e[:m], costs.t_c[:m], costs.t_x, costs.row_bytes[:m + 1],
+                             costs.edge_bytes)
+            own = np.random.default_rng(m).random((world, m))
+            deps = [hg.dependencies_prefix(d, m) for d in longest]
+            pairs = [(hg.select_paper(deps, t, span, own, budget, runs=runs),
+                      hg.select_paper_prefix(traffic, runs, span, own)),
+                     (hg.predict(deps, span, own, [np.zeros(len(d), bool) for d in deps], source="communicate-all"),
+                      hg.communicate_all(traffic, span, own))]
+            for each, counted in pairs:
+                assert each.time == counted.time and each.source == counted.source, (budget, m)
+                for field in ("layer_times", "memory", "comm_received", "comm_sent", "recompute_rows",
+                              "recompute_edges", "replicated_inputs"):
+                    assert np.array_equal(getattr(each, field), getattr(counted, field)), (budget, m, field)
+            assert pairs[0][0].comm_received.sum() < pairs[1][0].comm_received.sum()  # Algorithm 4 cached some
