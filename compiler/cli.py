@@ -455,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.add_argument("--threads", type=THREADS, metavar="N",
                    help="threads per worker process (default: the CPUs this process may use, by its affinity mask "
-                        "and cgroup CPU quota, shared between the --nproc workers)")
+                        "and cgroup CPU quota, shared between the --nproc workers; one for an epoch too small to "
+                        "share; --json says why)")
     c.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(fn=cmd_run)
