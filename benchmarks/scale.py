@@ -273,7 +273,8 @@ def _tree(pid: int) -> list[int]:
 def measure(name: str, cmd: list[str], limit: float, timeout: float) -> dict[str, Any]:
     """Run `cmd` in its own session under the watchdog: wall time, every process's peak (VmHWM), the tree's
     largest sampled resident sum, the exit status, the load average before and after, its last JSON line."""
-    say(f"{name}: {' '.join(cmd[2:] if cmd[:2] == GNNC[:2] else cmd)}")
+    shown = " ".join(cmd[2:] if cmd[:2] == GNNC[:2] else cmd[2:] if cmd[1] == __file__ else cmd)
+    say(f"{name}: {shown[:240]}")
     before = loadavg()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -287,7 +288,9 @@ def measure(name: str, cmd: list[str], limit: float, timeout: float) -> dict[str
             break
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            peaks[proc.pid] = max(peaks.get(proc.pid, 0), usage.ru_maxrss * 1024)
+            # ru_maxrss is the largest of the step's process and its descendants: its own peak only where no
+            # VmHWM was sampled (a step shorter than one sample)
+            peaks.setdefault(proc.pid, usage.ru_maxrss * 1024)
             break
         total = 0
         for p in _tree(proc.pid):
@@ -436,17 +439,17 @@ class Bench:
     def plan(self) -> None:
         base = measure("runtime baseline", [sys.executable, "-c", "import torch, gnnc.api, gnnc.runtime.minibatch_dist"],
                        self.limit, 600)
-        others = {p.stem[len("measured-"):]: json.loads(p.read_text()) for p in self.work.glob("measured-*.json")}
-        self.step("plan full papers100M", self.me(kind="plan", baseline_bytes=base["peak_bytes"], others=others, store=self.path("papers-store"),
-                                                  model=str(self.model), fraction=self.args.fraction,
-                                                  measured=self.measured))
+        self.measured["runtime baseline"] = base  # the interpreter's start, which --project takes off every wall
+        self.step("plan full papers100M", self.me(kind="plan", baseline_bytes=base["peak_bytes"], work=str(self.work), store=self.path("papers-store"),
+                                                  model=str(self.model), fraction=self.args.fraction))
 
     def write(self) -> None:
         a = self.args
         n, e, f, c = self.papers
         pn, pe, _, _ = self.products
+        steps = "" if a.steps == ",".join(STEPS) else f" --steps {a.steps}"
         head = [f"## `python benchmarks/scale.py --fraction {a.fraction:g} --products-fraction {a.products_fraction:g} "
-                f"--limit-gib {a.limit_gib:g}` ({self.started})", "",
+                f"--limit-gib {a.limit_gib:g}{steps}` ({self.started})", "",
                 f"papers100M-like: {n:,} vertices, {e:,} directed edges, {f} features, {c} classes "
                 f"({a.fraction:g} of ogbn-papers100M); products-like: {pn:,} vertices, {pe:,} edges "
                 f"({a.products_fraction:g} of ogbn-products). "
@@ -486,8 +489,10 @@ def plan_child(spec: dict[str, Any]) -> dict[str, Any]:
     steps_f = max(math.ceil(train_f / BATCH), 1)
     steps_full = math.ceil(PAPERS_SPLIT[0] * n_full / BATCH)  # the batch is global: each rank takes its seeds of it
     x_row = 4 * features
-    measured = spec["measured"]
-    ranks = measured.get("sage 2 processes", {})
+    # every fraction's measurements, this one's included (Bench keeps them in the work directory)
+    runs = {float(p.stem[len("measured-"):]): json.loads(p.read_text())
+            for p in Path(spec["work"]).glob("measured-*.json")}
+    ranks = runs.get(spec["fraction"], {}).get("sage 2 processes", {})
     # the largest rank's peak (the launcher's own process is the step's root)
     rank_peak = max(ranks.get("child_peaks") or [0]) if ranks.get("rc") == 0 else 0
     base = spec["baseline_bytes"]
@@ -495,7 +500,7 @@ def plan_child(spec: dict[str, Any]) -> dict[str, Any]:
     # replicates (the edge list, the sampler's CSR): per edge, the slope of the rank's peak between this fraction
     # and another measured one (the rank's fixed part cancels); with one fraction only, over the runtime's
     # baseline (an upper bound: a rank's own fixed part is above that baseline)
-    others = sorted((float(f), m) for f, m in spec["others"].items() if float(f) != spec["fraction"])
+    others = sorted((f, m) for f, m in runs.items() if f != spec["fraction"])
     rank_other = max((m.get("sage 2 processes", {}).get("child_peaks") or [0]) for _, m in others[-1:]) \
         if others else 0
     if rank_peak and rank_other:
@@ -511,8 +516,11 @@ def plan_child(spec: dict[str, Any]) -> dict[str, Any]:
                                 steps_full=steps_full),
              "",
              f"Measured here: the runtime's baseline (a process that imported gnnc's runtime and torch) "
-             f"{gib(base)} GiB; a rank of the 2-process sampled run peaked at {gib(rank_peak)} GiB; replicated "
-             f"structure {per_edge:.1f} bytes per edge ({how}).", "",
+             f"{gib(base)} GiB; "
+             + (f"a rank of the 2-process sampled run peaked at {gib(rank_peak)} GiB: {per_edge:.1f} bytes per "
+                f"edge beyond its features ({how}), the evaluation's memory included, which grows faster than the "
+                f"graph (RESULTS' findings), so the table counts the replicated structure's arrays instead."
+                if rank_peak else "the 2-process sampled run did not finish at this fraction."), "",
              "| cluster | workers | planner's strategies | predicted step ms | predicted epoch s (full) | replicated "
              "structure GiB | features GiB | activations MiB | per-worker GiB |", "|---|---|---|---|---|---|---|---|---|"]
     rows = []
@@ -523,8 +531,8 @@ def plan_child(spec: dict[str, Any]) -> dict[str, Any]:
                 plan = api.compile(model, graph, workers=workers, cluster=cluster, sampling=sampling,
                                    partition="fennel")
                 rec = plan.meta.planner
-                step_s = float(rec.predicted_time_s) / steps_f
-                structure = per_edge * e_full
+                step_s = float(rec.predicted_time_s) / train_f * BATCH  # per seed: a fraction's batch may be short
+                structure = REPLICA_PER_EDGE * e_full + REPLICA_PER_VERTEX * n_full
                 feats = n_full * x_row / workers
                 act = float(rec.predicted_memory_bytes)
                 total = base + structure + feats + act
@@ -540,16 +548,21 @@ def plan_child(spec: dict[str, Any]) -> dict[str, Any]:
             "rank_peak_bytes": rank_peak}
 
 
+REPLICA_PER_EDGE = 2 * 4 + 8 + 8  # src, dst (int32), the sampler's CSR indices and edge ids (int64)
+REPLICA_PER_VERTEX = 8 + 8 + 3 + 8 + 8 + 8  # parts, y, three masks, indptr, degree, the local row index
 PLAN_METHOD = ("Method: gnnc's planner cannot plan without a graph (`gnnc compile` partitions the graph and dry-runs "
                "the sampler on it; there is no symbolic graph descriptor), so every plan is compiled for the sampled "
                "GraphSAGE on this run's {fraction:g} store ({n:,} vertices, {e:,} edges, {train:,} training "
-               "vertices: {steps_f} global batches of 1024) with `--partition fennel`, for each cluster and worker "
-               "count. A step's time is the planner's predicted epoch over those batches (a sampled step's work is "
+               "vertices in {steps_f} global batches of at most 1024) with `--partition fennel`, for each cluster and "
+               "worker count. A full step's time is the planner's predicted epoch per training vertex times 1024 "
+               "(a sampled step's work is "
                "bounded by the fan-out, not the graph's size; on a small fraction the sampled neighbourhoods overlap "
                "more, so the step is underestimated there); the full epoch is {steps_full:,} steps (1.2M training "
                "vertices / 1024). A worker's memory: the runtime's baseline, the structure every rank of a sampled "
-               "plan replicates (gnnc.plan.sampled_shards: the whole edge list and the sampler's CSR) at the "
-               "bytes per edge measured on a rank here, times the full 1.6B edges; its share of the features "
+               "plan replicates (gnnc.plan.sampled_shards: the edge list, int32, and the sampler's CSR, int64 "
+               "indices and edge ids: 24 bytes per edge; parts, labels, masks, row pointers, degrees and local "
+               "rows: 43 bytes per vertex) at the full 111M vertices and 1.6B edges, counted, not measured; its "
+               "share of the features "
                "(111M x 128 x 4 bytes / workers, memory-mapped: resident as far as it is read); and the planner's "
                "predicted activation memory of a step. dgx-a100 at 16/32/64 workers: 2, 4, 8 DGX A100 (the "
                "preset's 8 GPUs and NVSwitch per box) joined by 200 Gb/s HDR InfiniBand per GPU; cpu-cluster: "
@@ -582,12 +595,22 @@ def project(work: Path, target: float) -> list[str]:
     if len(runs) < 2:
         raise SystemExit(f"--project needs two fractions measured in {work}, found {len(runs)}")
     (f1, m1), (f2, m2) = runs[-2:]
-    lines = [f"Projected to --fraction {target:g} from the runs at {f1:g} and {f2:g} (linear in the fraction):", "",
+    startup = m2.get("runtime baseline", {}).get("wall_s", 0.0)
+    lines = [f"Projected to --fraction {target:g} from the runs at {f1:g} and {f2:g}. Peak: the line through the "
+             f"two (its intercept the interpreter and torch, its slope what grows with the graph). Time: on a "
+             f"small fraction a step's wall is mostly the interpreter's start ({startup:.0f} s, the `runtime "
+             f"baseline` step) and the load's noise, so the wall projected is the larger run's beyond that start "
+             f"times {target / f2:g} (meaningful once the graph's part dominates), and the inner times (the "
+             f"partitioner's, the epoch's, the evaluation's) times {target / f2:g}: linear in the graph, a lower "
+             f"bound for what grows faster (METIS; the evaluation on ranks).", "",
              "| step | peak GiB at " + f"{f1:g} / {f2:g}" + " | projected peak GiB | wall s at " + f"{f1:g} / {f2:g}"
-             + " | projected wall s | inner s (partition, epoch) projected |", "|---|---|---|---|---|---|"]
+             + " | projected wall s | inner s projected |", "|---|---|---|---|---|---|"]
 
     def line(v1: float, v2: float) -> float:
         return v2 + (v2 - v1) / (f2 - f1) * (target - f2)
+
+    def grown(v2: float, fixed: float = 0.0) -> float:
+        return fixed + max(v2 - fixed, 0.0) * target / f2
 
     for name, r2 in m2.items():
         r1 = m1.get(name)
@@ -602,10 +625,10 @@ def project(work: Path, target: float) -> list[str]:
         o1, o2 = r1.get("out") or {}, r2.get("out") or {}
         for key in ("time_s", "epoch_time_s", "eval_time_s"):
             if isinstance(o1.get(key), (int, float)) and isinstance(o2.get(key), (int, float)):
-                inner += f"{key} {line(o1[key], o2[key]):.0f} "
+                inner += f"{key} {grown(o2[key]):.0f} "
         lines.append(f"| {name}{' (a rank)' if name.startswith('sage 2') else ''} | {gib(peaks[0])} / "
                      f"{gib(peaks[1])} | {gib(line(*peaks))} | {r1['wall_s']:.1f} / {r2['wall_s']:.1f} | "
-                     f"{line(r1['wall_s'], r2['wall_s']):.0f} | {inner.strip() or '-'} |")
+                     f"{grown(r2['wall_s'], startup):.0f} | {inner.strip() or '-'} |")
     return lines
 
 
