@@ -24,9 +24,10 @@ demo: $(STAMP)
 	$(BIN)/gnnc run examples/gcn.gnn --graph planetoid:cora --epochs 200 --lr 0.01 --weight-decay 5e-4 --seed 0
 
 # The tests run on one pytest-xdist worker per usable CPU (tests/conftest.py says how many); worksteal evens out
-# the long distributed tests at the end. A single file runs as before: python -m pytest tests/test_x.py
+# the long distributed tests at the end; the 40 slowest are listed, so a CI log says where its time went. A single file
+# runs as before: python -m pytest tests/test_x.py
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --dist worksteal
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --dist worksteal --durations=40
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
