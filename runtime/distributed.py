@@ -428,12 +428,11 @@ class DistWorker(Worker):
                     comm.check_halo_plan(layer.entry, lg.n_owned)
                 checked.add(id(layer))
         check_schedule(program)
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        hold_parts_views(program, lg, rank)
+        hold_parts_views(program, lg, self.rank)
         for layer in program.graph_layers():  # a binned layer's bins: structure, built with the shard
             if layer_schedule(layer).binned:
                 bins_of(lg.layers[layer.name], layer, program.config_dict())
-        build_split_parts(program, lg, rank)
+        build_split_parts(program, lg, self.rank)
         # The shard goes to the device once, every structure derived from it (parts, bins) built first, on the
         # host: built there during the first epoch, they would read the device (on CPU this changes nothing).
         move = devices.mover(self.device)
