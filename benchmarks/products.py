@@ -144,26 +144,42 @@ def peer_main(args: argparse.Namespace) -> None:
 # ----- the driver: each peer in a process under a watchdog
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of process `pid` and every descendant (read from /proc)."""
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and its descendants (from /proc)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(entry))
-            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    total, todo = 0, [pid]
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
+        out.append(p)
         todo.extend(children.get(p, []))
-    return total
+    return out
+
+
+def rss_and_peak(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in bytes; (0, 0) once it is gone."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss, hwm
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process `pid` and every descendant."""
+    return sum(rss_and_peak(p)[0] for p in tree_pids(pid))
 
 
 def run_peer(peer: str, model: str, spec: str, epochs: int, limit: float, timeout: float) -> dict:

@@ -49,6 +49,9 @@ from typing import Any
 
 import numpy as np
 
+# the watchdog's /proc readings and the figures' format, as benchmarks/products.py takes them
+from products import gib, loadavg, rss_and_peak, tree_pids
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS-scale.md"
 GNNC = [sys.executable, "-m", "gnnc"]
@@ -93,11 +96,6 @@ T0 = time.monotonic()
 def say(text: str) -> None:
     """A progress line: the elapsed time of the whole benchmark and the load average."""
     print(f"[{time.monotonic() - T0:8.1f} s, load {loadavg()}] {text}", flush=True)
-
-
-def loadavg() -> str:
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 # ----- the streaming generator (a child process)
@@ -237,39 +235,6 @@ def _cut(graph: Any, assignment: np.ndarray) -> int:
 # ----- the driver: a step's command under the watchdog
 
 
-def _status(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process in bytes; (0, 0) once it is gone."""
-    rss = hwm = 0
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return rss, hwm
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def measure(name: str, cmd: list[str], limit: float, timeout: float) -> dict[str, Any]:
     """Run `cmd` in its own session under the watchdog: wall time, every process's peak (VmHWM), the tree's
     largest sampled resident sum, the exit status, the load average before and after, its last JSON line."""
@@ -293,8 +258,8 @@ def measure(name: str, cmd: list[str], limit: float, timeout: float) -> dict[str
             peaks.setdefault(proc.pid, usage.ru_maxrss * 1024)
             break
         total = 0
-        for p in _tree(proc.pid):
-            rss, hwm = _status(p)
+        for p in tree_pids(proc.pid):
+            rss, hwm = rss_and_peak(p)
             total += rss
             if hwm:
                 peaks[p] = max(peaks.get(p, 0), hwm)
@@ -332,10 +297,6 @@ def measure(name: str, cmd: list[str], limit: float, timeout: float) -> dict[str
     say(f"{name}: {'failed: ' + result['error'] if 'error' in result else 'done'} in {wall:.1f} s, peak "
         f"{gib(result['peak_bytes'])} GiB")
     return result
-
-
-def gib(b: float | None) -> str:
-    return "-" if b is None else f"{b / 2**30:.2f}"
 
 
 def sized(full: tuple[int, int, int, int], fraction: float) -> tuple[int, int, int, int]:

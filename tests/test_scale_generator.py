@@ -4,6 +4,7 @@ written in blocks that divide neither count, and seeded: the same files on every
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,8 @@ from gnnc.graph.storage import UNLABELLED
 
 
 def _scale():
+    if str(ROOT / "benchmarks") not in sys.path:  # scale.py imports its neighbour products.py
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("scale_bench", ROOT / "benchmarks" / "scale.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
