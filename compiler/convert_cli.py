@@ -27,18 +27,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run `gnnc convert`; GnncError for bad input (the CLI exits 2 on it)."""
     # deferred: building gnnc's parser must not load torch
+    from pathlib import Path
+
     from gnnc.graph.loaders import load_graph
-    from gnnc.graph.store import write_store
+    from gnnc.graph.ogb import is_ogb_dir
+    from gnnc.graph.store import is_store, write_ogb_store, write_store
     from gnnc.runtime.metrics import peak_rss_bytes
 
-    # no load cache: the store is the converted graph, and the cache's copy of it would be the whole source again
-    # on disk (papers100M's 57 GB of features) and one more write of every array
-    graph = load_graph(args.source, use_cache=False)
-    manifest = write_store(graph, args.output)
-    print(f"wrote {args.output}: {graph.name}, {graph.num_nodes} vertices, {graph.num_edges} edges, "
-          f"{len(manifest['arrays'])} arrays")
+    source = Path(args.source)
+    if source.is_dir() and is_ogb_dir(source) and not is_store(source):
+        # read in blocks: an OGB directory of papers100M's size does not fit whole (its features alone 57 GB)
+        manifest = write_ogb_store(source, args.output)
+    else:
+        # no load cache: the store is the converted graph, and the cache's copy of it would be the whole source
+        # again on disk and one more write of every array
+        manifest = write_store(load_graph(args.source, use_cache=False), args.output)
+    name, n, e = manifest["name"], manifest["num_nodes"], manifest["num_edges"]
+    print(f"wrote {args.output}: {name}, {n} vertices, {e} edges, {len(manifest['arrays'])} arrays")
     if args.json:
-        print(json.dumps({"output": str(args.output), "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+        print(json.dumps({"output": str(args.output), "num_nodes": n, "num_edges": e,
                           "arrays": sorted(manifest["arrays"]), "peak_rss_bytes": peak_rss_bytes()},
                          sort_keys=True))
     return 0

@@ -32,10 +32,14 @@ num-node-dict.csv.gz) is refused, naming what a homogeneous one would have.
 """
 from __future__ import annotations
 
+import gzip
+import math
+import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -116,6 +120,10 @@ def split_dir(root: Path) -> Path | None:
     return names[0]
 
 
+_NULLS = ["", "nan", "NaN", "NAN"]
+CSV_BLOCK_BYTES = 1 << 24  # what pyarrow parses at a time (a block of a streamed file: about 1M edge lines)
+
+
 def read_csv(path: Path, dtype: type, field_name: str) -> np.ndarray:
     """A headerless numeric CSV as a [rows, columns] array; an empty field or `nan` is NaN (a float dtype only).
 
@@ -126,30 +134,84 @@ def read_csv(path: Path, dtype: type, field_name: str) -> np.ndarray:
     from pyarrow import csv
 
     try:
-        table = csv.read_csv(path, read_options=csv.ReadOptions(autogenerate_column_names=True, block_size=1 << 24),
+        table = csv.read_csv(path, read_options=csv.ReadOptions(autogenerate_column_names=True,
+                                                                block_size=CSV_BLOCK_BYTES),
                              # pandas, which OGB writes its files with, writes a NaN label as an empty line
                              parse_options=csv.ParseOptions(ignore_empty_lines=False),
                              convert_options=csv.ConvertOptions(
                                  column_types=None, strings_can_be_null=False,
-                                 null_values=["", "nan", "NaN", "NAN"], quoted_strings_can_be_null=False))
+                                 null_values=_NULLS, quoted_strings_can_be_null=False))
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, EOFError, zlib.error) as err:
         message = str(err).splitlines()[0][:300]
         if isinstance(err, pa.ArrowInvalid) and "Empty CSV file" in message:
             return np.zeros((0, 1), dtype=dtype)
         raise GraphInputError(f"{path}: {field_name}: not a readable CSV of numbers ({message})") from None
-    out = np.empty((table.num_rows, table.num_columns), dtype=dtype)
+    return _columns_array(table.columns, table.num_rows, dtype, path, field_name, 0)
+
+
+def csv_blocks(path: Path, dtype: type, field_name: str) -> Iterator[np.ndarray]:
+    """The rows of a headerless numeric CSV as [rows, columns] arrays of about CSV_BLOCK_BYTES of text each,
+    checked as read_csv checks the whole file: what `gnnc convert` reads a file too large to hold with.
+
+    Every column's type is set from the first line's column count (int64 for an integer dtype, float64
+    otherwise), not inferred: a streamed file's types are inferred from its first block, and features
+    written as `0`/`1` there and `0.5` further on would stop the read halfway.
+    """
+    import pyarrow as pa
+    from pyarrow import csv
+
+    columns = _first_line_columns(path, field_name)
+    if columns == 0:
+        return
+    kind = pa.int64() if np.dtype(dtype).kind in "iu" else pa.float64()
+    row = 0
+    try:
+        reader = csv.open_csv(path, read_options=csv.ReadOptions(autogenerate_column_names=True,
+                                                                 block_size=CSV_BLOCK_BYTES),
+                              parse_options=csv.ParseOptions(ignore_empty_lines=False),
+                              convert_options=csv.ConvertOptions(
+                                  column_types={f"f{j}": kind for j in range(columns)}, strings_can_be_null=False,
+                                  null_values=_NULLS, quoted_strings_can_be_null=False))
+        for batch in reader:
+            yield _columns_array(batch.columns, batch.num_rows, dtype, path, field_name, row)
+            row += batch.num_rows
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, EOFError, zlib.error) as err:
+        message = str(err).splitlines()[0][:300]
+        raise GraphInputError(f"{path}: {field_name}: not a readable CSV of numbers ({message}; in the block of "
+                              f"rows from {row + 1})") from None
+
+
+def _first_line_columns(path: Path, field_name: str) -> int:
+    """The fields of a CSV's first line (0: an empty file)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            line = f.readline()
+    except (OSError, EOFError, zlib.error) as err:
+        raise GraphInputError(f"{path}: {field_name}: not a readable CSV of numbers ({err})") from None
+    return line.count(b",") + 1 if line else 0
+
+
+def _columns_array(columns: list, num_rows: int, dtype: type, path: Path, field_name: str,
+                   first_row: int) -> np.ndarray:
+    """pyarrow columns (of a table or a streamed block whose first row is `first_row`) as one [rows, columns]
+    array of `dtype`; GraphInputError naming the line of a value that is not a number of that kind."""
+    import pyarrow as pa
+
+    out = np.empty((num_rows, len(columns)), dtype=dtype)
     kind = np.dtype(dtype).kind
-    for j, column in enumerate(table.columns):
+    for j, column in enumerate(columns):
         if pa.types.is_null(column.type):  # every field of the column empty
             column = column.cast(pa.float64())
         if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
             row, bad = next(((k, v) for k, v in enumerate(column.to_pylist()) if v is not None and not _number(v)),
                             (0, "?"))
-            raise GraphInputError(f"{path}:{row + 1}: {field_name}: column {j + 1} holds {str(bad)[:40]!r}, "
-                                  f"not a number")
+            raise GraphInputError(f"{path}:{first_row + row + 1}: {field_name}: column {j + 1} holds "
+                                  f"{str(bad)[:40]!r}, not a number")
         if column.null_count and kind != "f":
             row = int(np.nonzero(column.is_null().to_numpy(zero_copy_only=False))[0][0])
-            raise GraphInputError(f"{path}:{row + 1}: {field_name}: an empty field or NaN, where a number must be")
+            raise GraphInputError(f"{path}:{first_row + row + 1}: {field_name}: an empty field or NaN, where a "
+                                  f"number must be")
         values = column.to_numpy(zero_copy_only=False)  # nulls of a float column come back as NaN
         if kind in "iu" and values.dtype.kind == "f":
             raise GraphInputError(f"{path}: {field_name}: column {j + 1} holds non-integer values")
@@ -210,6 +272,12 @@ def read_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]) 
     name = dataset_name(root)
     if INVERSE_EDGES.get(name, False):
         edge_index, edge_feat = _with_inverse(edge_index, edge_feat)
+    return OgbArrays(name, n, edge_index, x, y, split_masks(root, n),
+                     {EDGE_FEATURES: edge_feat} if edge_feat is not None else {})
+
+
+def split_masks(root: Path, n: int) -> dict[str, np.ndarray]:
+    """The split's masks by Graph field name ({} without split/), each vertex id checked against `n`."""
     masks = {}
     split = split_dir(root)
     if split is not None:
@@ -223,8 +291,7 @@ def read_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]) 
             mask = np.zeros(n, dtype=bool)
             mask[idx] = True
             masks[mask_name] = mask
-    return OgbArrays(name, n, edge_index, x, y, masks,
-                     {EDGE_FEATURES: edge_feat} if edge_feat is not None else {})
+    return masks
 
 
 def _count(values: np.ndarray | None, what: str, root: Path) -> int | None:
@@ -243,3 +310,233 @@ def _with_inverse(edge_index: np.ndarray, edge_feat: np.ndarray | None) -> tuple
     both[0, 1::2] = edge_index[1]
     both[1, 1::2] = edge_index[0]
     return both, (np.repeat(edge_feat, 2, axis=0) if edge_feat is not None else None)
+
+
+# --- reading in blocks (gnnc convert) ---------------------------------------------------------------
+
+NPZ_BLOCK_BYTES = 64 << 20  # what one read of an .npz member holds
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+@dataclass
+class NpzMember:
+    """One array of an .npz, read from the archive in blocks, never whole unless asked: OGB's own
+    ogbn-papers100M data.npz is compressed (np.savez_compressed), so a member cannot be mapped in place."""
+
+    path: Path
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fortran: bool
+
+    def elements(self, per_block: int) -> Iterator[np.ndarray]:
+        """Its elements in the order they are stored (C or Fortran), `per_block` at a time (the last fewer)."""
+        per_block = max(per_block, 1)
+        total = math.prod(self.shape)
+        try:
+            with zipfile.ZipFile(self.path) as archive, archive.open(f"{self.name}.npy") as member:
+                _npy_header(member)
+                done = 0
+                while done < total:
+                    block = np.empty(min(per_block, total - done), dtype=self.dtype)
+                    view = memoryview(block).cast("B")
+                    got = 0
+                    while got < len(view):
+                        n = member.readinto(view[got:])
+                        if not n:
+                            raise EOFError(f"ends after {done + got // self.dtype.itemsize} of {total} values")
+                        got += n
+                    done += len(block)
+                    yield block
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError) as err:
+            raise GraphInputError(f"{self.path}: {self.name}: not a readable .npz member (truncated or damaged: "
+                                  f"{err})") from None
+
+    def rows(self) -> Iterator[np.ndarray]:
+        """Blocks of rows (axis 0) in C order, of about NPZ_BLOCK_BYTES each. A Fortran-order member of 2
+        dimensions or more is stored column by column, so its rows are only whole once all of it is read:
+        it is read whole (np.save writes a transposed view so; OGB's features are in C order)."""
+        if self.fortran and len(self.shape) > 1:
+            whole = np.concatenate(list(self.elements(math.prod(self.shape)))) if math.prod(self.shape) else \
+                np.empty(0, self.dtype)
+            yield np.ascontiguousarray(whole.reshape(self.shape, order="F"))
+            return
+        tail = self.shape[1:]
+        per_row = max(math.prod(tail), 1)
+        rows = max(NPZ_BLOCK_BYTES // (per_row * self.dtype.itemsize), 1)
+        for block in self.elements(rows * per_row):
+            yield block.reshape((-1, *tail))
+
+
+def _npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    if version not in _NPY_HEADERS:
+        raise ValueError(f".npy format version {version} is not supported")
+    return _NPY_HEADERS[version](f)
+
+
+def npz_members(path: Path) -> dict[str, NpzMember]:
+    """The arrays of an .npz by name, their headers read and checked (an array of Python objects, which only
+    pickle could read, is refused; a declared shape larger than the member holds too), nothing else read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head not in (b"PK\x03\x04", b"PK\x05\x06"):
+            raise GraphInputError(f"{path}: not an .npz file (no zip archive header; write it with numpy.savez)")
+        members = {}
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                name = info.filename[: -len(".npy")]
+                with archive.open(info) as member:
+                    shape, fortran, dtype = _npy_header(member)
+                    header = member.tell()
+                if dtype.hasobject:
+                    raise GraphInputError(f"{path}: {name}: holds an array that needs pickle to read (refused)")
+                declared = math.prod(shape) * dtype.itemsize
+                if declared > info.file_size - header:
+                    raise GraphInputError(f"{path}: {name}: declares shape {list(shape)} of {dtype} ({declared} "
+                                          f"bytes) but holds {info.file_size - header}; the file is damaged or forged")
+                members[name] = NpzMember(path, name, dtype, tuple(shape), bool(fortran))
+        return members
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError) as err:
+        raise GraphInputError(f"{path}: not a readable .npz file ({err})") from None
+
+
+EdgeBlocks = Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]
+RowBlocks = Callable[[], Iterator[np.ndarray]]
+
+
+@dataclass
+class OgbStream:
+    """An OGB node-property directory as `gnnc convert` reads it: the per-vertex arrays whole (O(N): labels
+    and the split), the edges, features and edge features as functions that yield blocks; unvalidated beyond
+    the layout and the counts (gnnc.graph.store.write_ogb_store checks every block as build_graph would)."""
+
+    name: str
+    num_nodes: int  # the count file's; else the features' rows where known ahead, else the labels' rows
+    nodes_from_count: bool
+    y: np.ndarray
+    masks: dict[str, np.ndarray]
+    edges: EdgeBlocks  # (src, dst) blocks in edge order, each edge followed by its reverse where OGB adds it
+    x: RowBlocks | None  # [rows, F] blocks
+    edge_feat: RowBlocks | None  # [rows, D] blocks, in the edges' order
+
+
+def stream_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]) -> OgbStream:
+    """What read_ogb_dir reads, with the edges, features and edge features left in the files to be read in
+    blocks; `read_npz` reads node-label.npz (whole: one label per vertex)."""
+    ogb_files(root)
+    raw = root / "raw"
+    name = dataset_name(root)
+    inverse = INVERSE_EDGES.get(name, False)
+    x_rows = None
+    if (raw / "data.npz").is_file():
+        members = npz_members(raw / "data.npz")
+        if "edge_index" not in members:
+            raise GraphInputError(f"{raw / 'data.npz'}: edge_index: missing (has {', '.join(sorted(members))})")
+        edge_index, feat, efeat = members["edge_index"], members.get("node_feat"), members.get("edge_feat")
+        if len(edge_index.shape) != 2 or edge_index.shape[0] != 2:
+            raise GraphInputError(f"{root}: edge_index: expected shape [2, E], got {list(edge_index.shape)}")
+        label_path = raw / "node-label.npz"
+        labels = read_npz(label_path)
+        if "node_label" not in labels:
+            raise GraphInputError(f"{label_path}: node_label: missing (has {', '.join(sorted(labels))})")
+        y = labels["node_label"]
+        counts = {key: (np.concatenate(list(members[field].elements(1 << 20))) if field in members else None)
+                  for key, field in (("num-node-list", "num_nodes_list"), ("num-edge-list", "num_edges_list"))}
+        raw_edges: EdgeBlocks = lambda: _npz_edges(edge_index)  # noqa: E731
+        x = (lambda: feat.rows()) if feat is not None else None
+        if feat is not None:
+            x_rows = feat.shape[0] if feat.shape else 0
+        edge_rows = (lambda: (b if b.ndim == 2 else b[:, None] for b in efeat.rows())) if efeat is not None else None
+        e_known = edge_index.shape[1]
+    else:
+        edge_path = _file(raw, "edge", True)
+        raw_edges = lambda: _csv_edges(edge_path)  # noqa: E731
+        feat_path, efeat_path = _file(raw, "node-feat", False), _file(raw, "edge-feat", False)
+        x = (lambda: csv_blocks(feat_path, np.float32, "x")) if feat_path is not None else None
+        edge_rows = (lambda: csv_blocks(efeat_path, np.float32, "edge_attr")) if efeat_path is not None else None
+        y = read_csv(_file(raw, "node-label", True), np.float64, "y")
+        counts = {key: (read_csv(p, np.int64, key).ravel() if p is not None else None)
+                  for key in ("num-node-list", "num-edge-list") for p in [_file(raw, key, False)]}
+        e_known = None
+    n = _count(counts["num-node-list"], "num-node-list", root)
+    from_count = n is not None
+    if n is None:
+        n = x_rows if x_rows is not None else len(y)
+    elif x_rows is not None and x_rows != n:
+        raise GraphInputError(f"{root}: x: node-feat has {x_rows} rows but num-node-list says {n}")
+    e = _count(counts["num-edge-list"], "num-edge-list", root)
+    if e is not None and e_known is not None and e_known != e:
+        raise GraphInputError(f"{root}: edge_index: raw/edge has {e_known} edges but num-edge-list says {e}")
+
+    def edges() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        seen = 0
+        for src, dst in raw_edges():
+            seen += len(src)
+            yield _inverse_block(src, dst) if inverse else (src, dst)
+        if e is not None and seen != e:
+            raise GraphInputError(f"{root}: edge_index: raw/edge has {seen} edges but num-edge-list says {e}")
+
+    def x_blocks() -> Iterator[np.ndarray]:
+        rows = 0
+        for block in x():
+            rows += len(block)
+            yield block
+        if from_count and rows != n:
+            raise GraphInputError(f"{root}: x: node-feat has {rows} rows but num-node-list says {n}")
+
+    def edge_feat() -> Iterator[np.ndarray]:
+        for block in edge_rows():
+            yield np.repeat(block, 2, axis=0) if inverse else block
+
+    return OgbStream(name, n, from_count, y, split_masks(root, n), edges, x_blocks if x is not None else None,
+                     edge_feat if edge_rows is not None else None)
+
+
+def _npz_edges(edge_index: NpzMember) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(src, dst) blocks of a [2, E] member: in C order all sources come first, then all destinations (read
+    twice, the sources' pass stopping at E); in Fortran order ([E, 2] transposed, as OGB's `.T` leaves it)
+    each edge's pair is together."""
+    e = edge_index.shape[1]
+    per_block = NPZ_BLOCK_BYTES // max(edge_index.dtype.itemsize, 1)
+    if edge_index.fortran:
+        for block in edge_index.elements(per_block - per_block % 2):
+            pairs = block.reshape(-1, 2)
+            yield pairs[:, 0], pairs[:, 1]
+        return
+    # C order: the destinations start E values in; read them beside the sources from a second reader
+    sources, targets = edge_index.elements(per_block), edge_index.elements(per_block)
+    skipped = 0
+    pending = np.empty(0, edge_index.dtype)
+    while skipped < e:  # advance the second reader past the sources
+        block = next(targets)
+        take = min(len(block), e - skipped)
+        skipped += take
+        pending = block[take:]
+    done = 0
+    for block in sources:
+        block = block[: e - done]
+        if not len(block):
+            break
+        while len(pending) < len(block):
+            pending = np.concatenate([pending, next(targets)])
+        yield block, pending[: len(block)]
+        pending = pending[len(block):]
+        done += len(block)
+
+
+def _csv_edges(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for block in csv_blocks(path, np.int64, "edge_index"):
+        if block.shape[1] != 2:
+            raise GraphInputError(f"{path}: edge_index: rows must be 'src,dst', got {block.shape[1]} columns")
+        yield block[:, 0], block[:, 1]
+
+
+def _inverse_block(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The block's edges each followed by its reverse (_with_inverse's order, block by block)."""
+    s, d = np.repeat(src, 2), np.repeat(dst, 2)
+    s[1::2], d[1::2] = dst, src
+    return s, d

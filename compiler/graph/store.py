@@ -2,7 +2,9 @@
 
 Why this module exists: a graph the size of ogbn-papers100M (111M vertices,
 57 GB of features) cannot be parsed, or even held, by every process that
-touches it. `write_store` writes a loaded Graph once, array by array; `open_store`
+touches it. `write_store` writes a loaded Graph once, array by array, and
+`write_ogb_store` an OGB directory read in blocks (`gnnc convert`: neither its
+features nor its sorted edges are held whole); `open_store`
 maps each array read-only (an mmap of the .npy's data, as `np.load(mmap_mode="r")`
 makes, kept so that `release_pages` can drop what was read), so a process reads
 the pages it touches: a rank's shard gathers its own rows of x, not the whole matrix.
@@ -24,12 +26,15 @@ written over): a directory whose manifest is there holds a whole store.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import math
 import mmap
 import os
 import re
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,79 +77,320 @@ class _HashingWriter:
 
 def _save(out: Path, name: str, arr: np.ndarray) -> dict[str, Any]:
     """One array as `name.npy`, atomically; its manifest entry."""
+    with _npy_writer(out, name, arr.dtype, arr.shape) as w:
+        w.write(arr)
+    return w.entry
+
+
+class _NpyWriter:
+    """The rows of one .npy, written block by block behind the header of its whole shape (known ahead), hashed
+    as they pass; `entry` is its manifest entry once the file is complete."""
+
+    def __init__(self, f: Any, name: str, dtype: np.dtype, shape: tuple[int, ...]):
+        self.h, self.name, self.dtype, self.shape, self.rows = _HashingWriter(f), name, np.dtype(dtype), shape, 0
+        self.entry: dict[str, Any] = {}
+        np.lib.format.write_array_header_1_0(self.h, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                      "fortran_order": False, "shape": tuple(shape)})
+
+    def write(self, block: np.ndarray) -> None:
+        if block.dtype != self.dtype or block.shape[1:] != tuple(self.shape[1:]):
+            raise AssertionError(f"{self.name}: a block of {block.dtype} {list(block.shape)} for {self.dtype} "
+                                 f"{list(self.shape)}")
+        self.rows += len(block) if block.ndim else 1
+        self.h.write(np.ascontiguousarray(block).tobytes())
+
+    def close(self) -> None:
+        if self.rows != (self.shape[0] if self.shape else 1):
+            raise AssertionError(f"{self.name}: {self.rows} rows written of {list(self.shape)}")
+        self.entry = {"file": f"{self.name}.npy", "dtype": str(self.dtype), "shape": list(self.shape),
+                      "bytes": self.h.size, "sha256": self.h.sha.hexdigest()}
+
+
+@contextlib.contextmanager
+def _npy_writer(out: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Iterator[_NpyWriter]:
+    """`with _npy_writer(...) as w: w.write(rows)...`: `name.npy` written atomically; then `w.entry`."""
+    with atomic_writer(out / f"{name}.npy") as f:
+        w = _NpyWriter(f, name, dtype, shape)
+        yield w
+        w.close()
+
+
+@contextlib.contextmanager
+def _npy_mapped(out: Path, name: str, dtype: np.dtype, length: int, entries: dict[str, Any]) -> Iterator[np.ndarray]:
+    """A writable memory-mapped [length] `name.npy` (a counting sort's output, filled in any order), written
+    atomically; its manifest entry in `entries` once the mapping is gone. Its pages are resident while it is
+    mapped (RSS counts them): one such array at a time is what the CSRs' construction holds per edge."""
     path = out / f"{name}.npy"
-    with atomic_writer(path) as f:
-        h = _HashingWriter(f)
-        np.lib.format.write_array(h, np.ascontiguousarray(arr), allow_pickle=False)
-    return {"file": path.name, "dtype": str(arr.dtype), "shape": list(arr.shape), "bytes": h.size,
-            "sha256": h.sha.hexdigest()}
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(length,))
+        yield arr
+        arr.flush()
+        del arr  # unmapped: its pages leave this process (every view of it was local to the caller)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        entries[name] = {"file": path.name, "dtype": str(np.dtype(dtype)), "shape": [length],
+                         "bytes": os.path.getsize(tmp), "sha256": file_sha256(tmp)}
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _offsets(ids: np.ndarray, n: int) -> np.ndarray:
     """int64 [n + 1]: where each id's run starts in `ids` sorted (a CSR's indptr)."""
     indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(ids, minlength=n), out=indptr[1:])
+    for _, block in _blocks(ids):
+        indptr[1:] += np.bincount(block, minlength=n)
+    np.cumsum(indptr[1:], out=indptr[1:])
     return indptr
 
 
-def _arrays(graph: Graph) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, array) of every array of a store, in writing order.
+def _read_rows(path: Path, dtype: np.dtype) -> Iterator[np.ndarray]:
+    """A 1-D .npy just written, in blocks of BLOCK_BYTES, read (not mapped: no page of it stays resident)."""
+    with open(path, "rb") as f:
+        length = _HEADERS[np.lib.format.read_magic(f)](f)[0][0]
+        step = BLOCK_BYTES // np.dtype(dtype).itemsize
+        for lo in range(0, length, step):
+            yield np.fromfile(f, dtype=dtype, count=min(step, length - lo))
 
-    The CSRs are exactly those `Graph.csr("plain")` and its `transpose()` build (the same stable sorts, so a
-    run from the store sums in the same order as one from the source), computed here one array at a time and
-    let go once written: besides the graph itself, at most three arrays per edge are alive at once, where
-    building both CSR objects holds seven (indices, eids and the destination index of one, the sort order,
-    indices, eids and permutation of the other).
+
+def _place(out: np.ndarray, cursor: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+    """One block of a stable counting sort: `values[i]` goes to `cursor[keys[i]]`, the next free slot of its
+    key, in block order, and the cursors move on."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ordered) else np.zeros(0, np.int64)
+    run = np.diff(np.r_[starts, len(ordered)])
+    rank = np.arange(len(ordered)) - np.repeat(starts, run)  # position within its key's run
+    out[cursor[ordered] + rank] = values[order]
+    cursor[ordered[starts]] += run
+
+
+def _counting_sort(out: Path, name: str, n: int, indptr: np.ndarray, blocks: Iterator[tuple[np.ndarray, np.ndarray]],
+                   length: int, entries: dict[str, Any]) -> None:
+    """`name.npy` [length] int64: every (keys, values) block's values placed by key, stably (what a stable
+    argsort of the keys orders), into a mapped file: one int64 per edge resident, where a sort holds three."""
+    with _npy_mapped(out, name, np.dtype(np.int64), length, entries) as arr:
+        cursor = indptr[:-1].copy()
+        for keys, values in blocks:
+            _place(arr, cursor, keys, values)
+
+
+def _write_csrs(out: Path, src: np.ndarray, dst: np.ndarray, n: int, entries: dict[str, Any]) -> None:
+    """The in-edge CSR and its transpose, exactly those `Graph.csr("plain")` and its `transpose()` build (stable
+    sorts: a run from the store sums in the same order as one from the source), by counting sorts in blocks.
+
+    Besides src and dst, one int64 array per edge is resident at a time (the one being filled, mapped; the rest
+    are read back in blocks): in.eids is the edges stably ordered by destination; the transpose's entry k is
+    the in-CSR entry perm[k] with in-CSR entries stably ordered by source (CSR.transpose), so out.perm and
+    out.eids are the in-CSR's positions and edge ids placed by the sources of in.indices.
     """
-    n = graph.num_nodes
-    src, dst = graph.src, graph.dst
-    yield "src", src
-    yield "dst", dst
-    yield "in.indptr", _offsets(dst, n)
-    order = np.argsort(dst, kind="stable")  # in-CSR entry k is edge order[k] (CSR.from_edges)
-    yield "in.eids", order
-    sources = src[order].astype(np.int64)
-    yield "in.indices", sources
-    perm = np.argsort(sources, kind="stable")  # transpose entry k is in-CSR entry perm[k] (CSR.transpose)
-    del sources
-    yield "out.indptr", _offsets(src, n)
-    yield "out.perm", perm
-    eids = order[perm]
-    del order, perm
-    yield "out.eids", eids
-    yield "out.indices", dst[eids].astype(np.int64)
-    del eids
-    yield "x", graph.x.numpy()
-    yield "y", graph.y.numpy()
-    for m in MASKS:
-        yield m, getattr(graph, m).numpy()
-    for k, v in graph.edge_data.items():
-        yield edge_data.PREFIX + k, v.numpy()
+    e = len(src)
+    step = BLOCK_BYTES // 8
+    entries["in.indptr"] = _save(out, "in.indptr", in_indptr := _offsets(dst, n))
+    _counting_sort(out, "in.eids", n, in_indptr,
+                   ((dst[lo:lo + step], np.arange(lo, min(lo + step, e), dtype=np.int64))
+                    for lo in range(0, e, step)), e, entries)
+    with _npy_writer(out, "in.indices", np.dtype(np.int64), (e,)) as w:
+        for eids in _read_rows(out / "in.eids.npy", np.dtype(np.int64)):
+            w.write(src[eids].astype(np.int64))
+    entries["in.indices"] = w.entry
+    entries["out.indptr"] = _save(out, "out.indptr", out_indptr := _offsets(src, n))
+
+    def positions() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        lo = 0
+        for sources in _read_rows(out / "in.indices.npy", np.dtype(np.int64)):
+            yield sources, np.arange(lo, lo + len(sources), dtype=np.int64)
+            lo += len(sources)
+
+    def edge_ids() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        yield from zip(_read_rows(out / "in.indices.npy", np.dtype(np.int64)),
+                       _read_rows(out / "in.eids.npy", np.dtype(np.int64)))
+
+    _counting_sort(out, "out.perm", n, out_indptr, positions(), e, entries)
+    _counting_sort(out, "out.eids", n, out_indptr, edge_ids(), e, entries)
+    with _npy_writer(out, "out.indices", np.dtype(np.int64), (e,)) as w:
+        for eids in _read_rows(out / "out.eids.npy", np.dtype(np.int64)):
+            w.write(dst[eids].astype(np.int64))
+    entries["out.indices"] = w.entry
 
 
-def write_store(graph: Graph, out_dir: str | os.PathLike) -> dict[str, Any]:
-    """Write `graph` as a store in `out_dir` (created; an existing store there is replaced); the manifest.
-
-    A directory that holds other files and no store is refused: the store's files would be mixed with them.
-    """
+@contextlib.contextmanager
+def _store_dir(out_dir: str | os.PathLike, name: str, num_nodes: Any, num_edges: Any,
+               stand_ins: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """`with _store_dir(DIR, ...) as manifest:` fill manifest["arrays"] with each array's entry as it is
+    written; the rest of the manifest is filled in and written last. A directory that holds other files and no store is refused (the
+    store's files would be mixed with them); on an error the arrays written so far are removed, so a second
+    convert into the same directory is not refused for them. num_nodes and num_edges may be functions, called
+    once every array is written (a streamed source's counts are known only then)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise GnncError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not is_store(out):
         raise GnncError(f"{out}: a directory with other files and no graph store in it; give a new or empty one")
+    entries: dict[str, Any] = {}
+    manifest: dict[str, Any] = {"arrays": entries}
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest is written, the directory holds no store
-        entries = {}
-        for name, arr in _arrays(graph):
-            entries[name] = _save(out, name, arr)
-        manifest = {"format": FORMAT, "kind": KIND, "name": graph.name, "num_nodes": graph.num_nodes,
-                    "num_edges": graph.num_edges, "stand_ins": graph.stand_ins, "arrays": entries}
+        try:
+            yield manifest
+        except BaseException:
+            for entry in entries.values():
+                (out / entry["file"]).unlink(missing_ok=True)
+            raise
+        n, e = (v() if callable(v) else v for v in (num_nodes, num_edges))
+        manifest.update(format=FORMAT, kind=KIND, name=name, num_nodes=n, num_edges=e, stand_ins=stand_ins)
         with atomic_writer(out / MANIFEST) as f:
             f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
     except OSError as err:  # a full disk is exit 1, a read-only or forbidden directory exit 2 (write_failure)
         raise write_failure(err, f"the graph store {out}") from err
+
+
+def write_store(graph: Graph, out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Write `graph` as a store in `out_dir` (created; an existing store there is replaced); the manifest.
+    A directory that holds other files and no store is refused."""
+    with _store_dir(out_dir, graph.name, graph.num_nodes, graph.num_edges, graph.stand_ins) as manifest:
+        out, entries = Path(out_dir), manifest["arrays"]
+        for name, arr in (("src", graph.src), ("dst", graph.dst)):
+            entries[name] = _save(out, name, arr)
+        _write_csrs(out, graph.src, graph.dst, graph.num_nodes, entries)
+        for name, arr in (("x", graph.x.numpy()), ("y", graph.y.numpy()),
+                          *((m, getattr(graph, m).numpy()) for m in MASKS),
+                          *((edge_data.PREFIX + k, v.numpy()) for k, v in graph.edge_data.items())):
+            entries[name] = _save(out, name, arr)
     return manifest
+
+
+def write_ogb_store(root: Path, out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Write an OGB node-property directory as a store without holding its features or more than the edge
+    list and one array per edge (`gnnc convert` of ogbn-papers100M's size): the edges, features and edge
+    features are read in blocks and checked as build_graph checks them, the features written as they come;
+    the store is the one `write_store(load_graph(root))` writes, array for array. The manifest."""
+    # deferred: the loaders import this module (open_store)
+    from gnnc.graph.generators import split_masks
+    from gnnc.graph.loaders import MASKS as LOADER_MASKS, NO_FEATURES, SPLIT_SEED, _labels, made_up_split, read_npz
+    from gnnc.graph.ogb import EDGE_FEATURES, stream_ogb_dir
+    from gnnc.graph.storage import index_dtype
+
+    source = str(root)
+    a = stream_ogb_dir(root, read_npz)
+    n = a.num_nodes
+    if n == 0:
+        raise GraphInputError(f"{source}: empty graph: x has 0 rows (no vertices)")
+    y, unlabelled = _labels(np.asarray(a.y), n, source)
+    stand_ins: dict[str, str] = {} if a.x is not None else {"x": NO_FEATURES}
+    if a.masks:
+        masks = [a.masks[m] for m in LOADER_MASKS]
+    else:
+        masks = list(split_masks(n, np.random.default_rng(SPLIT_SEED)))
+        stand_ins["split"] = made_up_split(SPLIT_SEED)
+    if unlabelled is not None:  # a vertex without a label is in no mask (as build_graph leaves it)
+        masks = [m & ~unlabelled for m in masks]
+    counts: dict[str, int] = {}
+    with _store_dir(out_dir, a.name, n, lambda: counts["edges"], stand_ins) as manifest:
+        out, entries = Path(out_dir), manifest["arrays"]
+        src, dst = _read_edges(a.edges(), n, index_dtype(n), source)
+        counts["edges"] = e = len(src)
+        entries["src"], entries["dst"] = _save(out, "src", src), _save(out, "dst", dst)
+        _write_csrs(out, src, dst, n, entries)
+        del src, dst
+        x_blocks = a.x() if a.x is not None else iter([np.ones((n, 1), dtype=np.float32)])
+        x_rows = _write_rows(out, "x", x_blocks, n, source, "row", entries)
+        if x_rows != n:
+            raise GraphInputError(f"{source}: x: node-feat has {x_rows} rows but num-node-list says {n}"
+                                  if a.nodes_from_count else f"{source}: y: has {n} rows but x has {x_rows} "
+                                                             f"(one label per vertex)")
+        entries["y"] = _save(out, "y", y)
+        for name, mask in zip(MASKS, masks):
+            entries[name] = _save(out, name, np.ascontiguousarray(mask))
+        if a.edge_feat is not None:
+            field = edge_data.PREFIX + EDGE_FEATURES
+            rows = _write_rows(out, field, a.edge_feat(), e, source, "edge", entries)
+            if rows != e:
+                raise GraphInputError(f"{source}: {field}: has {rows} rows but edge_index has {e} edges (one row "
+                                      f"per edge)")
+    return manifest
+
+
+def _read_edges(blocks: Iterator[tuple[np.ndarray, np.ndarray]], n: int, dtype: np.dtype,
+                source: str) -> tuple[np.ndarray, np.ndarray]:
+    """The edge list in gnnc's index dtype from (src, dst) blocks, every id checked against [0, n)."""
+    parts: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    done = 0
+    for block in blocks:
+        for row, ids in enumerate(block):
+            if ids.dtype.kind not in "iu":
+                raise GraphInputError(f"{source}: edge_index: expected an integer dtype, got {ids.dtype}")
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                col = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
+                bad = int(ids[col])
+                raise GraphInputError(f"{source}: edge_index: negative vertex id {bad} at [{row}, {done + col}]"
+                                      if bad < 0 else
+                                      f"{source}: edge_index: vertex id {bad} at [{row}, {done + col}] is out of "
+                                      f"range: x has {n} rows, so ids must be < {n}")
+            parts[row].append(ids.astype(dtype))
+        done += len(block[0])
+    if done == 0:
+        raise GraphInputError(f"{source}: empty graph: edge_index has no edges")
+    src = np.concatenate(parts[0])
+    parts[0].clear()
+    dst = np.concatenate(parts[1])
+    return src, dst
+
+
+def _write_rows(out: Path, name: str, blocks: Iterator[np.ndarray], rows: int, source: str, unit: str,
+                entries: dict[str, Any]) -> int:
+    """Float rows (the features, an edge feature) from blocks into `name.npy` [rows, d] float32, checked as
+    build_graph checks them (numeric, d > 0, finite); the rows the blocks held (the file is only kept when
+    they are `rows`: the caller says what the mismatch means)."""
+    field = "x" if name == "x" else name
+    first = next(blocks, None)
+    if first is None:
+        return 0
+    if first.ndim != 2:
+        raise GraphInputError(f"{source}: {field}: expected shape [N, F], got {list(first.shape)}" if name == "x"
+                              else f"{source}: {field}: expected shape [E] or [E, d], got {list(first.shape)}")
+    if first.shape[1] == 0:
+        raise GraphInputError(f"{source}: {field}: has 0 columns" + (" (no features)" if name == "x" else ""))
+    seen, bad_at, bad_count = 0, None, 0
+    try:
+        with _npy_writer(out, name, np.dtype(np.float32), (rows, first.shape[1])) as w:
+            for block in itertools.chain([first], blocks):
+                if block.dtype.kind not in "fiub":
+                    raise GraphInputError(f"{source}: {field}: expected a numeric dtype, got {block.dtype}")
+                values = np.ascontiguousarray(block, dtype=np.float32)
+                bad = ~np.isfinite(values)
+                if bad.any():
+                    bad_count += int(bad.sum())
+                    if bad_at is None:
+                        r, c = (int(v[0]) for v in np.nonzero(bad))
+                        bad_at = (seen + r, c, "NaN" if np.isnan(values[r, c]) else "inf")
+                seen += len(values)
+                if seen <= rows and bad_at is None:
+                    w.write(values)
+            if bad_at is not None:
+                r, c, what = bad_at
+                raise GraphInputError(f"{source}: x: holds {what} at row {r}, column {c} ({bad_count} non-finite "
+                                      f"values)" if name == "x" else f"{source}: {field}: holds {what} at edge {r} "
+                                                                      f"({bad_count} non-finite values)")
+            if seen != rows:
+                raise _RowCount(seen)
+            entries[name] = w
+    except _RowCount as count:
+        return count.rows
+    entries[name] = entries[name].entry
+    return seen
+
+
+class _RowCount(Exception):
+    """Leaves _write_rows's writer (its file removed) when the blocks held another number of rows."""
+
+    def __init__(self, rows: int):
+        super().__init__(rows)
+        self.rows = rows
 
 
 # --- reading ----------------------------------------------------------------------------------------
