@@ -14,7 +14,13 @@ torch's defaults in the same conditions. Every measurement is a fresh process (O
 when torch loads it), started with this environment less any OpenMP wait setting, so "default" is gnnc's own,
 and with torch's huge-page advice on, as `gnnc run` and benchmarks/vs_pyg.py allocate (gnnc.host).
 Printed and written (benchmarks/RESULTS-contention.md): each epoch in ms, its ratio to the same setting's quiet
-epoch, the epochs warmed up and timed, and the load average (/proc/loadavg) before and after each figure.
+epoch, the epochs warmed up and timed, and the load average (/proc/loadavg) before and after each figure; and a
+second table of counters per timed epoch (`Counters`), which other load does not change much: the process's CPU
+time (user + system, all threads), its system time, minor page faults, sleeps and preemptions, and the time the
+hypervisor ran something else on this machine's CPUs (steal). CPU time over the epoch's time is the cores the epoch
+got: the 200K GCN's quiet epoch came out bimodal (738-1658 ms, RESULTS-contention.md) while its CPU time, faults
+and sleeps per epoch were the same in every process measured, so a slow quiet figure with the CPU time of a fast one
+is time the epoch waited for a core, not work it did.
 
 Warm-up and budget (`Timing`): a case warms up for at least --warmup epochs and --warmup-s seconds and then until
 an epoch takes within 15% of the one before it (after 2 warm-up epochs a 200K-vertex graph's quiet epoch was
@@ -44,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -92,6 +99,43 @@ def loadavg() -> str:
 
 # ----- one measurement, in its own process
 
+COUNTERS = ("cpu_ms", "sys_ms", "minflt", "sleeps", "preempted", "steal_ms")  # per epoch, `Counters`
+_TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
+class Counters:
+    """What an epoch cost this process besides its time: CPU ms (user + system, every thread) and system ms, minor
+    page faults, voluntary context switches (a thread went to sleep: an OpenMP thread waiting for work past its spin)
+    and involuntary ones (preempted), from getrusage; and the ms the hypervisor gave this machine's CPUs to someone
+    else (steal, /proc/stat, every CPU of the machine, not this process alone: a virtual machine's quiet is not its
+    host's). `take()` returns them since the previous call."""
+
+    def __init__(self) -> None:
+        self.last = self._now()
+
+    @staticmethod
+    def _now() -> tuple[float, ...]:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return ((r.ru_utime + r.ru_stime) * 1000, r.ru_stime * 1000, r.ru_minflt, r.ru_nvcsw, r.ru_nivcsw,
+                _steal_ms())
+
+    def take(self) -> dict[str, float]:
+        now = self._now()
+        delta = {k: b - a for k, a, b in zip(COUNTERS, self.last, now)}
+        self.last = now
+        return delta
+
+
+def _steal_ms() -> float:
+    """The machine's steal time so far (ms, all CPUs); 0 where /proc/stat does not have it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) * _TICK_MS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 @dataclass
 class Timing:
     """One case's epochs (module docstring): warm-up until the epoch time is steady, then timed epochs, within a
@@ -102,11 +146,14 @@ class Timing:
     epochs: int  # epochs timed at most
     budget_s: float
     times: list[float] = field(default_factory=list)
+    counted: list[dict[str, float]] = field(default_factory=list)  # `Counters` per epoch, where taken
     warm_at: int | None = None  # the first timed epoch, once warmed up
 
-    def add(self, seconds: float) -> bool:
-        """Record an epoch of `seconds`; True when the case has been timed enough."""
+    def add(self, seconds: float, counters: dict[str, float] | None = None) -> bool:
+        """Record an epoch of `seconds` (and its `Counters`); True when the case has been timed enough."""
         self.times.append(seconds)
+        if counters is not None:
+            self.counted.append(counters)
         spent = sum(self.times)
         if self.warm_at is None:
             steady = len(self.times) >= 2 and abs(seconds - self.times[-2]) <= STEADY * self.times[-2]
@@ -118,8 +165,11 @@ class Timing:
 
     def row(self) -> dict:
         timed = self.times[self.warm_at:] if self.warm_at is not None else []
+        counted = self.counted[self.warm_at:] if self.warm_at is not None else []
+        # each counter's median over the timed epochs (so CPU / epoch is a ratio of medians, near the typical epoch's)
         return {"epoch_s": statistics.median(timed), "warmup": self.warm_at, "epochs": len(timed),
-                "warmup_s": sum(self.times[:self.warm_at]), "first_s": self.times[0]}
+                "warmup_s": sum(self.times[:self.warm_at]), "first_s": self.times[0],
+                **({"counters": {k: statistics.median(c[k] for c in counted) for k in COUNTERS}} if counted else {})}
 
 
 class _Enough(Exception):
@@ -147,10 +197,12 @@ def measure(system: str, setting: str, cases: list[str], args: argparse.Namespac
         if system == "pyg":
             torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
             step = vs_pyg.pyg_epoch(model, graph, argparse.Namespace(device="cpu", hidden=hidden, heads=8))
+            counters = Counters()
             while True:
                 t0 = time.perf_counter()
+                counters.take()
                 step()
-                done = timing.add(time.perf_counter() - t0)
+                done = timing.add(time.perf_counter() - t0, counters.take())
                 if timing.warm_at == len(timing.times):
                     _timed_part(args.realtime)
                 if done:
@@ -163,10 +215,11 @@ def measure(system: str, setting: str, cases: list[str], args: argparse.Namespac
 
             plan = floor.compile_model(model, graph, hidden, 8)
             seen: dict[str, int] = {}
+            counters = Counters()  # from one epoch's end to the next: its step, its evaluation, what runs between
 
             def after(rec: dict) -> None:
                 seen["threads"] = torch.get_num_threads()  # what the run trains with (gnnc.run sets it)
-                done = timing.add(rec["time_s"] + rec["eval_time_s"])
+                done = timing.add(rec["time_s"] + rec["eval_time_s"], counters.take())
                 if timing.warm_at == len(timing.times):
                     _timed_part(args.realtime)
                 if done:
@@ -295,6 +348,25 @@ def table(rows: dict[tuple[str, str, str], dict], cases: list[str], settings: li
     return lines
 
 
+def counter_table(rows: dict[tuple[str, str, str], dict], cases: list[str], settings: list[str],
+                  competitors: list[str]) -> list[str]:
+    """Markdown rows: each measurement's `Counters`, medians per timed epoch, and its CPU time over its epoch time
+    (the cores the epoch kept busy: a quiet 2-thread epoch that got both cores is near 2)."""
+    lines = ["| case | setting | beside | epoch ms | CPU ms (cores) | sys ms | minor faults | sleeps | preempted | "
+             "steal ms |", "|" + "---|" * 10]
+    for case in cases:
+        for system, setting, name in [("gnnc", s, s) for s in settings] + [("pyg", "torch's defaults", "PyG")]:
+            for comp in competitors:
+                r = rows.get((system, setting, comp), {}).get(case, {})
+                if "counters" not in r:
+                    continue
+                c, ms = r["counters"], r["epoch_s"] * 1000
+                lines.append(f"| {case} | {name} | {comp} | {ms:.1f} | {c['cpu_ms']:.0f} ({c['cpu_ms'] / ms:.2f}) | "
+                             f"{c['sys_ms']:.0f} | {c['minflt']:.0f} | {c['sleeps']:.0f} | {c['preempted']:.0f} | "
+                             f"{c['steal_ms']:.0f} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="50K vertices, fewer epochs (a shared machine)")
@@ -344,7 +416,9 @@ def main() -> None:
             for system, setting in [("gnnc", s) for s in settings] + pyg:
                 rows[(system, setting, comp)] = run_child(system, setting, comp, cases, args)
                 print(f"{comp:6s} {system:4s} {setting:18s} " + "  ".join(
-                    f"{c} {r['epoch_s'] * 1000:.1f} ms (load {r['load_before']} / {r['load_after']})" if "epoch_s" in r
+                    f"{c} {r['epoch_s'] * 1000:.1f} ms (CPU {r.get('counters', {}).get('cpu_ms', 0):.0f} ms, steal "
+                    f"{r.get('counters', {}).get('steal_ms', 0):.0f} ms; load {r['load_before']} / {r['load_after']})"
+                    if "epoch_s" in r
                     else f"{c} {r.get('error')}" for c, r in rows[(system, setting, comp)].items()), flush=True)
         finally:
             stop_competitor(proc)
@@ -359,7 +433,12 @@ def main() -> None:
              f"loop per core; torch: a {MATMUL}x{MATMUL} matmul loop on {cores} threads under OpenMP's defaults. "
              f"{'Quiet epochs timed at real-time priority (--realtime). ' if args.realtime else ''}"
              f"Load average (1, 5, 15 min) before / after each figure. {time.perf_counter() - started:.0f} s in all; "
-             f"load {load_start} at the start, {loadavg()} at the end.", "", *table(rows, cases, settings, competitors)]
+             f"load {load_start} at the start, {loadavg()} at the end.", "", *table(rows, cases, settings, competitors),
+             "", "Per timed epoch (medians; contention.Counters): the process's CPU time (user + system, all threads) "
+             "and in brackets over the epoch's time, the cores it kept busy; system time; minor page faults; sleeps "
+             "(voluntary context switches) and preemptions; steal, the ms this virtual machine's CPUs (all of "
+             "them) were held by its host for something else.", "",
+             *counter_table(rows, cases, settings, competitors)]
     if not first:
         lines.append("\n(no figure: every measurement failed)")
     print("\n".join(lines))

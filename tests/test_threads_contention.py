@@ -66,3 +66,33 @@ def test_gnnc_only_has_no_pyg_rows() -> None:
     row = {"epoch_s": 0.01, "threads": 1, "epochs": 100, "warmup": 20, "load_before": "1.0", "load_after": "1.0"}
     lines = contention.table({("gnnc", "default", "quiet"): {"cora-gcn": row}}, ["cora-gcn"], ["default"], ["quiet"])
     assert len(lines) == 3 and "| cora-gcn | default | 1 | 10.0 [100 after 20] |" in lines[2]
+
+
+def test_counters_are_per_epoch_medians_of_the_timed_epochs() -> None:
+    # the warm-up's counters (the first epoch faults its memory in) stay out of the medians
+    timing = Timing(warmup=2, warmup_s=0.0, epochs=3, budget_s=1000.0)
+    warm = {k: 1000.0 for k in contention.COUNTERS}
+    steady = [{**{k: 0.0 for k in contention.COUNTERS}, "cpu_ms": cpu, "minflt": 900.0} for cpu in (1400.0, 1500.0,
+                                                                                                    1300.0)]
+    for seconds, counted in zip([3.0, 0.75, 0.75, 0.74, 0.76, 0.75], [warm, warm, warm, *steady]):
+        timing.add(seconds, counted)
+    row = timing.row()
+    assert row["epochs"] == 3 and row["counters"]["cpu_ms"] == 1400.0 and row["counters"]["minflt"] == 900.0
+    r = {**row, "threads": 2, "load_before": "1.0", "load_after": "1.0"}
+    lines = contention.counter_table({("gnnc", "default", "quiet"): {"rmat-gcn": r}}, ["rmat-gcn"], ["default"],
+                                     ["quiet"])
+    # CPU time over the epoch's: the cores the epoch kept busy (1400 ms in a 750 ms epoch: 1.87)
+    assert "| rmat-gcn | default | quiet | 750.0 | 1400 (1.87) | 0 | 900 | 0 | 0 | 0 |" in lines
+
+
+def test_counters_count_this_process_cpu_and_faults() -> None:
+    import mmap
+
+    counters = contention.Counters()
+    spent = sum(i * i for i in range(300_000))  # some CPU
+    with mmap.mmap(-1, 8 << 20) as fresh:  # 8 MiB never touched: a fault per page as it is written
+        for offset in range(0, len(fresh), 4096):
+            fresh[offset] = 1
+    taken = counters.take()
+    assert spent > 0 and taken["cpu_ms"] > 0 and taken["minflt"] >= 1024  # 2048 pages, fewer if huge-paged
+    assert taken["steal_ms"] >= 0 and set(taken) == set(contention.COUNTERS)
