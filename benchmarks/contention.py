@@ -99,16 +99,17 @@ def loadavg() -> str:
 
 # ----- one measurement, in its own process
 
-COUNTERS = ("cpu_ms", "sys_ms", "minflt", "sleeps", "preempted", "steal_ms")  # per epoch, `Counters`
+COUNTERS = ("cpu_ms", "sys_ms", "minflt", "sleeps", "preempted", "others_ms", "steal_ms")  # per epoch, `Counters`
 _TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 
 
 class Counters:
     """What an epoch cost this process besides its time: CPU ms (user + system, every thread) and system ms, minor
     page faults, voluntary context switches (a thread went to sleep: an OpenMP thread waiting for work past its spin)
-    and involuntary ones (preempted), from getrusage; and the ms the hypervisor gave this machine's CPUs to someone
-    else (steal, /proc/stat, every CPU of the machine, not this process alone: a virtual machine's quiet is not its
-    host's). `take()` returns them since the previous call."""
+    and involuntary ones (preempted), from getrusage; and from /proc/stat, over every CPU of the machine: the CPU
+    time everything else on it took (its busy time less this process's: a "quiet" machine's other load, kernel
+    threads included) and the time the hypervisor gave its CPUs to someone else (steal: a virtual machine's quiet
+    is not its host's). `take()` returns them since the previous call."""
 
     def __init__(self) -> None:
         self.last = self._now()
@@ -116,8 +117,9 @@ class Counters:
     @staticmethod
     def _now() -> tuple[float, ...]:
         r = resource.getrusage(resource.RUSAGE_SELF)
-        return ((r.ru_utime + r.ru_stime) * 1000, r.ru_stime * 1000, r.ru_minflt, r.ru_nvcsw, r.ru_nivcsw,
-                _steal_ms())
+        cpu_ms = (r.ru_utime + r.ru_stime) * 1000
+        busy_ms, steal_ms = _machine_ms()
+        return cpu_ms, r.ru_stime * 1000, r.ru_minflt, r.ru_nvcsw, r.ru_nivcsw, busy_ms - cpu_ms, steal_ms
 
     def take(self) -> dict[str, float]:
         now = self._now()
@@ -126,14 +128,15 @@ class Counters:
         return delta
 
 
-def _steal_ms() -> float:
-    """The machine's steal time so far (ms, all CPUs); 0 where /proc/stat does not have it."""
+def _machine_ms() -> tuple[float, float]:
+    """The machine's busy time (user, nice, system, irq, softirq) and steal time so far, ms over all CPUs; zeros
+    where /proc/stat does not say."""
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()
-        return int(fields[8]) * _TICK_MS
-    except (OSError, IndexError, ValueError):
-        return 0.0
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return (user + nice + system + irq + softirq) * _TICK_MS, steal * _TICK_MS
 
 
 @dataclass
@@ -353,7 +356,7 @@ def counter_table(rows: dict[tuple[str, str, str], dict], cases: list[str], sett
     """Markdown rows: each measurement's `Counters`, medians per timed epoch, and its CPU time over its epoch time
     (the cores the epoch kept busy: a quiet 2-thread epoch that got both cores is near 2)."""
     lines = ["| case | setting | beside | epoch ms | CPU ms (cores) | sys ms | minor faults | sleeps | preempted | "
-             "steal ms |", "|" + "---|" * 10]
+             "others' CPU ms | steal ms |", "|" + "---|" * 11]
     for case in cases:
         for system, setting, name in [("gnnc", s, s) for s in settings] + [("pyg", "torch's defaults", "PyG")]:
             for comp in competitors:
@@ -363,7 +366,7 @@ def counter_table(rows: dict[tuple[str, str, str], dict], cases: list[str], sett
                 c, ms = r["counters"], r["epoch_s"] * 1000
                 lines.append(f"| {case} | {name} | {comp} | {ms:.1f} | {c['cpu_ms']:.0f} ({c['cpu_ms'] / ms:.2f}) | "
                              f"{c['sys_ms']:.0f} | {c['minflt']:.0f} | {c['sleeps']:.0f} | {c['preempted']:.0f} | "
-                             f"{c['steal_ms']:.0f} |")
+                             f"{c['others_ms']:.0f} | {c['steal_ms']:.0f} |")
     return lines
 
 
@@ -436,8 +439,9 @@ def main() -> None:
              f"load {load_start} at the start, {loadavg()} at the end.", "", *table(rows, cases, settings, competitors),
              "", "Per timed epoch (medians; contention.Counters): the process's CPU time (user + system, all threads) "
              "and in brackets over the epoch's time, the cores it kept busy; system time; minor page faults; sleeps "
-             "(voluntary context switches) and preemptions; steal, the ms this virtual machine's CPUs (all of "
-             "them) were held by its host for something else.", "",
+             "(voluntary context switches) and preemptions; others' CPU, what everything else on this machine took "
+             "(all CPUs, kernel threads and the competitors included, /proc/stat's busy time less this process's); "
+             "steal, the ms this virtual machine's CPUs were held by its host for something else.", "",
              *counter_table(rows, cases, settings, competitors)]
     if not first:
         lines.append("\n(no figure: every measurement failed)")
