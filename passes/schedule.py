@@ -53,6 +53,7 @@ from gnnc.passes.cost.scheduled import (CACHE_ALL, Segment, program_segments, sc
                                         segment_options, symbol_values)
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.pipeline_text import option
+from gnnc.plan.bins import PIPELINED, PipeChain, pipeline_chain
 from gnnc.plan.comm_ops import COMM_OP_DEFS, exchange_of, schedule_options
 from gnnc.plan.schedule_attrs import HALO_METHODS, exchange_schedule
 from gnnc.plan.slices import split_weights
@@ -73,6 +74,8 @@ class ScheduleOptions:
     bins: int = option(0, "G3's bins per graph layer; 0: as few as memory_cap allows (none without a cap)")
     memory_cap: int = option(0, "activation memory per worker in bytes (0: no cap)")
     grad_overlap: str = option("auto", "post each gradient bucket's all-reduce during backward: auto, on, off")
+    pipeline: str = option("off", "G3's inter-layer pipeline between binned DepComm layers: each bin's rows of the "
+                           "next layer's halos sent as the bin ends, the next layer's bins run as they arrive: on, off")
     bucket_bytes: int = option(4 << 20, "gradient all-reduce buckets hold whole layers up to this many bytes")
 
 
@@ -90,6 +93,8 @@ def _check(opts: ScheduleOptions) -> None:
     for name in ("overlap", "chunked", "staged", "grad_overlap"):
         if getattr(opts, name) not in CHOICES:
             raise GnncError(f"schedule: {name} must be one of {', '.join(CHOICES)}, not '{getattr(opts, name)}'")
+    if opts.pipeline not in ("on", "off"):
+        raise GnncError(f"schedule: pipeline must be on or off, not '{opts.pipeline}'")
     if opts.method not in HALO_METHODS:
         raise GnncError(f"schedule: method must be one of {', '.join(HALO_METHODS)}, not '{opts.method}'")
     if opts.bins < 0 or opts.bins > MAX_BINS:
@@ -224,7 +229,20 @@ def annotate(program: Program, choices: dict[int, dict[str, Any]], opts: Schedul
     attrs = {**dict(program.attrs), "grad_overlap": grad_overlap}
     if opts.memory_cap:
         attrs["memory_cap"] = opts.memory_cap
-    return program.replace(layers=tuple(layers), attrs=tuple(sorted(attrs.items())))
+    out = program.replace(layers=tuple(layers), attrs=tuple(sorted(attrs.items())))
+    return pipelined_program(out) if opts.pipeline == "on" else out
+
+
+def pipelined_program(program: Program) -> Program:
+    """`program` with G3's inter-layer pipeline into every graph layer it can feed (gnnc.plan.bins.pipeline_chain:
+    both layers binned DepComm, the halos' inputs computed row by row from the previous layer's outputs): the
+    receiver's halos marked `pipelined=true`."""
+    layers = list(program.layers)
+    for k, layer in enumerate(layers):
+        if layer.kind == "graph" and isinstance(pipeline_chain(program, layer), PipeChain):
+            layers[k] = layer.replace(eqns=tuple(e.with_attrs(**{PIPELINED: True}) if e.op == "halo" else e
+                                                 for e in layer.eqns))
+    return program.replace(layers=tuple(layers))
 
 
 # --- pricing -------------------------------------------------------------------------------------------

@@ -527,6 +527,210 @@ def start_chunked_halo_exchange(x: Tensor, plan: HaloPlan, stats: CommStats, *, 
     return ChunkedHalo(op, _Start.apply(x, op))
 
 
+# --- G3's inter-layer pipeline: a halo's rows posted bin by bin ------------------------------------------------
+
+PIPE_TAG = 1 << 20  # p2p tags of a pipeline's messages: PIPE_TAG + bin forward, + BINS_TAGS + bin backward
+BINS_TAGS = 1 << 13
+
+
+class BinPipe(_Op):
+    """The halos of a graph layer whose rows the previous layer's bins post as each bin ends (G3 section 5.2).
+
+    Sender half: `post(b, values)` sends bin b's rows of each halo input (`values`, one tensor per halo, the
+    bin's rows) to every peer that needs some, as one message per peer (the halos' columns side by side);
+    `sel[b][p]` are those rows' positions in the bin, in the order the peer holds them. Receiver half: one
+    message per (peer, that peer's bin), every receive posted when the pipeline starts; `arrived(key)` says
+    whether one is in, `take(key)` waits for it. `recv_pos[s][b]` are the positions in peer s's block of the
+    rows its bin b carries. Backward is the dual: each received message's gradients go back to its sender as
+    soon as autograd has them (`_BinRecv`), and a bin's gradients are waited for once every message of this
+    rank has sent its own (`_BinJoin`), then summed into the bin's rows (`_BinPost`).
+
+    Bytes and blocked time are counted as the halo exchange counts them (op "halo", per halo's label): the same
+    rows move, in more messages.
+    """
+
+    name = "halo"
+
+    def __init__(self, sel: list[list[Tensor]], recv_pos: list[list[Tensor]], widths: list[tuple[int, ...]],
+                 labels: list[str], stats: CommStats, group: Group, dtype: torch.dtype, device: torch.device):
+        super().__init__(stats, labels[0], group)
+        self.sel, self.recv_pos, self.widths, self.labels = sel, recv_pos, widths, labels
+        self.numels = [int(torch.Size(w).numel()) for w in widths]
+        self.dtype, self.device = dtype, device
+        self.keys = [(s, b) for _, s in ring_schedule(self.rank, self.world)
+                     for b in range(len(recv_pos[s])) if len(recv_pos[s][b])]
+        self.sent_rows = [sum(len(sel[b][p]) for b in range(len(sel))) for p in range(self.world)]
+        self.recv_rows = sum(len(pos) for per in recv_pos for pos in per)
+        self.bufs = {k: torch.empty((len(recv_pos[k[0]][k[1]]), sum(self.numels)), dtype=dtype, device=device)
+                     for k in self.keys}
+        self.recv_works = self._timed("fwd", self._post_all, "recv", self.bufs, PIPE_TAG)
+        self.send_works: list[Any] = []
+        self.keep: list[Tensor] = []
+        self.grads_sent: set[tuple[int, int]] = set()
+        self.grad_bufs: dict[tuple[int, int], Tensor] = {}
+        self.grad_works: dict[tuple[int, int], Any] = {}
+        self.bwd_works: list[Any] = []
+        for label, n in zip(labels, self.numels):
+            self.stats.add_bytes(label, self.name, "fwd", _nbytes(sum(self.sent_rows) * n, dtype))
+
+    def _post_all(self, kind: str, bufs: dict[tuple[int, int], Tensor], tag: int) -> dict[tuple[int, int], Any]:
+        fn = dist.irecv if kind == "recv" else dist.isend
+        return {(p, b): fn(t, _global(self.group, p), self.group, tag + b) for (p, b), t in bufs.items()}
+
+    # forward, sender
+    def post(self, b: int, values: Sequence[Tensor]) -> None:
+        """Send bin b's rows of every halo input to the peers that need them."""
+        flat = torch.cat([v.detach().reshape(v.shape[0], -1).to(self.dtype) for v in values], dim=1) \
+            if values else None
+        for _, p in ring_schedule(self.rank, self.world):
+            if flat is None or not len(self.sel[b][p]):
+                continue
+            msg = flat.index_select(0, self.sel[b][p]).contiguous()
+            self.keep.append(msg)
+            self.send_works.append(dist.isend(msg, _global(self.group, p), self.group, PIPE_TAG + b))
+
+    # forward, receiver
+    def arrived(self, key: tuple[int, int]) -> bool:
+        work = self.recv_works.get(key)
+        return work is None or work.is_completed()
+
+    def take(self, key: tuple[int, int]) -> Tensor:
+        work = self.recv_works.pop(key, None)
+        if work is not None:
+            work.wait()
+        return self.bufs.pop(key)
+
+    def finish_forward(self) -> None:
+        """Every message received; wait for this rank's sends too (their buffers are then free)."""
+        _wait_all(self.recv_works.values())
+        _wait_all(self.send_works)
+        self.recv_works, self.send_works, self.keep = {}, [], []
+
+    # backward
+    def _post_grad_receives(self) -> None:
+        want = {(p, b): torch.empty((len(self.sel[b][p]), sum(self.numels)), dtype=self.dtype, device=self.device)
+                for b in range(len(self.sel)) for _, p in ring_schedule(self.rank, self.world) if len(self.sel[b][p])}
+        self.grad_bufs = want
+        self.grad_works = self._post_all("recv", want, PIPE_TAG + BINS_TAGS)
+        for label, n in zip(self.labels, self.numels):
+            self.stats.add_bytes(label, self.name, "bwd", _nbytes(self.recv_rows * n, self.dtype))
+
+    def send_grad(self, key: tuple[int, int], grad: Tensor) -> None:
+        """The gradients of message `key`'s rows, back to its sender at once."""
+        if not self.grad_works and not self.grads_sent:
+            self._post_grad_receives()
+        self.grads_sent.add(key)
+        grad = grad.to(self.dtype).contiguous()
+        self.keep.append(grad)
+        self.bwd_works.append(dist.isend(grad, _global(self.group, key[0]), self.group, PIPE_TAG + BINS_TAGS + key[1]))
+
+    def finish_backward(self) -> None:
+        """Send zeros for the messages autograd never reached (their peer waits for them), then wait for every
+        gradient of this rank's bins."""
+        if not self.grad_works and not self.grads_sent:
+            self._post_grad_receives()
+        for key in self.keys:
+            if key not in self.grads_sent:
+                self.send_grad(key, torch.zeros((len(self.recv_pos[key[0]][key[1]]), sum(self.numels)),
+                                                dtype=self.dtype, device=self.device))
+        _wait_all(self.grad_works.values())
+        _wait_all(self.bwd_works)
+        self.grad_works, self.bwd_works, self.keep, self.grads_sent = {}, [], [], set()
+
+    def bin_grads(self, b: int, rows: int) -> list[Tensor]:
+        """Bin b's gradients of each halo input: what every peer sent back for the rows it got, summed."""
+        total = torch.zeros((rows, sum(self.numels)), dtype=self.dtype, device=self.device)
+        for _, p in ring_schedule(self.rank, self.world):
+            got = self.grad_bufs.pop((p, b), None)
+            if got is not None and got.shape[0]:
+                total.index_add_(0, self.sel[b][p], got)
+        return [t.reshape(rows, *w) for t, w in zip(torch.split(total, self.numels, dim=1), self.widths)]
+
+
+def swap_bin_ids(mine: Sequence[Tensor], counts: Sequence[int], group: Group = None) -> list[Tensor]:
+    """Send mine[p] (an int64 per row this rank sends p) to each peer p; return, per peer s, what s sent here
+    (`counts[s]` of them). Once per pipeline, before its first message: not counted as the run's traffic."""
+    rank, world = _rank_world(group)
+    theirs = [torch.empty(int(counts[s]), dtype=torch.int64) for s in range(world)]
+    works = [dist.irecv(theirs[s], _global(group, s), group, PIPE_TAG - 1) for s in range(world)
+             if s != rank and counts[s]]
+    works += [dist.isend(mine[p].contiguous(), _global(group, p), group, PIPE_TAG - 1) for p in range(world)
+              if p != rank and len(mine[p])]
+    _wait_all(works)
+    return theirs
+
+class _BinPost(torch.autograd.Function):
+    """Forward: post bin b's rows (BinPipe.post); a token. Backward: the bin's gradients the peers sent back."""
+
+    @staticmethod
+    def forward(ctx: Any, op: BinPipe, b: int, *values: Tensor) -> Tensor:
+        ctx.op, ctx.b = op, b
+        ctx.meta = [(v.shape[0], v.dtype) for v in values]
+        op._timed("fwd", op.post, b, values)
+        return torch.empty(0, dtype=op.dtype, device=op.device)
+
+    @staticmethod
+    def backward(ctx: Any, _grad: Tensor) -> tuple[Any, ...]:
+        op: BinPipe = ctx.op
+        rows = ctx.meta[0][0] if ctx.meta else 0
+        grads = op.bin_grads(ctx.b, rows)
+        return (None, None, *(g.to(dtype) for g, (_, dtype) in zip(grads, ctx.meta)))
+
+
+class _BinJoin(torch.autograd.Function):
+    """Every bin's token in one: its backward runs once every message's gradients have been sent (this rank's
+    receive nodes all read it), and waits for the gradients of this rank's own bins."""
+
+    @staticmethod
+    def forward(ctx: Any, op: BinPipe, *tokens: Tensor) -> Tensor:
+        ctx.op, ctx.count = op, len(tokens)
+        return torch.empty(0, dtype=op.dtype, device=op.device)
+
+    @staticmethod
+    def backward(ctx: Any, _grad: Tensor) -> tuple[Any, ...]:
+        op: BinPipe = ctx.op
+        op._timed("bwd", op.finish_backward)
+        return (None, *(torch.empty(0, dtype=op.dtype, device=op.device) for _ in range(ctx.count)))
+
+
+class _BinRecv(torch.autograd.Function):
+    """One received message (a peer's bin); backward sends its gradients back to that peer at once."""
+
+    @staticmethod
+    def forward(ctx: Any, token: Tensor, op: BinPipe, key: tuple[int, int]) -> Tensor:
+        ctx.op, ctx.key = op, key
+        return op._timed("fwd", op.take, key)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+        op: BinPipe = ctx.op
+        op._timed("bwd", op.send_grad, ctx.key, grad)
+        return torch.empty(0, dtype=op.dtype, device=op.device), None, None
+
+
+class PipedHalos:
+    """A BinPipe as both its halves use it: `post` each bin of the sender, `close` after the last (the token
+    the receiver's messages hang from), then `receive(key)`: message `key`'s rows of each halo."""
+
+    def __init__(self, op: BinPipe):
+        self.op = op
+        self.tokens: list[Tensor] = []
+        self.token: Tensor | None = None
+
+    def post(self, b: int, values: Sequence[Tensor]) -> None:
+        self.tokens.append(_BinPost.apply(self.op, b, *values))
+
+    def close(self) -> None:
+        self.token = _BinJoin.apply(self.op, *self.tokens)
+        self.tokens = []
+
+    def receive(self, key: tuple[int, int]) -> list[Tensor]:
+        assert self.token is not None
+        flat = _BinRecv.apply(self.token, self.op, key)
+        rows = flat.shape[0]
+        return [t.reshape(rows, *w) for t, w in zip(torch.split(flat, self.op.numels, dim=1), self.op.widths)]
+
+
 # --- layout transitions: vertex-partitioned <-> feature-partitioned (P3) -----------------------
 
 

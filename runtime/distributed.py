@@ -26,7 +26,7 @@ import torch.distributed as dist
 from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import reads_structure
 from gnnc.ir.text import parse_ir
-from gnnc.plan.bins import bins_of
+from gnnc.plan.bins import bins_of, pipelines
 from gnnc.plan.comm_ops import comm_op
 from gnnc.plan.rows import LayerGraph, LocalGraph
 from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_schedule, program_schedule,
@@ -79,6 +79,10 @@ class Exchange:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = world
         self.dtype = dtype  # what exchanged rows travel in: the run's precision (gnnc.plan.precision)
+        # G3's inter-layer pipeline (gnnc.runtime.bins): values a binned layer computed bin by bin for the layers
+        # after it (None: computed, read by no one else; a pipelined halo's messages), taken instead of computed
+        self.ahead: dict[str, Any] = {}
+        self.pipes: dict[str, Any] | None = None  # gnnc.plan.bins.pipelines of the program, once read
 
     def wire(self, x: torch.Tensor) -> torch.Tensor:
         """`x` in the type it travels in (a no-op at fp32), so each exchange carries what predict-bytes counts."""
@@ -272,6 +276,12 @@ class DistInterpreter(PrefixRowsInterpreter):
         exchange = split_exchange(layer) if layer.kind == "graph" else None
         run = ctx.comm.part_run(layer, exchange) if exchange is not None else None
         for k, e in enumerate(layer.eqns):
+            if e.outs[0].name in ctx.comm.ahead:  # computed bin by bin by a binned layer before (gnnc.runtime.bins)
+                got = ctx.comm.ahead.pop(e.outs[0].name)
+                if got is not None:
+                    env[e.outs[0].name] = got
+                self.drop_dead(env, layer, k)
+                continue
             ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
             if exchange_schedule(e).split:
                 env[e.outs[0].name] = ctx.comm.start_parts(e, ins[0])
@@ -428,6 +438,7 @@ class DistWorker(Worker):
                     comm.check_halo_plan(layer.entry, lg.n_owned)
                 checked.add(id(layer))
         check_schedule(program)
+        pipelines(program)  # a halo marked pipelined that cannot be: PlanError now, not mid-epoch
         hold_parts_views(program, lg, self.rank)
         for layer in program.graph_layers():  # a binned layer's bins: structure, built with the shard
             if layer_schedule(layer).binned:

@@ -20,10 +20,13 @@ whose inputs arrive first, then the rows only sent, then the others, each
 group in traversal order: that concentrates the rows that wait for the halo
 in the first bins and leaves the later bins *held* (every source they read
 is held), so they can run while the halo is in flight (the part of G3's eager
-computation that needs no remote row: G3 also starts rows whose remote inputs
-have arrived, which gnnc does not); gnnc sends a layer's rows in one exchange
-after the layer, not bin by bin as G3's inter-layer pipeline does (section
-5.2, not built), so putting the sent rows first buys nothing more here.
+computation that needs no remote row). With G3's inter-layer pipeline
+(`PipeChain`, `halo[pipelined=true]` on the next layer) each bin's rows leave as
+the bin ends and the next layer runs each of its bins once the peers' bins its
+sources come in have arrived; the list still puts the rows whose inputs arrive
+first, then the rows only sent: G3 puts every row with a remote neighbour first
+(section 5.3, step 1) to send early, while gnnc's first bins are those that must
+wait for the layer's own halo (a deviation kept from the bins without pipeline).
 
 Bins are cut from that list by the memory they take, as G3 sizes them (to
 half a device's memory), not by row count: a bin holds its rows' values and
@@ -49,7 +52,8 @@ from scipy.sparse.csgraph import breadth_first_order, connected_components
 from gnnc.graph import CSR, GraphView
 from gnnc.ir import Eqn, Layer, Value
 from gnnc.ir.dims import eval_dim
-from gnnc.ir.ops import reads_neighbours
+from gnnc.errors import PlanError
+from gnnc.ir.ops import op_def, reads_neighbours
 from gnnc.plan.rows import LayerGraph
 from gnnc.plan.schedule_attrs import bin_eqn, layer_schedule
 
@@ -267,3 +271,105 @@ def bins_of(lg: LayerGraph, layer: Layer, cfg: dict[str, Any]) -> Bins:
     """The bins a binned graph layer runs in on this worker, as its annotations and widths say."""
     sched = layer_schedule(layer)
     return layer_bins(lg, layer.edges, sched.bins, sched.bin_order, bin_widths(layer, cfg))
+
+
+# --- G3's inter-layer pipeline (section 5.2) -------------------------------------------------------------------
+
+PIPELINED = "pipelined"  # on a halo: its rows are posted bin by bin by the previous graph layer (`PipeChain`)
+
+# ops whose every output row is computed from the same row of their vertex inputs alone (parameters and scalars
+# aside): a bin's rows of their result need that bin's rows only, so they can run per bin of the layer before
+# (besides the elementwise ops: activations, dropout)
+ROW_LOCAL = frozenset({"linear", "bias", "dot", "concat", "mean_heads", "add", "sub", "mul", "div", "pow",
+                       "maximum", "minimum", "const", "layer_norm", "l2_normalize"})
+
+
+def pipelined(e: Eqn) -> bool:
+    """Whether halo `e` is fed bin by bin by the previous graph layer (G3's inter-layer pipeline)."""
+    return bool(e.attr(PIPELINED, False))
+
+
+@dataclass(frozen=True)
+class PipeChain:
+    """G3's inter-layer pipeline from one binned graph layer to the next (section 5.2).
+
+    The sender's bins, as each ends, run the equations `eqns` (the dense layers between and the receiver's
+    equations before its halos: an activation, a dropout, the next layer's dense map, whose output is what
+    gnnc exchanges) on that bin's rows and post the rows of the receiver's halos `halos` that each peer
+    needs; the receiver runs each of its bins once every message its sources arrive in is in.
+    """
+
+    sender: str
+    receiver: str
+    eqns: tuple[tuple[str, int], ...]  # (layer, equation index) run per bin of the sender, in program order
+    halos: tuple[int, ...]  # the receiver's halo equations (indices), all fed by the chain
+
+
+def pipeline_chain(program: Any, receiver: Layer) -> PipeChain | str:
+    """The pipeline that would feed `receiver`'s halos from the previous graph layer's bins, or why none can.
+
+    Needs: both layers binned, on DepComm (the receiver's held rows a prefix of the sender's output rows);
+    every halo of the receiver split (overlapped) and read only through edges by its per-bin equations; the
+    halos' inputs computed from the sender's outputs, parameters and constants by ROW_LOCAL equations only.
+    """
+    layers = list(program.layers)
+    at = next(k for k, lay in enumerate(layers) if lay.name == receiver.name)
+    sender = next((lay for lay in reversed(layers[:at]) if lay.kind == "graph"), None)
+    if sender is None:
+        return "no graph layer before it"
+    if not (layer_schedule(sender).binned and layer_schedule(receiver).binned):
+        return "it or the graph layer before it does not run in bins"
+    if sender.attr("strategy") != "depcomm" or receiver.attr("strategy") != "depcomm":
+        return "both layers must be DepComm (the receiver's held rows the sender's output rows)"
+    halos = [k for k, e in enumerate(receiver.eqns) if e.op == "halo"]
+    if not halos:
+        return "it has no halo"
+    halo_outs = {receiver.eqns[k].outs[0].name for k in halos}
+    for k in halos:
+        if not receiver.eqns[k].attr("overlap", False):
+            return f"its halo %{receiver.eqns[k].outs[0].name} is not overlapped"
+    for e in receiver.eqns:
+        for j, v in enumerate(e.ins):
+            if v.name in halo_outs and not (bin_eqn(e) and taken_as(e, j) == SOURCES):
+                return f"%{v.name} is read other than through edges by a per-bin equation ({e.op})"
+    span = [(lay, k, e) for lay in layers[layers.index(sender) + 1:at] for k, e in enumerate(lay.eqns)]
+    span += [(receiver, k, e) for k, e in enumerate(receiver.eqns) if k < max(halos) and k not in halos]
+    made = {e.outs[0].name: (lay, k, e) for lay, k, e in span}
+    sent = {v.name for v in sender.outputs}
+    params = {p.value.name for lay in layers for p in lay.params}
+    need = [receiver.eqns[k].ins[0].name for k in halos]
+    chain: set[tuple[str, int]] = set()
+    while need:
+        name = need.pop()
+        if name in sent or name in params:
+            continue
+        if name not in made:
+            return f"%{name} is not computed from the previous graph layer's rows"
+        lay, k, e = made[name]
+        if (lay.name, k) in chain:
+            continue
+        domain = e.outs[0].type.domain if e.outs[0].type is not None else None
+        if not (op_def(e.op).elementwise or e.op in ROW_LOCAL) or e.attr("hoisted") or len(e.outs) != 1 \
+                or domain not in ("vertex", "scalar"):
+            return f"%{name} ({e.op}) is not computed row by row"
+        chain.add((lay.name, k))
+        need.extend(v.name for v in e.ins)
+    order = [(lay.name, k) for lay, k, _ in span if (lay.name, k) in chain]
+    return PipeChain(sender.name, receiver.name, tuple(order), tuple(halos))
+
+
+def pipelines(program: Any) -> dict[str, PipeChain]:
+    """Sender layer name -> the pipeline its bins feed, for every receiver whose halos are marked `pipelined`
+    (PlanError where a marked one cannot be: gnnc.plan.schedule_attrs.check_schedule calls this)."""
+    out: dict[str, PipeChain] = {}
+    for layer in program.graph_layers():
+        marked = [e for e in layer.eqns if e.op == "halo" and pipelined(e)]
+        if not marked:
+            continue
+        chain = pipeline_chain(program, layer)
+        if isinstance(chain, str):
+            raise PlanError(f"layer {layer.name}: its halos cannot be pipelined: {chain}")
+        if len(marked) != len(chain.halos):
+            raise PlanError(f"layer {layer.name}: every halo of a pipelined layer must be pipelined")
+        out[chain.sender] = chain
+    return out

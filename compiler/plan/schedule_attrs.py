@@ -22,6 +22,9 @@ On a communication equation:
   ring order (rank-1, rank-2, ...), instead of once on the whole halo; in
   backward each peer's gradients are sent back as soon as they are
   computed. `chunked=false` (or absent): the remote rows as one part.
+* `halo[pipelined=true]`: G3's inter-layer pipeline (section 5.2; gnnc.plan.bins.PipeChain): the previous
+  graph layer's bins, as each ends, compute their rows of this halo's input and send them to the peers
+  that need them; this (binned) layer runs each bin once every peer's bin its sources come in has arrived.
 * `halo[method=ring]`: the message order (`HALO_METHODS`): `ring` posts one
   chunk per peer, step j sending to rank+j+1 and receiving from rank-j-1
   (NeutronStar's ring); `ring_paced` waits for each step before the next (no
@@ -158,7 +161,7 @@ def check_schedule(program: Program) -> None:
             buckets.add(bucket)
         splits = 0
         for e in layer.eqns:
-            for key in (*split_flags(), *chunk_flags(), "split", "bin"):
+            for key in (*split_flags(), *chunk_flags(), "split", "bin", "pipelined"):
                 if not _flag(e.attr(key, False)):
                     raise PlanError(f"layer {layer.name}: {e.op}'s {key} must be true or false, not {e.attr(key)!r}")
             if e.attr("method", "ring") not in HALO_METHODS:
