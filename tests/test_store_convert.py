@@ -27,6 +27,7 @@ from test_ogb import _csv, _put, papers_like, proteins_like
 def small_blocks(monkeypatch) -> None:
     """Blocks of a few hundred values: every array of the cases below spans many of them."""
     monkeypatch.setattr(store, "BLOCK_BYTES", 2048)
+    monkeypatch.setattr(store, "EDGE_BLOCK", 300)
     monkeypatch.setattr(ogb, "NPZ_BLOCK_BYTES", 1000)
     monkeypatch.setattr(ogb, "CSV_BLOCK_BYTES", 1 << 10)
 
@@ -119,10 +120,10 @@ def test_bad_blocks_are_refused_and_leave_no_files(tmp_path, small_blocks, bad, 
 
 def test_convert_reads_features_and_edges_in_blocks(tmp_path, monkeypatch) -> None:
     """The defect: convert read data.npz whole (papers100M/10: x 5.7 GB, edge_index 2.6 GB) and sorted with three
-    int64 arrays per edge alive. Here x is 64 MB; what convert allocates at its peak (tracemalloc: numpy's arrays;
-    the counting sort's output is a file mapping, not counted, and RSS-bounded by one int64 per edge) must stay
-    under half of it, where reading x whole alone is all of it."""
+    int64 arrays per edge alive. Here x is 64 MB; what convert allocates at its peak (tracemalloc: numpy's arrays)
+    must stay under half of it, where reading x whole alone is all of it."""
     monkeypatch.setattr(store, "BLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(store, "EDGE_BLOCK", 1 << 16)
     monkeypatch.setattr(ogb, "NPZ_BLOCK_BYTES", 1 << 20)
     rng = np.random.default_rng(0)
     n, f, e = 131072, 128, 200_000

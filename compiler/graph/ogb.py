@@ -314,7 +314,7 @@ def _with_inverse(edge_index: np.ndarray, edge_feat: np.ndarray | None) -> tuple
 
 # --- reading in blocks (gnnc convert) ---------------------------------------------------------------
 
-NPZ_BLOCK_BYTES = 64 << 20  # what one read of an .npz member holds
+NPZ_BLOCK_BYTES = 16 << 20  # what one read of an .npz member holds (twice: zipfile reads into a copy)
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 

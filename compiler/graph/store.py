@@ -34,7 +34,6 @@ import math
 import mmap
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +52,7 @@ FORMAT = 1
 KIND = "gnnc-graph-store"
 MASKS = ("train_mask", "val_mask", "test_mask")
 BLOCK_BYTES = 64 << 20  # what one step of a check or a checksum reads
+EDGE_BLOCK = 1 << 20  # edges per step of the CSRs' construction (its temporaries: some 60 bytes per edge of a step)
 _DTYPES = ("int32", "int64", "float32", "bool")  # every dtype a store's array may have
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -69,7 +69,7 @@ class _HashingWriter:
     def __init__(self, f: Any):
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | np.ndarray) -> int:
         self.sha.update(data)
         self.size += len(data)
         return self.f.write(data)
@@ -97,7 +97,9 @@ class _NpyWriter:
             raise AssertionError(f"{self.name}: a block of {block.dtype} {list(block.shape)} for {self.dtype} "
                                  f"{list(self.shape)}")
         self.rows += len(block) if block.ndim else 1
-        self.h.write(np.ascontiguousarray(block).tobytes())
+        data = np.ascontiguousarray(block).reshape(-1).view(np.uint8)  # its bytes, not a copy (tobytes is one)
+        for lo in range(0, len(data), BLOCK_BYTES):
+            self.h.write(data[lo:lo + BLOCK_BYTES])
 
     def close(self) -> None:
         if self.rows != (self.shape[0] if self.shape else 1):
@@ -115,29 +117,6 @@ def _npy_writer(out: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -
         w.close()
 
 
-@contextlib.contextmanager
-def _npy_mapped(out: Path, name: str, dtype: np.dtype, length: int, entries: dict[str, Any]) -> Iterator[np.ndarray]:
-    """A writable memory-mapped [length] `name.npy` (a counting sort's output, filled in any order), written
-    atomically; its manifest entry in `entries` once the mapping is gone. Its pages are resident while it is
-    mapped (RSS counts them): one such array at a time is what the CSRs' construction holds per edge."""
-    path = out / f"{name}.npy"
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(length,))
-        yield arr
-        arr.flush()
-        del arr  # unmapped: its pages leave this process (every view of it was local to the caller)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        entries[name] = {"file": path.name, "dtype": str(np.dtype(dtype)), "shape": [length],
-                         "bytes": os.path.getsize(tmp), "sha256": file_sha256(tmp)}
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _offsets(ids: np.ndarray, n: int) -> np.ndarray:
     """int64 [n + 1]: where each id's run starts in `ids` sorted (a CSR's indptr)."""
     indptr = np.zeros(n + 1, dtype=np.int64)
@@ -147,13 +126,12 @@ def _offsets(ids: np.ndarray, n: int) -> np.ndarray:
     return indptr
 
 
-def _read_rows(path: Path, dtype: np.dtype) -> Iterator[np.ndarray]:
-    """A 1-D .npy just written, in blocks of BLOCK_BYTES, read (not mapped: no page of it stays resident)."""
+def _read_rows(path: Path) -> Iterator[np.ndarray]:
+    """A 1-D int64 .npy just written, EDGE_BLOCK values at a time, read (not mapped: no page stays resident)."""
     with open(path, "rb") as f:
         length = _HEADERS[np.lib.format.read_magic(f)](f)[0][0]
-        step = BLOCK_BYTES // np.dtype(dtype).itemsize
-        for lo in range(0, length, step):
-            yield np.fromfile(f, dtype=dtype, count=min(step, length - lo))
+        for lo in range(0, length, EDGE_BLOCK):
+            yield np.fromfile(f, dtype=np.int64, count=min(EDGE_BLOCK, length - lo))
 
 
 def _place(out: np.ndarray, cursor: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
@@ -168,51 +146,47 @@ def _place(out: np.ndarray, cursor: np.ndarray, keys: np.ndarray, values: np.nda
     cursor[ordered[starts]] += run
 
 
-def _counting_sort(out: Path, name: str, n: int, indptr: np.ndarray, blocks: Iterator[tuple[np.ndarray, np.ndarray]],
-                   length: int, entries: dict[str, Any]) -> None:
-    """`name.npy` [length] int64: every (keys, values) block's values placed by key, stably (what a stable
-    argsort of the keys orders), into a mapped file: one int64 per edge resident, where a sort holds three."""
-    with _npy_mapped(out, name, np.dtype(np.int64), length, entries) as arr:
-        cursor = indptr[:-1].copy()
-        for keys, values in blocks:
-            _place(arr, cursor, keys, values)
+def _counting_sort(indptr: np.ndarray, blocks: Iterator[tuple[np.ndarray, np.ndarray]], length: int) -> np.ndarray:
+    """int64 [length]: every (keys, values) block's values placed by key, stably (as a stable argsort of the
+    keys orders them), given each key's start `indptr`: one int64 per edge, where a sort holds three."""
+    arr = np.empty(length, dtype=np.int64)
+    cursor = indptr[:-1].copy()
+    for keys, values in blocks:
+        _place(arr, cursor, keys, values)
+    return arr
 
 
 def _write_csrs(out: Path, src: np.ndarray, dst: np.ndarray, n: int, entries: dict[str, Any]) -> None:
     """The in-edge CSR and its transpose, exactly those `Graph.csr("plain")` and its `transpose()` build (stable
     sorts: a run from the store sums in the same order as one from the source), by counting sorts in blocks.
 
-    Besides src and dst, one int64 array per edge is resident at a time (the one being filled, mapped; the rest
-    are read back in blocks): in.eids is the edges stably ordered by destination; the transpose's entry k is
-    the in-CSR entry perm[k] with in-CSR entries stably ordered by source (CSR.transpose), so out.perm and
+    Besides src and dst, one int64 array per edge is held at a time (the one being filled; the others are
+    written and read back in blocks): in.eids is the edges stably ordered by destination; the transpose's entry
+    k is the in-CSR entry perm[k] with in-CSR entries stably ordered by source (CSR.transpose), so out.perm and
     out.eids are the in-CSR's positions and edge ids placed by the sources of in.indices.
     """
     e = len(src)
-    step = BLOCK_BYTES // 8
     entries["in.indptr"] = _save(out, "in.indptr", in_indptr := _offsets(dst, n))
-    _counting_sort(out, "in.eids", n, in_indptr,
-                   ((dst[lo:lo + step], np.arange(lo, min(lo + step, e), dtype=np.int64))
-                    for lo in range(0, e, step)), e, entries)
+    blocks = ((dst[lo:lo + EDGE_BLOCK], np.arange(lo, min(lo + EDGE_BLOCK, e), dtype=np.int64))
+              for lo in range(0, e, EDGE_BLOCK))
+    entries["in.eids"] = _save(out, "in.eids", _counting_sort(in_indptr, blocks, e))
     with _npy_writer(out, "in.indices", np.dtype(np.int64), (e,)) as w:
-        for eids in _read_rows(out / "in.eids.npy", np.dtype(np.int64)):
+        for eids in _read_rows(out / "in.eids.npy"):
             w.write(src[eids].astype(np.int64))
     entries["in.indices"] = w.entry
     entries["out.indptr"] = _save(out, "out.indptr", out_indptr := _offsets(src, n))
 
     def positions() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         lo = 0
-        for sources in _read_rows(out / "in.indices.npy", np.dtype(np.int64)):
+        for sources in _read_rows(out / "in.indices.npy"):
             yield sources, np.arange(lo, lo + len(sources), dtype=np.int64)
             lo += len(sources)
 
-    def edge_ids() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        yield from zip(_read_rows(out / "in.indices.npy", np.dtype(np.int64)),
-                       _read_rows(out / "in.eids.npy", np.dtype(np.int64)))
-
-    _counting_sort(out, "out.perm", n, out_indptr, positions(), e, entries)
-    _counting_sort(out, "out.eids", n, out_indptr, edge_ids(), e, entries)
+    entries["out.perm"] = _save(out, "out.perm", _counting_sort(out_indptr, positions(), e))
+    edge_ids = zip(_read_rows(out / "in.indices.npy"), _read_rows(out / "in.eids.npy"))
+    entries["out.eids"] = _save(out, "out.eids", _counting_sort(out_indptr, edge_ids, e))
     with _npy_writer(out, "out.indices", np.dtype(np.int64), (e,)) as w:
-        for eids in _read_rows(out / "out.eids.npy", np.dtype(np.int64)):
+        for eids in _read_rows(out / "out.eids.npy"):
             w.write(dst[eids].astype(np.int64))
     entries["out.indices"] = w.entry
 
