@@ -31,6 +31,7 @@ from gnnc.errors import GnncError
 from gnnc.ir import Eqn, Layer, Program
 from gnnc.graph import CSR, Graph, GraphView, edge_data, sparse_if_sparse
 from gnnc.graph.storage import check_class_labels
+from gnnc.graph.store import release_pages
 from gnnc.ir.dims import eval_dim, eval_number
 from gnnc.ir.ops import op_def
 from gnnc.runtime import kernels as _kernels  # noqa: F401  (registers the kernel variants)
@@ -503,6 +504,18 @@ def _init(init: str | float, shape: tuple[int, ...], gen: torch.Generator | None
         a = math.sqrt(6.0 / fan)
         return (torch.rand(shape, generator=gen) * 2 - 1) * a
     raise GnncError(f"unknown initialiser '{init}'")
+
+
+def drop_edge_order_copies(graph: Graph) -> None:
+    """Forget what building the views left in `graph`'s caches in the graph's edge order, and the store pages read
+    for it: a view holds its edges and edge data in CSR order (GraphView), and the graph's own copies (a self-loop
+    view's edge list, its gcn_norm and edge data: 12 bytes per edge and more, 1.4 GiB at ogbn-products' size) and
+    the store's edge pages would otherwise stay resident through training (issue 35). Whatever asks the graph
+    again builds or maps them anew."""
+    for key in list(graph._views):
+        if key == "self_loops_edges" or (isinstance(key, tuple) and key[0] in ("gcn_norm", "edge_data")):
+            del graph._views[key]
+    release_pages(graph)
 
 
 def graph_inputs(graph: Graph) -> dict[str, torch.Tensor]:

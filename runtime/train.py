@@ -43,8 +43,8 @@ from gnnc.runtime import rng
 from gnnc.runtime.kernels import native
 from gnnc.runtime.task_metrics import TaskMetrics, task_metrics
 from gnnc.graph import GraphView
-from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, forward, graph_inputs, init_params,
-                                   init_state, loss_op)
+from gnnc.runtime.executor import (ExecContext, Interpreter, check_graph_fits, drop_edge_order_copies, forward,
+                                   graph_inputs, init_params, init_state, loss_op)
 from gnnc.graph import Graph
 from gnnc.graph.storage import check_class_labels
 
@@ -181,6 +181,9 @@ class RunResult:
     eval_time_s: float = 0.0  # the evaluation's forward pass after each step, median over steady epochs of what
     # the slowest rank's step and evaluation took beyond the slowest step
     eval_bytes_sent_per_epoch: int = 0  # what the evaluation's exchanges sent (every rank), per epoch
+    # which vertices the evaluation (and the logits) covers, and on what neighbourhoods: a sampled run's is its
+    # labelled vertices' (gnnc.runtime.minibatch.EVALUATION)
+    evaluation: str = "every vertex, full neighbourhood"
     cpu_kernels: str = ""  # gnnc.runtime.kernels.native.status() of the (first) process: compiled, or torch and why
     cpu_allocator: str = ""  # gnnc.runtime.block_cache.status() of the (first) process: block cache, or why not
     threads: int = 0  # torch's threads in the (first) process as it trained, and why that many (TrainConfig)
@@ -222,8 +225,8 @@ class RunResult:
 
 SUMMARY_FIELDS = ("test_acc", "val_acc", "final_test_acc", "train_loss", "epoch_time_s", "best_epoch", "graph",
                   "world_size", "strategies", "bytes_sent_per_epoch", "peak_rss_bytes", "predicted_peak_rss_bytes",
-                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "cpu_kernels", "cpu_allocator",
-                  "threads", "threads_reason", "wait_policy", "epochs", "device", "precision")
+                  "activation_peak_bytes", "eval_time_s", "eval_bytes_sent_per_epoch", "evaluation", "cpu_kernels",
+                  "cpu_allocator", "threads", "threads_reason", "wait_policy", "epochs", "device", "precision")
 
 
 class Worker:
@@ -255,6 +258,7 @@ class Worker:
         move = devices.mover(self.device)
         self.views = {v: devices.place(GraphView.build(graph, v), self.device)
                       for v in sorted({l.edges for l in program.graph_layers()})}
+        drop_edge_order_copies(graph)
         self.inputs = {k: move(t) for k, t in graph_inputs(graph).items()}
         self.ids = torch.arange(graph.num_nodes, device=self.device)
         self.cfg = cfg

@@ -184,8 +184,14 @@ def pattern(csr: CSR, transposed: bool, heads: int, device: torch.device) -> Pat
     """The (cached) pattern of `csr` or its transpose, with `heads` heads, on `device`."""
     def build() -> Pattern:
         if transposed:
+            built = "t" not in csr._cache
             t = csr.transpose()
             crow, col, perm = t.indptr, t.indices, t._cache["perm_from"]
+            if built:
+                # the pattern keeps the columns narrowed and the permutation: the int64 transpose built for it here
+                # (its sources and edge ids, 16 bytes per edge: 1.9 GiB at ogbn-products' size) is not kept too
+                # (issue 35); what reads the transpose itself (attention, a device copy) builds it again
+                del csr._cache["t"]
             rows, cols = csr.n_src, csr.n_dst
         else:
             crow, col, perm = csr.indptr, csr.indices, None

@@ -1,0 +1,51 @@
+"""Issue 35 at ogbn-products' size, checked small: what one process keeps for its graph and its step (MEM).
+
+The full-size runs need the machine alone (benchmarks/products.py); these tests check each saving on a graph whose
+[vertices, hidden] tensors are torch blocks of several MiB, which the block cache (gnnc.runtime.block_cache) counts
+as live: its high-water mark over one training step is the step's peak of large tensors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import EXAMPLES, random_graph
+from gnnc import api
+from gnnc.runtime import block_cache
+from gnnc.runtime.executor import init_params
+from gnnc.runtime.train import TrainConfig, Worker, make_optimizer, train_step
+
+N, E, HIDDEN = 6000, 60000, 128  # [N, HIDDEN] float32: 2.9 MiB, above the cache's 1 MiB
+
+
+def _step_peak(program, graph, recompute: bool) -> tuple[int, int]:
+    """(live bytes of large blocks before a step, their high-water mark during it), after a first step that builds
+    the kernels' structures."""
+    cfg = TrainConfig(seed=1, progress=False, recompute=recompute)
+    worker = Worker(program, graph, cfg)
+    params = init_params(program, 1)
+    opt = make_optimizer(program, params, cfg)
+    train_step(worker, params, opt, None, 0)
+    block_cache.empty()  # the high-water mark starts over at what is live
+    before = block_cache.stats().live
+    train_step(worker, params, opt, None, 1)
+    return before, block_cache.stats().high
+
+
+def test_one_process_keeps_48_bytes_per_edge_of_structure() -> None:
+    """After a step one process holds, per edge of GCN's self-loop view, the view's int64 sources, edge ids and
+    destinations, its gcn_norm in CSR order and the kernels' two patterns (int32 columns, the transpose's int64
+    permutation and permuted norms): 48 bytes. It also kept the graph's own copies in edge order (the edge list,
+    12 bytes per edge) and the int64 transpose the pattern was built from (16 bytes): 1.4 + 1.9 GiB at
+    ogbn-products' size."""
+    if not block_cache.install():
+        pytest.skip(f"no block cache here ({block_cache.status()}): nothing counts live blocks")
+    before = block_cache.stats().live
+    graph = random_graph(n=6000, e=300_000, f=32, c=8, seed=3)  # 4-byte edge arrays of 1.2 MiB
+    program = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=16), graph).program
+    cfg = TrainConfig(seed=1, progress=False)
+    worker = Worker(program, graph, cfg)
+    params = init_params(program, 1)
+    train_step(worker, params, make_optimizer(program, params, cfg), None, 0)
+    nnz = worker.views["self_loops"].csr.nnz
+    assert block_cache.stats().live - before <= 48 * nnz + 2**20, (block_cache.stats().live - before) / nnz
+    assert "self_loops_edges" not in graph._views
