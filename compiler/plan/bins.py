@@ -45,9 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 import torch
-from scipy.sparse.csgraph import breadth_first_order, connected_components
 
 from gnnc.graph import CSR, GraphView
 from gnnc.ir import Eqn, Layer, Value
@@ -170,6 +168,10 @@ def boundary_rows(lg: LayerGraph, view: str) -> tuple[np.ndarray, np.ndarray]:
 
 def priority_order(lg: LayerGraph, view: str) -> np.ndarray:
     """G3's priority list of the layer's output rows (positions 0..n_out-1), boundary rows first."""
+    # deferred: a heavy import (~0.3 CPU-s) that only G3's bins need, not every rank that imports this module
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import breadth_first_order, connected_components
+
     n = lg.n_out
     if n == 0:
         return np.zeros(0, dtype=np.int64)
