@@ -6,8 +6,17 @@ layer runs on its own block, and because a block's destinations are the first
 of its sources every row set of a step is a prefix of the first block's
 sources, which `PrefixRowsInterpreter` already handles (as it does for the
 distributed row sets). The loss of a step averages over the batch's seeds.
-Evaluation is not sampled: `Worker.forward` in evaluation mode runs every
-layer on the whole graph (full-neighbourhood, layer-wise inference).
+
+Evaluation runs on the labelled vertices only (those of the train, val or test
+mask; `EVALUATION` says so in a run's --json), in batches of the batch size
+(at least `EVAL_SEEDS`), each on sampled blocks with the run's fan-outs,
+without dropout. Every vertex
+of a large graph would not fit: papers100M's 98.6% unlabelled vertices would
+need whole [N, hidden] layers (11 GB each at one tenth of it), and a full
+neighbourhood of a few thousand seeds is most of such a graph. Its sampling
+draws from one stream per epoch (`EVAL_INDEX`, not a batch's): sampling is
+counter-based, so each vertex gets the same blocks whichever batch or rank
+evaluates it, and one process and N ranks evaluate alike.
 
 A step is four phases, so that P3's pipeline can interleave minibatches:
 the model-parallel forward (the equations up to the first graph layer's
@@ -25,6 +34,7 @@ the same weights, so its accuracy is that of the distributed pipeline
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -36,31 +46,39 @@ import torch
 from gnnc.errors import GnncError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import view_edge_data
+from gnnc.graph.store import release_pages
 from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView
 from gnnc.ir import Program
 from gnnc.plan.comm_ops import exchange_of
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.runtime import device as devices
-from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter
+from gnnc.runtime.executor import ExecContext, PrefixRowsInterpreter, check_graph_fits, init_state
 from gnnc.runtime.metrics import MinibatchRecord
 from gnnc.runtime.train import RunResult, TrainConfig, Worker, optimizer_step, train
 
+# what a sampled run's evaluation runs on (RunResult.evaluation, its --json): the module docstring says why
+EVALUATION = "labelled vertices only (train, val and test masks), sampled neighbourhoods at the run's fan-outs"
+EVAL_INDEX = 1 << 40  # the evaluation's sampling stream (a training batch's index is its position in the epoch)
+# seeds per evaluation batch at least: a batch costs an interpreter pass, which a few dozen vertices (Cora's batches
+# of 64) do not repay, and without autograd a batch holds less than a training step of the same seeds
+EVAL_SEEDS = 1024
 
 
 def block_view(block: Block, sview: SamplingView, graph: Graph) -> GraphView:
     """A block as the GraphView a layer runs on: its CSR (local ids), global edge ids, edge data, degrees.
 
     The edge data are the whole graph's for those edges (gcn_norm scaled by deg/k on sampled edges:
-    gnnc.graph.sampling says why). A pushed block without edge ids (P3's push of a graph without edge data)
-    has its gcn_norm from its edges' endpoints instead, which is the same coefficient.
+    gnnc.graph.sampling says why). A graph without edge data has its gcn_norm from the block's endpoints
+    (`SamplingView.edge_norm`: the same coefficient to the bit, and no per-edge array of the whole graph, which
+    a pushed block without edge ids could not index anyway).
     """
     indices = torch.from_numpy(block.indices)
     csr = CSR(torch.from_numpy(block.indptr), indices, torch.arange(block.nnz), block.n_dst, block.n_src)
     eids = torch.from_numpy(block.eids)
-    if block.nnz and int(eids.min()) < 0:
-        if graph.edge_data:
-            raise AssertionError("a block without edge ids on a graph with edge data")
+    if not graph.edge_data:
         data = {"gcn_norm": torch.from_numpy(sview.edge_norm(block))}
+    elif block.nnz and int(eids.min()) < 0:
+        raise AssertionError("a block without edge ids on a graph with edge data")
     else:
         data = view_edge_data(graph, sview.view, eids)
         data["gcn_norm"] = data["gcn_norm"] * torch.from_numpy(sview.edge_scale(block)).to(torch.float32)
@@ -123,11 +141,29 @@ class MinibatchWorker(Worker):
 
     def __init__(self, program: Program, graph: Graph, cfg: TrainConfig, sampling: SamplingConfig,
                  schedule: str = "sequential"):
-        super().__init__(program, graph, cfg)
+        # Worker's fields, without its whole-graph views and inputs: those (the in-edge CSR's destination index,
+        # gcn_norm of every edge, x read through for its density) are what a full-graph step needs, and at a
+        # graph store's size they are gigabytes a sampled run never reads
+        from gnnc.runtime.comm import CommStats  # deferred, as in Worker
+        from gnnc.runtime.memory import set_up_allocator
+
+        set_up_allocator()
+        check_graph_fits(program, graph)
+        self.device = devices.rank_device(cfg.device)
+        devices.check_precision_on(self.device, cfg.precision)
+        self.graph_name, self.num_nodes, self.stats, self.program, self.cfg = (graph.name, graph.num_nodes,
+                                                                               CommStats(), program, cfg)
+        self.count = max(float(graph.train_mask.sum()), 1.0)
+        self.views, self.ids = {}, torch.zeros(0, dtype=torch.int64)
+        self.state, self.hoisted = init_state(program, self.device), {}
+        self.inputs = {"y": graph.y, "train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
         self._setup_sampling(program, graph, sampling, schedule)
         self.features = graph.x
         self.labels = graph.y
         self.train_ids = np.nonzero(graph.train_mask.numpy())[0]
+        self.eval_ids = labelled_ids(graph.train_mask, graph.val_mask, graph.test_mask)
+        move = devices.mover(self.device)
+        self.eval_inputs = {k: move(v[torch.from_numpy(self.eval_ids)]) for k, v in self.inputs.items()}
 
     def _setup_sampling(self, program: Program, graph: Graph, sampling: SamplingConfig, schedule: str) -> None:
         layers = program.graph_layers()
@@ -164,6 +200,9 @@ class MinibatchWorker(Worker):
         gathered on the host, where the features are, and copied to the device once."""
         seeds = torch.from_numpy(mb.seeds)
         x = sparse_if_sparse(self.features[torch.from_numpy(mb.blocks[0].src_ids)])  # bag of words stays sparse
+        # a store's pages this minibatch read (its sampled rows of x, of the CSR) let go: over an epoch the
+        # minibatches read most of the features, which would otherwise stay resident (a graph in memory has none)
+        release_pages(self.structure)
         n = len(mb.seeds)
         return {"x": self.move(x), "y": self.move(self.labels[seeds]),
                 "train": torch.ones(n, dtype=torch.bool, device=self.device),
@@ -286,6 +325,37 @@ class MinibatchWorker(Worker):
             [b.n_src for b in blocks], [b.n_dst for b in blocks], [b.nnz for b in blocks],
             f.loss.detach(), dict(f.phase_s), sent))  # the loss is read on the host with the epoch's records
 
+    # --- evaluation ---------------------------------------------------------------------------------------
+
+    def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The evaluation: the logits of `eval_batches`' vertices in their order (the module docstring says which
+        and how); its exchanges' bytes are not counted."""
+        if training:
+            raise AssertionError("sampled training runs through train_epoch")
+        saved = copy.deepcopy(self.stats.counts)
+        outs = []
+        with torch.no_grad():
+            for seeds in self.eval_batches():
+                f = self.prepare(epoch, EVAL_INDEX, seeds, epoch, params, training=False)
+                self.forward_m(f)
+                self.forward_d(f)
+                outs.append(f.env[self.program.logits.name])
+        self.stats.counts = saved
+        return torch.cat(outs), None
+
+    def eval_batches(self) -> list[np.ndarray]:
+        """The vertices this worker evaluates, in batches of the batch size (a collective's count: every rank
+        runs as many as the rank with the most)."""
+        size = eval_batch_size(self.sampling)
+        return [self.eval_ids[lo:lo + size] for lo in range(0, max(len(self.eval_ids), 1), size)]
+
+    def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return logits, self.eval_inputs
+
+    def graph_tensors(self) -> list[torch.Tensor]:
+        views = [self.sampler.views[name] for name in sorted(self.sampler.views)]
+        return [*self.inputs.values(), *(torch.from_numpy(a) for v in views for a in (v.indptr, v.indices))]
+
     def run_settings(self) -> dict[str, Any]:
         return {"sampling": f"fan-out {self.sampling.text}, batch {self.sampling.batch_size}",
                 "schedule": self.schedule.name}
@@ -367,11 +437,28 @@ class MinibatchWorker(Worker):
         raise AssertionError(f"weights of step {version} are not stashed (kept: {[v for v, _ in self.versions]})")
 
 
+def eval_batch_size(sampling: SamplingConfig) -> int:
+    """Seeds per batch of a sampled run's evaluation."""
+    return max(sampling.batch_size, EVAL_SEEDS)
+
+
+def labelled_ids(*masks: torch.Tensor) -> np.ndarray:
+    """The vertices of any of `masks`, increasing: what a sampled run evaluates (unlabelled ones are in none)."""
+    union = torch.zeros_like(masks[0])
+    for m in masks:
+        union |= m
+    return np.nonzero(union.numpy())[0]
+
+
 def _snapshot(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
     return {k: p.detach().clone() for k, p in params.items()}
 
 
 def train_minibatch(program: Program, graph: Graph, cfg: TrainConfig, sampling: SamplingConfig,
                     schedule: str = "sequential", metrics_path: str | None = None, on_epoch=None) -> RunResult:
-    """Train `program` on sampled minibatches of `graph` in this process (evaluation on the whole graph)."""
-    return train(program, graph, cfg, metrics_path, on_epoch, MinibatchWorker(program, graph, cfg, sampling, schedule))
+    """Train `program` on sampled minibatches of `graph` in this process; the evaluation and the logits are the
+    labelled vertices' (`EVALUATION`), in increasing id order."""
+    result = train(program, graph, cfg, metrics_path, on_epoch,
+                   MinibatchWorker(program, graph, cfg, sampling, schedule))
+    result.evaluation = EVALUATION
+    return result

@@ -6,8 +6,10 @@ decides), on the blocks it samples for them. Sampling is counter-based
 (gnnc.graph.sampling), so a rank draws for its seeds exactly the edges one
 process draws for them, the loss is normalised by the global batch size and
 the gradients are summed: an exact strategy computes the one-process step.
-Evaluation is full-neighbourhood inference of each rank's own vertices
-through the same exchanges (fan-out -1), not counted in the bytes.
+Evaluation is one process's (gnnc.runtime.minibatch: the labelled vertices on
+sampled blocks), each rank evaluating the labelled vertices it owns through
+the same exchanges, not counted in the bytes; its sampling does not depend on
+which rank evaluates a vertex, so N ranks evaluate what one process does.
 
 Two ways of feeding the first graph layer (the strategy of that layer in the IR):
 
@@ -34,7 +36,6 @@ gnnc.runtime.comm counts it, so the planner's dry run predicts it exactly.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from gnnc.graph import sparse_if_sparse
-from gnnc.graph.sampling import (FULL, Block, SamplingConfig, index_bytes, merge_blocks, pack_block, reads_edge_ids,
+from gnnc.graph.sampling import (Block, SamplingConfig, index_bytes, merge_blocks, pack_block, reads_edge_ids,
                                  unpack_block)
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
@@ -56,10 +57,10 @@ from gnnc.runtime import comm
 from gnnc.runtime.distributed import DistWorker, _gather_rows, train_and_report
 from gnnc.runtime.executor import ExecContext, check_dims_fit, init_state
 from gnnc.runtime.launch import DistConfig
-from gnnc.runtime.minibatch import BlockRunner, Flight, MinibatchWorker, block_view
+from gnnc.graph.store import release_pages
+from gnnc.runtime.minibatch import (EVALUATION, BlockRunner, Flight, MinibatchWorker, block_view, eval_batch_size,
+                                   labelled_ids)
 from gnnc.runtime.train import RunResult, TrainConfig
-
-EVAL_CHUNK = 4096  # seeds per full-neighbourhood inference step (bounds the memory of evaluation)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,12 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         own = torch.from_numpy(self.owned_ids)
         self.inputs = {"y": graph.y[own], "train": graph.train_mask[own], "val": graph.val_mask[own],
                        "test": graph.test_mask[own]}
+        self.labelled = labelled_ids(graph.train_mask, graph.val_mask, graph.test_mask)
+        self.eval_ids = self.labelled[self.parts[self.labelled] == cfg.rank]  # the ones this rank evaluates
+        self.eval_most = int(np.bincount(self.parts[self.labelled], minlength=cfg.world_size).max())
+        mine = torch.from_numpy(self.eval_ids)
+        self.eval_inputs = {"y": graph.y[mine], "train": graph.train_mask[mine], "val": graph.val_mask[mine],
+                            "test": graph.test_mask[mine]}
         self.views, self.ids = {}, torch.zeros(0, dtype=torch.int64)
         self.state, self.hoisted = init_state(program), {}  # as Worker's (a minibatch's context drops the cache)
         self.count = max(float(len(self.train_ids)), 1.0)
@@ -152,6 +159,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         n = len(mb.seeds)
         seeds = torch.from_numpy(mb.seeds)
         x = sparse_if_sparse(self.pull_rows(mb.blocks[0].src_ids)) if self.layout == "rows" else torch.zeros(0)
+        release_pages(self.structure)  # the pages of the features and the CSR this minibatch read (one process's)
         # the seeds' own train mask: a training batch's are all True, but the evaluation's seeds are every owned
         # vertex, and an unlabelled one (y = UNLABELLED, papers100M's 98.6%) in the loss's mask is an IndexError
         return {"x": x, "y": self.labels[seeds], "train": self.train_mask[seeds],
@@ -197,6 +205,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges], self.structure)
         ids = torch.from_numpy(merged.src_ids)
         f.env["x"] = sparse_if_sparse(self.features[ids])
+        release_pages(self.structure)
         f.m_ctx = dataclasses.replace(f.ctx, vertex_ids=ids, col_offset=self.cols[0])
         f.phase_s.update(push_wait=t1 - t0, slice=time.perf_counter() - t1)
 
@@ -237,26 +246,14 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
 
     # --- evaluation, reporting ---------------------------------------------------------------------------
 
-    def forward(self, params, training: bool, epoch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Full-neighbourhood inference of this rank's vertices (evaluation; its bytes are not counted)."""
-        if training:
-            raise AssertionError("sampled training runs through train_epoch")
-        saved = copy.deepcopy(self.stats.counts)
-        largest = int(np.bincount(self.parts, minlength=self.world_size).max())
-        fanouts = [FULL] * len(self.program.graph_layers())
-        outs = []
-        with torch.no_grad():
-            for k in range(-(-largest // EVAL_CHUNK)):
-                seeds = self.owned_ids[k * EVAL_CHUNK:(k + 1) * EVAL_CHUNK]
-                f = self.prepare(epoch, k, seeds, epoch, params, fanouts, training=False)
-                self.forward_m(f)
-                self.forward_d(f)
-                outs.append(f.env[self.program.logits.name])
-        self.stats.counts = saved
-        return torch.cat(outs), None
+    def eval_batches(self) -> list[np.ndarray]:
+        """This rank's labelled vertices in batches, as many batches as the rank with the most has (each batch
+        is a collective: a rank with fewer runs empty ones)."""
+        size = eval_batch_size(self.sampling)
+        return [self.eval_ids[k * size:(k + 1) * size] for k in range(max(-(-self.eval_most // size), 1))]
 
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return logits, self.inputs
+        return logits, self.eval_inputs
 
     def train_vertices(self) -> int:
         return len(self.train_ids)
@@ -266,13 +263,21 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
                                                                self.sampler.views.values())]
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
-        return _gather_rows(logits.detach(), torch.from_numpy(self.owned_ids), self.num_nodes, self.rank,
-                            self.world_size)
+        """Every rank's evaluated rows on rank 0, in increasing vertex id (one process's logits)."""
+        every = _gather_rows(logits.detach(), torch.from_numpy(self.eval_ids), self.num_nodes, self.rank,
+                             self.world_size)
+        if every is None:
+            return None
+        return every[torch.from_numpy(self.labelled)]
 
 
 def sampled_worker(cfg: DistConfig, job: SampledJob) -> RunResult | None:
-    """One rank's sampled training run; rank 0 returns the run's result (with the logits in global order)."""
-    return train_and_report(DistMinibatchWorker(cfg, job), cfg, job)
+    """One rank's sampled training run; rank 0 returns the run's result (with the logits of the labelled vertices
+    in increasing id order, as one process's)."""
+    result = train_and_report(DistMinibatchWorker(cfg, job), cfg, job)
+    if result is not None:
+        result.evaluation = EVALUATION
+    return result
 
 
 def sampled_one_step(cfg: DistConfig, job: SampledJob, epoch: int = 0, index: int = 0) -> dict[str, Any] | None:

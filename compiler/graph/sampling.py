@@ -191,25 +191,36 @@ def _ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 class SamplingView:
-    """The candidate in-edges of one edge view, as numpy CSR (self-loops set apart for `self_loops`)."""
+    """The candidate in-edges of one edge view, as numpy CSR (self-loops set apart for `self_loops`).
+
+    Built from the graph's plain in-edge CSR only (never its edge list): a graph store's CSR is memory-mapped, so
+    a process that samples from it holds the pages its minibatches read, not a copy of the structure. The
+    `self_loops` view's candidates are the plain CSR's entries that are not loops (a row keeps its edges in the
+    plain order, which is the self_loops view's order too), their ids renumbered into that view's edge order:
+    Graph.edges("self_loops") lists the non-loop edges first, in their order, so a non-loop edge e becomes
+    e minus the loops before it. A graph without loops keeps the mapped arrays as they are.
+    """
 
     def __init__(self, graph: Graph, view: str):
-        csr = graph.csr(view)
+        if view not in ("plain", "self_loops"):
+            graph.edges(view)  # an unknown view is refused there, naming the known ones
+        csr = graph.csr("plain")
         indptr, indices, eids = csr.indptr.numpy(), csr.indices.numpy(), csr.eids.numpy()
         self.num_nodes = graph.num_nodes
         self.view = view
         self.add_loops = view == "self_loops"
+        self.loop_eid0 = -1
         if self.add_loops:
-            # Graph.edges("self_loops") lists the non-loop edges first, then one loop per vertex:
-            # the loops are the entries whose edge id is at least the non-loop count.
-            self.loop_eid0 = graph.num_edges - int(np.count_nonzero(graph.src == graph.dst))
-            keep = eids < self.loop_eid0
-            counts = np.bincount(np.repeat(np.arange(graph.num_nodes), np.diff(indptr))[keep],
-                                 minlength=graph.num_nodes)
-            indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-            indices, eids = indices[keep], eids[keep]
-        else:
-            self.loop_eid0 = -1
+            loop = _loop_entries(indptr, indices)
+            self.loop_eid0 = graph.num_edges - len(loop)
+            if len(loop):
+                keep = np.ones(len(indices), dtype=bool)
+                keep[loop] = False
+                counts = np.diff(indptr) - np.bincount(np.searchsorted(indptr, loop, side="right") - 1,
+                                                       minlength=graph.num_nodes)
+                indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+                indices, eids = indices[keep], eids[keep]
+                eids = eids - np.searchsorted(np.sort(csr.eids.numpy()[loop]), eids)
         self.indptr, self.indices, self.eids = indptr, indices, eids
         self.degree = np.diff(indptr)  # candidate in-edges per vertex
         # deg^-1/2 of the view's in-degree (its self-loop included), as Graph.gcn_norm computes it
@@ -313,6 +324,18 @@ class NeighbourSampler:
         src_ids = np.concatenate([dst, new])
         pos[src_ids] = -1  # leave the scratch clean for the next block
         return src_ids, local
+
+
+def _loop_entries(indptr: np.ndarray, indices: np.ndarray, block_rows: int = 1 << 20) -> np.ndarray:
+    """Positions of a CSR's self-loops (an entry whose source is its row), read a block of rows at a time: the
+    row ids of every entry at once would be 8 bytes per edge."""
+    found = []
+    for lo in range(0, len(indptr) - 1, block_rows):
+        hi = min(lo + block_rows, len(indptr) - 1)
+        a, b = int(indptr[lo]), int(indptr[hi])
+        rows = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr[lo:hi + 1]))
+        found.append(a + np.nonzero(np.asarray(indices[a:b]) == rows)[0])
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
 def _smallest_keys(rows: np.ndarray, start: np.ndarray, deg: np.ndarray, eids: np.ndarray, k: int,

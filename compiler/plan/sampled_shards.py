@@ -10,17 +10,24 @@ pulled when sampled) or one slice of the feature columns of every vertex
 under pushpull (P3: features split along the feature dimension). A shard is
 plain arrays (no pickle) beside the manifest of gnnc.plan.shard_files:
 
-  src, dst        the edge list (the structure every rank samples from)
   parts           the owner of every vertex
   y, train, val, test
 
-and, beside it, the rank's features as their own `.npy` (`rank-NNNNN.x.npy`, its size, shape and sha256 in the
-manifest's entry of the rank, under "x"): rows of the owned vertices (layout "rows") or columns [c0, c1) of every
-vertex ("columns"). A rank memory-maps that file (as `--graph DIR` maps a graph store, gnnc.graph.store) and
-gathers only the rows a minibatch samples, so its resident set is the structure's, not its share of the features.
+and, beside it, as `.npy` files every rank memory-maps (as `--graph DIR` maps a graph store, gnnc.graph.store):
+
+  graph.src, graph.dst                              the edge list, written once for every rank
+  graph.in.indptr, graph.in.indices, graph.in.eids  its in-edge CSR (Graph.csr("plain")), what the sampler reads
+  rank-NNNNN.x                                      the rank's features: rows of the owned vertices (layout
+                                                    "rows") or columns [c0, c1) of every vertex ("columns")
+
+each with its size, dtype, shape and sha256 in the manifest ("structure"; a rank's entry's "x"). A rank gathers
+only the feature rows a minibatch samples and reads only the CSR rows it samples, letting their pages go after
+each minibatch (`release_pages`), so its resident set is near a minibatch's, not the graph's: the edge list in
+each rank's memory, and the sampler's CSR built from it, were 24 bytes per edge per rank (40 GiB at papers100M).
 """
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +37,9 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError, PlanError
-from gnnc.graph import Graph
-from gnnc.graph.store import _open_array, _save, _tensor, release_pages
+from gnnc.graph import CSR, Graph
+from gnnc.graph.storage import index_dtype
+from gnnc.graph.store import _MAPS, _check_indptr, _check_range, _open_array, _save, _tensor, release_pages
 from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
@@ -39,6 +47,7 @@ from gnnc.plan.strategies import STRATEGIES
 # How ranks hold the features, by the layout their first graph layer's strategy reads (StrategyDef.layout_in)
 SAMPLED_LAYOUTS = {"vertex": "rows", "feature": "columns"}
 LAYOUTS = tuple(SAMPLED_LAYOUTS.values())
+STRUCTURE = ("src", "dst", "in.indptr", "in.indices", "in.eids")  # the graph's arrays every rank maps
 
 
 def feature_layout(program) -> str:
@@ -50,7 +59,8 @@ def feature_layout(program) -> str:
 class SampledRankData:
     """One rank's shard, loaded: the structure as a Graph (no features), its features and the owners."""
 
-    graph: Graph  # structure, labels and masks; x has no columns
+    graph: Graph  # structure (mapped; its plain CSR the shards'), labels and masks; x has no columns;
+    # release_pages(graph) lets go of the pages read of the structure and the features
     features: torch.Tensor  # [owned, F] (rows) or [N, c1 - c0] (columns), over the mapped file (read-only)
     layout: str
     parts: np.ndarray
@@ -68,9 +78,17 @@ def write_sampled_shards(program, graph: Graph, parts: np.ndarray, world: int,
     out.mkdir(parents=True, exist_ok=True)
     layout = feature_layout(program)
     slices = feature_slices(graph.num_features, world)
-    common = {"src": np.asarray(graph.src, dtype=np.int64), "dst": np.asarray(graph.dst, dtype=np.int64),
-              "parts": np.asarray(parts, dtype=np.int64), "y": graph.y.numpy(), "train": graph.train_mask.numpy(),
+    common = {"parts": np.asarray(parts, dtype=np.int64), "y": graph.y.numpy(), "train": graph.train_mask.numpy(),
               "val": graph.val_mask.numpy(), "test": graph.test_mask.numpy()}
+    csr = graph.csr("plain")  # a store's is mapped: written through in blocks, never whole in memory
+    ids = index_dtype(graph.num_nodes)
+    structure = {}
+    for name, arr in (("src", np.asarray(graph.src, dtype=ids)), ("dst", np.asarray(graph.dst, dtype=ids)),
+                      ("in.indptr", csr.indptr.numpy()), ("in.indices", csr.indices.numpy()),
+                      ("in.eids", csr.eids.numpy())):
+        structure[name] = _save(out, _structure_name(name), arr)
+        del arr
+        release_pages(graph)
     entries = []
     for rank in range(world):
         if layout == "rows":
@@ -83,12 +101,17 @@ def write_sampled_shards(program, graph: Graph, parts: np.ndarray, world: int,
         entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, common, cols=list(slices[rank]), x=features))
     write_manifest(out, {"kind": "sampled", "layout": layout, "graph": graph.name, "num_nodes": graph.num_nodes,
                          "num_edges": graph.num_edges, "num_features": graph.num_features,
-                         "num_classes": graph.num_classes, "parts": world, "shards": entries})
+                         "num_classes": graph.num_classes, "parts": world, "shards": entries,
+                         "structure": structure})
     return read_manifest(out)
 
 
 def _features_name(rank: int) -> str:
     return f"rank-{rank:05d}.x"
+
+
+def _structure_name(name: str) -> str:
+    return f"graph.{name}"
 
 
 def features_bytes(entry: dict[str, Any]) -> int:
@@ -99,7 +122,8 @@ def features_bytes(entry: dict[str, Any]) -> int:
     return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0
 
 
-def _open_features(shard_dir: str | os.PathLike, manifest: dict[str, Any], rank: int) -> np.ndarray:
+def _open_features(shard_dir: str | os.PathLike, manifest: dict[str, Any], rank: int,
+                   maps: list[mmap.mmap]) -> np.ndarray:
     """Rank `rank`'s features, memory-mapped read-only once the file matches the manifest's size, checksum,
     dtype and shape. The file is the one the rank's name gives, never a path read from the manifest."""
     entry = manifest["shards"][rank].get("x")
@@ -112,9 +136,43 @@ def _open_features(shard_dir: str | os.PathLike, manifest: dict[str, Any], rank:
                         f"[rows, columns], size and sha256); shards written before they were mapped hold them "
                         f"inside the .npz: compile the plan again")
     try:
-        return _open_array(Path(shard_dir), "x", entry, [])
+        return _open_array(Path(shard_dir), "x", entry, maps)
     except GnncError as err:  # missing, truncated or altered: the plan's shards are damaged
         raise PlanError(str(err)) from None
+
+
+def _open_structure(shard_dir: str | os.PathLike, manifest: dict[str, Any],
+                    maps: list[mmap.mmap]) -> dict[str, np.ndarray]:
+    """The graph's edge list and in-edge CSR, memory-mapped read-only once each file matches the manifest's size,
+    checksum, dtype and shape, and is in range (checked a block at a time, its pages let go after)."""
+    entries = manifest.get("structure")
+    if not isinstance(entries, dict) or set(entries) != set(STRUCTURE) or not all(
+            isinstance(e, dict) and e.get("file") == f"{_structure_name(k)}.npy" for k, e in entries.items()):
+        raise PlanError(f"{shard_dir}: the manifest must describe the graph's structure as "
+                        f"{', '.join(_structure_name(k) + '.npy' for k in STRUCTURE)}; shards written before the "
+                        f"ranks mapped it hold the edge list inside each rank's .npz: compile the plan again")
+    n, e = int(manifest["num_nodes"]), int(manifest["num_edges"])
+    root = Path(shard_dir)
+    a = {}
+    try:
+        for name in STRUCTURE:
+            path = root / entries[name]["file"]
+            a[name] = _open_array(root, name, entries[name], maps)
+            want = (n + 1,) if name == "in.indptr" else (e,)
+            allowed = ("int32", "int64") if name in ("src", "dst") else ("int64",)
+            if a[name].shape != want or str(a[name].dtype) not in allowed:
+                raise PlanError(f"{path}: {name}: expected {' or '.join(allowed)} {list(want)}, got "
+                                f"{a[name].dtype} {list(a[name].shape)}")
+            if name == "in.indptr":
+                _check_indptr(path, name, a[name], e)
+            else:
+                _check_range(path, name, a[name], 0, e if name == "in.eids" else n)
+            maps[-1].madvise(mmap.MADV_DONTNEED)  # the check read every page
+    except PlanError:
+        raise
+    except GnncError as err:  # missing, truncated, altered or out of range: the plan's shards are damaged
+        raise PlanError(str(err)) from None
+    return a
 
 
 def check_sampled_shards_match(manifest: dict[str, Any], program, where: str) -> None:
@@ -140,16 +198,19 @@ def load_sampled_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> Sa
         if a[name].shape != (n,):
             raise PlanError(f"{shard_dir}: field '{name}' of rank {rank}'s shard has shape {a[name].shape}, "
                             f"expected ({n},)")
-    src, dst = a["src"], a["dst"]
-    if src.shape != dst.shape or (len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n)):
-        raise PlanError(f"{shard_dir}: the edge list of rank {rank}'s shard does not fit {n} vertices")
+    maps: list[mmap.mmap] = []
+    s = _open_structure(shard_dir, manifest, maps)
     cols = tuple(int(c) for c in manifest["shards"][rank]["cols"])
-    x = _open_features(shard_dir, manifest, rank)
+    x = _open_features(shard_dir, manifest, rank, maps)
     want = (int(np.count_nonzero(a["parts"] == rank)), int(manifest["num_features"])) \
         if manifest["layout"] == "rows" else (n, cols[1] - cols[0])
     if x.shape != want:
         raise PlanError(f"{shard_dir}: rank {rank}'s features have shape {list(x.shape)}, expected {list(want)}")
-    graph = Graph(n, src, dst, torch.zeros((n, 0)), torch.from_numpy(a["y"]), torch.from_numpy(a["train"]),
-                  torch.from_numpy(a["val"]), torch.from_numpy(a["test"]), name=str(manifest["graph"]))
+    graph = Graph(n, s["src"], s["dst"], torch.zeros((n, 0)), torch.from_numpy(a["y"]),
+                  torch.from_numpy(a["train"]), torch.from_numpy(a["val"]), torch.from_numpy(a["test"]),
+                  name=str(manifest["graph"]))
+    # the shards' CSR, as open_store sets a store's: Graph.csr would sort every edge again
+    graph._views[("csr", "plain")] = CSR(*(_tensor(s[k]) for k in ("in.indptr", "in.indices", "in.eids")), n, n)
+    graph._views[_MAPS] = maps  # release_pages(graph): the pages read of the structure and of the features
     return SampledRankData(graph, _tensor(x), str(manifest["layout"]), a["parts"], cols,
                            int(manifest["num_features"]))

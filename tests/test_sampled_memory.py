@@ -1,0 +1,132 @@
+"""A sampled run's memory at papers100M's size (issue 34 items 4/5): a rank samples from the memory-mapped CSR its
+plan's shards hold once (not from an edge list read into every rank's memory, and a CSR sorted from it), drawing
+exactly the edges it drew before; the evaluation of a sampled run covers the labelled vertices only, on sampled
+blocks, in batches (not every vertex with whole layers), and does not depend on which batch or rank evaluates a
+vertex."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXAMPLES, random_graph
+from gnnc import api
+from gnnc.graph import CSR, Graph
+from gnnc.graph.sampling import NeighbourSampler, SamplingConfig, SamplingView
+from gnnc.graph.storage import UNLABELLED
+from gnnc.graph.store import _MAPS
+from gnnc.plan.sampled_shards import load_sampled_rank
+from gnnc.runtime.executor import init_params
+from gnnc.runtime import minibatch
+from gnnc.runtime.minibatch import EVALUATION, MinibatchWorker
+from gnnc.runtime.train import TrainConfig
+
+SAMPLING = SamplingConfig((3, 2), 16)
+
+
+def _edge_list_view(graph: Graph, view: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sampler's candidates as it built them before: a CSR sorted from the view's edge list, loops set apart."""
+    n = graph.num_nodes
+    csr = CSR.from_edges(*graph.edges(view), n)
+    indptr, indices, eids = csr.indptr.numpy(), csr.indices.numpy(), csr.eids.numpy()
+    if view == "self_loops":
+        keep = eids < graph.num_edges - int(np.count_nonzero(graph.src == graph.dst))
+        counts = np.bincount(np.repeat(np.arange(n), np.diff(indptr))[keep], minlength=n)
+        indptr, indices, eids = np.concatenate([[0], np.cumsum(counts)]), indices[keep], eids[keep]
+    return indptr, indices, eids
+
+
+@pytest.mark.parametrize("loops", [True, False])
+@pytest.mark.parametrize("view", ["plain", "self_loops"])
+def test_the_sampler_reads_from_the_plain_csr_the_candidates_of_the_edge_list(view: str, loops: bool) -> None:
+    graph = random_graph(n=90, e=700, seed=2)  # self-loops and duplicate edges
+    if not loops:
+        keep = graph.src != graph.dst
+        graph = Graph(graph.num_nodes, graph.src[keep], graph.dst[keep], graph.x, graph.y, graph.train_mask,
+                      graph.val_mask, graph.test_mask)
+    got = SamplingView(graph, view)
+    for name, a, b in zip(("indptr", "indices", "eids"), (got.indptr, got.indices, got.eids),
+                          _edge_list_view(graph, view)):
+        assert np.array_equal(a, b), (view, name)
+    assert ("csr", "self_loops") not in graph._views  # nothing built from the edge list
+
+
+def _blocks(sampler: NeighbourSampler, seeds: np.ndarray) -> list[np.ndarray]:
+    out = []
+    for index in range(3):
+        for block in sampler.sample(seeds, 1, index).blocks:
+            out += [block.src_ids, block.indptr, block.indices, block.eids]
+    return out
+
+
+def test_a_sampled_rank_samples_from_its_shards_mapped_csr_the_edges_one_process_draws(tmp_path) -> None:
+    """Before, each rank's .npz held the edge list (src, dst, int64), read whole, and the sampler sorted a CSR from
+    it: 32 bytes per edge in every rank's memory. Now the shards hold the CSR once, read-only mapped by each rank."""
+    graph = random_graph(n=90, e=700, seed=4)
+    plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn"), graph, workers=2, strategy="dp-sample",
+                       sampling=SAMPLING, seed=0)
+    plan.write_shards(tmp_path)
+    with np.load(tmp_path / "rank-00001.npz") as npz:
+        assert {"src", "dst"}.isdisjoint(npz.files)
+    rank = load_sampled_rank(tmp_path, 1, 2).graph
+    csr = rank.csr("plain")
+    spans = [(a, a + len(m)) for m in rank._views[_MAPS] for a in [np.frombuffer(m, np.uint8).ctypes.data]]
+    for t in (csr.indptr, csr.indices, csr.eids, torch.from_numpy(rank.src), torch.from_numpy(rank.dst)):
+        assert any(lo <= t.data_ptr() < hi for lo, hi in spans)  # over a mapped file, not a copy in memory
+    seeds = np.arange(0, 87, 3)
+    for view in ("plain", "self_loops"):  # gcn.gnn's layers read self_loops: its candidates from the plain CSR
+        want = _blocks(NeighbourSampler(graph, [view, view], [3, 2], 7), seeds)
+        got = _blocks(NeighbourSampler(rank, [view, view], [3, 2], 7), seeds)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want)), view
+
+
+def _partly_labelled(seed: int) -> Graph:
+    graph = random_graph(n=120, e=900, seed=seed)
+    unlabelled = torch.arange(graph.num_nodes) % 3 == 0  # as papers100M's: in no mask, label UNLABELLED
+    for m in (graph.train_mask, graph.val_mask, graph.test_mask):
+        m[unlabelled] = False
+    graph.y[unlabelled] = UNLABELLED
+    return graph
+
+
+def test_a_sampled_run_evaluates_its_labelled_vertices_only_and_says_so() -> None:
+    """Before, one process evaluated every vertex with whole [N, width] layers (56 GiB projected at papers100M/10)
+    and reported logits for every vertex."""
+    graph = _partly_labelled(5)
+    labelled = np.nonzero((graph.train_mask | graph.val_mask | graph.test_mask).numpy())[0]
+    result = api.run(api.load_model(EXAMPLES / "sage.gnn"), graph, epochs=2, sampling=SAMPLING, seed=0)
+    assert result.evaluation == EVALUATION and result.to_json()["evaluation"] == EVALUATION
+    assert result.logits.shape == (len(labelled), graph.num_classes)
+    hit = (result.logits.argmax(1) == graph.y[labelled]).numpy()
+    test = graph.test_mask.numpy()[labelled]
+    assert result.final_test_acc == pytest.approx(hit[test].mean())
+    full = api.run(api.load_model(EXAMPLES / "sage.gnn"), graph, epochs=1, seed=0)
+    assert full.evaluation == "every vertex, full neighbourhood"
+
+
+def test_the_evaluation_draws_the_same_blocks_for_a_vertex_whatever_its_batch(monkeypatch) -> None:
+    """The evaluation's sampling is one stream per epoch, so its batch size (and, on ranks, which rank holds a
+    vertex) changes no logit."""
+    monkeypatch.setattr(minibatch, "EVAL_SEEDS", 1)  # batches of the batch size: 16 against 1000
+    graph = _partly_labelled(6)
+    plan = api.compile(api.load_model(EXAMPLES / "sage.gnn"), graph, sampling=SAMPLING, seed=0)
+    cfg = TrainConfig.resolve(plan.program, seed=0)
+    params = init_params(plan.program, 0)
+    small, _ = MinibatchWorker(plan.program, graph, cfg, SAMPLING).forward(params, False, 3)
+    large, _ = MinibatchWorker(plan.program, graph, cfg, SamplingConfig((3, 2), 1000)).forward(params, False, 3)
+    assert small.shape[0] == int((graph.train_mask | graph.val_mask | graph.test_mask).sum())
+    assert torch.allclose(small, large, atol=1e-6)
+    other, _ = MinibatchWorker(plan.program, graph, cfg, SAMPLING).forward(params, False, 4)
+    assert not torch.allclose(small, other, atol=1e-6)  # each epoch's evaluation draws afresh
+
+
+@pytest.mark.slow  # two rank processes: ~30 s on the shared machine
+def test_two_ranks_evaluate_the_labelled_vertices_as_one_process() -> None:
+    graph = _partly_labelled(7)
+    model = api.load_model(EXAMPLES / "sage.gnn")
+    one = api.run(model, graph, epochs=2, sampling=SAMPLING, seed=0)
+    for strategy in ("dp-sample", "pushpull"):
+        two = api.run(model, graph, epochs=2, sampling=SAMPLING, seed=0, nproc=2, strategy=strategy)
+        assert two.evaluation == EVALUATION and two.logits.shape == one.logits.shape, strategy
+        assert torch.allclose(two.logits, one.logits, rtol=1e-4, atol=1e-4), strategy
+        assert two.final_test_acc == one.final_test_acc, strategy
