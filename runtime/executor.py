@@ -568,8 +568,12 @@ def forward(interp: Interpreter, params: dict[str, torch.Tensor], inputs: dict[s
     """Run every layer; return (logits, loss)."""
     env = dict(inputs)
     if ctx.recompute and ctx.training and ctx.comm is None:
-        for layers in recompute.regions(interp.program.layers):
-            recompute.run_recomputed(interp, layers, env, params, ctx)
+        for k, layers in enumerate(recompute.regions(interp.program.layers)):
+            if k == 0:  # the first region is kept, not run again (gnnc.runtime.recompute.regions says why)
+                for layer in layers:
+                    interp.run_layer(layer, env, params, ctx)
+            else:
+                recompute.run_recomputed(interp, layers, env, params, ctx)
         return env[interp.program.logits.name], env[interp.program.loss.name]
     for layer in interp.program.layers:
         interp.run_layer(layer, env, params, ctx)

@@ -19,12 +19,13 @@ The terms, per process (bytes):
   aggregated buffer with received rows, its output rows, the structure it
   aggregates over), plus, for the backward pass, the gradients of one
   layer's input and output alive at once (the widest layer's). With
-  `--recompute` (gnnc.runtime.recompute) a layer keeps its input rows and
-  structure only until its backward, which runs it again: every layer's
-  input, plus the whole `layer_memory` of the one layer recomputed at a
-  time (the largest). Measured on a 200K-vertex R-MAT (hidden 256) the
-  step's peak is then no lower: the peak is the backward's gradients beside
-  a layer's forward, which recomputation repeats there.
+  `--recompute` (gnnc.runtime.recompute) a layer after the first keeps its
+  input rows and structure only until its backward, which runs it again:
+  the first layer's whole `layer_memory` (it is not run again), every other
+  layer's input, plus the whole `layer_memory` of the one layer recomputed
+  at a time (the largest). A two-layer GCN keeps one [vertices, hidden]
+  tensor either way, so its peak is no lower: the peak is the backward's
+  gradients beside a layer's forward, which recomputation repeats there.
 * attention on a rank: a process of several runs no fused chain (gnnc.runtime.fusion runs in one process only),
   so a GAT layer there runs equation by equation and holds, per edge and head, what autograd saves of its scores
   (the scores, their softmax, the dropped attention: `ATTENTION_EDGE_VALUES` values) and the per-head block
@@ -160,7 +161,7 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
         table[WIDTH] = np.array([float(dims[i] if p.layers[i].in_width is None else p.layers[i].in_width)
                                  for p in processes])
         whole = compile_expr(layer_memory(i, shape, IN, HALO, OUT, EDGES).subs(d(i), WIDTH))(table, n)
-        if recompute:
+        if recompute and i > 0:  # the first layer is not run again (gnnc.runtime.recompute.regions)
             # its input rows and structure kept; while its backward runs it again, all it holds in a forward beside
             # them (its input counted twice: a GCN layer's forward holds its product and its aggregation at once,
             # more than it keeps, which a measured run shows on top of the gradients alive there)
