@@ -47,27 +47,38 @@ def test_both_settings_move_the_same_bytes() -> None:
     assert published.meta.pipeline["refresh_bytes"] == per_chunk.meta.pipeline["refresh_bytes"]
 
 
+@pytest.fixture(scope="module")
+def one_step_of_each_update(tmp_path_factory) -> dict[str, tuple]:
+    """update -> (plan, rank 0's step of epoch 2 after epoch 1's), both plans' steps in one 2-rank launch
+    (starting the ranks is most of the cost)."""
+    from gnnc.runtime.distributed import DistJob
+    from gnnc.runtime.launch import launch
+    from gnnc.runtime.pipeline import one_step_each
+    from gnnc.runtime.train import TrainConfig
+    from test_pipeline import SEED
+
+    model = api.load_model(EXAMPLES / "gcnii.gnn", layers=4)
+    plans, jobs = {}, []
+    for update in ("refresh", "chunk"):
+        passes = [*DEFAULT_PIPELINE, "choose-strategy{strategy=pipeline}", "assign-strategy", "select-hybrid",
+                  f"stage-pipeline{{history_update={update}}}", "insert-comm", "predict-bytes"]
+        plans[update] = plan = api.compile(model, GRAPH, workers=2, passes=passes, approximate=True)
+        shards = plan.write_shards(tmp_path_factory.mktemp(update) / "plan")
+        jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False)))
+    got = launch(one_step_each, 2, jobs, [(1, 2)] * len(jobs))[0]
+    return {update: (plans[update], step) for update, step in zip(plans, got)}
+
+
 @pytest.mark.parametrize("update", ["refresh", "chunk"])
-def test_an_epoch_after_the_refresh_starts_from_it_only_when_published(update: str, tmp_path) -> None:
+def test_an_epoch_after_the_refresh_starts_from_it_only_when_published(update: str, one_step_of_each_update) -> None:
     """Refresh in epoch 0, a step in epoch 1, then the step of epoch 2, on 2 ranks. Published (trick 3), epoch
     2's chunks start from the refresh's history, as epoch 1's did: its step is the one-process reference that
     starts from the refresh (test_pipeline.pipelined_reference). Per chunk, epoch 2 starts from what epoch 1's
     chunks left: another step. Before the setting gnnc always did the latter."""
     import numpy as np
-    from test_pipeline import SEED, pipelined_reference, rel
+    from test_pipeline import pipelined_reference, rel
 
-    from gnnc.runtime.distributed import DistJob
-    from gnnc.runtime.launch import launch
-    from gnnc.runtime.pipeline import one_step_each
-    from gnnc.runtime.train import TrainConfig
-
-    model = api.load_model(EXAMPLES / "gcnii.gnn", layers=4)
-    passes = [*DEFAULT_PIPELINE, "choose-strategy{strategy=pipeline}", "assign-strategy", "select-hybrid",
-              f"stage-pipeline{{history_update={update}}}", "insert-comm", "predict-bytes"]
-    plan = api.compile(model, GRAPH, workers=2, passes=passes, approximate=True)
-    shards = plan.write_shards(tmp_path / "plan")
-    job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
-    got = launch(one_step_each, 2, [job], [(1, 2)])[0][0]
+    plan, got = one_step_of_each_update[update]
     chunk_of = np.asarray(plan.parts) // schedule_of(plan.program).groups
     logits, loss, _ = pipelined_reference(plan.program, GRAPH, chunk_of, 2)
     assert (rel(got["logits"], logits) < 1e-5) == (update == "refresh"), rel(got["logits"], logits)
