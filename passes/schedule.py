@@ -17,6 +17,9 @@ The decisions, as attributes the runtime follows and the cost model prices
   per-stage multiply, two blocks in memory instead of N rows;
 * G3's bins (`bins=k`, `bin_order=boundary_bfs`, the per-bin equations
   `bin=true`) when `memory_cap` needs them, as few as meet the cap;
+* G3's inter-layer pipeline (`halo[pipelined=true]`) where `pipeline=on` asks
+  for it and the layers allow it (gnnc.plan.bins.pipeline_chain): not priced,
+  so never chosen by itself (benchmarks/RESULTS-seeds.md, G3 section);
 * the gradient all-reduce in buckets of whole layers (`grad_bucket=b`),
   posted during backward (program attribute `grad_overlap=true`).
 
@@ -75,7 +78,8 @@ class ScheduleOptions:
     memory_cap: int = option(0, "activation memory per worker in bytes (0: no cap)")
     grad_overlap: str = option("auto", "post each gradient bucket's all-reduce during backward: auto, on, off")
     pipeline: str = option("off", "G3's inter-layer pipeline between binned DepComm layers: each bin's rows of the "
-                           "next layer's halos sent as the bin ends, the next layer's bins run as they arrive: on, off")
+                           "next layer's halos sent as the bin ends, the next layer's bins run as they arrive: on, "
+                           "off (not priced: the predicted epoch is the bins' without it)")
     bucket_bytes: int = option(4 << 20, "gradient all-reduce buckets hold whole layers up to this many bytes")
 
 
