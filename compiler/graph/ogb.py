@@ -420,6 +420,7 @@ class OgbStream:
     y: np.ndarray
     masks: dict[str, np.ndarray]
     edges: EdgeBlocks  # (src, dst) blocks in edge order, each edge followed by its reverse where OGB adds it
+    num_edges: int | None  # what `edges` yields in all, where a count or a header says it ahead
     x: RowBlocks | None  # [rows, F] blocks
     edge_feat: RowBlocks | None  # [rows, D] blocks, in the edges' order
 
@@ -476,6 +477,8 @@ def stream_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]
         seen = 0
         for src, dst in raw_edges():
             seen += len(src)
+            if e is not None and seen > e:
+                raise GraphInputError(f"{root}: edge_index: raw/edge has more edges than num-edge-list's {e}")
             yield _inverse_block(src, dst) if inverse else (src, dst)
         if e is not None and seen != e:
             raise GraphInputError(f"{root}: edge_index: raw/edge has {seen} edges but num-edge-list says {e}")
@@ -492,7 +495,9 @@ def stream_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]
         for block in edge_rows():
             yield np.repeat(block, 2, axis=0) if inverse else block
 
-    return OgbStream(name, n, from_count, y, split_masks(root, n), edges, x_blocks if x is not None else None,
+    total = e if e is not None else e_known
+    return OgbStream(name, n, from_count, y, split_masks(root, n), edges,
+                     None if total is None else total * (2 if inverse else 1), x_blocks if x is not None else None,
                      edge_feat if edge_rows is not None else None)
 
 

@@ -266,7 +266,7 @@ def write_ogb_store(root: Path, out_dir: str | os.PathLike) -> dict[str, Any]:
     counts: dict[str, int] = {}
     with _store_dir(out_dir, a.name, n, lambda: counts["edges"], stand_ins) as manifest:
         out, entries = Path(out_dir), manifest["arrays"]
-        src, dst = _read_edges(a.edges(), n, index_dtype(n), source)
+        src, dst = _read_edges(a.edges(), n, index_dtype(n), source, a.num_edges)
         counts["edges"] = e = len(src)
         entries["src"], entries["dst"] = _save(out, "src", src), _save(out, "dst", dst)
         _write_csrs(out, src, dst, n, entries)
@@ -289,9 +289,12 @@ def write_ogb_store(root: Path, out_dir: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
-def _read_edges(blocks: Iterator[tuple[np.ndarray, np.ndarray]], n: int, dtype: np.dtype,
-                source: str) -> tuple[np.ndarray, np.ndarray]:
-    """The edge list in gnnc's index dtype from (src, dst) blocks, every id checked against [0, n)."""
+def _read_edges(blocks: Iterator[tuple[np.ndarray, np.ndarray]], n: int, dtype: np.dtype, source: str,
+                expected: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The edge list in gnnc's index dtype from (src, dst) blocks, every id checked against [0, n). With the
+    count known ahead (the source never yields more) the blocks go straight into their place: kept blocks
+    between transient ones would fragment the heap, which then holds the transient ones' room too."""
+    ends = ([np.empty(expected, dtype), np.empty(expected, dtype)] if expected is not None else None)
     parts: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     done = 0
     for block in blocks:
@@ -305,10 +308,15 @@ def _read_edges(blocks: Iterator[tuple[np.ndarray, np.ndarray]], n: int, dtype: 
                                       if bad < 0 else
                                       f"{source}: edge_index: vertex id {bad} at [{row}, {done + col}] is out of "
                                       f"range: x has {n} rows, so ids must be < {n}")
-            parts[row].append(ids.astype(dtype))
+            if ends is not None:
+                ends[row][done:done + len(ids)] = ids
+            else:
+                parts[row].append(ids.astype(dtype))
         done += len(block[0])
     if done == 0:
         raise GraphInputError(f"{source}: empty graph: edge_index has no edges")
+    if ends is not None:
+        return ends[0][:done], ends[1][:done]  # fewer than expected: the source has refused it already
     src = np.concatenate(parts[0])
     parts[0].clear()
     dst = np.concatenate(parts[1])
