@@ -33,8 +33,8 @@ def small_blocks(monkeypatch) -> None:
 
 
 def _binary(tmp: Path, name: str, fortran: bool, compressed: bool, edge_feat: bool) -> Path:
-    """papers100M's binary form: data.npz (stored or compressed, edge_index in C or Fortran order, as
-    OGB's `.T` leaves it) and node-label.npz, duplicate edges and self-loops included."""
+    """papers100M's binary form: data.npz (stored or compressed, edge_index and node_feat in C or Fortran order,
+    as OGB's `.T` leaves one) and node-label.npz, duplicate edges and self-loops included."""
     rng = np.random.default_rng(7)
     n, e = 300, 5000
     root = tmp / name
@@ -43,7 +43,8 @@ def _binary(tmp: Path, name: str, fortran: bool, compressed: bool, edge_feat: bo
     pairs[:50] = pairs[50:100]  # duplicates
     pairs[100:120, 1] = pairs[100:120, 0]  # self-loops
     edge_index = pairs.T if fortran else np.ascontiguousarray(pairs.T)
-    arrays = {"edge_index": edge_index, "node_feat": rng.standard_normal((n, 5)).astype(np.float32),
+    x = rng.standard_normal((n, 5)).astype(np.float32)
+    arrays = {"edge_index": edge_index, "node_feat": np.asfortranarray(x) if fortran else x,
               "num_nodes_list": np.array([n]), "num_edges_list": np.array([e])}
     if edge_feat:
         arrays["edge_feat"] = rng.random(e).astype(np.float32)  # 1-D: one column
