@@ -32,7 +32,7 @@ from gnnc.graph import Graph, GraphView, sparse_if_sparse
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.pipeline import ChunkStructure, MemberStructures
 from gnnc.plan.rows import layer_specs
-from gnnc.plan.shard_files import load_npz, read_manifest, write_npz
+from gnnc.plan.shard_files import ShardWriter, load_npz, read_manifest
 from gnnc.plan.shards import _csr_arrays, _plan_arrays, _plan_from, _view_from  # the plan's shard encodings
 from gnnc.plan.shards import write_plan_manifest
 
@@ -53,28 +53,29 @@ def write_pipeline_shards(program, graph: Graph, parts: np.ndarray, world: int, 
     views = sorted({v for s in range(sched.stages) for v in stage_views(program, sched, s)})
     structures = {v: plan_pipeline.member_structures(graph, v, parts, sched.chunks, sched.groups) for v in views}
     specs = layer_specs(program)
-    entries = []
-    for rank in range(world):
-        stage, member = sched.stage_of_rank(rank), sched.member_of_rank(rank)
-        rows, chunk_ptr = plan_pipeline.member_rows(parts, sched.chunks, sched.groups, member)
-        arrays: dict[str, np.ndarray] = {"rows": rows, "chunk_ptr": chunk_ptr}
-        mine = stage_views(program, sched, stage)
-        layers = _layer_layout(program, sched, stage, specs, {v: structures[v][member] for v in mine},
-                               len(rows), graph.num_nodes)
-        for v in mine:
-            arrays.update(_member_arrays(v, structures[v][member]))
-        if "x" in plan_pipeline.reads_inputs(program, sched.layers(program, stage)):
-            arrays["x"] = graph.x[torch.as_tensor(rows)].numpy()
-        idx = torch.as_tensor(rows)
-        arrays["y"] = graph.y[idx].numpy()
-        for name, mask in (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask)):
-            arrays[name] = mask[idx].numpy()
-        layout = {"pipeline": {"stage": stage, "member": member, "views": mine, "stages": sched.stages,
-                               "groups": sched.groups, "chunks": sched.chunks},
-                  "layers": layers}
-        entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout))
-        if progress is not None:
-            progress(rank)
+    with ShardWriter() as writer:
+        for rank in range(world):
+            stage, member = sched.stage_of_rank(rank), sched.member_of_rank(rank)
+            rows, chunk_ptr = plan_pipeline.member_rows(parts, sched.chunks, sched.groups, member)
+            arrays: dict[str, np.ndarray] = {"rows": rows, "chunk_ptr": chunk_ptr}
+            mine = stage_views(program, sched, stage)
+            layers = _layer_layout(program, sched, stage, specs, {v: structures[v][member] for v in mine},
+                                   len(rows), graph.num_nodes)
+            for v in mine:
+                arrays.update(_member_arrays(v, structures[v][member]))
+            if "x" in plan_pipeline.reads_inputs(program, sched.layers(program, stage)):
+                arrays["x"] = graph.x[torch.as_tensor(rows)].numpy()
+            idx = torch.as_tensor(rows)
+            arrays["y"] = graph.y[idx].numpy()
+            for name, mask in (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask)):
+                arrays[name] = mask[idx].numpy()
+            layout = {"pipeline": {"stage": stage, "member": member, "views": mine, "stages": sched.stages,
+                                   "groups": sched.groups, "chunks": sched.chunks},
+                      "layers": layers}
+            writer.write(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout)
+            if progress is not None:
+                progress(rank)
+        entries = writer.entries()
     return write_plan_manifest(out, graph, world, entries)
 
 

@@ -102,6 +102,23 @@ def _sources(src: np.ndarray, dst: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+class _Sources:
+    """`_sources` of one worker's row sets, each (view, mask) walked once: a deep model's layers ask for the same
+    rows' in-neighbours again and again (the owned rows' at every layer of a segment, and for each halo), and
+    each walk reads every edge of the graph. The masks returned are shared: callers combine them, never write."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.done: dict[tuple[str, bytes], np.ndarray] = {}
+
+    def __call__(self, view: str, rows: np.ndarray) -> np.ndarray:
+        key = (view, np.packbits(rows).tobytes())
+        out = self.done.get(key)
+        if out is None:
+            out = self.done[key] = _sources(*self.graph.edges(view), rows)
+        return out
+
+
 @dataclass
 class RowSets:
     """One worker's rows per graph layer: held on input (C^l) and computed (the layer's output rows).
@@ -129,15 +146,16 @@ def rank_row_sets(graph: Graph, parts: np.ndarray, rank: int, specs: list[LayerS
     held_out = [owned] * len(specs)
     entries: dict[int, np.ndarray] = {}
     orders: dict[int, np.ndarray] = {-1: np.nonzero(owned)[0]}
+    sources = _Sources(graph)
     for start, end in segments(specs):
         depth = np.where(owned, end - start, -1).astype(np.int32)
         for lyr in reversed(range(start, end)):
-            src, dst = graph.edges(specs[lyr].view)
+            view = specs[lyr].view
             out = held_out[lyr]
             if STRATEGIES[specs[lyr].strategy].rows == "neighbourhood":  # every in-neighbour: no halo rows
-                cur = out | _sources(src, dst, out)
+                cur = out | sources(view, out)
             else:
-                cur = out | _sources(src, dst, out & ~owned)
+                cur = out | sources(view, out & ~owned)
                 if cached and lyr in cached:
                     cur[np.asarray(cached[lyr], dtype=np.int64)] = True
             held_in[lyr] = cur
@@ -154,8 +172,7 @@ def rank_row_sets(graph: Graph, parts: np.ndarray, rank: int, specs: list[LayerS
         if not STRATEGIES[s.strategy].halo:
             halos.append(None)
             continue
-        src, dst = graph.edges(s.view)
-        need = (_sources(src, dst, held_out[lyr]) | held_out[lyr]) & ~held_in[lyr]
+        need = (sources(s.view, held_out[lyr]) | held_out[lyr]) & ~held_in[lyr]
         h = np.nonzero(need)[0]
         halos.append(h[np.lexsort((h, parts[h]))])
     return RowSets(held_in, held_out, halos, entries, orders)

@@ -29,6 +29,7 @@ import os
 import tempfile
 import zipfile
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,10 +103,43 @@ def _savez(f: Any, arrays: dict[str, np.ndarray]) -> None:
                 np.lib.format.write_array(out, np.asanyarray(arr), allow_pickle=False)
 
 
+class ShardWriter:
+    """Writes shards one after another, each atomically, and checksums each on a thread of its own while the
+    caller builds the next: a plan's shards can be gigabytes (GCNII x32 on an 89,000-vertex SBM: 1.5 GB), and
+    hashing them after writing them took a third of writing the plan. The thread reads the file back (from the
+    page cache), so no shard's arrays are held longer than its write. `entries()` waits for the checksums.
+
+        with ShardWriter() as writer:
+            for part ...: writer.write(path, part, arrays, **extra)
+            entries = writer.entries()
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnnc-shard-sha256")
+        self._written: list[tuple[dict[str, Any], Future[str]]] = []
+
+    def write(self, path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> None:
+        """Write one shard atomically; its manifest entry (size, sha256 and `extra`) comes from `entries()`."""
+        _atomic_write(path, lambda f: _savez(f, arrays))
+        entry = {"part": part, "file": path.name, "bytes": path.stat().st_size, **extra}
+        self._written.append((entry, self._pool.submit(file_sha256, path)))
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every written shard's manifest entry, in writing order."""
+        return [{**entry, "sha256": digest.result()} for entry, digest in self._written]
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def write_npz(path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> dict[str, Any]:
     """Write one shard atomically; returns its manifest entry (size, sha256 and `extra`)."""
-    _atomic_write(path, lambda f: _savez(f, arrays))
-    return {"part": part, "file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path), **extra}
+    with ShardWriter() as writer:
+        writer.write(path, part, arrays, **extra)
+        return writer.entries()[0]
 
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
@@ -150,37 +184,38 @@ def write_shards(graph: Graph, assignment: np.ndarray, parts: int, out_dir: str 
     x, y = graph.x.numpy(), graph.y.numpy()
     masks = [m.numpy() for m in (graph.train_mask, graph.val_mask, graph.test_mask)]
     local = np.full(n, -1, dtype=np.int64)
-    entries = []
-    for i in range(parts):
-        owned = np.nonzero(part == i)[0]
-        sel = by_part[bounds[i]:bounds[i + 1]]
-        sel = sel[np.lexsort((sel, dst[sel]))]  # by destination, then edge order
-        local[owned] = np.arange(len(owned))
-        local[remote[i]] = len(owned) + np.arange(len(remote[i]))
-        counts = np.bincount(local[dst[sel]], minlength=len(owned))
-        indptr = np.zeros(len(owned) + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        indices = local[src[sel]]
-        send = [np.zeros(0, dtype=np.int64) if j == i else local[remote[j][part[remote[j]] == i]]
-                for j in range(parts)]
-        send = [np.sort(s) for s in send]  # remote[j] restricted to owner i is already by global id
-        send_ptr = np.zeros(parts + 1, dtype=np.int64)
-        np.cumsum([len(s) for s in send], out=send_ptr[1:])
-        arrays = {
-            "global_ids": owned, "remote_ids": remote[i], "remote_owner": part[remote[i]],
-            "indptr": indptr, "indices": indices, "edge_ids": sel.astype(np.int64),
-            "send_ptr": send_ptr, "send_idx": np.concatenate(send) if send else np.zeros(0, np.int64),
-            "x": x[owned], "y": y[owned], "train_mask": masks[0][owned], "val_mask": masks[1][owned],
-            "test_mask": masks[2][owned],
-            **{EDGE_DATA + k: v.numpy()[sel] for k, v in graph.edge_data.items()},
-        }
-        local[owned] = -1
-        local[remote[i]] = -1
-        entries.append(write_npz(out / f"part-{i:05d}.npz", i, arrays))
-        del arrays
-        release_pages(graph)  # a store's graph: this part's rows are written, the next part reads its own
-        if progress is not None:
-            progress(i)
+    with ShardWriter() as writer:
+        for i in range(parts):
+            owned = np.nonzero(part == i)[0]
+            sel = by_part[bounds[i]:bounds[i + 1]]
+            sel = sel[np.lexsort((sel, dst[sel]))]  # by destination, then edge order
+            local[owned] = np.arange(len(owned))
+            local[remote[i]] = len(owned) + np.arange(len(remote[i]))
+            counts = np.bincount(local[dst[sel]], minlength=len(owned))
+            indptr = np.zeros(len(owned) + 1, dtype=np.int64)
+            np.cumsum(counts, out=indptr[1:])
+            indices = local[src[sel]]
+            send = [np.zeros(0, dtype=np.int64) if j == i else local[remote[j][part[remote[j]] == i]]
+                    for j in range(parts)]
+            send = [np.sort(s) for s in send]  # remote[j] restricted to owner i is already by global id
+            send_ptr = np.zeros(parts + 1, dtype=np.int64)
+            np.cumsum([len(s) for s in send], out=send_ptr[1:])
+            arrays = {
+                "global_ids": owned, "remote_ids": remote[i], "remote_owner": part[remote[i]],
+                "indptr": indptr, "indices": indices, "edge_ids": sel.astype(np.int64),
+                "send_ptr": send_ptr, "send_idx": np.concatenate(send) if send else np.zeros(0, np.int64),
+                "x": x[owned], "y": y[owned], "train_mask": masks[0][owned], "val_mask": masks[1][owned],
+                "test_mask": masks[2][owned],
+                **{EDGE_DATA + k: v.numpy()[sel] for k, v in graph.edge_data.items()},
+            }
+            local[owned] = -1
+            local[remote[i]] = -1
+            writer.write(out / f"part-{i:05d}.npz", i, arrays)
+            del arrays
+            release_pages(graph)  # a store's graph: this part's rows are written, the next part reads its own
+            if progress is not None:
+                progress(i)
+        entries = writer.entries()
     manifest = {
         "kind": "partition", "graph": graph.name, "num_nodes": n, "num_edges": graph.num_edges,
         "num_features": graph.num_features, "parts": parts, "method": method, "meta": meta or {},

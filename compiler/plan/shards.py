@@ -40,7 +40,7 @@ from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, all_row_sets, build_local_graph,
                                       layer_specs)
-from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
+from gnnc.plan.shard_files import ShardWriter, load_npz, read_manifest, write_manifest
 
 
 @dataclass
@@ -149,14 +149,15 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
         sets = row_sets[1]
     else:
         sets = all_row_sets(graph, parts, world, specs, cached)
-    entries = []
-    for rank in range(world):
-        arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets)
-        entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout))
-        del arrays
-        release_pages(graph)  # a store's graph: this rank's rows are written, the next rank reads its own
-        if progress is not None:
-            progress(rank)
+    with ShardWriter() as writer:
+        for rank in range(world):
+            arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets)
+            writer.write(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout)
+            del arrays
+            release_pages(graph)  # a store's graph: this rank's rows are written, the next rank reads its own
+            if progress is not None:
+                progress(rank)
+        entries = writer.entries()
     return write_plan_manifest(out, graph, world, entries)
 
 
