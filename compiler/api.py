@@ -41,7 +41,8 @@ from gnnc.host import SMALL_EPOCH_ELEMENTS, choose_threads
 from gnnc.ir import Program
 from gnnc.ir.expr import as_expr
 from gnnc.ir.ops import is_graph_classification, is_link_prediction
-from gnnc.memory_check import check_run_memory, evaluation_chunk
+from gnnc.memory_check import (check_ranks_before_loading, check_run_memory, evaluation_chunk, graph_counts,
+                                stand_in_graph)
 from gnnc.model_file import (Model, ModelErrors, check, edge_shapes, graph_dims, load_model,  # noqa: F401
                              load_model_source)  # (the API's names)
 from gnnc.passes.analysis.layers import layer_dims
@@ -480,6 +481,9 @@ def run(target: Plan | Model, graph: Any = None, epochs: int | None = None, seed
                     None if threads == "auto" else threads, nproc or 1)), nproc or 1, timeout_s=timeout_s)
             result.epochs, result.device = len(result.history), device
             return result
+        counts = graph_counts(graph) if (nproc or 1) > 1 and sampling is None and device == "cpu" else None
+        if counts is not None:  # refused in seconds, not after the launcher has loaded and partitioned the graph
+            check_ranks_before_loading(compile(target, stand_in_graph(counts)).program, counts, nproc)
         spec, g = graph, load_graph(graph)
         if nproc is not None and nproc > g.num_nodes:  # every worker owns at least one vertex
             raise GnncError(f"--nproc {nproc}: more workers than the graph's {g.num_nodes} vertices")

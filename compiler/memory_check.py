@@ -27,7 +27,10 @@ before copying it with the host's memory. Host RAM says nothing about whether a 
 """
 from __future__ import annotations
 
+import json
+import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,7 +38,9 @@ import numpy as np
 
 from gnnc.errors import GnncError
 from gnnc.graph import Graph
+from gnnc.graph.generators import parse_spec
 from gnnc.graph.sampling import FULL, SamplingConfig
+from gnnc.graph.store import MANIFEST, is_store
 from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
 from gnnc.passes.analysis.layers import layer_dims, param_dependent
 from gnnc.passes.cost.memory import WARN_FRACTION, LayerRows, MemoryEstimate, ProcessCounts, run_memory
@@ -235,3 +240,85 @@ def describe(estimate: MemoryEstimate, need: float, room: AvailableMemory) -> st
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
+
+
+# ----- several processes, before the graph is loaded (issue 35): the launcher loads the whole graph and partitions it
+# before the shards exist that `check_run_memory` counts, which at ogbn-products' size held 17.8 GiB for 4 minutes
+# before a refusal. What the graph's spec or store says of its size, read in milliseconds, prices the ranks first.
+
+
+@dataclass(frozen=True)
+class GraphCounts:
+    """A graph's size as its spec or its store's manifest gives it, without loading it."""
+
+    vertices: int
+    edges: int
+    features: int
+    classes: int
+    launcher_bytes: int  # what the launcher reads to partition it and write the shards: a store's arrays, or the
+    # generated graph's features, labels and edge list
+
+
+def graph_counts(spec: Any) -> GraphCounts | None:
+    """The counts of a graph named by a store directory or an `rmat:` spec; None for anything else (a file, a
+    dataset: those are loaded first and checked by their shards). A store's classes come from its labels' file
+    (mapped, one pass over N labels)."""
+    if not isinstance(spec, (str, Path)):
+        return None
+    path = Path(spec)
+    if path.is_dir() and is_store(path):
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        arrays = manifest.get("arrays", {})
+        x, y = arrays.get("x"), arrays.get("y")
+        if x is None or y is None or len(x["shape"]) != 2 or len(y["shape"]) != 1:
+            return None
+        labels = np.load(path / y["file"], mmap_mode="r")
+        classes = int(labels.max()) + 1 if labels.size else 0
+        return GraphCounts(int(manifest["num_nodes"]), int(manifest["num_edges"]), int(x["shape"][1]), classes,
+                           sum(int(a["bytes"]) for a in arrays.values()))
+    if not str(spec).startswith("rmat:"):
+        return None
+    _, p = parse_spec(str(spec))
+    n, features = int(p["n"]), int(p["features"])
+    edges = 2 * max(1, int(round(n * float(p["deg"]) / 2)))  # undirected pairs, both ways (generators.rmat)
+    return GraphCounts(n, edges, features, int(p["classes"]), n * (features * 4 + 8 + 3) + edges * 2 * 8)
+
+
+def check_ranks_before_loading(program, counts: GraphCounts, workers: int,
+                               warn: Callable[[str], None] | None = None) -> MemoryEstimate:
+    """Refuse (GnncError) a run of `workers` processes on a graph of `counts` that cannot fit even at best: every
+    rank holding an even share of the rows and edges and no halo row, its shard its features and 8 bytes per
+    edge, beside the launcher's reading of the whole graph (`GraphCounts.launcher_bytes`). A lower bound of what
+    `check_run_memory` prices from the shards later, so that no run it would admit is refused here; `program`: the
+    model compiled for the graph's widths (a stand-in graph of two vertices will do: `stand_in_graph`)."""
+    dims, heads = layer_dims(program)
+    needs = param_dependent(program)
+    graph_layers = program.graph_layers()
+    shapes = [layer_shape(layer, needs) for layer in graph_layers]
+    rows = math.ceil(counts.vertices / workers)
+    layers = tuple(LayerRows(rows, 0, rows, math.ceil(
+        (counts.edges + (counts.vertices if layer.edges == "self_loops" else 0)) / workers)) for layer in graph_layers)
+    shard = rows * (counts.features * 4 + 8 + 3) + math.ceil(counts.edges / workers) * 8
+    estimate = run_memory(program, dims, heads, shapes, [ProcessCounts(layers, float(shard))] * workers, fused=False)
+    room = available_memory()
+    if room is None:
+        return estimate
+    need = estimate.total + counts.launcher_bytes
+    if need > room.bytes:
+        terms = " + ".join(f"{name} {format_bytes(v)}" for name, v in estimate.terms.items())
+        raise GnncError(f"this run's {workers} worker processes are predicted to need at least "
+                        f"{format_bytes(estimate.total)} in all (each with an even share of the graph's "
+                        f"{counts.vertices:,} vertices and {counts.edges:,} edges and no halo: {terms}), and loading "
+                        f"and partitioning the graph at least {format_bytes(counts.launcher_bytes)}: more than the "
+                        f"{room}, refused before loading it. Make the model smaller (--set), or run it on more or "
+                        "larger machines")
+    return estimate
+
+
+def stand_in_graph(counts: GraphCounts) -> Graph:
+    """Two vertices with the counts' features and classes: what compiling a model for the graph's widths reads."""
+    import torch  # deferred: `gnnc check` loads no torch here
+
+    return Graph(2, np.array([0, 1]), np.array([1, 0]), torch.zeros(2, counts.features),
+                 torch.tensor([0, max(counts.classes - 1, 0)]), torch.tensor([True, False]),
+                 torch.tensor([False, True]), torch.tensor([False, False]), "stand-in")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import EXAMPLES, random_graph
-from gnnc import api
+from gnnc import api, memory_check
 from gnnc.runtime import block_cache
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.train import TrainConfig, Worker, make_optimizer, train_step
@@ -66,3 +66,38 @@ def test_one_process_keeps_48_bytes_per_edge_of_structure() -> None:
     nnz = worker.views["self_loops"].csr.nnz
     assert block_cache.stats().live - before <= 48 * nnz + 2**20, (block_cache.stats().live - before) / nnz
     assert "self_loops_edges" not in graph._views
+
+
+def _store(tmp_path) -> str:
+    from gnnc.graph.store import write_store
+
+    write_store(random_graph(n=3000, e=40_000, f=16, c=5, seed=4), tmp_path / "g")
+    return str(tmp_path / "g")
+
+
+def test_nproc_run_is_refused_from_the_store_manifest_before_loading(tmp_path, monkeypatch) -> None:
+    """`--nproc 2` on a store too large for the machine: refused from its manifest's counts, before the launcher
+    loads and partitions the graph (at ogbn-products' size the shards' check came after 17.8 GiB of that)."""
+    from gnnc.errors import GnncError
+    from gnnc.host import AvailableMemory
+
+    store = _store(tmp_path)
+    monkeypatch.setattr(memory_check, "available_memory", lambda: AvailableMemory(64 * 2**20, "a test's 64 MiB"))
+    monkeypatch.setattr(api, "load_graph", lambda spec: pytest.fail(f"{spec} was loaded before the check"))
+    with pytest.raises(GnncError, match="refused before loading it"):
+        api.run(api.load_model(EXAMPLES / "gcn.gnn", hidden=64), store, nproc=2, epochs=1, strategy="depcomm")
+
+
+def test_the_check_before_loading_admits_what_the_shards_check_admits(tmp_path) -> None:
+    """Its estimate is a lower bound of the shards' (an even share, no halo): no run the later check would admit is
+    refused before loading."""
+    store = _store(tmp_path)
+    counts = memory_check.graph_counts(store)
+    model = api.load_model(EXAMPLES / "gcn.gnn", hidden=64)
+    early = memory_check.check_ranks_before_loading(api.compile(model, memory_check.stand_in_graph(counts)).program,
+                                                    counts, 2)
+    plan = api.compile(model, api.load_graph(store), workers=2, strategy="depcomm")
+    plan.write_shards(tmp_path / "shards")
+    late = memory_check.estimate_run_memory(plan, shard_dir=tmp_path / "shards")
+    assert (counts.vertices, counts.edges, counts.features, counts.classes) == (3000, 40_012, 16, 5)
+    assert early.total <= late.total, (early.per_process, late.per_process)
