@@ -1,0 +1,108 @@
+"""G3's inter-layer pipeline (issue 38 item 6): exposed halo time per epoch, bins without and with the pipeline, on
+the emulated cluster.
+
+    python benchmarks/cluster/g3_pipeline.py [--bandwidths 400mbit 3600mbit] [--models sage gat] [--bins 4]
+
+Why this exists: with `schedule{pipeline=on}` a binned layer's bins send their rows of the next layer's halos as
+each bin ends, and the next layer runs each of its bins once the peers' bins it reads have arrived
+(gnnc.runtime.bins); without it the next layer's halo is posted once the whole layer (and the dense layers after
+it) is done, and its bins that read remote rows wait for all of it. What changes is the time a rank is blocked in
+its halo ops, forward and backward (the same measure as chunk_overlap.py: EpochRecord.seconds_by_op, mean over
+ranks and the largest rank's, medians over steady epochs). The cases are chunk_overlap.py's (its graph, profile,
+DepComm on both layers, METIS, 4 emulated hosts on this machine's cores, alternating passes); both plans run every
+graph layer in `--bins` bins, so the difference is the pipeline alone.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from chunk_overlap import GRAPH, MEASURED, blocked, worker_main
+
+
+def blocked_by_layer(plan_dir: Path) -> dict[str, float]:
+    """Per graph layer (the halo ops' label), the median over steady epochs of the mean over ranks of the seconds
+    its halo ops blocked: the pipeline changes the second layer's exchange only."""
+    per: dict[str, list[float]] = {}
+    for f in sorted(plan_dir.glob("metrics-*.jsonl")):
+        by_epoch: dict[int, list[dict]] = {}
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("kind") != "minibatch":
+                by_epoch.setdefault(r["epoch"], []).append(r)
+        for e in sorted(by_epoch)[1:]:
+            labels = {k.split("/")[0] for r in by_epoch[e] for k in r["seconds_by_op"] if k.split("/")[1] == "halo"}
+            for label in labels:
+                s = [sum(v for k, v in r["seconds_by_op"].items() if k.split("/")[:2] == [label, "halo"])
+                     for r in by_epoch[e]]
+                per.setdefault(label, []).append(sum(s) / len(s))
+    return {label: statistics.median(v) for label, v in sorted(per.items())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bandwidths", nargs="*", default=["400mbit", "3600mbit"])
+    ap.add_argument("--models", nargs="*", default=["sage", "gat"])
+    ap.add_argument("--graph", default=GRAPH)
+    ap.add_argument("--bins", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("plans", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    from emulated import EmulatedCluster, parse_rate, refuse_without_requirements
+    from runner import ROOT
+
+    if refuse_without_requirements():
+        return 2
+    from gnnc import api
+    from gnnc.cluster import preset
+    from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+    from gnnc.plan.bins import pipelined
+
+    schedules = {"bins": f"schedule{{bins={args.bins}}}", "pipelined": f"schedule{{bins={args.bins} pipeline=on}}"}
+    graph = api.load_graph(args.graph)
+    for bandwidth in args.bandwidths:
+        rate = parse_rate(bandwidth) / 8
+        profile = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=rate, intra_bandwidth=rate,
+                                      workers=4, **MEASURED)
+        for name in args.models:
+            model = api.load_model(ROOT / "examples" / f"{name}.gnn")
+            with tempfile.TemporaryDirectory(prefix="gnnc-g3pipe-") as tmp:
+                dirs = []
+                for key, sched in schedules.items():
+                    plan = api.compile(model, graph, workers=4, strategy="depcomm", partition="metis",
+                                       cluster=profile, passes=DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [sched])
+                    piped = sum(pipelined(e) for layer in plan.program.graph_layers() for e in layer.eqns)
+                    assert (piped > 0) == (key == "pipelined"), (key, piped)
+                    plan.save(Path(tmp) / key)
+                    dirs.append(Path(tmp) / key)
+                load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+                t0 = time.perf_counter()
+                with EmulatedCluster(4, bandwidth) as cluster:
+                    results = cluster.run_torchrun([__file__, "--worker", "--epochs", str(args.epochs), "--passes",
+                                                    str(args.passes), *map(str, dirs)], 1, timeout_s=900,
+                                                   run_id=f"gnnc-g3pipe-{os.getpid()}")
+                if results[0][0] != 0:
+                    print(f"{name} {bandwidth}: the run failed: {results[0][2][-3000:]}", file=sys.stderr)
+                    return 1
+                row = {"model": name, "bandwidth": bandwidth, "graph": args.graph, "bins_per_layer": args.bins,
+                       "load_before": load, "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+                       "run_s": round(time.perf_counter() - t0, 1)}
+                for key, d in zip(schedules, dirs):
+                    row[key] = {**blocked(d), "halo_blocked_mean_s_by_layer": blocked_by_layer(d)}
+                print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
