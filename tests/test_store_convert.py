@@ -147,3 +147,13 @@ def test_convert_reads_features_and_edges_in_blocks(tmp_path, monkeypatch) -> No
         np.lib.format.read_magic(member)
         np.lib.format.read_array_header_1_0(member)
         assert member.read() == s.x.numpy().tobytes()
+
+
+def test_empty_count_list_in_data_npz_is_refused_by_name(tmp_path, capsys) -> None:
+    root = tmp_path / "ogbn_e"
+    (root / "raw").mkdir(parents=True)
+    np.savez(root / "raw" / "data.npz", edge_index=np.array([[0, 1], [1, 0]]), node_feat=np.ones((2, 2), np.float32),
+             num_nodes_list=np.array([], np.int64))
+    np.savez(root / "raw" / "node-label.npz", node_label=np.array([[0.0], [1.0]]))
+    assert main(["convert", str(root), str(tmp_path / "store")]) == 2
+    assert "num-node-list: lists 0 graphs" in capsys.readouterr().err

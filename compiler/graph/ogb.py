@@ -445,7 +445,8 @@ def stream_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]
         if "node_label" not in labels:
             raise GraphInputError(f"{label_path}: node_label: missing (has {', '.join(sorted(labels))})")
         y = labels["node_label"]
-        counts = {key: (np.concatenate(list(members[field].elements(1 << 20))) if field in members else None)
+        counts = {key: (np.concatenate([np.empty(0, members[field].dtype), *members[field].elements(1 << 20)])
+                        if field in members else None)
                   for key, field in (("num-node-list", "num_nodes_list"), ("num-edge-list", "num_edges_list"))}
         raw_edges: EdgeBlocks = lambda: _npz_edges(edge_index)  # noqa: E731
         x = (lambda: feat.rows()) if feat is not None else None
