@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import mmap
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,7 @@ import torch
 from gnnc.errors import GnncError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import view_edge_data
-from gnnc.graph.store import release_pages
+from gnnc.graph.store import _MAPS, release_pages
 from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView
 from gnnc.ir import Program
 from gnnc.plan.comm_ops import exchange_of
@@ -62,6 +63,7 @@ EVAL_INDEX = 1 << 40  # the evaluation's sampling stream (a training batch's ind
 # seeds per evaluation batch at least: a batch costs an interpreter pass, which a few dozen vertices (Cora's batches
 # of 64) do not repay, and without autograd a batch holds less than a training step of the same seeds
 EVAL_SEEDS = 1024
+REGION_BYTES = 64 << 20  # of a mapped feature matrix gathered between two releases of its pages (gather_rows)
 
 
 def block_view(block: Block, sview: SamplingView, graph: Graph) -> GraphView:
@@ -199,10 +201,7 @@ class MinibatchWorker(Worker):
         """The program's inputs on a minibatch: features of the first block's sources, labels of the seeds;
         gathered on the host, where the features are, and copied to the device once."""
         seeds = torch.from_numpy(mb.seeds)
-        x = sparse_if_sparse(self.features[torch.from_numpy(mb.blocks[0].src_ids)])  # bag of words stays sparse
-        # a store's pages this minibatch read (its sampled rows of x, of the CSR) let go: over an epoch the
-        # minibatches read most of the features, which would otherwise stay resident (a graph in memory has none)
-        release_pages(self.structure)
+        x = sparse_if_sparse(gather_rows(self.features, mb.blocks[0].src_ids, self.structure))  # bag of words sparse
         n = len(mb.seeds)
         return {"x": self.move(x), "y": self.move(self.labels[seeds]),
                 "train": torch.ones(n, dtype=torch.bool, device=self.device),
@@ -250,6 +249,7 @@ class MinibatchWorker(Worker):
         (P3's pipeline samples a minibatch a tick before the stashed weights it runs on exist)."""
         t0 = time.perf_counter()
         mb = self.sampler.sample(self.my_seeds(seeds), epoch, index, fanouts)
+        release_pages(self.structure)  # the CSR's pages the sampling read (a store's, a rank's shards'), before x's
         t1 = time.perf_counter()
         f = Flight(mb, step, float(len(seeds)), weights,
                    bytes_before={"/".join(k): c.bytes for k, c in self.stats.counts.items()})
@@ -435,6 +435,46 @@ class MinibatchWorker(Worker):
             if v == version:
                 return {k: w.clone().requires_grad_(True) for k, w in weights.items()}
         raise AssertionError(f"weights of step {version} are not stashed (kept: {[v for v, _ in self.versions]})")
+
+
+def gather_rows(x: torch.Tensor, ids: np.ndarray, graph: Graph) -> torch.Tensor:
+    """x[ids] for rows `ids` of `graph`'s features; x memory-mapped (a store's, a rank's shard's: a mapping among
+    the graph's, gnnc.graph.store.release_pages) is read region by region of `REGION_BYTES`, in increasing row
+    order, each region's pages let go once its rows are copied.
+
+    Why regions: RSS counts a mapping's resident pages, and the kernel maps a page cache's large folios whole (a
+    read of 100 random rows of a 542 MB x.npy mapped 158 MB of it, of 4,000 rows all of it), so a minibatch's
+    gather of a few hundred thousand rows held the whole matrix resident (5.7 GB at papers100M/10) until it ended.
+    """
+    found = _mapping_of(x, graph)
+    if found is None:
+        return x[torch.from_numpy(ids)]
+    pages, start = found
+    row = x.shape[1] * x.element_size()
+    order = np.argsort(ids, kind="stable")
+    rows = ids[order]
+    step = max(REGION_BYTES // max(row, 1), 1)
+    cuts = np.searchsorted(rows, np.arange(0, x.shape[0] + step, step))
+    out = x.new_empty((len(ids), *x.shape[1:]))
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        if a == b:
+            continue
+        out[torch.from_numpy(order[a:b])] = x[torch.from_numpy(rows[a:b])]
+        lo = start + int(rows[a]) * row
+        lo -= lo % mmap.PAGESIZE
+        pages.madvise(mmap.MADV_DONTNEED, lo, min(start + (int(rows[b - 1]) + 1) * row, len(pages)) - lo)
+    return out
+
+
+def _mapping_of(x: torch.Tensor, graph: Graph) -> tuple[mmap.mmap, int] | None:
+    """The mapping among `graph`'s that holds x's data, and where x starts in it; None for x in memory."""
+    if x.is_sparse or x.dim() != 2 or not x.is_contiguous():
+        return None
+    for pages in graph._views.get(_MAPS, ()):
+        base = np.frombuffer(pages, dtype=np.uint8).ctypes.data
+        if base <= x.data_ptr() < base + len(pages):
+            return pages, x.data_ptr() - base
+    return None
 
 
 def eval_batch_size(sampling: SamplingConfig) -> int:

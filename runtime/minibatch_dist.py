@@ -59,7 +59,7 @@ from gnnc.runtime.executor import ExecContext, check_dims_fit, init_state
 from gnnc.runtime.launch import DistConfig
 from gnnc.graph.store import release_pages
 from gnnc.runtime.minibatch import (EVALUATION, BlockRunner, Flight, MinibatchWorker, block_view, eval_batch_size,
-                                   labelled_ids)
+                                   gather_rows, labelled_ids)
 from gnnc.runtime.train import RunResult, TrainConfig
 
 
@@ -159,7 +159,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         n = len(mb.seeds)
         seeds = torch.from_numpy(mb.seeds)
         x = sparse_if_sparse(self.pull_rows(mb.blocks[0].src_ids)) if self.layout == "rows" else torch.zeros(0)
-        release_pages(self.structure)  # the pages of the features and the CSR this minibatch read (one process's)
+        release_pages(self.structure)  # the pages of its features this rank's answers to the others read
         # the seeds' own train mask: a training batch's are all True, but the evaluation's seeds are every owned
         # vertex, and an unlabelled one (y = UNLABELLED, papers100M's 98.6%) in the loss's mask is an IndexError
         return {"x": x, "y": self.labels[seeds], "train": self.train_mask[seeds],
@@ -182,7 +182,8 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         got = comm.halo_exchange(self.features, plan, self.stats, label=self.first, method="all_to_all")
         x = torch.empty((len(ids), self.features.shape[1]), dtype=self.features.dtype)
         local = owner == self.rank
-        x[torch.from_numpy(np.nonzero(local)[0])] = self.features[torch.from_numpy(self.local_row[ids[local]])]
+        x[torch.from_numpy(np.nonzero(local)[0])] = gather_rows(self.features, self.local_row[ids[local]],
+                                                                self.structure)
         x[torch.from_numpy(order)] = got
         return x
 
@@ -204,8 +205,7 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         layer0 = self.program.graph_layers()[0]
         f.views[self.first] = block_view(merged, self.sampler.views[layer0.edges], self.structure)
         ids = torch.from_numpy(merged.src_ids)
-        f.env["x"] = sparse_if_sparse(self.features[ids])
-        release_pages(self.structure)
+        f.env["x"] = sparse_if_sparse(gather_rows(self.features, merged.src_ids, self.structure))
         f.m_ctx = dataclasses.replace(f.ctx, vertex_ids=ids, col_offset=self.cols[0])
         f.phase_s.update(push_wait=t1 - t0, slice=time.perf_counter() - t1)
 
