@@ -13,9 +13,9 @@ Steps (`--steps`, comma-separated; default all, in this order), each in its own 
 * `fennel`: `--partition fennel` (gnnc.partition on the store, the partitioner `--partition` runs) into 4 and 8
   parts: time, edge cut, balance (largest part over the average).
 * `sage1`, `sage2`: sampled GraphSAGE, three layers of 256 (fan-out 15,10,5; batch 1024), one epoch from the store,
-  in one process and on `--nproc 2` (each rank maps its own shard's features). Its evaluation is gnnc's for sampled
-  runs: every vertex, full neighbourhood, layer by layer (gnnc.runtime.minibatch: `Worker.forward` in evaluation
-  mode), accuracy on the labelled vertices of each split only.
+  in one process and on `--nproc 2` (each rank maps its shard's features and the CSR the shards hold once). Its
+  evaluation is gnnc's for sampled runs (gnnc.runtime.minibatch.EVALUATION, the `evaluation` of its --json): the
+  labelled vertices only (1.4% of papers100M's), on sampled blocks at the run's fan-outs, in batches.
 * `products`: the ogbn-products size (2,449,029 vertices, 123,718,280 directed edges, 100 features, 47 classes) at
   `--products-fraction` (default: ten times `--fraction`, at most 1), generated and converted alike; METIS and
   Fennel into 2, 4 and 8 parts side by side; `gnnc compile` of GraphSAGE for 8 workers after partitioning.
@@ -29,7 +29,7 @@ script must not assume. The load average is printed beside each timing; the mach
 
     python benchmarks/scale.py                                  # the must-show: the machine alone, hours
     python benchmarks/scale.py --fraction 0.001 --limit-gib 3   # a check at 111K vertices
-    python benchmarks/scale.py --project 0.1                    # each step at 0.1, from the two largest checks
+    python benchmarks/scale.py --project 0.1                    # each step at 0.1, from the checks' fractions
 """
 from __future__ import annotations
 
@@ -548,47 +548,54 @@ def scaled_cluster(name: str, workers: int) -> Any:
 
 
 def project(work: Path, target: float) -> list[str]:
-    """Each step's peak and wall time at `target`, extrapolated linearly in the graph's size from the two largest
-    fractions measured in `work` (`measured-F.json`; every step's size is proportional to the fraction: the
-    papers-like and the products-like graphs alike). The fixed part (the interpreter, torch) is the line's
-    intercept; what grows with the graph, its slope."""
+    """Each step's peak and wall time at `target`, extrapolated linearly in the graph's size from the fractions
+    measured in `work` (`measured-F.json`; every step's size is proportional to the fraction: the papers-like and
+    the products-like graphs alike). Peak: the least-squares line through every fraction measured (two or more),
+    its intercept the fixed part (the interpreter, torch), its slope what grows with the graph, given per vertex
+    (the generator's degree is fixed, so a per-edge figure is the same slope over the edges per vertex)."""
     runs = sorted((float(p.stem[len("measured-"):]), json.loads(p.read_text())) for p in work.glob("measured-*.json"))
     if len(runs) < 2:
         raise SystemExit(f"--project needs two fractions measured in {work}, found {len(runs)}")
-    (f1, m1), (f2, m2) = runs[-2:]
+    fractions = [f for f, _ in runs]
+    f2, m2 = runs[-1]
     startup = m2.get("runtime baseline", {}).get("wall_s", 0.0)
-    lines = [f"Projected to --fraction {target:g} from the runs at {f1:g} and {f2:g}. Peak: the line through the "
-             f"two (its intercept the interpreter and torch, its slope what grows with the graph). Time: on a "
-             f"small fraction a step's wall is mostly the interpreter's start ({startup:.0f} s, the `runtime "
-             f"baseline` step) and the load's noise, so the wall projected is the larger run's beyond that start "
-             f"times {target / f2:g} (meaningful once the graph's part dominates), and the inner times (the "
-             f"partitioner's, the epoch's, the evaluation's) times {target / f2:g}: linear in the graph, a lower "
-             f"bound for what grows faster (METIS; the evaluation on ranks).", "",
-             "| step | peak GiB at " + f"{f1:g} / {f2:g}" + " | projected peak GiB | wall s at " + f"{f1:g} / {f2:g}"
-             + " | projected wall s | inner s projected |", "|---|---|---|---|---|---|"]
-
-    def line(v1: float, v2: float) -> float:
-        return v2 + (v2 - v1) / (f2 - f1) * (target - f2)
+    shown = " / ".join(f"{f:g}" for f in fractions)
+    lines = [f"Projected to --fraction {target:g} from the runs at {shown}. Peak: the least-squares line through "
+             f"them (its intercept the interpreter and torch, its slope what grows with the graph: bytes per "
+             f"vertex of papers100M's {PAPERS[0]:,} at fraction 1, with its {PAPERS[1] / PAPERS[0]:.1f} edges per "
+             f"vertex; products-like steps per products' vertex at the default --products-fraction). Time: on a small fraction a step's wall is mostly "
+             f"the interpreter's start ({startup:.0f} s, the `runtime baseline` step) and the load's noise, so the "
+             f"wall projected is the largest run's beyond that start times {target / f2:g} (meaningful once the "
+             f"graph's part dominates), and the inner times (the partitioner's, the epoch's, the evaluation's) "
+             f"times {target / f2:g}: linear in the graph, a lower bound for what grows faster (METIS).", "",
+             f"| step | peak GiB at {shown} | slope, bytes per vertex | projected peak GiB | wall s at {shown} | "
+             "projected wall s | inner s projected |", "|---|---|---|---|---|---|---|"]
 
     def grown(v2: float, fixed: float = 0.0) -> float:
         return fixed + max(v2 - fixed, 0.0) * target / f2
 
+    def walls(got: list[tuple[float, dict[str, Any]]]) -> str:
+        return " / ".join(f"{r['wall_s']:.1f}" for _, r in got)
+
     for name, r2 in m2.items():
-        r1 = m1.get(name)
-        if r1 is None or r1.get("rc") != 0 or r2.get("rc") != 0:
-            lines.append(f"| {name} | {gib(r1 and r1['peak_bytes'])} / {gib(r2['peak_bytes'])} | - | - | - | "
-                         f"not both measured |")
+        got = [(f, m[name]) for f, m in runs if m.get(name, {}).get("rc") == 0]
+        if len(got) < 2 or r2.get("rc") != 0:
+            lines.append(f"| {name} | {' / '.join(gib(m.get(name, {}).get('peak_bytes')) for _, m in runs)} | - | - "
+                         f"| - | - | not measured at two fractions |")
             continue
-        peaks = [r1["peak_bytes"], r2["peak_bytes"]]
-        if name.startswith("sage 2"):  # a rank's peak, not the launcher's
-            peaks = [max(r1["child_peaks"] or [0]), max(r2["child_peaks"] or [0])]
+        # a rank's peak for the 2-process run, not the launcher's
+        peaks = [max(r["child_peaks"] or [0]) if name.startswith("sage 2") else r["peak_bytes"] for _, r in got]
+        slope, intercept = np.polyfit([f for f, _ in got], peaks, 1)
+        # the vertices at fraction 1 of the papers-like graph: products-like at the default --products-fraction
+        vertices = 10 * PRODUCTS[0] if "products" in name else PAPERS[0]
         inner = ""
-        o1, o2 = r1.get("out") or {}, r2.get("out") or {}
+        o2 = r2.get("out") or {}
         for key in ("time_s", "epoch_time_s", "eval_time_s"):
-            if isinstance(o1.get(key), (int, float)) and isinstance(o2.get(key), (int, float)):
+            if isinstance(o2.get(key), (int, float)):
                 inner += f"{key} {grown(o2[key]):.0f} "
-        lines.append(f"| {name}{' (a rank)' if name.startswith('sage 2') else ''} | {gib(peaks[0])} / "
-                     f"{gib(peaks[1])} | {gib(line(*peaks))} | {r1['wall_s']:.1f} / {r2['wall_s']:.1f} | "
+        lines.append(f"| {name}{' (a rank)' if name.startswith('sage 2') else ''} | "
+                     f"{' / '.join(gib(p) for p in peaks)} | {slope / vertices:.0f} | "
+                     f"{gib(intercept + slope * target)} | {walls(got)} | "
                      f"{grown(r2['wall_s'], startup):.0f} | {inner.strip() or '-'} |")
     return lines
 
@@ -604,8 +611,8 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/gnnc-scale", help="where the graphs, stores and plans are written")
     ap.add_argument("-o", "--output", default=str(RESULTS), help="the results file (a section appended per run)")
     ap.add_argument("--project", type=float, metavar="FRACTION",
-                    help="print each step's peak and time projected to FRACTION from the two largest fractions "
-                         "measured in --work, and run nothing")
+                    help="print each step's peak and time projected to FRACTION from the fractions measured in "
+                         "--work (a least-squares line), and run nothing")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
