@@ -238,7 +238,7 @@ def test_crossovers_are_numeric_and_their_equation_is_built_when_read() -> None:
 
 def test_equal_dims_are_compared_without_sympy_algebra(monkeypatch) -> None:
     """The IR verifier compares every value's shape after every pass: equal dims are equal without expanding
-    their difference (a 64-layer model's compile spent a fifth of its time there)."""
+    their difference (the 64-layer GCNII example's compile spent ~0.2 of its 3.1 CPU-s after load there)."""
     from gnnc.ir import ops
 
     expanded = []

@@ -33,7 +33,7 @@ INITIALISERS = ("zeros", "ones", "glorot")  # a learnable parameter's named init
 
 def same_dim(a: sympy.Expr, b: sympy.Expr) -> bool:
     # equal expressions first: the verifier asks this of every value of every pass's program, and expanding a
-    # sympy difference of equal dims was a fifth of compiling a 64-layer GCNII after the graph was loaded
+    # sympy difference of equal dims cost the 64-layer GCNII example's compile ~0.2 of its 3.1 CPU-s after load
     return a == b or sympy.expand(a - b) == 0
 
 
