@@ -194,3 +194,23 @@ def test_a_part_is_charged_the_equations_that_run_per_part(name: str) -> None:
     work = program_op_work(api.compile(model, g).program)
     assert [w.part_calls_forward for w in work] == split
     assert all(w.part_calls_forward < w.calls_forward for w in work)
+
+
+def test_a_rank_that_posts_early_waits_for_the_last_peer() -> None:
+    """The arrival spread (issue 38 item 4): a rank that posts `late` seconds before its last peer waits for an
+    exchange of exch + late, less the work it overlaps; 0 is the model's every-rank-at-once."""
+    from gnnc.passes.cost.overlap import exposed_communication
+
+    for chunked in (False, True):
+        for exch, held, remote, late in [(1.0, 0.2, 0.3, 0.5), (1.0, 2.0, 0.5, 0.5), (1.0, 2.0, 0.5, 1.5)]:
+            args = (sympy.Float(exch), sympy.Float(held), sympy.Float(remote), chunked)
+            at_once = float(exposed_communication(*args).subs(P, 4))
+            shifted = float(exposed_communication(*args, sympy.Float(late)).subs(P, 4))
+            if not chunked:  # the window starts `late` before the exchange does
+                assert shifted == pytest.approx(float(exposed_communication(sympy.Float(exch + late), *args[1:])))
+            assert at_once <= shifted <= at_once + late + 1e-12
+    # whole halo: the held work hides the lateness first
+    assert float(exposed_communication(sympy.Float(1.0), sympy.Float(2.0), sympy.Float(0.5), False,
+                                       sympy.Float(0.5))) == 0.0
+    assert float(exposed_communication(sympy.Float(1.0), sympy.Float(2.0), sympy.Float(0.5), False,
+                                       sympy.Float(1.5))) == pytest.approx(0.5)

@@ -75,23 +75,34 @@ def blocked(plan_dir: Path) -> dict[str, float]:
 
 
 def predicted_blocked(model, graph, profile, passes: list[str]) -> dict[str, float]:
-    """The cost model's blocked halo seconds per epoch (training: forward and backward) of a plan compiled with
-    `passes`: per worker the sum over its overlapped halo windows of their exposed communication
-    (gnnc.passes.cost.overlap.exposed_communication), evaluated on the schedule pass's inputs; the mean over
-    workers and the largest, as `blocked` measures them.
-
-    The windows' terms are read where the formulas build them: overlap_window is wrapped for the compile, which
-    prices every alternative; the chosen segment options select the windows priced with them."""
+    """The cost model's blocked halo seconds per epoch (module docstring of `priced_windows`): the mean over workers
+    and the largest."""
     import numpy as np
 
-    from gnnc import api
-    from gnnc.passes import schedule as schedule_pass
-    from gnnc.passes.cost import neutronstar, registry
     from gnnc.passes.cost.evaluation import evaluate
     from gnnc.passes.cost.overlap import exposed_communication
 
+    total = sum(np.asarray(evaluate(exposed_communication(exch, held, remote, chunked), inputs, extra),
+                           dtype=np.float64)
+                for _, exch, held, remote, chunked, inputs, extra in priced_windows(model, graph, profile, passes))
+    return {"halo_blocked_mean_s": float(np.mean(total)), "halo_blocked_max_s": float(np.max(total))}
+
+
+def priced_windows(model, graph, profile, passes: list[str]) -> list[tuple]:
+    """The overlapped halo windows (training: forward and backward) of a plan compiled with `passes`, as the
+    schedule pass priced its chosen options: (graph layer, exch, held, remote, chunked, inputs, extra), each
+    window's terms symbolic, to evaluate on the schedule pass's inputs per worker (`predicted_blocked`: per worker
+    the sum over its windows of their exposed communication, gnnc.passes.cost.overlap.exposed_communication, as
+    `blocked` measures them). A layer's forward window comes before its backward one.
+
+    The windows' terms are read where the formulas build them: overlap_window is wrapped for the compile, which
+    prices every alternative; the chosen segment options select the windows priced with them."""
+    from gnnc import api
+    from gnnc.passes import schedule as schedule_pass
+    from gnnc.passes.cost import neutronstar, registry
+
     windows: list[tuple] = []
-    per_segment: dict[tuple[int, int], dict[bool, list[np.ndarray]]] = {}
+    per_segment: dict[tuple[int, int], dict] = {}
     wrapped, choose = neutronstar.overlap_window, schedule_pass.choose_segment
 
     def record(exch, held, remote, chunked, calls):
@@ -104,10 +115,9 @@ def predicted_blocked(model, graph, profile, passes: list[str]) -> dict[str, flo
         neutronstar._hybrid_layer.cache_clear()
         registry._built_segment_cost.cache_clear()
         out = choose(program, seg, priced, extra, opts)
-        got: dict[bool, list[np.ndarray]] = {}
+        got: dict[bool, list[tuple]] = {}
         for exch, held, remote, chunked in windows:
-            got.setdefault(chunked, []).append(np.asarray(evaluate(exposed_communication(exch, held, remote, chunked),
-                                                                   priced.inputs, extra), dtype=np.float64))
+            got.setdefault(chunked, []).append((seg.start, exch, held, remote, chunked, priced.inputs, extra))
         per_segment[(seg.start, seg.end)] = {**got, "chosen": out.options.get("chunked", False)}
         return out
 
@@ -116,8 +126,7 @@ def predicted_blocked(model, graph, profile, passes: list[str]) -> dict[str, flo
         api.compile(model, graph, workers=4, strategy="depcomm", partition="metis", cluster=profile, passes=passes)
     finally:
         neutronstar.overlap_window, schedule_pass.choose_segment = wrapped, choose
-    total = sum(sum(v[v_chosen]) for v in per_segment.values() for v_chosen in [v["chosen"]])
-    return {"halo_blocked_mean_s": float(np.mean(total)), "halo_blocked_max_s": float(np.max(total))}
+    return [w for v in per_segment.values() for w in v.get(v["chosen"], [])]
 
 
 def main(argv: list[str] | None = None) -> int:

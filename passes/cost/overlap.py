@@ -30,7 +30,13 @@ runtime schedules of that overlap (gnnc.plan.schedule_attrs: `halo[overlap=true]
   every op, charged before (SAGE 9, GAT 14 forward), was 1.5-3x above it. What the model still lacks is the
   gain: it prices every rank starting its exchange together (exposed communication max(0, exch - held)), while
   the blocked time measured on the emulated cluster was 2-6x what it predicts, mostly ranks waiting for ranks
-  behind (two to a core); chunks hide part of that wait, which no symbol here prices.
+  behind (two to a core); chunks hide part of that wait.
+
+* The ranks' arrival spread (`exposed_communication`'s `late`): a rank that posts its exchange `late` seconds
+  before the last of its peers waits for exch + late, less the work it overlaps. Measured per rank and exchange
+  on the emulated cluster (benchmarks/cluster/arrival_spread.py, benchmarks/RESULTS-seeds.md), it closes 38% to
+  all of the gap above (four cases, loaded); the schedule pass prices 0 (every rank at once): no cluster profile measures the spread
+  yet, and on a shared machine it is the load's, not the plan's.
 """
 from __future__ import annotations
 
@@ -50,10 +56,16 @@ def overlap_window(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr, chunk
     return Max(held + before_last, exch / n + before_last, exch) + remote / n + Max(P - 2, 0) * calls
 
 
-def exposed_communication(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr, chunked: bool) -> sympy.Expr:
+def exposed_communication(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr, chunked: bool,
+                           late: sympy.Expr = sympy.Integer(0)) -> sympy.Expr:
     """Seconds of an overlapped halo's window that a worker waits for the exchange (module docstring): the window
-    less its work, dispatch apart; what a rank's blocked halo time measures (benchmarks/cluster/chunk_overlap.py)."""
+    less its work, dispatch apart; what a rank's blocked halo time measures (benchmarks/cluster/chunk_overlap.py).
+
+    `late`: how long before the last of its peers this worker posts the exchange (the ranks' arrival spread,
+    issue 38 item 4): its window runs from its own post, the rows come `exch` after the last peer's, so the
+    exchange it waits for is exch + late. 0 (every rank at once) is what the schedule pass prices; the spread is
+    measured, not predicted (benchmarks/cluster/arrival_spread.py: no cluster profile carries it yet)."""
     if not chunked:
-        return Max(exch - held, 0)
+        return Max(exch + late - held, 0)
     n = Max(P - 1, 1)
-    return Max(0, exch / n - held, exch - held - remote * (n - 1) / n)
+    return Max(0, exch / n + late - held, exch + late - held - remote * (n - 1) / n)
