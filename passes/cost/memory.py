@@ -165,7 +165,8 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
             # its input rows and structure kept; while its backward runs it again, all it holds in a forward beside
             # them (its input counted twice: a GCN layer's forward holds its product and its aggregation at once,
             # more than it keeps, which a measured run shows on top of the gradients alive there)
-            kept += compile_expr(b * IN * WIDTH + EDGES * (b_idx + b))(table, n)
+            # (the second layer's input is the first's output, counted in the first layer's whole `layer_memory`)
+            kept += compile_expr((b * IN * WIDTH if i > 1 else 0) + EDGES * (b_idx + b))(table, n)
             recomputed = np.maximum(recomputed, whole)
         else:
             kept += whole
