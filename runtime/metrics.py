@@ -34,7 +34,7 @@ import torch.distributed as dist
 from gnnc.files import atomic_write
 from gnnc.runtime import block_cache
 from gnnc.runtime.comm import CommStats
-from gnnc.runtime.memory import release_free_heap
+from gnnc.runtime.memory import heap_free_bytes, release_free_heap
 
 
 def _status_bytes(field: str) -> int | None:
@@ -79,7 +79,11 @@ def peak_rss_bytes() -> int:
 def reset_peak_rss() -> int | None:
     """Start a new high-water mark of this process's memory (Linux: /proc/self/clear_refs); returns the
     resident bytes now, the base a later `peak_rss_since` is measured from, or None where it cannot."""
-    release_free_heap()  # the base is what live data holds, not freed pages the heap kept
+    # the base is what live data holds, not freed pages the heap kept (counted, not trimmed: a trim each epoch
+    # made the next epoch fault them in again, gnnc.runtime.memory.heap_free_bytes)
+    kept_heap = heap_free_bytes()
+    if kept_heap is None:
+        release_free_heap()
     hwm = _status_bytes("VmHWM")
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
@@ -89,7 +93,7 @@ def reset_peak_rss() -> int | None:
     _HighWater.before_reset = max(_HighWater.before_reset, hwm or 0)
     now = _status_bytes("VmRSS")
     # nor the blocks the block cache keeps for the step (it reuses them: resident already, yet its own)
-    return None if now is None else now - block_cache.kept_bytes()
+    return None if now is None else max(now - block_cache.kept_bytes() - (kept_heap or 0), 0)
 
 
 def forget_peak_rss() -> None:
@@ -97,6 +101,7 @@ def forget_peak_rss() -> None:
     planner's validation grid, benchmarks/cluster), so that each job's `peak_rss_bytes` is its own (the
     block cache's kept blocks, sized for the last job, are given back first)."""
     block_cache.empty()
+    release_free_heap()  # and the heap's free pages: the next job's base starts from what is live
     reset_peak_rss()
     _HighWater.before_reset = 0
 
