@@ -261,9 +261,11 @@ def section(args: argparse.Namespace, spec: str, info: dict, started: str, rows:
                                                         "full run needs the machine alone")
     conv = (f"generated and converted to a store in {info['convert_s']:.0f} s" if info["convert_s"]
             else "the store of an earlier run reused")
+    # the peers inherit this process's environment: a run without the block cache says so beside its command
+    switch = "".join(f"{k}={os.environ[k]} " for k in ("GNNC_BLOCK_CACHE", "GNNC_NATIVE") if k in os.environ)
     lines = [f"## {started}: --scale {args.scale:g}, {args.models}", "",
-             f"`python benchmarks/products.py --scale {args.scale:g} --models {args.models} --peers {args.peers} "
-             f"--epochs {args.epochs} --limit-gib {args.limit_gib:g}`: graph `{spec}` ({n:,} vertices, {e:,} directed "
+             f"`{switch}python benchmarks/products.py --scale {args.scale:g} --models {args.models} "
+             f"--peers {args.peers} --epochs {args.epochs} --limit-gib {args.limit_gib:g}`: graph `{spec}` ({n:,} vertices, {e:,} directed "
              f"edges; {size}; {conv}).",
              "Epoch: the training step's median over the epochs after the first; evaluation: the evaluation "
              "forward's; load: the load average (1 min) at the peer's start and end (above 2.5: a loaded machine, "
