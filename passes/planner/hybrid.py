@@ -142,7 +142,9 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
                 full_costs = hg.UnitCosts(full["t_v"], full["t_e"], full["t_c"], full["t_x"], full["row_bytes"],
                                           full["edge_bytes"])
                 layers = longest[start] - start
-                longest_deps[start] = [hg.dependencies_from_stats(stats, r, layers) for r in range(world)]
+                # the planner's spans read only layers and vertices (runs, StartTraffic); select-hybrid's, subtrees too
+                longest_deps[start] = [hg.dependencies_from_stats(stats, r, layers, subtrees=with_ids)
+                                       for r in range(world)]
                 if _last_runs and _last_runs[0].serves(stats, graph, parts, start, cap, full_costs):
                     runs[start] = _last_runs[0].runs
                 else:

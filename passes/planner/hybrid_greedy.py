@@ -71,20 +71,26 @@ class Dependencies:
     owner[d]: the worker owning v, to count the rows each worker sends for
         the communicated dependencies; None when unknown (sends are then
         taken equal to receives).
+    sub_rows and sub_edges are None where only the layers and vertices are read (the planner's Algorithm 4 runs
+    and row counts: `dependencies_from_stats(..., subtrees=False)`); `span` then holds the segment's layers.
     """
 
     layer: np.ndarray
     vertex: np.ndarray
-    sub_rows: np.ndarray
-    sub_edges: np.ndarray
+    sub_rows: np.ndarray | None
+    sub_edges: np.ndarray | None
     sub_inputs: np.ndarray
     owner: np.ndarray | None = None
+    span: int = 0  # the segment's layers, when sub_rows is None
 
     def __post_init__(self) -> None:
         n = len(self.layer)
         if np.shape(self.vertex) != (n,) or np.shape(self.sub_inputs) != (n,):
             raise ValueError("Dependencies: layer, vertex and sub_inputs need one entry per dependency")
-        if np.ndim(self.sub_rows) != 2 or np.shape(self.sub_rows)[0] != n or \
+        if self.sub_rows is None:
+            if self.sub_edges is not None or self.span < 1:
+                raise ValueError("Dependencies without sub_rows have no sub_edges either, and a span of layers")
+        elif np.ndim(self.sub_rows) != 2 or np.shape(self.sub_rows)[0] != n or \
                 np.shape(self.sub_edges) != np.shape(self.sub_rows):
             raise ValueError("Dependencies: sub_rows and sub_edges must both be [dependencies, layers]")
         if self.owner is not None and np.shape(self.owner) != (n,):
@@ -92,13 +98,13 @@ class Dependencies:
 
     @property
     def layers(self) -> int:
-        return int(np.shape(self.sub_rows)[1])
+        return self.span if self.sub_rows is None else int(np.shape(self.sub_rows)[1])
 
     def __len__(self) -> int:
         return len(self.layer)
 
 
-def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
+def dependencies_from_stats(stats: Any, part: int, layers: int, subtrees: bool = True) -> Dependencies:
     """Part `part`'s dependencies for a segment of `layers` layers, from `partition.stats.PartStats`.
 
     Every remote in-neighbour v of the part is a dependency at each layer m
@@ -110,7 +116,9 @@ def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
     distance m-1-k from v (w_{m-1-k}), aggregating the edges into them
     (w_{m-k}), from w_m input rows. Owners follow PartStats' order (by owner,
     then id), so they are read off `send_matrix[:, part]`. Like PartStats'
-    trees, rows the part owns anyway are counted too.
+    trees, rows the part owns anyway are counted too. `subtrees=False`: without sub_rows and sub_edges, which
+    the planner's Algorithm 4 runs and row counts never read ([layers x n, layers] each: 145 MB per worker for
+    GCNII x32 on the 89,000-vertex SBM).
     """
     lo, hi = int(stats.dep_ptr[part]), int(stats.dep_ptr[part + 1])
     ids = np.asarray(stats.dep_ids[lo:hi], dtype=np.int64)
@@ -124,6 +132,10 @@ def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
     owner_counts = np.asarray(stats.send_matrix, dtype=np.int64)[:, part]
     owners = np.repeat(np.arange(len(owner_counts)), owner_counts)
     layer = np.repeat(np.arange(layers), n)
+    owner = np.tile(owners, layers) if len(owners) == n else None
+    if not subtrees:
+        return Dependencies(layer, np.tile(ids, layers), None, None, walks.T.reshape(-1), owner=owner,
+                            span=layers)
     rows = np.zeros((layers * n, layers))
     edges = np.zeros((layers * n, layers))
     inputs = np.zeros(layers * n)
@@ -133,8 +145,7 @@ def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
             rows[block, :m] = walks[:, m - 1::-1]
             edges[block, :m] = walks[:, m:0:-1]
         inputs[block] = walks[:, m]
-    return Dependencies(layer, np.tile(ids, layers), rows, edges, inputs,
-                        owner=np.tile(owners, layers) if len(owners) == n else None)
+    return Dependencies(layer, np.tile(ids, layers), rows, edges, inputs, owner=owner)
 
 
 def dependencies_prefix(deps: Dependencies, layers: int) -> Dependencies:
@@ -146,8 +157,10 @@ def dependencies_prefix(deps: Dependencies, layers: int) -> Dependencies:
     if layers == deps.layers:
         return deps
     n = int(np.searchsorted(deps.layer, layers))
-    return Dependencies(deps.layer[:n], deps.vertex[:n], deps.sub_rows[:n, :layers], deps.sub_edges[:n, :layers],
-                        deps.sub_inputs[:n], owner=None if deps.owner is None else deps.owner[:n])
+    whole = deps.sub_rows is not None
+    return Dependencies(deps.layer[:n], deps.vertex[:n], deps.sub_rows[:n, :layers] if whole else None,
+                        deps.sub_edges[:n, :layers] if whole else None, deps.sub_inputs[:n],
+                        owner=None if deps.owner is None else deps.owner[:n], span=0 if whole else layers)
 
 
 @dataclass(frozen=True)
