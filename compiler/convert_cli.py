@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 
@@ -27,11 +28,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run `gnnc convert`; GnncError for bad input (the CLI exits 2 on it)."""
     # deferred: building gnnc's parser must not load torch
-    from pathlib import Path
-
     from gnnc.graph.loaders import load_graph
     from gnnc.graph.ogb import is_ogb_dir
-    from gnnc.graph.store import is_store, write_ogb_store, write_store
+    from gnnc.graph.ogb_store import write_ogb_store
+    from gnnc.graph.store import is_store, write_store
     from gnnc.runtime.metrics import peak_rss_bytes
 
     source = Path(args.source)

@@ -19,7 +19,8 @@ from gnnc.errors import GraphInputError
 from gnnc.graph import ogb, store
 from gnnc.graph.loaders import load_graph
 from gnnc.graph.storage import CSR
-from gnnc.graph.store import MANIFEST, open_store, write_ogb_store, write_store
+from gnnc.graph.ogb_store import write_ogb_store
+from gnnc.graph.store import MANIFEST, open_store, write_store
 from test_ogb import _csv, _put, papers_like, proteins_like
 
 

@@ -412,7 +412,7 @@ RowBlocks = Callable[[], Iterator[np.ndarray]]
 class OgbStream:
     """An OGB node-property directory as `gnnc convert` reads it: the per-vertex arrays whole (O(N): labels
     and the split), the edges, features and edge features as functions that yield blocks; unvalidated beyond
-    the layout and the counts (gnnc.graph.store.write_ogb_store checks every block as build_graph would)."""
+    the layout and the counts (gnnc.graph.ogb_store.write_ogb_store checks every block as build_graph would)."""
 
     name: str
     num_nodes: int  # the count file's; else the features' rows where known ahead, else the labels' rows
