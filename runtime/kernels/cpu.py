@@ -156,7 +156,7 @@ class Pattern:
         """Inverse of `values`: this pattern's entry order -> flat graph CSR order."""
         if self.perm is None:
             return values
-        return torch.empty_like(values).index_copy_(0, self.perm, values)
+        return torch.empty_like(values).index_copy_(0, self.perm.long(), values)
 
     def matrix(self, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """The sparse matrix with these edge values (all ones, cached, when None)."""
@@ -200,8 +200,12 @@ def pattern(csr: CSR, transposed: bool, heads: int, device: torch.device) -> Pat
         itype = _index_dtype(nnz * heads, rows * heads + 1, cols * heads)
         if heads > 1:
             crow, col, perm = _block(crow, col, perm, rows, nnz, heads, itype)
+        # a transposed pattern's permutation only gathers edge values (`values`: index_select takes int32), never
+        # scatters them back (`to_edges`, whose index_copy_ wants int64, serves the untransposed ones): narrowed
+        # with the columns, 4 bytes per edge less (0.47 GiB at ogbn-products' size, issue 35)
+        ptype = itype if transposed else torch.int64
         return Pattern(crow.to(device=device, dtype=itype), col.to(device=device, dtype=itype),
-                       None if perm is None else perm.to(device=device, dtype=torch.int64),
+                       None if perm is None else perm.to(device=device, dtype=ptype),
                        (rows * heads, cols * heads), heads)
 
     return cached(csr, ("pattern", transposed, heads, str(device)), build)
