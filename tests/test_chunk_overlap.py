@@ -24,8 +24,7 @@ from gnnc.plan.schedule_attrs import exchange_schedule
 from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
-from gnnc.testing import first_training_step
-from test_distributed_exact import communities, compile_half_cached, hub_graph, step_differences
+from test_distributed_exact import bytes_and_step_failures, communities, compile_half_cached, hub_graph
 
 SEED = 3
 CHUNKED = "schedule{chunked=on}"
@@ -61,14 +60,7 @@ def cases(world: int, tmp):
 def test_chunked_halos_match_one_process(world: int, tmp_path) -> None:
     todo = cases(world, tmp_path)
     results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
-    failures = []
-    for (key, single, graph, _, predicted), got in zip(todo, results):
-        measured = {k: got["bytes_by_op"].get(op, 0) for k, op in
-                    {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter",
-                     "allreduce": "allreduce"}.items()}
-        if measured != predicted:
-            failures.append(f"{key}: measured bytes {measured} != predicted {predicted}")
-        failures += step_differences(key, got, *first_training_step(single, graph, SEED))
+    failures = bytes_and_step_failures(todo, results, SEED)
     assert not failures, "\n".join(failures)
 
 

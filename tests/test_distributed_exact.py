@@ -57,6 +57,26 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-12))
 
 
+PREDICTED_OPS = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter",
+                 "allreduce": "allreduce"}  # the plan's predicted_bytes_per_step keys -> the ranks' op names
+
+
+def measured_bytes(got: dict) -> dict[str, int]:
+    """A step's measured bytes keyed as the plan's prediction is, to compare the two whole."""
+    return {k: got["bytes_by_op"].get(op, 0) for k, op in PREDICTED_OPS.items()}
+
+
+def bytes_and_step_failures(todo, results, seed: int) -> list[str]:
+    """For (key, one-process program, graph, job, predicted bytes) cases and their ranks' one_step_each results:
+    every case whose bytes differ from the prediction or whose step differs from one process's (seeded alike)."""
+    failures = []
+    for (key, single, graph, _, predicted), got in zip(todo, results):
+        if measured_bytes(got) != predicted:
+            failures.append(f"{key}: measured bytes {measured_bytes(got)} != predicted {predicted}")
+        failures += step_differences(key, got, *first_training_step(single, graph, seed))
+    return failures
+
+
 def step_differences(key, got: dict, logits, loss: float, grads: dict, rtol: float = 1e-5) -> list[str]:
     """What a rank's step (`got`: its logits, loss and gradients) has that one process's does not, beyond rtol."""
     out = []
@@ -202,7 +222,6 @@ def test_strategies_match_one_process(world: int, tmp_path) -> None:
     assert not missing, sorted(missing)
     results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
     failures = []
-    op_names = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
     # every halo's bytes, hoisted ones (GIN's first aggregation of x: sent in the first step only) included
     halo_bytes = {key: halo_bytes_in_plan(job) for key, _, _, job, _ in todo}
     for (key, single, graph, _, predicted), got in zip(todo, results):
@@ -212,7 +231,7 @@ def test_strategies_match_one_process(world: int, tmp_path) -> None:
             assert 0 < halo_bytes[key], key
             if key[1] == "hybrid" and (key[0], "depcomm", key[2]) in halo_bytes:
                 assert halo_bytes[key] < halo_bytes[(key[0], "depcomm", key[2])], key
-        measured = {k: got["bytes_by_op"].get(op, 0) for k, op in op_names.items()}
+        measured = measured_bytes(got)
         if measured != predicted:
             failures.append(f"{key}: measured bytes {measured} != predicted {predicted}")
         name = key[0]
