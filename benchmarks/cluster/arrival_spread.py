@@ -16,16 +16,14 @@ measured blocked halo time and the model's prediction (chunk_overlap.py's, the s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from chunk_overlap import GRAPH, MEASURED, blocked, predicted_blocked, priced_windows
+from chunk_overlap import GRAPH, blocked, emulated_profile, predicted_blocked, priced_windows, run_on_cluster
 
 SCHEDULE = "schedule{chunked=off}"
 
@@ -163,21 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    from emulated import EmulatedCluster, parse_rate, refuse_without_requirements
+    from emulated import refuse_without_requirements
     from runner import ROOT
 
     if refuse_without_requirements():
         return 2
     from gnnc import api
-    from gnnc.cluster import preset
     from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 
     graph = api.load_graph(args.graph)
     passes = DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1] + [SCHEDULE]
     for bandwidth in args.bandwidths:
-        rate = parse_rate(bandwidth) / 8
-        profile = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=rate, intra_bandwidth=rate,
-                                      workers=4, **MEASURED)
+        profile = emulated_profile(bandwidth)
         for name in args.models:
             model = api.load_model(ROOT / "examples" / f"{name}.gnn")
             predicted = predicted_blocked(model, graph, profile, passes)
@@ -187,16 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                                    passes=passes)
                 plan.save(Path(tmp) / "whole")
                 halos = sum(e.op == "halo" for layer in plan.program.graph_layers() for e in layer.eqns)
-                load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-                with EmulatedCluster(4, bandwidth) as cluster:
-                    results = cluster.run_torchrun([__file__, "--worker", "--epochs", str(args.epochs),
-                                                    str(Path(tmp) / "whole")], 1, timeout_s=900,
-                                                   run_id=f"gnnc-spread-{os.getpid()}")
-                if results[0][0] != 0:
-                    print(f"{name} {bandwidth}: the run failed: {results[0][2][-3000:]}", file=sys.stderr)
+                ran = run_on_cluster(__file__, ["--epochs", str(args.epochs)], [Path(tmp) / "whole"], bandwidth,
+                                     f"spread-{name}")
+                if ran is None:
                     return 1
-                row = {"model": name, "bandwidth": bandwidth, "load_before": load,
-                       "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+                row = {"model": name, "bandwidth": bandwidth, **ran,
                        "measured": blocked(Path(tmp) / "whole"), "predicted": predicted,
                        **spread(Path(tmp) / "whole", 4, halos)}
                 names = [layer.name for layer in plan.program.graph_layers()]

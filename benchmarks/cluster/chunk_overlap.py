@@ -129,6 +129,34 @@ def priced_windows(model, graph, profile, passes: list[str]) -> list[tuple]:
     return [w for v in per_segment.values() for w in v.get(v["chosen"], [])]
 
 
+def emulated_profile(bandwidth: str):
+    """neutronstar-ecs at `bandwidth` both ways for 4 workers, with the op rates measured for these cases."""
+    from emulated import parse_rate
+    from gnnc.cluster import preset
+
+    rate = parse_rate(bandwidth) / 8
+    return dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=rate, intra_bandwidth=rate, workers=4,
+                               **MEASURED)
+
+
+def run_on_cluster(script: str, worker_args: list[str], dirs: list[Path], bandwidth: str,
+                   label: str) -> dict | None:
+    """`script --worker worker_args dirs` on 4 emulated hosts at `bandwidth` (one rank each): the run's load
+    average before and after and its seconds, or None (the failure printed) when a rank failed."""
+    from emulated import EmulatedCluster
+
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    t0 = time.perf_counter()
+    with EmulatedCluster(4, bandwidth) as cluster:
+        results = cluster.run_torchrun([script, "--worker", *worker_args, *map(str, dirs)], 1, timeout_s=900,
+                                       run_id=f"gnnc-{label}-{os.getpid()}")
+    if results[0][0] != 0:
+        print(f"{label} {bandwidth}: the run failed: {results[0][2][-3000:]}", file=sys.stderr)
+        return None
+    return {"load_before": load, "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+            "run_s": round(time.perf_counter() - t0, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bandwidths", nargs="*", default=["400mbit", "3600mbit"])
@@ -145,21 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    from emulated import EmulatedCluster, parse_rate, refuse_without_requirements
+    from emulated import refuse_without_requirements
     from runner import ROOT
 
     if refuse_without_requirements():
         return 2
     from gnnc import api
-    from gnnc.cluster import preset
     from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
     from gnnc.plan.schedule_attrs import exchange_schedule
 
     graph = api.load_graph(args.graph)
     for bandwidth in args.bandwidths:
-        rate = parse_rate(bandwidth) / 8
-        profile = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=rate, intra_bandwidth=rate,
-                                      workers=4, **MEASURED)
+        profile = emulated_profile(bandwidth)
         if args.dispatch_us:
             from gnnc.cluster import OpRate
 
@@ -188,18 +213,11 @@ def main(argv: list[str] | None = None) -> int:
                     assert all(h.split and h.chunked == (key == "chunked") for h in halos), (key, halos)
                     plan.save(Path(tmp) / key)
                     dirs.append(Path(tmp) / key)
-                load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-                t0 = time.perf_counter()
-                with EmulatedCluster(4, bandwidth) as cluster:
-                    results = cluster.run_torchrun([__file__, "--worker", "--epochs", str(args.epochs), "--passes",
-                                                    str(args.passes), *map(str, dirs)], 1, timeout_s=900,
-                                                   run_id=f"gnnc-chunks-{os.getpid()}")
-                if results[0][0] != 0:
-                    print(f"{name} {bandwidth}: the run failed: {results[0][2][-3000:]}", file=sys.stderr)
+                ran = run_on_cluster(__file__, ["--epochs", str(args.epochs), "--passes", str(args.passes)], dirs,
+                                     bandwidth, f"chunks-{name}")
+                if ran is None:
                     return 1
-                row = {"model": name, "bandwidth": bandwidth, "graph": args.graph, "auto_chunked": chosen,
-                       "load_before": load, "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
-                       "run_s": round(time.perf_counter() - t0, 1)}
+                row = {"model": name, "bandwidth": bandwidth, "graph": args.graph, "auto_chunked": chosen, **ran}
                 for key, d in zip(SCHEDULES, dirs):
                     row[key] = {**blocked(d), "predicted": predicted[key]}
                 print(json.dumps(row), flush=True)

@@ -15,16 +15,13 @@ graph layer in `--bins` bins, so the difference is the pipeline alone.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from chunk_overlap import GRAPH, MEASURED, blocked, worker_main
+from chunk_overlap import GRAPH, blocked, emulated_profile, run_on_cluster, worker_main
 
 
 def blocked_by_layer(plan_dir: Path) -> dict[str, float]:
@@ -59,22 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    from emulated import EmulatedCluster, parse_rate, refuse_without_requirements
+    from emulated import refuse_without_requirements
     from runner import ROOT
 
     if refuse_without_requirements():
         return 2
     from gnnc import api
-    from gnnc.cluster import preset
     from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
     from gnnc.plan.bins import pipelined
 
     schedules = {"bins": f"schedule{{bins={args.bins}}}", "pipelined": f"schedule{{bins={args.bins} pipeline=on}}"}
     graph = api.load_graph(args.graph)
     for bandwidth in args.bandwidths:
-        rate = parse_rate(bandwidth) / 8
-        profile = dataclasses.replace(preset("neutronstar-ecs"), inter_bandwidth=rate, intra_bandwidth=rate,
-                                      workers=4, **MEASURED)
+        profile = emulated_profile(bandwidth)
         for name in args.models:
             model = api.load_model(ROOT / "examples" / f"{name}.gnn")
             with tempfile.TemporaryDirectory(prefix="gnnc-g3pipe-") as tmp:
@@ -86,18 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                     assert (piped > 0) == (key == "pipelined"), (key, piped)
                     plan.save(Path(tmp) / key)
                     dirs.append(Path(tmp) / key)
-                load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-                t0 = time.perf_counter()
-                with EmulatedCluster(4, bandwidth) as cluster:
-                    results = cluster.run_torchrun([__file__, "--worker", "--epochs", str(args.epochs), "--passes",
-                                                    str(args.passes), *map(str, dirs)], 1, timeout_s=900,
-                                                   run_id=f"gnnc-g3pipe-{os.getpid()}")
-                if results[0][0] != 0:
-                    print(f"{name} {bandwidth}: the run failed: {results[0][2][-3000:]}", file=sys.stderr)
+                ran = run_on_cluster(__file__, ["--epochs", str(args.epochs), "--passes", str(args.passes)], dirs,
+                                     bandwidth, f"g3pipe-{name}")
+                if ran is None:
                     return 1
                 row = {"model": name, "bandwidth": bandwidth, "graph": args.graph, "bins_per_layer": args.bins,
-                       "load_before": load, "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
-                       "run_s": round(time.perf_counter() - t0, 1)}
+                       **ran}
                 for key, d in zip(schedules, dirs):
                     row[key] = {**blocked(d), "halo_blocked_mean_s_by_layer": blocked_by_layer(d)}
                 print(json.dumps(row), flush=True)
