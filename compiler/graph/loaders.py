@@ -63,7 +63,6 @@ import hashlib
 import io
 import os
 import json
-import math
 import pickle
 import re
 import warnings
@@ -81,7 +80,7 @@ from gnnc.files import atomic_writer, fd_path, private_dir
 from gnnc.graph import Graph, edge_data, index_dtype
 from gnnc.graph.storage import UNLABELLED
 from gnnc.graph.generators import GENERATORS, generate, split_masks
-from gnnc.graph.ogb import ogb_files, read_ogb_dir
+from gnnc.graph.ogb import npz_members, ogb_files, read_ogb_dir
 from gnnc.graph.store import is_store, open_store
 from gnnc.graph.planetoid import load_planetoid
 from gnnc.host import available_memory, format_bytes
@@ -440,21 +439,22 @@ def _mask(value: Any, field: str, n: int, source: str) -> np.ndarray:
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of an `.npz` (no pickled objects allowed; every shape checked before it is allocated)."""
+    """The arrays of an `.npz` (no pickled objects allowed; every shape checked before it is allocated).
+
+    np.load allocates what a header declares and only then reads: a few bytes claiming 10^12 elements
+    were an allocation of terabytes. npz_members checks each declared size against what its member holds
+    (zipfile also enforces that when reading); here all arrays together must fit in the memory available.
+    """
+    members = npz_members(path)
+    if members:
+        largest = max(members.values(), key=lambda m: m.nbytes)
+        _check_fits(sum(m.nbytes for m in members.values()),
+                    f"{path}: its arrays (the largest {largest.name}, {format_bytes(largest.nbytes)})",
+                    "load a smaller graph")
     try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as err:
-        raise GraphInputError(f"{path}: not a readable .npz file ({err.strerror or err})") from None
-    if head not in (b"PK\x03\x04", b"PK\x05\x06"):  # np.load would take anything else for a pickle or .npy
-        raise GraphInputError(f"{path}: not an .npz file (no zip archive header; write it with numpy.savez)")
-    try:
-        _check_npz_shapes(path)
         with np.load(path, allow_pickle=False) as f:
             return {k: f[k] for k in f.files}
     except ValueError as err:
-        if "pickle" in str(err):  # object arrays need pickle: refused
-            raise GraphInputError(f"{path}: holds an array that needs pickle to read ({err})") from None
         raise GraphInputError(f"{path}: not a readable .npz file ({err})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:  # a truncated or damaged archive
         raise GraphInputError(f"{path}: not a readable .npz file (truncated or damaged: {err})") from None
@@ -468,43 +468,6 @@ def load_npz(path: Path) -> Graph:
             raise GraphInputError(f"{path}: {field}: missing (the file has {', '.join(sorted(arrays)) or 'nothing'})")
     return build_graph(arrays["edge_index"], arrays["x"], arrays["y"], {k: arrays.get(k) for k in MASKS},
                        path.stem, str(path), edges=edge_data.edge_fields(arrays))
-
-
-_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-
-
-def _check_npz_shapes(path: Path) -> None:
-    """Every array's declared shape, read from its .npy header, checked before np.load allocates it.
-
-    np.load allocates what a header declares and only then reads: a few bytes claiming 10^12 elements
-    were an allocation of terabytes. The declared size must fit in what the member holds (its size in the
-    zip directory, which zipfile also enforces when reading) and, all arrays together, in the memory
-    available. ValueError (a malformed header) and zip errors propagate to load_npz's messages.
-    """
-    sizes: dict[str, int] = {}
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            if not info.filename.endswith(".npy"):
-                continue
-            field = info.filename[: -len(".npy")]
-            with archive.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                if version not in _NPY_HEADERS:
-                    raise ValueError(f"{field}: .npy format version {version} is not supported")
-                shape, _, dtype = _NPY_HEADERS[version](member)
-                header = member.tell()
-            if dtype.hasobject:  # np.load refuses it (pickle) without allocating
-                continue
-            declared = math.prod(shape) * dtype.itemsize  # Python ints: a forged shape cannot overflow
-            if declared > info.file_size - header:
-                raise GraphInputError(f"{path}: {field}: declares shape {list(shape)} of {dtype} "
-                                      f"({format_bytes(declared)}) but holds {format_bytes(info.file_size - header)}; "
-                                      f"the file is damaged or forged")
-            sizes[field] = declared
-    if sizes:
-        largest = max(sizes, key=sizes.__getitem__)
-        _check_fits(sum(sizes.values()), f"{path}: its arrays (the largest {largest}, {format_bytes(sizes[largest])})",
-                    "load a smaller graph")
 
 
 # What loading an edge list allocates per vertex once its edges are parsed, at its peak (tracemalloc,

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from gnnc.errors import GraphInputError
+from gnnc.host import format_bytes
 
 # OGB's master.csv `add_inverse_edge` of its homogeneous node-property datasets
 INVERSE_EDGES = {"ogbn-products": True, "ogbn-proteins": True, "ogbn-arxiv": False, "ogbn-papers100M": False}
@@ -329,6 +330,11 @@ class NpzMember:
     shape: tuple[int, ...]
     fortran: bool
 
+    @property
+    def nbytes(self) -> int:
+        """What the array takes once read (Python ints: a forged shape cannot overflow)."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
     def elements(self, per_block: int) -> Iterator[np.ndarray]:
         """Its elements in the order they are stored (C or Fortran), `per_block` at a time (the last fewer)."""
         per_block = max(per_block, 1)
@@ -394,11 +400,11 @@ def npz_members(path: Path) -> dict[str, NpzMember]:
                     header = member.tell()
                 if dtype.hasobject:
                     raise GraphInputError(f"{path}: {name}: holds an array that needs pickle to read (refused)")
-                declared = math.prod(shape) * dtype.itemsize
-                if declared > info.file_size - header:
-                    raise GraphInputError(f"{path}: {name}: declares shape {list(shape)} of {dtype} ({declared} "
-                                          f"bytes) but holds {info.file_size - header}; the file is damaged or forged")
                 members[name] = NpzMember(path, name, dtype, tuple(shape), bool(fortran))
+                if members[name].nbytes > info.file_size - header:  # np.load would allocate it before reading
+                    raise GraphInputError(f"{path}: {name}: declares shape {list(shape)} of {dtype} "
+                                          f"({format_bytes(members[name].nbytes)}) but holds "
+                                          f"{format_bytes(info.file_size - header)}; the file is damaged or forged")
         return members
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError) as err:
         raise GraphInputError(f"{path}: not a readable .npz file ({err})") from None
