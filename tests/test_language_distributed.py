@@ -27,6 +27,7 @@ from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
+from test_distributed_exact import measured_bytes
 
 tg = pytest.importorskip("torch_geometric")
 from torch_geometric import nn as pyg  # noqa: E402
@@ -179,8 +180,7 @@ def test_language_features_match_pyg_on_two_processes(tmp_path) -> None:
                 if rel(got["grads"][k], g) > 1e-5:
                     failures.append(f"{name} {strategy}: gradient of {k} differs from {who}'s by "
                                     f"{rel(got['grads'][k], g):.2e}")
-        ops = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
-        measured = {k: got["bytes_by_op"].get(op, 0) for k, op in ops.items()}
+        measured = measured_bytes(got)
         if measured != predicted:
             failures.append(f"{name} {strategy}: measured bytes {measured} != predicted {predicted}")
     assert not failures, "\n".join(failures)
