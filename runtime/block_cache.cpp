@@ -16,7 +16,8 @@ namespace {
 
 class BlockCache final : public c10::Allocator {
  public:
-  BlockCache(c10::Allocator* base, size_t min_bytes) : base_(base), min_bytes_(min_bytes) {}
+  BlockCache(c10::Allocator* base, size_t min_bytes, size_t max_slack)
+      : base_(base), min_bytes_(min_bytes), max_slack_(max_slack) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
     if (nbytes < min_bytes_) {
@@ -47,12 +48,13 @@ class BlockCache final : public c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(mu_);
       // A miss: the memory held (live + cached + this block) stays within a quarter above the largest
-      // live set seen, so free blocks that no request fits give way before the footprint grows past it.
-      // (Within the live set itself, the mix of sizes changes over an epoch and the blocks a later
-      // request needs would be evicted; a quarter above, a training loop's misses stop after its first
-      // epochs.)
+      // live set seen, and within max_slack_ bytes above it, so free blocks that no request fits give way
+      // before the footprint grows past it. (Within the live set itself, the mix of sizes changes over an
+      // epoch and the blocks a later request needs would be evicted; a little above, a training loop's
+      // misses stop after its first epochs. The bytes' bound is for graphs whose quarter would be
+      // gigabytes: there a miss costs little beside the epoch, and a gigabyte kept is a peak's excess.)
       high_ = std::max(high_, live_ + want);
-      while (!free_.empty() && live_ + cached_ + want > high_ + high_ / 4) {
+      while (!free_.empty() && live_ + cached_ + want > high_ + std::min(high_ / 4, max_slack_)) {
         auto largest = std::prev(free_.end());
         cached_ -= largest->first;
         evicted.push_back(largest->second);
@@ -152,6 +154,7 @@ class BlockCache final : public c10::Allocator {
 
   c10::Allocator* base_;
   size_t min_bytes_;
+  size_t max_slack_;  // the most bytes kept beyond the largest live set
   std::mutex mu_;
   std::multimap<size_t, void*> free_;  // size -> block
   std::unordered_map<void*, size_t> sizes_;  // live block -> its size
@@ -164,9 +167,10 @@ BlockCache* BlockCache::instance = nullptr;
 }  // namespace
 
 // 1: torch's CPU allocations go through the cache now (or already did); 0: torch kept its allocator.
-extern "C" int gnnc_block_cache_install(int64_t min_bytes) {
+extern "C" int gnnc_block_cache_install(int64_t min_bytes, int64_t max_slack) {
   if (BlockCache::instance == nullptr) {
-    BlockCache::instance = new BlockCache(c10::GetCPUAllocator(), static_cast<size_t>(min_bytes));
+    BlockCache::instance = new BlockCache(c10::GetCPUAllocator(), static_cast<size_t>(min_bytes),
+                                          static_cast<size_t>(max_slack));
     c10::SetCPUAllocator(BlockCache::instance, /*priority=*/1);  // above torch's default (0)
   }
   return c10::GetCPUAllocator() == BlockCache::instance ? 1 : 0;
