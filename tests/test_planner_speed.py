@@ -271,3 +271,22 @@ def test_the_planners_algorithm_4_builds_no_subtree_tables(monkeypatch) -> None:
     assert built.count(False) == 4, built  # the planner's: one per worker, without tables
     if "hybrid" in plan.meta.planner.strategies:  # select-hybrid's, with them
         assert built[4:] == [True] * 4, built
+
+
+def test_algorithm_4_measures_no_level_below_an_ended_subtree(monkeypatch) -> None:
+    """Line 6's measure of a layer's subtrees stops at the first level where none is left to expand: below it
+    a level adds no cost and no element. The 64-layer GCNII example on Cora x4 expanded nothing in 7,153 of its
+    8,189 levels (each a dozen numpy calls), 0.49 -> 0.20 CPU-s of Algorithm 4."""
+    from gnnc.passes.planner import hybrid_greedy
+
+    expanded = []
+    real = hybrid_greedy._expand
+
+    def recorded(trees, dep, vtx):
+        expanded.append(len(dep))
+        return real(trees, dep, vtx)
+
+    monkeypatch.setattr(hybrid_greedy, "_expand", recorded)
+    graph = random_graph(n=300, e=1800, f=16, c=4)
+    gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=8), graph, workers=4, cluster="gnnpipe")
+    assert expanded and 0 not in expanded, (len(expanded), expanded.count(0))

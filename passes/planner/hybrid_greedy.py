@@ -436,6 +436,8 @@ def _measure(trees: InTrees, roots: np.ndarray, m: int, rep: np.ndarray, costs: 
         cost += np.bincount(dep, weights=t_v[k - 1] + t_e[k - 1] * deg[vtx], minlength=len(roots))
         live &= cost < cap
         go = live[dep]  # a root past the cap is not expanded further: it is refused unless V_rep grows into it
+        if not go.any():  # nothing left to expand: the levels below add no cost and no element (most of a deep
+            break  # model's levels: a subtree ends at owned, replicated or over-the-cap vertices within a few hops)
         dep, vtx = _expand(trees, dep[go], vtx[go])
         keep = ~rep[k - 1][vtx] & ~trees.owned[vtx]
         key = sorted_unique(dep[keep] * n + vtx[keep])
