@@ -33,7 +33,7 @@ from gnnc.graph import Graph
 from gnnc.ir import Program, verify
 from gnnc.ir.text import parse_ir
 from gnnc.passes.manager import DEFAULT_PIPELINE, PassContext, parse_pipeline, passes, run_pipeline
-from gnnc.runtime import rng
+from gnnc.runtime import optim, rng
 from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
 from gnnc.runtime.train import TrainConfig, Worker, train_step
 
@@ -215,7 +215,7 @@ def sgd_steps(program: Program, graph, cfg: TrainConfig, epochs: int = 2
     statistics) then shows."""
     worker = Worker(program, graph, cfg)
     params = init_params(program, cfg.seed)
-    opt = torch.optim.SGD(list(params.values()), lr=0.01)
+    opt = optim.SGD(list(params.values()), lr=0.01)
     grads = []
     for epoch in range(epochs):
         train_step(worker, params, opt, None, epoch)

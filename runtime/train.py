@@ -39,6 +39,7 @@ from gnnc.ir.text import training_problem
 from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
 from gnnc.runtime import block_cache
 from gnnc.runtime import device as devices
+from gnnc.runtime import optim
 from gnnc.runtime import rng
 from gnnc.runtime.kernels import native
 from gnnc.runtime.task_metrics import TaskMetrics, task_metrics
@@ -332,11 +333,12 @@ def make_optimizer(program: Program, params: dict[str, torch.nn.Parameter], cfg:
         {"params": [p for n, p in params.items() if n not in graph_names], "weight_decay": cfg.weight_decay},
     ]
     groups = [g for g in groups if g["params"]]
+    # torch.optim's classes without their torch._dynamo import (gnnc.runtime.optim)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum or 0.0)
+        return optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum or 0.0)
     if cfg.optimizer == "adamw":  # decoupled weight decay, per group as Adam's L2 (torch's AdamW)
-        return torch.optim.AdamW(groups, lr=cfg.lr)
-    return torch.optim.Adam(groups, lr=cfg.lr)
+        return optim.AdamW(groups, lr=cfg.lr)
+    return optim.Adam(groups, lr=cfg.lr)
 
 
 class LRSchedule:

@@ -15,6 +15,7 @@ from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.cli import main as gnnc_main
 from gnnc.errors import GnncError
+from gnnc.runtime import optim
 from gnnc.runtime.train import LRSchedule, TrainConfig
 
 EPOCHS, LR = 30, 0.1
@@ -111,7 +112,7 @@ def test_default_optimizer_is_adam_at_a_constant_rate() -> None:
 
     program = api.compile(api.load_model(EXAMPLES / "gcnii.gnn"), random_graph()).program
     opt = make_optimizer(program, init_params(program, 0, torch.device("cpu")), TrainConfig())
-    assert type(opt) is torch.optim.Adam and not LRSchedule(opt, TrainConfig()).state_dict().keys() - {"steps"}
+    assert type(opt) is optim.Adam and not LRSchedule(opt, TrainConfig()).state_dict().keys() - {"steps"}
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
