@@ -17,9 +17,12 @@ The decisions, as attributes the runtime follows and the cost model prices
   per-stage multiply, two blocks in memory instead of N rows;
 * G3's bins (`bins=k`, `bin_order=boundary_bfs`, the per-bin equations
   `bin=true`) when `memory_cap` needs them, as few as meet the cap;
-* G3's inter-layer pipeline (`halo[pipelined=true]`) where `pipeline=on` asks
-  for it and the layers allow it (gnnc.plan.bins.pipeline_chain): not priced,
-  so never chosen by itself (benchmarks/RESULTS-seeds.md, G3 section);
+* G3's inter-layer pipeline (`halo[pipelined=true]`) where the layers allow it
+  (gnnc.plan.bins.pipeline_chain) and `pipeline=on` asks for it, or `auto`
+  and the cost model prices it faster (gnnc.passes.cost.overlap.pipelined_window:
+  the halo in flight from the previous layer's first bin, against k messages per
+  peer and the chain's equations run per bin); `off` by default (measured slower
+  on every case of benchmarks/RESULTS-seeds.md's G3 section);
 * the gradient all-reduce in buckets of whole layers (`grad_bucket=b`),
   posted during backward (program attribute `grad_overlap=true`).
 
@@ -52,8 +55,8 @@ from gnnc.passes.cost.inputs import PlanningInputs
 from gnnc.passes.cost.neutronstar import hybrid_values
 from gnnc.passes.cost.priced import PricedPlan
 from gnnc.passes.cost.schedule import predicted_schedule
-from gnnc.passes.cost.scheduled import (CACHE_ALL, Segment, program_segments, scheduled_plan, segment_formula,
-                                        segment_options, symbol_values)
+from gnnc.passes.cost.scheduled import (CACHE_ALL, Segment, annotated_formula, program_segments, scheduled_plan,
+                                        segment_formula, segment_options, symbol_values)
 from gnnc.passes.manager import PassContext, register_pass
 from gnnc.passes.pipeline_text import option
 from gnnc.plan.bins import PIPELINED, PipeChain, pipeline_chain
@@ -78,8 +81,8 @@ class ScheduleOptions:
     memory_cap: int = option(0, "activation memory per worker in bytes (0: no cap)")
     grad_overlap: str = option("auto", "post each gradient bucket's all-reduce during backward: auto, on, off")
     pipeline: str = option("off", "G3's inter-layer pipeline between binned DepComm layers: each bin's rows of the "
-                           "next layer's halos sent as the bin ends, the next layer's bins run as they arrive: on, "
-                           "off (not priced: the predicted epoch is the bins' without it)")
+                           "next layer's halos sent as the bin ends, the next layer's bins run as they arrive: auto "
+                           "(where the cost model prices it faster), on, off")
     bucket_bytes: int = option(4 << 20, "gradient all-reduce buckets hold whole layers up to this many bytes")
 
 
@@ -97,8 +100,8 @@ def _check(opts: ScheduleOptions) -> None:
     for name in ("overlap", "chunked", "staged", "grad_overlap"):
         if getattr(opts, name) not in CHOICES:
             raise GnncError(f"schedule: {name} must be one of {', '.join(CHOICES)}, not '{getattr(opts, name)}'")
-    if opts.pipeline not in ("on", "off"):
-        raise GnncError(f"schedule: pipeline must be on or off, not '{opts.pipeline}'")
+    if opts.pipeline not in CHOICES:
+        raise GnncError(f"schedule: pipeline must be one of {', '.join(CHOICES)}, not '{opts.pipeline}'")
     if opts.method not in HALO_METHODS:
         raise GnncError(f"schedule: method must be one of {', '.join(HALO_METHODS)}, not '{opts.method}'")
     if opts.bins < 0 or opts.bins > MAX_BINS:
@@ -237,16 +240,39 @@ def annotate(program: Program, choices: dict[int, dict[str, Any]], opts: Schedul
     return pipelined_program(out) if opts.pipeline == "on" else out
 
 
-def pipelined_program(program: Program) -> Program:
+def pipelined_program(program: Program, only: set[str] | None = None) -> Program:
     """`program` with G3's inter-layer pipeline into every graph layer it can feed (gnnc.plan.bins.pipeline_chain:
-    both layers binned DepComm, the halos' inputs computed row by row from the previous layer's outputs): the
-    receiver's halos marked `pipelined=true`."""
+    both layers binned DepComm, the halos' inputs computed row by row from the previous layer's outputs), or into
+    those of them named in `only`: the receiver's halos marked `pipelined=true`."""
     layers = list(program.layers)
     for k, layer in enumerate(layers):
-        if layer.kind == "graph" and isinstance(pipeline_chain(program, layer), PipeChain):
+        if layer.kind == "graph" and (only is None or layer.name in only) and isinstance(
+                pipeline_chain(program, layer), PipeChain):
             layers[k] = layer.replace(eqns=tuple(e.with_attrs(**{PIPELINED: True}) if e.op == "halo" else e
                                                  for e in layer.eqns))
     return program.replace(layers=tuple(layers))
+
+
+def choose_pipeline(program: Program, priced: PricedPlan) -> tuple[Program, list[dict[str, Any]]]:
+    """`pipeline=auto`: each graph layer G3's inter-layer pipeline can feed, priced with its halos whole
+    (fed once the previous layer has ended) and pipelined (gnnc.passes.cost.overlap.pipelined_window: in flight
+    from the previous layer's first bin, at k messages per peer and the chain run per bin); pipelined where that
+    is faster. Each receiver's formula reads only its own halos' marks and its sender's shape, so each layer is
+    decided alone. Returns the program and, per candidate layer, both times."""
+    report, chosen = [], set()
+    graph = program.graph_layers()
+    for k, layer in enumerate(graph):
+        if layer.attr("strategy") != "depcomm" or not isinstance(pipeline_chain(program, layer), PipeChain):
+            continue
+        seg = Segment(k, k + 1, "depcomm")
+        times = {}
+        for on, candidate in ((False, program), (True, pipelined_program(program, {layer.name}))):
+            times[on] = evaluate_cost(annotated_formula(candidate, seg, priced.shapes), priced.inputs).time
+        if times[True] < times[False]:
+            chosen.add(layer.name)
+        report.append({"layer": layer.name, "time_s": times[False], "pipelined_time_s": times[True],
+                       "pipelined": times[True] < times[False]})
+    return (pipelined_program(program, chosen) if chosen else program), report
 
 
 # --- pricing -------------------------------------------------------------------------------------------
@@ -448,6 +474,10 @@ def schedule(program: Program, ctx: PassContext, opts: ScheduleOptions) -> Progr
     annotated, est, notes = _fit_cap(program, choices, opts, priced, grad_overlap)
     final = program_segments(annotated)
     report: dict[str, Any] = {"segments": [], "memory_cap": opts.memory_cap or None, "notes": notes}
+    if opts.pipeline == "auto" and priced is not None:
+        annotated, pipeline_report = choose_pipeline(annotated, priced)
+        if pipeline_report:  # (only binned DepComm layers are candidates)
+            report["pipeline"] = pipeline_report
     for c, seg in zip(choices, final):
         report["segments"].append({"layers": [seg.start, seg.end], "strategy": seg.strategy, "why": c.why,
                                    "options": segment_options(annotated.graph_layers()[seg.start:seg.end],

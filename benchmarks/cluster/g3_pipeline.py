@@ -2,6 +2,7 @@
 the emulated cluster.
 
     python benchmarks/cluster/g3_pipeline.py [--bandwidths 400mbit 3600mbit] [--models sage gat] [--bins 4]
+    python benchmarks/cluster/g3_pipeline.py --predict-only [--dispatch-us 127,282] [--latency-us 1400]
 
 Why this exists: with `schedule{pipeline=on}` a binned layer's bins send their rows of the next layer's halos as
 each bin ends, and the next layer runs each of its bins once the peers' bins it reads have arrived
@@ -15,6 +16,7 @@ graph layer in `--bins` bins, so the difference is the pipeline alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -43,6 +45,25 @@ def blocked_by_layer(plan_dir: Path) -> dict[str, float]:
     return {label: statistics.median(v) for label, v in sorted(per.items())}
 
 
+def predicted(api, model, graph, profile, bins: int, name: str, bandwidth: str) -> dict:
+    """The schedule pass's pricing of the pipeline (`pipeline=auto`): per candidate layer its time whole and
+    pipelined and the decision, and the predicted epoch of the plans with the pipeline off and on."""
+    from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
+
+    out: dict = {"model": name, "bandwidth": bandwidth, "bins": bins, "latency_s": profile.latency,
+                 "call_s": [r for r in profile.op_rates if r.op == "call"][0].forward if any(
+                     r.op == "call" for r in profile.op_rates) else None}
+    for key in ("off", "on", "auto"):
+        plan = api.compile(model, graph, workers=4, strategy="depcomm", partition="metis", cluster=profile,
+                           passes=DEFAULT_PIPELINE + DISTRIBUTED_PIPELINE[:-1]
+                           + [f"schedule{{bins={bins} pipeline={key}}}"])
+        report = plan.meta.schedule_report
+        out[f"epoch_{key}_s"] = report["predicted_time_s"]
+        if key == "auto":
+            out["auto"] = report.get("pipeline", [])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bandwidths", nargs="*", default=["400mbit", "3600mbit"])
@@ -51,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bins", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--predict-only", action="store_true",
+                    help="print what the schedule pass prices and decides under pipeline=auto, run nothing")
+    ap.add_argument("--dispatch-us", default=None, metavar="FWD,BWD",
+                    help="the profile's dispatch per equation (`call`), in us; default: the assumed 10 us")
+    ap.add_argument("--latency-us", type=float, default=None,
+                    help="the profile's seconds to start a message, in us; default: the profile's")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("plans", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -69,8 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     graph = api.load_graph(args.graph)
     for bandwidth in args.bandwidths:
         profile = emulated_profile(bandwidth)
+        if args.dispatch_us:
+            from gnnc.cluster import OpRate
+
+            fwd, bwd = (float(x) * 1e-6 for x in args.dispatch_us.split(","))
+            profile = dataclasses.replace(profile, op_rates=(*(r for r in profile.op_rates if r.op != "call"),
+                                                             OpRate("call", fwd, bwd)))
+        if args.latency_us is not None:
+            profile = dataclasses.replace(profile, latency=args.latency_us * 1e-6)
         for name in args.models:
             model = api.load_model(ROOT / "examples" / f"{name}.gnn")
+            if args.predict_only:
+                print(json.dumps(predicted(api, model, graph, profile, args.bins, name, bandwidth)), flush=True)
+                continue
             with tempfile.TemporaryDirectory(prefix="gnnc-g3pipe-") as tmp:
                 dirs = []
                 for key, sched in schedules.items():

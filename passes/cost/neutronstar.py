@@ -22,7 +22,7 @@ from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_
                                       row_ops)
 from gnnc.passes.cost.epoch import evaluation_of
 from gnnc.passes.cost.evaluation import CostValue, Overlay, compile_expr, numeric_function, table
-from gnnc.passes.cost.overlap import overlap_window
+from gnnc.passes.cost.overlap import overlap_window, pipeline_dispatch, pipelined_window
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, hop_vertices, hop_edges,
                                       comm_rows, comm_sent, recompute_rows, recompute_edges, RX, LayerShape,
@@ -30,7 +30,8 @@ from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, h
 
 
 @cost_formula("depcomm")
-def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, chunked: bool = False) -> Cost:
+def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, chunked: bool = False,
+            feed: LayerShape | None = None, chain_calls: int = 0) -> Cost:
     """DepComm (NeutronStar) / G3's peer-to-peer push: halo exchange of remote in-neighbour rows.
 
     Worker i sends S_i rows and receives B_i rows of the exchanged value (one
@@ -59,7 +60,12 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, 
     without it every edge waits. `bins` (G3):
     with k > 1 bins, the bins whose rows have no remote in-neighbour (Ein_i
     edges) run while the halo is in flight (eager computation), and backward
-    recomputes every bin's forward before its own backward.
+    recomputes every bin's forward before its own backward. `feed` (G3's
+    inter-layer pipeline, `halo[pipelined=true]`: the previous graph layer's
+    shape, binned too): the halo is in flight from the sender's first bin
+    (gnnc.passes.cost.overlap.pipelined_window, on the sender's per-bin work and
+    this layer's dense map, which its bins run per bin), at the cost of k
+    messages per peer and the `chain_calls` equations run per bin.
     """
     w = shape.width(layer)
     xw = sympy.Add(*shape.exchanged_widths(layer))  # with attention, its scores' exchange too
@@ -70,7 +76,13 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, 
     def edge_work(edges: sympy.Expr, phase: str) -> sympy.Expr:
         return aggregation_time(layer, shape, edges, w, phase) + edge_ops(layer, edges, phase)
 
-    if bins > 1:
+    piped = feed is not None and bins > 1 and overlap
+    if piped:
+        # the sender's per-bin work, and the dense map whose output the halo carries, now run per sender bin
+        sent = _bin_recompute(layer - 1, feed, V, E) + (gemm / shape.gemms if shape.gemm_first else ZERO)
+        window = (pipelined_window(exch, sent, edge_work(E_in, "f"), edge_work(E - E_in, "f"), bins)
+                  + pipeline_dispatch(bins, chain_calls, "f"))
+    elif bins > 1:
         held, rest = edge_work(E_in, "f"), edge_work(E - E_in, "f")
         window = Max(exch, held) + rest if overlap else exch + held + rest
     elif overlap:
@@ -91,6 +103,8 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, 
         bwd = bwd_dense + edge_ops(layer, E, "b")
     if bins > 1:
         bwd += _bin_recompute(layer, shape, V, E)
+    if piped:
+        bwd += pipeline_dispatch(bins, chain_calls, "b", messages=shape.exchange_grad)
     memory = layer_memory(layer, shape, V, B, V, E)
     return Cost(f"depcomm[{layer}]", (fwd, bwd), nbytes, memory)
 

@@ -37,12 +37,28 @@ runtime schedules of that overlap (gnnc.plan.schedule_attrs: `halo[overlap=true]
   on the emulated cluster (benchmarks/cluster/arrival_spread.py, benchmarks/RESULTS-seeds.md), it closes 38% to
   all of the gap above (four cases, loaded); the schedule pass prices 0 (every rank at once): no cluster profile measures the spread
   yet, and on a shared machine it is the load's, not the plan's.
+
+* G3's inter-layer pipeline (`halo[pipelined=true]`, G3 section 5.2; gnnc.runtime.bins): the sending layer's k bins
+  each post their rows of the next layer's halo as they end, so the exchange is in flight while the sender's later
+  bins compute. With the sender's binned forward work `sent` (its per-bin equations and the chain run per bin up to
+  the halo, the next dense map included) in k equal bins, each carrying exch / k of the exchange on a link that
+  carries one message at a time, bin j's message is in by max over i <= j of (i sent / k + (j - i + 1) exch / k);
+  linear in i, the last is in max(sent / k + exch, sent + exch / k) after the sender's first bin starts, that is
+
+      max(exch - (k - 1) sent / k, exch / k)
+
+  after its last bin ends (`pipelined_window`), where the whole halo took exch. Equal bins are conservative:
+  G3's priority order puts the rows with remote readers first, so the early messages carry more. Backward gains
+  nothing priced: a message's gradients are complete only once every receiving bin reading its rows has run its
+  backward, which for boundary rows is most of them. What it costs (`pipeline_dispatch`): k messages per peer and
+  direction where the whole halo posts one, each `alpha` to start on the calling thread (gloo posts a send there),
+  and the chain's equations dispatched once per bin instead of once.
 """
 from __future__ import annotations
 
 import sympy
 
-from gnnc.passes.cost.symbols import Max, P
+from gnnc.passes.cost.symbols import Max, P, T_call_b, T_call_f, alpha
 
 
 def overlap_window(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr, chunked: bool,
@@ -69,3 +85,22 @@ def exposed_communication(exch: sympy.Expr, held: sympy.Expr, remote: sympy.Expr
         return Max(exch + late - held, 0)
     n = Max(P - 1, 1)
     return Max(0, exch / n + late - held, exch + late - held - remote * (n - 1) / n)
+
+
+def pipelined_window(exch: sympy.Expr, sent: sympy.Expr, held: sympy.Expr, remote: sympy.Expr,
+                     bins: int) -> sympy.Expr:
+    """Seconds of a pipelined halo's window (module docstring: G3's inter-layer pipeline): from the sending layer's
+    last bin, the last of the rows in (an exchange of `exch` seconds fed by `sent` seconds of the sender's k bins)
+    beside the receiver's bins that read held rows only (`held`), then the others (`remote`). One Max of lanes, as
+    `overlap_window`'s, for the predicted schedule's drawing."""
+    k = sympy.Integer(bins)
+    return Max(exch - sent * (k - 1) / k, exch / k, held) + remote
+
+
+def pipeline_dispatch(bins: int, chain_calls: int, phase: str, messages: bool = True) -> sympy.Expr:
+    """Seconds a pipelined halo costs beyond the whole halo's, in one direction (`phase` f or b): k - 1 more messages
+    to each peer (when `messages`: backward sends none when the exchanged value has no gradient) and the chain's
+    `chain_calls` equations dispatched k - 1 more times."""
+    extra = sympy.Integer(bins - 1)
+    posts = Max(P - 1, 0) * alpha if messages else sympy.Integer(0)
+    return extra * (posts + chain_calls * (T_call_b if phase == "b" else T_call_f))

@@ -26,6 +26,7 @@ from gnnc.passes.cost.evaluation import evaluate_cost
 from gnnc.passes.cost.priced import Formulas
 from gnnc.passes.cost.registry import planner_cost, segment_cost, user_cost
 from gnnc.passes.cost.symbols import Cost
+from gnnc.plan.bins import PipeChain, pipeline_chain, pipelined
 from gnnc.plan.comm_ops import exchange_of, schedule_options
 from gnnc.plan.schedule_attrs import exchange_schedule, layer_schedule, program_schedule
 from gnnc.plan.slices import split_weights
@@ -85,20 +86,41 @@ def priced_as(seg: Segment, extra: Any) -> str:
     return "depcache" if seg.strategy == "hybrid" and extra is CACHE_ALL else seg.strategy
 
 
+# G3's inter-layer pipeline: the options of DepComm's formula that price it (gnnc.passes.cost.neutronstar.depcomm)
+PIPELINE_OPTIONS = ("feed", "chain_calls")
+
+
 def segment_formula(program: Program, seg: Segment, shapes: Sequence[Any], extra: Any = None, **options: Any) -> Cost:
     """The formula of a segment with the given schedule options (those its formula takes; a user's cost
     function takes none)."""
     strategy = priced_as(seg, extra)
     if user_cost(strategy) is not None:
         return planner_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end])
-    taken = {k: v for k, v in options.items() if k in schedule_options(strategy)}
+    taken = {k: v for k, v in options.items()
+             if k in schedule_options(strategy) or (strategy == "depcomm" and k in PIPELINE_OPTIONS)}
     return segment_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end], **taken)
+
+
+def pipeline_options(program: Program, seg: Segment, shapes: Sequence[Any]) -> dict[str, Any]:
+    """What prices G3's inter-layer pipeline into a DepComm layer (`feed`: the sending graph layer's shape,
+    `chain_calls`: the equations its bins run per bin up to this layer's halos, gnnc.plan.bins.PipeChain), or
+    nothing when the layer's halos are not pipelined."""
+    if seg.strategy != "depcomm" or seg.start == 0:
+        return {}
+    layer = program.graph_layers()[seg.start]
+    if not any(e.op == "halo" and pipelined(e) for e in layer.eqns):
+        return {}
+    chain = pipeline_chain(program, layer)
+    if not isinstance(chain, PipeChain):
+        return {}  # (gnnc.plan.schedule_attrs.check_schedule refuses such a plan)
+    return {"feed": shapes[seg.start - 1], "chain_calls": len(chain.eqns)}
 
 
 def annotated_formula(program: Program, seg: Segment, shapes: Sequence[Any], extra: Any = None) -> Cost:
     """The formula of a segment as the program's annotations schedule it."""
     layers = program.graph_layers()[seg.start:seg.end]
-    return segment_formula(program, seg, shapes, extra, **segment_options(layers, seg.strategy))
+    return segment_formula(program, seg, shapes, extra, **segment_options(layers, seg.strategy),
+                           **pipeline_options(program, seg, shapes))
 
 
 def symbol_values(extra: Any) -> Any:

@@ -141,6 +141,8 @@ T_copy_f = Symbol("Tcopy_f", nonnegative=True)
 T_copy_b = Symbol("Tcopy_b", nonnegative=True)
 T_opt = Symbol("Topt", nonnegative=True)
 T_opt_call = Symbol("Toptcall", nonnegative=True)
+T_call_f = Symbol("Tcall_f", nonnegative=True)  # one equation's dispatch, forward (the probe's "call" rate)
+T_call_b = Symbol("Tcall_b", nonnegative=True)  # and backward
 OP_SIDES = ("in", "out", "edge", "call", "part")
 PHASES = {"f": "forward", "b": "backward", "e": "evaluation"}
 
@@ -412,7 +414,8 @@ class CostInputs:
         for layer in range(max(len(self.dims) - 1, len(self.heads))):
             out[heads(layer)] = float(self.heads[layer]) if layer < len(self.heads) else 1.0
         out.update({T_copy_f: prof.op_rate("copy", "forward"), T_copy_b: prof.op_rate("copy", "backward"),
-                    T_opt: prof.op_rate("optimizer", "forward"), T_opt_call: prof.op_rate("optimizer_call", "forward")})
+                    T_opt: prof.op_rate("optimizer", "forward"), T_opt_call: prof.op_rate("optimizer_call", "forward"),
+                    T_call_f: prof.op_rate("call", "forward"), T_call_b: prof.op_rate("call", "backward")})
         for layer in range(max(len(self.dims) - 1, len(self.op_work))):
             work = self.op_work[layer] if layer < len(self.op_work) else LayerOpWork()
             for side in OP_SIDES:
