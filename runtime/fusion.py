@@ -497,10 +497,14 @@ class _Attention(torch.autograd.Function):
         dev = z.device
         st = [cpu.structure(csr, name, dev) for name in ("indptr", "indices", "t_indptr", "t_indices", "t_place")]
         lib = native.usable(z)
+        # the kernel's [edges, 2 heads] of coefficients between its two passes (`room` holds it through the call),
+        # kept by the block cache from one epoch to the next: the kernel's own aligned_alloc was mapped afresh and
+        # faulted in every epoch (E x 64 bytes at 8 heads of floats)
+        room, gw_t = native.scratch(csr.nnz * 2 * heads, z)
         status = native.fn(lib, "attention_backward", z.dtype)(
             *(native.ptr(a) for a in st), native.ptr(z), native.ptr(s), native.ptr(t), native.ptr(mx),
             native.ptr(den), native.ptr(grad), native.ptr(gz), native.ptr(gs), native.ptr(gt), _ptr_or_null(a_src),
-            _ptr_or_null(a_dst), _ptr_or_null(ga_src), _ptr_or_null(ga_dst), n_dst, n_src, heads, depth,
+            _ptr_or_null(a_dst), _ptr_or_null(ga_src), _ptr_or_null(ga_dst), gw_t, n_dst, n_src, heads, depth,
             *_attention_tail(ctx.spec))
         if status != 0:
             raise MemoryError("attention backward: out of memory")

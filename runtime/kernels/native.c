@@ -13,7 +13,8 @@
  *   attention: GAT's edge scores, softmax over each destination's in-edges, dropout of the
  *              coefficients and the weighted sum of source rows, per head, in one pass over the
  *              edges; the backward recomputes the coefficients (nothing of size [edges, heads] is
- *              kept between the passes, or built in them).
+ *              kept from the forward; the backward's [edges, 2 heads] between its own two passes is
+ *              the caller's scratch, from torch's allocator, so the block cache keeps it).
  *
  * No -ffast-math: sums keep the order written here, so results do not depend on the compiler.
  */

@@ -100,8 +100,8 @@ _SIGNATURES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "attention": (_INT, (_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, "T", _P, _U32, _I64, _U32, "T", _INT)),
     "head_dots": (None, (_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT)),
     "exp": (None, (_P, _P, _I64)),
-    "attention_backward": (_INT, (_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64,
-                                  _I64, _I64, "T", _P, _U32, _I64, _U32, "T", _INT)),
+    "attention_backward": (_INT, (_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64,
+                                  _I64, _I64, _I64, "T", _P, _U32, _I64, _U32, "T", _INT)),
 }
 
 
@@ -480,6 +480,20 @@ def ptr(t: torch.Tensor) -> int:
 
 def threads() -> int:
     return torch.get_num_threads()
+
+
+# The alignment a kernel's scratch gets (`scratch`): one cache line, as the kernels lay their per-edge rows out.
+CACHE_LINE = 64
+
+
+def scratch(numel: int, like: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Uninitialised room for `numel` elements of `like`'s dtype, and the address of the first of them, aligned to
+    a cache line. From torch's allocator, not malloc in the kernel: the block cache (gnnc.runtime.block_cache)
+    keeps a large block from one epoch to the next, where glibc maps every block of 1 MiB and more afresh and the
+    kernel faults its pages in again each time. The tensor must live as long as the address is used."""
+    extra = CACHE_LINE // like.element_size()  # torch's CPU allocator aligns to 64 already; a block need not be
+    buf = torch.empty(numel + extra, dtype=like.dtype, device=like.device)
+    return buf, -(-buf.data_ptr() // CACHE_LINE) * CACHE_LINE
 
 
 def int64(t: torch.Tensor) -> torch.Tensor:
