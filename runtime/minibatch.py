@@ -36,7 +36,6 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import mmap
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +47,7 @@ from gnnc.errors import GnncError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import view_edge_data
 from gnnc.graph.store import _MAPS, release_pages
-from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView
+from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView, take
 from gnnc.ir import Program
 from gnnc.plan.comm_ops import exchange_of
 from gnnc.plan.schedules import SCHEDULES
@@ -63,7 +62,6 @@ EVAL_INDEX = 1 << 40  # the evaluation's sampling stream (a training batch's ind
 # seeds per evaluation batch at least: a batch costs an interpreter pass, which a few dozen vertices (Cora's batches
 # of 64) do not repay, and without autograd a batch holds less than a training step of the same seeds
 EVAL_SEEDS = 1024
-REGION_BYTES = 64 << 20  # of a mapped feature matrix gathered between two releases of its pages (gather_rows)
 
 
 def block_view(block: Block, sview: SamplingView, graph: Graph) -> GraphView:
@@ -439,42 +437,13 @@ class MinibatchWorker(Worker):
 
 def gather_rows(x: torch.Tensor, ids: np.ndarray, graph: Graph) -> torch.Tensor:
     """x[ids] for rows `ids` of `graph`'s features; x memory-mapped (a store's, a rank's shard's: a mapping among
-    the graph's, gnnc.graph.store.release_pages) is read region by region of `REGION_BYTES`, in increasing row
-    order, each region's pages let go once its rows are copied.
-
-    Why regions: RSS counts a mapping's resident pages, and the kernel maps a page cache's large folios whole (a
-    read of 100 random rows of a 542 MB x.npy mapped 158 MB of it, of 4,000 rows all of it), so a minibatch's
-    gather of a few hundred thousand rows held the whole matrix resident (5.7 GB at papers100M/10) until it ended.
-    """
-    found = _mapping_of(x, graph)
-    if found is None:
+    the graph's, gnnc.graph.store.release_pages) is read a region at a time, each region's pages let go once its
+    rows are copied (gnnc.graph.sampling.take says why: a minibatch's plain gather of a few hundred thousand rows
+    held the whole matrix resident, 5.7 GB at papers100M/10)."""
+    maps = graph._views.get(_MAPS, ())
+    if not maps or x.is_sparse or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu":
         return x[torch.from_numpy(ids)]
-    pages, start = found
-    row = x.shape[1] * x.element_size()
-    order = np.argsort(ids, kind="stable")
-    rows = ids[order]
-    step = max(REGION_BYTES // max(row, 1), 1)
-    cuts = np.searchsorted(rows, np.arange(0, x.shape[0] + step, step))
-    out = x.new_empty((len(ids), *x.shape[1:]))
-    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-        if a == b:
-            continue
-        out[torch.from_numpy(order[a:b])] = x[torch.from_numpy(rows[a:b])]
-        lo = start + int(rows[a]) * row
-        lo -= lo % mmap.PAGESIZE
-        pages.madvise(mmap.MADV_DONTNEED, lo, min(start + (int(rows[b - 1]) + 1) * row, len(pages)) - lo)
-    return out
-
-
-def _mapping_of(x: torch.Tensor, graph: Graph) -> tuple[mmap.mmap, int] | None:
-    """The mapping among `graph`'s that holds x's data, and where x starts in it; None for x in memory."""
-    if x.is_sparse or x.dim() != 2 or not x.is_contiguous():
-        return None
-    for pages in graph._views.get(_MAPS, ()):
-        base = np.frombuffer(pages, dtype=np.uint8).ctypes.data
-        if base <= x.data_ptr() < base + len(pages):
-            return pages, x.data_ptr() - base
-    return None
+    return torch.from_numpy(take(x.numpy(), ids, maps))
 
 
 def eval_batch_size(sampling: SamplingConfig) -> int:

@@ -177,9 +177,12 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
         asked = torch.empty(int(told.sum()), dtype=request.dtype)
         dist.all_to_all_single(asked, request, output_split_sizes=told.tolist(), input_split_sizes=counts.tolist())
         self.stats.add_bytes(self.first, "pull_ids", "fwd", request.numel() * request.element_size())
-        send = torch.split(torch.from_numpy(self.local_row[asked.numpy().astype(np.int64)]), told.tolist())
+        # the asked rows gathered a region of the mapped features at a time (gather_rows): indexed by the exchange,
+        # a few thousand scattered rows made this rank's whole feature file resident
+        served = gather_rows(self.features, self.local_row[asked.numpy().astype(np.int64)], self.structure)
+        send = torch.split(torch.arange(served.shape[0]), told.tolist())
         plan = HaloPlan(tuple(s.contiguous() for s in send), tuple(int(c) for c in counts))
-        got = comm.halo_exchange(self.features, plan, self.stats, label=self.first, method="all_to_all")
+        got = comm.halo_exchange(served, plan, self.stats, label=self.first, method="all_to_all")
         x = torch.empty((len(ids), self.features.shape[1]), dtype=self.features.dtype)
         local = owner == self.rank
         x[torch.from_numpy(np.nonzero(local)[0])] = gather_rows(self.features, self.local_row[ids[local]],
@@ -247,9 +250,11 @@ class DistMinibatchWorker(MinibatchWorker, DistWorker):
     # --- evaluation, reporting ---------------------------------------------------------------------------
 
     def eval_batches(self) -> list[np.ndarray]:
-        """This rank's labelled vertices in batches, as many batches as the rank with the most has (each batch
-        is a collective: a rank with fewer runs empty ones)."""
-        size = eval_batch_size(self.sampling)
+        """This rank's labelled vertices in batches of its share of one process's evaluation batch (a training
+        batch's seeds are shared too), as many batches as the rank with the most has (each batch is a collective:
+        a rank with fewer runs empty ones). A whole batch per rank was twice a training step's seeds, and a
+        partition that keeps the hubs together (Fennel on R-MAT's, part 0) makes those the largest blocks."""
+        size = -(-eval_batch_size(self.sampling) // self.world_size)
         return [self.eval_ids[k * size:(k + 1) * size] for k in range(max(-(-self.eval_most // size), 1))]
 
     def owned(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

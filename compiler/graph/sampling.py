@@ -41,6 +41,8 @@ process draws for them (the distributed strategies rely on it).
 """
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,6 +50,7 @@ import numpy as np
 
 from gnnc.errors import GnncError
 from gnnc.graph.storage import Graph, index_dtype, sorted_unique
+from gnnc.graph.store import _MAPS
 
 FULL = -1  # a fan-out that keeps the whole in-neighbourhood
 
@@ -56,6 +59,7 @@ FULL = -1  # a fan-out that keeps the whole in-neighbourhood
 DRAW_FACTOR = 4
 
 _U = np.uint64
+REGION_BYTES = 64 << 20  # of a mapped array read between two releases of its pages (`take`)
 
 
 @dataclass(frozen=True)
@@ -222,10 +226,15 @@ class SamplingView:
                 indices, eids = indices[keep], eids[keep]
                 eids = eids - np.searchsorted(np.sort(csr.eids.numpy()[loop]), eids)
         self.indptr, self.indices, self.eids = indptr, indices, eids
+        self.maps = tuple(graph._views.get(_MAPS, ()))  # a store's or a rank's shards' mapped files (`take`)
         self.degree = np.diff(indptr)  # candidate in-edges per vertex
         # deg^-1/2 of the view's in-degree (its self-loop included), as Graph.gcn_norm computes it
         view_degree = (self.degree + (1 if self.add_loops else 0)).astype(np.float64)
         self.inv_sqrt_degree = np.where(view_degree > 0, view_degree, 1.0) ** -0.5 * (view_degree > 0)
+
+    def take(self, a: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """a[ids] for one of this view's arrays (`take`: a mapped one is read a region at a time)."""
+        return take(a, ids, self.maps)
 
     def edge_norm(self, block: Block) -> np.ndarray:
         """`edge.gcn_norm` on a block (float32): the whole graph's deg^-1/2[src] deg^-1/2[dst] of each edge,
@@ -278,8 +287,8 @@ class NeighbourSampler:
         return MiniBatch(epoch, index, np.asarray(seeds, dtype=np.int64), tuple(reversed(blocks)))
 
     def _sample_layer(self, view: SamplingView, dst: np.ndarray, fanout: int, key: np.uint64) -> Block:
-        start = view.indptr[dst]
-        deg = view.indptr[dst + 1] - start
+        start = view.take(view.indptr, dst)
+        deg = view.take(view.indptr, dst + 1) - start
         rows = np.arange(len(dst), dtype=np.int64)
         full = deg <= fanout if fanout != FULL else np.ones(len(dst), dtype=bool)
         pick_rows = [np.repeat(rows[full], deg[full])]
@@ -293,7 +302,7 @@ class NeighbourSampler:
                 pick_pos.append(p)
             some = np.concatenate([rows[~full & ~many], failed])
             if len(some):
-                r, p = _smallest_keys(some, start[some], deg[some], view.eids, fanout, key)
+                r, p = _smallest_keys(some, start[some], deg[some], view, fanout, key)
                 pick_rows.append(r)
                 pick_pos.append(p)
         row = np.concatenate(pick_rows)
@@ -302,8 +311,8 @@ class NeighbourSampler:
         order = np.argsort((row << 32) | (pos - start[row]), kind="stable")
         row, pos = row[order], pos[order]
         counts = np.bincount(row, minlength=len(dst))
-        src = view.indices[pos]
-        eids = view.eids[pos]
+        src = view.take(view.indices, pos)
+        eids = view.take(view.eids, pos)
         if view.add_loops:  # one self-loop per destination, after its sampled edges (the full CSR's order)
             ends = np.cumsum(counts)
             src = np.insert(src, ends, dst)
@@ -326,6 +335,48 @@ class NeighbourSampler:
         return src_ids, local
 
 
+def take(a: np.ndarray, ids: np.ndarray, maps: Sequence[mmap.mmap] = ()) -> np.ndarray:
+    """a[ids] along the first axis. An `a` over one of `maps` (a graph store's or a rank's shards' mapped files) is
+    read a region of `REGION_BYTES` at a time, in increasing id order, each region's pages let go once its rows are
+    copied.
+
+    Why regions: RSS counts a mapping's resident pages, and the kernel maps a page cache's large folios whole (a read
+    of 100 random rows of a 542 MB mapped x.npy made 158 MB of it resident, of 4,000 rows all of it). A minibatch's
+    gathers from the CSR (its last hop reads rows all over it) or from x would hold the whole file resident until
+    they ended: the in-edge CSR is 16 bytes per edge (2.6 GB at papers100M/10), x 512 bytes per vertex.
+    """
+    found = _mapping_of(a, maps) if len(ids) else None
+    if found is None:
+        return a[ids]
+    pages, start = found
+    row = max(a.itemsize * math.prod(a.shape[1:]), 1)
+    order = np.argsort(ids, kind="stable")
+    rows = ids[order]
+    step = max(REGION_BYTES // row, 1)
+    cuts = np.searchsorted(rows, np.arange(0, a.shape[0] + step, step))
+    out = np.empty((len(ids), *a.shape[1:]), dtype=a.dtype)
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        if lo == hi:
+            continue
+        out[order[lo:hi]] = a[rows[lo:hi]]
+        first = start + int(rows[lo]) * row
+        first -= first % mmap.PAGESIZE
+        pages.madvise(mmap.MADV_DONTNEED, first, min(start + (int(rows[hi - 1]) + 1) * row, len(pages)) - first)
+    return out
+
+
+def _mapping_of(a: np.ndarray, maps: Sequence[mmap.mmap]) -> tuple[mmap.mmap, int] | None:
+    """The mapping among `maps` that holds `a`'s data, and where `a` starts in it; None for an array in memory."""
+    if not maps or not a.flags.c_contiguous:
+        return None
+    address = a.ctypes.data
+    for pages in maps:
+        base = np.frombuffer(pages, dtype=np.uint8).ctypes.data
+        if base <= address < base + len(pages):
+            return pages, address - base
+    return None
+
+
 def _loop_entries(indptr: np.ndarray, indices: np.ndarray, block_rows: int = 1 << 20) -> np.ndarray:
     """Positions of a CSR's self-loops (an entry whose source is its row), read a block of rows at a time: the
     row ids of every entry at once would be 8 bytes per edge."""
@@ -338,12 +389,12 @@ def _loop_entries(indptr: np.ndarray, indices: np.ndarray, block_rows: int = 1 <
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def _smallest_keys(rows: np.ndarray, start: np.ndarray, deg: np.ndarray, eids: np.ndarray, k: int,
+def _smallest_keys(rows: np.ndarray, start: np.ndarray, deg: np.ndarray, view: SamplingView, k: int,
                    key: np.uint64) -> tuple[np.ndarray, np.ndarray]:
     """Uniform k-subsets: hash every candidate edge (by its edge id) and keep the k smallest per row."""
     pos = _ragged_arange(start, deg)
     local_row = np.repeat(np.arange(len(rows), dtype=np.int64), deg)
-    h = mix64(eids[pos].astype(np.int64).view(_U) ^ key)
+    h = mix64(view.take(view.eids, pos).astype(np.int64).view(_U) ^ key)
     if len(rows) >= 1 << 24:  # the packed sort key holds 24 bits of row
         order = np.lexsort((h, local_row))
     else:
