@@ -53,6 +53,7 @@ from gnnc.passes.cost.inputs import planning_inputs
 from gnnc.passes.cost.registry import segment_cost
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE, PassContext, as_spec, run_pipeline
 from gnnc.passes.partition import partition_graph
+from gnnc.passes.partition.core import load_partition
 from gnnc.passes.pipeline_text import PassSpec, with_values
 from gnnc.passes.predict_bytes import predict_pair_bytes
 from gnnc.passes.planner.pipeline import pipeline_summary
@@ -99,13 +100,15 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             allow: list[str] | None = None, hybrid_cached: dict[int, list[Any]] | None = None,
             sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
             memory_cap: int | None = None, pipeline_groups: int = 0, precision: str = DEFAULT_PRECISION,
-            device: str = "cpu", explain: bool = False) -> Plan:
+            device: str = "cpu", explain: bool = False,
+            partition_from: str | os.PathLike | None = None) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
     or one per graph layer), communication is inserted, and the graph is
     partitioned (`partition`: a method of gnnc.passes.partition.METHODS;
     bcast1d defaults to MG-GCN's random permutation, the others to metis).
+    `partition_from` reads the split a `gnnc partition -o DIR` wrote instead (its method and seed).
     `strategy` and `allow` become the options of the passes that take them
     (choose-strategy), unless the pipeline text set them already.
     `hybrid_cached` ({graph layer: [global ids per worker]}) replaces
@@ -131,6 +134,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         raise GnncError(f"schedule '{schedule}' pipelines sampled minibatches: give --fanout and --batch-size")
     named = [] if strategy is None else strategy.split(",") if isinstance(strategy, str) else list(strategy)
     require_exact(named, schedule, approximate)
+    if partition_from is not None and (workers == "auto" or int(workers) < 2):
+        raise GnncError("--partition-from DIR gives the split for a worker count: compile for --workers N > 1")
     if workers == "auto":
         if sampling is not None:
             raise GnncError("--workers auto plans full-graph training; give a worker count with --fanout")
@@ -170,10 +175,15 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if workers > 1:
         if graph is None:
             raise GnncError("compiling for several workers needs the graph (--graph G)")
-        method = partition or (SAMPLED_PARTITION if sampling is not None else _default_partition(strategy))
-        ctx.partition = partition_graph(graph, workers, method, seed=seed)
+        if partition_from is not None:  # partitioned once before (`gnnc partition -o DIR`), read here
+            if partition is not None:
+                raise GnncError("give --partition METHOD or --partition-from DIR, not both")
+            ctx.partition = load_partition(partition_from, graph, workers)
+        else:
+            method = partition or (SAMPLED_PARTITION if sampling is not None else _default_partition(strategy))
+            ctx.partition = partition_graph(graph, workers, method, seed=seed)
         ctx.cluster = resolve_cluster(cluster, device)  # once, for every pass that prices
-        partitioned = Partition(method, workers, seed)
+        partitioned = Partition(ctx.partition.method, workers, ctx.partition.seed)
     program = run_pipeline(program, pipeline, ctx, verify_each=True, after=after)  # a broken invariant is a gnnc bug
     if graph is not None:
         _warn_unused_logits(program, graph, model)

@@ -83,7 +83,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     plan = api.compile(model, graph, workers=args.workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
                        memory_cap=args.memory_cap, precision=args.precision, device=device, explain=args.explain,
-                       **_sampled_options(args))
+                       partition_from=args.partition_from, **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -368,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--strategy", type=_strategy_list(tuple(STRATEGIES)), metavar="S[,S...]",
                    help=f"one strategy for every graph layer, or one per layer: {', '.join(STRATEGIES)}")
     c.add_argument("--partition", choices=list(METHODS))
+    c.add_argument("--partition-from", metavar="DIR",
+                   help="compile after partitioning: the split a `gnnc partition --parts N -o DIR` wrote")
     c.add_argument("--memory-cap", type=memory_bytes, metavar="BYTES",
                    help="activation memory per worker (300M, 1.5G): layers run in G3's bins to stay under it")
     c.add_argument("--set", action="append", metavar="NAME=VALUE")

@@ -60,8 +60,8 @@ def _written(tmp_path):
 
 def test_no_temporary_files_are_left(tmp_path) -> None:
     out = _written(tmp_path)
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000.npz", "part-00001.npz",
-                                                    "part-00002.npz"]
+    assert sorted(p.name for p in out.iterdir()) == ["assignment.npy", "manifest.json", "part-00000.npz",
+                                                    "part-00001.npz", "part-00002.npz"]
 
 
 def _no_array_reads(monkeypatch) -> None:

@@ -10,6 +10,10 @@ instead of as a wrong answer later. Every file is written to a temporary
 name and moved into place (os.replace), so a crash never leaves a half
 shard under the real name.
 
+A partition's directory (`gnnc partition -o DIR`) also holds `assignment.npy`, the part of every vertex
+(int64 [N]), listed with its size and sha256 in the manifest's `assignment`: `gnnc compile --partition-from DIR`
+reads the split from it (`read_assignment`) without reading a shard.
+
 Shard arrays (part i, n_i owned vertices, r_i remote ones):
   global_ids [n_i]      owned vertices, increasing global id (local rows 0..n_i-1)
   remote_ids [r_i]      B_i ordered by (owner, global id): local columns n_i.. (the order owners send in)
@@ -24,6 +28,8 @@ Shard arrays (part i, n_i owned vertices, r_i remote ones):
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import tempfile
@@ -44,6 +50,7 @@ from gnnc.graph.store import release_pages
 
 SHARD_FORMAT = 1
 MANIFEST = "manifest.json"
+ASSIGNMENT = "assignment.npy"  # a partition directory's split, every vertex's part
 ARRAYS = ("global_ids", "remote_ids", "remote_owner", "indptr", "indices", "edge_ids", "send_ptr", "send_idx",
           "x", "y", "train_mask", "val_mask", "test_mask")
 EDGE_DATA = "edata."  # prefix of the arrays of edge data
@@ -219,10 +226,47 @@ def write_shards(graph: Graph, assignment: np.ndarray, parts: int, out_dir: str 
     manifest = {
         "kind": "partition", "graph": graph.name, "num_nodes": n, "num_edges": graph.num_edges,
         "num_features": graph.num_features, "parts": parts, "method": method, "meta": meta or {},
-        "shards": entries,
+        "shards": entries, "assignment": _write_assignment(out / ASSIGNMENT, part),
     }
     write_manifest(out, manifest)
     return read_manifest(out)
+
+
+def _write_assignment(path: Path, part: np.ndarray) -> dict[str, Any]:
+    """The part of every vertex as one .npy beside the shards (its manifest entry: file, bytes, sha256), so that
+    `gnnc compile --partition-from DIR` reads the split in one checked file instead of every shard whole."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(part, dtype=np.int64), allow_pickle=False)
+    data = buf.getvalue()
+    _atomic_write(path, lambda f: f.write(data))
+    return {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def read_assignment(shard_dir: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:
+    """(the part of every vertex, the manifest) of a `gnnc partition` directory, checked: the manifest's kind,
+    the file's size and sha256, an int64 vector of num_nodes parts in [0, parts). PlanError otherwise."""
+    manifest = read_manifest(shard_dir)
+    if manifest.get("kind") != "partition":
+        raise PlanError(f"{shard_dir}: these are a plan's shards, not a partition's (`gnnc partition -o DIR` writes one)")
+    entry = manifest.get("assignment")
+    if not isinstance(entry, dict) or entry.get("file") != ASSIGNMENT:
+        raise PlanError(f"{shard_dir}: the partition lists no {ASSIGNMENT} (written by an older gnnc): run "
+                        f"`gnnc partition` again")
+    path = Path(shard_dir) / ASSIGNMENT
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise PlanError(f"{path}: unreadable ({err.strerror or err})") from None
+    if len(data) != entry.get("bytes") or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise PlanError(f"{path}: truncated or altered (its size or sha256 is not the manifest's)")
+    try:
+        part = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise PlanError(f"{path}: not a .npy array ({err})") from None
+    parts, n = manifest["parts"], manifest.get("num_nodes")
+    if part.dtype != np.int64 or part.shape != (n,) or (len(part) and (part.min() < 0 or part.max() >= parts)):
+        raise PlanError(f"{path}: must hold the part (0..{parts - 1}, int64) of each of the {n} vertices")
+    return part, manifest
 
 
 def read_manifest(shard_dir: str | os.PathLike) -> dict[str, Any]:

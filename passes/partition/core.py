@@ -13,6 +13,7 @@ graph has one home.
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -23,6 +24,7 @@ import torch
 
 from gnnc.errors import GnncError
 from gnnc.graph import Graph, sorted_unique
+from gnnc.plan.shard_files import read_assignment
 from gnnc.passes.partition.methods import METHODS, Method  # noqa: F401  (re-exported)
 
 
@@ -118,6 +120,27 @@ def partition_graph(graph: Graph, parts: int, method: str, seed: int = 0, **opts
         raise AssertionError(f"partitioner '{method}' returned an invalid assignment")  # a bug, not user input
     stats = {"time_s": elapsed, **stats}
     return Partition(assignment, parts, method, stats, int(seed))
+
+
+def load_partition(directory: str | os.PathLike, graph: Graph, parts: int) -> Partition:
+    """The split a `gnnc partition -o DIR` run wrote (its checked assignment.npy), for `graph` into `parts` parts:
+    so `gnnc compile --partition-from DIR` compiles after partitioning without partitioning again. A split of
+    another graph (its vertex or edge count) or into another part count is refused (GnncError, exit 2)."""
+    assignment, manifest = read_assignment(directory)
+    if (manifest.get("num_nodes"), manifest.get("num_edges")) != (graph.num_nodes, graph.num_edges):
+        raise GnncError(f"{directory}: the partition is of a graph of {manifest.get('num_nodes')} vertices and "
+                        f"{manifest.get('num_edges')} edges, not of {graph.name} ({graph.num_nodes} vertices, "
+                        f"{graph.num_edges} edges)")
+    if manifest["parts"] != parts:
+        raise GnncError(f"{directory}: the partition has {manifest['parts']} parts; compiling for {parts} workers "
+                        f"needs {parts} (`gnnc partition --parts {parts}`)")
+    meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
+    seed = meta.get("seed", 0)
+    method = manifest.get("method")
+    if method not in METHODS or isinstance(seed, bool) or not isinstance(seed, int):
+        raise GnncError(f"{directory}: the manifest's method ({str(method)[:40]!r}) or seed is not one gnnc writes")
+    stats = meta.get("partition_stats") if isinstance(meta.get("partition_stats"), dict) else {}
+    return Partition(assignment, parts, method, dict(stats), seed)
 
 
 def tile_nnz(graph: Graph, assignment: np.ndarray, parts: int, view: str = "plain") -> np.ndarray:
