@@ -266,9 +266,13 @@ class GraphView:
 
 
 def view_edge_data(graph: Graph, view: str, eids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """gcn_norm and the named edge data of the view's edges `eids` (ids in the view's edge order)."""
-    out = {"gcn_norm": graph.gcn_norm(view)[eids]}
-    out.update((name, values[eids]) for name, values in graph.edge_values(view).items())
+    """gcn_norm and the named edge data of the view's edges `eids` (ids in the view's edge order).
+
+    Gathered by numpy: torch's indexing of a CPU tensor by a long index took twice as long, and a plan's shards
+    gather every rank's edges for each layer structure (issue 34: most of the graph per rank and layer)."""
+    at = eids.numpy()
+    out = {"gcn_norm": torch.from_numpy(graph.gcn_norm(view).numpy()[at])}
+    out.update((name, torch.from_numpy(values.numpy()[at])) for name, values in graph.edge_values(view).items())
     return out
 
 

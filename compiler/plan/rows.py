@@ -331,24 +331,33 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
 
     The graph's CSR rows are gathered in local row order: a row's in-edges stay in the view's edge order, the
     order a stable sort of the edges by local row gives, with no sort per layer and rank. The CSR's `eids` are
-    edge positions among the in-edges of `computed` in view order, as such a sort of them numbers them."""
+    edge positions among the in-edges of `computed` in view order, as such a sort of them numbers them.
+
+    It runs once per rank and distinct layer structure, and a depcache layer's rows are most of the graph: the
+    positions it gathers with are int32 while the edges fit (half the bytes of int64 to write and to gather)."""
     g = graph.csr(view)
     g_indptr, g_src, g_eids = g.indptr.numpy(), g.indices.numpy(), g.eids.numpy()
+    index = np.int32 if len(g_src) < 2**31 else np.int64
     lo = g_indptr[out_rows]
     counts = g_indptr[out_rows + 1] - lo
     indptr = np.zeros(len(out_rows) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    at = np.repeat(lo - indptr[:-1], counts) + np.arange(indptr[-1], dtype=np.int64)
+    at = np.repeat((lo - indptr[:-1]).astype(index), counts)
+    at += np.arange(indptr[-1], dtype=index)
     global_eids = g_eids[at]
     local_src = col[g_src[at]]
+    del at
     if len(local_src) and local_src.min() < 0:
         raise AssertionError(f"view {view}: an in-neighbour of a computed row is neither held nor fetched")
     _, dst = graph.edges(view)
-    position = np.cumsum(computed[dst]) - 1  # view edge -> its position among the computed rows' in-edges
+    position = np.cumsum(computed[dst], dtype=index)  # view edge -> its position among the computed rows' in-edges, + 1
+    local_eids = position[global_eids].astype(np.int64)
+    local_eids -= 1
+    del position
     n_dst = len(out_rows)
     dst_index = torch.from_numpy(np.repeat(np.arange(n_dst, dtype=np.int64), counts))
     csr = CSR(torch.from_numpy(indptr), torch.from_numpy(local_src.astype(np.int64, copy=False)),
-              torch.from_numpy(position[global_eids].astype(np.int64, copy=False)), n_dst, n_src,
+              torch.from_numpy(local_eids), n_dst, n_src,
               _cache={"dst": dst_index})  # what CSR.dst_index would expand from the degrees, here from the counts
     eids = torch.from_numpy(global_eids.astype(np.int64, copy=False))
     return GraphView(csr, csr.indices, dst_index, eids, view_edge_data(graph, view, eids),

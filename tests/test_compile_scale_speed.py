@@ -1,0 +1,63 @@
+"""The compile's own per-edge work after partitioning (issue 34: the products-size compile for 8 workers after
+partitioning, <= 30 s): what each rank's structures and the planner's statistics do per edge."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def test_statistics_take_the_graphs_csr_without_sorting_the_edges_again(monkeypatch) -> None:
+    """The planner's statistics read the graph's in-CSR as the matrix of in-edges: building it from the edge list
+    (scipy's COO conversion) sorted every edge again, a third of the pass at products' size."""
+    import scipy.sparse as sp
+
+    from conftest import random_graph
+    from gnnc.passes.partition import stats
+
+    graph = random_graph(300, 2400, seed=4)
+    parts = np.random.default_rng(0).integers(0, 4, graph.num_nodes)
+    want = stats.compute_stats(graph, parts, 3, "self_loops", num_parts=4)
+    built = []
+    original = sp.csr_matrix
+
+    def csr_matrix(arg, *args, **kwargs):
+        built.append(isinstance(arg, tuple) and len(arg) == 2)  # (data, (row, col)): from the edge list
+        return original(arg, *args, **kwargs)
+
+    monkeypatch.setattr(stats.sp, "csr_matrix", csr_matrix)
+    got = stats.compute_stats(graph, parts, 3, "self_loops", num_parts=4)
+    assert built and not any(built), "the in-edge matrix was built from the edge list"
+    for name in ("lhop_vertices", "lhop_edges", "dep_ids", "dep_subtree_edges", "send_matrix", "remote"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_edge_data_is_gathered_by_numpy_not_torch_indexing() -> None:
+    """A plan's structures gather gcn_norm and the edge data of most of the graph's edges per rank and layer;
+    torch's indexing of a 1-D CPU tensor by a long index took twice numpy's time for the same gather (2-D: the same)."""
+    import time
+
+    import torch
+
+    from gnnc.graph import Graph
+    from gnnc.graph.storage import view_edge_data
+
+    n, e = 200_000, 2_000_000
+    rng = np.random.default_rng(0)
+    graph = Graph(n, rng.integers(0, n, e), rng.integers(0, n, e), torch.zeros(n, 1), torch.zeros(n, dtype=torch.long),
+                  *(torch.zeros(n, dtype=torch.bool) for _ in range(3)), name="g",
+                  edge_data={"w": torch.rand(e)})
+    eids = torch.from_numpy(rng.permutation(e)[: e - 1000])
+    norm = graph.gcn_norm("plain")
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(3):
+            t = time.process_time()
+            fn()
+            times.append(time.process_time() - t)
+        return min(times)
+
+    got = view_edge_data(graph, "plain", eids)
+    assert torch.equal(got["gcn_norm"], norm[eids]) and torch.equal(got["w"], graph.edge_data["w"][eids])
+    ours = best(lambda: view_edge_data(graph, "plain", eids))
+    torch_indexing = best(lambda: (norm[eids], graph.edge_data["w"][eids]))
+    assert ours < 0.8 * torch_indexing, f"view_edge_data {ours:.3f} s CPU, torch's indexing {torch_indexing:.3f} s"
