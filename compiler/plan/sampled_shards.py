@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,9 @@ import torch
 from gnnc.errors import GnncError, PlanError
 from gnnc.graph import CSR, Graph
 from gnnc.graph.storage import index_dtype
-from gnnc.graph.store import _MAPS, _check_indptr, _check_range, _open_array, _save, _tensor, release_pages
+from gnnc.graph.sampling import take
+from gnnc.graph.store import (_MAPS, BLOCK_BYTES, _check_indptr, _check_range, _npy_writer, _open_array, _tensor,
+                              release_pages)
 from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
@@ -83,27 +86,48 @@ def write_sampled_shards(program, graph: Graph, parts: np.ndarray, world: int,
     csr = graph.csr("plain")  # a store's is mapped: written through in blocks, never whole in memory
     ids = index_dtype(graph.num_nodes)
     structure = {}
-    for name, arr in (("src", np.asarray(graph.src, dtype=ids)), ("dst", np.asarray(graph.dst, dtype=ids)),
-                      ("in.indptr", csr.indptr.numpy()), ("in.indices", csr.indices.numpy()),
-                      ("in.eids", csr.eids.numpy())):
-        structure[name] = _save(out, _structure_name(name), arr)
-        del arr
-        release_pages(graph)
+    for name, arr in (("src", graph.src), ("dst", graph.dst), ("in.indptr", csr.indptr.numpy()),
+                      ("in.indices", csr.indices.numpy()), ("in.eids", csr.eids.numpy())):
+        dtype = ids if name in ("src", "dst") else arr.dtype
+        step = _rows_per_block(arr)
+        structure[name] = _save_blocks(out, _structure_name(name), dtype, arr.shape, graph,
+                                       (np.asarray(arr[lo:lo + step], dtype=dtype) for lo in range(0, len(arr), step)))
+    x = graph.x.numpy()
+    maps = graph._views.get(_MAPS, ())
+    step = _rows_per_block(x)
     entries = []
     for rank in range(world):
         if layout == "rows":
-            x = graph.x.numpy()[np.nonzero(common["parts"] == rank)[0]]
+            mine = np.nonzero(common["parts"] == rank)[0]
+            blocks = (take(x, mine[lo:lo + step], maps) for lo in range(0, len(mine), step))
+            shape = (len(mine), x.shape[1])
         else:
-            x = graph.x.numpy()[:, slices[rank][0]:slices[rank][1]]
-        features = _save(out, _features_name(rank), x)
-        del x
-        release_pages(graph)  # a store's pages read for this rank (a graph in memory has none)
+            c0, c1 = slices[rank]
+            blocks = (np.ascontiguousarray(x[lo:lo + step, c0:c1]) for lo in range(0, len(x), step))
+            shape = (len(x), c1 - c0)
+        features = _save_blocks(out, _features_name(rank), x.dtype, shape, graph, blocks)
         entries.append(write_npz(out / f"rank-{rank:05d}.npz", rank, common, cols=list(slices[rank]), x=features))
     write_manifest(out, {"kind": "sampled", "layout": layout, "graph": graph.name, "num_nodes": graph.num_nodes,
                          "num_edges": graph.num_edges, "num_features": graph.num_features,
                          "num_classes": graph.num_classes, "parts": world, "shards": entries,
                          "structure": structure})
     return read_manifest(out)
+
+
+def _rows_per_block(arr: np.ndarray) -> int:
+    return max(BLOCK_BYTES // max(arr.itemsize * int(np.prod(arr.shape[1:])), 1), 1)
+
+
+def _save_blocks(out: Path, name: str, dtype: np.dtype, shape: tuple[int, ...], graph: Graph,
+                 blocks: Iterator[np.ndarray]) -> dict[str, Any]:
+    """One array as `name.npy` from its blocks of rows, a store's mapped pages let go after each: written whole
+    from a mapped graph, a rank's features were an anonymous copy of its rows (256 bytes per vertex of
+    papers100M's at 2 ranks) beside the whole mapped x.npy (512), the launcher's peak (~9 GiB at papers100M/10)."""
+    with _npy_writer(out, name, dtype, shape) as w:
+        for block in blocks:
+            w.write(block)
+            release_pages(graph)  # a store's pages read for this block (a graph in memory has none)
+    return w.entry
 
 
 def _features_name(rank: int) -> str:
