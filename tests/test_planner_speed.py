@@ -282,9 +282,9 @@ def test_algorithm_4_measures_no_level_below_an_ended_subtree(monkeypatch) -> No
     expanded = []
     real = hybrid_greedy._expand
 
-    def recorded(trees, dep, vtx):
+    def recorded(trees, dep, *args):
         expanded.append(len(dep))
-        return real(trees, dep, vtx)
+        return real(trees, dep, *args)
 
     monkeypatch.setattr(hybrid_greedy, "_expand", recorded)
     graph = random_graph(n=300, e=1800, f=16, c=4)
