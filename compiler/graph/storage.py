@@ -43,6 +43,9 @@ def index_dtype(n: int) -> np.dtype:
     return np.dtype(np.int32) if n < 2**31 - 1 else np.dtype(np.int64)
 
 
+RELEASE_PAGES = "release_pages"  # CSR._cache key of a stored CSR's page release (CSR.release_pages)
+
+
 @dataclass
 class CSR:
     """Edges grouped by destination.
@@ -67,19 +70,33 @@ class CSR:
     def dst_index(self) -> torch.Tensor:
         """The destination of every CSR entry (row ids expanded), on the CSR's device."""
         if "dst" not in self._cache:
-            deg = self.indptr[1:] - self.indptr[:-1]
-            # output_size: the length is known, so a GPU need not read the degrees back to size the result
-            self._cache["dst"] = torch.repeat_interleave(torch.arange(self.n_dst, device=self.indptr.device), deg,
-                                                         output_size=self.nnz)
+            self._cache["dst"] = self._dst_entries()
         return self._cache["dst"]
+
+    def _dst_entries(self) -> torch.Tensor:
+        deg = self.indptr[1:] - self.indptr[:-1]
+        # output_size: the length is known, so a GPU need not read the degrees back to size the result
+        return torch.repeat_interleave(torch.arange(self.n_dst, device=self.indptr.device), deg, output_size=self.nnz)
 
     def in_degree(self) -> torch.Tensor:
         return self.indptr[1:] - self.indptr[:-1]
 
+    def release_pages(self) -> None:
+        """Let go of the resident pages of the store's files this CSR maps, where it maps some (a no-op for one in
+        memory; `_cache[RELEASE_PAGES]`, set by gnnc.graph.store's loader). For whoever copied what it needs out of
+        them: the kernels' int32 patterns are built from a stored CSR and its transpose (int64: 24 bytes per edge
+        of file pages, 2.8 GiB at ogbn-products' size, resident once read), which nothing reads again (issue 35).
+        A later read maps them again from the page cache."""
+        release = self._cache.get(RELEASE_PAGES)
+        if release is not None:
+            release()
+
     def transpose(self) -> "CSR":
         """The same edges grouped by source (CSC of this matrix), built once."""
         if "t" not in self._cache:
-            dst = self.dst_index()
+            # the destinations as a temporary unless already built: kept, they are 8 bytes per edge that the
+            # kernels' products never read (GraphView.dst)
+            dst = self._cache["dst"] if "dst" in self._cache else self._dst_entries()
             order = torch.argsort(self.indices, stable=True)
             counts = torch.bincount(self.indices, minlength=self.n_src)
             indptr = torch.zeros(self.n_src + 1, dtype=torch.int64, device=self.indptr.device)
@@ -244,24 +261,35 @@ class GraphView:
 
     csr: CSR
     src: torch.Tensor  # [nnz] source of each CSR entry
-    dst: torch.Tensor  # [nnz] destination of each CSR entry
+    # [nnz] destination of each CSR entry (`dst`); None: the CSR's `dst_index()`, built when first read
+    dst_given: torch.Tensor | None
     edge_ids: torch.Tensor  # [nnz] global edge id (for dropout on edges)
     edge_data: dict[str, torch.Tensor]
     deg: torch.Tensor  # in-degree, float [n_dst]
 
+    @property
+    def dst(self) -> torch.Tensor:
+        """[nnz] destination of each CSR entry. A view built from its CSR makes it on first use: 8 bytes per edge
+        (0.9 GiB at ogbn-products' size) that the kernels' products never read (their patterns are the CSR's own;
+        the reference ops, edge dropout, SDDMM and softmax do), issue 35."""
+        if self.dst_given is not None or self.csr is None:  # no CSR: a view held by source parts (plan.rows)
+            return self.dst_given
+        return self.csr.dst_index()
+
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "GraphView":
         """This view with `fn` applied to every tensor; its index vectors stay those of its (mapped) CSR."""
         csr = None if self.csr is None else self.csr.map_tensors(fn)
-        shared = csr is not None and self.src is self.csr.indices and self.dst is self.csr._cache.get("dst")
-        src, dst = (csr.indices, csr.dst_index()) if shared else (
-            None if self.src is None else fn(self.src), None if self.dst is None else fn(self.dst))
+        shared = csr is not None and self.src is self.csr.indices and (
+            self.dst_given is None or self.dst_given is self.csr._cache.get("dst"))
+        src, dst = (csr.indices, None) if shared else (
+            None if self.src is None else fn(self.src), None if self.dst_given is None else fn(self.dst_given))
         return GraphView(csr, src, dst, fn(self.edge_ids), {k: fn(v) for k, v in self.edge_data.items()},
                          fn(self.deg))
 
     @staticmethod
     def build(graph: Graph, view: str) -> "GraphView":
         csr = graph.csr(view)
-        return GraphView(csr, csr.indices, csr.dst_index(), csr.eids, view_edge_data(graph, view, csr.eids),
+        return GraphView(csr, csr.indices, None, csr.eids, view_edge_data(graph, view, csr.eids),
                          csr.in_degree().to(torch.float32))
 
 

@@ -43,7 +43,7 @@ import torch
 from gnnc.errors import GnncError, GraphInputError, write_failure
 from gnnc.files import atomic_writer, file_sha256, read_text_input
 from gnnc.graph import CSR, Graph, edge_data
-from gnnc.graph.storage import UNLABELLED
+from gnnc.graph.storage import RELEASE_PAGES, UNLABELLED
 
 MANIFEST = "gnnc-store.json"
 FORMAT = 1
@@ -316,7 +316,11 @@ def release_pages(graph: Graph) -> None:
     """Let go of the pages a store's graph has read so far (they stay in the page cache; a later read maps
     them again). A shard writer calls it after each rank's rows: those were gathered and written, and the
     process's resident set would otherwise grow to the whole feature matrix over the ranks."""
-    for pages in graph._views.get(_MAPS, ()):
+    _let_go(graph._views.get(_MAPS, ()))
+
+
+def _let_go(maps: list[mmap.mmap]) -> None:
+    for pages in maps:
         pages.madvise(mmap.MADV_DONTNEED)
 
 
@@ -427,6 +431,8 @@ def open_store(path: str | os.PathLike) -> Graph:
     out = CSR(_tensor(a["out.indptr"]), _tensor(a["out.indices"]), _tensor(a["out.eids"]), n, n)
     out._cache["perm_from"] = _tensor(a["out.perm"])
     csr._cache["t"] = out
+    # after the kernels' copies (CSR.release_pages); the mappings, not the graph: a cycle would keep them mapped
+    csr._cache[RELEASE_PAGES] = lambda: _let_go(maps)
     graph._views[("csr", "plain")] = csr  # the stored CSR: Graph.csr would sort every edge again
     graph._views[_MAPS] = maps
     return graph

@@ -204,9 +204,11 @@ def pattern(csr: CSR, transposed: bool, heads: int, device: torch.device) -> Pat
         # scatters them back (`to_edges`, whose index_copy_ wants int64, serves the untransposed ones): narrowed
         # with the columns, 4 bytes per edge less (0.47 GiB at ogbn-products' size, issue 35)
         ptype = itype if transposed else torch.int64
-        return Pattern(crow.to(device=device, dtype=itype), col.to(device=device, dtype=itype),
-                       None if perm is None else perm.to(device=device, dtype=ptype),
-                       (rows * heads, cols * heads), heads)
+        built = Pattern(crow.to(device=device, dtype=itype), col.to(device=device, dtype=itype),
+                        None if perm is None else perm.to(device=device, dtype=ptype),
+                        (rows * heads, cols * heads), heads)
+        csr.release_pages()  # a stored CSR's int64 pages, read for the copies above, are not read again (issue 35)
+        return built
 
     return cached(csr, ("pattern", transposed, heads, str(device)), build)
 
@@ -398,8 +400,11 @@ def spmm_add_(acc: torch.Tensor, csr: CSR, x: torch.Tensor, weight: torch.Tensor
 
 def _edge_inv_degree(csr: CSR, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """1 / in-degree of each CSR entry's destination, [nnz]."""
+    # each row's value repeated over its entries, not gathered by the int64 destination of every entry: that index
+    # would stay cached (8 bytes per edge, 0.9 GiB at ogbn-products' size) for a mean that never reads it again
     return cached(csr, ("edge_inv_degree", str(device), dtype),
-                  lambda: inv_degree(csr, device, dtype).index_select(0, structure(csr, "dst", device)))
+                  lambda: inv_degree(csr, device, dtype).repeat_interleave(structure(csr, "indptr", device).diff(),
+                                                                           output_size=csr.nnz))
 
 
 def _mean_weight(csr: CSR, weight: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
