@@ -61,3 +61,20 @@ def test_edge_data_is_gathered_by_numpy_not_torch_indexing() -> None:
     ours = best(lambda: view_edge_data(graph, "plain", eids))
     torch_indexing = best(lambda: (norm[eids], graph.edge_data["w"][eids]))
     assert ours < 0.8 * torch_indexing, f"view_edge_data {ours:.3f} s CPU, torch's indexing {torch_indexing:.3f} s"
+
+
+def test_edge_data_is_gathered_by_edge_id_once_per_view_not_per_rank_and_layer(tmp_path, monkeypatch) -> None:
+    """Each rank's structures take gcn_norm by CSR position from one gather per view: by edge id per rank and
+    layer it was a random gather over most of the graph's edges each time (a third of a depcache plan's
+    structures at products' size)."""
+    import gnnc
+    from conftest import EXAMPLES
+    from gnnc.plan import rows
+
+    gathers = []
+    gather = rows.view_edge_data
+    monkeypatch.setattr(rows, "view_edge_data", lambda g, view, eids: gathers.append(view) or gather(g, view, eids))
+    graph = gnnc.load_graph("planetoid:cora")
+    plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4, strategy="depcache")
+    plan.save(tmp_path / "plan")
+    assert sorted(gathers) == ["self_loops"], gathers  # gcn's one view, once for 4 ranks x 2 layers

@@ -346,6 +346,7 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
     at += np.arange(indptr[-1], dtype=index)
     global_eids = g_eids[at]
     local_src = col[g_src[at]]
+    edge_data = {k: torch.from_numpy(v[at]) for k, v in _edge_data_in_csr_order(graph, view).items()}
     del at
     if len(local_src) and local_src.min() < 0:
         raise AssertionError(f"view {view}: an in-neighbour of a computed row is neither held nor fetched")
@@ -360,8 +361,17 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
               torch.from_numpy(local_eids), n_dst, n_src,
               _cache={"dst": dst_index})  # what CSR.dst_index would expand from the degrees, here from the counts
     eids = torch.from_numpy(global_eids.astype(np.int64, copy=False))
-    return GraphView(csr, csr.indices, dst_index, eids, view_edge_data(graph, view, eids),
-                     csr.in_degree().to(torch.float32))
+    return GraphView(csr, csr.indices, dst_index, eids, edge_data, csr.in_degree().to(torch.float32))
+
+
+def _edge_data_in_csr_order(graph: Graph, view: str) -> dict[str, np.ndarray]:
+    """gcn_norm and the edge data of the view's CSR entries, in the CSR's order: gathered once per graph and view
+    (kept with the graph's views), so each rank's structures take them by their CSR positions, runs of
+    consecutive entries, instead of by edge id, a random gather over every edge per rank and layer."""
+    key = ("edge_data in csr order", view)
+    if key not in graph._views:
+        graph._views[key] = {k: v.numpy() for k, v in view_edge_data(graph, view, graph.csr(view).eids).items()}
+    return graph._views[key]
 
 
 def _same_rows_key(sets: list[RowSets], rank: int, lyr: int, s: LayerSpec) -> tuple:
