@@ -61,6 +61,22 @@ def test_the_terms_are_the_counts(graph_file: str) -> None:
     assert math.isclose(est.peak, sum(est.terms.values()))
 
 
+def test_one_process_prices_the_fused_attention_backward_per_edge_and_head(graph_file: str) -> None:
+    """GAT (4 heads x 64) against GCN of the same width (256): one process's fused attention backward holds two
+    values per edge and head beyond what GCN holds (the pre-check priced both alike: 1.14 GiB at products' 0.05 for
+    a GAT run that peaked at 1.42, issue 35)."""
+    from gnnc.passes.cost.memory import FUSED_ATTENTION_EDGE_GRADS
+
+    graph = api.load_graph(graph_file)
+    gat = memory_check.estimate_run_memory(api.compile(api.load_model(EXAMPLES / "gat.gnn", hidden=64, heads=4),
+                                                       graph), graph=graph)
+    gcn = memory_check.estimate_run_memory(api.compile(api.load_model(GCN, hidden=256), graph), graph=graph)
+    e, heads = 80 + 40, 4  # the self_loops view
+    assert FUSED_ATTENTION_EDGE_GRADS == 2
+    assert gat.terms["activations"] - gcn.terms["activations"] >= 4 * e * heads * FUSED_ATTENTION_EDGE_GRADS, (
+        gat.terms, gcn.terms)
+
+
 def test_refuse_warn_or_stay_silent(graph_file: str, monkeypatch) -> None:
     graph = api.load_graph(graph_file)
     plan = api.compile(api.load_model(GCN), graph)

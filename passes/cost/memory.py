@@ -33,7 +33,8 @@ The terms, per process (bytes):
   and an int64 permutation per edge and head each, `PATTERN_BYTES`), and in its backward those values' gradients
   (`ATTENTION_EDGE_GRADS`) beside the gradients of its transformed rows, every source row's, from the aggregation
   and from the scores before they are summed (`ATTENTION_SOURCE_GRADS`). One process computes the same in fused
-  chains that keep none of them.
+  chains that keep none of them, but whose backward holds `FUSED_ATTENTION_EDGE_GRADS` values per edge and head at
+  once (gnnc.runtime.fusion's attention backward, measured below).
 * graph: the arrays the process loaded (features, labels, masks, edges or
   its shard).
 * process: an interpreter with torch and gnnc's runtime and the collective
@@ -80,6 +81,11 @@ ATTENTION_EDGE_VALUES = 3
 PATTERN_BYTES = 2 * (4 + 8)
 ATTENTION_EDGE_GRADS = 3
 ATTENTION_SOURCE_GRADS = 2
+# one process's fused attention backward (gnnc.runtime.fusion): the values per edge and head it holds at once.
+# Measured on products' R-MAT at 0.05 (6.3M edges with self-loops, GAT 4 x 64): the large blocks' high-water mark
+# rose 174 MiB inside the first layer's backward, 1.8 [edges, heads] float32 tensors; without them the pre-check
+# priced GAT as GCN (1.14 GiB for a run that peaked at 1.42; at full size 17.0 GiB for one out of memory at 22)
+FUSED_ATTENTION_EDGE_GRADS = 2
 BYTES_PER = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "bool": 1}
 
 
@@ -176,6 +182,8 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
             kept += compile_expr(EDGES * heads(i) * (ATTENTION_EDGE_VALUES * b + PATTERN_BYTES))(table, n)
             grads += b * (EDGES * heads(i) * ATTENTION_EDGE_GRADS
                           + (IN + HALO) * shape.out_width(i) * ATTENTION_SOURCE_GRADS)
+        elif shape.attention:
+            grads += b * EDGES * heads(i) * FUSED_ATTENTION_EDGE_GRADS
         backward = np.maximum(backward, compile_expr(grads)(table, n))
     terms = {"parameters": np.full(n, params), "optimizer state": np.full(n, OPTIMIZER_COPIES * params),
              "activations": kept + recomputed + backward, "graph": np.array([float(p.graph_bytes) for p in processes]),
