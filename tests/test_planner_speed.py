@@ -311,3 +311,32 @@ def test_the_dp_reads_the_tie_breaking_order_only_on_ties(monkeypatch) -> None:
     result = segment_dp.solve(layers, ["depcomm", "depcache"], seg_cost)
     labels = sum(len(cell) for cell in result.table.values())
     assert len(keys) <= 2 * labels, (len(keys), labels)  # was 14,883 for 943 labels
+
+
+@pytest.mark.parametrize("groups,chunks", [(1, 8), (2, 4), (3, 3)])
+def test_a_pipelines_group_rows_are_counted_off_the_edges_once(monkeypatch, groups: int, chunks: int) -> None:
+    """The planner prices a pipeline per group size: each one's moved rows are counted off the distinct
+    (destination part, source) pairs in one sort, without building the per-chunk lists (`_lists`, an edge
+    lexsort and three sorts per chunk and member) that the shards need; the same counts as those lists give."""
+    from gnnc.graph import sorted_unique
+    from gnnc.plan import pipeline as plan_pipeline
+
+    graph = random_graph(n=300, e=1800, f=8, c=3)
+    parts = np.random.default_rng(groups).integers(0, chunks * groups, graph.num_nodes)
+    lists = plan_pipeline._lists(graph, "self_loops", parts, chunks, groups)
+    member_of = parts % groups
+    want = {name: np.zeros(groups, dtype=np.int64) for name in plan_pipeline.GroupRows.__dataclass_fields__}
+    for (k, g), peer in lists.peer.items():
+        want["received"][g] += len(peer)
+        want["sent"] += np.bincount(member_of[peer], minlength=groups)
+        want["later_received"][g] += len(lists.later[(k, g)])
+        want["later_sent"] += np.bincount(member_of[lists.later[(k, g)]], minlength=groups)
+        want["history"][g] += len(lists.hist[(k, g)])
+        if groups > 1:
+            ext = np.concatenate([lists.peer[(j, g)] for j in range(chunks)] + [lists.hist[(j, g)] for j in range(chunks)])
+            ext = sorted_unique(ext)
+            want["refresh"][g] = np.count_nonzero(member_of[ext] != g)
+    monkeypatch.setattr(plan_pipeline, "_lists", lambda *a: pytest.fail("group_rows built the per-chunk lists"))
+    got = plan_pipeline.group_rows(graph, "self_loops", parts, chunks, groups)
+    for name, value in want.items():
+        assert np.array_equal(getattr(got, name), value), name

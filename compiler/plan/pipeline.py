@@ -384,19 +384,39 @@ class GroupRows:
 
 
 def group_rows(graph: Graph, view: str, parts: np.ndarray, chunks: int, groups: int) -> GroupRows:
-    """What each member of a group moves and reads over `view` (see GroupRows)."""
+    """What each member of a group moves and reads over `view` (see GroupRows).
+
+    Counted off the distinct (destination part, source) pairs of the edges, one sort of the edges in all (the
+    planner prices a pipeline per group size): member g of chunk k receives the sources in chunk k another
+    member owns (its peer rows) and reads the sources outside chunk k from the history; of the rows it reads
+    from the history in any chunk, those a peer owns and it does not receive in that chunk are handed to it
+    (later); its refresh fetches every peer-owned row among them all. The same rows as the lists
+    `member_structures` builds (`_lists`), by chunk and member."""
     parts = np.asarray(parts, dtype=np.int64)
-    lists = _lists(graph, view, parts, chunks, groups)
-    member_of = parts % groups
-    out = {name: np.zeros(groups, dtype=np.int64) for name in GroupRows.__dataclass_fields__}
-    for (k, g), peer in lists.peer.items():
-        out["received"][g] += len(peer)
-        out["sent"] += np.bincount(member_of[peer], minlength=groups)  # each peer row comes from its owner
-        later = lists.later[(k, g)]
-        out["later_received"][g] += len(later)
-        out["later_sent"] += np.bincount(member_of[later], minlength=groups)
-        out["history"][g] += len(lists.hist[(k, g)])
-    if groups > 1:
-        out["refresh"] = np.array([len(_refresh_ids(lists, chunks, g, member_of)) for g in range(groups)],
-                                  dtype=np.int64)
-    return GroupRows(**out)
+    n = graph.num_nodes
+    src, dst = graph.edges(view)
+    src = np.asarray(src, dtype=np.int64)
+    chunk_of, member_of = parts // groups, parts % groups
+    pair = sorted_unique(parts[np.asarray(dst, dtype=np.int64)] * n + src)  # (destination part, source), once
+    part, s = pair // n, pair % n
+    k, g = part // groups, part % groups
+    peer = (chunk_of[s] == k) & (member_of[s] != g)
+    hist = chunk_of[s] != k
+
+    def per_member(members: np.ndarray) -> np.ndarray:
+        return np.bincount(members, minlength=groups).astype(np.int64)
+
+    # a history row read by member g in any chunk, owned by a peer: handed to g where g does not receive it
+    read = sorted_unique(g[hist] * n + s[hist])
+    read_g, read_s = read // n, read % n
+    read_g, read_s = read_g[member_of[read_s] != read_g], read_s[member_of[read_s] != read_g]
+    handed = (chunk_of[read_s] * groups + read_g) * n + read_s  # as pairs: in the chunk of the row
+    later = ~np.isin(handed, pair[peer], assume_unique=True)
+    refresh = np.zeros(groups, dtype=np.int64)
+    if groups > 1:  # every peer-owned row among the member's peer and history rows
+        ext = sorted_unique(g[peer | hist] * n + s[peer | hist])
+        ext_g, ext_s = ext // n, ext % n
+        refresh = per_member(ext_g[member_of[ext_s] != ext_g])
+    return GroupRows(received=per_member(g[peer]), sent=per_member(member_of[s[peer]]),
+                     later_received=per_member(read_g[later]), later_sent=per_member(member_of[read_s[later]]),
+                     refresh=refresh, history=per_member(g[hist]))
