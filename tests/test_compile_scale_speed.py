@@ -78,3 +78,32 @@ def test_edge_data_is_gathered_by_edge_id_once_per_view_not_per_rank_and_layer(t
     plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4, strategy="depcache")
     plan.save(tmp_path / "plan")
     assert sorted(gathers) == ["self_loops"], gathers  # gcn's one view, once for 4 ranks x 2 layers
+
+
+def test_statistics_gather_each_edges_parts_once_as_int32(monkeypatch) -> None:
+    """The statistics' per-edge counts run over the edges' parts gathered once as int32 and the in-degrees come
+    off the CSR: the int64 parts were gathered per edge five times over, and the in-degrees counted again."""
+    from conftest import random_graph
+    from gnnc.passes.partition import stats
+
+    graph = random_graph(300, 2400, seed=5)
+    parts = np.random.default_rng(1).integers(0, 4, graph.num_nodes)
+    want = stats.compute_stats(graph, parts, 2, "plain", num_parts=4)
+    wide = []
+    bincount = np.bincount
+
+    class Numpy:  # the stats module's numpy, with its bincount watched
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def bincount(x, *args, **kwargs):
+            if len(x) == graph.num_edges and np.asarray(x).dtype == np.int64:
+                wide.append(len(x))
+            return bincount(x, *args, **kwargs)
+
+    monkeypatch.setattr(stats, "np", Numpy())
+    got = stats.compute_stats(graph, parts, 2, "plain", num_parts=4)
+    assert not wide, "an int64 array over every edge was counted"
+    for name in ("edges", "remote_edges", "inner_edges", "max_in_degree", "lhop_edges", "send_matrix"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name

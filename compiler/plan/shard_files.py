@@ -247,7 +247,8 @@ def read_assignment(shard_dir: str | os.PathLike) -> tuple[np.ndarray, dict[str,
     the file's size and sha256, an int64 vector of num_nodes parts in [0, parts). PlanError otherwise."""
     manifest = read_manifest(shard_dir)
     if manifest.get("kind") != "partition":
-        raise PlanError(f"{shard_dir}: these are a plan's shards, not a partition's (`gnnc partition -o DIR` writes one)")
+        raise PlanError(f"{shard_dir}: these are a plan's shards, not a partition's (`gnnc partition -o DIR` "
+                        f"writes one)")
     entry = manifest.get("assignment")
     if not isinstance(entry, dict) or entry.get("file") != ASSIGNMENT:
         raise PlanError(f"{shard_dir}: the partition lists no {ASSIGNMENT} (written by an older gnnc): run "
