@@ -215,7 +215,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             predicted_time_s=report.predicted_time_s, predicted_memory_bytes=report.predicted_memory_bytes,
             alternatives=report.alternatives, crossovers=report.explained() if explain else None,
             segments=[list(seg) for seg in report.segments], segment_costs=report.segment_costs,
-            schedule=report.schedule))
+            schedule=report.schedule or None))  # a sampled plan's planner predicts no stages (its report's {})
     if report is not None and report.memory_warning:
         warnings.warn(GnncWarning(report.memory_warning), stacklevel=2)
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,

@@ -241,3 +241,13 @@ def test_a_sampled_plans_shards_are_written_from_a_store_a_block_at_a_time(tmp_p
         want = x[plan.parts == rank] if strategy == "dp-sample" else x[:, rank * f // 2:(rank + 1) * f // 2]
         assert np.array_equal(got, want), rank
     assert grown < 24 << 20, f"writing the shards grew the peak {grown / 2**20:.1f} MiB (x: 64 MiB)"
+
+
+def test_a_sampled_plan_for_two_workers_loads_after_it_is_saved(tmp_path) -> None:
+    """`gnnc compile --fanout ... --workers 2 -o PLAN` wrote the planner's predicted schedule of a sampled plan, which
+    has none, as {}, and `gnnc run PLAN` refused it: "'planner.schedule' lacks 'time_s'" (exit 2)."""
+    graph = random_graph(n=90, e=700, seed=8)
+    plan = api.compile(api.load_model(EXAMPLES / "sage.gnn"), graph, workers=2, sampling=SAMPLING, seed=0)
+    plan.save(tmp_path / "plan")
+    again = api.Plan.load(tmp_path / "plan")
+    assert again.sampling == plan.sampling and again.workers == 2
