@@ -136,3 +136,20 @@ def test_the_check_before_loading_admits_what_the_shards_check_admits(tmp_path) 
     late = memory_check.estimate_run_memory(plan, shard_dir=tmp_path / "shards")
     assert (counts.vertices, counts.edges, counts.features, counts.classes) == (3000, 40_012, 16, 5)
     assert early.total <= late.total, (early.per_process, late.per_process)
+
+
+def test_the_kernels_transpose_keeps_no_edge_ids() -> None:
+    """GAT's kernels keep the self-loop view's transpose (its sources, permutation and inverse) but never read its
+    int64 edge ids: 8 bytes per edge (0.9 GiB at ogbn-products' size) gathered only when something asks (a device
+    copy, the store's check), and then the same as the transpose's built eagerly."""
+    graph = random_graph(n=500, e=6000, f=8, c=3, seed=5)
+    program = api.compile(api.load_model(EXAMPLES / "gat.gnn", hidden=8, heads=2), graph).program
+    cfg = TrainConfig(seed=1, progress=False)
+    worker = Worker(program, graph, cfg)
+    params = init_params(program, 1)
+    train_step(worker, params, make_optimizer(program, params, cfg), None, 0)
+    csr = worker.views["self_loops"].csr
+    t = csr._cache["t"]
+    assert t.eids_given is None
+    order = torch.argsort(csr.indices, stable=True)
+    assert torch.equal(t.eids, csr.eids[order])

@@ -58,7 +58,8 @@ class CSR:
 
     indptr: torch.Tensor  # int64 [n_dst + 1]
     indices: torch.Tensor  # int64 [nnz], source ids
-    eids: torch.Tensor  # int64 [nnz], edge ids in the view's order
+    # int64 [nnz], edge ids in the view's order (`eids`); None: a transpose's, gathered from its CSR's when first read
+    eids_given: torch.Tensor | None
     n_dst: int
     n_src: int
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -66,6 +67,16 @@ class CSR:
     @property
     def nnz(self) -> int:
         return int(self.indices.numel())
+
+    @property
+    def eids(self) -> torch.Tensor:
+        """int64 [nnz], each entry's edge id in the view's order. A transpose gathers its own from its CSR's on first
+        read: 8 bytes per edge (0.9 GiB at ogbn-products' size) that the kernels, which keep a transpose for
+        attention, never read (issue 35)."""
+        if self.eids_given is None:
+            of, perm = self._cache["eids_of"]
+            self.eids_given = of[perm]
+        return self.eids_given
 
     def dst_index(self) -> torch.Tensor:
         """The destination of every CSR entry (row ids expanded), on the CSR's device."""
@@ -101,8 +112,10 @@ class CSR:
             counts = torch.bincount(self.indices, minlength=self.n_src)
             indptr = torch.zeros(self.n_src + 1, dtype=torch.int64, device=self.indptr.device)
             indptr[1:] = torch.cumsum(counts, 0)
-            t = CSR(indptr, dst[order], self.eids[order], self.n_src, self.n_dst)
+            t = CSR(indptr, dst[order], None, self.n_src, self.n_dst)
             t._cache["perm_from"] = order  # t's entry k is this CSR's entry order[k]
+            # its edge ids, gathered when read (CSR.eids); this CSR's tensor, not this CSR: no reference cycle
+            t._cache["eids_of"] = (self.eids, order)
             self._cache["t"] = t
         return self._cache["t"]
 
