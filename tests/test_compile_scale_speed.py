@@ -107,3 +107,27 @@ def test_statistics_gather_each_edges_parts_once_as_int32(monkeypatch) -> None:
     assert not wide, "an int64 array over every edge was counted"
     for name in ("edges", "remote_edges", "inner_edges", "max_in_degree", "lhop_edges", "send_matrix"):
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_row_sets_read_the_rows_in_edges_not_every_edge(monkeypatch) -> None:
+    """A rank's row sets find in-neighbours from the CSR rows of the rows asked about (a rank's owned rows: an
+    eighth of the edges for 8 workers), not by a pass over every edge of the graph per layer."""
+    import gnnc
+    from conftest import EXAMPLES
+    from gnnc.plan import rows
+
+    graph = gnnc.load_graph("planetoid:cora")
+    plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4, strategy="depcache")
+    specs = rows.layer_specs(plan.program)
+    want = [rows.rank_row_sets(graph, plan.parts, r, specs) for r in range(4)]
+    for view in ("plain", "self_loops"):
+        graph.csr(view)  # built before: what the row sets may read
+
+    def every_edge(view: str = "plain"):
+        raise AssertionError("the row sets walked every edge")
+
+    monkeypatch.setattr(graph, "edges", every_edge)
+    for rank in range(4):
+        got = rows.rank_row_sets(graph, plan.parts, rank, specs)
+        assert all(np.array_equal(a, b) for a, b in zip(got.held_in, want[rank].held_in))
+        assert all(np.array_equal(got.orders[k], want[rank].orders[k]) for k in want[rank].orders)

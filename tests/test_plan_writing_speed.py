@@ -28,9 +28,9 @@ def test_row_sets_walk_each_view_and_mask_once(monkeypatch) -> None:
     walks: Counter = Counter()
     walk = rows._sources
 
-    def counted(src: np.ndarray, dst: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        walks[(len(src), mask.tobytes())] += 1
-        return walk(src, dst, mask)
+    def counted(indptr: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        walks[(len(indices), mask.tobytes())] += 1
+        return walk(indptr, indices, mask)
 
     monkeypatch.setattr(rows, "_sources", counted)
     for rank in range(4):
