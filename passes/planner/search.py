@@ -136,11 +136,17 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             values[key] = value
             extras[key] = extra
     trans: dict[tuple[str, str, int], float] = {}
+    # a transition's formula is the layouts' (`boundary`: the one strategy's output layout, the other's input
+    # layout): priced once per layout pair and layer, not per strategy pair (S(S-1)(L-1) evaluations)
+    by_layouts: dict[tuple[str, str, int], float] = {}
     for a in allowed:
         for b_ in allowed:
             for layer in range(1, L):
                 if a != b_:
-                    trans[(a, b_, layer)] = evaluate_cost(boundary(a, b_, layer), inputs).time
+                    key = (STRATEGIES[a].layout_out, STRATEGIES[b_].layout_in, layer)
+                    if key not in by_layouts:
+                        by_layouts[key] = evaluate_cost(boundary(a, b_, layer), inputs).time
+                    trans[(a, b_, layer)] = by_layouts[key]
     epoch_cost, epoch = epoch_costs(program, inputs)
     return PricedPlan(seg_cost, trans, formulas, values, extras, inputs, shapes, allreduce_cost, allreduce, allowed,
                       pipelines=pipelines, epoch_cost=epoch_cost, epoch=epoch)
