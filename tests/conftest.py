@@ -8,12 +8,12 @@ import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import pytest
-import torch
 
-from gnnc.graph import Graph
+if TYPE_CHECKING:
+    from gnnc.graph import Graph
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -61,6 +61,13 @@ model Extremes(features, hidden = 8, classes) {
 
 def random_graph(n: int = 40, e: int = 160, f: int = 12, c: int = 4, seed: int = 0) -> Graph:
     """Random directed graph; the last 3 vertices are isolated; includes self-loops and duplicates."""
+    # deferred (torch, and sympy through gnnc.graph: ~3 CPU-s): pytest-xdist's controller loads this file before it
+    # starts its workers, and runs no test
+    import numpy as np
+    import torch
+
+    from gnnc.graph import Graph
+
     rs = np.random.RandomState(seed)
     live = n - 3
     src = rs.randint(0, live, e)
