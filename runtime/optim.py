@@ -14,11 +14,13 @@ Step hooks, the profiler's names and the LR schedulers see the classes as torch'
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.optim
 from torch.optim import Optimizer
+
+O = TypeVar("O", bound=Optimizer)
 
 # Optimizer's own methods behind torch._disable_dynamo, undecorated
 _UNDISABLED = {name: getattr(Optimizer, name).__wrapped__
@@ -37,7 +39,7 @@ def _eager_step(base: type[Optimizer]) -> Callable[..., Any]:
     return eager_step
 
 
-def _eager(base: type[Optimizer]) -> type[Optimizer]:
+def _eager(base: type[O]) -> type[O]:
     return type(base.__name__, (base,), {**_UNDISABLED, "step": _eager_step(base), "__module__": __name__,
                                           "__qualname__": base.__name__, "__doc__": base.__doc__})
 
