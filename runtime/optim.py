@@ -22,8 +22,9 @@ from torch.optim import Optimizer
 
 O = TypeVar("O", bound=Optimizer)
 
-# Optimizer's own methods behind torch._disable_dynamo, undecorated
-_UNDISABLED = {name: getattr(Optimizer, name).__wrapped__
+# Optimizer's own methods behind torch._disable_dynamo, undecorated; a torch whose method carries no wrapper
+# keeps its own (still right, only the import is paid)
+_UNDISABLED = {name: getattr(getattr(Optimizer, name), "__wrapped__", getattr(Optimizer, name))
                for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict")}
 
 
