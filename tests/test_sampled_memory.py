@@ -142,6 +142,15 @@ def _status(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
 
 
+def _peak_from_here(graph: Graph) -> int:
+    """VmRSS, with the store's pages let go and VmHWM reset: what a step grows VmHWM by is then its own peak."""
+    for pages in graph._views[_MAPS]:
+        pages.madvise(mmap.MADV_DONTNEED)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status("VmRSS")
+
+
 def test_a_minibatch_gathers_a_mapped_x_a_region_at_a_time(tmp_path, monkeypatch) -> None:
     """The kernel maps a page cache's large folios whole, so x[ids] of a few thousand scattered rows made the whole
     mapped matrix resident (papers100M/10: 5.7 GB in every minibatch); gathered a region at a time, each region's
@@ -156,11 +165,7 @@ def test_a_minibatch_gathers_a_mapped_x_a_region_at_a_time(tmp_path, monkeypatch
     ids = rng.choice(n, 20_000)  # 10 MiB of rows, duplicates included
     want = graph.x[torch.from_numpy(ids)].clone()
     monkeypatch.setattr(sampling, "REGION_BYTES", 4 << 20)
-    for pages in graph._views[_MAPS]:
-        pages.madvise(mmap.MADV_DONTNEED)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM from here
-    before = _status("VmRSS")
+    before = _peak_from_here(graph)
     got = gather_rows(graph.x, ids, graph)
     grown = _status("VmHWM") - before
     assert torch.equal(got, want)
@@ -183,11 +188,7 @@ def test_the_sampler_reads_a_mapped_csr_a_region_at_a_time(tmp_path, monkeypatch
     monkeypatch.setattr(sampling, "REGION_BYTES", 1 << 20)
     seeds = rng.choice(n, 2000, replace=False)
     sampler = NeighbourSampler(graph, ["plain", "plain"], [5, 5], 3)
-    for pages in graph._views[_MAPS]:
-        pages.madvise(mmap.MADV_DONTNEED)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM from here
-    before = _status("VmRSS")
+    before = _peak_from_here(graph)
     got = sampler.sample(seeds, 0, 0)
     grown = _status("VmHWM") - before
     want = NeighbourSampler(memory, ["plain", "plain"], [5, 5], 3).sample(seeds, 0, 0)
@@ -228,11 +229,7 @@ def test_a_sampled_plans_shards_are_written_from_a_store_a_block_at_a_time(tmp_p
                        sampling=SAMPLING, seed=0)
     monkeypatch.setattr(sampled_shards, "BLOCK_BYTES", 4 << 20)
     monkeypatch.setattr(sampling, "REGION_BYTES", 4 << 20)
-    for pages in graph._views[_MAPS]:
-        pages.madvise(mmap.MADV_DONTNEED)
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # VmHWM from here
-    before = _status("VmRSS")
+    before = _peak_from_here(graph)
     plan.write_shards(tmp_path / "shards")
     grown = _status("VmHWM") - before
     x = graph.x.numpy()
