@@ -69,13 +69,14 @@ def predicted(graph_spec: str, layers: int, nproc: int) -> dict:
             "pipeline": pipe.meta.pipeline, "depcomm_step": depcomm.meta.predicted_bytes_per_step}
 
 
-def run(args: list[str], epochs: int) -> tuple[dict, list[dict]]:
-    """`gnnc run ARGS` (one thread per process): its --json summary and every rank's metrics records;
-    ({"error": the last line of stderr}, []) when it fails."""
+def run(args: list[str], epochs: int, seed: int = 0) -> tuple[dict, list[dict]]:
+    """`gnnc run ARGS` (one thread per process) with `seed` (initial weights, dropout, chunk order; the graph's own
+    seed is its spec's): its --json summary and every rank's metrics records; ({"error": the last line of stderr},
+    []) when it fails."""
     with tempfile.TemporaryDirectory() as d:
         metrics = Path(d) / "m.jsonl"
-        cmd = [sys.executable, "-m", "gnnc", "run", *args, "--epochs", str(epochs), "--metrics", str(metrics),
-               "--json", "--no-progress", "--timeout", "600"]
+        cmd = [sys.executable, "-m", "gnnc", "run", *args, "--epochs", str(epochs), "--seed", str(seed),
+               "--metrics", str(metrics), "--json", "--no-progress", "--timeout", "600"]
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if r.returncode != 0:
             return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}, []
@@ -123,7 +124,7 @@ def ablation_passes(options: str, groups: int) -> str:
 def ablation(args, common: list[str]) -> dict:
     """Every ABLATION row trained for `args.epochs` on `args.nproc` processes, and the exact run."""
     rows = []
-    single, _ = run(common, args.epochs) if not args.rows else ({}, [])
+    single, _ = run(common, args.epochs, args.seed) if not args.rows else ({}, [])
     print(f"exact, one process: test accuracy {single.get('test_acc')}", flush=True)
     for k, (name, options, groups) in enumerate(ABLATION):
         if args.rows and k not in args.rows:
@@ -136,7 +137,7 @@ def ablation(args, common: list[str]) -> dict:
             if c.returncode != 0:
                 rows.append({"name": name, "error": (c.stderr.strip().splitlines() or ["?"])[-1]})
                 continue
-            got, records = run([str(plan), "--nproc", str(args.nproc)], args.epochs)
+            got, records = run([str(plan), "--nproc", str(args.nproc)], args.epochs, args.seed)
         epochs = per_epoch(records)
         every = {int(e["bytes"]) for e in epochs}
         rows.append({"name": name, "options": options, "groups": groups, "test_acc": got.get("test_acc"),
@@ -144,7 +145,7 @@ def ablation(args, common: list[str]) -> dict:
                      "epoch_s": got.get("epoch_time_s")})
         print(f"{name}: test accuracy {got.get('test_acc')}, bytes per epoch {sorted(every)}"
               + (f" ({got['error']})" if "error" in got else ""), flush=True)
-    return {"graph": args.graph, "layers": args.layers, "epochs": args.epochs, "nproc": args.nproc,
+    return {"graph": args.graph, "layers": args.layers, "epochs": args.epochs, "nproc": args.nproc, "seed": args.seed,
             "single_test_acc": single.get("test_acc"), "rows": rows}
 
 
@@ -153,6 +154,7 @@ def main() -> int:
     ap.add_argument("--graph", default=GRAPH)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0, help="every run's --seed (the graph stays the spec's)")
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--ablation", action="store_true", help="GNNPipe's tricks off one at a time (module docstring)")
@@ -172,9 +174,10 @@ def main() -> int:
     pred = predicted(args.graph, args.layers, args.nproc)
     print(f"{args.graph}: sum|B_i|/N = {ratio:.3f} on {args.nproc} METIS parts; GCNII, {args.layers} layers, "
           f"{args.epochs} epochs", flush=True)
-    single, _ = run(common, args.epochs)
-    pipe, records = run([*common, "--nproc", str(args.nproc), "--strategy", "pipeline", "--approximate"], args.epochs)
-    depcomm, _ = run([*common, "--nproc", str(args.nproc), "--strategy", "depcomm"], 2)
+    single, _ = run(common, args.epochs, args.seed)
+    pipe, records = run([*common, "--nproc", str(args.nproc), "--strategy", "pipeline", "--approximate"], args.epochs,
+                        args.seed)
+    depcomm, _ = run([*common, "--nproc", str(args.nproc), "--strategy", "depcomm"], 2, args.seed)
     step = sum(pred["pipeline_step"].values())
     refresh = sum(pred["pipeline_refresh"].values())
     every = pred["pipeline"]["history_every"]
