@@ -406,7 +406,9 @@ def npz_members(path: Path) -> dict[str, NpzMember]:
                                           f"({format_bytes(members[name].nbytes)}) but holds "
                                           f"{format_bytes(info.file_size - header)}; the file is damaged or forged")
         return members
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError) as err:
+    except (EOFError, zipfile.BadZipFile, zlib.error) as err:  # a truncated or damaged archive
+        raise GraphInputError(f"{path}: not a readable .npz file (truncated or damaged: {err})") from None
+    except (OSError, ValueError) as err:
         raise GraphInputError(f"{path}: not a readable .npz file ({err})") from None
 
 
