@@ -36,7 +36,7 @@ import gzip
 import math
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,14 +237,9 @@ def read_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]) 
     edge_feat = None
     if (raw / "data.npz").is_file():
         data = read_npz(raw / "data.npz")
-        if "edge_index" not in data:
-            raise GraphInputError(f"{raw / 'data.npz'}: edge_index: missing (has {', '.join(sorted(data))})")
+        _require(raw / "data.npz", "edge_index", data)
         edge_index, x, edge_feat = data["edge_index"], data.get("node_feat"), data.get("edge_feat")
-        label_path = raw / "node-label.npz"
-        labels = read_npz(label_path)
-        if "node_label" not in labels:
-            raise GraphInputError(f"{label_path}: node_label: missing (has {', '.join(sorted(labels))})")
-        y = labels["node_label"]
+        y = _npz_labels(raw, read_npz)
         counts = {"num-node-list": data.get("num_nodes_list"), "num-edge-list": data.get("num_edges_list")}
     else:
         edges = read_csv(_file(raw, "edge", True), np.int64, "edge_index")
@@ -257,8 +252,7 @@ def read_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]) 
         y = read_csv(_file(raw, "node-label", True), np.float64, "y")  # NaN: a vertex without a label
         edge_path = _file(raw, "edge-feat", False)
         edge_feat = read_csv(edge_path, np.float32, "edge_attr") if edge_path is not None else None
-        counts = {name: (read_csv(p, np.int64, name).ravel() if p is not None else None)
-                  for name in ("num-node-list", "num-edge-list") for p in [_file(raw, name, False)]}
+        counts = _csv_counts(raw)
     n = _count(counts["num-node-list"], "num-node-list", root)
     if n is None:
         n = len(x) if x is not None else len(y)
@@ -275,6 +269,25 @@ def read_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]) 
         edge_index, edge_feat = _with_inverse(edge_index, edge_feat)
     return OgbArrays(name, n, edge_index, x, y, split_masks(root, n),
                      {EDGE_FEATURES: edge_feat} if edge_feat is not None else {})
+
+
+def _require(path: Path, key: str, members: Mapping[str, object]) -> None:
+    """Refuses an `.npz` file without the member `key`, naming what it has."""
+    if key not in members:
+        raise GraphInputError(f"{path}: {key}: missing (has {', '.join(sorted(members))})")
+
+
+def _npz_labels(raw: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]) -> np.ndarray:
+    """The binary layout's labels, raw/node-label.npz's `node_label` (NaN: a vertex without a label)."""
+    labels = read_npz(raw / "node-label.npz")
+    _require(raw / "node-label.npz", "node_label", labels)
+    return labels["node_label"]
+
+
+def _csv_counts(raw: Path) -> dict[str, np.ndarray | None]:
+    """The CSV layout's per-graph count lists, None where the file is absent."""
+    return {key: (read_csv(p, np.int64, key).ravel() if p is not None else None)
+            for key in ("num-node-list", "num-edge-list") for p in [_file(raw, key, False)]}
 
 
 def split_masks(root: Path, n: int) -> dict[str, np.ndarray]:
@@ -443,16 +456,11 @@ def stream_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]
     x_rows = None
     if (raw / "data.npz").is_file():
         members = npz_members(raw / "data.npz")
-        if "edge_index" not in members:
-            raise GraphInputError(f"{raw / 'data.npz'}: edge_index: missing (has {', '.join(sorted(members))})")
+        _require(raw / "data.npz", "edge_index", members)
         edge_index, feat, efeat = members["edge_index"], members.get("node_feat"), members.get("edge_feat")
         if len(edge_index.shape) != 2 or edge_index.shape[0] != 2:
             raise GraphInputError(f"{root}: edge_index: expected shape [2, E], got {list(edge_index.shape)}")
-        label_path = raw / "node-label.npz"
-        labels = read_npz(label_path)
-        if "node_label" not in labels:
-            raise GraphInputError(f"{label_path}: node_label: missing (has {', '.join(sorted(labels))})")
-        y = labels["node_label"]
+        y = _npz_labels(raw, read_npz)
         counts = {key: (np.concatenate([np.empty(0, members[field].dtype), *members[field].elements(1 << 20)])
                         if field in members else None)
                   for key, field in (("num-node-list", "num_nodes_list"), ("num-edge-list", "num_edges_list"))}
@@ -469,8 +477,7 @@ def stream_ogb_dir(root: Path, read_npz: Callable[[Path], dict[str, np.ndarray]]
         x = (lambda: csv_blocks(feat_path, np.float32, "x")) if feat_path is not None else None
         edge_rows = (lambda: csv_blocks(efeat_path, np.float32, "edge_attr")) if efeat_path is not None else None
         y = read_csv(_file(raw, "node-label", True), np.float64, "y")
-        counts = {key: (read_csv(p, np.int64, key).ravel() if p is not None else None)
-                  for key in ("num-node-list", "num-edge-list") for p in [_file(raw, key, False)]}
+        counts = _csv_counts(raw)
         e_known = None
     n = _count(counts["num-node-list"], "num-node-list", root)
     from_count = n is not None
