@@ -241,8 +241,9 @@ def sub_view(view: GraphView, pos: torch.Tensor, cols: torch.Tensor, n_src: int)
     indptr[1:] = torch.cumsum(counts, 0)
     edge_ids = view.edge_ids[pos]
     csr = CSR(indptr, cols, edge_ids, view.csr.n_dst, n_src)
-    return GraphView(csr, csr.indices, csr.dst_index(), edge_ids, {k: v[pos] for k, v in view.edge_data.items()},
-                     view.deg)
+    # the destinations built when first read (GraphView.dst): the kernels' products never read them, and a rank keeps
+    # every part for the run (8 bytes per edge, issue 35)
+    return GraphView(csr, csr.indices, None, edge_ids, {k: v[pos] for k, v in view.edge_data.items()}, view.deg)
 
 
 @dataclass
@@ -293,15 +294,21 @@ class LayerGraph:
         sp = self.parts(view, bounds)
         full = self.views[view]
         order = torch.cat([torch.as_tensor(p) for p in sp.pos])
-        self.views[view] = GraphView(None, None, None, full.edge_ids[order],  # type: ignore[arg-type]
-                                     {k: v[order] for k, v in full.edge_data.items()}, full.deg)
+        held = GraphView(None, None, None, full.edge_ids[order],  # type: ignore[arg-type]
+                         {k: v[order] for k, v in full.edge_data.items()}, full.deg)
+        self.views[view] = held
         sizes = [int(len(p)) for p in sp.pos]
         offsets = [0]
         for n in sizes:
             offsets.append(offsets[-1] + n)
+        cut = [slice(offsets[p], offsets[p + 1]) for p in range(len(sizes))]
+        # each part's edge ids and edge data are the same values as its slice of the reordered whole: held once, as
+        # slices of it (two copies were 12 bytes per edge of GCN's rank, issue 35)
+        for v, at in zip(sp.views, cut):
+            v.edge_ids = v.csr.eids_given = held.edge_ids[at]
+            v.edge_data = {k: t[at] for k, t in held.edge_data.items()}
         self._parts = {k: v for k, v in self._parts.items() if k[0] != view}
-        self._parts[(view, tuple(bounds))] = SourceParts(sp.bounds, sp.views,
-                                                         [slice(offsets[p], offsets[p + 1]) for p in range(len(sizes))])
+        self._parts[(view, tuple(bounds))] = SourceParts(sp.bounds, sp.views, cut)
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "LayerGraph":
         """This layer with `fn` applied to every tensor: views, halo and entry plans, ids, the source parts

@@ -1,0 +1,53 @@
+"""What a depcomm rank keeps per edge of its structure (issue 35: `--nproc 2`, each rank <= 0.6x one process).
+
+A rank runs its halo layers part by part (the held rows' edges, then the halo's): it keeps the structure as those
+parts only (gnnc.plan.rows.LayerGraph.hold_parts). Each byte per edge kept there is 0.1 GiB at ogbn-products' size.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gnnc.graph import CSR, GraphView
+from gnnc.plan.rows import LayerGraph
+
+N_DST, N_HELD, N_HALO = 40, 30, 25
+
+
+def layer_graph(seed: int = 0) -> LayerGraph:
+    rs = np.random.RandomState(seed)
+    src = rs.randint(0, N_HELD + N_HALO, 600)
+    dst = rs.randint(0, N_DST, 600)
+    csr = CSR.from_edges(src, dst, N_DST, N_HELD + N_HALO)
+    eids = torch.from_numpy(rs.permutation(csr.nnz).astype(np.int64))  # global edge ids: not CSR positions
+    view = GraphView(csr, csr.indices, None, eids, {"gcn_norm": torch.rand(csr.nnz)},
+                     csr.in_degree().to(torch.float32))
+    return LayerGraph(N_HELD, N_DST, {"plain": view})
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_parts_held_share_the_edge_data_and_build_no_destinations() -> None:
+    lg = layer_graph()
+    whole = lg.views["plain"]
+    ids, norm, src = whole.edge_ids.clone(), whole.edge_data["gcn_norm"].clone(), whole.src.clone()
+    dst = whole.dst.clone()
+    bounds = (0, N_HELD, N_HELD + N_HALO)
+    lg.hold_parts("plain", bounds)
+    held = lg.views["plain"]
+    sp = lg.parts("plain", bounds)
+    for p, (view, at) in enumerate(zip(sp.views, sp.pos)):
+        # the values each part had before: its edges' ids, norms, sources (numbered within the part), destinations
+        pos = torch.nonzero((src >= bounds[p]) & (src < bounds[p + 1])).flatten()
+        assert torch.equal(view.edge_ids, ids[pos]) and torch.equal(view.csr.eids, ids[pos])
+        assert torch.equal(view.edge_data["gcn_norm"], norm[pos])
+        assert torch.equal(held.edge_data["gcn_norm"][at], norm[pos])
+        assert torch.equal(view.csr.indices, src[pos] - bounds[p])
+        # held once: a part's edge ids and data are slices of the whole's reordered ones (12 bytes per edge less)
+        assert _storage(view.edge_ids) == _storage(held.edge_ids)
+        assert _storage(view.edge_data["gcn_norm"]) == _storage(held.edge_data["gcn_norm"])
+        # the destinations are built when read, not kept beside the part for the run (8 bytes per edge)
+        assert view.dst_given is None and "dst" not in view.csr._cache
+        assert torch.equal(view.dst, dst[pos])
