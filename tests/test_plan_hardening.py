@@ -9,7 +9,9 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -154,16 +156,16 @@ def test_a_missing_parent_directory_is_named(compiled, tmp_path, capsys) -> None
 
 
 def _full_disk(monkeypatch, after: int) -> None:
-    """The shard writer's atomic writes fail with ENOSPC from the `after`-th on, as on a full disk."""
-    real = shard_files.atomic_writer
+    """The shard writer's temporary files fail with ENOSPC from the `after`-th on, as on a full disk."""
+    real = shard_files.tempfile.mkstemp
     calls = []
 
-    def writer(path):
-        calls.append(path)
+    def made(*args, dir=None, **kwargs):
+        calls.append(dir)
         if len(calls) > after:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real(path)
-    monkeypatch.setattr(shard_files, "atomic_writer", writer)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dir))
+        return real(*args, dir=dir, **kwargs)
+    monkeypatch.setattr(shard_files, "tempfile", SimpleNamespace(mkstemp=made, gettempdir=tempfile.gettempdir))
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:

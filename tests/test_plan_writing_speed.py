@@ -2,16 +2,19 @@
 
 A deep model's plan on a large graph spends seconds after the planner: every rank's row sets walk the graph's
 edges per layer, and its shards (1.5 GB for GCNII x32 on an 89,000-vertex SBM) are written and checksummed.
-The row sets walk each (edge view, row mask) once per rank; the shards are checksummed on a thread while the
-next one is built, with the same manifest as before.
+The row sets walk each (edge view, row mask) once per rank; each shard is hashed as it is written (never read
+back), its bytes and manifest the same as before.
 """
 from __future__ import annotations
 
-import threading
+import hashlib
+import io
+import zipfile
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import gnnc
 from conftest import EXAMPLES
@@ -45,20 +48,50 @@ def test_row_sets_walk_each_view_and_mask_once(monkeypatch) -> None:
         assert all(np.array_equal(got.orders[k], want[rank].orders[k]) for k in got.orders)
 
 
-def test_shards_are_checksummed_off_the_writing_thread(tmp_path: Path, monkeypatch) -> None:
-    hashed_on = []
-
-    def recorded(path) -> str:
-        hashed_on.append(threading.current_thread())
-        return file_sha256(path)
-
-    monkeypatch.setattr(shard_files, "file_sha256", recorded)
+def test_shards_are_hashed_as_they_are_written_not_read_back(tmp_path: Path, monkeypatch) -> None:
+    read_back = []
+    monkeypatch.setattr(shard_files, "file_sha256", lambda path: read_back.append(path))
     graph = gnnc.load_graph("planetoid:cora")
     plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4)
     plan.save(tmp_path / "plan")
-    assert len(hashed_on) == 4 and threading.main_thread() not in hashed_on
+    assert read_back == []  # each shard's sha256 was taken of its bytes as they went out
+    monkeypatch.undo()
     manifest = verify_shards(tmp_path / "plan" / "shards")  # every checksum is its file's
     assert [e["part"] for e in manifest["shards"]] == [0, 1, 2, 3]
+
+
+def _zipfile_npz(arrays: dict[str, np.ndarray]) -> bytes:
+    """The bytes np.savez's zipfile writes (zip64 headers forced, fixed timestamps): what shards were before
+    ShardWriter wrote the zip itself, and what np.load reads."""
+    f = io.BytesIO()
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, arr in arrays.items():
+            with zf.open(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(arr), allow_pickle=False)
+    return f.getvalue()
+
+
+def test_a_shard_is_the_bytes_zipfile_would_write(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((7, 5)).astype(np.float32)
+    arrays = {"x": a, "fortran": np.asfortranarray(a), "strided": a[:, ::2], "scalar": np.array(5),
+              "empty": np.zeros((0, 3)), "mask": rng.random(9) > 0.5, "i32": np.arange(10, dtype=np.int32),
+              "big_endian": np.arange(4, dtype=">i8"), "half": np.ones(3, np.float16), "text": np.array(["ab", "c"]),
+              "long": rng.integers(0, 9, 300_000), "n\u00e4me": np.arange(3)}
+    entry = shard_files.write_npz(tmp_path / "s.npz", 0, arrays)
+    data = (tmp_path / "s.npz").read_bytes()
+    assert data == _zipfile_npz(arrays)
+    assert entry["bytes"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+    with np.load(tmp_path / "s.npz", allow_pickle=False) as f:
+        assert all(np.array_equal(f[k], v) and f[k].dtype == v.dtype for k, v in arrays.items())
+
+
+def test_a_shard_that_fails_leaves_no_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="Object arrays"):
+        with ShardWriter() as writer:
+            writer.write(tmp_path / "s0.npz", 0, {"a": np.arange(3)})
+            writer.write(tmp_path / "s1.npz", 1, {"a": np.arange(3), "b": np.array([{}], dtype=object)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s0.npz"]
 
 
 def test_a_shard_writer_lists_its_shards_in_writing_order(tmp_path: Path) -> None:

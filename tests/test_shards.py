@@ -161,12 +161,27 @@ def test_a_shard_linked_out_of_the_directory_is_refused(tmp_path) -> None:
 
 
 def test_a_full_temporary_directory_is_named(tmp_path, monkeypatch) -> None:
-    def full(path):
+    def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(shards_mod, "atomic_writer", full)
+    monkeypatch.setattr(shards_mod.tempfile, "mkstemp", full)  # every shard's temporary file is made by it
     monkeypatch.setattr(shards_mod.tempfile, "gettempdir", lambda: str(tmp_path))
     g = random_graph(n=30, e=100, seed=1)
     with pytest.raises(OutOfSpace, match="No space left on device.*TMPDIR|TMPDIR.*No space left") as err:
         write_shards(g, np.arange(30) % 3, 3, tmp_path / "run", "hash")
     assert err.value.exit_code == 1
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_disk_that_fills_while_a_shard_is_written_leaves_nothing(tmp_path, monkeypatch) -> None:
+    put = shards_mod._ZipOut._put
+
+    def filling(self, data) -> None:
+        if self.size > 1000:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        put(self, data)
+    monkeypatch.setattr(shards_mod._ZipOut, "_put", filling)
+    g = random_graph(n=300, e=2000, seed=1)
+    with pytest.raises(OutOfSpace, match="No space left on device") as err:
+        write_shards(g, np.arange(300) % 3, 3, tmp_path / "run", "hash")
+    assert err.value.exit_code == 1
+    assert list((tmp_path / "run").iterdir()) == []  # no shard, no temporary file

@@ -32,8 +32,10 @@ import hashlib
 import io
 import json
 import os
+import struct
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.files import atomic_writer, file_sha256
+from gnnc.files import _fsync_dir, atomic_writer, file_sha256
 from gnnc.errors import PlanError, write_failure
 from gnnc.graph import Graph
 from gnnc.graph.store import release_pages
@@ -89,57 +91,187 @@ class Shard:
         return columns[self.indices], dst
 
 
+def _write_error(path: Path, err: OSError) -> Exception:
+    # a run's shards go to a directory of their own in the temporary directory, which the user may not know
+    # fills up (a plan's are in the plan: -o chose where)
+    in_temp = Path(path).resolve().parent.parent == Path(tempfile.gettempdir()).resolve()
+    hint = " (a run writes its shards in the temporary directory: TMPDIR chooses another)" if in_temp else ""
+    return write_failure(err, f"the shard file {path}{hint}")  # the cause: Plan.save names its plan
+
+
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     try:
         with atomic_writer(path) as f:
             write(f)
     except OSError as err:
-        # a run's shards go to a directory of their own in the temporary directory, which the user may not know
-        # fills up (a plan's are in the plan: -o chose where)
-        in_temp = Path(path).resolve().parent.parent == Path(tempfile.gettempdir()).resolve()
-        hint = " (a run writes its shards in the temporary directory: TMPDIR chooses another)" if in_temp else ""
-        raise write_failure(err, f"the shard file {path}{hint}") from err  # the cause: Plan.save names its plan
+        raise _write_error(path, err) from err
 
 
-def _savez(f: Any, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez with fixed entry timestamps, so the same arrays give the same bytes (plans are deterministic)."""
-    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, arr in arrays.items():
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with zf.open(info, "w", force_zip64=True) as out:
-                np.lib.format.write_array(out, np.asanyarray(arr), allow_pickle=False)
+_DATE = (1980, 1, 1, 0, 0, 0)  # every member's timestamp: the same arrays give the same bytes (plans are deterministic)
+_BLOCK = 1 << 20  # bytes hashed and written at a time: a block is still in the cache when the write copies it
+
+
+def _npy_member(arr: Any) -> tuple[bytes, memoryview]:
+    """An array's .npy file as np.save writes it: the header (format 1.0, 2.0 when 1.0 cannot hold it) and the
+    data in C order (a Fortran-ordered array's in its own order, as its header says), the data a view of the
+    array's memory where it is contiguous, not a copy."""
+    arr = np.asanyarray(arr)
+    if arr.dtype.hasobject:
+        raise ValueError("Object arrays cannot be saved when allow_pickle=False")
+    fmt = np.lib.format
+    head = io.BytesIO()
+    try:
+        fmt.write_array_header_1_0(head, fmt.header_data_from_array_1_0(arr))
+    except ValueError:  # a header over 64 KiB (np.save moves to format 2.0 then)
+        head = io.BytesIO()
+        fmt.write_array_header_2_0(head, fmt.header_data_from_array_1_0(arr))
+    data = arr.T if arr.flags.f_contiguous and not arr.flags.c_contiguous else np.ascontiguousarray(arr)
+    return head.getvalue(), memoryview(data.reshape(-1).view(np.uint8))
+
+
+class _ZipOut:
+    """A .npz (a zip of stored .npy members) written front to back, byte for byte what np.savez's zipfile writes
+    with zip64 headers forced: each member's CRC is taken from the array's memory before its header, so nothing
+    is seeked back over, the array is never copied into bytes, and the file's sha256 is taken as it is written
+    (the shard is not read back to be hashed)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self._members: list[zipfile.ZipInfo] = []
+
+    def _put(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        for i in range(0, len(view), _BLOCK):
+            block = view[i:i + _BLOCK]
+            self.sha256.update(block)
+            self._f.write(block)
+        self.size += len(view)
+
+    def member(self, name: str, arr: Any) -> None:
+        head, data = _npy_member(arr)
+        info = zipfile.ZipInfo(f"{name}.npy", date_time=_DATE)
+        info.external_attr = 0o600 << 16  # zipfile's default for a member it writes: ?rw-------
+        info.CRC = zlib.crc32(data, zlib.crc32(head))
+        info.file_size = info.compress_size = len(head) + len(data)
+        info.header_offset = self.size
+        self._put(info.FileHeader(True))
+        self._put(head)
+        self._put(data)
+        self._members.append(info)
+
+    def close(self) -> None:
+        """The central directory and the end records, as zipfile's `_write_end_record` writes them."""
+        start = self.size
+        for info in self._members:
+            dt = info.date_time
+            dosdate, dostime = (dt[0] - 1980) << 9 | dt[1] << 5 | dt[2], dt[3] << 11 | dt[4] << 5 | dt[5] // 2
+            size, offset, zip64 = info.file_size, info.header_offset, []
+            if size > zipfile.ZIP64_LIMIT:
+                zip64 += [size, size]  # stored: its compressed size is its size
+                size = 0xFFFFFFFF
+            if offset > zipfile.ZIP64_LIMIT:
+                zip64.append(offset)
+                offset = 0xFFFFFFFF
+            extra = struct.pack("<HH" + "Q" * len(zip64), 1, 8 * len(zip64), *zip64) if zip64 else b""
+            least = zipfile.ZIP64_VERSION if zip64 else 0
+            name, flags = info._encodeFilenameFlags()
+            self._put(struct.pack(zipfile.structCentralDir, zipfile.stringCentralDir,
+                                  max(least, info.create_version), info.create_system,
+                                  max(least, info.extract_version), info.reserved, flags, info.compress_type,
+                                  dostime, dosdate, info.CRC, size, size, len(name), len(extra), 0, 0,
+                                  info.internal_attr, info.external_attr, offset) + name + extra)
+        end = self.size
+        count, central, offset = len(self._members), end - start, start
+        if count > zipfile.ZIP_FILECOUNT_LIMIT or offset > zipfile.ZIP64_LIMIT or central > zipfile.ZIP64_LIMIT:
+            self._put(struct.pack(zipfile.structEndArchive64, zipfile.stringEndArchive64, 44, 45, 45, 0, 0, count,
+                                  count, central, offset))
+            self._put(struct.pack(zipfile.structEndArchive64Locator, zipfile.stringEndArchive64Locator, 0, end, 1))
+            count, central, offset = min(count, 0xFFFF), min(central, 0xFFFFFFFF), min(offset, 0xFFFFFFFF)
+        self._put(struct.pack(zipfile.structEndArchive, zipfile.stringEndArchive, 0, 0, count, count, central, offset,
+                              0))
+
+
+def _savez(f: Any, arrays: dict[str, np.ndarray]) -> tuple[str, int]:
+    """Write `arrays` as a .npz into the open file `f`, as np.savez would with fixed entry timestamps (plans are
+    deterministic); returns the bytes' (sha256, size)."""
+    out = _ZipOut(f)
+    for name, arr in arrays.items():
+        out.member(name, arr)
+    out.close()
+    return out.sha256.hexdigest(), out.size
+
+
+def _into_place(f: Any, tmp: str, path: Path) -> None:
+    """Make the written temporary file `tmp` be `path` durably (fsync, rename, the directory's fsync), as
+    gnnc.files.atomic_writer does; on the writer's thread, so the disk's work overlaps the next shard's."""
+    try:
+        try:
+            with f:
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(path.parent)
+    except OSError as err:
+        raise _write_error(path, err) from err
 
 
 class ShardWriter:
-    """Writes shards one after another, each atomically, and checksums each on a thread of its own while the
-    caller builds the next: a plan's shards can be gigabytes (GCNII x32 on an 89,000-vertex SBM: 1.5 GB), and
-    hashing them after writing them took a third of writing the plan. The thread reads the file back (from the
-    page cache), so no shard's arrays are held longer than its write. `entries()` waits for the checksums.
+    """Writes shards one after another, each atomically (a temporary file renamed into place once it is on the
+    disk), hashing each as it writes it: a plan's shards can be gigabytes (GCNII x32 on an 89,000-vertex SBM:
+    1.6 GB), and reading them back to hash them cost a copy of every byte. A thread of its own waits for each
+    file to reach the disk and renames it while the caller builds the next; `entries()` waits for them.
 
         with ShardWriter() as writer:
             for part ...: writer.write(path, part, arrays, **extra)
             entries = writer.entries()
     """
 
+    _PENDING = 4  # shards written but not yet on the disk at most (each holds an open file)
+
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnnc-shard-sha256")
-        self._written: list[tuple[dict[str, Any], Future[str]]] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnnc-shard-sync")
+        self._written: list[tuple[dict[str, Any], Future[None], Any, str]] = []
 
     def write(self, path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> None:
-        """Write one shard atomically; its manifest entry (size, sha256 and `extra`) comes from `entries()`."""
-        _atomic_write(path, lambda f: _savez(f, arrays))
-        entry = {"part": part, "file": path.name, "bytes": path.stat().st_size, **extra}
-        self._written.append((entry, self._pool.submit(file_sha256, path)))
+        """Write one shard; its manifest entry (size, sha256 and `extra`) comes from `entries()`."""
+        if len(self._written) >= self._PENDING:
+            self._written[-self._PENDING][1].result()
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        except OSError as err:
+            raise _write_error(path, err) from err
+        f = os.fdopen(fd, "wb")
+        try:
+            digest, size = _savez(f, arrays)
+        except BaseException as err:
+            f.close()
+            Path(tmp).unlink(missing_ok=True)
+            if isinstance(err, OSError):
+                raise _write_error(path, err) from err
+            raise
+        entry = {"part": part, "file": path.name, "bytes": size, "sha256": digest, **extra}
+        self._written.append((entry, self._pool.submit(_into_place, f, tmp, path), f, tmp))
 
     def entries(self) -> list[dict[str, Any]]:
-        """Every written shard's manifest entry, in writing order."""
-        return [{**entry, "sha256": digest.result()} for entry, digest in self._written]
+        """Every written shard's manifest entry, in writing order, once each is in place."""
+        for _, placed, _, _ in self._written:
+            placed.result()
+        return [entry for entry, _, _, _ in self._written]
 
     def __enter__(self) -> "ShardWriter":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        for _, placed, f, tmp in self._written:  # a shard never put in place (an error before it) leaves nothing
+            if placed.cancelled():
+                f.close()
+                Path(tmp).unlink(missing_ok=True)
 
 
 def write_npz(path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> dict[str, Any]:
