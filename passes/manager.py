@@ -145,6 +145,7 @@ def run_pipeline(program: Program, pipeline: list[str] | list[PassSpec], ctx: Pa
     """Run passes in order; `after(name, program)` sees the IR after each."""
     ctx = ctx or PassContext()
     done: list[str] = []
+    checked: dict[int, Any] = {}  # equations whose type rules verify re-ran already (they are immutable)
     if verify_each:
         verify(program)
     for spec in map(as_spec, pipeline):
@@ -159,7 +160,7 @@ def run_pipeline(program: Program, pipeline: list[str] | list[PassSpec], ctx: Pa
         done.append(spec.name)
         if verify_each:
             try:
-                verify(program, typed=info.typed_after)
+                verify(program, typed=info.typed_after, checked=checked)
             except VerifyError as err:
                 raise VerifyError(f"after pass '{spec.name}' (ran: {', '.join(done)}): {err.message}") from None
         if after is not None:

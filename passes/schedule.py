@@ -513,9 +513,10 @@ def schedule(program: Program, ctx: PassContext, opts: ScheduleOptions) -> Progr
 
 
 def _grad_alternatives(segments: list[Segment], plan: PricedPlan) -> list[dict[str, Any]]:
-    """The predicted epoch with the gradient all-reduce after backward and during it."""
+    """The predicted epoch with the gradient all-reduce after backward and during it (their times only: the
+    stages are not split into pieces)."""
     out = []
     for overlap in (False, True):
-        drawn = predicted_schedule(segments, dataclasses.replace(plan, grad_overlap=overlap))
+        drawn = predicted_schedule(segments, dataclasses.replace(plan, grad_overlap=overlap), pieces=False)
         out.append({"grad_overlap": overlap, "time_s": drawn["time_s"]})
     return out

@@ -765,8 +765,12 @@ def _evaluate(expr: Any, config: dict[str, Any]) -> float | int | bool | None:
     if isinstance(expr, bool):
         return expr
     expr = as_expr(expr)
-    subs = {sympy.Symbol(k): v for k, v in config.items() if v is not None and not isinstance(v, bool)}
-    val = expr.subs(subs)
+    free = expr.free_symbols
+    # only the expression's own symbols: sympy's subs sorts every key it is given, and a deep model evaluates
+    # a few hundred constants under its whole configuration (the same values: the other keys match nothing)
+    subs = {sym: v for k, v in config.items() if v is not None and not isinstance(v, bool)
+            and (sym := sympy.Symbol(k)) in free}
+    val = expr.subs(subs) if subs else expr
     if val.free_symbols:
         return None
     if val.is_Integer:

@@ -14,7 +14,7 @@ class VerifyError(InternalError):
     """An IR invariant is broken: a bug in a pass, not in the user's program."""
 
 
-def verify(program: Program, typed: bool = False) -> None:
+def verify(program: Program, typed: bool = False, checked: dict[int, Eqn] | None = None) -> None:
     """Check the IR's invariants; raise VerifyError naming the broken one.
 
     1. Every value is defined once: program inputs, layer params and equation
@@ -30,6 +30,10 @@ def verify(program: Program, typed: bool = False) -> None:
     7. With `typed=True`: each equation's op is defined and its type rule, re-run
        on the recorded input types, gives the recorded output types (checked
        last, so a broken use-def chain is reported as such).
+
+    `checked`: equations whose type rule was re-run already, by id (a pass manager verifying after every pass
+    passes one dict: a pass rebuilds a few layers and keeps the other equations, which are immutable, so
+    their rules are not re-run after each of a deep model's passes). Updated in place.
     """
 
     defined: dict[str, Value] = {}
@@ -85,7 +89,11 @@ def verify(program: Program, typed: bool = False) -> None:
         if v.name not in visible:
             raise VerifyError(f"the program's {role} %{v.name} is not defined")
     for e, where in retype:
+        if checked is not None and checked.get(id(e)) is e:
+            continue
         check_types(e, where)
+        if checked is not None:
+            checked[id(e)] = e  # holding it: its id is not reused while the dict lives
 
 
 def check_types(e: Eqn, where: str) -> None:

@@ -387,19 +387,31 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
     every selection holding the layer, its values side by side as columns; a selection's stages are its
     layers' columns (the formula's values, its sums in another order)."""
     p, n = inputs.workers, len(selections)
-    base = {name: np.broadcast_to(v, (p,)).reshape(p, 1) for name, v in inputs.table.by_name.items()}
+    base = {name: v.reshape(p, 1) for name, v in inputs.table.by_name.items()}  # each one float64 per worker
     stages_f: dict[tuple[int, int], np.ndarray] = {}  # (selection, layer) -> [workers]
     stages_b: dict[tuple[int, int], np.ndarray] = {}
     stages_e: dict[tuple[int, int], np.ndarray] = {}
     nbytes, memory = np.zeros((p, n)), np.zeros((p, n))
 
     named = [{s.name: v for s, v in extra.items()} for _, _, extra in selections]
+    valued = {name for values in named for name in values}  # the names any selection has a value of
+
+    missing = np.full(p, np.nan)
+
+    def row(value: Any) -> np.ndarray:
+        """A selection's value of one symbol as one float64 entry per worker (`hybrid_values` makes them so)."""
+        if isinstance(value, np.ndarray) and value.dtype == np.float64 and value.shape == (p,):
+            return value
+        return np.broadcast_to(np.asarray(value, np.float64), (p,))
 
     def columns(which: list[int], exprs: Sequence[sympy.Expr]) -> Mapping[str, Any]:
-        """The selections' values of the symbols `exprs` read, one column each, over every symbol's value."""
-        names = {s.name for e in exprs for s in numeric_function(e)[1]} & {name for i in which for name in named[i]}
-        return Overlay(base, {name: np.stack([np.broadcast_to(np.asarray(named[i].get(name, np.nan), np.float64),
-                                                              (p,)) for i in which], axis=1) for name in names})
+        """The selections' values of the symbols `exprs` read, one column each, over every symbol's value.
+        The names are the formulas' that some selection holds, looked up per name (a handful per layer), not
+        gathered from every selection's values (O(L) names each: O(L³) over a deep model's spans)."""
+        read = {s.name for e in exprs for s in numeric_function(e)[1]} & valued
+        names = [name for name in read if any(name in named[i] for i in which)]
+        return Overlay(base, {name: np.stack([row(named[i].get(name, missing)) for i in which], axis=1)
+                              for name in names})
 
     def run(expr: sympy.Expr, grid: Mapping[str, Any], cols: int) -> np.ndarray:
         return np.broadcast_to(np.asarray(numeric_function(expr)[0](grid), np.float64), (p, cols))
@@ -445,12 +457,14 @@ def hybrid_values(start: int, comm_received: np.ndarray, comm_sent_rows: np.ndar
     """Symbol values of a Hybrid selection for `hybrid(start, ...)`: arrays [workers, layers] (layer
     m of the segment is model layer start+m) and the replicated input rows [workers]."""
     out: dict[Symbol, np.ndarray] = {RX: np.asarray(replicated, np.float64)}
+    received, sent, rows, edges = (np.asarray(a, np.float64) for a in (comm_received, comm_sent_rows, rec_rows,
+                                                                         rec_edges))
     for m in range(np.shape(comm_received)[1]):
         layer = start + m
-        out[comm_rows(layer)] = np.asarray(comm_received, np.float64)[:, m]
-        out[comm_sent(layer)] = np.asarray(comm_sent_rows, np.float64)[:, m]
-        out[recompute_rows(layer)] = np.asarray(rec_rows, np.float64)[:, m]
-        out[recompute_edges(layer)] = np.asarray(rec_edges, np.float64)[:, m]
+        out[comm_rows(layer)] = received[:, m]
+        out[comm_sent(layer)] = sent[:, m]
+        out[recompute_rows(layer)] = rows[:, m]
+        out[recompute_edges(layer)] = edges[:, m]
     return out
 
 

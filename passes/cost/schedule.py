@@ -213,7 +213,7 @@ def _segment_stages(start: int, end: int, n: int, whole_model: bool = False) -> 
 _StageSpec = tuple[Any, np.ndarray, Any, dict[str, Any], Sequence[str]]
 
 
-def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str, Any]:
+def predicted_schedule(segments: Sequence[Any], priced: PricedPlan, pieces: bool = True) -> dict[str, Any]:
     """The chosen assignment's epoch as the cost model predicts it, for every worker.
 
     Stages in the order they run: for each segment its forward stages (after the layout transition
@@ -224,7 +224,9 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
     worker (the cost model's rule), so stage k starts where stage k-1's slowest worker ended; the
     total is the planner's predicted epoch time. Each stage lists its pieces with their start and
     duration per worker (seconds from the epoch's start); pieces sharing an `overlap` id run side
-    by side, and the stage pays the longest.
+    by side, and the stage pays the longest. `pieces` False: the stages without their pieces (every stage's
+    start and time are the same: a stage lasts its own evaluation's slowest worker), for a caller that reads
+    only the times (splitting each stage's formula into its terms is most of the drawing).
     """
     inputs = priced.inputs
     gemm_first = {i: shape.gemm_first for i, shape in enumerate(priced.shapes)}
@@ -278,8 +280,12 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan) -> dict[str,
         for expr, times, extra, info, order in specs:
             if float(np.max(times)) <= 0.0:
                 continue  # nothing happens (e.g. a layout change that is free forward)
-            record = _stage_record(expr, times, clock, lambda e, x=extra: evaluate(e, inputs, x), info, order,
-                                   gemm_first)
+            if pieces:
+                record = _stage_record(expr, times, clock, lambda e, x=extra: evaluate(e, inputs, x), info, order,
+                                       gemm_first)
+            else:
+                record = {**info, "start_s": clock, "time_s": float(times.max()),
+                          "worker_time_s": [float(x) for x in times], "pieces": []}
             stages.append(record)
             clock += record["time_s"]
 

@@ -92,41 +92,51 @@ E_r = Symbol("Er_i", nonnegative=True)  # in-edges of owned vertices whose sourc
 E_in = Symbol("Ein_i", nonnegative=True)  # in-edges of the owned vertices with no remote in-neighbour
 
 
+# Made once, as the per-layer symbols below: a Symbol() call runs sympy's assumption handling each time, and a
+# deep model's search named ~30,000 of them.
+@functools.lru_cache(maxsize=None)
 def d(layer: int) -> Symbol:
     """d_l: the width of h^l (d_0 is the input feature count F)."""
     return Symbol(f"d_{layer}", positive=True)
 
 
+@functools.lru_cache(maxsize=None)
 def heads(layer: int) -> Symbol:
     """Attention heads of layer l."""
     return Symbol(f"heads_{layer}", positive=True)
 
 
+@functools.lru_cache(maxsize=None)
 def hop_vertices(k: int) -> Symbol:
     """HV_k,i: vertices within k in-hops of V_i, V_i included (HV_0 = V_i)."""
     return Symbol(f"HV_{k}_i", nonnegative=True)
 
 
+@functools.lru_cache(maxsize=None)
 def hop_edges(k: int) -> Symbol:
     """HE_k,i: in-edges of the vertices within k in-hops of V_i (HE_0 = E_i)."""
     return Symbol(f"HE_{k}_i", nonnegative=True)
 
 
+@functools.lru_cache(maxsize=None)
 def comm_rows(layer: int) -> Symbol:
     """CR_l,i: rows of h^l worker i receives in a Hybrid segment (its communicated dependencies)."""
     return Symbol(f"CR_{layer}_i", nonnegative=True)
 
 
+@functools.lru_cache(maxsize=None)
 def comm_sent(layer: int) -> Symbol:
     """CS_l,i: rows of h^l worker i sends in a Hybrid segment."""
     return Symbol(f"CS_{layer}_i", nonnegative=True)
 
 
+@functools.lru_cache(maxsize=None)
 def recompute_rows(layer: int) -> Symbol:
     """RV_l,i: rows of h^{l+1} worker i recomputes at layer l for its cached dependencies."""
     return Symbol(f"RV_{layer}_i", nonnegative=True)
 
 
+@functools.lru_cache(maxsize=None)
 def recompute_edges(layer: int) -> Symbol:
     """RE_l,i: edges worker i aggregates at layer l for its cached dependencies."""
     return Symbol(f"RE_{layer}_i", nonnegative=True)
@@ -147,6 +157,7 @@ OP_SIDES = ("in", "out", "edge", "call", "part")
 PHASES = {"f": "forward", "b": "backward", "e": "evaluation"}
 
 
+@functools.lru_cache(maxsize=None)
 def op_time(layer: int, side: str, phase: str) -> Symbol:
     """T<side>_<phase>_l: seconds graph layer l's other ops take (everything but its dense maps,
     aggregations and exchanges; the dense layer after it and, for layer 0, the one before it, included)
@@ -160,6 +171,7 @@ def op_time(layer: int, side: str, phase: str) -> Symbol:
     return Symbol(f"T{side}_{phase}_{layer}", nonnegative=True)
 
 
+@functools.lru_cache(maxsize=None)
 def kernel_factor(layer: int, kernel: str) -> Symbol:
     """K<kernel>_l: how many times its fitted seconds per unit of work graph layer l's `kernel` takes at the
     layer's widths (the dense map's forward, weight gradient, input gradient; the aggregation's forward,

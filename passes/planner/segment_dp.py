@@ -151,12 +151,13 @@ def solve(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[SegKey, 
     (the message gives the least memory any assignment needs).
     """
     trans = transition_cost or {}
-    table = fill_table(num_layers, strategies, seg_cost, trans, memory_cap, memory_combine)
+    table, capped = _fill(num_layers, strategies, seg_cost, trans, memory_cap, memory_combine)
     pick = best_label(table, num_layers, strategies)
     if pick is None:
         raise GnncError(_no_assignment(num_layers, strategies, seg_cost, trans, memory_cap, memory_combine))
     best = backtrack(table, pick[0], pick[1], seg_cost)
-    alternatives = _alternatives(num_layers, strategies, seg_cost, trans, memory_cap, memory_combine, table, best)
+    alternatives = _alternatives(num_layers, strategies, seg_cost, trans, memory_cap, memory_combine, table, best,
+                                 None if capped else table)
     return DPResult(best, table, alternatives)
 
 
@@ -170,6 +171,13 @@ def fill_table(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[Seg
     is 0 -- the label extended by the transition s' -> s at `start` and the
     segment; dominated labels and labels over the cap are dropped.
     """
+    return _fill(num_layers, strategies, seg_cost, transition_cost, memory_cap, memory_combine)[0]
+
+
+def _fill(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[SegKey, tuple[float, float]],
+          transition_cost: Mapping[TransKey, float | tuple[float, float]],
+          memory_cap: float | None, memory_combine: str = "sum") -> tuple[Table, bool]:
+    """`fill_table`, and whether the cap dropped any label (if none, the table is the uncapped one too)."""
     if num_layers < 1:
         raise ValueError("the DP needs at least one layer")
     if memory_combine not in ("sum", "max"):
@@ -194,6 +202,7 @@ def fill_table(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[Seg
         return total + extra if memory_combine == "sum" else max(total, extra)
 
     cells: dict[tuple[int, str], list[Label]] = {}
+    capped = False
     # Boundaries in increasing order: every label at `start` is final before segments leave from it.
     for start in range(num_layers):
         sources: list[tuple[tuple[int, str] | None, int, Label | None]]
@@ -211,6 +220,7 @@ def fill_table(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[Seg
                     et, em = _split(trans.get((strategy, None, num_layers), 0.0))
                     time, memory = time + et, add_memory(memory, em)
                 if memory_cap is not None and memory > memory_cap:
+                    capped = True
                     continue
                 order = (lab.order if lab else ()) + (rank[strategy],) * (end - start)
                 new = Label(time, memory, order, (lab.segments if lab else 0) + 1,
@@ -221,7 +231,8 @@ def fill_table(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[Seg
         for s in strategies:
             if (start + 1, s) in cells:
                 cells[(start + 1, s)].sort(key=Label.key)
-    return {cell: tuple(labels) for cell, labels in sorted(cells.items(), key=lambda c: (c[0][0], rank[c[0][1]]))}
+    return ({cell: tuple(labels) for cell, labels in sorted(cells.items(), key=lambda c: (c[0][0], rank[c[0][1]]))},
+            capped)
 
 
 def best_label(table: Table, num_layers: int, strategies: Sequence[str]) -> tuple[tuple[int, str], int] | None:
@@ -262,7 +273,10 @@ def solve_pure(num_layers: int, strategy: str, seg_cost: Mapping[SegKey, tuple[f
 
 def _alternatives(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[SegKey, tuple[float, float]],
                   trans: Mapping[TransKey, float | tuple[float, float]], memory_cap: float | None,
-                  memory_combine: str, table: Table, best: Assignment) -> tuple[Assignment, ...]:
+                  memory_combine: str, table: Table, best: Assignment,
+                  uncapped: Table | None = None) -> tuple[Assignment, ...]:
+    """`DPResult.alternatives` (`table`: filled under `memory_cap`). `uncapped`: the table without the cap when
+    the caller has it (`table` itself when the cap dropped no label: the fill is not run twice)."""
     found: dict[tuple[SegKey, ...], Assignment] = {}
 
     def keep(a: Assignment) -> None:
@@ -270,7 +284,8 @@ def _alternatives(num_layers: int, strategies: Sequence[str], seg_cost: Mapping[
 
     keep(best)
     if memory_cap is not None:  # the fastest regardless of memory, to say what the cap costs
-        free = fill_table(num_layers, strategies, seg_cost, trans, None, memory_combine)
+        free = uncapped if uncapped is not None else fill_table(num_layers, strategies, seg_cost, trans, None,
+                                                                memory_combine)
         pick = best_label(free, num_layers, strategies)
         if pick is not None:
             keep(backtrack(free, pick[0], pick[1], seg_cost))

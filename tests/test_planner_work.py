@@ -1,0 +1,171 @@
+"""Work a compile does before writing its plan, counted (issue 36: compile time after load and partition).
+
+Each test counts one cost that a deep model's compile paid over and over and no longer pays (counts, not
+timings: the machine is shared); each says what it measured before. benchmarks/compile_time.py has the times.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import sympy
+
+import gnnc
+from conftest import EXAMPLES, random_graph
+from gnnc.passes.cost import neutronstar
+from gnnc.passes.cost import schedule as cost_schedule
+from gnnc.passes.planner import segment_dp
+
+verify_module = importlib.import_module("gnnc.ir.verify")  # the module (gnnc.ir.verify is also its function)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return random_graph(n=300, e=1800, f=16, c=4)
+
+
+def _equations(program) -> int:
+    return sum(len(layer.eqns) for layer in program.layers)
+
+
+def test_the_ir_verifier_reruns_each_equations_type_rule_once(monkeypatch, graph) -> None:
+    """The compile verifies the IR after each of its ~15 passes; a pass rebuilds a few layers and keeps the other
+    (immutable) equations, whose type rules are not re-run. GCNII x8: 1,796 type rules before (every equation
+    after every pass), 150 now for a final program of 126 equations."""
+    calls = []
+    real = verify_module.check_types
+    monkeypatch.setattr(verify_module, "check_types", lambda e, where: calls.append(e) or real(e, where))
+    plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=8), graph, workers=4)
+    assert len(calls) <= 2 * _equations(plan.program), (len(calls), _equations(plan.program))
+
+
+def test_a_memory_cap_that_drops_no_label_fills_the_dp_table_once(monkeypatch) -> None:
+    """The alternatives show the fastest assignment regardless of the cap, from a table filled without it; when
+    the cap dropped no label, the capped table is that table, and the DP is not run again (the 64-layer GCNII
+    example on Cora: 508,064 label comparisons before, 254,032 now). Same result as without a cap."""
+    rng = np.random.default_rng(1)
+    layers = 16
+    seg_cost = {}
+    for a in range(layers):
+        for z in range(a + 1, layers + 1):
+            seg_cost[(a, z, "depcache")] = (float(rng.uniform(1, 2) * (z - a)), float(rng.uniform(1, 2) * (z - a)))
+        seg_cost[(a, a + 1, "depcomm")] = (float(rng.uniform(1, 2)), float(rng.uniform(0.5, 1)))
+    counted = {"n": 0}
+    real = segment_dp._dominates
+
+    def dominates(a, b) -> bool:
+        counted["n"] += 1
+        return real(a, b)
+
+    monkeypatch.setattr(segment_dp, "_dominates", dominates)
+    free = segment_dp.solve(layers, ["depcomm", "depcache"], seg_cost)
+    without = counted["n"]
+    counted["n"] = 0
+    capped = segment_dp.solve(layers, ["depcomm", "depcache"], seg_cost, memory_cap=1e9)
+    assert counted["n"] == without  # was 2x: the table filled again without the cap
+    assert capped == free
+
+
+def test_a_cap_that_binds_still_shows_the_fastest_assignment_regardless_of_it() -> None:
+    """The uncapped fill still runs when the cap dropped a label: the alternatives hold the faster plan that
+    does not fit."""
+    seg_cost = {(0, 1, "a"): (1.0, 10.0), (1, 2, "a"): (1.0, 10.0), (0, 1, "b"): (2.0, 1.0),
+                (1, 2, "b"): (2.0, 1.0)}
+    result = segment_dp.solve(2, ["a", "b"], seg_cost, memory_cap=5.0)
+    assert result.best.strategies == ("b", "b")
+    assert any(alt.strategies == ("a", "a") and not alt.fits(5.0) for alt in result.alternatives)
+
+
+def test_hybrid_selections_are_priced_without_a_value_conversion_per_selection(monkeypatch, graph) -> None:
+    """`hybrid_values_of` prices every Hybrid span's selections layer by layer, their values side by side: each
+    value (already one float64 per worker) is stacked as it is, and a layer's symbols are looked up per name,
+    not gathered from every selection's O(L) values (O(L³) for a deep model's spans). GCNII x16 x4: 2,224
+    np.broadcast_to calls before (one per symbol and selection, and per symbol of the inputs), 168 now."""
+    calls = {"n": 0, "on": False}
+    real_broadcast, real_values_of = np.broadcast_to, neutronstar.hybrid_values_of
+
+    def broadcast(*args, **kwargs):
+        calls["n"] += calls["on"]
+        return real_broadcast(*args, **kwargs)
+
+    def values_of(*args, **kwargs):
+        calls["on"] = True
+        try:
+            return real_values_of(*args, **kwargs)
+        finally:
+            calls["on"] = False
+
+    monkeypatch.setattr(np, "broadcast_to", broadcast)
+    monkeypatch.setattr(neutronstar, "hybrid_values_of", values_of)
+    from gnnc.passes.planner import hybrid
+    monkeypatch.setattr(hybrid, "hybrid_values_of", values_of)
+    layers = 16
+    gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=layers), graph, workers=4, allow=["hybrid"])
+    assert 0 < calls["n"] <= 16 * layers, calls["n"]
+
+
+def test_the_cost_symbols_are_made_once(monkeypatch, graph) -> None:
+    """A Symbol() call runs sympy's assumption handling; the per-layer symbols (widths, Hybrid's rows, op
+    times, kernel factors) are made once per process. A second compile of GCNII x16 makes none in its search
+    (2,098 before: four per layer of every Hybrid selection, and the inputs' table)."""
+    from gnnc.passes import choose_strategy
+
+    model = gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=16)
+    gnnc.compile(model, graph, workers=4)
+    made = {"n": 0}
+    real_new = sympy.Symbol.__new__
+    search = choose_strategy.choose
+
+    def counted_search(*args, **kwargs):
+        def new(cls, *a, **k):
+            made["n"] += 1
+            return real_new(cls, *a, **k)
+
+        sympy.Symbol.__new__ = new
+        try:
+            return search(*args, **kwargs)
+        finally:
+            sympy.Symbol.__new__ = real_new
+
+    monkeypatch.setattr(choose_strategy, "choose", counted_search)
+    gnnc.compile(model, graph, workers=4)
+    assert made["n"] <= 20, made["n"]
+
+
+def test_the_schedule_pass_splits_each_stage_into_pieces_once(monkeypatch, graph) -> None:
+    """The schedule pass compares the gradient all-reduce after and during backward by their times, which are
+    the stages' own; only the schedule it keeps is split into pieces (its drawing). GCN x4 depcomm: 22 stages split before (three drawings), 7 now."""
+    split = {"n": 0}
+    real = cost_schedule._stage_items
+
+    def items(*args, **kwargs):
+        split["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cost_schedule, "_stage_items", items)
+    plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4, strategy="depcomm")
+    stages = plan.meta.planner.schedule["stages"] if plan.meta.planner else None
+    report = plan.meta.schedule_report
+    drawn = [s for s in report["predicted"]["stages"] if s["pieces"]]
+    assert drawn and split["n"] <= len(drawn), (split["n"], len(drawn), stages is None)
+    times = {a["grad_overlap"]: a["time_s"] for a in report["grad_alternatives"]}
+    assert times[report["grad_overlap"]] == report["predicted_time_s"]
+
+
+def test_constants_are_evaluated_under_their_own_symbols_only(monkeypatch) -> None:
+    """Elaboration evaluates a deep model's constants (a few hundred) under its configuration: sympy's subs is
+    given the expression's own symbols, or not called for a number (it sorted every configuration key each
+    time: the 64-layer GCNII example's elaboration spent half its time there). GCNII x16: 43 calls before, each
+    given every parameter, 18 now."""
+    given = []
+    real = sympy.Basic.subs
+
+    def subs(self, *args, **kwargs):
+        given.append((self.free_symbols, set(args[0]) if args and isinstance(args[0], dict) else None))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(sympy.Basic, "subs", subs)
+    gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=16).program()
+    assert given  # the hidden width's and the layer count's uses
+    assert all(keys is None or keys <= free for free, keys in given), [k - f for f, k in given if k][:3]
