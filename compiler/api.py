@@ -67,7 +67,7 @@ from gnnc.plan.approximation import approximations, require_exact
 from gnnc.plan.schedules import SCHEDULES
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.runtime.device import check_gpu_count, resolve_device
-from gnnc.runtime.distributed import DistJob
+from gnnc.runtime.distributed import DistJob, let_go_of_graph
 from gnnc.runtime.link_task import draw_negatives, split_for
 from gnnc.runtime.launch import DEFAULT_TIMEOUT_S, join_torchrun, launch, started_by_torchrun
 from gnnc.runtime.main_guard import check_main_guard
@@ -637,6 +637,7 @@ def run_plan(plan: Plan, graph: Any, cfg, metrics: str | None = None, want_logit
         plan.parts = partition_vertices(plan.graph, plan.workers, plan.meta.partition.method, cfg.seed)
     with tempfile.TemporaryDirectory(prefix="gnnc-shards-") as tmp:
         plan.write_shards(tmp)
+        let_go_of_graph(plan.graph)
         plan.graph = None  # the workers read their shards; this process lets go of the whole graph
         predicted = check_run_memory(plan, shard_dir=tmp, device=cfg.device)  # before any worker starts
         cfg = dataclasses.replace(cfg, eval_chunk=evaluation_chunk(predicted, cfg.eval_chunk, cfg.device))

@@ -51,3 +51,32 @@ def test_parts_held_share_the_edge_data_and_build_no_destinations() -> None:
         # the destinations are built when read, not kept beside the part for the run (8 bytes per edge)
         assert view.dst_given is None and "dst" not in view.csr._cache
         assert torch.equal(view.dst, dst[pos])
+
+
+class _Launched(Exception):
+    pass
+
+
+def test_the_launcher_lets_go_of_the_graphs_derived_structure_before_the_ranks_start(monkeypatch) -> None:
+    """The launcher wrote every rank's shard from the whole graph; while the ranks run it keeps none of the graph's
+    CSRs, self-loop edges or gcn_norm (440 MiB of its 524 at products 0.05, about 9 GiB at full size)."""
+    from gnnc import api
+    from gnnc.runtime.train import TrainConfig
+
+    graph = api.load_graph("rmat:n=400,deg=8,features=6,classes=3,seed=0")
+    plan = api.compile(api.load_model("examples/gcn.gnn"), graph, workers=2, strategy="depcomm")
+    held: list[list[str]] = []
+
+    def launch(*args, **kwargs):
+        held.append([str(k) for k in graph._views])
+        raise _Launched
+
+    monkeypatch.setattr(api, "launch", launch)
+    try:
+        api.run_plan(plan, graph, TrainConfig(epochs=1, progress=False))
+    except _Launched:
+        pass
+    assert held == [[]]
+    # what the launcher reads again is rebuilt as it was
+    csr = graph.csr("self_loops")
+    assert csr.nnz == graph.num_edges + graph.num_nodes
