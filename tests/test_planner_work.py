@@ -169,3 +169,21 @@ def test_constants_are_evaluated_under_their_own_symbols_only(monkeypatch) -> No
     gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=16).program()
     assert given  # the hidden width's and the layer count's uses
     assert all(keys is None or keys <= free for free, keys in given), [k - f for f, k in given if k][:3]
+
+
+def test_the_planners_own_schedule_is_drawn_only_when_read(monkeypatch, graph) -> None:
+    """choose-strategy's drawing of its choice is what the plan keeps only where no schedule pass redraws it (a
+    pipeline plan): it is drawn when read. GCN x4 planned: 30 stages split at 64a7480 (four drawings: the
+    planner's and the schedule pass's three), one drawing's now."""
+    split = {"n": 0}
+    real = cost_schedule._stage_items
+
+    def items(*args, **kwargs):
+        split["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cost_schedule, "_stage_items", items)
+    plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4)
+    drawn = [s for s in plan.meta.planner.schedule["stages"] if s["pieces"]]
+    assert drawn and split["n"] <= len(drawn), (split["n"], len(drawn))
+    assert plan.meta.planner.schedule == plan.meta.schedule_report["predicted"]

@@ -26,15 +26,30 @@ class PlannerReport:
     segments: list[tuple[int, int, str]] = field(default_factory=list)  # the chosen (start, end, strategy)
     # every segment priced: {"layers": [start, end], "strategy", "time_s", "bytes", "memory_bytes"}
     segment_costs: list[dict[str, Any]] = field(default_factory=list)
-    # the chosen assignment's epoch, stage by stage and worker by worker (`predicted_schedule`); the
-    # schedule pass redraws it from the schedule it annotates (gnnc.passes.cost.scheduled)
-    schedule: dict[str, Any] = field(default_factory=dict)
     priced: Any = field(default=None, repr=False)  # the PricedPlan behind it (not saved with the plan)
     pipeline: Any = None  # the chosen pipeline (a gnnc.passes.planner.pipeline.PipelineChoice), when one was chosen
     # bytes every worker holds whatever the assignment: the weights, their gradients and Adam's two moments
     weights_bytes: float = 0.0
     memory_warning: str = ""  # set when the choice takes more than WARN_FRACTION of a worker's memory
     find_crossovers: Callable[[], list[str]] | None = field(default=None, repr=False)
+    # the chosen assignment's epoch, stage by stage and worker by worker (`schedule`), once drawn or set; and
+    # what draws it when read (`predicted_schedule` on the priced plan)
+    drawn_schedule: dict[str, Any] | None = field(default=None, repr=False)
+    draw_schedule: Callable[[], dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        """The chosen assignment's epoch, stage by stage and worker by worker (`predicted_schedule`; {} for a
+        planner that predicts no stages). Drawn when first read: the schedule pass redraws it from the
+        schedule it annotates (gnnc.passes.cost.scheduled) and sets it, so the planner's own drawing is read
+        only where no schedule pass runs (a pipeline plan, a pipeline without the pass)."""
+        if self.drawn_schedule is None:
+            self.drawn_schedule = self.draw_schedule() if self.draw_schedule is not None else {}
+        return self.drawn_schedule
+
+    @schedule.setter
+    def schedule(self, value: dict[str, Any]) -> None:
+        self.drawn_schedule = value
 
     def explained(self) -> list[str]:
         """The crossovers, found now if they were not yet."""

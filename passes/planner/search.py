@@ -205,8 +205,8 @@ def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str]
                        "chunks": c.chunks, "time_s": c.value.time, "bytes": c.value.bytes,
                        "memory_bytes": c.value.memory} for c in priced.pipelines[1:]]
     report = PlannerReport(list(best.strategies), best.time + fixed, best.memory, alternatives, None,
-                           [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs,
-                           predicted_schedule(best.segments, priced), priced)
+                           [(seg.start, seg.end, seg.strategy) for seg in best.segments], segment_costs, priced,
+                           draw_schedule=functools.partial(predicted_schedule, best.segments, priced))
     if _own_allreduce([(seg.start, seg.end, seg.strategy) for seg in best.segments]):
         report.pipeline = priced.pipelines[0]
     report.weights_bytes = weights
