@@ -127,15 +127,19 @@ class Interpreter:
         self.in_chains = fusion.inner_results(self.chains)
 
     def run_layer(self, layer: Layer, env: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
-                  ctx: ExecContext) -> None:
-        if layer.kind == "graph" and chunked_evaluation(ctx) and layerwise.run_layer_chunked(
+                  ctx: ExecContext, skip: frozenset[tuple[str, int]] = frozenset()) -> None:
+        """Run `layer`'s equations into `env`; `skip`: (layer, equation index) whose results are in `env` already
+        (gnnc.runtime.recompute computes a first layer and the next layer's product at once)."""
+        if layer.kind == "graph" and not skip and chunked_evaluation(ctx) and layerwise.run_layer_chunked(
                 self, layer, env, params, ctx, ctx.eval_chunk):
             return
         view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
         fuse = ctx.use_kernels and ctx.fuse and ctx.comm is None
         for k, e in enumerate(layer.eqns):
             name = e.outs[0].name
-            if fuse and name in self.chains and fusion.run(self.chains[name], env, params, ctx):
+            if (layer.name, k) in skip:
+                pass
+            elif fuse and name in self.chains and fusion.run(self.chains[name], env, params, ctx):
                 pass
             elif fuse and name in self.in_chains and name in env:
                 pass  # computed when its chain ran
@@ -567,13 +571,8 @@ def forward(interp: Interpreter, params: dict[str, torch.Tensor], inputs: dict[s
             ctx: ExecContext) -> tuple[torch.Tensor, torch.Tensor]:
     """Run every layer; return (logits, loss)."""
     env = dict(inputs)
-    if ctx.recompute and ctx.training and ctx.comm is None:
-        for k, layers in enumerate(recompute.regions(interp.program.layers)):
-            if k == 0:  # the first region is kept, not run again (gnnc.runtime.recompute.regions says why)
-                for layer in layers:
-                    interp.run_layer(layer, env, params, ctx)
-            else:
-                recompute.run_recomputed(interp, layers, env, params, ctx)
+    if ctx.recompute and ctx.comm is None:
+        recompute.forward(interp, env, params, ctx)
         return env[interp.program.logits.name], env[interp.program.loss.name]
     for layer in interp.program.layers:
         interp.run_layer(layer, env, params, ctx)
