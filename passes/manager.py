@@ -146,8 +146,10 @@ def run_pipeline(program: Program, pipeline: list[str] | list[PassSpec], ctx: Pa
     ctx = ctx or PassContext()
     done: list[str] = []
     checked: dict[int, Any] = {}  # equations whose type rules verify re-ran already (they are immutable)
+    verified: tuple[Program, bool] | None = None  # the last program verified, and whether typed
     if verify_each:
         verify(program)
+        verified = (program, False)
     for spec in map(as_spec, pipeline):
         info = _info(spec.name)
         if info is None:
@@ -158,11 +160,14 @@ def run_pipeline(program: Program, pipeline: list[str] | list[PassSpec], ctx: Pa
         if program is not before:
             ctx.analyses.keep_only(info.preserves)
         done.append(spec.name)
-        if verify_each:
+        # a pass that returned the program it was given (an analysis) leaves it as verified (it is immutable)
+        if verify_each and not (verified is not None and verified[0] is program
+                                and (verified[1] or not info.typed_after)):
             try:
                 verify(program, typed=info.typed_after, checked=checked)
             except VerifyError as err:
                 raise VerifyError(f"after pass '{spec.name}' (ran: {', '.join(done)}): {err.message}") from None
+            verified = (program, info.typed_after)
         if after is not None:
             after(spec.name, program)
     return program

@@ -187,3 +187,19 @@ def test_the_planners_own_schedule_is_drawn_only_when_read(monkeypatch, graph) -
     drawn = [s for s in plan.meta.planner.schedule["stages"] if s["pieces"]]
     assert drawn and split["n"] <= len(drawn), (split["n"], len(drawn))
     assert plan.meta.planner.schedule == plan.meta.schedule_report["predicted"]
+
+
+def test_a_pass_that_returns_its_program_leaves_it_verified(monkeypatch, graph) -> None:
+    """The IR is verified after every pass that changed it; an analysis pass returns the (immutable) program it
+    was given, verified already. GCNII x8 x4: 15 verifications before (the input's and each of 14 passes'), 11 now
+    (10 passes change it)."""
+    from gnnc.passes import manager
+
+    calls = []
+    real = manager.verify
+    monkeypatch.setattr(manager, "verify", lambda program, *a, **k: calls.append(program) or real(program, *a, **k))
+    seen = []
+    gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=8), graph, workers=4,
+                 after=lambda name, program: seen.append(program))
+    changed = sum(1 for a, b in zip(seen, seen[1:]) if a is not b) + 1
+    assert len(calls) <= 1 + changed < 1 + len(seen), (len(calls), changed, len(seen))
