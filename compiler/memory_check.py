@@ -42,6 +42,7 @@ from gnnc.graph.generators import parse_spec
 from gnnc.graph.sampling import FULL, SamplingConfig
 from gnnc.graph.store import MANIFEST, is_store
 from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
+from gnnc.ir import Program
 from gnnc.passes.analysis.layers import layer_dims, param_dependent
 from gnnc.passes.cost.memory import WARN_FRACTION, LayerRows, MemoryEstimate, ProcessCounts, run_memory
 from gnnc.passes.cost.symbols import layer_shape
@@ -75,7 +76,14 @@ def estimate_run_memory(plan: Plan, graph: Graph | None = None,
     else:
         raise ValueError("estimate_run_memory needs the graph (one process) or the shards (several)")
     # a rank runs no fused chain (gnnc.runtime.fusion): its attention holds per-edge values one process does not
-    return run_memory(program, dims, heads, shapes, processes, recompute=recompute, fused=shard_dir is None)
+    return run_memory(program, dims, heads, shapes, processes, recompute=recompute, fused=shard_dir is None,
+                      first_in_blocks=recompute and shard_dir is None and first_layer_in_blocks(program))
+
+
+def first_layer_in_blocks(program: Program) -> bool:
+    """Whether --recompute runs `program`'s first graph layer in blocks (gnnc.runtime.recompute.first_layer)."""
+    from gnnc.runtime import fusion, recompute  # deferred: torch, which `gnnc check` does not load
+    return recompute.first_layer(program, fusion.find_chains(program)) is not None
 
 
 def single_process_counts(program, graph: Graph, sampling: SamplingConfig | None = None) -> ProcessCounts:

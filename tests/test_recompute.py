@@ -113,10 +113,15 @@ def test_a_recomputed_step_keeps_less(name: str, monkeypatch) -> None:
     assert recomputed <= {"gcn": 1.0}.get(name, 0.8) * kept, (kept, recomputed)
 
 
-def test_the_memory_check_prices_recomputation(tmp_path) -> None:
-    """The first layer's whole `layer_memory` (it is not run again), every other layer's input rows (but the first
-    layer's output) and structure kept, and the largest of those layers' whole `layer_memory` while it is run again (passes/cost/memory.py),
-    counted by hand on a 40-vertex ring for GCN (hidden 16, 5 features, 3 classes)."""
+def test_the_memory_check_prices_recomputation(tmp_path, monkeypatch) -> None:
+    """Counted by hand on a 40-vertex ring for GCN (hidden 16, 5 features, 3 classes), whose first layer runs in
+    blocks (gnnc.runtime.recompute.first_layer): that layer's input, output and a block of its product's columns
+    (not its product beside its aggregation) and structure, the next layer's whole `layer_memory` (it runs as
+    without recomputation), and a backward that holds only the next layer's output gradient (the others are
+    written over the first layer's output); a first layer not in blocks (here by `first_layer_in_blocks`
+    answering no): its whole `layer_memory` (it is not run again), every other layer's input rows (but the first
+    layer's output) and structure kept, and the largest of those layers' whole `layer_memory` while it is run
+    again (passes/cost/memory.py)."""
     n = 40
     src = np.arange(n)
     ei = np.stack([np.concatenate([src, (src + 1) % n]), np.concatenate([(src + 1) % n, src])])
@@ -124,15 +129,25 @@ def test_the_memory_check_prices_recomputation(tmp_path) -> None:
     graph = api.load_graph(str(tmp_path / "ring.npz"))
     plan = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=16), graph)
     full = memory_check.estimate_run_memory(plan, graph=graph)
+    blocks = memory_check.estimate_run_memory(plan, graph=graph, recompute=True)
+    monkeypatch.setattr(memory_check, "first_layer_in_blocks", lambda program: False)
     est = memory_check.estimate_run_memory(plan, graph=graph, recompute=True)
     e = 80 + 40  # the self_loops view
     whole = [4 * (n * 5 + n * 16 + n * 16) + e * 12, 4 * (n * 16 + n * 3 + n * 3) + e * 12]
     backward = max(4 * (n * 5 + n * 16), 4 * (n * 16 + n * 3))
     assert full.terms["activations"] == sum(whole) + backward
+    # in blocks: the product's block is min(16, FIRST_LAYER_COLUMNS = 32) columns wide, as wide as the product here
+    assert blocks.terms["activations"] == 4 * (n * 5 + n * 16 + n * 16) + e * 12 + whole[1] + 4 * n * 3
     # the second layer's input rows are the first layer's output, counted in whole[0]: its structure only
     assert est.terms["activations"] == whole[0] + e * 12 + whole[1] + backward
-    assert {k: v for k, v in est.terms.items() if k != "activations"} == \
-        {k: v for k, v in full.terms.items() if k != "activations"}
+    for other in (blocks, est):
+        assert {k: v for k, v in other.terms.items() if k != "activations"} == \
+            {k: v for k, v in full.terms.items() if k != "activations"}
+
+
+def test_the_pricing_blocks_as_wide_as_the_runtime() -> None:
+    from gnnc.passes.cost import memory
+    assert memory.FIRST_LAYER_COLUMNS == recompute_module.COLUMN_BLOCK
 
 
 @pytest.mark.parametrize("extra", [["--nproc", "2"], ["--fanout", "5,5", "--batch-size", "16"]])

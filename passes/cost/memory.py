@@ -23,9 +23,14 @@ The terms, per process (bytes):
   input rows and structure only until its backward, which runs it again:
   the first layer's whole `layer_memory` (it is not run again), every other
   layer's input, plus the whole `layer_memory` of the one layer recomputed
-  at a time (the largest). A two-layer GCN keeps one [vertices, hidden]
-  tensor either way, so its peak is no lower: the peak is the backward's
-  gradients beside a layer's forward, which recomputation repeats there.
+  at a time (the largest). A GCN-like first layer (`first_in_blocks`:
+  gnnc.runtime.recompute.first_layer) runs in blocks instead: it holds its
+  output and a block of `FIRST_LAYER_COLUMNS` columns of its product (not
+  the product beside the aggregation), its backward writes its output's
+  gradient and the next layer's input gradient over that output (only the
+  next layer's output gradient is new), and the next layer runs as without
+  recomputation (its product was computed by the blocks): a two-layer GCN's
+  peak is one [vertices, hidden] tensor lower than without --recompute.
 * attention on a rank: a process of several runs no fused chain (gnnc.runtime.fusion runs in one process only),
   so a GAT layer there runs equation by equation and holds, per edge and head, what autograd saves of its scores
   (the scores, their softmax, the dropped attention: `ATTENTION_EDGE_VALUES` values) and the per-head block
@@ -53,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import sympy
 from sympy import Symbol
 
 from gnnc.ir import Program
@@ -86,6 +92,8 @@ ATTENTION_SOURCE_GRADS = 2
 # rose 174 MiB inside the first layer's backward, 1.8 [edges, heads] float32 tensors; without them the pre-check
 # priced GAT as GCN (1.14 GiB for a run that peaked at 1.42; at full size 17.0 GiB for one out of memory at 22)
 FUSED_ATTENTION_EDGE_GRADS = 2
+# the columns of a first layer's product `first_in_blocks` holds at once (gnnc.runtime.recompute.COLUMN_BLOCK)
+FIRST_LAYER_COLUMNS = 32
 BYTES_PER = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "bool": 1}
 
 
@@ -147,9 +155,10 @@ def parameter_sizes(program: Program) -> list[ParameterSize]:
 def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[float], shapes: Sequence[LayerShape],
                processes: Sequence[ProcessCounts], baseline_bytes: float = PROCESS_BASELINE_BYTES,
                bytes_per_element: int = 4, index_bytes: int = 8, recompute: bool = False,
-               fused: bool = True) -> MemoryEstimate:
+               fused: bool = True, first_in_blocks: bool = False) -> MemoryEstimate:
     """The peak memory of each process (see the module docstring for the terms); `fused`: the processes run
-    attention as fused chains (one process), else equation by equation (the ranks of a run on several).
+    attention as fused chains (one process), else equation by equation (the ranks of a run on several);
+    `first_in_blocks`: under `recompute`, the first graph layer runs in blocks (gnnc.runtime.recompute.first_layer).
 
     dims, head_counts, shapes: the graph layers' widths d_0..d_L, heads and LayerShapes (as the planner
     reads them off the IR: `analysis.layers.layer_dims`, `cost.symbols.layer_shape`).
@@ -167,7 +176,13 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
         table[WIDTH] = np.array([float(dims[i] if p.layers[i].in_width is None else p.layers[i].in_width)
                                  for p in processes])
         whole = compile_expr(layer_memory(i, shape, IN, HALO, OUT, EDGES).subs(d(i), WIDTH))(table, n)
-        if recompute and i > 0:  # the first layer is not run again (gnnc.runtime.recompute.regions)
+        blocks = recompute and first_in_blocks and i < 2
+        if blocks and i == 0:  # its output and a block of its product's columns, not the product beside the aggregation
+            kept += compile_expr(b * (IN * WIDTH + OUT * shape.out_width(i) + IN * sympy.Min(shape.width(i),
+                                 FIRST_LAYER_COLUMNS)) + EDGES * (b_idx + b))(table, n)
+        elif blocks:  # run as without recomputation, priced as there (its input counted again, as there)
+            kept += whole
+        elif recompute and i > 0:  # the first layer is not run again (gnnc.runtime.recompute.regions)
             # its input rows and structure kept; while its backward runs it again, all it holds in a forward beside
             # them (its input counted twice: a GCN layer's forward holds its product and its aggregation at once,
             # more than it keeps, which a measured run shows on top of the gradients alive there)
@@ -176,8 +191,10 @@ def run_memory(program: Program, dims: Sequence[float], head_counts: Sequence[fl
             recomputed = np.maximum(recomputed, whole)
         else:
             kept += whole
-        # the backward pass holds the gradients of one layer's input and output at a time
-        grads = b * (IN * WIDTH + OUT * shape.out_width(i))
+        # the backward pass holds the gradients of one layer's input and output at a time; in blocks, the first
+        # layer's output gradient and the next layer's input gradient are written over the first layer's output
+        grads = sympy.Integer(0) if blocks and i == 0 else b * OUT * shape.out_width(i) if blocks \
+            else b * (IN * WIDTH + OUT * shape.out_width(i))
         if shape.attention and not fused:
             kept += compile_expr(EDGES * heads(i) * (ATTENTION_EDGE_VALUES * b + PATTERN_BYTES))(table, n)
             grads += b * (EDGES * heads(i) * ATTENTION_EDGE_GRADS
