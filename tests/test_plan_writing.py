@@ -69,14 +69,15 @@ def test_deep_segment_builds_each_distinct_row_set_once(monkeypatch: pytest.Monk
     spec_list = _specs("depcache", 12)
     sets = all_row_sets(g, parts, world, spec_list)
     calls = []
-    real = rows._view
-    monkeypatch.setattr(rows, "_view", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real, prefix = rows._view, rows._prefix_view
+    monkeypatch.setattr(rows, "_view", lambda *a, **k: calls.append("gathered") or real(*a, **k))
+    monkeypatch.setattr(rows, "_prefix_view", lambda *a, **k: calls.append("prefix") or prefix(*a, **k))
     for rank in range(world):
         calls.clear()
         lg = build_local_graph(g, parts, rank, world, spec_list, sets)
         distinct = {(np.packbits(sets[rank].held_in[k]).tobytes(), np.packbits(sets[rank].held_out[k]).tobytes())
                     for k in range(12)}
-        assert len(calls) == len(distinct) < 12
+        assert len(calls) == len(distinct) < 12 and calls.count("gathered") == 1  # the others read off the first
         assert len({id(x) for x in lg.layers.values()}) == 12
         for lyr, s in enumerate(spec_list):
             view = lg.layers[s.name].views[s.view]
@@ -117,3 +118,57 @@ def test_select_hybrid_reuses_the_planners_algorithm4_runs(monkeypatch: pytest.M
         assert (a.source, a.time) == (b.source, b.time) and np.array_equal(a.received, b.received)
         assert a.cached.keys() == b.cached.keys()
         assert all(np.array_equal(x, y) for k in a.cached for x, y in zip(a.cached[k], b.cached[k]))
+
+
+def test_a_depcache_segment_gathers_its_in_edges_once(monkeypatch) -> None:
+    """A deeper layer of a depcache segment computes a prefix of the rows its first layer computes, from the same
+    in-edges: its structure is read off the first's (issue 34: each layer of a segment that reaches most of the
+    graph gathered the graph again), and equals what gathering it apiece builds."""
+    g = random_graph(3000, 6000, seed=2)
+    world = 4
+    parts = np.random.default_rng(3).integers(0, world, g.num_nodes)
+    spec_list = _specs("depcache", 3)
+    sets = all_row_sets(g, parts, world, spec_list)
+    apiece = [build_local_graph(g, parts, rank, world, spec_list, sets) for rank in range(world)]
+    gathered = []
+    view = rows._view
+    monkeypatch.setattr(rows, "_view", lambda *a, **k: gathered.append(len(a[2])) or view(*a, **k))
+    for rank in range(world):
+        gathered.clear()
+        lg = build_local_graph(g, parts, rank, world, spec_list, sets)
+        assert len({lg.layers[s.name].n_out for s in spec_list}) == 3  # three different row sets
+        assert len(gathered) == 1, f"rank {rank}: the graph's in-edges gathered {len(gathered)} times"
+        for s in spec_list:
+            got, want = lg.layers[s.name].views[s.view], apiece[rank].layers[s.name].views[s.view]
+            for a, b in ((got.csr.indptr, want.csr.indptr), (got.csr.indices, want.csr.indices),
+                         (got.csr.eids, want.csr.eids), (got.dst, want.dst), (got.edge_ids, want.edge_ids),
+                         (got.deg, want.deg), (got.edge_data["gcn_norm"], want.edge_data["gcn_norm"])):
+                assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("strategy", ["depcomm", "depcache", "hybrid", "bcast1d"])
+def test_shards_are_built_without_edge_positions(monkeypatch, strategy: str) -> None:
+    """A shard holds no CSR `eids` (a loaded structure numbers its edges 0..nnz-1): the writer does not compute
+    them (half of building a depcache layer), and its arrays are the ones a structure with them gives."""
+    from gnnc.plan import shards
+
+    g = random_graph(500, 2500, seed=5)
+    world = 3
+    parts = np.random.default_rng(1).integers(0, world, g.num_nodes)
+    spec_list = _specs(strategy, 3)
+    cached = {k: [np.arange(r, g.num_nodes, 7) for r in range(world)] for k in range(3)} \
+        if strategy == "hybrid" else None
+    sets = all_row_sets(g, parts, world, spec_list, cached)
+    with monkeypatch.context() as m:  # the structures with their edge positions, as before
+        m.setattr(shards, "build_local_graph", lambda *a, **k: build_local_graph(*a))
+        with_positions = [shards.rank_arrays(g, parts, r, world, spec_list, sets) for r in range(world)]
+    counted = []
+    local_eids = rows._local_eids
+    monkeypatch.setattr(rows, "_local_eids", lambda *a: counted.append(1) or local_eids(*a))
+    for r in range(world):
+        arrays, layout = shards.rank_arrays(g, parts, r, world, spec_list, sets)
+        want_arrays, want_layout = with_positions[r]
+        assert layout == want_layout and arrays.keys() == want_arrays.keys()
+        assert all(np.array_equal(arrays[k], want_arrays[k]) and arrays[k].dtype == want_arrays[k].dtype
+                   for k in arrays)
+    assert counted == []

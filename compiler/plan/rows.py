@@ -346,7 +346,7 @@ class LocalGraph:
 
 
 def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, col: np.ndarray,
-          n_src: int) -> GraphView:
+          n_src: int, edge_positions: bool = True) -> GraphView:
     """The in-edges of `out_rows` (global ids in local row order; mask `computed` over every vertex), their
     sources numbered by `col` (global id -> local column, -1: not held).
 
@@ -358,7 +358,6 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
     positions it gathers with are int32 while the edges fit (half the bytes of int64 to write and to gather)."""
     g = graph.csr(view)
     g_indptr, g_src, g_eids = g.indptr.numpy(), g.indices.numpy(), g.eids.numpy()
-    index = np.int32 if len(g_src) < 2**31 else np.int64
     counts = g_indptr[out_rows + 1] - g_indptr[out_rows]
     indptr = np.zeros(len(out_rows) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
@@ -369,18 +368,41 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
     del at
     if len(local_src) and local_src.min() < 0:
         raise AssertionError(f"view {view}: an in-neighbour of a computed row is neither held nor fetched")
-    _, dst = graph.edges(view)
-    position = np.cumsum(computed[dst], dtype=index)  # view edge -> its position among the computed rows' in-edges, + 1
-    local_eids = position[global_eids].astype(np.int64)
-    local_eids -= 1
-    del position
     n_dst = len(out_rows)
     dst_index = torch.from_numpy(np.repeat(np.arange(n_dst, dtype=np.int64), counts))
     csr = CSR(torch.from_numpy(indptr), torch.from_numpy(local_src.astype(np.int64, copy=False)),
-              torch.from_numpy(local_eids), n_dst, n_src,
+              _local_eids(graph, view, computed, global_eids) if edge_positions else None, n_dst, n_src,
               _cache={"dst": dst_index})  # what CSR.dst_index would expand from the degrees, here from the counts
     eids = torch.from_numpy(global_eids.astype(np.int64, copy=False))
     return GraphView(csr, csr.indices, dst_index, eids, edge_data, csr.in_degree().to(torch.float32))
+
+
+def _local_eids(graph: Graph, view: str, computed: np.ndarray, global_eids: np.ndarray) -> torch.Tensor:
+    """The CSR's `eids`: each edge's position among the in-edges of the rows in mask `computed`, in view order
+    (a pass over every edge of the view and a gather per edge held: half of a structure's building)."""
+    _, dst = graph.edges(view)
+    index = np.int32 if len(dst) < 2**31 else np.int64
+    position = np.cumsum(computed[dst], dtype=index)  # view edge -> its position among the computed rows' in-edges, + 1
+    local_eids = position[global_eids].astype(np.int64)
+    local_eids -= 1
+    return torch.from_numpy(local_eids)
+
+
+def _prefix_view(graph: Graph, view: str, of: GraphView, n_dst: int, computed: np.ndarray, n_src: int,
+                 edge_positions: bool = True) -> GraphView:
+    """`_view` of the first `n_dst` rows of the rows `of` computes, read off `of`: a deeper layer of a depcache
+    segment computes a prefix of the rows an earlier one computes (the segment's order), from the same
+    in-edges numbered by the same columns, so its indices, edge ids, edge data, destinations and degrees are
+    prefixes of the earlier layer's (shared, not gathered again: the layers of a segment that reaches most of the
+    graph hold it each). Only the CSR's `eids`, positions among its own rows' in-edges, are its own."""
+    indptr = of.csr.indptr[:n_dst + 1]
+    nnz = int(indptr[-1])
+    eids = of.edge_ids[:nnz]
+    dst_index = of.dst[:nnz]
+    local = _local_eids(graph, view, computed, eids.numpy()) if edge_positions else None
+    csr = CSR(indptr, of.csr.indices[:nnz], local, n_dst, n_src, _cache={"dst": dst_index})
+    return GraphView(csr, csr.indices, dst_index, eids, {k: v[:nnz] for k, v in of.edge_data.items()},
+                     of.deg[:n_dst])
 
 
 def _edge_data_in_csr_order(graph: Graph, view: str) -> dict[str, np.ndarray]:
@@ -412,8 +434,12 @@ def _same_structure(lg: LayerGraph) -> LayerGraph:
 
 
 def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec],
-                      sets: list[RowSets]) -> LocalGraph:
+                      sets: list[RowSets], edge_positions: bool = True) -> LocalGraph:
     """Worker `rank`'s LocalGraph from every worker's row sets.
+
+    `edge_positions=False` leaves out each CSR's `eids` (its edges' positions among its rows' in-edges; reading them
+    is then an error): a shard does not hold them (a loaded structure numbers its edges 0..nnz-1), and they were
+    half of building a depcache layer, so the shard writer (gnnc.plan.shards.rank_arrays) asks for none.
 
     Each distinct structure is built once: layers of a per-layer strategy on one view share one LayerGraph;
     layers of a depcache/hybrid segment with equal row sets (`_same_rows_key`) get their own LayerGraph
@@ -427,6 +453,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
     built: dict[tuple, LayerGraph] = {}
     same_rows: dict[tuple, LayerGraph] = {}
     positions: dict[int, np.ndarray] = {}
+    prefix_of: dict[tuple[int, str], LayerGraph] = {}  # (segment, view) -> the depcache layer deeper ones read off
     for lyr, s in enumerate(specs):
         seg = s.segment if _nested(s.strategy) else -1
         order = mine.orders[seg]
@@ -453,7 +480,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if block_col is None:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
-            views = {s.view: _view(graph, s.view, out_rows, computed, block_col, n)}
+            views = {s.view: _view(graph, s.view, out_rows, computed, block_col, n, edge_positions)}
             lg = LayerGraph(n_in, n_out, views, None, True, ids=ids)
         else:
             col = np.where(mine.held_in[lyr], pos, -1)
@@ -463,7 +490,17 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
                 col[h] = n_in + np.arange(len(h))
                 halo = _halo_plan(parts, rank, world, [st.halos[lyr] for st in sets], pos, h)
             n_src = n_in + (len(h) if h is not None else 0)
-            lg = LayerGraph(n_in, n_out, {s.view: _view(graph, s.view, out_rows, computed, col, n_src)}, halo, ids=ids)
+            # depcache reads every in-neighbour from held rows (its halo is empty): a deeper layer of the segment
+            # computes a prefix of the rows the segment's first such layer computes (`_prefix_view`)
+            whole = rows == "neighbourhood" and (h is None or len(h) == 0) and seg >= 0
+            widest = prefix_of.get((seg, s.view)) if whole else None
+            if widest is not None and widest.n_out >= n_out:
+                view = _prefix_view(graph, s.view, widest.views[s.view], n_out, computed, n_src, edge_positions)
+            else:
+                view = _view(graph, s.view, out_rows, computed, col, n_src, edge_positions)
+            lg = LayerGraph(n_in, n_out, {s.view: view}, halo, ids=ids)
+            if whole and widest is None:
+                prefix_of[(seg, s.view)] = lg
         if lyr in mine.entries:
             fetched = mine.entries[lyr]
             lg.entry = _halo_plan(parts, rank, world, [st.entries[lyr] for st in sets], pos, fetched)

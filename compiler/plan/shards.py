@@ -80,7 +80,7 @@ def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphV
 def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets) -> \
         tuple[dict[str, np.ndarray], dict[str, Any]]:
     """One rank's shard arrays and its layout (the manifest entry's extra fields)."""
-    lg = build_local_graph(graph, parts, rank, world, specs, sets)
+    lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False)  # a shard holds no CSR eids
     rows = lg.rows.numpy()
     owned = rows[: lg.n_owned]
     arrays: dict[str, np.ndarray] = {"rows": rows, "n_owned": np.array(lg.n_owned)}
