@@ -315,7 +315,11 @@ class _HaloExchange(_Op):
         """Post sends of send[p] to p and receives of recv[p] from p (one entry per rank)."""
         if self.method == "all_to_all":
             flat_in = torch.cat(send)
-            self._a2a_out = flat_in.new_empty((sum(r.shape[0] for r in recv), *flat_in.shape[1:]))
+            rows = sum(r.shape[0] for r in recv)
+            # receives that are the consecutive rows of one buffer (forward_start's) are received into it
+            base = recv[0]._base if recv else None
+            whole = base is not None and base.shape[0] == rows and all(r._base is base for r in recv)
+            self._a2a_out = base if whole else flat_in.new_empty((rows, *flat_in.shape[1:]))
             self.keep = [flat_in]
             self.works = [dist.all_to_all_single(
                 self._a2a_out, flat_in, output_split_sizes=[r.shape[0] for r in recv],
@@ -362,7 +366,8 @@ class _HaloExchange(_Op):
         _wait_all(self.works)
         self.works, self.keep, self.recv_works = [], [], {}
         if self.method == "all_to_all":
-            return list(torch.split(self._a2a_out, [r.shape[0] for r in recv]))
+            out, self._a2a_out = self._a2a_out, None  # held by what it is split into only, not until backward
+            return list(torch.split(out, [r.shape[0] for r in recv]))
         return recv
 
     def _received_from(self, peer: int, recv: list[Tensor], last: bool) -> Tensor:
@@ -382,13 +387,18 @@ class _HaloExchange(_Op):
         self.meta = (x.shape[0], width, x.dtype, x.device)
         self.row_numel = int(torch.Size(width).numel())
         send = [x.index_select(0, idx.to(x.device)).contiguous() for idx in self.plan.send_idx]
-        self.recv = [x.new_empty((c, *width)) for c in self.plan.recv_counts]
+        # every peer's rows received in place into one buffer, in peer order: the exchange's result as it is, not
+        # joined by a copy (two [halo, width] at once: 0.9 GiB of a GCN rank's hidden layer at products' size,
+        # issue 35)
+        self.recv_rows = x.new_empty((self.plan.n_halo, *width))
+        self.recv = list(torch.split(self.recv_rows, list(self.plan.recv_counts)))
         self._count("fwd", _nbytes(sum(self.plan.send_counts) * self.row_numel, x.dtype))
         self._exchange(send, self.recv)
 
     def forward_finish(self) -> Tensor:
-        out = torch.cat(self._received(self.recv))
-        self.recv = []
+        self._received(self.recv)
+        out = self.recv_rows
+        self.recv, self.recv_rows = [], None
         return out
 
     def backward_start(self, grad: Tensor) -> None:
