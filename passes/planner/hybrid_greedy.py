@@ -401,13 +401,11 @@ def _expand(trees: InTrees, dep: np.ndarray, vtx: np.ndarray, excluded: np.ndarr
     lo = trees.indptr[vtx]
     counts = trees.indptr[vtx + 1] - lo
     total = int(counts.sum())
-    kept = ~excluded[vtx]
-    keys = [dep[kept] * n + vtx[kept]]
+    keys = [(dep * n + vtx)[~excluded[vtx]]]  # each key made whole, then masked once (not each half masked)
     if total:
         starts = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
         src = trees.indices[starts + np.arange(total)]
-        kept = ~excluded[src]
-        keys.append(np.repeat(dep, counts)[kept] * n + src[kept])
+        keys.append((np.repeat(dep * n, counts) + src)[~excluded[src]])
     return sorted_unique(np.concatenate(keys))
 
 
