@@ -1,4 +1,6 @@
-"""What a depcomm rank keeps per edge of its structure (issue 35: `--nproc 2`, each rank <= 0.6x one process).
+"""What a run on several processes holds (issue 35: `--nproc 2` depcomm, each rank <= 0.6x one process, and all
+ranks together within the machine): a rank's structure per edge, its halo's receive buffers, the launcher beside the
+ranks, and the memory check before loading.
 
 A rank runs its halo layers part by part (the held rows' edges, then the halo's): it keeps the structure as those
 parts only (gnnc.plan.rows.LayerGraph.hold_parts). Each byte per edge kept there is 0.1 GiB at ogbn-products' size.
@@ -6,8 +8,10 @@ parts only (gnnc.plan.rows.LayerGraph.hold_parts). Each byte per edge kept there
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from gnnc.errors import GnncError
 from gnnc.graph import CSR, GraphView
 from gnnc.plan.rows import LayerGraph
 
@@ -111,3 +115,23 @@ def test_a_halo_exchange_receives_every_peers_rows_into_its_result(monkeypatch) 
     out = op.forward_finish()
     assert torch.equal(out, torch.tensor([[0.0] * 3] * 2 + [[2.0] * 3] + [[3.0] * 3] * 3))
     assert all(_storage(r) == _storage(out) for r in received)
+
+
+def test_the_check_before_loading_prices_the_launchers_reading_and_the_ranks_apart(monkeypatch) -> None:
+    """The launcher reads and partitions the graph before the ranks start and lets go of what it derived before they
+    do: a run is refused before loading only if either phase cannot fit, not their sum (at ogbn-products' size,
+    GCN 256 on 2 ranks: ranks >= 17.3 GiB + store 6.5 GiB refused on the 24 GiB machine)."""
+    from gnnc import api, memory_check
+    from gnnc.host import AvailableMemory
+
+    counts = memory_check.graph_counts("rmat:n=2000,deg=10,features=16,classes=4,seed=0")
+    program = api.compile(api.load_model("examples/gcn.gnn", hidden=64), memory_check.stand_in_graph(counts)).program
+    monkeypatch.setattr(memory_check, "available_memory", lambda: None)
+    ranks = memory_check.check_ranks_before_loading(program, counts, 2).total
+    room = max(ranks, counts.launcher_bytes) + 1
+    assert room < ranks + counts.launcher_bytes
+    monkeypatch.setattr(memory_check, "available_memory", lambda: AvailableMemory(room, "a test's memory"))
+    memory_check.check_ranks_before_loading(program, counts, 2)  # admitted
+    monkeypatch.setattr(memory_check, "available_memory", lambda: AvailableMemory(ranks - 1, "a test's memory"))
+    with pytest.raises(GnncError, match="refused before loading it"):
+        memory_check.check_ranks_before_loading(program, counts, 2)
