@@ -135,3 +135,19 @@ def test_the_check_before_loading_prices_the_launchers_reading_and_the_ranks_apa
     monkeypatch.setattr(memory_check, "available_memory", lambda: AvailableMemory(ranks - 1, "a test's memory"))
     with pytest.raises(GnncError, match="refused before loading it"):
         memory_check.check_ranks_before_loading(program, counts, 2)
+
+
+def test_a_stores_graph_keeps_the_csr_it_stored_when_the_launcher_lets_go(tmp_path) -> None:
+    """What the launcher drops is what it derived: a store's mapped CSR stays (sorting the edges again to rebuild it
+    might order a row's entries otherwise), with the mappings it reads."""
+    from conftest import random_graph
+    from gnnc import api
+    from gnnc.graph.store import _MAPS, write_store
+    from gnnc.runtime.distributed import let_go_of_graph
+
+    write_store(random_graph(n=300, e=4000, f=4, c=3, seed=4), tmp_path / "g")
+    graph = api.load_graph(str(tmp_path / "g"))
+    stored = graph.csr("plain")
+    graph.gcn_norm("self_loops")
+    let_go_of_graph(graph)
+    assert set(graph._views) == {_MAPS, ("csr", "plain")} and graph.csr("plain") is stored
