@@ -79,7 +79,7 @@ def forward(interp: Any, env: dict[str, torch.Tensor], params: dict[str, torch.T
     product beside its aggregation), the rest as without --recompute."""
     first = first_layer(interp.program, interp.chains)
     done = first is not None and run_first_layer(first, interp, env, params, ctx)
-    skip = frozenset({(first.next_layer.name, 0)}) if done and first is not None else frozenset()
+    skip = frozenset({(first.next_layer.name, 0)}) if first is not None and done else frozenset()
     for k, layers in enumerate(regions(interp.program.layers)):
         if k == 0 and done:
             continue
@@ -91,12 +91,10 @@ def forward(interp: Any, env: dict[str, torch.Tensor], params: dict[str, torch.T
 
 
 def run_recomputed(interp: Any, layers: tuple[Layer, ...], env: dict[str, torch.Tensor],
-                   params: dict[str, torch.Tensor], ctx: Any,
-                   skip: frozenset[tuple[str, int]] = frozenset()) -> None:
+                   params: dict[str, torch.Tensor], ctx: Any) -> None:
     """`interp.run_layer` of each of `layers` under one checkpoint: the same values into `env`, the same values
-    forgotten after (`interp.drop_dead`). `skip`: (layer, equation index) computed already (their results in
-    `env`: the first layer's function computes the next layer's product)."""
-    eqns = [(layer, k, e) for layer in layers for k, e in enumerate(layer.eqns) if (layer.name, k) not in skip]
+    forgotten after (`interp.drop_dead`)."""
+    eqns = [(layer, k, e) for layer in layers for k, e in enumerate(layer.eqns)]
     inside = {e.outs[0].name for _, _, e in eqns}
     names = list(dict.fromkeys(v.name for _, _, e in eqns for v in e.ins if v.name not in inside and v.name in env))
     dying = {n for layer, k, _ in eqns for n in interp._dying.get((layer.name, k), ())}
@@ -113,7 +111,7 @@ def run_recomputed(interp: Any, layers: tuple[Layer, ...], env: dict[str, torch.
                                                            and t.layout == torch.strided),
                                       **({} if first else {"state": None}))
         for layer in layers:
-            interp.run_layer(layer, local, params, run_ctx, skip=skip)
+            interp.run_layer(layer, local, params, run_ctx)
         return tuple(local[n] for n in outs)
 
     results = checkpoint(run, *(env[n] for n in names), use_reentrant=False)

@@ -51,7 +51,7 @@ def _train(program, graph, recompute: bool):
 
 
 @pytest.mark.parametrize("source", [f"example:{m}" for m in ("gcn", "sage", "gat", "gin", "gcnii")] + ["gen:bn"]
-                         + [f"gen:{s}" for s in range(8)])
+                         + [f"gen:{s}" for s in range(12)])
 def test_recomputed_layers_give_the_same_gradients_state_and_logits(source: str) -> None:
     graph = random_graph(n=80, e=400, f=10, c=4, seed=2)
     graph.edge_data = {"weight": torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(2)) + 0.1}
