@@ -6,6 +6,7 @@ import contextlib
 import difflib
 import io
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -145,3 +146,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 @pytest.fixture
 def small_graph() -> Graph:
     return random_graph()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop this process's pool of gloo ranks (tests/_rank_pool.py), if a test started one."""
+    pools = sys.modules.get("_rank_pool")
+    if pools is not None:
+        pools.close_pools()
