@@ -107,3 +107,33 @@ def test_a_shard_writer_lists_its_shards_in_writing_order(tmp_path: Path) -> Non
         assert e["sha256"] == file_sha256(path) and e["bytes"] == path.stat().st_size
     single = shard_files.write_npz(tmp_path / "one.npz", 0, arrays[2])
     assert single["sha256"] == entries[2]["sha256"]  # the same bytes as the writer's
+
+
+def test_a_depcache_segments_row_sets_walk_each_edge_once(monkeypatch) -> None:
+    """A depcache segment's rows grow layer by layer towards its start (each set holds the one after it): the
+    in-edges of a row are read once per rank, not once per layer of a segment that reaches most of the graph
+    (issue 34: three passes over nearly every edge per rank for three layers on the products stand-in)."""
+    from conftest import random_graph
+
+    graph = random_graph(2000, 20000, seed=3)
+    world = 4
+    parts = np.random.default_rng(0).integers(0, world, graph.num_nodes)
+    specs = [rows.LayerSpec(f"l{k}", "self_loops", "depcache", 0) for k in range(3)]
+    want = rows.all_row_sets(graph, parts, world, specs)
+    walked = []
+    walk = rows._sources
+
+    def counted(indptr: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        walked.append(int(np.diff(indptr)[mask].sum()))
+        return walk(indptr, indices, mask)
+
+    monkeypatch.setattr(rows, "_sources", counted)
+    edges = graph.csr("self_loops").nnz
+    for rank in range(world):
+        walked.clear()
+        got = rows.rank_row_sets(graph, parts, rank, specs)
+        assert sum(walked) <= edges, f"rank {rank}: {sum(walked)} in-edges read for a graph of {edges}"
+        for field in ("held_in", "held_out"):
+            assert all(np.array_equal(a, b) for a, b in zip(getattr(got, field), getattr(want[rank], field)))
+        assert all(np.array_equal(a, b) for a, b in zip(got.halos, want[rank].halos))
+        assert all(np.array_equal(got.orders[k], want[rank].orders[k]) for k in got.orders)

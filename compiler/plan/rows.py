@@ -123,14 +123,29 @@ class _Sources:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.done: dict[tuple[str, bytes], np.ndarray] = {}
+        self.last: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # view -> the rows last walked, their sources
 
     def __call__(self, view: str, rows: np.ndarray) -> np.ndarray:
         key = (view, np.packbits(rows).tobytes())
         out = self.done.get(key)
         if out is None:
-            csr = self.graph.csr(view)
-            out = self.done[key] = _sources(csr.indptr.numpy(), csr.indices.numpy(), rows)
+            last = self.last.get(view)
+            if last is not None and not np.any(last[0] & ~rows):
+                # rows that hold the last ones (a depcache segment's, layer after layer towards its start): only
+                # the rows added are walked, not the segment's whole neighbourhood again at every layer
+                out = last[1] | self._walk(view, rows & ~last[0])
+            else:
+                out = self._walk(view, rows)
+            self.done[key] = out
+            self.last[view] = (rows, out)
         return out
+
+    def _walk(self, view: str, rows: np.ndarray) -> np.ndarray:
+        key = (view, np.packbits(rows).tobytes())
+        if key not in self.done:
+            csr = self.graph.csr(view)
+            self.done[key] = _sources(csr.indptr.numpy(), csr.indices.numpy(), rows)
+        return self.done[key]
 
 
 @dataclass
