@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from gnnc.errors import PlanError
 from gnnc.runtime import comm
 from gnnc.plan.halo import HaloPlan
 from gnnc.runtime.comm import CommStats
-from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.launch import DistConfig
 
 SEED = 1234
 TOL = 1e-6
@@ -344,7 +345,7 @@ def _run_checks(cfg: DistConfig) -> dict[str, Any]:
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
 def reports(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     """Every rank's reports, from one launch of `request.param` gloo processes."""
-    return launch(_run_checks, request.param, timeout_s=60)
+    return pooled_launch(_run_checks, request.param, timeout_s=60)
 
 
 def _assert_exact(reports: list[dict[str, Any]], name: str) -> None:
