@@ -11,11 +11,12 @@ import tempfile
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.runtime.executor import init_params
-from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.minibatch import MinibatchWorker
 from gnnc.runtime.minibatch_dist import DistMinibatchWorker, SampledJob
 from gnnc.runtime.train import TrainConfig, make_optimizer
@@ -89,7 +90,7 @@ def test_2f2b_posts_each_push_a_tick_ahead_and_trains_as_one_process() -> None:
         jobs.append(SampledJob(str(plan.program), d.name, TrainConfig.resolve(plan.program, seed=SEED, lr=0.05),
                                SAMPLING, schedule))
     try:
-        results = launch(_train, 2, jobs)[0]
+        results = pooled_launch(_train, 2, jobs)[0]
     finally:
         for d in dirs:
             d.cleanup()
