@@ -19,13 +19,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _rank_pool import pooled_launch
 from gnnc.errors import GnncError, OutOfSpace
 from gnnc.files import atomic_write
 from gnnc.runtime import checkpoint
 from gnnc.runtime.checkpoint import (MAGIC, Checkpointer, CheckpointError,
                                      load_state, resume_or_start, save_state)
 from gnnc.runtime.comm import CommStats
-from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.metrics import EpochRecord, MetricsLog, read_metrics, summarize
 
 
@@ -214,7 +215,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
     root = tmp_path_factory.mktemp("two-ranks")
     for case in ("newest", "fallback"):
         (root / case).mkdir()
-    return root, launch(_each_two_rank_case, 2, str(root), timeout_s=60)
+    return root, pooled_launch(_each_two_rank_case, 2, str(root), timeout_s=60)
 
 
 def test_ranks_resume_from_the_newest_save_all_of_them_finished(two_ranks) -> None:
