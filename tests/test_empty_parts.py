@@ -9,12 +9,12 @@ statistics then count 4 parts, not 3). More workers than vertices is refused bef
 from __future__ import annotations
 
 import numpy as np
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES
 from test_distributed_exact import SEED, reference, rel
 from gnnc import api, cli
 from gnnc.graph.loaders import build_graph
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 
 WORLD = 4
@@ -40,7 +40,7 @@ def test_every_strategy_runs_exactly_with_empty_parts(tmp_path) -> None:
         shards = plan.write_shards(tmp_path / f"{name}-{strategy}-{method}")
         job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
         todo.append(((name, strategy, method), api.compile(model, graph).program, job))
-    results = launch(one_step_each, WORLD, [job for _, _, job in todo])[0]
+    results = pooled_launch(one_step_each, WORLD, [job for _, _, job in todo])[0]
     failures = []
     for (key, single, _), got in zip(todo, results):
         logits, _, grads = reference(single, graph)
