@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from gnnc import api
 from gnnc import graph_classification as gc
 from gnnc.graph.graph_batches import epoch_batches, make_batch
@@ -34,7 +35,7 @@ from gnnc.program_gen import EDGE_FEATURES, generate
 from gnnc.runtime.distributed import DistJob, one_step
 from gnnc.runtime.graph_task import GraphJob, GraphSplit, GraphTrainer, graph_worker
 from gnnc.runtime.kernels import native
-from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.link_task import LinkWorker
 from gnnc.runtime.pair_exchange import LinkJob, link_steps
 from gnnc.runtime.train import TrainConfig
@@ -240,7 +241,7 @@ def test_generated_task_programs_on_two_processes_equal_one(graphs, tmp_path) ->
             loss.backward()
             return scores.detach().reshape(-1), {k: p.grad for k, p in params.items()}
         cases.append((f"link-{s} ({strategy})", "link", job, one))
-    results = launch(_each, 2, [(kind, job) for _, kind, job, _ in cases], timeout_s=300)[0]
+    results = pooled_launch(_each, 2, [(kind, job) for _, kind, job, _ in cases], timeout_s=300)[0]
     failures = []
     for (name, _, _, one), got in zip(cases, results):
         logits, grads = one()
