@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.errors import GnncError
@@ -31,7 +32,6 @@ from gnnc.plan.pipeline import schedule_of
 from gnnc.runtime import rng
 from gnnc.runtime.distributed import DistJob
 from gnnc.runtime.executor import ExecContext, Interpreter, forward, graph_inputs, init_params
-from gnnc.runtime.launch import launch
 from gnnc.runtime.pipeline import chunk_order, one_step_each, refresh_due
 from gnnc.runtime.train import TrainConfig
 
@@ -144,7 +144,7 @@ def test_pipeline_step_matches_its_reference_and_its_bytes(world: int, tmp_path)
         shards = plan.write_shards(tmp_path / f"case{i}")
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False)))
         plans.append(plan)
-    results = launch(one_step_each, world, jobs, [case[4] for case in CASES[world]])[0]
+    results = pooled_launch(one_step_each, world, jobs, [case[4] for case in CASES[world]])[0]
     failures = []
     for (name, params, chunks, groups, epoch, *update), plan, got in zip(CASES[world], plans, results):
         key = (name, chunks, groups, epoch, *update)
