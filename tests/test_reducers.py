@@ -17,6 +17,7 @@ import pytest
 import sympy
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import random_graph
 from gnnc import api
 from gnnc.testing import first_training_step
@@ -31,7 +32,6 @@ from gnnc.runtime import kernels
 from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.kernels import reducers
-from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 
 SEED = 3
@@ -229,7 +229,7 @@ def test_std_on_two_processes_equals_one_process(tmp_path) -> None:
         job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=use_kernels))
         todo.append(((strategy, schedule, use_kernels), job, predicted_bytes(plan)))
     assert splits >= 3  # the overlapped halo, the staged broadcast (twice): std's partial sums are exercised
-    results = launch(one_step_each, 2, [job for _, job, _ in todo])[0]
+    results = pooled_launch(one_step_each, 2, [job for _, job, _ in todo])[0]
     logits, grads = one_process(single, graph)
     ops = {"halo": "halo", "bcast_rows": "broadcast", "reduce_scatter": "reduce_scatter", "allreduce": "allreduce"}
     failures = []
