@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from gnnc import api
 from gnnc.model_file import check
 from gnnc.program_gen import generate
@@ -29,7 +30,6 @@ from gnnc.runtime import fusion
 from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.executor import init_params
 from gnnc.runtime.kernels import native
-from gnnc.runtime.launch import launch
 from gnnc.testing import sgd_steps
 from gnnc.runtime.train import TrainConfig, Worker
 
@@ -344,7 +344,7 @@ def _two_ranks(seeds, graphs, tmp_path) -> None:
     """One step of each program on 2 processes (a strategy per program, in turn) against one process."""
     todo = node_jobs([(f"gen-{s}", generate(s), graph_for(s, graphs), STRATEGIES[s % len(STRATEGIES)])
                       for s in seeds], tmp_path)
-    results = launch(one_step_each, 2, [job for *_, job in todo])[0]
+    results = pooled_launch(one_step_each, 2, [job for *_, job in todo])[0]
     failures = []
     for (name, graph, single, _), got in zip(todo, results):
         failures += step_differences(name, got, *one_process_step(single, graph))
