@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, check_golden, gnnc_in_process
 from gnnc import api
 from gnnc.testing import first_training_step
@@ -180,7 +181,6 @@ def test_two_ranks_equal_one_process(regress_graph, proteins_graph, tmp_path) ->
     """One training step on 2 ranks: logits, loss and every gradient within 1e-5 of one process's; and a short
     run's metrics (RMSE, MAE, mean ROC-AUC over gathered rows) equal."""
     from gnnc.runtime.distributed import DistJob, one_step_each
-    from gnnc.runtime.launch import launch
     from gnnc.runtime.train import TrainConfig
 
     jobs, refs = [], []
@@ -192,7 +192,7 @@ def test_two_ranks_equal_one_process(regress_graph, proteins_graph, tmp_path) ->
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False,
                                                                          use_kernels=False)))
         refs.append(first_training_step(single, graph, SEED))
-    got = launch(one_step_each, 2, jobs)[0]
+    got = pooled_launch(one_step_each, 2, jobs)[0]
     for (out, loss, grads), step in zip(refs, got):
         assert rel(step["logits"], out) < 1e-5
         assert abs(step["loss"] - loss) < 1e-5 * abs(loss)
