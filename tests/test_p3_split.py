@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES
 from gnnc import api
 from gnnc.ir.dims import eval_dim
 from gnnc.passes.analysis.legality import pushpull_blocker, synced_scores
 from gnnc.plan.slices import split_weights
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from test_distributed_exact import SEED, hub_graph, reference, rel
 
@@ -71,7 +71,7 @@ def test_w1_is_never_all_reduced_and_the_step_is_one_processs(world: int, tmp_pa
         job = DistJob(str(plan.program), str(plan.write_shards(tmp_path / name)),
                       TrainConfig(seed=SEED, progress=False, use_kernels=False))
         cases.append((name, api.compile(model, g).program, job, predicted))
-    results = launch(one_step_each, world, [job for _, _, job, _ in cases])[0]
+    results = pooled_launch(one_step_each, world, [job for _, _, job, _ in cases])[0]
     for (name, single, _, predicted), got in zip(cases, results):
         measured = {op: got["bytes_by_op"].get(op, 0) for op in predicted}
         assert measured == predicted, name
