@@ -15,6 +15,7 @@ import re
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, SCHEDULES, random_graph
 from gnnc import api
 from gnnc.errors import GnncError
@@ -29,7 +30,7 @@ from gnnc.plan.schedule_attrs import exchange_schedule
 from gnnc.runtime import comm
 from gnnc.runtime.distributed import DistJob, Exchange, one_step
 from gnnc.runtime.implementations import EXCHANGES, exchange_implementation, implements_exchange
-from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.train import TrainConfig
 from test_distributed_exact import SEED, reference, rel
 
@@ -80,7 +81,7 @@ def test_a_toy_exchange_defined_here_runs_on_two_ranks_with_its_predicted_bytes(
     assert predicted["allreduce"] == halo_totals["allreduce"]
     shards = plan.write_shards(tmp_path / "toy")
     job = DistJob(str(program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
-    got = launch(_one_step, 2, job)[0]
+    got = pooled_launch(_one_step, 2, job)[0]
     print(f"{TOY}: predicted {predicted[TOY]} bytes, measured {got['bytes_by_op']}")
     assert got["bytes_by_op"] == {"halo": predicted[TOY], "allreduce": predicted["allreduce"]}
     logits, loss, grads = reference(api.compile(model, graph).program, graph)
