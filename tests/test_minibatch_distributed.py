@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.graph.sampling import SamplingConfig
 from gnnc.runtime.executor import init_params
-from gnnc.runtime.launch import launch
 from gnnc.runtime.minibatch import MinibatchWorker
 from gnnc.runtime.minibatch_dist import SampledJob, sampled_one_step_each
 from gnnc.runtime.train import TrainConfig
@@ -59,7 +59,7 @@ def check(world: int) -> None:
         dirs.append(d)
         plans.append(plan)
         jobs.append(SampledJob(str(plan.program), d.name, TrainConfig.resolve(plan.program, seed=SEED), SAMPLING))
-    results = launch(sampled_one_step_each, world, jobs)[0]
+    results = pooled_launch(sampled_one_step_each, world, jobs)[0]
     failures = []
     for (model, strategy), plan, got in zip(CASES, plans, results):
         key = f"{model}/{strategy}/w{world}"
