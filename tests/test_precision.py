@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, ROOT, random_graph
 from gnnc import api
 from gnnc.cluster import preset
@@ -23,7 +24,6 @@ from gnnc.plan.precision import element_bytes
 from gnnc.runtime import kernels
 from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.kernels import reference as ref
-from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from test_distributed_exact import measured_bytes
 from test_kernels import make_csr
@@ -108,7 +108,7 @@ def test_bf16_bytes_measured_equal_the_prediction(tmp_path) -> None:
         job = DistJob(str(plan.program), str(plan.write_shards(tmp_path / name)),
                       TrainConfig(progress=False, precision="bf16"))
         todo.append((name, job, plan.meta.predicted_bytes_per_step))
-    results = launch(one_step_each, 2, [job for _, job, _ in todo])[0]
+    results = pooled_launch(one_step_each, 2, [job for _, job, _ in todo])[0]
     for (name, _, predicted), got in zip(todo, results):
         assert measured_bytes(got) == predicted, name
         assert all(g.dtype == torch.float32 for g in got["grads"].values())
