@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.errors import GnncError, PlanError
@@ -52,7 +53,6 @@ def one_step_of_each_update(tmp_path_factory) -> dict[str, tuple]:
     """update -> (plan, rank 0's step of epoch 2 after epoch 1's), both plans' steps in one 2-rank launch
     (starting the ranks is most of the cost)."""
     from gnnc.runtime.distributed import DistJob
-    from gnnc.runtime.launch import launch
     from gnnc.runtime.pipeline import one_step_each
     from gnnc.runtime.train import TrainConfig
     from test_pipeline import SEED
@@ -65,7 +65,7 @@ def one_step_of_each_update(tmp_path_factory) -> dict[str, tuple]:
         plans[update] = plan = api.compile(model, GRAPH, workers=2, passes=passes, approximate=True)
         shards = plan.write_shards(tmp_path_factory.mktemp(update) / "plan")
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False)))
-    got = launch(one_step_each, 2, jobs, [(1, 2)] * len(jobs))[0]
+    got = pooled_launch(one_step_each, 2, jobs, [(1, 2)] * len(jobs))[0]
     return {update: (plans[update], step) for update, step in zip(plans, got)}
 
 
