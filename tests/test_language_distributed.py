@@ -20,12 +20,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, random_graph
 from gnnc import api
 from gnnc.testing import first_training_step
 from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.runtime.executor import init_params
-from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from test_distributed_exact import measured_bytes
 
@@ -167,7 +167,7 @@ def test_language_features_match_pyg_on_two_processes(tmp_path) -> None:
             shards = plan.write_shards(tmp_path / f"{name}-{strategy}")
             job = DistJob(str(plan.program), str(shards), TrainConfig(seed=SEED, progress=False, use_kernels=False))
             todo.append((name, strategy, single, job, plan.meta.predicted_bytes_per_step))
-    results = launch(one_step_each, WORLD, [job for _, _, _, job, _ in todo])[0]
+    results = pooled_launch(one_step_each, WORLD, [job for _, _, _, job, _ in todo])[0]
     failures = []
     for (name, strategy, single, _, predicted), got in zip(todo, results):
         refs = [("one process", one_process(single, graph))]
