@@ -14,6 +14,7 @@ import pytest
 import sympy
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, EXTREMES
 from gnnc import api
 from gnnc.ir.text import parse_ir
@@ -22,7 +23,6 @@ from gnnc.passes.cost.symbols import P
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.schedule_attrs import exchange_schedule
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from test_distributed_exact import bytes_and_step_failures, communities, compile_half_cached, hub_graph
 
@@ -59,7 +59,7 @@ def cases(world: int, tmp):
 @pytest.mark.parametrize("world", [2, 4])
 def test_chunked_halos_match_one_process(world: int, tmp_path) -> None:
     todo = cases(world, tmp_path)
-    results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
+    results = pooled_launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
     failures = bytes_and_step_failures(todo, results, SEED)
     assert not failures, "\n".join(failures)
 
