@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, EXTREMES, SCHEDULES, random_graph
 from gnnc import api
 from gnnc.graph.sampling import SamplingConfig
@@ -33,7 +34,7 @@ from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.pipeline import is_pipeline
 from gnnc.runtime.distributed import DistJob, DistWorker
 from gnnc.runtime.executor import init_params
-from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.minibatch import MinibatchWorker
 from gnnc.runtime.pipeline import PipelineWorker
 from gnnc.runtime.train import TrainConfig, Worker, fit, make_optimizer
@@ -221,7 +222,7 @@ def test_the_per_rank_step_of_every_strategy_stays_on_the_device(tmp_path) -> No
         shards = plan.write_shards(tmp_path / f"{case}-{strategy}-{schedule}")
         jobs.append(DistJob(str(plan.program), str(shards), TrainConfig(progress=False, device=STANDIN.type)))
         expected.append(cpu_logits(program_for(case, graph), graph) if exact else None)
-    results = launch(standin_steps, world, jobs)[0]
+    results = pooled_launch(standin_steps, world, jobs)[0]
     failures = []
     for (case, strategy, _), got, want in zip(cases, results, expected):
         want = got["reference"] if want is None else want
