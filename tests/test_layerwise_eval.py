@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, random_graph
 from gnnc import api, cli
 from gnnc.runtime import train as train_module
@@ -191,7 +192,6 @@ def test_layerwise_evaluation_on_ranks_equals_the_whole_forward(world: int, tmp_
     from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
     from gnnc.plan.schedule_attrs import split_exchange
     from gnnc.runtime.distributed import DistJob
-    from gnnc.runtime.launch import launch
 
     graph = random_graph(n=80, e=500, f=8, c=3, seed=5)
     jobs, singles = [], []
@@ -205,7 +205,7 @@ def test_layerwise_evaluation_on_ranks_equals_the_whole_forward(world: int, tmp_
         if (name, strategy, sched) == ("gcn", "depcomm", ""):  # an overlapped halo: the structure held by parts
             assert all(split_exchange(layer) is not None for layer in plan.program.graph_layers())
         singles.append(api.compile(model, graph).program)
-    results = launch(_rank_evaluations, world, jobs)[0]
+    results = pooled_launch(_rank_evaluations, world, jobs)[0]
     for (name, strategy), single, got in zip(DIST_CASES + SCHEDULED, singles, results):
         (whole, whole_bytes, _), (chunks, chunk_bytes, ran) = got[0], got[3]
         one, _ = _evaluation(single, graph, 0)
