@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES
 from gnnc import api
 from gnnc.errors import PlanError
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.bins import PipeChain, pipeline_chain, pipelined, pipelines
 from gnnc.runtime.distributed import DistJob, one_step_each
-from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from test_distributed_exact import bytes_and_step_failures, communities, compile_half_cached, hub_graph
 
@@ -50,7 +50,7 @@ def cases(world: int, tmp):
 @pytest.mark.parametrize("world", [2, 4])
 def test_pipelined_bins_match_one_process(world: int, tmp_path) -> None:
     todo = cases(world, tmp_path)
-    results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
+    results = pooled_launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
     failures = bytes_and_step_failures(todo, results, SEED)
     assert not failures, "\n".join(failures)
 
