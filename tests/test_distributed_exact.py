@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, EXTREMES, SCHEDULES, random_graph
 from gnnc import api
 from gnnc.testing import first_training_step
 from gnnc.runtime.distributed import DistJob, one_step_each
 from gnnc.ir.text import parse_ir
-from gnnc.runtime.launch import launch
 from gnnc.runtime.train import TrainConfig
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 from gnnc.plan.bins import bins_of
@@ -220,7 +220,7 @@ def test_strategies_match_one_process(world: int, tmp_path) -> None:
     every = {"overlapped halo", "blocking halo", "staged broadcast", "gathered broadcast", "bins"}
     missing = {(m, s) for m in MODELS for s in every} - ran
     assert not missing, sorted(missing)
-    results = launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
+    results = pooled_launch(one_step_each, world, [job for _, _, _, job, _ in todo])[0]
     failures = []
     # every halo's bytes, hoisted ones (GIN's first aggregation of x: sent in the first step only) included
     halo_bytes = {key: halo_bytes_in_plan(job) for key, _, _, job, _ in todo}
