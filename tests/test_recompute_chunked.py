@@ -89,7 +89,8 @@ def test_blocks_give_the_values_of_the_run_without_recompute(name: str, hidden: 
                 assert torch.equal(g[k], w[k]), (step, k)
 
 
-def test_the_evaluation_computes_the_first_layer_in_column_blocks_to_the_same_bits(monkeypatch) -> None:
+def test_the_evaluation_computes_the_first_layer_in_row_blocks(monkeypatch) -> None:
+    """As (A[rows] x) W1 (gnnc.runtime.recompute._evaluate): within rounding of the run without --recompute."""
     monkeypatch.setattr(recompute, "BLOCK_BYTES", 2048)
     graph = _graph()
     program = _program("gcn", graph, 100)
@@ -99,7 +100,7 @@ def test_the_evaluation_computes_the_first_layer_in_column_blocks_to_the_same_bi
         worker = Worker(program, graph, TrainConfig(seed=1, progress=False, recompute=r, eval_chunk=chunk))
         with torch.no_grad():
             logits.append(worker.forward(params, False, 0)[0])
-    assert torch.equal(logits[0], logits[1])
+    assert close(logits[1], logits[0]) and not torch.equal(logits[1], logits[0])  # reassociated
     # --eval-chunk: the next layer, whose product the blocks computed, runs whole; the others layer-wise
     assert close(logits[2], logits[0])
 
