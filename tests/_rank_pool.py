@@ -262,6 +262,11 @@ def pooled_launch(fn: Callable[..., T], nproc: int, *args: Any, timeout_s: float
     return pool.run(fn, args, timeout_s)
 
 
+def pool_pids() -> set[int]:
+    """The ranks of this process's pools (children of this process that outlive the tests that started them)."""
+    return {pid for pool in _POOLS.values() if not pool.retired for pid in pool.pids}
+
+
 def close_pools() -> None:
     """Stop every pool of this process (at the session's end)."""
     for pool in _POOLS.values():

@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _rank_pool import pool_pids
 from conftest import process_alive as _alive
 from gnnc.errors import GnncError
 from gnnc.runtime.launch import (DistConfig, LaunchError, PortInUseError, WorkerFailedError,
@@ -36,11 +37,13 @@ FAILURE_DEADLINE_S = 60.0
 
 
 def _children(pid: int) -> list[int]:
-    """Processes whose parent is `pid` (read from /proc), except multiprocessing's resource tracker.
+    """Processes whose parent is `pid` (read from /proc), except multiprocessing's resource tracker and the
+    session's pool of ranks (tests/_rank_pool.py: other tests' jobs, kept for the next).
 
     The spawn start method starts one resource tracker per launcher process; it
     is not a worker and exits with the launcher.
     """
+    pool = pool_pids()
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -55,7 +58,7 @@ def _children(pid: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if b"multiprocessing.resource_tracker" not in cmdline:
+        if b"multiprocessing.resource_tracker" not in cmdline and int(entry.name) not in pool:
             out.append(int(entry.name))
     return out
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _rank_pool import _POOLS, RankPool, RankPoolError, pooled_launch
+from _rank_pool import _POOLS, RankPool, RankPoolError, pool_pids, pooled_launch
 
 
 def _state(cfg) -> dict:
@@ -118,3 +118,12 @@ def test_a_job_that_leaves_a_thread_returns_its_result_and_retires_the_ranks() -
         assert pool.retired and not any(p.is_alive() for p in pool.procs)
     finally:
         pool.close()
+
+
+def test_the_pools_ranks_are_not_children_a_launch_left_behind() -> None:
+    """test_launch checks that a launch leaves no child of this process: the pool's ranks, kept for the next job,
+    are not the launch's."""
+    from test_launch import _children
+
+    pooled_launch(_state, 2)
+    assert set(_POOLS[2].pids) <= pool_pids() and not set(_children(os.getpid())) & pool_pids()
