@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import torch
 
+from _rank_pool import pooled_launch
 from conftest import EXAMPLES, gnnc_in_process
 from gnnc import api
 from gnnc.errors import GnncError
-from gnnc.runtime.launch import DistConfig, launch
+from gnnc.runtime.launch import DistConfig
 from gnnc.runtime.link_task import LinkWorker, fit_link
 from gnnc.runtime.pair_exchange import EVAL_LABEL, NEGATIVES_LABEL, TRAIN_LABEL, LinkJob, link_steps, link_worker
 from gnnc.runtime.train import TrainConfig
@@ -83,8 +84,8 @@ def test_link_prediction_on_ranks_is_one_process(world: int, strategy: str | Non
     cfg = TrainConfig.resolve(plan.program, epochs=len(EPOCHS), seed=SEED)
     split = api._link_split(plan, cora, SEED)
     # a generous bound on the rendezvous and every collective: four ranks starting on a loaded machine are slow
-    steps, history = launch(_steps_and_run, world, LinkJob(str(plan.program), str(tmp_path), cfg, split=split),
-                            timeout_s=180)[0]
+    steps, history = pooled_launch(_steps_and_run, world, LinkJob(str(plan.program), str(tmp_path), cfg, split=split),
+                                   timeout_s=180)[0]
     ref_steps, ref_history = one_process
     failures = []
     for epoch, got, ref in zip(EPOCHS, steps, ref_steps):

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from _rank_pool import pooled_launch
 from conftest import ROOT
 from gnnc.cluster import OP_CLASSES, ClusterProfile, LayerUnitCosts, load_cluster, preset
 from gnnc.passes.cost.fit import fit_unit_costs
@@ -180,9 +181,7 @@ def test_the_ranks_time_each_kernel_together() -> None:
     """`gnnc probe --network` times each kernel on every rank at the same moment, as a job's ranks compute: every
     timing starts after the barrier (3 dense products and 2 x 3 aggregations here), so a late rank holds the
     others' next timing back."""
-    from gnnc.runtime.launch import launch
-
-    (n0, gap0), (n1, gap1) = launch(_kernels_together, 2, timeout_s=120)
+    (n0, gap0), (n1, gap1) = pooled_launch(_kernels_together, 2, timeout_s=120)
     assert n0 == n1 == 3 + 2 * 3
     assert gap0 >= 0.45 and gap1 >= 0.45
 
