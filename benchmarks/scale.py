@@ -239,8 +239,8 @@ def compile_child(spec: dict[str, Any]) -> dict[str, Any]:
     """`gnnc compile --workers 8 --partition-from SPLIT -o OUT` (`strategy`: --strategy S, else the planner's
     choice), as the CLI runs it, timed by phase: wall and
     process CPU (the shard writer thread's included) of loading the graph, the planner's statistics, the row sets,
-    the rest of the passes, each rank's structures, writing the shards (hashed as they are written) and waiting for the last to reach the disk ("checksums (wait)", the name older
-    results use)."""
+    the rest of the passes, each rank's structures, writing the shards (hashed as they are written) and waiting
+    for the last to reach the disk ("checksums (wait)", the name older results use)."""
     from gnnc import api
     from gnnc.passes import predict_bytes
     from gnnc.passes.cost import inputs
