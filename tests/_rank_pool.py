@@ -157,7 +157,8 @@ class RankPool:
 
     def run(self, fn: Callable[..., T], args: tuple, timeout_s: float) -> list[T]:
         """`fn(cfg, *args)` on every rank; the results by rank. Raises RankPoolError (and retires the ranks) when
-        a rank fails or dies, or when no rank used CPU time for `timeout_s` + STALL_MARGIN_S (a hang)."""
+        a rank fails or dies, or when no rank still at the job was busy (`_Busy`) for `timeout_s` + STALL_MARGIN_S
+        (a hang)."""
         payload = pickle.dumps((fn, args))  # before anything is sent: an unpicklable job leaves the pool as it is
         self.done += 1
         job = self.done
