@@ -34,7 +34,7 @@ from gnnc.plan.pipeline import ChunkStructure, MemberStructures
 from gnnc.plan.rows import layer_specs
 from gnnc.plan.shard_files import ShardWriter, load_npz, read_manifest
 from gnnc.plan.shards import _csr_arrays, _plan_arrays, _plan_from, _view_from  # the plan's shard encodings
-from gnnc.plan.shards import write_plan_manifest
+from gnnc.plan.shards import take_rows, write_plan_manifest
 
 
 def stage_views(program, sched: plan_pipeline.PipelineSchedule, stage: int) -> list[str]:
@@ -64,7 +64,7 @@ def write_pipeline_shards(program, graph: Graph, parts: np.ndarray, world: int, 
             for v in mine:
                 arrays.update(_member_arrays(v, structures[v][member]))
             if "x" in plan_pipeline.reads_inputs(program, sched.layers(program, stage)):
-                arrays["x"] = graph.x[torch.as_tensor(rows)].numpy()
+                arrays["x"] = take_rows(graph.x, rows)
             idx = torch.as_tensor(rows)
             arrays["y"] = graph.y[idx].numpy()
             for name, mask in (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask)):
