@@ -30,9 +30,22 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     """`with atomic_writer(p) as f: ...` writes `p` atomically (nothing is left on an error)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    f = os.fdopen(fd, "wb")
     try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
+        yield f
+    except BaseException:
+        f.close()
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    into_place(f, tmp, path)
+
+
+def into_place(f: IO[bytes], tmp: str, path: Path) -> None:
+    """Make the written temporary file `tmp` (open as `f`, closed here) be `path` durably: fsync, rename, the
+    directory's fsync; `tmp` is removed if that fails. atomic_writer's last step, and the plan shards' writer's,
+    which runs it on its own thread."""
+    try:
+        with f:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.files import _fsync_dir, atomic_writer, file_sha256
+from gnnc.files import atomic_writer, file_sha256, into_place
 from gnnc.errors import PlanError, write_failure
 from gnnc.graph import Graph
 from gnnc.graph.store import release_pages
@@ -204,18 +204,10 @@ def _savez(f: Any, arrays: dict[str, np.ndarray]) -> tuple[str, int]:
 
 
 def _into_place(f: Any, tmp: str, path: Path) -> None:
-    """Make the written temporary file `tmp` be `path` durably (fsync, rename, the directory's fsync), as
-    gnnc.files.atomic_writer does; on the writer's thread, so the disk's work overlaps the next shard's."""
+    """gnnc.files.into_place on the writer's thread, so the disk's work overlaps the next shard's; its
+    failure named as the shard's."""
     try:
-        try:
-            with f:
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_dir(path.parent)
+        into_place(f, tmp, path)
     except OSError as err:
         raise _write_error(path, err) from err
 
