@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 import math
 import os
@@ -189,7 +190,8 @@ def generate_ogb(out: Path, n: int, e: int, features: int, classes: int, split: 
     for k, name in enumerate(("train", "valid", "test")):
         ids = np.nonzero(which == k)[0]
         counts[name] = len(ids)
-        with gzip.open(folder / f"{name}.csv.gz", "wt", compresslevel=1) as f:
+        # mtime 0: the same graph is the same bytes (gzip's header would carry the second it was written in)
+        with io.TextIOWrapper(gzip.GzipFile(folder / f"{name}.csv.gz", "wb", compresslevel=1, mtime=0)) as f:
             for lo in range(0, len(ids), BLOCK):
                 f.write("\n".join(map(str, ids[lo:lo + BLOCK].tolist())) + "\n")
     return {"vertices": n, "edges": e, "features": features, "classes": classes, **counts,

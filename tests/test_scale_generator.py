@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,10 @@ def test_papers_like_directory_loads_with_its_sizes_and_unlabelled_vertices(tmp_
     n, e, f, c = 3000, 40_000, 8, 5
     monkeypatch.setattr(scale, "BLOCK", 777)  # blocks that divide neither count
     info = scale.generate_ogb(tmp_path / "a", n, e, f, c, scale.PAPERS_SPLIT)
-    scale.generate_ogb(tmp_path / "b", n, e, f, c, scale.PAPERS_SPLIT)
+    now = time.time()
+    with monkeypatch.context() as later:
+        later.setattr(time, "time", lambda: now + 86_400)  # written a day later: no clock in the bytes
+        scale.generate_ogb(tmp_path / "b", n, e, f, c, scale.PAPERS_SPLIT)
     for name in ("raw/data.npz", "raw/node-label.npz", "split/time/train.csv.gz"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     g = load_graph(str(tmp_path / "a"), use_cache=False)
