@@ -33,7 +33,7 @@ from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_s
                                       split_eqn, split_exchange)
 from gnnc.plan.shards import RankData, load_rank
 from gnnc.plan.slices import split_weights
-from gnnc.runtime import comm
+from gnnc.runtime import block_cache, comm
 from gnnc.runtime import device as devices
 from gnnc.runtime.bins import run_binned
 from gnnc.runtime.executor import (ExecContext, PrefixRowsInterpreter, check_dims_fit, chunked_evaluation,
@@ -67,7 +67,6 @@ def let_go_of_graph(graph: Any) -> None:
     read their shards; kept, these and the allocator's blocks they freed were 440 MiB of the launcher's 524 at
     products 0.05 (about 9 GiB at full size) beside the ranks for the whole run (issue 35)."""
     from gnnc.graph.store import _MAPS, release_pages  # deferred: what only the launcher calls
-    from gnnc.runtime import block_cache
 
     # a store's mappings and the CSR it stored (read from them, not derived: sorting the edges again might order a
     # row's entries otherwise) stay
