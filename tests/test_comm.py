@@ -447,6 +447,18 @@ def test_comm_stats_aggregates_by_label_and_op() -> None:
                                      "layer1/halo/fwd"]
 
 
+def rank_1_of_4_posting_by(monkeypatch, post: Any) -> None:
+    """A halo exchange of rank 1 of 4 with no process group, its point-to-point operations handed to `post`."""
+
+    class P2POp:  # torch's checks its process group, which these tests have none of
+        def __init__(self, op, tensor, peer, group=None):
+            self.op, self.tensor, self.peer = op, tensor, peer
+
+    monkeypatch.setattr(comm, "_rank_world", lambda group: (1, 4))
+    monkeypatch.setattr(comm.dist, "P2POp", P2POp)
+    monkeypatch.setattr(comm._HaloExchange, "_post_p2p", post)
+
+
 @pytest.mark.parametrize("method", ["ring", "ring_paced"])
 def test_a_ring_posts_each_receive_before_its_send(monkeypatch, method: str) -> None:
     """Rank 1 of 4 posts its receives first (every step's, or each step's before its send when paced):
@@ -457,13 +469,7 @@ def test_a_ring_posts_each_receive_before_its_send(monkeypatch, method: str) -> 
         posted.extend(("recv" if op.op is comm.dist.irecv else "send", op.peer) for op in ops)
         return []
 
-    class P2POp:  # torch's checks its process group, which this test has none of
-        def __init__(self, op, tensor, peer, group=None):
-            self.op, self.tensor, self.peer = op, tensor, peer
-
-    monkeypatch.setattr(comm, "_rank_world", lambda group: (1, 4))
-    monkeypatch.setattr(comm.dist, "P2POp", P2POp)
-    monkeypatch.setattr(comm._HaloExchange, "_post_p2p", post)
+    rank_1_of_4_posting_by(monkeypatch, post)
     plan = HaloPlan(send_idx=(torch.tensor([0]), torch.tensor([], dtype=torch.long), torch.tensor([1]),
                               torch.tensor([0, 1])), recv_counts=(2, 0, 1, 1))
     op = comm._HaloExchange(plan, CommStats(), "layer0", None, method)

@@ -91,6 +91,7 @@ def test_a_halo_exchange_receives_every_peers_rows_into_its_result(monkeypatch) 
     tensors at once: 0.9 GiB of a GCN rank's hidden layer at products' size)."""
     from gnnc.plan.halo import HaloPlan
     from gnnc.runtime import comm
+    from test_comm import rank_1_of_4_posting_by
 
     received: list[torch.Tensor] = []
 
@@ -101,13 +102,7 @@ def test_a_halo_exchange_receives_every_peers_rows_into_its_result(monkeypatch) 
                 received.append(op.tensor)
         return []
 
-    class P2POp:  # torch's checks its process group, which this test has none of
-        def __init__(self, op, tensor, peer, group=None):
-            self.op, self.tensor, self.peer = op, tensor, peer
-
-    monkeypatch.setattr(comm, "_rank_world", lambda group: (1, 4))
-    monkeypatch.setattr(comm.dist, "P2POp", P2POp)
-    monkeypatch.setattr(comm._HaloExchange, "_post_p2p", post)
+    rank_1_of_4_posting_by(monkeypatch, post)
     plan = HaloPlan(send_idx=(torch.tensor([0]), torch.tensor([], dtype=torch.long), torch.tensor([1]),
                               torch.tensor([0, 1])), recv_counts=(2, 0, 1, 3))
     op = comm._HaloExchange(plan, comm.CommStats(), "layer0", None, "ring")
