@@ -292,19 +292,27 @@ def test_algorithm_4_measures_no_level_below_an_ended_subtree(monkeypatch) -> No
     assert expanded and 0 not in expanded, (len(expanded), expanded.count(0))
 
 
+def random_segment_costs(layers: int, seed: int, one_layer: tuple[str, ...] = ("depcomm",)) -> dict:
+    """A segment DP's (time, memory) table: depcache on every segment, growing with its length, and each strategy
+    of `one_layer` on single layers."""
+    rng = np.random.default_rng(seed)
+    seg_cost = {}
+    for a in range(layers):
+        for z in range(a + 1, layers + 1):
+            seg_cost[(a, z, "depcache")] = (float(rng.uniform(1, 2) * (z - a)), float(rng.uniform(1, 2) * (z - a)))
+        for strategy in one_layer:
+            seg_cost[(a, a + 1, strategy)] = (float(rng.uniform(1, 2)), float(rng.uniform(0.5, 1)))
+    return seg_cost
+
+
 def test_the_dp_reads_the_tie_breaking_order_only_on_ties(monkeypatch) -> None:
     """A label dominates another by (time, memory) first: the full tie-breaking key (its per-layer strategy
     order, O(L) long) is built only when both are equal, and for sorting each cell once. Building it for every
     comparison was half of the 64-layer GCNII example's DP (0.25 -> 0.13 CPU-s on Cora x4, the same table)."""
     from gnnc.passes.planner import segment_dp
 
-    rng = np.random.default_rng(0)
     layers = 24
-    seg_cost = {}
-    for a in range(layers):
-        for z in range(a + 1, layers + 1):
-            seg_cost[(a, z, "depcache")] = (float(rng.uniform(1, 2) * (z - a)), float(rng.uniform(1, 2) * (z - a)))
-        seg_cost[(a, a + 1, "depcomm")] = (float(rng.uniform(1, 2)), float(rng.uniform(0.5, 1)))
+    seg_cost = random_segment_costs(layers, 0)
     keys = []
     real = segment_dp.Label.key
     monkeypatch.setattr(segment_dp.Label, "key", lambda self: keys.append(1) or real(self))

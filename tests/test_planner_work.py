@@ -16,6 +16,7 @@ from conftest import EXAMPLES, random_graph
 from gnnc.passes.cost import neutronstar
 from gnnc.passes.cost import schedule as cost_schedule
 from gnnc.passes.planner import segment_dp
+from test_planner_speed import random_segment_costs
 
 verify_module = importlib.import_module("gnnc.ir.verify")  # the module (gnnc.ir.verify is also its function)
 
@@ -23,6 +24,20 @@ verify_module = importlib.import_module("gnnc.ir.verify")  # the module (gnnc.ir
 @pytest.fixture(scope="module")
 def graph():
     return random_graph(n=300, e=1800, f=16, c=4)
+
+
+@pytest.fixture
+def stage_splits(monkeypatch) -> dict[str, int]:
+    """{"n": how many times a stage was split into pieces (cost.schedule._stage_items) since the test began}."""
+    split = {"n": 0}
+    real = cost_schedule._stage_items
+
+    def items(*args, **kwargs):
+        split["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cost_schedule, "_stage_items", items)
+    return split
 
 
 def _equations(program) -> int:
@@ -44,13 +59,8 @@ def test_a_memory_cap_that_drops_no_label_fills_the_dp_table_once(monkeypatch) -
     """The alternatives show the fastest assignment regardless of the cap, from a table filled without it; when
     the cap dropped no label, the capped table is that table, and the DP is not run again (the 64-layer GCNII
     example on Cora: 508,064 label comparisons before, 254,032 now). Same result as without a cap."""
-    rng = np.random.default_rng(1)
     layers = 16
-    seg_cost = {}
-    for a in range(layers):
-        for z in range(a + 1, layers + 1):
-            seg_cost[(a, z, "depcache")] = (float(rng.uniform(1, 2) * (z - a)), float(rng.uniform(1, 2) * (z - a)))
-        seg_cost[(a, a + 1, "depcomm")] = (float(rng.uniform(1, 2)), float(rng.uniform(0.5, 1)))
+    seg_cost = random_segment_costs(layers, 1)
     counted = {"n": 0}
     real = segment_dp._dominates
 
@@ -133,21 +143,13 @@ def test_the_cost_symbols_are_made_once(monkeypatch, graph) -> None:
     assert made["n"] <= 20, made["n"]
 
 
-def test_the_schedule_pass_splits_each_stage_into_pieces_once(monkeypatch, graph) -> None:
+def test_the_schedule_pass_splits_each_stage_into_pieces_once(stage_splits, graph) -> None:
     """The schedule pass compares the gradient all-reduce after and during backward by their times, which are
     the stages' own; only the schedule it keeps is split into pieces (its drawing). GCN x4 depcomm: 22 stages split before (three drawings), 7 now."""
-    split = {"n": 0}
-    real = cost_schedule._stage_items
-
-    def items(*args, **kwargs):
-        split["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cost_schedule, "_stage_items", items)
     plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4, strategy="depcomm")
     report = plan.meta.schedule_report
     drawn = [s for s in report["predicted"]["stages"] if s["pieces"]]
-    assert drawn and split["n"] <= len(drawn), (split["n"], len(drawn))
+    assert drawn and stage_splits["n"] <= len(drawn), (stage_splits["n"], len(drawn))
     times = {a["grad_overlap"]: a["time_s"] for a in report["grad_alternatives"]}
     assert times[report["grad_overlap"]] == report["predicted_time_s"]
 
@@ -170,21 +172,13 @@ def test_constants_are_evaluated_under_their_own_symbols_only(monkeypatch) -> No
     assert all(keys is None or keys <= free for free, keys in given), [k - f for f, k in given if k][:3]
 
 
-def test_the_planners_own_schedule_is_drawn_only_when_read(monkeypatch, graph) -> None:
+def test_the_planners_own_schedule_is_drawn_only_when_read(stage_splits, graph) -> None:
     """choose-strategy's drawing of its choice is what the plan keeps only where no schedule pass redraws it (a
     pipeline plan): it is drawn when read. GCN x4 planned: 30 stages split at 64a7480 (four drawings: the
     planner's and the schedule pass's three), one drawing's now."""
-    split = {"n": 0}
-    real = cost_schedule._stage_items
-
-    def items(*args, **kwargs):
-        split["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cost_schedule, "_stage_items", items)
     plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4)
     drawn = [s for s in plan.meta.planner.schedule["stages"] if s["pieces"]]
-    assert drawn and split["n"] <= len(drawn), (split["n"], len(drawn))
+    assert drawn and stage_splits["n"] <= len(drawn), (stage_splits["n"], len(drawn))
     assert plan.meta.planner.schedule == plan.meta.schedule_report["predicted"]
 
 
@@ -210,14 +204,8 @@ def test_a_dp_insertion_compares_a_new_label_with_few_of_its_cells(monkeypatch) 
     1,060,891 comparisons for 23,657 insertions before (45 each); the 64-layer GCNII example on Cora x4 254,032
     for 8,454. The same table, labels, best and alternatives (checked against the old insertion on 3,000 random
     tables with ties, both memory rules, with and without a cap)."""
-    rng = np.random.default_rng(2)
     layers = 24
-    seg_cost = {}
-    for a in range(layers):
-        for z in range(a + 1, layers + 1):
-            seg_cost[(a, z, "depcache")] = (float(rng.uniform(1, 2) * (z - a)), float(rng.uniform(1, 2) * (z - a)))
-        seg_cost[(a, a + 1, "depcomm")] = (float(rng.uniform(1, 2)), float(rng.uniform(0.5, 1)))
-        seg_cost[(a, a + 1, "bcast1d")] = (float(rng.uniform(1, 2)), float(rng.uniform(0.5, 1)))
+    seg_cost = random_segment_costs(layers, 2, ("depcomm", "bcast1d"))
     counts = {"insert": 0, "compare": 0}
     insert, dominates = segment_dp._insert, segment_dp._dominates
 
