@@ -13,8 +13,9 @@ from gnnc import api
 from gnnc.runtime import block_cache
 from gnnc.runtime import recompute
 from gnnc.runtime.executor import Interpreter, init_params
-from gnnc.runtime.train import TrainConfig, Worker, make_optimizer, train_step
+from gnnc.runtime.train import TrainConfig, Worker
 from gnnc.testing import sgd_steps
+from test_memory_products import _step_peak
 from test_recompute import close
 
 LAYER = """
@@ -117,15 +118,8 @@ def test_the_step_holds_one_hidden_tensor_less_at_its_peak(monkeypatch) -> None:
     program = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=hidden), graph).program
 
     def step_peak() -> int:
-        cfg = TrainConfig(seed=1, progress=False, recompute=True)
-        worker = Worker(program, graph, cfg)
-        params = init_params(program, 1)
-        opt = make_optimizer(program, params, cfg)
-        train_step(worker, params, opt, None, 0)
-        block_cache.empty()  # the high-water mark starts over at what is live
-        before = block_cache.stats().live
-        train_step(worker, params, opt, None, 1)
-        return block_cache.stats().high - before
+        before, high = _step_peak(program, graph, True)
+        return high - before
 
     blocks = step_peak()
     monkeypatch.setattr(recompute, "first_layer", lambda *args: None)
