@@ -141,13 +141,9 @@ def first_layer(program: Program, chains: dict[str, fusion.Chain]) -> FirstLayer
     if len(groups) < 2:
         return None
     eqns = [e for layer in groups[0] for e in layer.eqns]
-    readers: dict[str, int] = {}
-    for layer in program.layers:
-        for e in layer.eqns:
-            for v in e.ins:
-                readers[v.name] = readers.get(v.name, 0) + 1
+    readers = fusion._readers(program)
     for v in (program.logits, program.loss):
-        readers[v.name] = readers.get(v.name, 0) + 2  # never an intermediate value here
+        readers[v.name] += 1  # never an intermediate value here: read twice, as no value read once
     inputs = {v.name for v in program.inputs}
 
     def once(name: str) -> bool:
