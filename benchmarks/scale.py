@@ -65,6 +65,7 @@ PRODUCTS = (2_449_029, 123_718_280, 100, 47)
 PAPERS_SPLIT = (0.011, 0.0011, 0.0019)
 PRODUCTS_SPLIT = (0.0803, 0.0161, 0.9036)
 RMAT = (0.57, 0.19, 0.19)  # gnnc.graph.generators' quadrants
+QUIET_LOAD = 1.5  # the highest 1-minute load average at which a run's times are called a quiet machine's
 BLOCK = 1 << 20  # vertices or edges generated and written at once
 FANOUT, BATCH, HIDDEN = "15,10,5", 1024, 256
 WORKERS = (16, 32, 64)
@@ -360,6 +361,12 @@ def measure(name: str, cmd: list[str], limit: float, timeout: float) -> dict[str
     return result
 
 
+def highest_load(readings: list[str]) -> float:
+    """The largest 1-minute load average among `loadavg()` readings: a run is quiet only if every step was (a
+    run that starts alone and is joined by other work is loaded; the start's reading alone called it quiet)."""
+    return max(float(r.split()[0]) for r in readings)
+
+
 def sized(full: tuple[int, int, int, int], fraction: float) -> tuple[int, int, int, int]:
     n, e, f, c = full
     return max(int(round(n * fraction)), 1000), max(int(round(e * fraction)), 1000), f, c
@@ -479,6 +486,7 @@ class Bench:
         n, e, f, c = self.papers
         pn, pe, _, _ = self.products
         steps = "" if a.steps == ",".join(STEPS) else f" --steps {a.steps}"
+        most = highest_load([self.first_load, *(r[k] for r in self.rows for k in ("load_before", "load_after"))])
         head = [f"## `python benchmarks/scale.py --fraction {a.fraction:g} --products-fraction {a.products_fraction:g} "
                 f"--limit-gib {a.limit_gib:g}{steps}` ({self.started})", "",
                 f"papers100M-like: {n:,} vertices, {e:,} directed edges, {f} features, {c} classes "
@@ -486,9 +494,9 @@ class Bench:
                 f"({a.products_fraction:g} of ogbn-products). "
                 + ("The must-show's size." if a.fraction == 0.1 else
                    f"NOT the must-show's size (one tenth): a check at {a.fraction:g}."),
-                f"Load average at the start {self.first_load}: "
+                f"Load average at the start {self.first_load}, at most {most:.2f} over the steps: "
                 + ("a loaded, shared machine; times are not comparable to a quiet one." if
-                   float(self.first_load.split()[0]) > 1.5 else "a quiet machine."),
+                   most > QUIET_LOAD else "a quiet machine."),
                 "Peak: the largest process's VmHWM (its own high-water mark); tree: the step's process tree's "
                 "largest sampled resident sum. Each step in its own process under a watchdog (--limit-gib).", "",
                 "| step | wall s | peak GiB | tree GiB | load before / after | result |", "|---|---|---|---|---|---|"]
