@@ -478,7 +478,8 @@ class Bench:
         base = measure("runtime baseline", [sys.executable, "-c", "import torch, gnnc.api, gnnc.runtime.minibatch_dist"],
                        self.limit, 600)
         self.measured["runtime baseline"] = base  # the interpreter's start, which --project takes off every wall
-        self.step("plan full papers100M", self.me(kind="plan", baseline_bytes=base["peak_bytes"], work=str(self.work), store=self.path("papers-store"),
+        self.step("plan full papers100M", self.me(kind="plan", baseline_bytes=base["peak_bytes"], work=str(self.work),
+                                                  store=self.args.plan_store or self.path("papers-store"),
                                                   model=str(self.model), fraction=self.args.fraction))
 
     def write(self) -> None:
@@ -515,97 +516,138 @@ class Bench:
 
 
 def plan_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """Plan the full papers100M from the measured fraction (the method: PLAN_METHOD)."""
+    """Plan the full papers100M from the sampled runs measured at `fraction` (the method: PLAN_METHOD): the
+    planner's step on `store` (a small store: see PLAN_METHOD) per cluster and worker count, then
+    `paper_plan` on the measured figures."""
     from gnnc import api
     from gnnc.graph.sampling import SamplingConfig
 
     graph = api.load_graph(spec["store"])
-    n_f, e_f = graph.num_nodes, graph.num_edges
-    n_full, e_full, features, _ = PAPERS
     model = api.load_model(spec["model"])
     sampling = SamplingConfig(tuple(int(k) for k in FANOUT.split(",")), BATCH)
-    train_f = int(graph.train_mask.sum())
-    steps_f = max(math.ceil(train_f / BATCH), 1)
-    steps_full = math.ceil(PAPERS_SPLIT[0] * n_full / BATCH)  # the batch is global: each rank takes its seeds of it
-    x_row = 4 * features
-    # every fraction's measurements, this one's included (Bench keeps them in the work directory)
+    train = int(graph.train_mask.sum())
+
+    def predicted(cluster: Any, workers: int) -> dict[str, Any]:
+        """The planner's choice for `workers` of `cluster` on the small store; its step per 1024 seeds."""
+        try:
+            rec = api.compile(model, graph, workers=workers, cluster=cluster, sampling=sampling,
+                              partition="fennel").meta.planner
+        except Exception as exc:  # a cluster the planner refuses: its row says why
+            return {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
+        # per seed times a batch: a small store's last batch may be short
+        return {"strategies": list(rec.strategies), "step_s": float(rec.predicted_time_s) / train * BATCH,
+                "activation_bytes": float(rec.predicted_memory_bytes)}
+
+    from gnnc.cluster import ClusterProfile, preset
+
+    local = preset("local").to_dict()
+    local.update(workers=2, name="local x2")  # the 2 ranks measured, on this machine's probed profile
+    predictions = {("local", 2): predicted(ClusterProfile.from_dict(local), 2)}
+    for name in PRESETS:
+        for workers in WORKERS:
+            predictions[(name, workers)] = predicted(scaled_cluster(name, workers), workers)
     runs = {float(p.stem[len("measured-"):]): json.loads(p.read_text())
             for p in Path(spec["work"]).glob("measured-*.json")}
-    ranks = runs.get(spec["fraction"], {}).get("sage 2 processes", {})
-    # the largest rank's peak (the launcher's own process is the step's root)
-    rank_peak = max(ranks.get("child_peaks") or [0]) if ranks.get("rc") == 0 else 0
-    base = spec["baseline_bytes"]
-    # what a rank holds beyond a fixed part and its share of the mapped features is the structure every rank
-    # replicates (the edge list, the sampler's CSR): per edge, the slope of the rank's peak between this fraction
-    # and another measured one (the rank's fixed part cancels); with one fraction only, over the runtime's
-    # baseline (an upper bound: a rank's own fixed part is above that baseline)
-    others = sorted((f, m) for f, m in runs.items() if f != spec["fraction"])
-    rank_other = max((m.get("sage 2 processes", {}).get("child_peaks") or [0]) for _, m in others[-1:]) \
-        if others else 0
-    if rank_peak and rank_other:
-        n_o, e_o, _, _ = sized(PAPERS, others[-1][0])
-        per_edge = (rank_peak - rank_other - (n_f - n_o) * x_row / 2) / (e_f - e_o)
-        how = (f"the slope of a rank's peak between this fraction and {others[-1][0]:g} ({gib(rank_other)} GiB "
-               f"there), less the features' share")
+    split = Path(spec["work"]) / "papers-ogb" / "split" / "time" / "train.csv.gz"
+    with gzip.open(split, "rt") as f:  # the measured run's training vertices (its store's train mask)
+        train_measured = sum(1 for line in f if line.strip())
+    plan = paper_plan(runs, spec["fraction"], spec["baseline_bytes"], train_measured, predictions)
+    plan["lines"] = ["### The full papers100M on paper", "",
+                     PLAN_METHOD.format(fraction=spec["fraction"], store=graph.num_nodes, train=train,
+                                        steps_full=plan["steps_full"]), "", *plan["lines"]]
+    return plan
+
+
+def _sampled_peaks(measured: dict[str, Any]) -> tuple[int, int] | None:
+    """(the 1-process run's peak, the larger rank's of the 2-process run) where both ran to the end. The ranks
+    are the step's two largest children (the third, multiprocessing's resource tracker, is small)."""
+    one, two = measured.get("sage 1 process", {}), measured.get("sage 2 processes", {})
+    if one.get("rc") != 0 or two.get("rc") != 0 or len(two.get("child_peaks") or []) < 2:
+        return None
+    return one["peak_bytes"], max(two["child_peaks"][:2])
+
+
+def paper_plan(runs: dict[float, dict[str, Any]], fraction: float, baseline: int, train_measured: int,
+               predictions: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """The full papers100M's per-worker memory and epoch from the sampled runs measured at `fraction` (`runs`:
+    each measured fraction's steps, as `measured-F.json` keeps them) and the planner's step per cluster and
+    worker count (`predictions`, with ("local", 2): the 2 ranks measured). PLAN_METHOD states the method."""
+    here = runs.get(fraction, {})
+    peaks = _sampled_peaks(here)
+    if peaks is None:
+        raise SystemExit(f"the plan on paper needs the sampled runs (sage1, sage2) measured at {fraction:g}")
+    one_peak, rank_peak = peaks
+    n, e, _, _ = sized(PAPERS, fraction)
+    n_full, e_full, features, _ = PAPERS
+    # what grows with the graph, per vertex (the generator keeps papers100M's 14.5 edges a vertex, so per vertex
+    # holds the per-edge part too): the slope of the larger rank's peak from the nearest smaller fraction measured,
+    # else its peak over the runtime's baseline (an upper bound: the minibatch's own memory counted as growth)
+    below = sorted((f for f, m in runs.items() if f < fraction and _sampled_peaks(m)), reverse=True)
+    if below:
+        n_below = sized(PAPERS, below[0])[0]
+        per_vertex = (rank_peak - _sampled_peaks(runs[below[0]])[1]) / (n - n_below)
+        how = (f"the slope of the larger rank's peak from {below[0]:g} "
+               f"({gib(_sampled_peaks(runs[below[0]])[1])} GiB, {n_below:,} vertices)")
     else:
-        per_edge = max(rank_peak - base - n_f * x_row / 2, 0) / e_f if rank_peak else float("nan")
-        how = "this rank's peak over the runtime's baseline, less the features' share (one fraction only)"
-    lines = ["### The full papers100M on paper", "",
-             PLAN_METHOD.format(fraction=spec["fraction"], n=n_f, e=e_f, train=train_f, steps_f=steps_f,
-                                steps_full=steps_full),
-             "",
-             f"Measured here: the runtime's baseline (a process that imported gnnc's runtime and torch) "
-             f"{gib(base)} GiB; "
-             + (f"a rank of the 2-process sampled run peaked at {gib(rank_peak)} GiB: {per_edge:.1f} bytes per "
-                f"edge beyond its features ({how}), the evaluation's memory included, which grows faster than the "
-                f"graph (RESULTS' findings), so the table counts the replicated structure's arrays instead."
-                if rank_peak else "the 2-process sampled run did not finish at this fraction."), "",
-             "| cluster | workers | planner's strategies | predicted step ms | predicted epoch s (full) | replicated "
-             "structure GiB | features GiB | activations MiB | per-worker GiB |", "|---|---|---|---|---|---|---|---|---|"]
+        per_vertex = (rank_peak - baseline) / n
+        how = "the larger rank's peak over the runtime's baseline (one fraction: an upper bound)"
+    worker_bytes = rank_peak + per_vertex * (n_full - n)
+    steps = math.ceil(train_measured / BATCH)
+    steps_full = math.ceil(PAPERS_SPLIT[0] * n_full / BATCH)  # the batch is global: each rank takes its seeds
+    step_two = here["sage 2 processes"]["out"]["epoch_time_s"] / steps
+    local = predictions.get(("local", 2), {})
+    calibration = step_two / local["step_s"] if "step_s" in local else float("nan")
+    lines = [f"Measured at {fraction:g} ({n:,} vertices, {e:,} edges, {train_measured:,} training vertices: "
+             f"{steps} steps of 1024): one process peaked at {gib(one_peak)} GiB, the larger of 2 ranks at "
+             f"{gib(rank_peak)} GiB; the runtime's baseline (a process that imported gnnc's runtime and torch) "
+             f"{gib(baseline)} GiB. Growth {per_vertex:.0f} bytes per vertex ({per_vertex * n / e:.1f} per edge), "
+             f"{how}. A 2-rank step {step_two:.2f} s measured (the epoch {here['sage 2 processes']['out']['epoch_time_s']:.1f} s "
+             f"over {steps} steps, loaded: load {here['sage 2 processes']['load_before']} at its start), "
+             f"the planner's {local.get('step_s', float('nan')):.3f} s for 2 ranks of this machine's profile: "
+             f"the CPU preset's steps are the planner's times {calibration:.1f}.", "",
+             "| cluster | workers | planner's strategies | planner's step ms | step ms used | epoch s (full) | "
+             "per-worker GiB | its feature rows on disk GiB | planner's activations MiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for name in PRESETS:
         for workers in WORKERS:
-            try:
-                cluster = scaled_cluster(name, workers)
-                plan = api.compile(model, graph, workers=workers, cluster=cluster, sampling=sampling,
-                                   partition="fennel")
-                rec = plan.meta.planner
-                step_s = float(rec.predicted_time_s) / train_f * BATCH  # per seed: a fraction's batch may be short
-                structure = REPLICA_PER_EDGE * e_full + REPLICA_PER_VERTEX * n_full
-                feats = n_full * x_row / workers
-                act = float(rec.predicted_memory_bytes)
-                total = base + structure + feats + act
-                rows.append({"cluster": name, "workers": workers, "strategies": list(rec.strategies),
-                             "step_s": step_s, "epoch_full_s": step_s * steps_full, "structure_bytes": structure,
-                             "feature_bytes": feats, "activation_bytes": act, "per_worker_bytes": total})
-                lines.append(f"| {name} | {workers} | {'+'.join(rec.strategies)} | {step_s * 1e3:.2f} | "
-                             f"{step_s * steps_full:.1f} | {gib(structure)} | {gib(feats)} | {act / 2**20:.1f} | "
-                             f"{gib(total)} |")
-            except Exception as exc:  # a cluster the planner refuses: its row says why
-                lines.append(f"| {name} | {workers} | error: {type(exc).__name__}: {str(exc)[:120]} | | | | | | |")
-    return {"rows": rows, "lines": lines, "per_edge_bytes": per_edge, "baseline_bytes": base,
+            p = predictions[(name, workers)]
+            if "error" in p:
+                lines.append(f"| {name} | {workers} | error: {p['error']} | | | | | | |")
+                continue
+            # the CPU preset is this machine's probed profile: its steps scaled by the measured over the predicted;
+            # the GPU preset's are the planner's own (no GPU measured here)
+            step = p["step_s"] * (calibration if name != "dgx-a100" else 1.0)
+            row = {"cluster": name, "workers": workers, "strategies": p["strategies"], "planner_step_s": p["step_s"],
+                   "step_s": step, "epoch_full_s": step * steps_full, "per_worker_bytes": worker_bytes,
+                   "feature_bytes": n_full * 4 * features / workers, "activation_bytes": p["activation_bytes"]}
+            rows.append(row)
+            lines.append(f"| {name} | {workers} | {'+'.join(p['strategies'])} | {p['step_s'] * 1e3:.2f} | "
+                         f"{step * 1e3:.2f} | {step * steps_full:.1f} | {gib(worker_bytes)} | "
+                         f"{gib(row['feature_bytes'])} | {p['activation_bytes'] / 2**20:.1f} |")
+    return {"rows": rows, "lines": lines, "per_vertex_bytes": per_vertex, "per_worker_bytes": worker_bytes,
+            "calibration": calibration, "steps_full": steps_full, "baseline_bytes": baseline,
             "rank_peak_bytes": rank_peak}
 
 
-REPLICA_PER_EDGE = 2 * 4 + 8 + 8  # src, dst (int32), the sampler's CSR indices and edge ids (int64)
-REPLICA_PER_VERTEX = 8 + 8 + 3 + 8 + 8 + 8  # parts, y, three masks, indptr, degree, the local row index
-PLAN_METHOD = ("Method: gnnc's planner cannot plan without a graph (`gnnc compile` partitions the graph and dry-runs "
-               "the sampler on it; there is no symbolic graph descriptor), so every plan is compiled for the sampled "
-               "GraphSAGE on this run's {fraction:g} store ({n:,} vertices, {e:,} edges, {train:,} training "
-               "vertices in {steps_f} global batches of at most 1024) with `--partition fennel`, for each cluster and "
-               "worker count. A full step's time is the planner's predicted epoch per training vertex times 1024 "
-               "(a sampled step's work is "
-               "bounded by the fan-out, not the graph's size; on a small fraction the sampled neighbourhoods overlap "
-               "more, so the step is underestimated there); the full epoch is {steps_full:,} steps (1.2M training "
-               "vertices / 1024). A worker's memory: the runtime's baseline, the structure every rank of a sampled "
-               "plan replicates (gnnc.plan.sampled_shards: the edge list, int32, and the sampler's CSR, int64 "
-               "indices and edge ids: 24 bytes per edge; parts, labels, masks, row pointers, degrees and local "
-               "rows: 43 bytes per vertex) at the full 111M vertices and 1.6B edges, counted, not measured; its "
-               "share of the features "
-               "(111M x 128 x 4 bytes / workers, memory-mapped: resident as far as it is read); and the planner's "
-               "predicted activation memory of a step. dgx-a100 at 16/32/64 workers: 2, 4, 8 DGX A100 (the "
-               "preset's 8 GPUs and NVSwitch per box) joined by 200 Gb/s HDR InfiniBand per GPU; cpu-cluster: "
-               "this machine's `gnnc probe` profile (`local`) as one worker per host on 10 Gb/s Ethernet.")
+PLAN_METHOD = ("Method: the measured figures are the sampled GraphSAGE's at {fraction:g} (the `sage 1 process` and "
+               "`sage 2 processes` rows: fan-out 15,10,5, batch 1024, `--partition fennel` on 2 ranks). Memory: a "
+               "rank holds the structure mapped (the in-edge CSR and its features' rows read a region at a time and "
+               "let go, gnnc.graph.sampling.take), the per-vertex arrays of the whole graph (parts, labels, masks, "
+               "the sampler's degrees and scratch) and a minibatch, so the per-worker figure is the larger rank's "
+               "peak at {fraction:g} plus its growth per vertex times the 111M - 11.1M vertices it lacks, the same "
+               "for every worker count (the per-vertex arrays are every rank's; the minibatch shrinks with more "
+               "ranks, so it is an upper bound); the feature rows a worker owns are on its disk, mapped. Epoch: "
+               "{steps_full:,} global steps of 1024 seeds (1.2M training vertices). A step is the planner's "
+               "prediction (gnnc.api.compile with the preset, `--partition fennel`) on a {store:,}-vertex store of "
+               "the same generator ({train:,} training vertices; its prediction per seed times 1024: a sampled "
+               "step is bounded by its fan-out, not the graph; the one-tenth store would take Fennel into 64 "
+               "parts hours of Python): for the CPU preset times the measured 2-rank step over the planner's "
+               "prediction for those 2 ranks of this machine's profile (loaded times, so an upper bound); for "
+               "dgx-a100 the planner's own (no GPU measured here). dgx-a100 at 16/32/64 workers: 2, 4, 8 DGX "
+               "A100 (the preset's 8 GPUs and NVSwitch per box) joined by 200 Gb/s HDR InfiniBand per GPU; "
+               "cpu-cluster: this machine's `gnnc probe` profile (`local`) as one worker per host on 10 Gb/s "
+               "Ethernet.")
 
 
 def scaled_cluster(name: str, workers: int) -> Any:
@@ -697,6 +739,9 @@ def main() -> None:
     ap.add_argument("--project", type=float, metavar="FRACTION",
                     help="print each step's peak and time projected to FRACTION from the fractions measured in "
                          "--work (a least-squares line), and run nothing")
+    ap.add_argument("--plan-store", metavar="DIR",
+                    help="the graph store `plan` compiles its plans on (default: this run's papers-store; a small "
+                         "one: Fennel into 64 parts of the one-tenth store is hours)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
