@@ -39,7 +39,7 @@ import numpy as np
 from gnnc.errors import GnncError
 from gnnc.graph import Graph
 from gnnc.graph.generators import parse_spec
-from gnnc.graph.sampling import FULL, SamplingConfig
+from gnnc.graph.sampling import FULL, SamplingConfig, reads_edge_ids
 from gnnc.graph.store import MANIFEST, is_store
 from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
 from gnnc.ir import Program
@@ -123,11 +123,21 @@ def sampled_layers(program, sampling: SamplingConfig, num_nodes: int,
     return tuple(reversed(out))
 
 
+# a shard's global id per edge of each structure (int64 once loaded), which a rank lets go of where no graph layer
+# reads it (gnnc.runtime.distributed.forget_edge_ids)
+EDGE_ID_BYTES = 8
+
+
 def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:
-    """Each rank's rows and edges per layer from its shard's layout, and the bytes of its shard file."""
+    """Each rank's rows and edges per layer from its shard's layout, and the bytes its shard's arrays take once
+    loaded (`loaded_bytes`: a shard stores shared arrays once and ids as int32; its file's size before it did), less
+    its edges' global ids where no graph layer reads them."""
+    ids_kept = any(reads_edge_ids(layer) for layer in program.graph_layers())
     out = []
     for entry in manifest["shards"]:
         layout = entry["layout"]["layers"]
+        structures = {info["structure"]: info["nnz"] for info in layout.values()}
+        forgotten = 0 if ids_kept else EDGE_ID_BYTES * sum(structures.values())
         layers = []
         for k, layer in enumerate(program.graph_layers()):
             info = layout[layer.name]
@@ -139,7 +149,7 @@ def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:
                 continue
             n_src = info.get("n_src") or info["n_in"]
             layers.append(LayerRows(info["n_in"], max(n_src - info["n_in"], 0), info["n_out"], info["nnz"]))
-        out.append(ProcessCounts(tuple(layers), float(entry["bytes"])))
+        out.append(ProcessCounts(tuple(layers), float(entry.get("loaded_bytes", entry["bytes"]) - forgotten)))
     return out
 
 

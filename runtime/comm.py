@@ -299,27 +299,27 @@ def ring_schedule(rank: int, world: int) -> list[tuple[int, int]]:
 class _HaloExchange(_Op):
     name = "halo"
 
-    def __init__(self, plan: HaloPlan, stats: CommStats, label: str, group: Group, method: str):
+    def __init__(self, plan: HaloPlan, stats: CommStats, label: str, group: Group, method: str,
+                 into: Tensor | None = None):
         super().__init__(stats, label, group)
         if method not in HALO_METHODS:
             raise ValueError(f"halo exchange method must be one of {HALO_METHODS}, not {method!r}")
         self.plan = plan
         self.method = method
+        self.into = into  # where the received rows go ([n_halo, ...]), else a new buffer
         self.works: list[Any] = []
         self.keep: list[Tensor] = []  # send buffers must live until their sends complete
         self.recv_works: dict[int, Any] = {}  # the ring's receive from each peer (a chunk is waited alone)
         self.grads: dict[int, Tensor] = {}  # a chunked exchange's backward: the row gradients of each peer's chunk
         self.grads_sent: set[int] = set()
 
-    def _exchange(self, send: list[Tensor], recv: list[Tensor]) -> None:
-        """Post sends of send[p] to p and receives of recv[p] from p (one entry per rank)."""
+    def _exchange(self, send: list[Tensor], recv: list[Tensor], joined: Tensor | None = None) -> None:
+        """Post sends of send[p] to p and receives of recv[p] from p (one entry per rank); `joined`: the buffer
+        whose consecutive rows the recv[p] are (forward_start's), which all_to_all receives into."""
         if self.method == "all_to_all":
             flat_in = torch.cat(send)
             rows = sum(r.shape[0] for r in recv)
-            # receives that are the consecutive rows of one buffer (forward_start's) are received into it
-            base = recv[0]._base if recv else None
-            whole = base is not None and base.shape[0] == rows and all(r._base is base for r in recv)
-            self._a2a_out = base if whole else flat_in.new_empty((rows, *flat_in.shape[1:]))
+            self._a2a_out = joined if joined is not None else flat_in.new_empty((rows, *flat_in.shape[1:]))
             self.keep = [flat_in]
             self.works = [dist.all_to_all_single(
                 self._a2a_out, flat_in, output_split_sizes=[r.shape[0] for r in recv],
@@ -390,10 +390,11 @@ class _HaloExchange(_Op):
         # every peer's rows received in place into one buffer, in peer order: the exchange's result as it is, not
         # joined by a copy (two [halo, width] at once: 0.9 GiB of a GCN rank's hidden layer at products' size,
         # issue 35)
-        self.recv_rows = x.new_empty((self.plan.n_halo, *width))
+        self.recv_rows = x.new_empty((self.plan.n_halo, *width)) if self.into is None else self.into
+        self.into = None
         self.recv = list(torch.split(self.recv_rows, list(self.plan.recv_counts)))
         self._count("fwd", _nbytes(sum(self.plan.send_counts) * self.row_numel, x.dtype))
-        self._exchange(send, self.recv)
+        self._exchange(send, self.recv, self.recv_rows)
 
     def forward_finish(self) -> Tensor:
         self._received(self.recv)
@@ -472,7 +473,7 @@ class _HaloExchange(_Op):
 
 
 def halo_exchange(x: Tensor, plan: HaloPlan, stats: CommStats, *, label: str = "halo",
-                  method: str = "ring", group: Group = None) -> Tensor:
+                  method: str = "ring", group: Group = None, into: Tensor | None = None) -> Tensor:
     """Fetch the remote rows this rank needs: [plan.n_halo, *x.shape[1:]], ordered by (peer, position).
 
     `method="ring"` posts every isend/irecv at once, in NeutronStar's ring
@@ -481,9 +482,13 @@ def halo_exchange(x: Tensor, plan: HaloPlan, stats: CommStats, *, label: str = "
     chunk in flight, as NeutronStar schedules them, but nothing overlaps;
     `"all_to_all"` uses one all_to_all_single with uneven splits (gloo and
     NCCL both support it). Backward sends the gradients of the received rows
-    back the same way and sums them into the owner's rows (index_add).
+    back the same way and sums them into the owner's rows (index_add). `into`: a [plan.n_halo, ...] buffer the
+    rows are received in (and returned), for a caller that wants them beside others without a copy; without
+    autograd only (its backward would not know the buffer's other rows).
     """
-    return _run(_HaloExchange(plan, stats, label, group, method), x)
+    if into is not None and torch.is_grad_enabled() and x.requires_grad:
+        raise ValueError("halo_exchange(into=...) receives into a caller's buffer: without autograd only")
+    return _run(_HaloExchange(plan, stats, label, group, method, into), x)
 
 
 def start_halo_exchange(x: Tensor, plan: HaloPlan, stats: CommStats, *, label: str = "halo",

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gnnc.graph.sampling import reads_edge_ids
 from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import reads_structure
 from gnnc.ir.text import parse_ir
@@ -33,7 +34,7 @@ from gnnc.plan.schedule_attrs import (check_schedule, exchange_schedule, layer_s
                                       split_eqn, split_exchange)
 from gnnc.plan.shards import RankData, load_rank
 from gnnc.plan.slices import split_weights
-from gnnc.runtime import block_cache, comm
+from gnnc.runtime import block_cache, comm, fusion
 from gnnc.runtime import device as devices
 from gnnc.runtime.bins import run_binned
 from gnnc.runtime.executor import (ExecContext, PrefixRowsInterpreter, check_dims_fit, chunked_evaluation,
@@ -190,8 +191,17 @@ class Exchange:
         layer = self.layer
         assert layer is not None and layer.halo is not None
         held = _dense(x)[: layer.n_in]  # a sparse input (bag of words) travels as dense rows
-        return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=_label(e),
-                                                   method=exchange_schedule(e).method)], dim=0)
+        method = exchange_schedule(e).method
+        if torch.is_grad_enabled():
+            return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=_label(e), method=method)],
+                             dim=0)
+        # without autograd (an evaluation: a layer-wise one runs every halo whole, gnnc.runtime.layerwise) the rows
+        # are received into the result beside a copy of the held ones: the held rows, the received ones and their
+        # concatenation at once were 1.9 GiB of a GCN rank's peak at ogbn-products' size on 2 ranks (issue 35)
+        out = held.new_empty((layer.n_in + layer.halo.n_halo, *held.shape[1:]))
+        out[: layer.n_in] = held
+        comm.halo_exchange(held, layer.halo, self.stats, label=_label(e), method=method, into=out[layer.n_in:])
+        return out
 
     @implements_exchange("fetch")
     def _fetch(self, x: torch.Tensor, e: Eqn) -> torch.Tensor:
@@ -235,6 +245,12 @@ class DistInterpreter(PrefixRowsInterpreter):
         self.in_phase = phase is not None
         self.sliced: set[str] = {"x"} if phase is not None else set()
         self._ids = lg.rows  # ids of the rows the values of the running layer hold
+        # a layer's epilogue (bias, activation, dropout: gnnc.runtime.fusion) reads and writes this rank's rows only,
+        # so a rank runs it as one process does: GCN's relu and dropout keep one [owned, hidden] tensor for the
+        # backward, not two (1.2 GiB of a rank's peak at ogbn-products' size on 2 ranks, issue 35); the attention
+        # chain reads a layer's exchanged rows (its SpMM may run per part), and stays equation by equation
+        self.epilogues = {k: c for k, c in self.chains.items() if c.kind == "epilogue"}
+        self.in_epilogues = fusion.inner_results(self.epilogues)
 
     def run_layer(self, layer, env, params, ctx):
         if layer.name == self.program.layers[0].name:
@@ -290,11 +306,19 @@ class DistInterpreter(PrefixRowsInterpreter):
         view = ctx.views.get(layer.edges) if layer.kind == "graph" else None
         exchange = split_exchange(layer) if layer.kind == "graph" else None
         run = ctx.comm.part_run(layer, exchange) if exchange is not None else None
+        fuse = ctx.use_kernels and ctx.fuse
         for k, e in enumerate(layer.eqns):
-            if e.outs[0].name in ctx.comm.ahead:  # computed bin by bin by a binned layer before (gnnc.runtime.bins)
-                got = ctx.comm.ahead.pop(e.outs[0].name)
+            name = e.outs[0].name
+            if name in ctx.comm.ahead:  # computed bin by bin by a binned layer before (gnnc.runtime.bins)
+                got = ctx.comm.ahead.pop(name)
                 if got is not None:
-                    env[e.outs[0].name] = got
+                    env[name] = got
+                self.drop_dead(env, layer, k)
+                continue
+            if fuse and name in self.epilogues and fusion.run(self.epilogues[name], env, params, ctx):
+                self.drop_dead(env, layer, k)
+                continue
+            if fuse and name in self.in_epilogues and name in env:  # computed when its chain ran
                 self.drop_dead(env, layer, k)
                 continue
             ins = [env[v.name] if v.name in env else params[v.name] for v in e.ins]
@@ -360,6 +384,29 @@ def build_split_parts(program: Program, lg: LocalGraph, rank: int) -> None:
         lgl = lg.layers[layer.name]
         if exchange is not None and not layer_schedule(layer).binned and lgl.views[layer.edges].csr is not None:
             lgl.parts(layer.edges, part_bounds(lgl, exchange, lg.block_rows, rank))
+
+
+def forget_edge_ids(program: Program, lg: LocalGraph) -> None:
+    """Let go of the edges' global ids where no graph layer reads them: only a dropout of an edge value draws by
+    them (gnnc.graph.sampling.reads_edge_ids; edge data comes with the shard). Kept, they were 8 bytes per edge of a
+    GCN rank for the whole run (0.47 GiB of each rank at ogbn-products' size on 2 ranks, issue 35). What stays is
+    -1 ("unknown", as a sampled block without ids has them) of the same length, one element in memory, so that
+    slicing and concatenating views (a layer-wise evaluation's chunks) work as before; run after the structures'
+    source parts are built (`build_split_parts`), which gather them."""
+    if any(reads_edge_ids(layer) for layer in program.graph_layers()):
+        return
+    unknown = torch.full((), -1, dtype=torch.int64)
+    seen: set[int] = set()
+    for layer in lg.layers.values():
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        # the layer's views and the source parts built from them (LayerGraph.parts), whose ids are slices of theirs
+        views = [*layer.views.values(), *(v for sp in layer._parts.values() for v in sp.views)]
+        for view in views:
+            view.edge_ids = unknown.expand(len(view.edge_ids))
+            if view.csr is not None:
+                view.csr.eids_given = unknown.expand(view.csr.nnz)
 
 
 def grad_buckets(program: Program, split: frozenset[str] = frozenset()) -> list[list[int]] | None:
@@ -459,6 +506,7 @@ class DistWorker(Worker):
             if layer_schedule(layer).binned:
                 bins_of(lg.layers[layer.name], layer, program.config_dict())
         build_split_parts(program, lg, self.rank)
+        forget_edge_ids(program, lg)
         # The shard goes to the device once, every structure derived from it (parts, bins) built first, on the
         # host: built there during the first epoch, they would read the device (on CPU this changes nothing).
         move = devices.mover(self.device)

@@ -57,6 +57,34 @@ def test_parts_held_share_the_edge_data_and_build_no_destinations() -> None:
         assert torch.equal(view.dst, dst[pos])
 
 
+@pytest.mark.parametrize("model, kept", [("gcn", False), ("gat", True)])
+def test_a_rank_lets_go_of_the_edge_ids_no_layer_reads(model: str, kept: bool) -> None:
+    """A rank keeps its edges' global ids only where a layer draws by them (GAT's dropout of its attention): GCN's
+    rank held them for the run, 8 bytes per edge (0.47 GiB of each of 2 ranks at ogbn-products' size). What stays
+    has each view's length, so a layer-wise evaluation still cuts its chunks from the parts."""
+    from gnnc import api
+    from gnnc.plan.rows import LocalGraph
+    from gnnc.runtime.distributed import forget_edge_ids
+    from gnnc.runtime.layerwise import chunk_view
+
+    graph = api.load_graph("rmat:n=400,deg=8,features=6,classes=3,seed=0")
+    program = api.compile(api.load_model(f"examples/{model}.gnn"), graph, workers=2, strategy="depcomm").program
+    lg = layer_graph()
+    bounds = (0, N_HELD, N_HELD + N_HALO)
+    ids = lg.views["plain"].edge_ids.clone()
+    lg.hold_parts("plain", bounds)
+    sp = lg.parts("plain", bounds)
+    forget_edge_ids(program, LocalGraph(torch.arange(N_DST), N_DST, {"l0": lg}, [N_DST]))
+    views = [lg.views["plain"], *sp.views]
+    assert sum(len(v.edge_ids) for v in sp.views) == len(ids) == len(views[0].edge_ids)
+    for view in views:
+        assert (view.edge_ids.untyped_storage().nbytes() >= 8 * len(view.edge_ids)) is kept
+        assert view.csr is None or (view.csr.eids.untyped_storage().nbytes() >= 8 * view.csr.nnz) is kept
+    sub, at = chunk_view(lg.views["plain"], 5, 20, sp)
+    assert len(sub.edge_ids) == sub.csr.nnz > 0
+    assert torch.equal(sub.edge_ids, views[0].edge_ids[at] if kept else torch.full_like(sub.edge_ids, -1))
+
+
 class _Launched(Exception):
     pass
 
@@ -110,6 +138,44 @@ def test_a_halo_exchange_receives_every_peers_rows_into_its_result(monkeypatch) 
     out = op.forward_finish()
     assert torch.equal(out, torch.tensor([[0.0] * 3] * 2 + [[2.0] * 3] + [[3.0] * 3] * 3))
     assert all(_storage(r) == _storage(out) for r in received)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_evaluations_halo_receives_beside_the_held_rows_with_no_concatenation(monkeypatch, grad: bool) -> None:
+    """Without autograd (an evaluation, whose layer-wise chunks read each halo whole) a rank's halo value is one
+    buffer: the held rows copied in front, every peer's rows received behind them. Joined by a concatenation, the
+    held rows, the received ones and the result were alive at once: 1.9 GiB of a GCN rank's peak at ogbn-products'
+    size on 2 ranks. Training joins them as before (autograd splits the gradient at the concatenation)."""
+    from types import SimpleNamespace
+
+    from gnnc import api
+    from gnnc.plan.halo import HaloPlan
+    from gnnc.runtime import comm
+    from gnnc.runtime.distributed import Exchange
+    from test_comm import rank_1_of_4_posting_by
+
+    received: list[torch.Tensor] = []
+
+    def post(self, ops):  # each receive "completes" at once with its peer's rank in every element
+        for op in ops:
+            if op.op is comm.dist.irecv:
+                op.tensor.fill_(float(op.peer))
+                received.append(op.tensor)
+        return []
+
+    rank_1_of_4_posting_by(monkeypatch, post)
+    plan = HaloPlan(send_idx=(torch.tensor([0]), torch.tensor([], dtype=torch.long), torch.tensor([1]),
+                              torch.tensor([0, 1])), recv_counts=(2, 0, 1, 3))
+    graph = api.load_graph("rmat:n=400,deg=8,features=6,classes=3,seed=0")
+    program = api.compile(api.load_model("examples/gcn.gnn"), graph, workers=2, strategy="depcomm").program
+    e = next(e for layer in program.graph_layers() for e in layer.eqns if e.op == "halo")
+    rank = SimpleNamespace(layer=SimpleNamespace(n_in=2, halo=plan), stats=comm.CommStats())
+    x = torch.arange(6.0).view(2, 3).requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        out = Exchange._halo(rank, x, e)
+    want = torch.tensor([[0.0, 1, 2], [3, 4, 5]] + [[0.0] * 3] * 2 + [[2.0] * 3] + [[3.0] * 3] * 3)
+    assert torch.equal(out.detach(), want)
+    assert all((_storage(r) == _storage(out)) is not grad for r in received)
 
 
 def test_the_check_before_loading_prices_the_launchers_reading_and_the_ranks_apart(monkeypatch) -> None:
