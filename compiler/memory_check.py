@@ -137,7 +137,8 @@ def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:
     for entry in manifest["shards"]:
         layout = entry["layout"]["layers"]
         structures = {info["structure"]: info["nnz"] for info in layout.values()}
-        forgotten = 0 if ids_kept else EDGE_ID_BYTES * sum(structures.values())
+        # (a shard's `loaded_bytes` counts them only where they are kept, each array once: layers share them)
+        forgotten = 0 if ids_kept or "loaded_bytes" in entry else EDGE_ID_BYTES * sum(structures.values())
         layers = []
         for k, layer in enumerate(program.graph_layers()):
             info = layout[layer.name]

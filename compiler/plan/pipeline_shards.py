@@ -14,7 +14,7 @@ gnnc.plan.shard_files:
   x                          the input features of its rows (only when its stage reads them)
   y, train, val, test        the labels and split masks of its rows
 
-Only the edge views its stage's history layers read are stored. The
+packed as every plan shard (gnnc.plan.shard_files.pack_arrays). Only the edge views its stage's history layers read are stored. The
 manifest's layout entry names the stage, the member and the views.
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ from gnnc.graph import Graph, GraphView, sparse_if_sparse
 from gnnc.plan import pipeline as plan_pipeline
 from gnnc.plan.pipeline import ChunkStructure, MemberStructures
 from gnnc.plan.rows import layer_specs
-from gnnc.plan.shard_files import ShardWriter, load_npz, read_manifest
+from gnnc.plan.shard_files import ShardWriter, load_npz, read_manifest, unpack_arrays
 from gnnc.plan.shards import _csr_arrays, _plan_arrays, _plan_from, _view_from  # the plan's shard encodings
-from gnnc.plan.shards import take_rows, write_plan_manifest
+from gnnc.plan.shards import take_rows, write_packed, write_plan_manifest
 
 
 def stage_views(program, sched: plan_pipeline.PipelineSchedule, stage: int) -> list[str]:
@@ -72,7 +72,7 @@ def write_pipeline_shards(program, graph: Graph, parts: np.ndarray, world: int, 
             layout = {"pipeline": {"stage": stage, "member": member, "views": mine, "stages": sched.stages,
                                    "groups": sched.groups, "chunks": sched.chunks},
                       "layers": layers}
-            writer.write(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout)
+            write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout)
             if progress is not None:
                 progress(rank)
         entries = writer.entries()
@@ -159,7 +159,8 @@ def load_pipeline_rank(shard_dir: str | os.PathLike, rank: int, world: int,
         raise PlanError(f"{shard_dir}: rank {rank}'s shard was cut for another pipeline (stage, member, stages, "
                         f"groups, chunks {list(cut)}) than the plan's IR states: compile the plan again")
     groups = sched.groups
-    arrays = load_npz(shard_dir, manifest, rank)
+    arrays = unpack_arrays(load_npz(shard_dir, manifest, rank), manifest["shards"][rank]["layout"].get("packing", {}),
+                           f"{shard_dir}: rank {rank}'s shard")
     chunk_ptr = [int(c) for c in arrays["chunk_ptr"]]
     structures = {}
     for view in layout["views"]:

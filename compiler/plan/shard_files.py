@@ -266,6 +266,74 @@ class ShardWriter:
                 Path(tmp).unlink(missing_ok=True)
 
 
+_INT32 = np.iinfo(np.int32)
+_SMALL = 4096  # bytes up to which arrays of equal values are stored once (a layer's halo counts, its empty lists)
+
+
+def pack_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(the arrays a plan shard stores, its "packing": how `unpack_arrays` gives `arrays` back exactly).
+
+    Why: a rank's layer structures share memory where their values are the same (the deeper layers of a
+    depcache segment are prefixes of its first layer's in-edges; layers whose rows saturate share one structure;
+    every layer of a segment holds the segment's row order), and a shard wrote each layer's copy: the gcnii
+    example's 64 layers on Cora wrote one structure 64 times per rank (133 MB of plan for 17). An array whose
+    memory begins where an array stored before it begins (same dtype and row shape, no longer), or a small one
+    (`_SMALL`) equal to one stored before, is stored as a reference, "refs": {name: [stored name, rows]} (its
+    values are that array's first rows). An int64 array whose values fit in int32 (ids, columns, edge ids,
+    offsets of any graph under 2^31 vertices and edges) is stored as int32, listed in "int32": half the bytes
+    to checksum and write."""
+    out: dict[str, np.ndarray] = {}
+    refs: dict[str, list[Any]] = {}
+    narrowed: list[str] = []
+    starts: dict[tuple[int, str, tuple[int, ...]], tuple[str, int]] = {}  # (address, dtype, row shape) -> stored
+    small: dict[tuple[str, tuple[int, ...], bytes], str] = {}  # (dtype, shape, values) -> stored
+    for name, arr in arrays.items():
+        a = np.asarray(arr)
+        key = (a.dtype.str, a.shape, a.tobytes()) if a.ndim and a.nbytes <= _SMALL else None
+        if key in small:
+            refs[name] = [small[key], len(a)]
+            continue
+        at = (a.__array_interface__["data"][0], a.dtype.str, a.shape[1:]) \
+            if a.ndim and a.size and a.flags.c_contiguous else None
+        held = starts.get(at)
+        if held is not None and len(a) <= held[1]:
+            refs[name] = [held[0], len(a)]
+            continue
+        if key is not None:
+            small[key] = name
+        if at is not None and held is None:  # `arrays` keeps every array alive meanwhile: no address is reused
+            starts[at] = (name, len(a))
+        if a.dtype == np.int64 and a.ndim and (not a.size or (_INT32.min <= a.min() and a.max() <= _INT32.max)):
+            out[name] = a.astype(np.int32)
+            narrowed.append(name)
+        else:
+            out[name] = a
+    return out, {"refs": refs, "int32": narrowed}
+
+
+def unpack_arrays(arrays: dict[str, np.ndarray], packing: Any, where: str) -> dict[str, np.ndarray]:
+    """The arrays `pack_arrays` was given, from what it stored and its packing (PlanError if they do not fit): the
+    int32 ones widened back to int64, each reference a view of the first rows of the array it names (one copy in
+    memory, as the compiler held them)."""
+    refs = packing.get("refs", {}) if isinstance(packing, dict) else None
+    narrowed = packing.get("int32", []) if isinstance(packing, dict) else None
+    if not isinstance(refs, dict) or not isinstance(narrowed, list):
+        raise PlanError(f"{where}: malformed packing of the shard's arrays (compile the plan again)")
+    out = dict(arrays)
+    for name in narrowed:
+        if not isinstance(name, str) or name not in out or out[name].dtype != np.int32:
+            raise PlanError(f"{where}: the packing lists {str(name)[:60]!r} as int32, which the shard does not hold")
+        out[name] = out[name].astype(np.int64)
+    for name, ref in refs.items():
+        ok = isinstance(ref, list) and len(ref) == 2 and ref[0] in arrays and isinstance(ref[1], int) \
+            and not isinstance(ref[1], bool) and 0 <= ref[1] <= len(out[ref[0]]) and name not in arrays
+        if not ok:
+            raise PlanError(f"{where}: the packing's reference {str(name)[:60]!r} -> {str(ref)[:60]} names no "
+                            f"stored array's rows")
+        out[name] = out[ref[0]][:ref[1]]
+    return out
+
+
 def write_npz(path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> dict[str, Any]:
     """Write one shard atomically; returns its manifest entry (size, sha256 and `extra`)."""
     with ShardWriter() as writer:
@@ -276,7 +344,8 @@ def write_npz(path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     """The manifest, written last: a directory without one holds no usable shards."""
     manifest = {"format": SHARD_FORMAT, **manifest}
-    _atomic_write(out / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1, sort_keys=True).encode()))
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))  # compact: json's C encoder (plan.json's)
+    _atomic_write(out / MANIFEST, lambda f: f.write(text.encode()))
 
 
 def load_npz(shard_dir: str | os.PathLike, manifest: dict[str, Any], part: int,

@@ -8,7 +8,8 @@ pickle), with the manifest of gnnc.plan.shard_files (sizes, sha256, written
 last and atomically):
 
   rows, n_owned            global ids of the held rows in prefix order
-  x                        input features of C^0 (pushpull: every row, this rank's feature slice)
+  x                        input features of C^0 (pushpull: every row, this rank's feature slice), unless the
+                           rank reads them from the shared `features.npy` (below)
   y, train, val, test      labels and split masks of the owned rows
   g<k>.indptr/indices/eids/norm    local CSR of distinct layer structure k (global edge ids, gcn_norm)
   g<k>.edata.<NAME>        the graph's edge data `edge.NAME` on those edges, halo edges included
@@ -18,8 +19,13 @@ last and atomically):
   full.<view>.*, block_order       pushpull: the whole first-layer structure and the owners' block order
 
 The manifest entry of each shard says which structure each graph layer
-uses and its row counts. Everything a rank checks before a collective
-(manifest, size, checksum) fails with PlanError, exit 2.
+uses and its row counts, and how its arrays are packed (gnnc.plan.shard_files.pack_arrays: an array that is
+the first rows of another is stored once, int64 ids that fit as int32). Ranks that each hold at least half of
+the vertices' input rows (a deep depcache or hybrid segment reaches most of the graph) read them from one
+`features.npy` beside the shards, the graph's x written once (its size and sha256 in the manifest's
+`features`), instead of a copy in each shard: the features were 165 MB of each 200 MB shard of GCNII x32 on
+an 89,000-vertex SBM, 8 copies of 178 MB. Everything a rank checks before a collective (manifest, size,
+checksum) fails with PlanError, exit 2.
 """
 from __future__ import annotations
 
@@ -31,16 +37,19 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from gnnc.errors import PlanError
+from gnnc.errors import GnncError, PlanError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import check_class_labels
-from gnnc.graph.store import release_pages
+from gnnc.graph.sampling import reads_edge_ids, take
+from gnnc.graph.store import BLOCK_BYTES, _npy_writer, _open_array, release_pages
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
 from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, all_row_sets, build_local_graph,
                                       layer_specs)
-from gnnc.plan.shard_files import ShardWriter, load_npz, read_manifest, write_manifest
+from gnnc.plan.shard_files import ShardWriter, load_npz, pack_arrays, read_manifest, unpack_arrays, write_manifest
+
+FEATURES = "features"  # the shared input features' file, features.npy
 
 
 @dataclass
@@ -67,9 +76,10 @@ def _csr_arrays(prefix: str, view: GraphView) -> dict[str, np.ndarray]:
 
 
 def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphView:
-    indptr = torch.from_numpy(arrays[f"{prefix}.indptr"].astype(np.int64))
-    indices = torch.from_numpy(arrays[f"{prefix}.indices"].astype(np.int64))
-    eids = torch.from_numpy(arrays[f"{prefix}.eids"].astype(np.int64))
+    # no copy of an int64 array: layers whose structures are one array's rows share it, as they did when compiled
+    indptr = torch.from_numpy(np.asarray(arrays[f"{prefix}.indptr"], dtype=np.int64))
+    indices = torch.from_numpy(np.asarray(arrays[f"{prefix}.indices"], dtype=np.int64))
+    eids = torch.from_numpy(np.asarray(arrays[f"{prefix}.eids"], dtype=np.int64))
     csr = CSR(indptr, indices, torch.arange(len(indices)), len(indptr) - 1, n_src)
     data = {"gcn_norm": torch.from_numpy(arrays[f"{prefix}.norm"])}
     named = f"{prefix}.edata."
@@ -77,9 +87,10 @@ def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphV
     return GraphView(csr, csr.indices, csr.dst_index(), eids, data, csr.in_degree().to(torch.float32))
 
 
-def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets) -> \
-        tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """One rank's shard arrays and its layout (the manifest entry's extra fields)."""
+def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets,
+                shared_x: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """One rank's shard arrays (unpacked) and its layout (the manifest entry's extra fields); `shared_x`: its
+    input rows are read from the shared features file, not stored."""
     lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False)  # a shard holds no CSR eids
     rows = lg.rows.numpy()
     owned = rows[: lg.n_owned]
@@ -112,6 +123,8 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
         arrays.update(_csr_arrays(f"full.{first.view}", full))
         arrays["block_order"] = np.argsort(parts, kind="stable").astype(np.int64)
         layout["pushpull"] = {"view": first.view, "cols": [lo, hi], "nnz": full.csr.nnz}
+    elif shared_x:
+        layout["x"] = {"file": f"{FEATURES}.npy", "rows": lg.layers[first.name].n_in}
     else:
         n_in = lg.layers[first.name].n_in if first is not None else lg.n_owned
         arrays["x"] = take_rows(graph.x, rows[:n_in])
@@ -156,24 +169,93 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
         sets = row_sets[1]
     else:
         sets = all_row_sets(graph, parts, world, specs, cached)
+    ids_kept = any(reads_edge_ids(layer) for layer in program.graph_layers())
+    shared = shared_feature_ranks(graph, specs, sets, world)
+    features = write_features(out, graph) if shared else None
     with ShardWriter() as writer:
         for rank in range(world):
-            arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets)
-            writer.write(out / f"rank-{rank:05d}.npz", rank, arrays, layout=layout)
+            arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, shared_x=rank in shared)
+            x_bytes = layout["x"]["rows"] * graph.num_features * graph.x.element_size() if rank in shared else 0
+            write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout, x_bytes, ids_kept)
             del arrays
             release_pages(graph)  # a store's graph: this rank's rows are written, the next rank reads its own
             if progress is not None:
                 progress(rank)
         entries = writer.entries()
-    return write_plan_manifest(out, graph, world, entries)
+    return write_plan_manifest(out, graph, world, entries, features)
 
 
-def write_plan_manifest(out: Path, graph: Graph, world: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """A plan's shard manifest (written last, after every rank's shard); returns it as read back."""
+def write_packed(writer: ShardWriter, path: Path, rank: int, arrays: dict[str, np.ndarray], layout: dict[str, Any],
+                 x_bytes: int = 0, edge_ids_kept: bool = True) -> None:
+    """One plan shard, its arrays packed (`pack_arrays`; the packing in its layout); its entry's "loaded_bytes" is
+    what its arrays take once loaded, each once (`x_bytes`: the rows it reads from the shared features; its
+    structures' global edge ids only where `edge_ids_kept`: gnnc.runtime.distributed.forget_edge_ids lets them go
+    where no graph layer reads them), the rank's graph bytes to gnnc.memory_check (the file's size counts shared
+    arrays once and ids at 4 bytes)."""
+    stored, layout["packing"] = pack_arrays(arrays)
+    loaded = sum(a.nbytes for k, a in arrays.items()
+                 if k not in layout["packing"]["refs"] and (edge_ids_kept or not k.endswith(".eids"))) + x_bytes
+    writer.write(path, rank, stored, layout=layout, loaded_bytes=int(loaded))
+
+
+def shared_feature_ranks(graph: Graph, specs: list[LayerSpec], sets, world: int) -> set[int]:
+    """The ranks that read their input rows from the shared features file: each that holds at least half of the
+    vertices' rows, when together they hold at least 1.5x the vertices' (the file then saves at least a third of
+    their feature bytes, and no such rank reads more than twice the rows it needs); none otherwise, and none under
+    pushpull (its first layer holds a slice of every row's features)."""
+    if not specs or STRATEGIES[specs[0].strategy].layout_in == "feature":
+        return set()
+    n = graph.num_nodes
+    rows = [int(np.count_nonzero(sets[r].held_in[0])) for r in range(world)]
+    wide = {r for r in range(world) if 2 * rows[r] >= n}
+    return wide if 2 * sum(rows[r] for r in wide) >= 3 * n else set()
+
+
+def write_features(out: Path, graph: Graph) -> dict[str, Any]:
+    """The graph's x as `features.npy` (written block by block, a store's pages let go after each); its manifest
+    entry (file, dtype, shape, bytes, sha256)."""
+    x = graph.x.numpy()
+    step = max(BLOCK_BYTES // max(x[:1].nbytes, 1), 1)
+    with _npy_writer(out, FEATURES, x.dtype, x.shape) as w:
+        for lo in range(0, len(x), step):
+            w.write(x[lo:lo + step])
+            release_pages(graph)
+    return w.entry
+
+
+def _read_features(shard_dir: str | os.PathLike, manifest: dict[str, Any], rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` of the shared features, read once the file matches the manifest's size, checksum, dtype and
+    shape (gnnc.graph.store's check, its pages let go region by region); the file is features.npy, never a path
+    read from the manifest."""
+    entry = manifest.get("features")
+    shape = [int(manifest["num_nodes"]), int(manifest["num_features"])]
+    if not (isinstance(entry, dict) and entry.get("file") == f"{FEATURES}.npy" and entry.get("shape") == shape
+            and isinstance(entry.get("dtype"), str) and isinstance(entry.get("bytes"), int)
+            and isinstance(entry.get("sha256"), str)):
+        raise PlanError(f"{shard_dir}: a rank reads the shared features, but the manifest does not describe them as "
+                        f"{FEATURES}.npy ({shape}, dtype, size and sha256): compile the plan again")
+    maps: list = []
+    try:
+        x = _open_array(Path(shard_dir), FEATURES, entry, maps)
+    except GnncError as err:  # missing, truncated or altered: the plan's shards are damaged
+        raise PlanError(str(err)) from None
+    if len(rows) and (rows.min() < 0 or rows.max() >= shape[0]):
+        raise PlanError(f"{shard_dir}: a rank's rows are out of the features' range")
+    out = take(x, rows, maps)
+    del x
+    for pages in maps:
+        pages.close()
+    return out
+
+
+def write_plan_manifest(out: Path, graph: Graph, world: int, entries: list[dict[str, Any]],
+                        features: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A plan's shard manifest (written last, after every rank's shard and the shared features); returns it as
+    read back."""
     write_manifest(out, {"kind": "plan", "graph": graph.name, "num_nodes": graph.num_nodes,
                          "num_edges": graph.num_edges, "num_features": graph.num_features,
                          "num_classes": graph.num_classes, "train_count": int(graph.train_mask.sum()),
-                         "parts": world, "shards": entries})
+                         "parts": world, "shards": entries, **({"features": features} if features else {})})
     return read_manifest(out)
 
 
@@ -205,8 +287,11 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
         raise PlanError(f"{shard_dir}: these are a partition's shards, not a plan's (compile a plan)")
     if manifest["parts"] != world:
         raise PlanError(f"{shard_dir}: the shards are for {manifest['parts']} ranks; this job has {world}")
-    arrays = load_npz(shard_dir, manifest, rank)
     layout = manifest["shards"][rank]["layout"]
+    arrays = unpack_arrays(load_npz(shard_dir, manifest, rank), layout.get("packing", {}),
+                           f"{shard_dir}: rank {rank}'s shard")
+    if isinstance(layout.get("x"), dict):  # its input rows: the first of its rows, from the shared features
+        arrays["x"] = _read_features(shard_dir, manifest, arrays["rows"][:int(layout["x"]["rows"])])
     structures: dict[int, LayerGraph] = {}
     layers: dict[str, LayerGraph] = {}
     for name, info in layout["layers"].items():
