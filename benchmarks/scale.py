@@ -480,6 +480,7 @@ class Bench:
         self.measured["runtime baseline"] = base  # the interpreter's start, which --project takes off every wall
         self.step("plan full papers100M", self.me(kind="plan", baseline_bytes=base["peak_bytes"], work=str(self.work),
                                                   store=self.args.plan_store or self.path("papers-store"),
+                                                  probe=self.args.probe,
                                                   model=str(self.model), fraction=self.args.fraction))
 
     def write(self) -> None:
@@ -540,12 +541,12 @@ def plan_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     from gnnc.cluster import ClusterProfile, preset
 
-    local = preset("local").to_dict()
+    local = preset("local", spec.get("probe")).to_dict()
     local.update(workers=2, name="local x2")  # the 2 ranks measured, on this machine's probed profile
     predictions = {("local", 2): predicted(ClusterProfile.from_dict(local), 2)}
     for name in PRESETS:
         for workers in WORKERS:
-            predictions[(name, workers)] = predicted(scaled_cluster(name, workers), workers)
+            predictions[(name, workers)] = predicted(scaled_cluster(name, workers, spec.get("probe")), workers)
     runs = {float(p.stem[len("measured-"):]): json.loads(p.read_text())
             for p in Path(spec["work"]).glob("measured-*.json")}
     split = Path(spec["work"]) / "papers-ogb" / "split" / "time" / "train.csv.gz"
@@ -650,9 +651,10 @@ PLAN_METHOD = ("Method: the measured figures are the sampled GraphSAGE's at {fra
                "Ethernet.")
 
 
-def scaled_cluster(name: str, workers: int) -> Any:
+def scaled_cluster(name: str, workers: int, probe: str | None = None) -> Any:
     """`workers` workers of a cluster (module docstring of PLAN_METHOD): DGX A100 boxes on InfiniBand, or this
-    machine's probed profile as hosts on Ethernet."""
+    machine's probed profile (`gnnc probe`'s, at `probe` or where `--cluster local` reads it) as hosts on
+    Ethernet."""
     from gnnc.cluster import ClusterProfile, preset
 
     if name == "dgx-a100":
@@ -660,7 +662,7 @@ def scaled_cluster(name: str, workers: int) -> Any:
         base.update(workers=workers, inter_bandwidth=8 * 200e9 / 8, latency=5e-6, topology="nvswitch+infiniband",
                     name=f"dgx-a100 x{workers // 8}")
     else:
-        base = preset("local").to_dict()
+        base = preset("local", probe).to_dict()
         base.update(workers=workers, devices_per_node=1, inter_bandwidth=10e9 / 8, latency=50e-6,
                     topology="ethernet", name=f"cpu-cluster x{workers}")
     base.pop("links", None), base.pop("collectives", None)  # measured between this machine's ranks only
@@ -742,6 +744,9 @@ def main() -> None:
     ap.add_argument("--plan-store", metavar="DIR",
                     help="the graph store `plan` compiles its plans on (default: this run's papers-store; a small "
                          "one: Fennel into 64 parts of the one-tenth store is hours)")
+    ap.add_argument("--probe", metavar="FILE",
+                    help="the `gnnc probe` profile of this machine `plan`'s CPU preset is made of (default: where "
+                         "`--cluster local` reads it)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
