@@ -61,7 +61,8 @@ def test_parts_held_share_the_edge_data_and_build_no_destinations() -> None:
 def test_a_rank_lets_go_of_the_edge_ids_no_layer_reads(model: str, kept: bool) -> None:
     """A rank keeps its edges' global ids only where a layer draws by them (GAT's dropout of its attention): GCN's
     rank held them for the run, 8 bytes per edge (0.47 GiB of each of 2 ranks at ogbn-products' size). What stays
-    has each view's length, so a layer-wise evaluation still cuts its chunks from the parts."""
+    has each view's length, so a layer-wise evaluation still cuts its chunks from the parts, and keeps no part's
+    destinations after a chunk (they were built for all its edges and cached with it)."""
     from gnnc import api
     from gnnc.plan.rows import LocalGraph
     from gnnc.runtime.distributed import forget_edge_ids
@@ -82,7 +83,40 @@ def test_a_rank_lets_go_of_the_edge_ids_no_layer_reads(model: str, kept: bool) -
         assert view.csr is None or (view.csr.eids.untyped_storage().nbytes() >= 8 * view.csr.nnz) is kept
     sub, at = chunk_view(lg.views["plain"], 5, 20, sp)
     assert len(sub.edge_ids) == sub.csr.nnz > 0
+    # a chunk's destinations come from its rows' degrees: no part keeps every edge's (8 bytes per edge for the run)
+    assert all("dst" not in v.csr._cache for v in sp.views)
+    assert torch.equal(sub.dst, torch.cat([v.dst[v.csr.indptr[5]:v.csr.indptr[20]] for v in sp.views]).sort().values - 5)
     assert torch.equal(sub.edge_ids, views[0].edge_ids[at] if kept else torch.full_like(sub.edge_ids, -1))
+
+
+def test_a_rank_holds_its_parts_sources_once_as_the_kernels_take_them() -> None:
+    """A source part's columns are int32, the tensor its kernel pattern reads (the pattern narrowed an int64 copy
+    and kept both: 8 bytes per edge more, 0.47 GiB of each rank at ogbn-products' size), and its products, forward,
+    transposed and per head (GAT's block pattern), are the int64 columns'."""
+    from gnnc.plan.rows import LocalGraph
+    from gnnc.runtime.distributed import narrow_part_sources
+    from gnnc.runtime.kernels import cpu
+
+    lg = layer_graph()
+    bounds = (0, N_HELD, N_HELD + N_HALO)
+    lg.hold_parts("plain", bounds)
+    sp = lg.parts("plain", bounds)
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(bounds[p + 1] - bounds[p], 4, 2, generator=gen) for p in range(2)]
+    ws = [torch.rand(v.csr.nnz, 4, generator=gen) for v in sp.views]
+    ys = [torch.randn(N_DST, 8, generator=gen) for _ in range(2)]
+
+    def products(csr: CSR, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        return [cpu.spmm_sum(csr, x.reshape(len(x), 8), None), cpu.spmm_sum(csr, y, None, transposed=True),
+                cpu.spmm_sum(csr, x, w)]
+
+    wide = [products(CSR(v.csr.indptr, v.csr.indices.clone(), v.csr.eids, v.csr.n_dst, v.csr.n_src), x, w, y)
+            for v, x, w, y in zip(sp.views, xs, ws, ys)]
+    narrow_part_sources(LocalGraph(torch.arange(N_DST), N_DST, {"l0": lg}, [N_DST]))
+    for v, x, w, y, want in zip(sp.views, xs, ws, ys, wide):
+        assert v.csr.indices.dtype == torch.int32 and v.src is v.csr.indices
+        assert all(torch.equal(got, exp) for got, exp in zip(products(v.csr, x, w, y), want))
+        assert _storage(cpu.pattern(v.csr, False, 1, torch.device("cpu")).col) == _storage(v.csr.indices)
 
 
 class _Launched(Exception):

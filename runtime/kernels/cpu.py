@@ -232,7 +232,7 @@ def _block(crow: torch.Tensor, col: torch.Tensor, perm: torch.Tensor | None, row
         brow = torch.searchsorted(bcrow, p, right=True) - 1  # the block row of each block entry (empty rows skipped)
         r, h = brow // heads, brow % heads
         k = crow[r] + (p - bcrow[brow])  # the base entry it copies
-        bcol[start:start + p.numel()] = col[k] * heads + h
+        bcol[start:start + p.numel()] = col[k].long() * heads + h  # int64 first: a rank's columns may be int32
         bperm[start:start + p.numel()] = (k if perm is None else perm[k]) * heads + h
     return bcrow, bcol, bperm
 
