@@ -47,6 +47,7 @@ from gnnc.passes.analysis.layers import layer_dims, param_dependent
 from gnnc.passes.cost.memory import WARN_FRACTION, LayerRows, MemoryEstimate, ProcessCounts, run_memory
 from gnnc.passes.cost.symbols import layer_shape
 from gnnc.plan.plan_file import Plan
+from gnnc.plan.schedule_attrs import layer_schedule, split_exchange
 from gnnc.plan.sampled_shards import features_bytes
 from gnnc.plan.shard_files import read_manifest
 
@@ -126,19 +127,28 @@ def sampled_layers(program, sampling: SamplingConfig, num_nodes: int,
 # a shard's global id per edge of each structure (int64 once loaded), which a rank lets go of where no graph layer
 # reads it (gnnc.runtime.distributed.forget_edge_ids)
 EDGE_ID_BYTES = 8
+# what a rank saves per edge of a structure it holds by the source parts of a split exchange: their columns int32,
+# not int64 as loaded (gnnc.runtime.distributed.narrow_part_sources)
+NARROWED_COLUMN_BYTES = 4
 
 
 def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:
     """Each rank's rows and edges per layer from its shard's layout, and the bytes its shard's arrays take once
     loaded (`loaded_bytes`: a shard stores shared arrays once and ids as int32; its file's size before it did), less
-    its edges' global ids where no graph layer reads them."""
+    its edges' global ids where no graph layer reads them and half the columns of a structure held by source parts
+    (int32 on the rank)."""
     ids_kept = any(reads_edge_ids(layer) for layer in program.graph_layers())
+    by_parts = [layer.name for layer in program.graph_layers()
+                if split_exchange(layer) is not None and not layer_schedule(layer).binned]
     out = []
     for entry in manifest["shards"]:
         layout = entry["layout"]["layers"]
         structures = {info["structure"]: info["nnz"] for info in layout.values()}
         # (a shard's `loaded_bytes` counts them only where they are kept, each array once: layers share them)
         forgotten = 0 if ids_kept or "loaded_bytes" in entry else EDGE_ID_BYTES * sum(structures.values())
+        narrowed = {layout[name]["structure"]: layout[name]["nnz"] for name in by_parts
+                    if max(layout[name]["nnz"], layout[name].get("n_src") or 0) < 2**31 - 1}
+        forgotten += NARROWED_COLUMN_BYTES * sum(narrowed.values())
         layers = []
         for k, layer in enumerate(program.graph_layers()):
             info = layout[layer.name]

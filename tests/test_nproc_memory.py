@@ -246,3 +246,24 @@ def test_a_stores_graph_keeps_the_csr_it_stored_when_the_launcher_lets_go(tmp_pa
     graph.gcn_norm("self_loops")
     let_go_of_graph(graph)
     assert set(graph._views) == {_MAPS, ("csr", "plain")} and graph.csr("plain") is stored
+
+
+def test_the_precheck_prices_a_ranks_part_columns_at_int32(tmp_path, monkeypatch) -> None:
+    """The pre-check's graph bytes of a rank follow narrow_part_sources: 4 bytes less per edge of a structure its
+    split exchange holds by source parts (GCN's overlapped depcomm halo), none where no exchange is split
+    (depcache: no halo)."""
+    from gnnc import api, memory_check
+    from gnnc.plan.shard_files import read_manifest
+
+    graph = api.load_graph("rmat:n=400,deg=8,features=6,classes=3,seed=0")
+    for strategy, split in (("depcomm", True), ("depcache", False)):
+        plan = api.compile(api.load_model("examples/gcn.gnn"), graph, workers=2, strategy=strategy)
+        out = tmp_path / strategy
+        plan.write_shards(out)
+        manifest = read_manifest(out)
+        got = [p.graph_bytes for p in memory_check.shard_counts(plan.program, manifest)]
+        monkeypatch.setattr(memory_check, "NARROWED_COLUMN_BYTES", 0)
+        wide = [p.graph_bytes for p in memory_check.shard_counts(plan.program, manifest)]
+        monkeypatch.undo()
+        nnz = [entry["layout"]["layers"]["l0"]["nnz"] for entry in manifest["shards"]]
+        assert [w - g for w, g in zip(wide, got)] == [4 * n if split else 0 for n in nnz]
