@@ -66,7 +66,8 @@ def test_a_rank_loads_the_arrays_the_compiler_built(gcnii_plan, cora) -> None:
             assert (a.n_in, a.n_out) == (b.n_in, b.n_out) and torch.equal(a.ids, b.ids)
             va, vb = a.views[s.view], b.views[s.view]
             assert torch.equal(va.csr.indptr, vb.csr.indptr) and torch.equal(va.csr.indices, vb.csr.indices)
-            assert torch.equal(va.edge_ids, vb.edge_ids) and va.edge_ids.dtype == torch.int64
+            # no GCNII layer draws per edge: its shards hold no edge ids, -1 ("unknown") of each view's length
+            assert va.edge_ids.shape == vb.edge_ids.shape and bool((va.edge_ids == -1).all())
             assert torch.equal(va.edge_data["gcn_norm"], vb.edge_data["gcn_norm"])
             assert [t.tolist() for t in a.halo.send_idx] == [t.tolist() for t in b.halo.send_idx]
             assert a.halo.recv_counts == b.halo.recv_counts
@@ -123,3 +124,14 @@ def test_a_packing_that_does_not_fit_the_shard_is_refused(packing) -> None:
     stored = {"a": np.arange(100, dtype=np.int32), "b": np.ones(3)}
     with pytest.raises(PlanError, match="here"):
         unpack_arrays(stored, packing, "here")
+
+
+@pytest.mark.parametrize("model, kept", [("gcn", False), ("gat", True)])  # GAT drops attention values per edge
+def test_a_shard_holds_its_edges_ids_only_where_a_layer_reads_them(cora, tmp_path, model, kept) -> None:
+    plan = gnnc.compile(gnnc.load_model(EXAMPLES / f"{model}.gnn"), cora, workers=2, strategy="depcomm")
+    plan.save(tmp_path / "plan")
+    with np.load(tmp_path / "plan/shards/rank-00000.npz") as f:
+        assert any(k.endswith(".eids") for k in f.files) == kept
+    lg = shards.load_rank(tmp_path / "plan/shards", 0, 2).lg
+    view = lg.layers[plan.program.graph_layers()[0].name].views["self_loops"]
+    assert len(view.edge_ids) == view.csr.nnz and bool((view.edge_ids >= 0).all()) == kept
