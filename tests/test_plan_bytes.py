@@ -135,3 +135,13 @@ def test_a_shard_holds_its_edges_ids_only_where_a_layer_reads_them(cora, tmp_pat
     lg = shards.load_rank(tmp_path / "plan/shards", 0, 2).lg
     view = lg.layers[plan.program.graph_layers()[0].name].views["self_loops"]
     assert len(view.edge_ids) == view.csr.nnz and bool((view.edge_ids >= 0).all()) == kept
+
+
+@pytest.mark.parametrize("model, kept", [("sage", False), ("gcn", True)])  # GCN's messages read edge.gcn_norm
+def test_a_shard_holds_gcn_norm_only_where_a_layer_reads_it(cora, tmp_path, model, kept) -> None:
+    plan = gnnc.compile(gnnc.load_model(EXAMPLES / f"{model}.gnn"), cora, workers=2, strategy="depcomm")
+    plan.save(tmp_path / "plan")
+    with np.load(tmp_path / "plan/shards/rank-00001.npz") as f:
+        assert any(k.endswith(".norm") for k in f.files) == kept
+    lg = shards.load_rank(tmp_path / "plan/shards", 1, 2).lg
+    assert all(("gcn_norm" in v.edge_data) == kept for g in lg.layers.values() for v in g.views.values())

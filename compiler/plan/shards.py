@@ -11,8 +11,8 @@ last and atomically):
   x                        input features of C^0 (pushpull: every row, this rank's feature slice), unless the
                            rank reads them from the shared `features.npy` (below)
   y, train, val, test      labels and split masks of the owned rows
-  g<k>.indptr/indices/eids/norm    local CSR of distinct layer structure k (global edge ids, only where a
-                           layer reads them; gcn_norm)
+  g<k>.indptr/indices/eids/norm    local CSR of distinct layer structure k (global edge ids and gcn_norm,
+                           each only where a layer reads it)
   g<k>.edata.<NAME>        the graph's edge data `edge.NAME` on those edges, halo edges included
   g<k>.ids                 global ids of its rows, in its segment's order
   g<k>.send_ptr/send_idx/recv      its halo plan, when it has one
@@ -69,10 +69,12 @@ class RankData:
     cols: tuple[int, int] | None = None  # pushpull: this rank's feature slice
 
 
-def _csr_arrays(prefix: str, view: GraphView, edge_ids: bool = True) -> dict[str, np.ndarray]:
-    """A view's arrays; its edges' global ids only where `edge_ids` (`rank_arrays`)."""
-    out = {f"{prefix}.indptr": view.csr.indptr.numpy(), f"{prefix}.indices": view.csr.indices.numpy(),
-           f"{prefix}.norm": view.edge_data["gcn_norm"].numpy()}
+def _csr_arrays(prefix: str, view: GraphView, edge_ids: bool = True, norm: bool = True) -> dict[str, np.ndarray]:
+    """A view's arrays; its edges' global ids only where `edge_ids`, their gcn_norm only where `norm`
+    (`rank_arrays`)."""
+    out = {f"{prefix}.indptr": view.csr.indptr.numpy(), f"{prefix}.indices": view.csr.indices.numpy()}
+    if norm:
+        out[f"{prefix}.norm"] = view.edge_data["gcn_norm"].numpy()
     if edge_ids:
         out[f"{prefix}.eids"] = view.edge_ids.numpy()
     out.update((f"{prefix}.edata.{k}", v.numpy()) for k, v in view.edge_data.items() if k != "gcn_norm")
@@ -89,18 +91,21 @@ def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphV
     eids = torch.full((), -1, dtype=torch.int64).expand(len(indices)) if named is None else \
         torch.from_numpy(np.asarray(named, dtype=np.int64))
     csr = CSR(indptr, indices, torch.arange(len(indices)), len(indptr) - 1, n_src)
-    data = {"gcn_norm": torch.from_numpy(arrays[f"{prefix}.norm"])}
+    norm = arrays.get(f"{prefix}.norm")  # absent where no layer reads edge.gcn_norm
+    data = {} if norm is None else {"gcn_norm": torch.from_numpy(norm)}
     named = f"{prefix}.edata."
     data.update((k[len(named):], torch.from_numpy(v)) for k, v in arrays.items() if k.startswith(named))
     return GraphView(csr, csr.indices, csr.dst_index(), eids, data, csr.in_degree().to(torch.float32))
 
 
 def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets,
-                shared_x: bool = False, edge_ids: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                shared_x: bool = False, edge_ids: bool = True,
+                norm: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """One rank's shard arrays (unpacked) and its layout (the manifest entry's extra fields); `shared_x`: its
     input rows are read from the shared features file, not stored; `edge_ids`: its structures' edges' global
     ids are stored (a graph layer reads them: gnnc.graph.sampling.reads_edge_ids; without, a rank lets go of
-    them as soon as it has built its source parts, and they were a third of a structure's bytes)."""
+    them as soon as it has built its source parts, and they were a third of a structure's bytes); `norm`: their
+    gcn_norm is stored (a layer reads edge.gcn_norm: GraphSAGE's and GIN's do not)."""
     lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False)  # a shard holds no CSR eids
     rows = lg.rows.numpy()
     owned = rows[: lg.n_owned]
@@ -113,7 +118,7 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
         if f"g{k}.ids" not in arrays:
             arrays[f"g{k}.ids"] = g.ids.numpy()
             if s.view in g.views:
-                arrays.update(_csr_arrays(f"g{k}", g.views[s.view], edge_ids))
+                arrays.update(_csr_arrays(f"g{k}", g.views[s.view], edge_ids, norm))
             if g.halo is not None:
                 arrays.update(_plan_arrays(f"g{k}", g.halo))
             if g.entry is not None:
@@ -130,7 +135,7 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
         lo, hi = feature_slices(graph.num_features, world)[rank]
         arrays["x"] = graph.x[:, lo:hi].numpy()
         full = GraphView.build(graph, first.view)
-        arrays.update(_csr_arrays(f"full.{first.view}", full, edge_ids))
+        arrays.update(_csr_arrays(f"full.{first.view}", full, edge_ids, norm))
         arrays["block_order"] = np.argsort(parts, kind="stable").astype(np.int64)
         layout["pushpull"] = {"view": first.view, "cols": [lo, hi], "nnz": full.csr.nnz}
     elif shared_x:
@@ -180,11 +185,12 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     else:
         sets = all_row_sets(graph, parts, world, specs, cached)
     ids_kept = any(reads_edge_ids(layer) for layer in program.graph_layers())
+    norm = any(e.op == "edata" and e.attr("name") == "gcn_norm" for layer in program.layers for e in layer.eqns)
     shared = shared_feature_ranks(graph, specs, sets, world)
     features = write_features(out, graph) if shared else None
     with ShardWriter() as writer:
         for rank in range(world):
-            arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept)
+            arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm)
             x_bytes = layout["x"]["rows"] * graph.num_features * graph.x.element_size() if rank in shared else 0
             write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout, x_bytes, ids_kept)
             del arrays
