@@ -221,3 +221,119 @@ def test_a_dp_insertion_compares_a_new_label_with_few_of_its_cells(monkeypatch) 
     monkeypatch.setattr(segment_dp, "_dominates", counted_dominates)
     segment_dp.solve(layers, ["depcomm", "bcast1d", "depcache"], seg_cost)
     assert counts["compare"] <= 3 * counts["insert"], counts
+
+
+def _algorithm_4_inputs(layers: int, t_x: float):
+    """Worker 0's Algorithm 4 inputs on a random graph cut in 4, every layer alike: a row costs 1, an edge
+    nothing, a fetched row 3.5, so a subtree passes the fetch within 3 hops unless V_rep holds its rows; an input
+    row costs `t_x`."""
+    from gnnc.passes.partition.stats import compute_stats
+    from gnnc.passes.planner import hybrid_greedy as hg
+
+    graph = random_graph(n=300, e=1800, f=8, c=3)
+    parts = np.random.default_rng(1).integers(0, 4, graph.num_nodes)
+    deps = hg.dependencies_from_stats(compute_stats(graph, parts, layers), 0, layers, subtrees=False)
+    costs = hg.UnitCosts(np.ones(layers), np.zeros(layers), np.full(layers, 3.5), t_x, np.ones(layers + 1), 1.0)
+    return hg.in_trees(graph, "plain", parts, 0), deps, costs
+
+
+@pytest.mark.parametrize("t_x", [0.0, 10.0])
+def test_algorithm_4_measures_a_deep_models_alike_layers_once(monkeypatch, t_x: float) -> None:
+    """Line 6 measures every dependency at each layer; a layer whose measure would repeat the last one's (the
+    same roots, unit costs, exclusions) reads it back, and an equal expansion is not sorted again. The same
+    subtrees are expanded for 24 layers as for 8 (before: about one expansion per layer and hop, 30 -> 110 here;
+    GCNII x32 on the 89,000-vertex SBM x8 448 -> 68, and 57 of 267 measures made), whether V_rep grows at every
+    layer (free inputs: a root V_rep holds below stops costing) or never (dear inputs: every measure is read back
+    from the 5th layer on); and the run is the one measuring every layer gives."""
+    from gnnc.passes.planner import hybrid_greedy as hg
+
+    expanded, measured = [], []
+    real_expand, real_read_back = hg._expand, hg._Measures.read_back
+    monkeypatch.setattr(hg, "_expand", lambda *a: expanded.append(1) or real_expand(*a))
+
+    def read_back(*args):
+        last = real_read_back(*args)
+        measured.append(last is None)
+        return last
+
+    monkeypatch.setattr(hg._Measures, "read_back", read_back)
+    runs = {}
+    for layers in (8, 24):
+        trees, deps, costs = _algorithm_4_inputs(layers, t_x)
+        expanded.clear()
+        measured.clear()
+        runs[layers] = (hg.paper_run(trees, deps.layer, deps.vertex, costs, float("inf"), layers), len(expanded),
+                        sum(measured))
+    (run, made, measures), (_, shallow, shallow_measures) = runs[24], runs[8]
+    assert 0 < made == shallow, (made, shallow)  # the layers beyond the 8th expand nothing new
+    if t_x > 0:  # and measure nothing new
+        assert measures == shallow_measures < 8, (measures, shallow_measures)
+    assert (run.rep_when.min() < 24) == (t_x == 0.0)  # whether V_rep grew
+    monkeypatch.setattr(hg._Measures, "read_back", lambda *a: None)  # the same run with nothing read back
+    monkeypatch.setattr(hg._Measures, "KEPT", 0)
+    expanded.clear()
+    again = hg.paper_run(trees, deps.layer, deps.vertex, costs, float("inf"), 24)
+    for name in ("rep_when", "added_rows", "added_edges", "used_after"):
+        assert np.array_equal(getattr(run, name), getattr(again, name)), name
+    assert len(expanded) > 2 * made  # the run compared with measured every layer
+
+
+def test_the_l_hop_levels_stop_where_every_part_has_reached_every_vertex(monkeypatch) -> None:
+    """The statistics' L-hop levels move every part's frontier one hop per sparse product until none moves: a
+    32-layer model on a graph a few hops wide makes a few products, not 32 (GCNII x32 on the 89,000-vertex SBM:
+    6). The levels beyond are empty, as the brute force in test_graph_stats says."""
+    import scipy.sparse as sp
+
+    from gnnc.passes.partition import stats
+
+    graph = random_graph(n=300, e=1800, f=8, c=3)
+    parts = np.random.default_rng(0).integers(0, 4, graph.num_nodes)
+    products = []
+    real = sp.csr_matrix.__matmul__
+
+    def matmul(self, other):
+        products.append(np.ndim(other))
+        return real(self, other)
+
+    monkeypatch.setattr(sp.csr_matrix, "__matmul__", matmul)
+    got = stats.compute_stats(graph, parts, 32)
+    frontier_moves = products.count(2)  # the tree walks multiply by a vector, the frontiers by a [N, parts] table
+    reached = int(np.flatnonzero(got.lhop_vertices.sum(axis=0))[-1])
+    assert frontier_moves == reached + 1 < 32, (frontier_moves, reached)  # the last product finds nothing new
+    assert got.lhop_vertices.sum() == 4 * (graph.num_nodes - 3) + 3  # every vertex but the 3 isolated, per part
+
+
+def test_segment_spans_are_checked_up_to_the_first_refusal(monkeypatch, graph) -> None:
+    """A segment strategy may hold the spans from a start up to the first layer it may not hold (GCNII's from
+    layer 0 only): the search finds them once for every segment strategy, each start's ends tried up to the
+    first refusal. The 64-layer GCNII example x4: 4,160 legality checks before (every span, for depcache and
+    hybrid), 127 now."""
+    from gnnc.passes.planner import search
+
+    calls = []
+    real = search.segment_can_start_at
+    monkeypatch.setattr(search, "segment_can_start_at", lambda *a: calls.append(a[1:]) or real(*a))
+    layers = 16
+    gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=layers), graph, workers=4)
+    assert len(calls) <= 2 * layers, len(calls)
+
+
+def test_a_second_compile_prices_its_pipelines_without_partitioning_again(monkeypatch, graph) -> None:
+    """--approximate prices a pipeline per group size, each on METIS chunks of the whole graph cut again per group
+    member (GCNII x32 on the 89,000-vertex SBM x8: 27 METIS runs, ~3 CPU-s), and its formula: both are kept, the
+    chunks with the graph (a pure function of it), the formula by its options (a list option made it afresh,
+    ~0.3 CPU-s per size). A second compile of the same model on the same graph partitions nothing and builds no
+    formula for them; the same plan."""
+    from gnnc.passes.cost import registry
+    from gnnc.passes.planner import pipeline
+
+    model = gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=4)
+    first = gnnc.compile(model, graph, workers=4, cluster="gnnpipe", approximate=True)
+    partitioned, built = [], []
+    real_partition, real_build = pipeline.partition_graph, registry._build_segment_cost
+    monkeypatch.setattr(pipeline, "partition_graph", lambda *a, **k: partitioned.append(a) or real_partition(*a, **k))
+    monkeypatch.setattr(registry, "_build_segment_cost", lambda *a, **k: built.append(a[0]) or real_build(*a, **k))
+    second = gnnc.compile(model, graph, workers=4, cluster="gnnpipe", approximate=True)
+    assert partitioned == [] and "pipeline" not in built, (len(partitioned), built)
+    priced = [c for c in second.meta.planner.segment_costs if c["strategy"] == "pipeline"]
+    assert priced and priced == [c for c in first.meta.planner.segment_costs if c["strategy"] == "pipeline"]

@@ -181,7 +181,9 @@ def _lhop(in_adj: sp.csr_matrix, part: np.ndarray, parts: int, layers: int, in_d
     """Vertices and in-edges per BFS level of every part's in-neighbourhood, all parts at once.
 
     depth[v, i] is v's in-distance from V_i (-1 beyond L); one sparse product
-    per level moves the frontier of every part to its in-neighbours.
+    per level moves the frontier of every part to its in-neighbours, until no part's frontier is left: the
+    levels beyond are empty. A deep model on a small-world graph reaches every vertex within a few hops (GCNII
+    x32 on the 89,000-vertex SBM: 6 products, where one per layer made 32, most of this pass).
     """
     n = len(part)
     depth = np.full((n, parts), -1, dtype=np.int16)
@@ -191,15 +193,19 @@ def _lhop(in_adj: sp.csr_matrix, part: np.ndarray, parts: int, layers: int, in_d
     for level in range(1, layers + 1):
         reached = out_adj @ frontier > 0  # u reaches the frontier through one of its out-edges
         new = reached & (depth < 0)
+        if not new.any():
+            break  # nothing new at this level, so nothing at any later one
         depth[new] = level
         frontier = new.astype(np.float32)
-    lhop_vertices = np.zeros((parts, layers + 1), dtype=np.int64)
-    lhop_edges = np.zeros((parts, layers + 1), dtype=np.int64)
-    for level in range(layers + 1):
-        at = depth == level
-        lhop_vertices[:, level] = np.count_nonzero(at, axis=0)
-        lhop_edges[:, level] = in_degree @ at
-    return lhop_vertices, lhop_edges
+    # per (part, level) in one pass over depth, not one comparison of the whole table per level
+    cell = np.flatnonzero(depth.reshape(-1) >= 0)
+    vertex, column = np.divmod(cell, parts)
+    key = column * (layers + 1) + depth.reshape(-1)[cell]
+    size = parts * (layers + 1)
+    lhop_vertices = np.bincount(key, minlength=size).reshape(parts, layers + 1).astype(np.int64)
+    # integer sums in float64 weights: exact below 2**53 edges
+    lhop_edges = np.bincount(key, weights=in_degree[vertex], minlength=size).reshape(parts, layers + 1)
+    return lhop_vertices, lhop_edges.astype(np.int64)
 
 
 def _max_over_mean(a: np.ndarray) -> float:

@@ -76,7 +76,19 @@ def balance_stages(work: Sequence[float], cuts: Sequence[int], stages: int) -> l
 
 
 def chunk_parts(graph, chunks: int, groups: int, seed: int = 0) -> np.ndarray:
-    """The pipeline's partition: `parts[v] = k*G + g`, chunk k of K (METIS), sub-chunk g of G (METIS in it)."""
+    """The pipeline's partition: `parts[v] = k*G + g`, chunk k of K (METIS), sub-chunk g of G (METIS in it).
+
+    Kept with the graph's derived views (`Graph._views`, as its CSR): METIS is a pure function of the graph,
+    the counts and the seed, and a planner prices a pipeline per group size on every compile (GCNII x32 on the
+    89,000-vertex SBM x8: 27 METIS runs, ~3 CPU-s; stage-pipeline prices the chosen size again when the user
+    fixes another). A copy of the kept one: the plan's partition is its caller's to change."""
+    key = ("pipeline_chunk_parts", int(chunks), int(groups), int(seed))
+    if key not in graph._views:
+        graph._views[key] = _chunk_parts(graph, chunks, groups, seed)
+    return graph._views[key].copy()
+
+
+def _chunk_parts(graph, chunks: int, groups: int, seed: int) -> np.ndarray:
     if chunks > graph.num_nodes:
         raise GnncError(f"the pipeline's {chunks} chunks exceed the graph's {graph.num_nodes} vertices")
     base = partition_graph(graph, chunks, "metis", seed=seed)
@@ -230,8 +242,10 @@ def price(program: Program, graph, inputs: CostInputs, shapes: Sequence[Any], pr
         stage_params = [float(sum(np.prod([eval_dim(d, cfg) for d in p.value.type.shape]) for layer, st in
                                   zip(program.layers, stage_of) if st == s for p in layer.params))
                         for s in range(stages)]
-        cost = segment_cost("pipeline", 0, L, shapes, split=split, chunks=k_chunks, groups=g,
-                            history_every=history_every, pipe_grad=pipe_grad, stage_params=stage_params)
+        # tuples, so that segment_cost keeps the formula: a list option builds it afresh (sympy, ~0.3 CPU-s per
+        # group size for GCNII x32) on every compile of the same model
+        cost = segment_cost("pipeline", 0, L, shapes, split=tuple(split), chunks=k_chunks, groups=g,
+                            history_every=history_every, pipe_grad=tuple(pipe_grad), stage_params=tuple(stage_params))
         value = evaluate_cost(cost, inputs, extra)
         choices.append(PipelineChoice(g, k_chunks, history_every, stage_of, split, pipe_grad, parts, cost, extra,
                                       value, history_update))
