@@ -324,12 +324,17 @@ def _let_go(maps: list[mmap.mmap]) -> None:
         pages.madvise(mmap.MADV_DONTNEED)
 
 
-def _blocks(arr: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """(first row, rows) of `arr` in blocks of about BLOCK_BYTES."""
+def _blocks(arr: np.ndarray, pages: mmap.mmap | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, rows) of `arr` in blocks of about BLOCK_BYTES; with `pages` (the mapping `arr` is over), each
+    block's pages are let go once the caller is done with it: a check that let them go only after the whole array
+    held one edge array resident (8 bytes per edge: the one-tenth papers100M's open peaked 1.1 GiB over the
+    interpreter, 12 GiB at its full size)."""
     row_bytes = max(arr.itemsize * math.prod(arr.shape[1:]), 1)
     step = max(BLOCK_BYTES // row_bytes, 1)
     for lo in range(0, len(arr), step):
         yield lo, np.asarray(arr[lo:lo + step])
+        if pages is not None:
+            pages.madvise(mmap.MADV_DONTNEED)
 
 
 def _check_shape(path: Path, name: str, arr: np.ndarray, want: tuple[int | None, ...]) -> None:
@@ -338,20 +343,20 @@ def _check_shape(path: Path, name: str, arr: np.ndarray, want: tuple[int | None,
         raise GraphInputError(f"{path}: {name}: expected shape [{shown}], got {list(arr.shape)}")
 
 
-def _check_range(path: Path, name: str, arr: np.ndarray, low: int, high: int) -> None:
-    """Every value of `arr` in [low, high), checked block by block."""
-    for lo, block in _blocks(arr):
+def _check_range(path: Path, name: str, arr: np.ndarray, low: int, high: int, pages: mmap.mmap | None = None) -> None:
+    """Every value of `arr` in [low, high), checked block by block (`pages`: as `_blocks`)."""
+    for lo, block in _blocks(arr, pages):
         if len(block) and (int(block.min()) < low or int(block.max()) >= high):
             at = lo + int(np.nonzero((block < low) | (block >= high))[0][0])
             raise GraphInputError(f"{path}: {name}: value {int(arr[at])} at {at} is out of range [{low}, {high})")
 
 
-def _check_indptr(path: Path, name: str, indptr: np.ndarray, nnz: int) -> None:
+def _check_indptr(path: Path, name: str, indptr: np.ndarray, nnz: int, pages: mmap.mmap | None = None) -> None:
     if int(indptr[0]) != 0 or int(indptr[-1]) != nnz:
         raise GraphInputError(f"{path}: {name}: must run from 0 to {nnz}, runs from {int(indptr[0])} to "
                               f"{int(indptr[-1])}")
     last = 0
-    for lo, block in _blocks(indptr):
+    for lo, block in _blocks(indptr, pages):
         if int(block[0]) < last or (len(block) > 1 and bool((block[1:] < block[:-1]).any())):
             raise GraphInputError(f"{path}: {name}: decreases near row {lo}")
         last = int(block[-1])
@@ -392,24 +397,22 @@ def open_store(path: str | os.PathLike) -> Graph:
         allowed = ("int32", "int64") if name in ("src", "dst") else ("int64",)
         if str(a[name].dtype) not in allowed:
             raise GraphInputError(f"{file[name]}: {name}: expected {' or '.join(allowed)}, got {a[name].dtype}")
-    # each array's pages are let go once checked: the check reads every index (48 bytes per edge in all), and
-    # RSS counts a mapping's resident pages, so a process that only opened a papers100M-sized store held them all
+    # each array's pages are let go as it is checked, block by block: the check reads every index (48 bytes per
+    # edge in all), and RSS counts a mapping's resident pages, so a process that only opened a papers100M-sized
+    # store held them all
     for name in ("src", "dst", "in.indices", "in.eids", "out.indices", "out.eids", "out.perm"):
         _check_shape(file[name], name, a[name], (e,))
-        _check_range(file[name], name, a[name], 0, e if name.endswith(("eids", "perm")) else n)
-        mapped[name].madvise(mmap.MADV_DONTNEED)
+        _check_range(file[name], name, a[name], 0, e if name.endswith(("eids", "perm")) else n, mapped[name])
     for name in ("in.indptr", "out.indptr"):
         _check_shape(file[name], name, a[name], (n + 1,))
-        _check_indptr(file[name], name, a[name], e)
-        mapped[name].madvise(mmap.MADV_DONTNEED)
+        _check_indptr(file[name], name, a[name], e, mapped[name])
     _check_shape(file["x"], "x", a["x"], (n, None))
     if a["x"].dtype != np.float32 or a["x"].shape[1] == 0:
         raise GraphInputError(f"{file['x']}: x: expected float32 [N, F] with F > 0")
     y = a["y"]
     if y.ndim == 1 and y.dtype == np.int64:
         _check_shape(file["y"], "y", y, (n,))
-        _check_range(file["y"], "y", y, UNLABELLED, 2**31)
-        mapped["y"].madvise(mmap.MADV_DONTNEED)
+        _check_range(file["y"], "y", y, UNLABELLED, 2**31, mapped["y"])
     elif not (y.ndim == 2 and y.dtype == np.float32 and y.shape[0] == n):
         raise GraphInputError(f"{file['y']}: y: expected int64 [{n}] or float32 [{n}, T], got {y.dtype} "
                               f"{list(y.shape)}")

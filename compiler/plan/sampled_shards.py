@@ -187,11 +187,11 @@ def _open_structure(shard_dir: str | os.PathLike, manifest: dict[str, Any],
             if a[name].shape != want or str(a[name].dtype) not in allowed:
                 raise PlanError(f"{path}: {name}: expected {' or '.join(allowed)} {list(want)}, got "
                                 f"{a[name].dtype} {list(a[name].shape)}")
+            # each block's pages let go as it is checked (gnnc.graph.store._blocks): not one edge array resident
             if name == "in.indptr":
-                _check_indptr(path, name, a[name], e)
+                _check_indptr(path, name, a[name], e, maps[-1])
             else:
-                _check_range(path, name, a[name], 0, e if name == "in.eids" else n)
-            maps[-1].madvise(mmap.MADV_DONTNEED)  # the check read every page
+                _check_range(path, name, a[name], 0, e if name == "in.eids" else n, maps[-1])
     except PlanError:
         raise
     except GnncError as err:  # missing, truncated, altered or out of range: the plan's shards are damaged
