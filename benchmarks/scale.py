@@ -496,7 +496,7 @@ class Bench:
                 f"({a.products_fraction:g} of ogbn-products). "
                 + ("The must-show's size." if a.fraction == 0.1 else
                    f"NOT the must-show's size (one tenth): a check at {a.fraction:g}."),
-                f"Load average at the start {self.first_load}, at most {most:.2f} over the steps: "
+                f"Load average at the start {self.first_load}, at most {most:.2f} at a step's start or end: "
                 + ("a loaded, shared machine; times are not comparable to a quiet one." if
                    most > QUIET_LOAD else "a quiet machine."),
                 "Peak: the largest process's VmHWM (its own high-water mark); tree: the step's process tree's "

@@ -25,9 +25,9 @@ def _section(tmp_path, monkeypatch, loads: list[tuple[str, str]]) -> str:
 def test_a_run_joined_by_load_is_not_called_quiet(tmp_path, monkeypatch) -> None:
     text = _section(tmp_path, monkeypatch, [("1.44 0.58 0.23", "7.26 6.82 3.70")])
     assert "a quiet machine" not in text
-    assert "at most 7.26 over the steps: a loaded, shared machine" in text
+    assert "at most 7.26 at a step's start or end: a loaded, shared machine" in text
 
 
 def test_a_run_quiet_throughout_is_called_quiet(tmp_path, monkeypatch) -> None:
     text = _section(tmp_path, monkeypatch, [("0.30 0.20 0.10", "0.90 0.50 0.20")])
-    assert "at most 0.90 over the steps: a quiet machine" in text
+    assert "at most 0.90 at a step's start or end: a quiet machine" in text
