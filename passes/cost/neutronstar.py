@@ -249,7 +249,7 @@ def _fetch_terms(start: int, with_grad: bool) -> tuple[sympy.Expr, sympy.Expr, s
 
 def _value(name: str, stage_times: np.ndarray, worker_bytes: np.ndarray, worker_memory: np.ndarray) -> CostValue:
     """A cost's value from its per-worker stage times, bytes and memory (as `CompiledCost.on_table` makes it)."""
-    time = float(sum(float(row.max()) for row in stage_times))
+    time = float(sum(stage_times.max(axis=1).tolist()))  # the stages' maxima summed in order, as floats
     return CostValue(name, time, float(worker_bytes.sum()), float(worker_memory.max()), stage_times, worker_bytes,
                      worker_memory)
 
@@ -388,9 +388,10 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
     layers' columns (the formula's values, its sums in another order)."""
     p, n = inputs.workers, len(selections)
     base = {name: v.reshape(p, 1) for name, v in inputs.table.by_name.items()}  # each one float64 per worker
-    stages_f: dict[tuple[int, int], np.ndarray] = {}  # (selection, layer) -> [workers]
-    stages_b: dict[tuple[int, int], np.ndarray] = {}
-    stages_e: dict[tuple[int, int], np.ndarray] = {}
+    # [selection, layer, worker]: a group of selections' layer written at once, not one (selection, layer) entry
+    # at a time (O(L²) of them for a deep model's spans)
+    top = max((end for _, end, _ in selections), default=0)
+    stages_f, stages_b, stages_e = (np.zeros((n, top, p)) for _ in range(3))
     nbytes, memory = np.zeros((p, n)), np.zeros((p, n))
 
     named = [{s.name: v for s, v in extra.items()} for _, _, extra in selections]
@@ -427,8 +428,7 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
         f, bk, e = run(fwd, grid, cols), run(bwd, grid, cols), run(evaluation, grid, cols)
         nbytes[:, which] += run(layer_bytes, grid, cols)
         memory[:, which] += run(layer_mem, grid, cols)
-        for c, i in enumerate(which):
-            stages_f[i, layer], stages_b[i, layer], stages_e[i, layer] = f[:, c], bk[:, c], e[:, c]
+        stages_f[which, layer], stages_b[which, layer], stages_e[which, layer] = f.T, bk.T, e.T
     entries: dict[tuple[int, bool], list[int]] = {}
     for i, (start, _, _) in enumerate(selections):
         entries.setdefault((start, shapes[start].input_grad), []).append(i)
@@ -439,15 +439,12 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
         memory[:, which] += held
         if start > 0:
             nbytes[:, which] += fetched
-            for c, i in enumerate(which):
-                stages_f[i, start] = t_f[:, c] + stages_f[i, start]
-                stages_b[i, start] = stages_b[i, start] + t_b[:, c]
-                stages_e[i, start] = t_f[:, c] + stages_e[i, start]
+            stages_f[which, start] = t_f.T + stages_f[which, start]
+            stages_b[which, start] = stages_b[which, start] + t_b.T
+            stages_e[which, start] = t_f.T + stages_e[which, start]
     out = []
     for i, (start, end, _) in enumerate(selections):
-        layers = range(start, end)
-        stage_times = np.stack([stages_f[i, l] for l in layers] + [stages_b[i, l] for l in reversed(layers)]
-                               + [stages_e[i, l] for l in layers])
+        stage_times = np.concatenate([stages_f[i, start:end], stages_b[i, start:end][::-1], stages_e[i, start:end]])
         out.append(_value(f"hybrid[{start}:{end}]", stage_times, nbytes[:, i].copy(), memory[:, i].copy()))
     return out
 
