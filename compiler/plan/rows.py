@@ -361,7 +361,7 @@ class LocalGraph:
 
 
 def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, col: np.ndarray,
-          n_src: int, edge_positions: bool = True) -> GraphView:
+          n_src: int, edge_positions: bool = True, unread: frozenset[str] = frozenset()) -> GraphView:
     """The in-edges of `out_rows` (global ids in local row order; mask `computed` over every vertex), their
     sources numbered by `col` (global id -> local column, -1: not held).
 
@@ -370,16 +370,18 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
     edge positions among the in-edges of `computed` in view order, as such a sort of them numbers them.
 
     It runs once per rank and distinct layer structure, and a depcache layer's rows are most of the graph: the
-    positions it gathers with are int32 while the edges fit (half the bytes of int64 to write and to gather)."""
+    positions it gathers with are int32 while the edges fit (half the bytes of int64 to write and to gather).
+    `unread` (`build_local_graph`): per-edge arrays not gathered, no layer reading them."""
     g = graph.csr(view)
     g_indptr, g_src, g_eids = g.indptr.numpy(), g.indices.numpy(), g.eids.numpy()
     counts = g_indptr[out_rows + 1] - g_indptr[out_rows]
     indptr = np.zeros(len(out_rows) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
     at = _entries(g_indptr, out_rows)
-    global_eids = g_eids[at]
+    global_eids = g_eids[at] if edge_positions or "eids" not in unread else None
     local_src = col[g_src[at]]
-    edge_data = {k: torch.from_numpy(v[at]) for k, v in _edge_data_in_csr_order(graph, view).items()}
+    edge_data = {k: torch.from_numpy(v[at]) for k, v in _edge_data_in_csr_order(graph, view).items()
+                 if k not in unread}
     del at
     if len(local_src) and local_src.min() < 0:
         raise AssertionError(f"view {view}: an in-neighbour of a computed row is neither held nor fetched")
@@ -388,7 +390,8 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
     csr = CSR(torch.from_numpy(indptr), torch.from_numpy(local_src.astype(np.int64, copy=False)),
               _local_eids(graph, view, computed, global_eids) if edge_positions else None, n_dst, n_src,
               _cache={"dst": dst_index})  # what CSR.dst_index would expand from the degrees, here from the counts
-    eids = torch.from_numpy(global_eids.astype(np.int64, copy=False))
+    eids = torch.full((), -1, dtype=torch.int64).expand(len(local_src)) if global_eids is None else \
+        torch.from_numpy(global_eids.astype(np.int64, copy=False))  # -1: "unknown", as a shard without them loads
     return GraphView(csr, csr.indices, dst_index, eids, edge_data, csr.in_degree().to(torch.float32))
 
 
@@ -449,12 +452,15 @@ def _same_structure(lg: LayerGraph) -> LayerGraph:
 
 
 def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec],
-                      sets: list[RowSets], edge_positions: bool = True) -> LocalGraph:
+                      sets: list[RowSets], edge_positions: bool = True,
+                      unread: frozenset[str] = frozenset()) -> LocalGraph:
     """Worker `rank`'s LocalGraph from every worker's row sets.
 
     `edge_positions=False` leaves out each CSR's `eids` (its edges' positions among its rows' in-edges; reading them
     is then an error): a shard does not hold them (a loaded structure numbers its edges 0..nnz-1), and they were
-    half of building a depcache layer, so the shard writer (gnnc.plan.shards.rank_arrays) asks for none.
+    half of building a depcache layer, so the shard writer (gnnc.plan.shards.rank_arrays) asks for none. `unread`
+    names per-edge arrays no layer of the program reads ("eids": the edges' global ids, "gcn_norm"), which the
+    shard writer does not store: not gathered (with `edge_positions=False` only), the ids -1 of each view's length.
 
     Each distinct structure is built once: layers of a per-layer strategy on one view share one LayerGraph;
     layers of a depcache/hybrid segment with equal row sets (`_same_rows_key`) get their own LayerGraph
@@ -495,7 +501,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if block_col is None:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
-            views = {s.view: _view(graph, s.view, out_rows, computed, block_col, n, edge_positions)}
+            views = {s.view: _view(graph, s.view, out_rows, computed, block_col, n, edge_positions, unread)}
             lg = LayerGraph(n_in, n_out, views, None, True, ids=ids)
         else:
             col = np.where(mine.held_in[lyr], pos, -1)
@@ -512,7 +518,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if widest is not None and widest.n_out >= n_out:
                 view = _prefix_view(graph, s.view, widest.views[s.view], n_out, computed, n_src, edge_positions)
             else:
-                view = _view(graph, s.view, out_rows, computed, col, n_src, edge_positions)
+                view = _view(graph, s.view, out_rows, computed, col, n_src, edge_positions, unread)
             lg = LayerGraph(n_in, n_out, {s.view: view}, halo, ids=ids)
             if whole and widest is None:
                 prefix_of[(seg, s.view)] = lg

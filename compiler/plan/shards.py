@@ -106,7 +106,9 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
     ids are stored (a graph layer reads them: gnnc.graph.sampling.reads_edge_ids; without, a rank lets go of
     them as soon as it has built its source parts, and they were a third of a structure's bytes); `norm`: their
     gcn_norm is stored (a layer reads edge.gcn_norm: GraphSAGE's and GIN's do not)."""
-    lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False)  # a shard holds no CSR eids
+    # a shard holds no CSR eids, and neither global edge ids nor gcn_norm where no layer reads them: not gathered
+    unread = frozenset(k for k, kept in (("eids", edge_ids), ("gcn_norm", norm)) if not kept)
+    lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False, unread=unread)
     rows = lg.rows.numpy()
     owned = rows[: lg.n_owned]
     arrays: dict[str, np.ndarray] = {"rows": rows, "n_owned": np.array(lg.n_owned)}
