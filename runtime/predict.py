@@ -15,7 +15,7 @@ plans such a value's layer with a row strategy (`in_feature_phase`).
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,9 @@ def predict_rank(cfg: DistConfig, job: PredictJob) -> dict[str, Any] | None:
     if job.value in env:  # the features: as the shard holds them, no layer run
         value, held = env[job.value], w.lg.rows
     else:
-        ctx = w.context(False, 0)
+        # a fused chain computes its inner values nowhere and may write its result over its input: only for the
+        # logits, as one process (gnnc.torch_module)
+        ctx = replace(w.context(False, 0), fuse=job.value == w.program.logits.name)
         with torch.no_grad(), devices.autocast(w.device, w.cfg.precision):
             for layer in w.program.layers:
                 interp.run_layer(layer, env, params, ctx)
