@@ -196,8 +196,9 @@ class Exchange:
             return torch.cat([held, comm.halo_exchange(held, layer.halo, self.stats, label=_label(e), method=method)],
                              dim=0)
         # without autograd (an evaluation: a layer-wise one runs every halo whole, gnnc.runtime.layerwise) the rows
-        # are received into the result beside a copy of the held ones: the held rows, the received ones and their
-        # concatenation at once were 1.9 GiB of a GCN rank's peak at ogbn-products' size on 2 ranks (issue 35)
+        # are received into the result beside a copy of the held ones, not into a buffer of their own joined by a
+        # concatenation: one [halo, width] less at the exchange (68 MiB of a GCN rank at products 0.1; 0.66 GiB at
+        # full size on 2 ranks, issue 35)
         out = held.new_empty((layer.n_in + layer.halo.n_halo, *held.shape[1:]))
         out[: layer.n_in] = held
         comm.halo_exchange(held, layer.halo, self.stats, label=_label(e), method=method, into=out[layer.n_in:])
@@ -247,8 +248,8 @@ class DistInterpreter(PrefixRowsInterpreter):
         self._ids = lg.rows  # ids of the rows the values of the running layer hold
         # a layer's epilogue (bias, activation, dropout: gnnc.runtime.fusion) reads and writes this rank's rows only,
         # so a rank runs it as one process does: GCN's relu and dropout keep one [owned, hidden] tensor for the
-        # backward, not two (1.2 GiB of a rank's peak at ogbn-products' size on 2 ranks, issue 35); the attention
-        # chain reads a layer's exchanged rows (its SpMM may run per part), and stays equation by equation
+        # backward, not two (123 MiB less in a rank's second layer at products 0.1, 1.2 GiB at full size; issue 35);
+        # the attention chain reads a layer's exchanged rows (its SpMM may run per part): equation by equation
         self.epilogues = {k: c for k, c in self.chains.items() if c.kind == "epilogue"}
         self.in_epilogues = fusion.inner_results(self.epilogues)
 
