@@ -444,6 +444,8 @@ class _Measures:
     GCNII x32 on the 89,000-vertex SBM x8: 448 expansions of up to a few million pairs before, 64 after."""
 
     KEPT = 2  # expansions per hop: a layer's measure and a re-measure of its stale roots (line 10) alternate
+    KEPT_BYTES = 256 << 20  # an expansion or a measure larger than this is not kept (a products-size graph's
+    # would hold GBs beside the run's own arrays): measured again instead
 
     def __init__(self, trees: InTrees) -> None:
         self.trees = trees
@@ -465,8 +467,9 @@ class _Measures:
         n = self.trees.num_nodes
         key = _expand(self.trees, dep, vtx, excluded)
         out_dep, out_vtx = key // n, key % n
-        kept.insert(0, (dep, vtx, excluded, out_dep, out_vtx))
-        del kept[self.KEPT:]
+        if sum(a.nbytes for a in (dep, vtx, excluded, out_dep, out_vtx)) <= self.KEPT_BYTES:
+            kept.insert(0, (dep, vtx, excluded, out_dep, out_vtx))
+            del kept[self.KEPT:]
         return out_dep, out_vtx
 
     def read_back(self, roots: np.ndarray, keep: np.ndarray, m: int, rep: np.ndarray, t_v: np.ndarray,
@@ -537,8 +540,9 @@ def _measure(trees: InTrees, roots: np.ndarray, m: int, rep: np.ndarray, costs: 
     e_dep, e_hop, e_vtx = np.concatenate(out_dep), np.concatenate(out_hop), np.concatenate(out_vtx)
     for a in (e_dep, e_hop, e_vtx):
         a.flags.writeable = False  # shared with the measures that read them back
+    small = 3 * e_dep.nbytes + sum(x.nbytes for _, _, x in hops if x is not None) <= kept.KEPT_BYTES
     kept.last = _Trace(roots, keep, cap, tuple(hops), cost.copy(), live.copy(), e_dep, e_hop, e_vtx) \
-        if ended else None
+        if ended and small else None
     return cost, live, e_dep, m - e_hop, e_vtx
 
 
