@@ -71,15 +71,16 @@ def test_plan_is_unchanged(case, cora, tmp_path: Path) -> None:
     plan = gnnc.compile(_model(name, overrides), cora, workers=workers, strategy=strategy,
                         graph_spec="planetoid:cora", cluster="neutronstar-ecs" if workers > 1 else None)
     plan.save(tmp_path / "plan")
-    got = (tmp_path / "plan" / "plan.json").read_text()
+    # compared as data: plan.json is written compact (json's fast encoder), the references indented so that a
+    # regenerated one reads as a diff
+    got = json.loads((tmp_path / "plan" / "plan.json").read_text())
     path = REFERENCE / f"{_case_id(case)}.plan.json"
     if UPDATE:
-        path.write_text(got)
+        path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
         return
-    want = path.read_text()
+    want = json.loads(path.read_text())
     if got != want:
-        g, w = json.loads(got), json.loads(want)
-        differing = sorted(k for k in set(g) | set(w) if g.get(k) != w.get(k))
+        differing = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
         pytest.fail(f"{path.name}: the plan differs from the reference in {differing}")
 
 
