@@ -143,11 +143,12 @@ def shard_counts(program, manifest: dict[str, Any]) -> list[ProcessCounts]:
     out = []
     for entry in manifest["shards"]:
         layout = entry["layout"]["layers"]
-        structures = {info["structure"]: info["nnz"] for info in layout.values()}
+        # a pipeline shard's layers name no structure: its worker keeps every id and column as loaded
+        structures = {info["structure"]: info["nnz"] for info in layout.values() if "structure" in info}
         # (a shard's `loaded_bytes` counts them only where they are kept, each array once: layers share them)
         forgotten = 0 if ids_kept or "loaded_bytes" in entry else EDGE_ID_BYTES * sum(structures.values())
-        narrowed = {layout[name]["structure"]: layout[name]["nnz"] for name in by_parts
-                    if max(layout[name]["nnz"], layout[name].get("n_src") or 0) < 2**31 - 1}
+        narrowed = {layout[name]["structure"]: layout[name]["nnz"] for name in by_parts if "structure" in layout[name]
+                    and max(layout[name]["nnz"], layout[name].get("n_src") or 0) < 2**31 - 1}
         forgotten += NARROWED_COLUMN_BYTES * sum(narrowed.values())
         layers = []
         for k, layer in enumerate(program.graph_layers()):
