@@ -18,8 +18,17 @@ SPEC = "graphs:n=80,seed=0"
 FLAGS = {"epochs": 2, "seed": 0, "threads": 1, "optimizer": "sgd"}
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return float((a - b).abs().max()) <= 1e-5 * max(1.0, float(a.abs().max()))
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> bool:
+    return float((a - b).abs().max()) <= rtol * max(1.0, float(a.abs().max()))
+
+
+# The first linear's weight gradient is a cancelling sum: the generator's graphs have one constant feature, so the
+# linear's input is each vertex's (1 + eps + degree), and the batch norm after it makes its output gradients sum to
+# zero over the batch; each entry is sum_v a_v g_v, whose rounding scales with sum_v |a_v g_v| (about the largest
+# entry's 18.4 times the vertices), not with the entry. Summed in two ranks' order it differed from one process's by
+# 1.7e-5 of its largest entry on an AVX2 EPYC (within 1e-5 on an AVX-512 Xeon). Its bias's gradient, sum_v g_v, is
+# zero but for rounding (1e-5 apart there, against a bar of 1e-5). Every other gradient: <= 2.2e-6.
+CANCELLING = {"l0.linear0.weight": 1e-4, "l0.linear0.bias": 1e-4}
 
 
 def _model():
@@ -34,7 +43,7 @@ def test_two_ranks_first_step_equals_one_process() -> None:
     assert _close(one["loss"], two["loss"])
     assert sorted(one["grads"]) == sorted(two["grads"])
     for name, g in one["grads"].items():
-        assert _close(g, two["grads"][name]), name
+        assert _close(g, two["grads"][name], CANCELLING.get(name, 1e-5)), name
 
 
 @pytest.mark.slow

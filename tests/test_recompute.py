@@ -64,8 +64,8 @@ def test_recomputed_layers_give_the_same_gradients_state_and_logits(source: str)
 
 def close(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-6) -> bool:
     """Equal within rtol of the tensor's largest magnitude: a GCN-like first layer's weight gradient is summed over
-    row blocks under --recompute (gnnc.runtime.recompute._FirstLayer), not in one product; everything else is
-    bitwise equal (tests/test_recompute_chunked.py says which)."""
+    row blocks under --recompute (gnnc.runtime.recompute._FirstLayer), not in one product, and so are the next
+    weight's and the biases' (tests/test_recompute_chunked.py)."""
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
     if torch.equal(got, want):

@@ -1,8 +1,8 @@
 """--recompute's first layer in blocks (gnnc.runtime.recompute._FirstLayer, issue 35): a GCN-like first region and
 the next layer's product computed a block of columns at a time forward and a block of rows at a time backward give
-the run's values without --recompute (logits and gradients within 1e-6 relative: the first weight's gradient is
-summed over row blocks; every other value bitwise), for the shapes it takes, with many blocks; the shapes it does
-not take run as before; and the step holds one [vertices, hidden] tensor less at its peak."""
+the run's values without --recompute (logits and gradients within 1e-6 relative: the region's gradients are
+summed over row blocks), for the shapes it takes, with many blocks; the shapes it does not take run as before
+(bitwise); and the step holds one [vertices, hidden] tensor less at its peak."""
 from __future__ import annotations
 
 import pytest
@@ -78,13 +78,15 @@ def test_blocks_give_the_values_of_the_run_without_recompute(name: str, hidden: 
     first = recompute.first_layer(program, Interpreter(program).chains)
     assert (first is not None) == (name in CHUNKED)
     want, got = _train(program, graph, False), _train(program, graph, True)
-    summed = first.linear.ins[1].name if first is not None else None
     for step, (g, w) in enumerate(zip(got, want)):
         for k in w:
             if w[k] is None:
                 assert g[k] is None, k
-            elif k == summed or (step > 0 and first is not None):
-                # summed over row blocks, or computed from the parameters that gradient moved
+            elif first is not None:
+                # the region's gradients (both weights, the bias) are summed over row blocks, and later steps start
+                # from the parameters they moved: equal within rounding. Bitwise only where the block sums happen
+                # to add in the kernel's order (an AVX-512 Xeon did for all but the first weight; an AVX2 EPYC
+                # differs by up to 3.6e-7 in W1, W2 and the biases)
                 assert close(g[k], w[k]), (step, k, ((g[k] - w[k]).abs().max() / w[k].abs().max()).item())
             else:
                 assert torch.equal(g[k], w[k]), (step, k)
