@@ -148,16 +148,16 @@ def test_the_launcher_lets_go_of_the_graphs_derived_structure_before_the_ranks_s
     assert csr.nnz == graph.num_edges + graph.num_nodes
 
 
-def test_a_halo_exchange_receives_every_peers_rows_into_its_result(monkeypatch) -> None:
-    """The received rows are the exchange's result, not joined by a copy after the receives (two [halo, width]
-    tensors at once: 0.9 GiB of a GCN rank's hidden layer at products' size)."""
+def _rank_1_of_4_receiving(monkeypatch):
+    """Rank 1 of 4 whose receives "complete" at once with the peer's rank in every element: its halo plan (2, 0,
+    1 and 3 rows from ranks 0-3) and the list of the buffers it received into."""
     from gnnc.plan.halo import HaloPlan
     from gnnc.runtime import comm
     from test_comm import rank_1_of_4_posting_by
 
     received: list[torch.Tensor] = []
 
-    def post(self, ops):  # each receive "completes" at once with its peer's rank in every element
+    def post(self, ops):
         for op in ops:
             if op.op is comm.dist.irecv:
                 op.tensor.fill_(float(op.peer))
@@ -167,6 +167,15 @@ def test_a_halo_exchange_receives_every_peers_rows_into_its_result(monkeypatch) 
     rank_1_of_4_posting_by(monkeypatch, post)
     plan = HaloPlan(send_idx=(torch.tensor([0]), torch.tensor([], dtype=torch.long), torch.tensor([1]),
                               torch.tensor([0, 1])), recv_counts=(2, 0, 1, 3))
+    return plan, received
+
+
+def test_a_halo_exchange_receives_every_peers_rows_into_its_result(monkeypatch) -> None:
+    """The received rows are the exchange's result, not joined by a copy after the receives (two [halo, width]
+    tensors at once: 0.9 GiB of a GCN rank's hidden layer at products' size)."""
+    from gnnc.runtime import comm
+
+    plan, received = _rank_1_of_4_receiving(monkeypatch)
     op = comm._HaloExchange(plan, comm.CommStats(), "layer0", None, "ring")
     op.forward_start(torch.arange(6.0).view(2, 3))
     out = op.forward_finish()
@@ -183,23 +192,10 @@ def test_an_evaluations_halo_receives_beside_the_held_rows_with_no_concatenation
     from types import SimpleNamespace
 
     from gnnc import api
-    from gnnc.plan.halo import HaloPlan
     from gnnc.runtime import comm
     from gnnc.runtime.distributed import Exchange
-    from test_comm import rank_1_of_4_posting_by
 
-    received: list[torch.Tensor] = []
-
-    def post(self, ops):  # each receive "completes" at once with its peer's rank in every element
-        for op in ops:
-            if op.op is comm.dist.irecv:
-                op.tensor.fill_(float(op.peer))
-                received.append(op.tensor)
-        return []
-
-    rank_1_of_4_posting_by(monkeypatch, post)
-    plan = HaloPlan(send_idx=(torch.tensor([0]), torch.tensor([], dtype=torch.long), torch.tensor([1]),
-                              torch.tensor([0, 1])), recv_counts=(2, 0, 1, 3))
+    plan, received = _rank_1_of_4_receiving(monkeypatch)
     graph = api.load_graph("rmat:n=400,deg=8,features=6,classes=3,seed=0")
     program = api.compile(api.load_model("examples/gcn.gnn"), graph, workers=2, strategy="depcomm").program
     e = next(e for layer in program.graph_layers() for e in layer.eqns if e.op == "halo")
