@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import signal
 import statistics
@@ -143,8 +144,17 @@ def peer_main(args: argparse.Namespace) -> None:
     try:
         out = fn(args.model, args.graph, args.epochs, args.peer)
     except Exception as exc:  # a layer that refuses the adjacency, a peer that fails: its row says why
-        out = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
+        out = {"error": refused_allocation(str(exc)) or
+               f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
     print("RESULT " + json.dumps(out), flush=True)
+
+
+def refused_allocation(message: str) -> str | None:
+    """"out of memory: ..." for torch's CPU allocator refusing a tensor (PyG's [edges, width] messages at products'
+    size ask for ~129 GB at once, refused before the watchdog's limit is reached), else None."""
+    found = re.search(r"can't allocate memory: you tried to allocate (\d+) bytes", message)
+    return None if found is None else \
+        f"out of memory: a {int(found.group(1)) / 2**30:.1f} GiB allocation refused by torch's CPU allocator"
 
 
 # ----- the driver: each peer in a process under a watchdog
