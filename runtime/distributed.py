@@ -387,6 +387,11 @@ def build_split_parts(program: Program, lg: LocalGraph, rank: int) -> None:
             lgl.parts(layer.edges, part_bounds(lgl, exchange, lg.block_rows, rank))
 
 
+def _distinct_layers(lg: LocalGraph) -> list:
+    """Each of a rank's layer structures once (layers that share a structure share one LayerGraph)."""
+    return list({id(layer): layer for layer in lg.layers.values()}.values())
+
+
 def forget_edge_ids(program: Program, lg: LocalGraph) -> None:
     """Let go of the edges' global ids where no graph layer reads them: only a dropout of an edge value draws by
     them (gnnc.graph.sampling.reads_edge_ids; edge data comes with the shard). Kept, they were 8 bytes per edge of a
@@ -397,11 +402,7 @@ def forget_edge_ids(program: Program, lg: LocalGraph) -> None:
     if any(reads_edge_ids(layer) for layer in program.graph_layers()):
         return
     unknown = torch.full((), -1, dtype=torch.int64)
-    seen: set[int] = set()
-    for layer in lg.layers.values():
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
+    for layer in _distinct_layers(lg):
         # the layer's views and the source parts built from them (LayerGraph.parts), whose ids are slices of theirs
         views = [*layer.views.values(), *(v for sp in layer._parts.values() for v in sp.views)]
         for view in views:
@@ -415,11 +416,7 @@ def narrow_part_sources(lg: LocalGraph) -> None:
     fit, as the kernels' patterns take them (gnnc.runtime.kernels.cpu.pattern narrows them to int32 and keeps that
     copy beside the int64 ones): one int32 tensor serves both, 8 bytes per edge less (0.47 GiB of each rank at
     ogbn-products' size on 2 ranks, issue 35). Every reader takes int32 indices (gathers, index_add, bincount)."""
-    seen: set[int] = set()
-    for layer in lg.layers.values():
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
+    for layer in _distinct_layers(lg):
         for view in (v for sp in layer._parts.values() for v in sp.views):
             csr = view.csr
             if csr is None or csr.indices.dtype != torch.int64 or max(csr.n_src, csr.nnz) >= 2**31 - 1:
