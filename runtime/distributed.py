@@ -387,9 +387,11 @@ def build_split_parts(program: Program, lg: LocalGraph, rank: int) -> None:
             lgl.parts(layer.edges, part_bounds(lgl, exchange, lg.block_rows, rank))
 
 
-def _distinct_layers(lg: LocalGraph) -> list:
-    """Each of a rank's layer structures once (layers that share a structure share one LayerGraph)."""
-    return list({id(layer): layer for layer in lg.layers.values()}.values())
+def _distinct_layers(lg: LocalGraph, by_name: bool = False) -> list:
+    """Each of a rank's layer structures once (layers that share a structure share one LayerGraph), in the order of
+    the first layer that holds it: the layers' own order, or their names' (`by_name`)."""
+    names = sorted(lg.layers) if by_name else list(lg.layers)
+    return list({id(lg.layers[name]): lg.layers[name] for name in names}.values())
 
 
 def forget_edge_ids(program: Program, lg: LocalGraph) -> None:
@@ -637,12 +639,7 @@ class DistWorker(Worker):
     def graph_tensors(self) -> list[torch.Tensor]:
         """This rank's rows, inputs and layer structures, in layer order (a structure shared by layers once)."""
         out = [self.lg.rows, *self.inputs.values()]
-        seen: set[int] = set()
-        for name in sorted(self.lg.layers):
-            layer = self.lg.layers[name]
-            if id(layer) in seen:
-                continue
-            seen.add(id(layer))
+        for layer in _distinct_layers(self.lg, by_name=True):
             for view in (layer.views[v] for v in sorted(layer.views)):
                 if view.csr is not None:
                     out += [view.csr.indptr, view.csr.indices]
