@@ -72,8 +72,8 @@ def test_edge_data_is_gathered_by_edge_id_once_per_view_not_per_rank_and_layer(t
     from gnnc.plan import rows
 
     gathers = []
-    gather = rows.view_edge_data
-    monkeypatch.setattr(rows, "view_edge_data", lambda g, view, eids: gathers.append(view) or gather(g, view, eids))
+    gather = rows._csr_ordered
+    monkeypatch.setattr(rows, "_csr_ordered", lambda g, view, values: gathers.append(view) or gather(g, view, values))
     graph = gnnc.load_graph("planetoid:cora")
     plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4, strategy="depcache")
     plan.save(tmp_path / "plan")

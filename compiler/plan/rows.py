@@ -45,7 +45,6 @@ import numpy as np
 import torch
 
 from gnnc.graph import CSR, Graph, GraphView, sorted_unique
-from gnnc.graph.storage import view_edge_data
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.strategies import STRATEGIES
 
@@ -107,11 +106,24 @@ def _entries(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return at
 
 
+MASK_WALK = 0.15  # `_sources` reads every edge's entry through a mask above this share of the edges
+
+
 def _sources(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Mask of the in-neighbours of the rows in mask `rows`, read off their in-CSR rows: the work is their
-    in-edges (a rank's owned rows: an eighth of them for 8 workers), not every edge of the graph."""
+    in-edges (a rank's owned rows: an eighth of them for 8 workers), not every edge of the graph.
+
+    Rows holding more than `MASK_WALK` of the edges (a depcache segment's first layers: most of the graph) are
+    read through a mask over every entry (one byte per edge, one sequential pass) instead of their entries'
+    positions (8 bytes per edge written, then a gather by them): ~3x less CPU at 60-95% of the edges on the
+    products-like R-MAT at 0.1, the same set."""
     out = np.zeros(len(rows), dtype=bool)
-    out[indices[_entries(indptr, np.nonzero(rows)[0])]] = True
+    degree = np.diff(indptr)
+    edges = int(indptr[-1])
+    if int(degree[rows].sum()) > MASK_WALK * edges:
+        out[indices[:edges][np.repeat(rows, degree)]] = True
+    else:
+        out[indices[_entries(indptr, np.nonzero(rows)[0])]] = True
     return out
 
 
@@ -361,7 +373,8 @@ class LocalGraph:
 
 
 def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, col: np.ndarray,
-          n_src: int, edge_positions: bool = True, unread: frozenset[str] = frozenset()) -> GraphView:
+          n_src: int, edge_positions: bool = True, unread: frozenset[str] = frozenset(),
+          narrow: bool = False) -> GraphView:
     """The in-edges of `out_rows` (global ids in local row order; mask `computed` over every vertex), their
     sources numbered by `col` (global id -> local column, -1: not held).
 
@@ -371,7 +384,10 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
 
     It runs once per rank and distinct layer structure, and a depcache layer's rows are most of the graph: the
     positions it gathers with are int32 while the edges fit (half the bytes of int64 to write and to gather).
-    `unread` (`build_local_graph`): per-edge arrays not gathered, no layer reading them."""
+    `unread` (`build_local_graph`): per-edge arrays not gathered, no layer reading them. `narrow` (the shard
+    writer's, `build_local_graph`): the CSR's columns int32 where they fit, the dtype the shard stores them in
+    (gathered at 4 bytes per edge, not widened to int64 and narrowed again by the writer: three passes over every
+    edge of the rank), and its destinations left to the CSR to expand if read (the writer never does)."""
     g = graph.csr(view)
     g_indptr, g_src, g_eids = g.indptr.numpy(), g.indices.numpy(), g.eids.numpy()
     counts = g_indptr[out_rows + 1] - g_indptr[out_rows]
@@ -379,17 +395,18 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
     np.cumsum(counts, out=indptr[1:])
     at = _entries(g_indptr, out_rows)
     global_eids = g_eids[at] if edge_positions or "eids" not in unread else None
-    local_src = col[g_src[at]]
-    edge_data = {k: torch.from_numpy(v[at]) for k, v in _edge_data_in_csr_order(graph, view).items()
-                 if k not in unread}
+    narrow = narrow and n_src < 2**31
+    local_src = col.astype(np.int32 if narrow else np.int64, copy=False)[g_src[at]]
+    edge_data = {k: torch.from_numpy(v[at]) for k, v in _edge_data_in_csr_order(graph, view, unread).items()}
     del at
     if len(local_src) and local_src.min() < 0:
         raise AssertionError(f"view {view}: an in-neighbour of a computed row is neither held nor fetched")
     n_dst = len(out_rows)
-    dst_index = torch.from_numpy(np.repeat(np.arange(n_dst, dtype=np.int64), counts))
-    csr = CSR(torch.from_numpy(indptr), torch.from_numpy(local_src.astype(np.int64, copy=False)),
+    # what CSR.dst_index would expand from the degrees, here from the counts; the shard writer reads none
+    dst_index = None if narrow else torch.from_numpy(np.repeat(np.arange(n_dst, dtype=np.int64), counts))
+    csr = CSR(torch.from_numpy(indptr), torch.from_numpy(local_src),
               _local_eids(graph, view, computed, global_eids) if edge_positions else None, n_dst, n_src,
-              _cache={"dst": dst_index})  # what CSR.dst_index would expand from the degrees, here from the counts
+              _cache={} if dst_index is None else {"dst": dst_index})
     eids = torch.full((), -1, dtype=torch.int64).expand(len(local_src)) if global_eids is None else \
         torch.from_numpy(global_eids.astype(np.int64, copy=False))  # -1: "unknown", as a shard without them loads
     return GraphView(csr, csr.indices, dst_index, eids, edge_data, csr.in_degree().to(torch.float32))
@@ -416,21 +433,33 @@ def _prefix_view(graph: Graph, view: str, of: GraphView, n_dst: int, computed: n
     indptr = of.csr.indptr[:n_dst + 1]
     nnz = int(indptr[-1])
     eids = of.edge_ids[:nnz]
-    dst_index = of.dst[:nnz]
+    dst_index = None if of.dst_given is None else of.dst_given[:nnz]  # None: the shard writer's, never read
     local = _local_eids(graph, view, computed, eids.numpy()) if edge_positions else None
-    csr = CSR(indptr, of.csr.indices[:nnz], local, n_dst, n_src, _cache={"dst": dst_index})
+    csr = CSR(indptr, of.csr.indices[:nnz], local, n_dst, n_src,
+              _cache={} if dst_index is None else {"dst": dst_index})
     return GraphView(csr, csr.indices, dst_index, eids, {k: v[:nnz] for k, v in of.edge_data.items()},
                      of.deg[:n_dst])
 
 
-def _edge_data_in_csr_order(graph: Graph, view: str) -> dict[str, np.ndarray]:
-    """gcn_norm and the edge data of the view's CSR entries, in the CSR's order: gathered once per graph and view
-    (kept with the graph's views), so each rank's structures take them by their CSR positions, runs of
-    consecutive entries, instead of by edge id, a random gather over every edge per rank and layer."""
-    key = ("edge_data in csr order", view)
-    if key not in graph._views:
-        graph._views[key] = {k: v.numpy() for k, v in view_edge_data(graph, view, graph.csr(view).eids).items()}
-    return graph._views[key]
+def _edge_data_in_csr_order(graph: Graph, view: str, unread: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    """gcn_norm and the edge data of the view's CSR entries, in the CSR's order (view_edge_data's arrays, in its
+    order), less those in `unread`: gathered once per graph, view and name (kept with the graph's views), so each
+    rank's structures take them by their CSR positions, runs of consecutive entries, instead of by edge id, a
+    random gather over every edge per rank and layer. A name in `unread` is neither computed nor gathered:
+    gcn_norm of a GraphSAGE plan's view was a pass over every edge (degrees, norms) and a gather per edge for
+    nothing (0.35 of the 1.56 CPU s of the structures on the products-like R-MAT at 0.05)."""
+    held = graph._views.setdefault(("edge_data in csr order", view), {})
+    values = graph.edge_values(view)
+    names = [k for k in ("gcn_norm", *values) if k not in unread]
+    missing = [k for k in names if k not in held]
+    for k in missing:
+        held[k] = _csr_ordered(graph, view, graph.gcn_norm(view) if k == "gcn_norm" else values[k])
+    return {k: held[k] for k in names}
+
+
+def _csr_ordered(graph: Graph, view: str, values: torch.Tensor) -> np.ndarray:
+    """Per-edge `values` (the view's edge order) in its CSR's order: a gather by edge id over every edge."""
+    return values.numpy()[graph.csr(view).eids.numpy()]
 
 
 def _same_rows_key(sets: list[RowSets], rank: int, lyr: int, s: LayerSpec) -> tuple:
@@ -447,13 +476,13 @@ def _same_rows_key(sets: list[RowSets], rank: int, lyr: int, s: LayerSpec) -> tu
 def _same_structure(lg: LayerGraph) -> LayerGraph:
     """Another layer's LayerGraph over the same tensors: its own object, as each nested layer had when built
     apiece (a plan's shards give each such layer its own structure; the runtime keeps per-layer state on it)."""
-    views = {k: GraphView(v.csr, v.src, v.dst, v.edge_ids, dict(v.edge_data), v.deg) for k, v in lg.views.items()}
+    views = {k: GraphView(v.csr, v.src, v.dst_given, v.edge_ids, dict(v.edge_data), v.deg) for k, v in lg.views.items()}
     return LayerGraph(lg.n_in, lg.n_out, views, lg.halo, lg.blocks, ids=lg.ids)
 
 
 def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec],
                       sets: list[RowSets], edge_positions: bool = True,
-                      unread: frozenset[str] = frozenset()) -> LocalGraph:
+                      unread: frozenset[str] = frozenset(), narrow: bool = False) -> LocalGraph:
     """Worker `rank`'s LocalGraph from every worker's row sets.
 
     `edge_positions=False` leaves out each CSR's `eids` (its edges' positions among its rows' in-edges; reading them
@@ -461,6 +490,8 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
     half of building a depcache layer, so the shard writer (gnnc.plan.shards.rank_arrays) asks for none. `unread`
     names per-edge arrays no layer of the program reads ("eids": the edges' global ids, "gcn_norm"), which the
     shard writer does not store: not gathered (with `edge_positions=False` only), the ids -1 of each view's length.
+    `narrow` (the shard writer's): each CSR's columns int32 where they fit, as the shard stores them, and its
+    destinations not expanded (`_view`): the runtime's structures keep int64.
 
     Each distinct structure is built once: layers of a per-layer strategy on one view share one LayerGraph;
     layers of a depcache/hybrid segment with equal row sets (`_same_rows_key`) get their own LayerGraph
@@ -501,7 +532,8 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if block_col is None:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
-            views = {s.view: _view(graph, s.view, out_rows, computed, block_col, n, edge_positions, unread)}
+            views = {s.view: _view(graph, s.view, out_rows, computed, block_col, n, edge_positions, unread,
+                                   narrow)}
             lg = LayerGraph(n_in, n_out, views, None, True, ids=ids)
         else:
             col = np.where(mine.held_in[lyr], pos, -1)
@@ -518,7 +550,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if widest is not None and widest.n_out >= n_out:
                 view = _prefix_view(graph, s.view, widest.views[s.view], n_out, computed, n_src, edge_positions)
             else:
-                view = _view(graph, s.view, out_rows, computed, col, n_src, edge_positions, unread)
+                view = _view(graph, s.view, out_rows, computed, col, n_src, edge_positions, unread, narrow)
             lg = LayerGraph(n_in, n_out, {s.view: view}, halo, ids=ids)
             if whole and widest is None:
                 prefix_of[(seg, s.view)] = lg

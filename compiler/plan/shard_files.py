@@ -270,7 +270,8 @@ _INT32 = np.iinfo(np.int32)
 _SMALL = 4096  # bytes up to which arrays of equal values are stored once (a layer's halo counts, its empty lists)
 
 
-def pack_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def pack_arrays(arrays: dict[str, np.ndarray], wide: frozenset[str] | set[str] = frozenset()
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(the arrays a plan shard stores, its "packing": how `unpack_arrays` gives `arrays` back exactly).
 
     Why: a rank's layer structures share memory where their values are the same (the deeper layers of a
@@ -281,7 +282,9 @@ def pack_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], d
     (`_SMALL`) equal to one stored before, is stored as a reference, "refs": {name: [stored name, rows]} (its
     values are that array's first rows). An int64 array whose values fit in int32 (ids, columns, edge ids,
     offsets of any graph under 2^31 vertices and edges) is stored as int32, listed in "int32": half the bytes
-    to checksum and write."""
+    to checksum and write. `wide` names int32 arrays that stand for int64 ones (gnnc.plan.shards: a structure's
+    columns gathered as int32 for the shard): packed as those int64 arrays would be, byte for byte, without
+    widening them to narrow them again."""
     out: dict[str, np.ndarray] = {}
     refs: dict[str, list[Any]] = {}
     narrowed: list[str] = []
@@ -289,11 +292,16 @@ def pack_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], d
     small: dict[tuple[str, tuple[int, ...], bytes], str] = {}  # (dtype, shape, values) -> stored
     for name, arr in arrays.items():
         a = np.asarray(arr)
-        key = (a.dtype.str, a.shape, a.tobytes()) if a.ndim and a.nbytes <= _SMALL else None
+        stands = name in wide
+        if stands and a.dtype != np.int32:
+            raise ValueError(f"{name}: packed as an int64 array held as int32, but it is {a.dtype}")
+        dtype = np.dtype(np.int64).str if stands else a.dtype.str  # the array's own, for references and equality
+        key = (dtype, a.shape, a.astype(np.int64).tobytes() if stands else a.tobytes()) \
+            if a.ndim and a.size * np.dtype(dtype).itemsize <= _SMALL else None
         if key in small:
             refs[name] = [small[key], len(a)]
             continue
-        at = (a.__array_interface__["data"][0], a.dtype.str, a.shape[1:]) \
+        at = (a.__array_interface__["data"][0], dtype, a.shape[1:]) \
             if a.ndim and a.size and a.flags.c_contiguous else None
         held = starts.get(at)
         if held is not None and len(a) <= held[1]:
@@ -303,7 +311,10 @@ def pack_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], d
             small[key] = name
         if at is not None and held is None:  # `arrays` keeps every array alive meanwhile: no address is reused
             starts[at] = (name, len(a))
-        if a.dtype == np.int64 and a.ndim and (not a.size or (_INT32.min <= a.min() and a.max() <= _INT32.max)):
+        if stands:
+            out[name] = a
+            narrowed.append(name)
+        elif a.dtype == np.int64 and a.ndim and (not a.size or (_INT32.min <= a.min() and a.max() <= _INT32.max)):
             out[name] = a.astype(np.int32)
             narrowed.append(name)
         else:

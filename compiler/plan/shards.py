@@ -99,16 +99,19 @@ def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphV
 
 
 def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets,
-                shared_x: bool = False, edge_ids: bool = True,
-                norm: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                shared_x: bool = False, edge_ids: bool = True, norm: bool = True,
+                narrow: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """One rank's shard arrays (unpacked) and its layout (the manifest entry's extra fields); `shared_x`: its
     input rows are read from the shared features file, not stored; `edge_ids`: its structures' edges' global
     ids are stored (a graph layer reads them: gnnc.graph.sampling.reads_edge_ids; without, a rank lets go of
     them as soon as it has built its source parts, and they were a third of a structure's bytes); `norm`: their
-    gcn_norm is stored (a layer reads edge.gcn_norm: GraphSAGE's and GIN's do not)."""
+    gcn_norm is stored (a layer reads edge.gcn_norm: GraphSAGE's and GIN's do not); `narrow`: its structures'
+    columns are gathered as int32 where they fit (`narrowed` names them: the int64 arrays they stand for, which
+    `write_packed` packs byte for byte as it packs those)."""
     # a shard holds no CSR eids, and neither global edge ids nor gcn_norm where no layer reads them: not gathered
     unread = frozenset(k for k, kept in (("eids", edge_ids), ("gcn_norm", norm)) if not kept)
-    lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False, unread=unread)
+    lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False, unread=unread,
+                           narrow=narrow)
     rows = lg.rows.numpy()
     owned = rows[: lg.n_owned]
     arrays: dict[str, np.ndarray] = {"rows": rows, "n_owned": np.array(lg.n_owned)}
@@ -192,9 +195,11 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     features = write_features(out, graph) if shared else None
     with ShardWriter() as writer:
         for rank in range(world):
-            arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm)
+            arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm,
+                                         narrow=True)
             x_bytes = layout["x"]["rows"] * graph.num_features * graph.x.element_size() if rank in shared else 0
-            write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout, x_bytes, ids_kept)
+            write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout, x_bytes, ids_kept,
+                         narrowed(arrays))
             del arrays
             release_pages(graph)  # a store's graph: this rank's rows are written, the next rank reads its own
             if progress is not None:
@@ -203,15 +208,23 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     return write_plan_manifest(out, graph, world, entries, features)
 
 
+def narrowed(arrays: dict[str, np.ndarray]) -> set[str]:
+    """The arrays of `rank_arrays(narrow=True)` held as int32 that stand for int64 ones: its structures' columns
+    (an unnarrowed structure's are int64, the runtime's and the loader's dtype)."""
+    return {k for k, a in arrays.items() if k.endswith(".indices") and a.dtype == np.int32}
+
+
 def write_packed(writer: ShardWriter, path: Path, rank: int, arrays: dict[str, np.ndarray], layout: dict[str, Any],
-                 x_bytes: int = 0, edge_ids_kept: bool = True) -> None:
+                 x_bytes: int = 0, edge_ids_kept: bool = True, wide: set[str] | frozenset[str] = frozenset()
+                 ) -> None:
     """One plan shard, its arrays packed (`pack_arrays`; the packing in its layout); its entry's "loaded_bytes" is
     what its arrays take once loaded, each once (`x_bytes`: the rows it reads from the shared features; its
     structures' global edge ids only where `edge_ids_kept`: gnnc.runtime.distributed.forget_edge_ids lets them go
     where no graph layer reads them), the rank's graph bytes to gnnc.memory_check (the file's size counts shared
-    arrays once and ids at 4 bytes)."""
-    stored, layout["packing"] = pack_arrays(arrays)
-    loaded = sum(a.nbytes for k, a in arrays.items()
+    arrays once and ids at 4 bytes). `wide`: int32 arrays that stand for int64 ones (`narrowed`), counted and
+    packed as those."""
+    stored, layout["packing"] = pack_arrays(arrays, wide)
+    loaded = sum(a.nbytes * (2 if k in wide else 1) for k, a in arrays.items()
                  if k not in layout["packing"]["refs"] and (edge_ids_kept or not k.endswith(".eids"))) + x_bytes
     writer.write(path, rank, stored, layout=layout, loaded_bytes=int(loaded))
 
