@@ -2,6 +2,8 @@
 
     sudo python benchmarks/cluster/grid.py            # 24 cases: writes benchmarks/RESULTS-planner.md and .png
     sudo python benchmarks/cluster/grid.py --smoke    # 3 cases, the same summary line
+    sudo python benchmarks/cluster/grid.py --extended --cases 'gin/*' --json /tmp/gin.jsonl  # a part
+    sudo python benchmarks/cluster/grid.py --extended --merge /tmp/gin.jsonl /tmp/gcnii.jsonl  # parts' report
 
 Why this exists: the compiler exists to choose well. Each case is a model,
 a graph, a width order, a worker count and a link speed; for each, every
@@ -10,7 +12,10 @@ layer; P3's push-pull on the first layer, DepComm after it) and the planner's
 own choice are compiled with the profile `gnnc probe --network` measured on
 the emulated cluster at that speed, and trained for a few epochs across its
 hosts, four times, every other time in reverse order (runner.run_plans: one
-torchrun job per case). Every run's measured epoch (its training step plus
+torchrun job per case); an assignment measured 2.5x or more slower than the
+fastest in the first pass is not trained again (run_plans.py
+--drop-after-first: it can be neither the fastest nor within 10% of it),
+the planner's choice always is. Every run's measured epoch (its training step plus
 the evaluation after it, the median over the passes of the epochs after each
 pass's first), bytes (the step's and the evaluation's exchanges, every rank) and
 peak memory (the largest rank's) stand beside what its plan predicts
@@ -37,6 +42,7 @@ taskset (emulated.py).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import statistics
@@ -63,6 +69,8 @@ EPOCHS = 6
 # one job the same plan's pass medians rose 92 -> 103 ms, its twin's 99 -> 114, alternating with it). Passes in
 # alternating order cancel a steady drift; 4 x 6 epochs take about 20 minutes for the grid, 3 x 8 took 18.5-18.9
 PASSES = 4
+# after the first pass, assignments measured this many times the fastest or more are not trained again (run_plans.py)
+DROP_AFTER_FIRST = 2.5
 GRAPHS = {
     "rmat": "rmat:n=16000,deg=8,features={f},classes=8,seed=0",
     "sbm": "sbm:n=16000,blocks=8,deg=10,intra=0.7,features={f},classes=8,seed=0",
@@ -157,7 +165,8 @@ def assignments(plan: Any) -> list[str | None]:
 
 
 def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: Path, epochs: int,
-             loaded: dict[str, Any], passes: int = PASSES) -> list[dict[str, Any]]:
+             loaded: dict[str, Any], passes: int = PASSES,
+             drop_after_first: float | None = DROP_AFTER_FIRST) -> list[dict[str, Any]]:
     """Compile every assignment of `case` and train them on `cluster`: one row per assignment, the planner's
     choice first (marked `chosen`)."""
     from gnnc import api  # deferred, as above
@@ -177,7 +186,7 @@ def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: P
         dirs.append(path)
         plans.append(plan)
     runs = run_plans(cluster, dirs, epochs, run_id=f"gnnc-grid-{os.getpid()}-{abs(hash(case.name)) % 10**8}",
-                     passes=passes)
+                     passes=passes, drop_after_first=drop_after_first)
     spec = Case(str(ROOT / "examples" / f"{case.model}.gnn"), case.graph_spec, case.bandwidth, case.workers,
                 sets=tuple(f"{k}={v}" for k, v in case.sets.items()), epochs=epochs, name=case.name)
     rows = []
@@ -188,8 +197,8 @@ def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: P
     return rows
 
 
-def run_grid(cases: Sequence[GridCase], epochs: int, log=print,
-             passes: int = PASSES) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def run_grid(cases: Sequence[GridCase], epochs: int, log=print, passes: int = PASSES,
+             drop_after_first: float | None = DROP_AFTER_FIRST) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every case, grouped by worker count (one cluster each) and bandwidth (one network probe each).
     Returns (rows, profiles measured)."""
     rows: list[dict[str, Any]] = []
@@ -220,7 +229,8 @@ def run_grid(cases: Sequence[GridCase], epochs: int, log=print,
                         t0 = time.monotonic()
                         work = Path(tmp) / case.name.replace("/", "_")
                         try:
-                            got = run_case(case, cluster, profile, work, epochs, loaded, passes)
+                            got = run_case(case, cluster, profile, work, epochs, loaded, passes,
+                                           drop_after_first)
                         except CaseFailed as err:
                             log(f"{case.name}: FAILED: {err}")
                             continue
@@ -233,7 +243,7 @@ def _case_line(rows: list[dict[str, Any]], seconds: float) -> str:
     chosen = rows[0]
     fastest = min(rows, key=lambda r: r["measured_epoch_s"])
     runs = "; ".join(f"{','.join(r['strategies'])} {r['predicted_epoch_s'] * 1e3:.0f}/{r['measured_epoch_s'] * 1e3:.0f}"
-                     for r in rows)
+                     + (f" ({r['passes']} pass)" if r.get("passes") == 1 and r is not chosen else "") for r in rows)
     return (f"{chosen['case_name']}: chosen {','.join(chosen['strategies'])}, fastest "
             f"{','.join(fastest['strategies'])}; predicted/measured ms: {runs} ({seconds:.0f} s)")
 
@@ -355,7 +365,9 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
              "Each case compiles, for the profile measured at its link speed, the planner's choice and every pure "
              "assignment it priced, and trains each for "
              f"{meta['epochs']} epochs on the emulated hosts, {meta['passes']} times (every other time in reverse "
-             "order, in one torchrun job); measured = the median, over the passes, of the epochs after each pass's "
+             "order, in one torchrun job; an assignment measured "
+             f"{meta.get('drop_after_first') or 'any number of'} times the fastest or more in the first pass is "
+             "trained that once, marked 'first pass only'); measured = the median, over the passes, of the epochs after each pass's "
              "first of the training step plus the evaluation's forward pass after it (the slowest rank's step and "
              "evaluation; the all-reduce of the epoch's counts after them is in neither side); predicted = the "
              "plan's schedule (the same two parts). Bytes: what every "
@@ -403,7 +415,8 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
     for name, runs in by_case(rows).items():
         fastest = min(runs, key=lambda r: r["measured_epoch_s"])
         for r in runs:
-            mark = (" (chosen)" if r["chosen"] else "") + (" (fastest)" if r is fastest else "")
+            mark = ((" (chosen)" if r["chosen"] else "") + (" (fastest)" if r is fastest else "")
+                    + (" (first pass only)" if r.get("passes") == 1 and meta["passes"] > 1 else ""))
             lines.append(
                 f"| {name} | {','.join(r['strategies'])}{mark} | {'yes' if r['caches'] else 'no'} | "
                 f"{r['predicted_epoch_s'] * 1e3:.1f} | "
@@ -422,10 +435,56 @@ def _loadavg() -> str:
         return "unknown"
 
 
-def _chosen_cases(smoke: bool, extended: bool) -> list[GridCase]:
+def _chosen_cases(smoke: bool, extended: bool, patterns: str | None = None) -> list[GridCase]:
+    """The set's cases, those whose name matches one of `patterns` (comma-separated shell globs on
+    MODEL/GRAPH/WIDTHS/xWORKERS/BANDWIDTH, e.g. 'gin/*' or '*/x4/*,*/400mbit') when given."""
     if extended:
-        return EXTENDED_SMOKE if smoke else extended_cases()
-    return SMOKE if smoke else CASES
+        cases = EXTENDED_SMOKE if smoke else extended_cases()
+    else:
+        cases = SMOKE if smoke else CASES
+    if patterns:
+        globs = [g.strip() for g in patterns.split(",") if g.strip()]
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, g) for g in globs)]
+    return cases
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]], profiles: list[dict[str, Any]],
+                meta: dict[str, Any]) -> None:
+    """Every run as one JSON line, then each profile ({"profile": ...}) and the run's meta ({"meta": ...}):
+    what `--merge` makes a report of."""
+    with open(path, "w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, sort_keys=True) + "\n")
+        for p in profiles:
+            fh.write(json.dumps({"profile": p}, sort_keys=True) + "\n")
+        fh.write(json.dumps({"meta": meta}, sort_keys=True) + "\n")
+
+
+def read_jsonl(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows, profiles and metas of `write_jsonl` files (parts of a grid run separately)."""
+    rows, profiles, metas = [], [], []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if "profile" in obj:
+                profiles.append(obj["profile"])
+            elif "meta" in obj:
+                metas.append(obj["meta"])
+            else:
+                rows.append(obj)
+    return rows, profiles, metas
+
+
+def merged_meta(metas: list[dict[str, Any]], paths: Sequence[Path]) -> dict[str, Any]:
+    """One meta for a report of parts: their cases and walls summed, the first part's load before, the last's
+    after, the command that merged them."""
+    return {"command": "python benchmarks/cluster/grid.py --merge " + " ".join(map(str, paths))
+            + " (parts: " + "; ".join(f"`{m['command']}`" for m in metas) + ")",
+            "cases": sum(m["cases"] for m in metas), "epochs": metas[0]["epochs"], "passes": metas[0]["passes"],
+            "drop_after_first": metas[0].get("drop_after_first"), "wall_s": sum(m["wall_s"] for m in metas),
+            "cpus": metas[0]["cpus"], "load_before": metas[0]["load_before"], "load_after": metas[-1]["load_after"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,29 +499,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extended", action="store_true",
                     help=f"the extended grid instead ({len(extended_cases())} cases: GIN, GCNII x4, two more graph "
                          f"shapes; with --smoke {len(EXTENDED_SMOKE)} GIN cases)")
+    ap.add_argument("--cases", metavar="GLOB[,GLOB...]",
+                    help="only the cases whose name (MODEL/GRAPH/WIDTHS/xWORKERS/BANDWIDTH) matches a glob, e.g. "
+                         "'gin/*' or '*/x4/*'; a part's report goes to --results / --json only (--merge joins parts)")
+    ap.add_argument("--list", action="store_true", help="print the chosen cases' names and stop")
+    ap.add_argument("--drop-after-first", type=float, default=DROP_AFTER_FIRST, metavar="R",
+                    help="after the first pass, stop training assignments measured R or more times the fastest "
+                         "(never the planner's choice; 0: train every assignment every pass)")
+    ap.add_argument("--merge", nargs="+", metavar="FILE.jsonl",
+                    help="no runs: write the report (--results, default the set's RESULTS file) of parts' --json files")
     args = ap.parse_args(argv)
-    if refuse_without_requirements():
-        return 2
-    cases = _chosen_cases(args.smoke, args.extended)
-    results = Path(args.results) if args.results else (None if args.smoke else ROOT / "benchmarks" / (
-        "RESULTS-planner-extended.md" if args.extended else "RESULTS-planner.md"))
-    load_before, t0 = _loadavg(), time.monotonic()
-    rows, profiles = run_grid(cases, args.epochs, log=lambda line: print(line, flush=True), passes=args.passes)
-    meta = {"command": "python benchmarks/cluster/grid.py" + (" --extended" if args.extended else "")
-            + (" --smoke" if args.smoke else ""),
-            "cases": len(cases), "epochs": args.epochs, "passes": args.passes, "wall_s": time.monotonic() - t0,
-            "cpus": len(os.sched_getaffinity(0)), "load_before": load_before, "load_after": _loadavg()}
-    if args.json:
-        with open(args.json, "w") as fh:
-            for r in rows:
-                fh.write(json.dumps(r, sort_keys=True) + "\n")
+    cases = _chosen_cases(args.smoke, args.extended, args.cases)
+    if args.list:
+        print("\n".join(c.name for c in cases))
+        return 0
+    default = None if args.smoke or (args.cases and not args.merge) else ROOT / "benchmarks" / (
+        "RESULTS-planner-extended.md" if args.extended else "RESULTS-planner.md")
+    results = Path(args.results) if args.results else default
+    if args.merge:
+        rows, profiles, metas = read_jsonl([Path(p) for p in args.merge])
+        meta = merged_meta(metas, args.merge)
+    else:
+        if refuse_without_requirements():
+            return 2
+        load_before, t0 = _loadavg(), time.monotonic()
+        rows, profiles = run_grid(cases, args.epochs, log=lambda line: print(line, flush=True), passes=args.passes,
+                                  drop_after_first=args.drop_after_first or None)
+        meta = {"command": "python benchmarks/cluster/grid.py" + (" --extended" if args.extended else "")
+                + (" --smoke" if args.smoke else "") + (f" --cases '{args.cases}'" if args.cases else ""),
+                "cases": len(cases), "epochs": args.epochs, "passes": args.passes,
+                "drop_after_first": args.drop_after_first or None, "wall_s": time.monotonic() - t0,
+                "cpus": len(os.sched_getaffinity(0)), "load_before": load_before, "load_after": _loadavg()}
+    if args.json and not args.merge:
+        write_jsonl(Path(args.json), rows, profiles, meta)
     if results is not None and rows:
         results.write_text(report(rows, profiles, meta))
         plot(rows, results.with_suffix(".png"))
         print(f"wrote {results} and {results.with_suffix('.png')}")
     print(f"load average before {meta['load_before']}, after {meta['load_after']}; {meta['wall_s'] / 60:.1f} min")
     print(summary_line(summary(rows)))
-    return 0 if len(by_case(rows)) == len(cases) else 1
+    return 0 if args.merge or len(by_case(rows)) == len(cases) else 1
 
 
 if __name__ == "__main__":

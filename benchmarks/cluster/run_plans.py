@@ -19,6 +19,17 @@ in it (gat/sbm on 4 emulated hosts: 274 ms against 183 ms, for plans the
 planner priced alike), and the machine's speed drifts over seconds; a plan
 that runs first and then last, minutes apart, is measured on both.
 
+`--drop-after-first R` (the grid's default 2.5): after the first pass, a plan
+whose measured epoch (step + evaluation, the median of that pass's steady
+epochs) is R or more times the fastest plan's is not trained again; its
+figures are the first pass's. Why: such a plan can be neither the
+measured-fastest nor within 10% of it (the first-pass penalty above is at
+most 1.5x), and on slow links bcast1d's epochs are 3-10x everyone else's,
+so its later passes were most of a case's wall (RESULTS-planner.md: 1.05 of
+1.9 s per epoch of gcn/sbm/F<H/x2/400mbit's five plans). The first plan (the
+planner's choice, whose prediction the summary line judges) always runs
+every pass. Rank 0 decides; every rank follows (one broadcast).
+
 The emulated cluster starts it on every host (runner.run_plans).
 """
 from __future__ import annotations
@@ -58,11 +69,38 @@ def combined(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def train_each(cfg: DistConfig, jobs: list[tuple[str, DistJob]], passes: int = 1) -> list[dict[str, Any]] | None:
-    """Every plan's training run, `passes` times (`pass_order`); rank 0 returns their summaries (`combined`, in
-    the order of `jobs`; the others None)."""
+def steady_epoch(summary: dict[str, Any]) -> float:
+    """One pass's measured epoch of a plan: the median of its steady epochs' step plus evaluation."""
+    steady = summary["history"][1:] or summary["history"]
+    return statistics.median(r["time_s"] + r.get("eval_time_s", 0.0) for r in steady)
+
+
+def far_behind(first_pass: list[float], ratio: float | None) -> set[int]:
+    """The plans (indices) whose first-pass epoch is `ratio` or more times the fastest's; never the first plan
+    (the planner's choice). None or 0: none."""
+    if not ratio or not first_pass:
+        return set()
+    fastest = min(first_pass)
+    return {k for k, t in enumerate(first_pass) if k > 0 and t >= ratio * fastest}
+
+
+def train_each(cfg: DistConfig, jobs: list[tuple[str, DistJob]], passes: int = 1,
+               drop_after_first: float | None = None) -> list[dict[str, Any]] | None:
+    """Every plan's training run, `passes` times (`pass_order`), less the plans `far_behind` after the first pass;
+    rank 0 returns their summaries (`combined`, in the order of `jobs`; the others None)."""
     runs: list[list[dict[str, Any]]] = [[] for _ in jobs]
-    for k in pass_order(len(jobs), passes):
+    dropped: set[int] = set()
+    for n, k in enumerate(pass_order(len(jobs), passes)):
+        if n == len(jobs) and drop_after_first:  # the first pass is done: rank 0 says which plans stop
+            decided = [sorted(far_behind([steady_epoch(r[0]) for r in runs], drop_after_first))
+                       if cfg.rank == 0 else None]
+            if cfg.world_size > 1:
+                import torch.distributed as dist  # deferred: the group is up inside join_torchrun
+
+                dist.broadcast_object_list(decided, src=0)
+            dropped = set(decided[0])
+        if k in dropped:
+            continue
         name, job = jobs[k]
         forget_peak_rss()
         summary = worker(cfg, job)
@@ -78,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=1, help="train the plans this many times, every other pass "
                     "in reverse order; each plan's times are the medians over all passes")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a collective waits for its peers")
+    ap.add_argument("--drop-after-first", type=float, default=None, metavar="R",
+                    help="after the first pass, stop training plans measured R or more times the fastest "
+                    "(never the first plan)")
     ap.add_argument("plans", nargs="+")
     args = ap.parse_args(argv)
     if args.passes < 1:
@@ -87,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = api.Plan.load(path)
         cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, seed=0, progress=False)
         jobs.append((path, DistJob(str(plan.program), str(plan.shard_dir), cfg)))
-    results = join_torchrun(train_each, jobs, args.passes, timeout_s=args.timeout)
+    results = join_torchrun(train_each, jobs, args.passes, args.drop_after_first, timeout_s=args.timeout)
     if results is not None:
         for row in results:
             print(json.dumps(row, sort_keys=True), flush=True)
