@@ -18,7 +18,7 @@ from gnnc import api
 from gnnc.cluster import PRESET_NAMES, preset
 from gnnc.passes.cost.collectives import (all_gather_time, all_reduce_time, all_to_all_time, allreduce_payload,
                                           broadcast_time, grad_allreduce, reduce_scatter_time)
-from gnnc.passes.cost.compute import gemm_time, layer_parameters, spmm_time
+from gnnc.passes.cost.compute import gemm_time, halo_buffers, layer_parameters, spmm_time
 from gnnc.passes.cost.crossovers import crossover
 from gnnc.passes.cost.evaluation import compile_cost, CompiledCost, evaluate, evaluate_cost
 from gnnc.passes.cost.layouts import boundary, transition
@@ -453,11 +453,17 @@ def test_hybrid_dense_map_first_runs_on_the_recomputed_rows_inputs() -> None:
 
     def gemm(rows, layer):  # one forward dense map of `rows` rows at layer `layer`
         return float(evaluate(gemm_time(rows, d(layer), d(layer + 1)), inp)[0])
+    def buffers(rows, shape, layer):  # the halo's buffers over the rows a layer computes (compute.halo_buffers)
+        xw = sum(shape.exchanged_widths(layer))
+        return float(evaluate(halo_buffers(rows, xw, shape.exchange_grad, "f")
+                              + halo_buffers(rows, xw, shape.exchange_grad, "b"), inp)[0])
     # forward + backward (dW; dX too at layer 1, whose input needs a gradient)
     assert t(first, [0, 0], 1e6) - t(first, [0, 0], 0) == pytest.approx(2 * gemm(1e6, 0), rel=1e-6)
-    assert t(first, [1e6, 0], 0) - t(first, [0, 0], 0) == pytest.approx(3 * gemm(1e6, 1), rel=1e-6)
+    assert t(first, [1e6, 0], 0) - t(first, [0, 0], 0) == pytest.approx(
+        3 * gemm(1e6, 1) + buffers(1e6, first[0], 0), rel=1e-6)
     after = [LayerShape(gemm_first=False, input_grad=False), LayerShape(gemm_first=False)]
-    assert t(after, [1e6, 0], 0) - t(after, [0, 0], 0) == pytest.approx(2 * gemm(1e6, 0), rel=1e-6)
+    assert t(after, [1e6, 0], 0) - t(after, [0, 0], 0) == pytest.approx(
+        2 * gemm(1e6, 0) + buffers(1e6, after[0], 0), rel=1e-6)
 
 
 def test_segment_cost_dispatch() -> None:

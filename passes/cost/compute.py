@@ -107,6 +107,24 @@ def copy_time(elements: sympy.Expr, phase: str = "f") -> sympy.Expr:
     return elements * (T_copy_b if phase == "b" else T_copy_f)
 
 
+def halo_buffers(rows: sympy.Expr, width: sympy.Expr, with_grad: bool, phase: str) -> sympy.Expr:
+    """What a halo exchange's layer passes over `rows` rows of `width` whatever the rows moved (0 included), at
+    the copy rate: forward, its output rows, the aggregation summed part by part into one zero-filled buffer
+    (gnnc.runtime.parts.run_split; without overlap, the layer's rows concatenated with the halo's); backward, its
+    held (input) rows, the halo's gradient for them zero-filled before the mirror gradients are added
+    (gnnc.runtime.comm) and then added to the gradient they get from the layer's other readers: two passes.
+
+    Why priced: a Hybrid selection that caches every dependency exchanges no row, yet runs its halo and the
+    split aggregation around it, where DepCache runs one whole aggregation; priced as equal, Hybrid was chosen
+    at ties and measured slower (GIN, R-MAT dense 512 -> 32, 2 emulated hosts: 37 against 32 ms at 400 Mb/s,
+    issue 36 item 5). Timed on 2 ranks of one machine (GIN 32 -> 512 on a 16,000-vertex R-MAT, `gnnc run --nproc
+    2`, loaded: load 3.6-6.4): the empty halo's backward blocked 12-23 ms per epoch, the step's CPU 17-42 ms
+    more than DepCache's (~700 ms), about 5 passes over the held [10,000, 512] rows."""
+    if phase == "b":
+        return copy_time(2 * rows * width, "b") if with_grad else ZERO
+    return copy_time(rows * width, "f")
+
+
 def per_epoch(shape: LayerShape, exchange: sympy.Expr) -> sympy.Expr:
     """The time or bytes of exchanging a layer's aggregated value, per epoch: none when the aggregation is hoisted
     (its input is the graph's: every rank exchanges it in the first step and keeps the rows, gnnc.passes.hoist)."""

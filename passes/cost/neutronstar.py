@@ -18,8 +18,8 @@ from sympy import Symbol
 
 from gnnc.passes.cost.collectives import all_to_all_time, all_gather_time, any_moved
 from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_forward, compute_backward,
-                                      layer_memory, call_ops, copy_time, edge_ops, layer_ops, part_calls, per_epoch,
-                                      row_ops)
+                                      layer_memory, call_ops, copy_time, edge_ops, halo_buffers, layer_ops, part_calls,
+                                      per_epoch, row_ops)
 from gnnc.passes.cost.epoch import evaluation_of
 from gnnc.passes.cost.evaluation import CostValue, Overlay, compile_expr, numeric_function, table
 from gnnc.passes.cost.overlap import overlap_window, pipeline_dispatch, pipelined_window
@@ -89,8 +89,10 @@ def depcomm(layer: int, shape: LayerShape, overlap: bool = True, bins: int = 1, 
         window = overlap_window(exch, edge_work(E - E_r, "f"), edge_work(E_r, "f"), chunked, part_calls(layer, "f"))
     else:
         window = exch + edge_work(E, "f")
-    fwd = gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + per_epoch(shape, copy_time((S + B) * xw, "f")) + window
-    bwd_dense = compute_backward(layer, shape, gemm_rows, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
+    fwd = (gemm + row_ops(layer, V, V, "f") + call_ops(layer, "f") + per_epoch(shape, copy_time((S + B) * xw, "f"))
+           + per_epoch(shape, halo_buffers(V, xw, shape.exchange_grad, "f")) + window)
+    bwd_dense = (compute_backward(layer, shape, gemm_rows, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
+                 + per_epoch(shape, halo_buffers(V, xw, shape.exchange_grad, "b")))
     nbytes = per_epoch(shape, S * xw * b)
     if shape.exchange_grad:
         bwd = bwd_dense + copy_time((S + B) * xw, "b")
@@ -336,10 +338,15 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
             return exchange + local + remote
         return overlap_window(exchange, local, remote, chunked, part_calls(layer, phase))
 
+    # the halo's buffers span the rows the layer computes, V + RV (its input's gradient spans those recomputed one
+    # layer down too; the layer's own rows keep its price to its own symbols, as the planner evaluates a layer)
+    held = V + rv
     fwd = (dense_map_time(layer, shape, V) + row_ops(layer, V, V, "f")
            + call_ops(layer, "f") + per_epoch(shape, copy_time((cs + cr) * xw, "f"))
+           + per_epoch(shape, halo_buffers(held, xw, shape.exchange_grad, "f"))
            + window(exch, own_edges(E - E_r, "f") + recompute("f"), own_edges(E_r, "f"), "f"))
-    bwd = compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
+    bwd = (compute_backward(layer, shape, V, ZERO) + row_ops(layer, V, V, "b") + call_ops(layer, "b")
+           + per_epoch(shape, halo_buffers(held, xw, shape.exchange_grad, "b")))
     nbytes = per_epoch(shape, cs * xw * b)
     if shape.exchange_grad:
         bwd += copy_time((cs + cr) * xw, "b") + window(exch, own_edges(E - E_r, "b") + recompute("b"),
