@@ -24,6 +24,7 @@ import torch
 
 from gnnc.errors import GnncError
 from gnnc.graph import Graph, sorted_unique
+from gnnc.graph.store import release_pages
 from gnnc.plan.shard_files import read_assignment
 from gnnc.passes.partition.methods import METHODS, Method  # noqa: F401  (re-exported)
 
@@ -59,9 +60,10 @@ class PartitionInput:
 
     `undirected` is the symmetric adjacency METIS and G3 work on: every edge in
     both directions, self-loops and duplicates removed (CSR over vertices,
-    int64 `indptr` [N+1] and `indices`). For a graph whose edge set is already
+    int64 `indptr` [N+1] and `indices`, each row's neighbours increasing). For a graph whose edge set is already
     symmetric (all built-in datasets and generators), a vertex's neighbours
-    there are exactly its in-neighbours.
+    there are exactly its in-neighbours. int64 because that is METIS's idx_t in pymetis's wheels: METIS reads
+    these very arrays, where an int32 build would need an int64 copy beside it (8 bytes per entry more at the peak).
     """
 
     def __init__(self, graph: Graph):
@@ -74,22 +76,57 @@ class PartitionInput:
 
     @cached_property
     def in_degree(self) -> np.ndarray:
-        return np.bincount(self.graph.dst, minlength=self.num_nodes).astype(np.int64)
+        graph = self.graph
+        if ("csr", "plain") in graph._views:
+            # the in-CSR a store maps (or one built already): its row lengths are the in-degrees, N reads; a
+            # bincount of a store's dst would hold every destination's page resident (4-8 bytes per edge)
+            return np.diff(graph.csr("plain").indptr.numpy()).astype(np.int64)
+        return np.bincount(graph.dst, minlength=self.num_nodes).astype(np.int64)
 
 
-def undirected_adjacency(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
-    """(indptr, indices) of the symmetrised simple graph (see PartitionInput)."""
+EDGE_BLOCK = 1 << 21  # adjacency entries per block of the passes over a whole graph here and in metis (~40 bytes each)
+
+
+def undirected_adjacency(graph: Graph, block: int = EDGE_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr, indices) of the symmetrised simple graph (see PartitionInput), int64.
+
+    Built block by block of rows from the graph's in-edge CSR and its transpose (a store maps both; an in-memory
+    graph builds them once and keeps them, as its kernels do): a block's in- and out-neighbours, about `block`
+    entries, sorted and made unique as one key per entry (row in the block, neighbour), written where the block's
+    rows go. No array of the edges' length but the result: the edge list sorted whole, as before, held some 80
+    bytes per edge at its peak (the keys of both directions, their sorted copy, the rows, the indices), more than
+    METIS's own input. `indices` is the first nnz entries of an array sized for 2E (in plus out entries, the most
+    there can be): the pages past nnz are never written, so never resident.
+    """
     n = graph.num_nodes
-    src = graph.src.astype(np.int64)
-    dst = graph.dst.astype(np.int64)
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    keys = sorted_unique(np.concatenate([src * n + dst, dst * n + src]))
-    rows = keys // n
-    indices = keys - rows * n
+    csr = graph.csr("plain")
+    out = csr.transpose()
+    sides = [(csr.indptr.numpy(), csr.indices.numpy()), (out.indptr.numpy(), out.indices.numpy())]
+    # entries of rows 0..v-1 on both sides: a block is the rows whose entries fit in `block` (at least one row)
+    total = np.asarray(sides[0][0], dtype=np.int64) + np.asarray(sides[1][0], dtype=np.int64)
     indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return indptr, indices
+    indices = np.empty(int(total[-1]), dtype=np.int64)
+    filled = 0
+    lo = 0
+    while lo < n:
+        hi = min(max(int(np.searchsorted(total, total[lo] + block, side="right")) - 1, lo + 1), n)
+        keys = []
+        for ptr, idx in sides:
+            a, b = int(ptr[lo]), int(ptr[hi])
+            rows = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(np.asarray(ptr[lo:hi + 1])))
+            cols = np.asarray(idx[a:b], dtype=np.int64)
+            keep = rows != cols
+            keys.append((rows[keep] - lo) * n + cols[keep])
+        unique = sorted_unique(np.concatenate(keys))
+        del keys
+        rows = unique // n
+        indices[filled:filled + len(unique)] = unique - rows * n
+        np.cumsum(np.bincount(rows, minlength=hi - lo), out=indptr[lo + 1:hi + 1])
+        indptr[lo + 1:hi + 1] += filled
+        filled += len(unique)
+        release_pages(graph)  # a store's CSR pages of this block: read once
+        lo = hi
+    return indptr, indices[:filled]
 
 
 def partition_graph(graph: Graph, parts: int, method: str, seed: int = 0, **opts: Any) -> Partition:
@@ -188,9 +225,12 @@ def estimate_peak_memory(graph: Graph, parts: int, method: str, baseline_bytes: 
 
     `baseline_bytes`: what the process holds already, the loaded graph
     included (the CLI passes its RSS so far); without it, the graph's own
-    arrays. On top of that, per method: the symmetric adjacency and the sort
-    that builds it (METIS, G3: 2E int64 keys sorted, then 2E indices), METIS's
-    copies and coarsening levels (about five times its input), G3's per-part
+    arrays. On top of that, per method: the symmetric adjacency (METIS, G3: at
+    most 2E int64 indices, built in blocks), METIS's own memory (its edge
+    weights and coarsening levels: 99-108 bytes per adjacency entry measured with
+    pymetis's 64-bit idx_t on the products-like R-MAT at 10-21M entries,
+    benchmarks/metis_memory.py; taken as 112 on the 2E bound, so an overestimate
+    for a graph whose edge list holds both directions already), G3's per-part
     neighbour counts (parts x N int32), and the statistics pass that follows
     (a few int64 arrays per edge, an N x parts depth table).
     """
@@ -199,8 +239,8 @@ def estimate_peak_memory(graph: Graph, parts: int, method: str, baseline_bytes: 
         baseline_bytes = graph.src.nbytes + graph.dst.nbytes + n * f * 4 + n * 8 + 3 * n
     per_vertex = 8 * 4 * n  # assignment, degrees, positions, masks
     stats = 8 * 6 * e + (8 + 2 + 4) * n * parts
-    adjacency = 8 * (2 * e) * 2 + 8 * (n + 1)
-    metis = 5 * 8 * (2 * e + 3 * n)
+    adjacency = 8 * (2 * e) + 8 * (n + 1)
+    metis = 112 * (2 * e) + 5 * 8 * 3 * n
     extra = {
         "hash": 0,
         "chunk": 0,

@@ -23,24 +23,35 @@ from typing import Any
 import numpy as np
 
 from gnnc.errors import GnncError
-from gnnc.passes.partition.core import PartitionInput
+from gnnc.graph.store import release_pages
+from gnnc.passes.partition.core import EDGE_BLOCK, PartitionInput
 from gnnc.graph import sorted_unique
 
 OBJECTIVES = ("cut", "vol")
 CONSTRAINTS = ("vertices", "vertices+degree")
+MATCHINGS = {"rm": 0, "shem": 1}  # METIS_CTYPE_RM, METIS_CTYPE_SHEM (metis.h)
 METIS_OK = 1
 METIS_NOPTIONS = 40  # size of METIS 5's options array (METIS_NOPTIONS in metis.h)
 
 
 def run(inp: PartitionInput, parts: int, seed: int, objective: str = "cut", constraints: str = "vertices",
-        ufactor: int = 30, recursive: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
-    """METIS on the symmetrised graph. ufactor: allowed imbalance in 1/1000 (30 = 3%, METIS's default)."""
+        ufactor: int = 30, recursive: bool = False, matching: str = "shem") -> tuple[np.ndarray, dict[str, Any]]:
+    """METIS on the symmetrised graph. ufactor: allowed imbalance in 1/1000 (30 = 3%, METIS's default).
+
+    matching: METIS's coarsening (METIS_OPTION_CTYPE): "shem", heavy-edge matching, METIS's default, or "rm",
+    random matching, both METIS's own. Measured on the products-like R-MAT (benchmarks/RESULTS-scale.md, session
+    24): into 8 parts "rm" held less of METIS's memory (81 against 99 bytes per adjacency entry at 10M entries,
+    89 against 108 at 21M) and cut fewer edges; into 2 it held more (106 against 97 at 21M). Not the default:
+    every split made so far is heavy-edge matching's.
+    """
     if objective not in OBJECTIVES:
         raise GnncError(f"metis: objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
     if constraints not in CONSTRAINTS:
         raise GnncError(f"metis: constraints must be one of {', '.join(CONSTRAINTS)}, got '{constraints}'")
     if recursive and (objective != "cut" or constraints != "vertices"):
         raise GnncError("metis: recursive bisection only supports objective='cut' with constraints='vertices'")
+    if matching not in MATCHINGS:
+        raise GnncError(f"metis: matching must be one of {', '.join(MATCHINGS)}, got '{matching}'")
     indptr, indices = inp.undirected
     n = inp.num_nodes
     degree = inp.in_degree
@@ -50,14 +61,20 @@ def run(inp: PartitionInput, parts: int, seed: int, objective: str = "cut", cons
         objective_value = 0
     elif constraints == "vertices+degree":
         weights = np.stack([np.ones(n, dtype=np.int64), degree], axis=1)
-        assignment, objective_value = metis_kway(indptr, indices, parts, weights, objective, seed, ufactor)
+        assignment, objective_value = metis_kway(indptr, indices, parts, weights, objective, seed, ufactor,
+                                                 matching)
     else:
         import pymetis
 
         options = pymetis.Options(seed=seed, ufactor=ufactor,
                                   objtype=int(pymetis.ObjType.VOL if objective == "vol" else pymetis.ObjType.CUT))
+        if matching != "shem":  # unset, METIS's default (SHEM): the options every earlier split ran with
+            options.ctype = MATCHINGS[matching]
         idx = _idx_dtype()
-        result = pymetis.part_graph(parts, adjacency=pymetis.CSRAdjacency(indptr.astype(idx), indices.astype(idx)),
+        release_pages(inp.graph)  # a store's pages read so far: METIS's peak is the process's
+        # np.asarray, not astype: the symmetric CSR is already METIS's idx_t (int64), and astype copied it
+        result = pymetis.part_graph(parts, adjacency=pymetis.CSRAdjacency(np.asarray(indptr, dtype=idx),
+                                                                          np.asarray(indices, dtype=idx)),
                                     recursive=recursive, options=options)
         assignment = np.asarray(result.vertex_part, dtype=np.int64)
         objective_value = int(result.edge_cuts)
@@ -66,6 +83,7 @@ def run(inp: PartitionInput, parts: int, seed: int, objective: str = "cut", cons
     load = np.bincount(assignment, weights=degree, minlength=parts)
     return assignment, {
         "objective": objective,
+        **({"matching": matching} if matching != "shem" else {}),
         "constraints": constraints,
         "objective_value": int(objective_value),
         "edge_cut": cut,
@@ -77,19 +95,39 @@ def run(inp: PartitionInput, parts: int, seed: int, objective: str = "cut", cons
 
 def cut_and_volume(indptr: np.ndarray, indices: np.ndarray, assignment: np.ndarray) -> tuple[int, int]:
     """Undirected edges between parts, and sum over vertices of the other parts among their neighbours."""
-    rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
-    cut = int(np.count_nonzero(assignment[rows] != assignment[indices])) // 2
-    return cut, int(remote_sizes(indptr, indices, assignment, int(assignment.max()) + 1).sum())
+    cut, remote = _cross(indptr, indices, assignment, int(assignment.max()) + 1)
+    return cut, int(remote.sum())
 
 
 def remote_sizes(indptr: np.ndarray, indices: np.ndarray, assignment: np.ndarray, parts: int) -> np.ndarray:
     """|B_i| per part over the symmetric graph: the distinct neighbours of part i's vertices outside i."""
+    return _cross(indptr, indices, assignment, parts)[1]
+
+
+def _cross(indptr: np.ndarray, indices: np.ndarray, assignment: np.ndarray, parts: int,
+           block: int = EDGE_BLOCK) -> tuple[int, np.ndarray]:
+    """(undirected edges between parts, |B_i| per part) in one pass over blocks of rows of the symmetric CSR.
+
+    Row u (a neighbour of its entries' vertices) is remote to part i when one of its neighbours is in i and u
+    is not: distinct (row, part) pairs, so a block of rows counts its own pairs and no pair spans two blocks.
+    Each block's temporaries are about `block` entries: the whole pass held [entries]-long rows, masks and keys
+    in int64, more than METIS's input, after METIS.
+    """
     n = len(indptr) - 1
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-    cross = assignment[rows] != assignment[indices]
-    # row u (a neighbour of indices' vertex v) is remote to v's part: distinct (part, u) pairs
-    keys = sorted_unique(assignment[indices[cross]] * n + rows[cross])
-    return np.bincount(keys // n, minlength=parts).astype(np.int64)
+    cut = 0
+    remote = np.zeros(parts, dtype=np.int64)
+    lo = 0
+    while lo < n:
+        hi = min(max(int(np.searchsorted(indptr, indptr[lo] + block, side="right")) - 1, lo + 1), n)
+        a, b = int(indptr[lo]), int(indptr[hi])
+        rows = np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(indptr[lo:hi + 1]))
+        other = assignment[indices[a:b]]
+        cross = assignment[lo:hi][rows] != other
+        cut += int(np.count_nonzero(cross))
+        keys = sorted_unique(rows[cross] * parts + other[cross])
+        remote += np.bincount(keys % parts, minlength=parts)
+        lo = hi
+    return cut // 2, remote
 
 
 def _idx_dtype() -> np.dtype:
@@ -100,7 +138,7 @@ def _idx_dtype() -> np.dtype:
 
 
 def metis_kway(indptr: np.ndarray, indices: np.ndarray, parts: int, weights: np.ndarray, objective: str,
-               seed: int, ufactor: int) -> tuple[np.ndarray, int]:
+               seed: int, ufactor: int, matching: str = "shem") -> tuple[np.ndarray, int]:
     """METIS_PartGraphKway with ncon = weights.shape[1] constraints; (assignment, objective value).
 
     Called through ctypes on the METIS that pymetis bundles, because pymetis
@@ -123,6 +161,8 @@ def metis_kway(indptr: np.ndarray, indices: np.ndarray, parts: int, weights: np.
     options[names.OBJTYPE] = 1 if objective == "vol" else 0  # METIS_OBJTYPE_VOL / _CUT
     options[names.SEED] = seed
     options[names.UFACTOR] = ufactor
+    if matching != "shem":
+        options[names.CTYPE] = MATCHINGS[matching]
     options[names.NUMBERING] = 0
     n = len(indptr) - 1
     xadj = np.ascontiguousarray(indptr, dtype=idx)
