@@ -87,3 +87,10 @@ def test_a_plan_far_behind_after_the_first_pass_is_not_trained_again(monkeypatch
     seconds["chosen"], seconds["slow"] = 0.10, 0.30
     run_plans.train_each(cfg, jobs, passes=4)
     assert trained.count("slow") == 4
+
+
+def test_a_plan_predicted_long_trains_fewer_epochs_a_pass_never_under_three_timed() -> None:
+    # the grid's default: 10 s a pass; 6 epochs (a warm-up and 5 timed) unless predicted above 2 s
+    assert [run_plans.epochs_for(t, 6, 10.0) for t in (0.03, 1.2, 2.0, 2.6, 3.7, 19.0)] == [6, 6, 6, 5, 4, 4]
+    assert run_plans.epochs_for(3.7, 6, None) == 6 and run_plans.epochs_for(None, 6, 10.0) == 6
+    assert run_plans.epochs_for(50.0, 3, 10.0) == 3  # never more than asked for

@@ -15,7 +15,8 @@ hosts, four times, every other time in reverse order (runner.run_plans: one
 torchrun job per case); an assignment measured 2.5x or more slower than the
 fastest in the first pass is not trained again (run_plans.py
 --drop-after-first: it can be neither the fastest nor within 10% of it),
-the planner's choice always is. Every run's measured epoch (its training step plus
+the planner's choice always is; one predicted above 2 s an epoch trains
+ceil(10 s / its epoch) + 1 epochs a pass, at least 4 (--pass-seconds). Every run's measured epoch (its training step plus
 the evaluation after it, the median over the passes of the epochs after each
 pass's first), bytes (the step's and the evaluation's exchanges, every rank) and
 peak memory (the largest rank's) stand beside what its plan predicts
@@ -71,6 +72,10 @@ EPOCHS = 6
 PASSES = 4
 # after the first pass, assignments measured this many times the fastest or more are not trained again (run_plans.py)
 DROP_AFTER_FIRST = 2.5
+# a plan predicted to take long trains ceil(PASS_SECONDS / its epoch) + 1 epochs a pass, at least 4 (run_plans.py):
+# only plans predicted above 2 s an epoch run fewer than EPOCHS (none of the base grid's; the extended grid's GCNII x4
+# on the sparse SBM at width 512, 2.6-4.5 s predicted, whose three cases were ~80% of its epochs)
+PASS_SECONDS = 10.0
 GRAPHS = {
     "rmat": "rmat:n=16000,deg=8,features={f},classes=8,seed=0",
     "sbm": "sbm:n=16000,blocks=8,deg=10,intra=0.7,features={f},classes=8,seed=0",
@@ -166,7 +171,8 @@ def assignments(plan: Any) -> list[str | None]:
 
 def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: Path, epochs: int,
              loaded: dict[str, Any], passes: int = PASSES,
-             drop_after_first: float | None = DROP_AFTER_FIRST) -> list[dict[str, Any]]:
+             drop_after_first: float | None = DROP_AFTER_FIRST,
+             pass_seconds: float | None = PASS_SECONDS) -> list[dict[str, Any]]:
     """Compile every assignment of `case` and train them on `cluster`: one row per assignment, the planner's
     choice first (marked `chosen`)."""
     from gnnc import api  # deferred, as above
@@ -186,7 +192,7 @@ def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: P
         dirs.append(path)
         plans.append(plan)
     runs = run_plans(cluster, dirs, epochs, run_id=f"gnnc-grid-{os.getpid()}-{abs(hash(case.name)) % 10**8}",
-                     passes=passes, drop_after_first=drop_after_first)
+                     passes=passes, drop_after_first=drop_after_first, pass_seconds=pass_seconds)
     spec = Case(str(ROOT / "examples" / f"{case.model}.gnn"), case.graph_spec, case.bandwidth, case.workers,
                 sets=tuple(f"{k}={v}" for k, v in case.sets.items()), epochs=epochs, name=case.name)
     rows = []
@@ -198,7 +204,8 @@ def run_case(case: GridCase, cluster: EmulatedCluster, profile: Path, workdir: P
 
 
 def run_grid(cases: Sequence[GridCase], epochs: int, log=print, passes: int = PASSES,
-             drop_after_first: float | None = DROP_AFTER_FIRST) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+             drop_after_first: float | None = DROP_AFTER_FIRST,
+             pass_seconds: float | None = PASS_SECONDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every case, grouped by worker count (one cluster each) and bandwidth (one network probe each).
     Returns (rows, profiles measured)."""
     rows: list[dict[str, Any]] = []
@@ -230,7 +237,7 @@ def run_grid(cases: Sequence[GridCase], epochs: int, log=print, passes: int = PA
                         work = Path(tmp) / case.name.replace("/", "_")
                         try:
                             got = run_case(case, cluster, profile, work, epochs, loaded, passes,
-                                           drop_after_first)
+                                           drop_after_first, pass_seconds)
                         except CaseFailed as err:
                             log(f"{case.name}: FAILED: {err}")
                             continue
@@ -367,7 +374,10 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
              f"{meta['epochs']} epochs on the emulated hosts, {meta['passes']} times (every other time in reverse "
              "order, in one torchrun job; an assignment measured "
              f"{meta.get('drop_after_first') or 'any number of'} times the fastest or more in the first pass is "
-             "trained that once, marked 'first pass only'); measured = the median, over the passes, of the epochs after each pass's "
+             "trained that once, marked 'first pass only'"
+             + (f"; one predicted above {meta['pass_seconds'] / 5:g} s an epoch trains ceil({meta['pass_seconds']:g} s "
+                "/ its predicted epoch) + 1 epochs a pass, at least 4, its timed epochs in the table"
+                if meta.get("pass_seconds") else "") + "); measured = the median, over the passes, of the epochs after each pass's "
              "first of the training step plus the evaluation's forward pass after it (the slowest rank's step and "
              "evaluation; the all-reduce of the epoch's counts after them is in neither side); predicted = the "
              "plan's schedule (the same two parts). Bytes: what every "
@@ -416,7 +426,9 @@ def report(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], meta: dic
         fastest = min(runs, key=lambda r: r["measured_epoch_s"])
         for r in runs:
             mark = ((" (chosen)" if r["chosen"] else "") + (" (fastest)" if r is fastest else "")
-                    + (" (first pass only)" if r.get("passes") == 1 and meta["passes"] > 1 else ""))
+                    + (" (first pass only)" if r.get("passes") == 1 and meta["passes"] > 1 else "")
+                    + (f" ({r['epochs_timed']} epochs timed)" if r.get("epochs_timed") and r["epochs_timed"]
+                       < (meta["epochs"] - 1) * r.get("passes", meta["passes"]) else ""))
             lines.append(
                 f"| {name} | {','.join(r['strategies'])}{mark} | {'yes' if r['caches'] else 'no'} | "
                 f"{r['predicted_epoch_s'] * 1e3:.1f} | "
@@ -483,7 +495,8 @@ def merged_meta(metas: list[dict[str, Any]], paths: Sequence[Path]) -> dict[str,
     return {"command": "python benchmarks/cluster/grid.py --merge " + " ".join(map(str, paths))
             + " (parts: " + "; ".join(f"`{m['command']}`" for m in metas) + ")",
             "cases": sum(m["cases"] for m in metas), "epochs": metas[0]["epochs"], "passes": metas[0]["passes"],
-            "drop_after_first": metas[0].get("drop_after_first"), "wall_s": sum(m["wall_s"] for m in metas),
+            "drop_after_first": metas[0].get("drop_after_first"), "pass_seconds": metas[0].get("pass_seconds"),
+            "wall_s": sum(m["wall_s"] for m in metas),
             "cpus": metas[0]["cpus"], "load_before": metas[0]["load_before"], "load_after": metas[-1]["load_after"]}
 
 
@@ -506,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop-after-first", type=float, default=DROP_AFTER_FIRST, metavar="R",
                     help="after the first pass, stop training assignments measured R or more times the fastest "
                          "(never the planner's choice; 0: train every assignment every pass)")
+    ap.add_argument("--pass-seconds", type=float, default=PASS_SECONDS, metavar="S",
+                    help="an assignment predicted to take long trains ceil(S / its epoch) + 1 epochs a pass, at least "
+                         "4 (0: --epochs each)")
     ap.add_argument("--merge", nargs="+", metavar="FILE.jsonl",
                     help="no runs: write the report (--results, default the set's RESULTS file) of parts' --json files")
     args = ap.parse_args(argv)
@@ -524,11 +540,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         load_before, t0 = _loadavg(), time.monotonic()
         rows, profiles = run_grid(cases, args.epochs, log=lambda line: print(line, flush=True), passes=args.passes,
-                                  drop_after_first=args.drop_after_first or None)
+                                  drop_after_first=args.drop_after_first or None,
+                                  pass_seconds=args.pass_seconds or None)
         meta = {"command": "python benchmarks/cluster/grid.py" + (" --extended" if args.extended else "")
                 + (" --smoke" if args.smoke else "") + (f" --cases '{args.cases}'" if args.cases else ""),
                 "cases": len(cases), "epochs": args.epochs, "passes": args.passes,
-                "drop_after_first": args.drop_after_first or None, "wall_s": time.monotonic() - t0,
+                "drop_after_first": args.drop_after_first or None, "pass_seconds": args.pass_seconds or None,
+                "wall_s": time.monotonic() - t0,
                 "cpus": len(os.sched_getaffinity(0)), "load_before": load_before, "load_after": _loadavg()}
     if args.json and not args.merge:
         write_jsonl(Path(args.json), rows, profiles, meta)

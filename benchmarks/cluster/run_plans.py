@@ -30,23 +30,45 @@ so its later passes were most of a case's wall (RESULTS-planner.md: 1.05 of
 planner's choice, whose prediction the summary line judges) always runs
 every pass. Rank 0 decides; every rank follows (one broadcast).
 
+`--pass-seconds S` (the grid's default 10): a plan whose own predicted
+epoch (its plan.json's schedule, the same on every rank) is long trains
+ceil(S / epoch) + 1 epochs a pass, at least `MIN_EPOCHS` and at most
+`--epochs`: still the median of 3 or more steady epochs a pass, over every
+pass, where an epoch of seconds is long beside the jitter the passes'
+medians smooth. Only plans predicted above S / 5 seconds run fewer: in the
+extended grid GCNII x4 on the 32,000-vertex SBM at width 512 (2.6-4.5 s
+predicted a plan), whose three cases were about 80% of the grid's epochs.
+
 The emulated cluster starts it on every host (runner.run_plans).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from typing import Any
 
 from gnnc import api
+from gnnc.inspect_plan import predicted_epoch
 from gnnc.runtime.distributed import DistJob
 from gnnc.runtime.launch import DistConfig, end_joined_rank, join_torchrun
 from gnnc.host import use_huge_pages
 from gnnc.runtime.metrics import forget_peak_rss
 from gnnc.runtime.rank_worker import worker
 from gnnc.runtime.train import TrainConfig
+
+
+MIN_EPOCHS = 4  # a warm-up and 3 timed epochs per pass
+
+
+def epochs_for(predicted_s: float | None, epochs: int, pass_seconds: float | None) -> int:
+    """Epochs a pass trains a plan predicted to take `predicted_s` per epoch: ceil(pass_seconds / predicted_s) + 1,
+    between MIN_EPOCHS and `epochs` (all `epochs` without a prediction or `pass_seconds`)."""
+    if not pass_seconds or not predicted_s or predicted_s <= 0:
+        return epochs
+    return max(min(MIN_EPOCHS, epochs), min(epochs, math.ceil(pass_seconds / predicted_s) + 1))
 
 
 def pass_order(plans: int, passes: int) -> list[int]:
@@ -119,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop-after-first", type=float, default=None, metavar="R",
                     help="after the first pass, stop training plans measured R or more times the fastest "
                     "(never the first plan)")
+    ap.add_argument("--pass-seconds", type=float, default=None, metavar="S",
+                    help="a plan predicted to take long trains ceil(S / its epoch) + 1 epochs a pass (at least "
+                    f"{MIN_EPOCHS}, at most --epochs)")
     ap.add_argument("plans", nargs="+")
     args = ap.parse_args(argv)
     if args.passes < 1:
@@ -126,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = []
     for path in args.plans:
         plan = api.Plan.load(path)
-        cfg = TrainConfig.resolve(plan.program, epochs=args.epochs, seed=0, progress=False)
+        epochs = epochs_for(predicted_epoch(plan)["epoch_time_s"], args.epochs, args.pass_seconds)
+        cfg = TrainConfig.resolve(plan.program, epochs=epochs, seed=0, progress=False)
         jobs.append((path, DistJob(str(plan.program), str(plan.shard_dir), cfg)))
     results = join_torchrun(train_each, jobs, args.passes, args.drop_after_first, timeout_s=args.timeout)
     if results is not None:

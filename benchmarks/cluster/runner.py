@@ -132,11 +132,13 @@ def replicates(plan: Any) -> bool:
 
 def run_plans(cluster: EmulatedCluster, plans: list[Path], epochs: int, nproc_per_host: int = 1,
               timeout_s: float = 1800.0, run_id: str = "gnnc-plans", passes: int = 1,
-              drop_after_first: float | None = None) -> list[dict[str, Any]]:
+              drop_after_first: float | None = None, pass_seconds: float | None = None) -> list[dict[str, Any]]:
     """Train `plans` one after another in one torchrun job on `cluster`, `passes` times (every other pass in
     reverse order: run_plans.py), after the first pass only those within `drop_after_first` times the fastest
-    (and the first plan); rank 0's summary of each, in order (its `passes`: how many it ran)."""
+    (and the first plan), each for `epochs` a pass or, with `pass_seconds`, fewer where its predicted epoch is long
+    (run_plans.epochs_for); rank 0's summary of each, in order (its `passes`: how many it ran)."""
     drop = ["--drop-after-first", str(drop_after_first)] if drop_after_first else []
+    drop += ["--pass-seconds", str(pass_seconds)] if pass_seconds else []
     results = cluster.run_torchrun([str(RUN_PLANS), "--epochs", str(epochs), "--passes", str(passes), *drop,
                                     *map(str, plans)], nproc_per_host, timeout_s=timeout_s, run_id=run_id)
     status, stdout, stderr = results[0]
@@ -152,7 +154,7 @@ def measured(run: dict[str, Any]) -> dict[str, Any]:
     return {"epoch_s": run["epoch_time_s"] + run["eval_time_s"], "step_s": run["epoch_time_s"],
             "eval_s": run["eval_time_s"], "bytes": run["bytes_sent_per_epoch"],
             "eval_bytes": run["eval_bytes_sent_per_epoch"], "peak_rss_bytes": run["peak_rss_bytes"],
-            "test_acc": run["test_acc"], "passes": run.get("passes", 1)}
+            "test_acc": run["test_acc"], "passes": run.get("passes", 1), "epochs_timed": run.get("epochs_timed")}
 
 
 def row(case: Case, predicted: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +170,7 @@ def row(case: Case, predicted: dict[str, Any], run: dict[str, Any]) -> dict[str,
             "predicted_eval_bytes": predicted["eval_bytes"], "measured_eval_bytes": got["eval_bytes"],
             "planner_bytes": predicted["planner_bytes"],
             "predicted_memory_bytes": predicted["peak_memory_bytes"], "measured_peak_rss_bytes": got["peak_rss_bytes"],
-            "test_acc": got["test_acc"], "passes": got["passes"]}
+            "test_acc": got["test_acc"], "passes": got["passes"], "epochs_timed": got["epochs_timed"]}
 
 
 def run_case(case: Case, profile: Path, workdir: Path | None = None, timeout_s: float = 1800.0) -> dict[str, Any]:
