@@ -120,7 +120,7 @@ def halo_buffers(rows: sympy.Expr, width: sympy.Expr, with_grad: bool, phase: st
     issue 36 item 5). Timed on 2 ranks of one machine (GIN 32 -> 512 on a 16,000-vertex R-MAT, `gnnc run --nproc
     2`, loaded: load 3.6-6.4, three alternating pairs): the empty halo's backward blocked 5-23 ms per epoch, the
     step's CPU per rank -2 to +42 ms (median +17) beside DepCache's ~650-700 ms: a few passes over the held
-    [~10,000, 512] rows, which this term prices at ~10 ms there."""
+    [~10,000, 512] rows; this term prices 3 x 10,000 x 512 copies there (15 ms at 1 ns a copy)."""
     if phase == "b":
         return copy_time(2 * rows * width, "b") if with_grad else ZERO
     return copy_time(rows * width, "f")
