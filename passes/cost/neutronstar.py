@@ -405,6 +405,11 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
     valued = {name for values in named for name in values}  # the names any selection has a value of
 
     missing = np.full(p, np.nan)
+    # The selections' per-layer symbols (CR, CS, RV, RE of each layer) side by side, when every selection came
+    # from `hybrid_values` (its `HybridValues.dense` arrays): [kind, selection, worker, model layer], NaN where a
+    # selection has no such layer (as `missing`). A layer's column for all of its selections is then one
+    # indexing, where stacking one row per (selection, symbol) was O(L²) Python calls for a deep model's spans.
+    dense = _dense_columns(selections, p, top)
 
     def row(value: Any) -> np.ndarray:
         """A selection's value of one symbol as one float64 entry per worker (`hybrid_values` makes them so)."""
@@ -418,7 +423,9 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
         gathered from every selection's values (O(L) names each: O(L³) over a deep model's spans)."""
         read = {s.name for e in exprs for s in numeric_function(e)[1]} & valued
         names = [name for name in read if any(name in named[i] for i in which)]
-        return Overlay(base, {name: np.stack([row(named[i].get(name, missing)) for i in which], axis=1)
+        return Overlay(base, {name: (np.ascontiguousarray(dense[0][dense[1][name]][which].T)
+                                     if dense is not None and name in dense[1]
+                                     else np.stack([row(named[i].get(name, missing)) for i in which], axis=1))
                               for name in names})
 
     def run(expr: sympy.Expr, grid: Mapping[str, Any], cols: int) -> np.ndarray:
@@ -456,13 +463,41 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
     return out
 
 
+class HybridValues(dict):
+    """`hybrid_values`' table of symbol values (a dict like any other, read-only: `dense` is what its per-layer
+    entries are columns of), with the arrays it was read from: `dense` = (start, [workers, layers] arrays of CR,
+    CS, RV, RE), for `hybrid_values_of` to read a layer's values of many selections at once."""
+
+    dense: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _dense_columns(selections: Sequence[tuple[int, int, Mapping[Symbol, Any]]], p: int,
+                   top: int) -> tuple[np.ndarray, dict[str, tuple[int, slice, slice, int]]] | None:
+    """`hybrid_values_of`'s per-layer symbols of every selection: ([kind, selection, worker, layer] array, {symbol
+    name: (kind, all selections, layer)}), or None unless every selection is a `HybridValues` of its span."""
+    arrays = []
+    for start, end, extra in selections:
+        dense = getattr(extra, "dense", None)
+        if dense is None or dense[0] != start or any(a.shape != (p, end - start) for a in dense[1:]):
+            return None
+        arrays.append(dense[1:])
+    out = np.full((4, len(selections), p, top), np.nan)
+    for i, ((start, end, _), kinds) in enumerate(zip(selections, arrays)):
+        for k, a in enumerate(kinds):
+            out[k, i, :, start:end] = a
+    names = {sym(layer).name: (k, slice(None), slice(None), layer)
+             for layer in range(top) for k, sym in enumerate((comm_rows, comm_sent, recompute_rows, recompute_edges))}
+    return out, names
+
+
 def hybrid_values(start: int, comm_received: np.ndarray, comm_sent_rows: np.ndarray, rec_rows: np.ndarray,
                   rec_edges: np.ndarray, replicated: np.ndarray) -> dict[Symbol, np.ndarray]:
     """Symbol values of a Hybrid selection for `hybrid(start, ...)`: arrays [workers, layers] (layer
-    m of the segment is model layer start+m) and the replicated input rows [workers]."""
-    out: dict[Symbol, np.ndarray] = {RX: np.asarray(replicated, np.float64)}
+    m of the segment is model layer start+m) and the replicated input rows [workers]. A `HybridValues`."""
+    out: dict[Symbol, np.ndarray] = HybridValues({RX: np.asarray(replicated, np.float64)})
     received, sent, rows, edges = (np.asarray(a, np.float64) for a in (comm_received, comm_sent_rows, rec_rows,
                                                                          rec_edges))
+    out.dense = (start, received, sent, rows, edges)
     for m in range(np.shape(comm_received)[1]):
         layer = start + m
         out[comm_rows(layer)] = received[:, m]
