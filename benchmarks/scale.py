@@ -20,6 +20,11 @@ Steps (`--steps`, comma-separated; default all, in this order), each in its own 
   `--products-fraction` (default: ten times `--fraction`, at most 1), generated and converted alike; METIS and
   Fennel into 2, 4 and 8 parts side by side (METIS's split into 8 written as `gnnc partition -o` writes it); `gnnc
   compile` of GraphSAGE for 8 workers after partitioning (`--partition-from` that split), timed by phase.
+* `products-partition`: the must-show's partition row alone: the products-like graph generated and converted (as
+  `products`), then METIS and Fennel into 2, 4 and 8 parts, each in its own process under the watchdog (a METIS
+  killed at --limit-gib is a row "out of memory at N GiB", and the next one runs), side by side in one table:
+  time, peak, edge cut, balance (`--metis-matching rm`: METIS's random matching; `--products-symmetric`: the
+  graph undirected, as ogbn-products is, each drawn pair written both ways).
 * `plan`: the full papers100M on paper (the method is written beside the figures).
 
 Each step runs under a watchdog that reads its process tree's resident memory (and every process's VmHWM, its
@@ -70,7 +75,7 @@ BLOCK = 1 << 20  # vertices or edges generated and written at once
 FANOUT, BATCH, HIDDEN = "15,10,5", 1024, 256
 WORKERS = (16, 32, 64)
 PRESETS = ("dgx-a100", "cpu-cluster")
-STEPS = ("generate", "convert", "fennel", "sage1", "sage2", "products", "plan")
+STEPS = ("generate", "convert", "fennel", "sage1", "sage2", "products", "products-partition", "plan")
 SAGE3 = """# GraphSAGE, three layers (fan-out 15,10,5), written by benchmarks/scale.py
 layer SAGE(in, out) {
   scatter   m = src.h
@@ -145,8 +150,12 @@ class NpyStream:
 
 
 def generate_ogb(out: Path, n: int, e: int, features: int, classes: int, split: tuple[float, float, float],
-                 seed: int = 0) -> dict[str, Any]:
-    """An OGB node-property directory in OGB's binary layout (papers100M's), written streaming."""
+                 seed: int = 0, symmetric: bool = False) -> dict[str, Any]:
+    """An OGB node-property directory in OGB's binary layout (papers100M's), written streaming.
+
+    symmetric: e // 2 R-MAT pairs, each written in both directions (a block's pairs, then the same pairs
+    reversed), as ogbn-products' edge list holds its 61.9M undirected edges (123.7M directed); otherwise e
+    directed R-MAT edges, whose symmetric graph (METIS's input) has about 1.7 e entries, not e."""
     if out.exists():
         shutil.rmtree(out)
     raw = out / "raw"
@@ -156,11 +165,15 @@ def generate_ogb(out: Path, n: int, e: int, features: int, classes: int, split: 
     with zipfile.ZipFile(raw / "data.npz", "w", zipfile.ZIP_STORED, allowZip64=True) as z:
         # edge_index [2, E] is row-major: every source, then every destination (each drawn again from the same
         # seeded stream, block by block, so neither row is held whole)
+        e = e - e % 2 if symmetric else e
         ei = NpyStream(z, "edge_index", np.int64, (2, e))
+        drawn = e // 2 if symmetric else e
         for row in (0, 1):
             block_rng = np.random.default_rng(seed + 1)
-            for lo in range(0, e, BLOCK):
-                src, dst = rmat_edges(block_rng, n, min(BLOCK, e - lo))
+            for lo in range(0, drawn, BLOCK):
+                src, dst = rmat_edges(block_rng, n, min(BLOCK, drawn - lo))
+                if symmetric:
+                    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
                 ei.write(src if row == 0 else dst)
         ei.close()
         x = NpyStream(z, "node_feat", np.float32, (n, features))
@@ -206,7 +219,8 @@ def child(args: argparse.Namespace) -> None:
     spec = json.loads(args.child)
     kind = spec.pop("kind")
     if kind == "generate":
-        out = generate_ogb(Path(spec["out"]), *spec["size"], tuple(spec["split"]))
+        out = generate_ogb(Path(spec["out"]), *spec["size"], tuple(spec["split"]),
+                           symmetric=spec.get("symmetric", False))
     elif kind == "partition":
         from gnnc import api
         from gnnc.runtime.metrics import peak_rss_bytes
@@ -214,13 +228,18 @@ def child(args: argparse.Namespace) -> None:
         graph = api.load_graph(spec["graph"])
         opened = peak_rss_bytes()
         t0 = time.perf_counter()
-        part = api.partition(graph, spec["parts"], spec["method"], seed=0)
+        part = api.partition(graph, spec["parts"], spec["method"], seed=0, **spec.get("options", {}))
         elapsed = time.perf_counter() - t0
         sizes = np.bincount(part.assignment, minlength=spec["parts"])
-        cut = part.stats["edge_cut"] if "edge_cut" in part.stats else _cut(graph, part.assignment)
+        # the directed edges between parts, counted alike for every method: METIS's stats count its symmetric
+        # graph's undirected edges (the edge list's both directions and duplicates one), which read as a smaller
+        # share of the directed edges beside Fennel's directed count
+        cut = _cut(graph, part.assignment)
         out = {"time_s": elapsed, "edge_cut": int(cut), "cut_fraction": int(cut) / graph.num_edges,
                "balance": float(sizes.max() / (graph.num_nodes / spec["parts"])), "peak_after_open": opened}
-        out.update({k: v for k, v in part.stats.items() if k in ("gamma", "slack", "batch", "ufactor")})
+        if spec["method"] == "metis":
+            out["symmetric_cut"] = int(part.stats["edge_cut"])
+        out.update({k: v for k, v in part.stats.items() if k in ("gamma", "slack", "batch", "ufactor", "matching")})
         if spec.get("save"):  # the split as `gnnc partition -o DIR` writes it, for `gnnc compile --partition-from`
             from gnnc.plan.shard_files import write_shards
 
@@ -287,11 +306,17 @@ def compile_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cut(graph: Any, assignment: np.ndarray) -> int:
-    """Directed edges whose ends are in different parts, counted in blocks."""
+    """Directed edges whose ends are in different parts, counted in blocks, a store's pages let go after each (the
+    edge list read whole would stay resident: 8 bytes per edge on Fennel's peak)."""
+    from gnnc.graph.store import release_pages
+
     src, dst = graph.edges("plain")
     step = 1 << 22
-    return sum(int(np.count_nonzero(assignment[np.asarray(src[k:k + step])] != assignment[np.asarray(dst[k:k + step])]))
-               for k in range(0, len(src), step))
+    cut = 0
+    for k in range(0, len(src), step):
+        cut += int(np.count_nonzero(assignment[np.asarray(src[k:k + step])] != assignment[np.asarray(dst[k:k + step])]))
+        release_pages(graph)
+    return cut
 
 
 # ----- the driver: a step's command under the watchdog
@@ -410,8 +435,9 @@ class Bench:
 
     def generate(self, which: str = "papers") -> None:
         size, split = (self.papers, PAPERS_SPLIT) if which == "papers" else (self.products, PRODUCTS_SPLIT)
+        symmetric = which == "products" and getattr(self.args, "products_symmetric", False)
         self.step(f"generate {which}", self.me(kind="generate", out=self.path(f"{which}-ogb"), size=size,
-                                                split=split),
+                                                split=split, symmetric=symmetric),
                   note="OGB binary layout, streaming, blocks of {:,}".format(BLOCK))
 
     def convert(self, which: str = "papers") -> None:
@@ -421,8 +447,10 @@ class Bench:
         self.step(f"convert {which}", [*GNNC, "convert", self.path(f"{which}-ogb"), str(store), "--json"])
 
     def partition(self, which: str, method: str, parts: int, save: str | None = None) -> None:
+        matching = getattr(self.args, "metis_matching", "shem")
+        options = {"matching": matching} if method == "metis" and matching != "shem" else {}
         r = self.step(f"{method} {parts} ({which})", self.me(kind="partition", graph=self.path(f"{which}-store"),
-                                                             method=method, parts=parts, save=save))
+                                                             method=method, parts=parts, save=save, options=options))
         if "out" in r:
             o = r["out"]
             r["note"] = (f"partition {o['time_s']:.1f} s, edge cut {o['edge_cut']:,} ({o['cut_fraction']:.1%}), "
@@ -456,6 +484,14 @@ class Bench:
                 self.partition("products", method, parts, save=split if (method, parts) == ("metis", 8) else None)
         self.compile_after_partitioning(split)
 
+    def products_partition_steps(self) -> None:
+        """The must-show's partition row: convert, then METIS and Fennel into 2/4/8, one process each."""
+        self.generate("products")
+        self.convert("products")
+        for method in ("metis", "fennel"):
+            for parts in (2, 4, 8):
+                self.partition("products", method, parts)
+
     def compile_after_partitioning(self, split: str) -> None:
         """`gnnc compile --workers 8 --partition-from` the METIS split into 8 written above: the compile's own work
         after partitioning (the must-show's <= 30 s), by phase."""
@@ -488,6 +524,10 @@ class Bench:
         n, e, f, c = self.papers
         pn, pe, _, _ = self.products
         steps = "" if a.steps == ",".join(STEPS) else f" --steps {a.steps}"
+        if getattr(a, "metis_matching", "shem") != "shem":
+            steps += f" --metis-matching {a.metis_matching}"
+        if getattr(a, "products_symmetric", False):
+            steps += " --products-symmetric"
         most = highest_load([self.first_load, *(r[k] for r in self.rows for k in ("load_before", "load_after"))])
         head = [f"## `python benchmarks/scale.py --fraction {a.fraction:g} --products-fraction {a.products_fraction:g} "
                 f"--limit-gib {a.limit_gib:g}{steps}` ({self.started})", "",
@@ -506,11 +546,42 @@ class Bench:
             result = r.get("error") or r.get("note") or "ok"
             head.append(f"| {r['step']} | {r['wall_s']:.1f} | {gib(r['peak_bytes'])} | {gib(r['tree_bytes'])} | "
                         f"{r['load_before']} / {r['load_after']} | {result} |")
+        head += side_by_side(self.rows, a.limit_gib)
         if "plan full papers100M" in self.measured and "out" in self.measured["plan full papers100M"]:
             head += ["", *self.measured["plan full papers100M"]["out"]["lines"]]
         Path(a.output).write_text((self.before.rstrip() + "\n\n" if self.before else
                                    "# Graphs the size of the seeds' datasets, from disk (issue 34)\n\n")
                                   + "\n".join(head) + "\n")
+
+
+def side_by_side(rows: list[dict[str, Any]], limit_gib: float) -> list[str]:
+    """METIS and Fennel on the products-like store, one row per part count: each method's partition time (the
+    step's wall in brackets: the interpreter, opening the store), peak, edge cut and balance; a step killed by
+    the watchdog reads its error in place of its figures. Empty where no products-like partition ran."""
+    got = {(r["step"].split()[0], int(r["step"].split()[1])): r for r in rows
+           if r["step"].endswith("(products)") and r["step"].split()[0] in ("metis", "fennel")}
+    if not got:
+        return []
+    lines = ["", f"METIS and Fennel on the products-like store side by side (each in its own process, killed above "
+                 f"{limit_gib:g} GiB; edge cut: directed edges between parts, as a share of all, counted alike for "
+                 f"both; balance: the largest part over the average):", "",
+             "| parts | METIS s (wall) | METIS peak GiB | METIS edge cut | METIS balance | Fennel s (wall) | "
+             "Fennel peak GiB | Fennel edge cut | Fennel balance |", "|---|---|---|---|---|---|---|---|---|"]
+    for parts in sorted({p for _, p in got}):
+        cells = [str(parts)]
+        for method in ("metis", "fennel"):
+            r = got.get((method, parts))
+            if r is None:
+                cells += ["not run", "", "", ""]
+            elif "out" not in r:
+                cells += [r.get("error", "failed"), f"{gib(r['peak_bytes'])} (at the kill)" if r.get("peak_bytes")
+                          else "", "", ""]
+            else:
+                o = r["out"]
+                cells += [f"{o['time_s']:.1f} ({r['wall_s']:.1f})", gib(r["peak_bytes"]),
+                          f"{o['edge_cut']:,} ({o['cut_fraction']:.1%})", f"{o['balance']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 # ----- the plan on paper (a child)
@@ -747,6 +818,13 @@ def main() -> None:
     ap.add_argument("--probe", metavar="FILE",
                     help="the `gnnc probe` profile of this machine `plan`'s CPU preset is made of (default: where "
                          "`--cluster local` reads it)")
+    ap.add_argument("--metis-matching", choices=("shem", "rm"), default="shem",
+                    help="METIS's coarsening in the products steps: shem (heavy-edge matching, METIS's default) or "
+                         "rm (random matching: less of METIS's memory; passes/partition/metis.py)")
+    ap.add_argument("--products-symmetric", action="store_true",
+                    help="the products-like graph as ogbn-products is: half its edges drawn (R-MAT pairs), each "
+                         "written in both directions; by default every edge is drawn, directed (METIS's symmetric "
+                         "input then has ~1.7x the entries real ogbn-products has)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -778,6 +856,8 @@ def main() -> None:
             bench.sage(2)
         elif step == "products":
             bench.products_steps()
+        elif step == "products-partition":
+            bench.products_partition_steps()
         elif step == "plan":
             bench.plan()
     say(f"wrote {args.output}")
