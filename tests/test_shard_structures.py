@@ -139,27 +139,3 @@ def test_loaded_narrow_shards_equal_the_compiled_structures(tmp_path) -> None:
                 w = got.views[view]
                 assert w.csr.indices.dtype == torch.int64
                 assert torch.equal(w.csr.indices, v.csr.indices) and torch.equal(w.csr.indptr, v.csr.indptr)
-
-
-def test_entry_gather_through_masks_equals_through_positions(monkeypatch) -> None:
-    """`_entry_gather` of rows in a few increasing runs holding most edges (a depcache layer's rows) goes through
-    masks, no int positions; any rows give `a[_entries(indptr, rows)]`, values and order."""
-    from gnnc.plan import rows as rows_mod
-
-    rng = np.random.default_rng(2)
-    entries = rows_mod._entries
-    built = []
-    monkeypatch.setattr(rows_mod, "_entries", lambda p, r: built.append(len(r)) or entries(p, r))
-    masked = 0
-    for trial in range(200):
-        n = int(rng.integers(1, 80))
-        indptr = np.concatenate([[0], np.cumsum(rng.integers(0, 7, n))]).astype(np.int64)
-        values = rng.integers(0, 10**6, int(indptr[-1]))
-        rows = rng.permutation(n)[: int(rng.integers(0, n + 1))]
-        if trial % 2:  # a segment's order: a few runs, each by global id
-            rows = np.concatenate([np.sort(r) for r in np.array_split(rows, int(rng.integers(1, 4)))])
-        built.clear()
-        got = rows_mod._entry_gather(indptr, rows)(values)
-        masked += not built
-        assert np.array_equal(got, values[entries(indptr, rows)]), trial
-    assert masked > 20, masked

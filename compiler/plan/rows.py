@@ -107,40 +107,6 @@ def _entries(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 MASK_WALK = 0.15  # `_sources` reads every edge's entry through a mask above this share of the edges
-MASK_GATHER = 5.0  # `_entry_gather` takes masks when (increasing runs of the rows) x edges <= this x their edges
-
-
-def _entry_gather(indptr: np.ndarray, rows: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """A function that takes, of an array over the CSR's entries, those of rows `rows`, row after row (what
-    `a[_entries(indptr, rows)]` gives).
-
-    `rows` in a few increasing runs that hold most of the edges (a depcache layer's rows: its segment's order is
-    owned rows, then each depth, each by global id) are taken run by run through a one-byte mask over every entry
-    (each run's entries are in the CSR's order, the run's): no int positions written and gathered by, ~2x less CPU
-    for the 3 runs of a depcache x3 layer 0 on the products-like R-MAT at 0.1 (0.22 -> 0.08-0.15 s), the same
-    values in the same order."""
-    degree = np.diff(indptr)
-    edges = int(indptr[-1])
-    cuts = np.flatnonzero(rows[1:] < rows[:-1]) + 1
-    runs = np.split(rows, cuts) if len(rows) else []
-    counts = [int(degree[r].sum()) for r in runs]
-    if not runs or len(runs) * edges > MASK_GATHER * sum(counts):
-        at = _entries(indptr, rows)
-        return lambda a: a[at]
-    masks = []
-    for run in runs:
-        m = np.zeros(len(degree), dtype=bool)
-        m[run] = True
-        masks.append(np.repeat(m, degree))
-
-    def take(a: np.ndarray) -> np.ndarray:
-        out = np.empty(sum(counts), dtype=a.dtype)
-        lo = 0
-        for m, c in zip(masks, counts):
-            np.compress(m, a[:edges], out=out[lo:lo + c])
-            lo += c
-        return out
-    return take
 
 
 def _sources(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -427,11 +393,11 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
     counts = g_indptr[out_rows + 1] - g_indptr[out_rows]
     indptr = np.zeros(len(out_rows) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    at = _entry_gather(g_indptr, out_rows)
-    global_eids = at(g_eids) if edge_positions or "eids" not in unread else None
+    at = _entries(g_indptr, out_rows)
+    global_eids = g_eids[at] if edge_positions or "eids" not in unread else None
     narrow = narrow and n_src < 2**31
-    local_src = col.astype(np.int32 if narrow else np.int64, copy=False)[at(g_src)]
-    edge_data = {k: torch.from_numpy(at(v)) for k, v in _edge_data_in_csr_order(graph, view, unread).items()}
+    local_src = col.astype(np.int32 if narrow else np.int64, copy=False)[g_src[at]]
+    edge_data = {k: torch.from_numpy(v[at]) for k, v in _edge_data_in_csr_order(graph, view, unread).items()}
     del at
     if len(local_src) and local_src.min() < 0:
         raise AssertionError(f"view {view}: an in-neighbour of a computed row is neither held nor fetched")
