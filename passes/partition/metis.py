@@ -41,7 +41,7 @@ def run(inp: PartitionInput, parts: int, seed: int, objective: str = "cut", cons
     matching: METIS's coarsening (METIS_OPTION_CTYPE): "shem", heavy-edge matching, METIS's default, or "rm",
     random matching, both METIS's own. Measured on the products-like R-MAT (benchmarks/RESULTS-scale.md, session
     24): into 8 parts "rm" held less of METIS's memory (81 against 99 bytes per adjacency entry at 10M entries,
-    89 against 108 at 21M) and cut fewer edges; into 2 it held more (106 against 97 at 21M). Not the default:
+    89 against 111 at 21M) and cut fewer edges; into 2 it held more (106 against 97 at 21M). Not the default:
     every split made so far is heavy-edge matching's.
     """
     if objective not in OBJECTIVES:
