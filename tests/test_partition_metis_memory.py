@@ -176,3 +176,16 @@ def test_matching_is_metis_own_option() -> None:
     assert kw.sizes().min() > 0
     with pytest.raises(GnncError, match="matching must be one of"):
         partition_graph(g, 4, "metis", matching="heavy")
+
+
+def test_an_in_memory_graph_keeps_no_csr_from_partitioning() -> None:
+    """The CSR and transpose the symmetric CSR is read from are the call's, not kept on an in-memory graph (a
+    compile reading GCN's self-loop view would hold them, 40 bytes per edge, for nothing); a CSR the graph has is
+    read, its transpose not added to it."""
+    g = load_graph(RMAT, use_cache=False)
+    partition_graph(g, 4, "metis", seed=0)
+    assert ("csr", "plain") not in g._views
+    csr = g.csr("plain")
+    for a, b in zip(undirected_adjacency(g), old_undirected(g)):
+        assert np.array_equal(a, b)
+    assert "t" not in csr._cache

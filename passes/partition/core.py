@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError
-from gnnc.graph import Graph, sorted_unique
+from gnnc.graph import CSR, Graph, sorted_unique
 from gnnc.graph.store import release_pages
 from gnnc.plan.shard_files import read_assignment
 from gnnc.passes.partition.methods import METHODS, Method  # noqa: F401  (re-exported)
@@ -90,8 +90,8 @@ EDGE_BLOCK = 1 << 21  # adjacency entries per block of the passes over a whole g
 def undirected_adjacency(graph: Graph, block: int = EDGE_BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """(indptr, indices) of the symmetrised simple graph (see PartitionInput), int64.
 
-    Built block by block of rows from the graph's in-edge CSR and its transpose (a store maps both; an in-memory
-    graph builds them once and keeps them, as its kernels do): a block's in- and out-neighbours, about `block`
+    Built block by block of rows from the graph's in-edge CSR and its transpose (a store maps both; for an in-memory
+    graph whatever of them it holds, the rest built here for the call): a block's in- and out-neighbours, about `block`
     entries, sorted and made unique as one key per entry (row in the block, neighbour), written where the block's
     rows go. No array of the edges' length but the result: the edge list sorted whole, as before, held some 80
     bytes per edge at its peak (the keys of both directions, their sorted copy, the rows, the indices), more than
@@ -99,8 +99,14 @@ def undirected_adjacency(graph: Graph, block: int = EDGE_BLOCK) -> tuple[np.ndar
     there can be): the pages past nnz are never written, so never resident.
     """
     n = graph.num_nodes
-    csr = graph.csr("plain")
-    out = csr.transpose()
+    if ("csr", "plain") in graph._views:
+        csr = graph.csr("plain")  # the graph's own (a store maps it, with its transpose)
+    else:
+        # built here and dropped on return: kept on the graph, it (and its transpose) would stay in a compile that
+        # reads another view (GCN's self-loops), 40 bytes per edge
+        csr = CSR.from_edges(graph.src, graph.dst, n)
+    # a transpose the graph's CSR does not hold yet is built on a copy of the record (the same tensors), not kept
+    out = csr._cache["t"] if "t" in csr._cache else CSR(csr.indptr, csr.indices, csr.eids_given, n, n).transpose()
     sides = [(csr.indptr.numpy(), csr.indices.numpy()), (out.indptr.numpy(), out.indices.numpy())]
     # entries of rows 0..v-1 on both sides: a block is the rows whose entries fit in `block` (at least one row)
     total = np.asarray(sides[0][0], dtype=np.int64) + np.asarray(sides[1][0], dtype=np.int64)
