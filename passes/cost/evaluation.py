@@ -207,7 +207,7 @@ class CompiledCost:
                        else np.zeros((0, workers)))
         worker_bytes = self._bytes(table, workers)
         worker_memory = self._memory(table, workers)
-        slowest = [float(row.max()) for row in stage_times]
+        slowest = stage_times.max(axis=1).tolist()  # each stage's slowest worker, one reduction for all stages
         k = self.cost.evaluation  # the last k stages (gnnc.passes.cost.epoch.with_evaluation)
         return CostValue(self.cost.name, float(sum(slowest)), float(worker_bytes.sum()), float(worker_memory.max()),
                          stage_times, worker_bytes, worker_memory, float(sum(slowest[len(slowest) - k:])))
