@@ -171,9 +171,13 @@ def test_depcomm_charges_the_other_ops_on_its_rows_edges_and_copies() -> None:
     bare = {**values, **{k: 0 for k in values if k.name.startswith("T")}}
     c = depcomm(0, LayerShape(gemm_first=True, input_grad=False), overlap=False)
     fwd = float(c.stages[0].subs(values)) - float(c.stages[0].subs(bare))
-    assert fwd == pytest.approx(100 * 1e-7 + 100 * 2e-7 + 600 * 3e-8 + 1e-4 + (30 + 40) * 16 * 1e-9)
+    # the halo's rows packed and assembled (B + S), and the layer's V output rows summed part by part into one
+    # zero-filled buffer (compute.halo_buffers), both at the forward copy rate
+    assert fwd == pytest.approx(100 * 1e-7 + 100 * 2e-7 + 600 * 3e-8 + 1e-4 + (30 + 40) * 16 * 1e-9
+                                + 100 * 16 * 1e-9)
     bwd = float(c.stages[1].subs(values)) - float(c.stages[1].subs(bare))
-    assert bwd == pytest.approx(100 * 4e-7 + 600 * 5e-8 + 2e-4 + (30 + 40) * 16 * 2e-9)
+    # backward: the halo's gradient for the V held rows zero-filled, then added to their other gradient (2 passes)
+    assert bwd == pytest.approx(100 * 4e-7 + 600 * 5e-8 + 2e-4 + (30 + 40) * 16 * 2e-9 + 2 * 100 * 16 * 2e-9)
 
 
 def test_the_evaluation_pass_is_the_forward_again_without_dropout() -> None:
