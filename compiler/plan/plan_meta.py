@@ -272,7 +272,14 @@ class PlanMeta(Record):
         return _decode(data, PlanMeta, "", fail)
 
 
+_PLAIN = (str, int, float, type(None))  # bool is an int
+
+
 def _encode(value: Any) -> Any:
+    # the leaves first: a plan's JSON values (alternatives, schedules, segment costs) are ~20,000 numbers and
+    # strings on a 64-layer model, each of which was asked whether it is a dataclass before anything else
+    if isinstance(value, _PLAIN):
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if isinstance(value, SamplingConfig):
             return value.to_json()
