@@ -14,6 +14,15 @@ class VerifyError(InternalError):
     """An IR invariant is broken: a bug in a pass, not in the user's program."""
 
 
+# where a check is, as text or as (layer, equation index, op): the text is built only for an error's message
+# (a deep model's compile verifies ~5,000 equations after each of its passes, and formatted each place every time)
+Where = str | tuple[str, int, str]
+
+
+def _text(where: Where) -> str:
+    return where if isinstance(where, str) else f"layer {where[0]}, equation {where[1]}: {where[2]}"
+
+
 def verify(program: Program, typed: bool = False, checked: dict[int, Eqn] | None = None) -> None:
     """Check the IR's invariants; raise VerifyError naming the broken one.
 
@@ -37,22 +46,22 @@ def verify(program: Program, typed: bool = False, checked: dict[int, Eqn] | None
     """
 
     defined: dict[str, Value] = {}
-    retype: list[tuple[Eqn, str]] = []  # type rules are re-run once the structure is known to be sound
+    retype: list[tuple[Eqn, Where]] = []  # type rules are re-run once the structure is known to be sound
 
-    def define(v: Value, where: str) -> None:
+    def define(v: Value, where: Where) -> None:
         if v.name in defined:
-            raise VerifyError(f"value %{v.name} is defined twice ({where})")
+            raise VerifyError(f"value %{v.name} is defined twice ({_text(where)})")
         if typed and v.type is None:
-            raise VerifyError(f"value %{v.name} has no type ({where})")
+            raise VerifyError(f"value %{v.name} has no type ({_text(where)})")
         defined[v.name] = v
 
-    def use(v: Value, scope: dict[str, Value], where: str) -> None:
+    def use(v: Value, scope: dict[str, Value], where: Where) -> None:
         if v.name not in scope:
-            raise VerifyError(f"%{v.name} is used before it is defined ({where})")
+            raise VerifyError(f"%{v.name} is used before it is defined ({_text(where)})")
         if typed and scope[v.name].type != v.type:
             raise VerifyError(
                 f"%{v.name} has type {v.type} at its use but {scope[v.name].type} "
-                f"at its definition ({where})")
+                f"at its definition ({_text(where)})")
 
     for v in program.inputs:
         define(v, "program input")
@@ -72,9 +81,9 @@ def verify(program: Program, typed: bool = False, checked: dict[int, Eqn] | None
                 raise VerifyError(f"param %{p.value.name} is not in the param domain")
             scope[p.value.name] = p.value
         for i, e in enumerate(layer.eqns):
-            where = f"layer {layer.name}, equation {i}: {e.op}"
+            where = (layer.name, i, e.op)
             if e.prim not in PRIMITIVES:
-                raise VerifyError(f"unknown primitive {e.prim!r} ({where})")
+                raise VerifyError(f"unknown primitive {e.prim!r} ({_text(where)})")
             for v in e.ins:
                 use(v, scope, where)
             for v in e.outs:
@@ -91,7 +100,7 @@ def verify(program: Program, typed: bool = False, checked: dict[int, Eqn] | None
     for e, where in retype:
         if checked is not None and checked.get(id(e)) is e:
             continue
-        check_types(e, where)
+        check_types(e, _text(where))
         if checked is not None:
             checked[id(e)] = e  # holding it: its id is not reused while the dict lives
 
