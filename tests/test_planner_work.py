@@ -26,6 +26,30 @@ def graph():
     return random_graph(n=300, e=1800, f=16, c=4)
 
 
+def _numpy_calls_inside_hybrid_values_of(monkeypatch, name: str) -> dict[str, int]:
+    """Counts the calls of `np.<name>` made while `hybrid_values_of` runs (read back as `calls["n"]`): the
+    function is replaced where the cost module defines it and where the Hybrid planner imported it."""
+    calls = {"n": 0, "on": False}
+    real, real_values_of = getattr(np, name), neutronstar.hybrid_values_of
+
+    def counted(*args, **kwargs):
+        calls["n"] += calls["on"]
+        return real(*args, **kwargs)
+
+    def values_of(*args, **kwargs):
+        calls["on"] = True
+        try:
+            return real_values_of(*args, **kwargs)
+        finally:
+            calls["on"] = False
+
+    monkeypatch.setattr(np, name, counted)
+    monkeypatch.setattr(neutronstar, "hybrid_values_of", values_of)
+    from gnnc.passes.planner import hybrid
+    monkeypatch.setattr(hybrid, "hybrid_values_of", values_of)
+    return calls
+
+
 @pytest.fixture
 def stage_splits(monkeypatch) -> dict[str, int]:
     """{"n": how many times a stage was split into pieces (cost.schedule._stage_items) since the test began}."""
@@ -92,24 +116,7 @@ def test_hybrid_selections_are_priced_without_a_value_conversion_per_selection(m
     value (already one float64 per worker) is stacked as it is, and a layer's symbols are looked up per name,
     not gathered from every selection's O(L) values (O(L³) for a deep model's spans). GCNII x16 x4: 2,224
     np.broadcast_to calls before (one per symbol and selection, and per symbol of the inputs), 168 now."""
-    calls = {"n": 0, "on": False}
-    real_broadcast, real_values_of = np.broadcast_to, neutronstar.hybrid_values_of
-
-    def broadcast(*args, **kwargs):
-        calls["n"] += calls["on"]
-        return real_broadcast(*args, **kwargs)
-
-    def values_of(*args, **kwargs):
-        calls["on"] = True
-        try:
-            return real_values_of(*args, **kwargs)
-        finally:
-            calls["on"] = False
-
-    monkeypatch.setattr(np, "broadcast_to", broadcast)
-    monkeypatch.setattr(neutronstar, "hybrid_values_of", values_of)
-    from gnnc.passes.planner import hybrid
-    monkeypatch.setattr(hybrid, "hybrid_values_of", values_of)
+    calls = _numpy_calls_inside_hybrid_values_of(monkeypatch, "broadcast_to")
     layers = 16
     gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=layers), graph, workers=4, allow=["hybrid"])
     assert 0 < calls["n"] <= 16 * layers, calls["n"]
@@ -392,23 +399,7 @@ def test_hybrid_selections_per_layer_values_are_read_as_one_column_per_layer(mon
     symbol and layer, each of one row per selection), 2 now (the replicated rows RX, per segment start); the
     64-layer example on Cora x4: hybrid_values_of 0.121 -> 0.084 CPU-s (LOADED, load 6-7).
     Same segment costs (checked on that compile against the start commit)."""
-    calls = {"n": 0, "on": False}
-    real_stack, real_values_of = np.stack, neutronstar.hybrid_values_of
-
-    def stack(*args, **kwargs):
-        calls["n"] += calls["on"]
-        return real_stack(*args, **kwargs)
-
-    def values_of(*args, **kwargs):
-        calls["on"] = True
-        try:
-            return real_values_of(*args, **kwargs)
-        finally:
-            calls["on"] = False
-
-    monkeypatch.setattr(np, "stack", stack)
-    from gnnc.passes.planner import hybrid
-    monkeypatch.setattr(hybrid, "hybrid_values_of", values_of)
+    calls = _numpy_calls_inside_hybrid_values_of(monkeypatch, "stack")
     layers = 16
     gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=layers), graph, workers=4, allow=["hybrid"])
     assert calls["n"] <= layers // 2, calls["n"]
