@@ -26,6 +26,19 @@ def graph():
     return random_graph(n=300, e=1800, f=16, c=4)
 
 
+def _count_calls(monkeypatch, owner, name: str) -> dict[str, int]:
+    """Replaces `owner.<name>` by a wrapper counting its calls into the returned {"n": ...} (reset it freely)."""
+    calls = {"n": 0}
+    real = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def _numpy_calls_inside_hybrid_values_of(monkeypatch, name: str) -> dict[str, int]:
     """Counts the calls of `np.<name>` made while `hybrid_values_of` runs (read back as `calls["n"]`): the
     function is replaced where the cost module defines it and where the Hybrid planner imported it."""
@@ -53,15 +66,7 @@ def _numpy_calls_inside_hybrid_values_of(monkeypatch, name: str) -> dict[str, in
 @pytest.fixture
 def stage_splits(monkeypatch) -> dict[str, int]:
     """{"n": how many times a stage was split into pieces (cost.schedule._stage_items) since the test began}."""
-    split = {"n": 0}
-    real = cost_schedule._stage_items
-
-    def items(*args, **kwargs):
-        split["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cost_schedule, "_stage_items", items)
-    return split
+    return _count_calls(monkeypatch, cost_schedule, "_stage_items")
 
 
 def _equations(program) -> int:
@@ -85,14 +90,7 @@ def test_a_memory_cap_that_drops_no_label_fills_the_dp_table_once(monkeypatch) -
     example on Cora: 508,064 label comparisons before, 254,032 now). Same result as without a cap."""
     layers = 16
     seg_cost = random_segment_costs(layers, 1)
-    counted = {"n": 0}
-    real = segment_dp._dominates
-
-    def dominates(a, b) -> bool:
-        counted["n"] += 1
-        return real(a, b)
-
-    monkeypatch.setattr(segment_dp, "_dominates", dominates)
+    counted = _count_calls(monkeypatch, segment_dp, "_dominates")
     free = segment_dp.solve(layers, ["depcomm", "depcache"], seg_cost)
     without = counted["n"]
     counted["n"] = 0
@@ -427,14 +425,7 @@ def test_ir_records_are_replaced_without_walking_their_fields_each_time(monkeypa
     per replace; 5,241 for the 64-layer example on Cora x4), a handful now."""
     import dataclasses
 
-    calls = {"n": 0}
-    real = dataclasses.fields
-
-    def fields(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(dataclasses, "fields", fields)
+    calls = _count_calls(monkeypatch, dataclasses, "fields")
     gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=8), graph, workers=4)
     assert calls["n"] <= 20, calls["n"]
     from gnnc.ir import Value
