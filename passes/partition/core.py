@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -87,6 +87,17 @@ class PartitionInput:
 EDGE_BLOCK = 1 << 21  # adjacency entries per block of the passes over a whole graph here and in metis (~40 bytes each)
 
 
+def row_blocks(indptr: np.ndarray, block: int = EDGE_BLOCK) -> Iterator[tuple[int, int]]:
+    """[lo, hi) row ranges of a CSR (its `indptr`, or any row-entry prefix sum) holding about `block` entries each,
+    at least one row: the passes over a whole graph hold a block's temporaries, not the edges'."""
+    n = len(indptr) - 1
+    lo = 0
+    while lo < n:
+        hi = min(max(int(np.searchsorted(indptr, indptr[lo] + block, side="right")) - 1, lo + 1), n)
+        yield lo, hi
+        lo = hi
+
+
 def undirected_adjacency(graph: Graph, block: int = EDGE_BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """(indptr, indices) of the symmetrised simple graph (see PartitionInput), int64.
 
@@ -113,9 +124,7 @@ def undirected_adjacency(graph: Graph, block: int = EDGE_BLOCK) -> tuple[np.ndar
     indptr = np.zeros(n + 1, dtype=np.int64)
     indices = np.empty(int(total[-1]), dtype=np.int64)
     filled = 0
-    lo = 0
-    while lo < n:
-        hi = min(max(int(np.searchsorted(total, total[lo] + block, side="right")) - 1, lo + 1), n)
+    for lo, hi in row_blocks(total, block):
         keys = []
         for ptr, idx in sides:
             a, b = int(ptr[lo]), int(ptr[hi])
@@ -131,7 +140,6 @@ def undirected_adjacency(graph: Graph, block: int = EDGE_BLOCK) -> tuple[np.ndar
         indptr[lo + 1:hi + 1] += filled
         filled += len(unique)
         release_pages(graph)  # a store's CSR pages of this block: read once
-        lo = hi
     return indptr, indices[:filled]
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from gnnc.errors import GnncError
 from gnnc.graph.store import release_pages
-from gnnc.passes.partition.core import EDGE_BLOCK, PartitionInput
+from gnnc.passes.partition.core import EDGE_BLOCK, PartitionInput, row_blocks
 from gnnc.graph import sorted_unique
 
 OBJECTIVES = ("cut", "vol")
@@ -113,12 +113,9 @@ def _cross(indptr: np.ndarray, indices: np.ndarray, assignment: np.ndarray, part
     Each block's temporaries are about `block` entries: the whole pass held [entries]-long rows, masks and keys
     in int64, more than METIS's input, after METIS.
     """
-    n = len(indptr) - 1
     cut = 0
     remote = np.zeros(parts, dtype=np.int64)
-    lo = 0
-    while lo < n:
-        hi = min(max(int(np.searchsorted(indptr, indptr[lo] + block, side="right")) - 1, lo + 1), n)
+    for lo, hi in row_blocks(indptr, block):
         a, b = int(indptr[lo]), int(indptr[hi])
         rows = np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(indptr[lo:hi + 1]))
         other = assignment[indices[a:b]]
@@ -126,7 +123,6 @@ def _cross(indptr: np.ndarray, indices: np.ndarray, assignment: np.ndarray, part
         cut += int(np.count_nonzero(cross))
         keys = sorted_unique(rows[cross] * parts + other[cross])
         remote += np.bincount(keys % parts, minlength=parts)
-        lo = hi
     return cut // 2, remote
 
 
