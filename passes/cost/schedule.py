@@ -17,13 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import sympy
 
 from gnnc.ir.expr import as_expr
-from gnnc.passes.cost.evaluation import evaluate, evaluate_cost
+from gnnc.passes.cost.evaluation import compile_expr, evaluate_cost, table
 from gnnc.passes.cost.layouts import boundary
 from gnnc.passes.cost.priced import PricedPlan
 from gnnc.passes.cost.symbols import R_gemm, R_gemm_e, R_spmm, R_spmm_e, alpha, bw
@@ -61,22 +61,78 @@ class _Window:
     lanes: list[list[_Piece]]
 
 
-def _op_of(term) -> str:
-    """What a term does, read off the rates it divides by (module comment above)."""
-    syms = term.free_symbols
-    comm = bool(syms & {bw, alpha})
-    gemm, spmm = bool(syms & {R_gemm, R_gemm_e}), bool(syms & {R_spmm, R_spmm_e})
-    if comm and (gemm or spmm):
-        return "mixed"
-    if comm:
-        return "communication"
-    if gemm:
-        return "dense" if not spmm else "compute"
-    return "aggregation" if spmm else "compute"
+_COMM, _GEMM, _SPMM = 1, 2, 4  # the rates a term divides by, as bits (module comment above)
+_RATES = {s.name: bit for bit, rates in ((_COMM, (bw, alpha)), (_GEMM, (R_gemm, R_gemm_e)),
+                                         (_SPMM, (R_spmm, R_spmm_e))) for s in rates}
+# what a term does, by the bits of the rates it reads: communication and a compute rate is mixed, both compute
+# rates compute
+_OPS = {0: "compute", _COMM: "communication", _GEMM: "dense", _SPMM: "aggregation", _GEMM | _SPMM: "compute",
+        _COMM | _GEMM: "mixed", _COMM | _SPMM: "mixed", _COMM | _GEMM | _SPMM: "mixed"}
 
 
-def _term_layer(term, layers: Sequence[int], op: str) -> int | None:
-    """The graph layer a term of a stage belongs to.
+class _Marks(NamedTuple):
+    """What a term's symbols say of it: the rates it reads (`_OPS`' bits), the hops k of the `HE_{k}_i` it reads
+    (in-edges within k hops) and the layers l of the widths `d_{l}`, each once."""
+
+    rates: int
+    hops: frozenset[int]
+    dims: tuple[int, ...]  # sorted
+
+    @property
+    def op(self) -> str:
+        """What the term does, read off the rates it divides by."""
+        return _OPS[self.rates]
+
+
+_SYMBOL_MARKS: dict[str, tuple[int, int | None, int | None]] = {}  # by symbol name (`_symbol_marks`)
+
+
+def _symbol_marks(name: str) -> tuple[int, int | None, int | None]:
+    """(rate bit, hop, width's layer) of the symbol named `name` (0 / None where it is none of those). Kept by name
+    (a str's hash is C's; a Symbol's is a Python call): a deep stage's ~1,600 terms read the same ~200 symbols."""
+    marks = _SYMBOL_MARKS.get(name)
+    if marks is None:
+        hop, dim = _HOP_EDGES.fullmatch(name), _DIM.fullmatch(name)
+        marks = _SYMBOL_MARKS[name] = (_RATES.get(name, 0), int(hop.group(1)) if hop else None,
+                                       int(dim.group(1)) if dim else None)
+    return marks
+
+
+def _symbol_names(term) -> set[str]:
+    """The names of the symbols a term reads (its free symbols': cost formulas bind none), by one walk of its
+    arguments (sympy's free_symbols unions a set per sub-expression)."""
+    if term.is_Symbol:
+        return {term.name}
+    names: set[str] = set()
+    todo = list(term.args)
+    while todo:
+        arg = todo.pop()
+        if arg.is_Symbol:
+            names.add(arg.name)
+        elif not arg.is_Number:
+            todo.extend(arg.args)
+    return names
+
+
+def _marks(term) -> _Marks:
+    """A term's `_Marks`, from one walk of its symbols (the op and the layer were each read off a walk of the
+    term's free symbols of their own: two walks of every term of a stage)."""
+    rates, hops, dims = 0, set(), set()
+    for name in _symbol_names(term):
+        rate, hop, dim = _symbol_marks(name)
+        rates |= rate
+        if hop is not None:
+            hops.add(hop)
+        if dim is not None:
+            dims.add(dim)
+    return _Marks(rates, frozenset(hops), tuple(sorted(dims)))
+
+
+_NO_MARKS = _Marks(0, frozenset(), ())
+
+
+def _term_layer(marks: _Marks, layers: Sequence[int], op: str) -> int | None:
+    """The graph layer a term of a stage belongs to (`marks`: the term's).
 
     A stage of one layer: that layer. A stage spanning layers [start, end) (DepCache: workers meet
     only at the segment's ends) is a sum of every layer's terms: an aggregation reads the in-edges
@@ -87,14 +143,12 @@ def _term_layer(term, layers: Sequence[int], op: str) -> int | None:
         return layers[0]
     if not layers:
         return None
-    names = [s.name for s in term.free_symbols]
-    hops = {int(m.group(1)) for n in names if (m := _HOP_EDGES.fullmatch(n))}
-    dims = sorted(int(m.group(1)) for n in names if (m := _DIM.fullmatch(n)))
     end = layers[-1] + 1
-    if len(hops) == 1 and op != "dense":
-        layer = end - 1 - hops.pop()
-    elif op == "dense" and len(dims) >= 2:
-        layer = dims[0]
+    if len(marks.hops) == 1 and op != "dense":
+        (hop,) = marks.hops
+        layer = end - 1 - hop
+    elif op == "dense" and len(marks.dims) >= 2:
+        layer = marks.dims[0]
     elif op == "communication":
         layer = layers[0]
     else:
@@ -105,13 +159,18 @@ def _term_layer(term, layers: Sequence[int], op: str) -> int | None:
 def _ordered(pieces: list, order: Sequence[str], gemm_first: dict[int, bool], backward: bool) -> list:
     """Pieces (or windows) in the order they run: by layer, then by `order` (dense after the
     aggregation in a layer whose dense map runs last); reversed in backward."""
+    ops = list(order)
+    first = {op: k for k, op in enumerate(ops)}  # a layer whose dense map runs first (the default)
+    if "dense" in ops:  # (the dense map after the aggregation: built once, not per piece)
+        ops.remove("dense")
+        ops.insert(ops.index("aggregation") + 1, "dense")
+    last = {op: k for k, op in enumerate(ops)}
+
     def rank(item) -> tuple[int, int]:
         op = "overlap" if isinstance(item, _Window) else item.op
-        ops = list(order)
-        if item.layer is not None and not gemm_first.get(item.layer, True) and "dense" in ops:
-            ops.remove("dense")
-            ops.insert(ops.index("aggregation") + 1, "dense")
-        return (item.layer if item.layer is not None else 1 << 30, ops.index(op))
+        if item.layer is None:
+            return (1 << 30, first[op])
+        return (item.layer, (first if gemm_first.get(item.layer, True) else last)[op])
 
     out = sorted(pieces, key=rank)
     return out[::-1] if backward else out
@@ -136,17 +195,19 @@ def _stage_items(expr, layers: Sequence[int], order: Sequence[str], gemm_first: 
                  backward: bool) -> list:
     """A stage expression as the pieces and overlap windows it runs, in order."""
     items: list = []
+    spans = len(layers) > 1  # (a stage of one layer or none needs no symbol to place its terms)
     for term in sympy.Add.make_args(as_expr(expr)):
         if isinstance(term, sympy.Max):
-            layer = _term_layer(term, layers, "overlap")
+            layer = _term_layer(_marks(term), layers, "overlap") if spans else _term_layer(_NO_MARKS, layers, "")
             lanes = []
             for arg in term.args:
-                lane = [_Piece(layer, _op_of(t), t) for t in sympy.Add.make_args(arg)]
+                lane = [_Piece(layer, _marks(t).op, t) for t in sympy.Add.make_args(arg)]
                 lanes.append(_merged(_ordered(lane, order, gemm_first, backward)))
             items.append(_Window(layer, lanes))
         else:
-            op = _op_of(term)
-            items.append(_Piece(_term_layer(term, layers, op), op, term))
+            marks = _marks(term)
+            op = marks.op
+            items.append(_Piece(_term_layer(marks, layers, op), op, term))
     return _merged(_ordered(items, order, gemm_first, backward))
 
 
@@ -159,7 +220,7 @@ def _place(items: list, start: float, workers: int, evaluate) -> tuple[list[dict
     def emit(piece: _Piece, at: np.ndarray, window: int | None) -> np.ndarray:
         t = evaluate(piece.expr)
         out.append({"layer": piece.layer, "op": piece.op, "track": _TRACK[piece.op], "overlap": window,
-                    "start_s": [float(x) for x in at], "time_s": [float(x) for x in t]})
+                    "start_s": at.tolist(), "time_s": t.tolist()})  # (float64 [workers]: Python floats)
         return at + t
 
     for k, item in enumerate(items):
@@ -274,6 +335,14 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan, pieces: bool
     step = _optimizer_stage(priced)
     overlap = bool(getattr(priced, "grad_overlap", False))
     stages, clock = [], 0.0
+    # each segment's symbol values, made once and read by all its pieces: `evaluate(piece, inputs, extra)` made a
+    # table of every symbol per piece (a Hybrid selection's extra values over the inputs' whole table)
+    tables: dict[int, tuple[Any, Any]] = {}
+
+    def values(extra: Any) -> Any:
+        if id(extra) not in tables:
+            tables[id(extra)] = (extra, table(inputs, extra))  # (extra held: its id stays its own)
+        return tables[id(extra)][1]
 
     def draw(specs: list[_StageSpec]) -> None:
         nonlocal clock
@@ -281,7 +350,8 @@ def predicted_schedule(segments: Sequence[Any], priced: PricedPlan, pieces: bool
             if float(np.max(times)) <= 0.0:
                 continue  # nothing happens (e.g. a layout change that is free forward)
             if pieces:
-                record = _stage_record(expr, times, clock, lambda e, x=extra: evaluate(e, inputs, x), info, order,
+                record = _stage_record(expr, times, clock,
+                                       lambda e, t=values(extra): compile_expr(e)(t, inputs.workers), info, order,
                                        gemm_first)
             else:
                 record = {**info, "start_s": clock, "time_s": float(times.max()),
