@@ -18,6 +18,7 @@ sorted attributes and no addresses, so tests compare it verbatim.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -80,7 +81,10 @@ def dim(value: Any) -> sympy.Expr:
     raise TypeError(f"not a dim: {value!r}")
 
 
+@functools.lru_cache(maxsize=4096)
 def fmt_dim(d: sympy.Expr) -> str:
+    """A dim as the IR prints it. Kept per expression: a deep model's IR prints the same few dims (`hidden`,
+    `classes`) on every value's type, and sympy's printer takes ~10 us a call (~1,000 calls per plan written)."""
     return str(d).replace(" ", "")
 
 

@@ -56,9 +56,12 @@ def verify(program: Program, typed: bool = False, checked: dict[int, Eqn] | None
         defined[v.name] = v
 
     def use(v: Value, scope: dict[str, Value], where: Where) -> None:
-        if v.name not in scope:
+        known = scope.get(v.name)
+        if known is v:  # the definition's own value (as the passes leave nearly every use): nothing to compare
+            return
+        if known is None:
             raise VerifyError(f"%{v.name} is used before it is defined ({_text(where)})")
-        if typed and scope[v.name].type != v.type:
+        if typed and known.type is not v.type and known.type != v.type:
             raise VerifyError(
                 f"%{v.name} has type {v.type} at its use but {scope[v.name].type} "
                 f"at its definition ({_text(where)})")
@@ -80,17 +83,23 @@ def verify(program: Program, typed: bool = False, checked: dict[int, Eqn] | None
             if p.value.type is not None and p.value.type.domain != "param":
                 raise VerifyError(f"param %{p.value.name} is not in the param domain")
             scope[p.value.name] = p.value
+        # the equations, the bulk (a 64-layer model's ~1,000, after each of its passes): define and use inline,
+        # and a use whose value is its definition's own (as the passes leave nearly all) compares no types
         for i, e in enumerate(layer.eqns):
-            where = (layer.name, i, e.op)
             if e.prim not in PRIMITIVES:
-                raise VerifyError(f"unknown primitive {e.prim!r} ({_text(where)})")
+                raise VerifyError(f"unknown primitive {e.prim!r} ({_text((layer.name, i, e.op))})")
             for v in e.ins:
-                use(v, scope, where)
+                known = scope.get(v.name)
+                if known is not v and (known is None or typed and known.type is not v.type and known.type != v.type):
+                    use(v, scope, (layer.name, i, e.op))  # (raises)
             for v in e.outs:
-                define(v, where)
+                if v.name in defined or typed and v.type is None:
+                    define(v, (layer.name, i, e.op))  # (raises)
+                defined[v.name] = v
                 scope[v.name] = v
-            if typed:
-                retype.append((e, where))
+            # an equation whose rule ran already (`checked`) is not listed again
+            if typed and (checked is None or checked.get(id(e)) is not e):
+                retype.append((e, (layer.name, i, e.op)))
         for v in layer.outputs:
             use(v, scope, f"output of layer {layer.name}")
             visible[v.name] = scope[v.name]
@@ -98,8 +107,6 @@ def verify(program: Program, typed: bool = False, checked: dict[int, Eqn] | None
         if v.name not in visible:
             raise VerifyError(f"the program's {role} %{v.name} is not defined")
     for e, where in retype:
-        if checked is not None and checked.get(id(e)) is e:
-            continue
         check_types(e, _text(where))
         if checked is not None:
             checked[id(e)] = e  # holding it: its id is not reused while the dict lives
