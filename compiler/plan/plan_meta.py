@@ -30,6 +30,11 @@ from gnnc.plan.precision import DEFAULT_PRECISION, PRECISIONS
 from gnnc.plan.schedules import SCHEDULES
 
 NUMBER, INTEGER, STRING, BOOLEAN, ANYTHING = "a number", "an integer", "a string", "true or false", "anything"
+# The schedule pass's report holds the predicted epoch it drew, which is also the planner's record's `schedule`
+# (gnnc.passes.schedule sets both to one drawing): plan.json writes it once, under planner.schedule, and the
+# report says where it is (`"predicted_in": PREDICTED_IN` in place of `predicted`); reading the plan puts it back
+# in the report. A plan written before (both copies) reads as it did.
+PREDICTED_IN = "planner.schedule"
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,8 @@ def shapes(graph_layers: int) -> dict[str, Any]:
                             "grad_alternatives?": Nullable([{"grad_overlap": ANYTHING, "time_s": NUMBER}]),
                             "grad_buckets?": NUMBER, "activation_bytes?": Nullable(NUMBER),
                             "activation_kept_bytes?": NUMBER, "memory_cap?": Nullable(NUMBER), "notes?": [STRING],
-                            "predicted?": Nullable(schedule)},
+                            "predicted?": Nullable(schedule),
+                            "predicted_in?": lambda v: None if v == PREDICTED_IN else f"{PREDICTED_IN!r}"},
         # --workers auto: each worker count tried and its predicted epoch (None where the planner found none)
         "workers_considered": [{"workers": lambda v: None if isinstance(v, int) and not isinstance(v, bool)
                                 and v >= 1 else "a positive integer", "time_s": Nullable(NUMBER)}],
@@ -269,26 +275,52 @@ class PlanMeta(Record):
         _check_fields(data, fail)
         _check_pipeline_field(data, fail)
         check_meta(data, graph_layers, fail)
-        return _decode(data, PlanMeta, "", fail)
+        return _with_predicted(_decode(data, PlanMeta, "", fail), fail)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form (`_encode`), the predicted schedule once (`PREDICTED_IN`): the 64-layer GCNII example's
+        is ~140 KB of JSON, encoded and written twice before."""
+        report, planner = self.schedule_report, self.planner
+        drawn = (report or {}).get("predicted")
+        if drawn is None or planner is None or planner.schedule is None or not (
+                drawn is planner.schedule or drawn == planner.schedule):
+            return _encode(self)
+        report = {**{k: v for k, v in report.items() if k != "predicted"}, "predicted_in": PREDICTED_IN}
+        return _encode(dataclasses.replace(self, schedule_report=report))
+
+
+def _with_predicted(meta: PlanMeta, fail: Callable[[str], Exception]) -> PlanMeta:
+    """`meta` with its schedule report's predicted epoch put back where plan.json names it (`PREDICTED_IN`)."""
+    report = meta.schedule_report
+    if not report or "predicted_in" not in report:
+        return meta
+    if report.get("predicted") is not None:
+        raise fail("'schedule_report' gives both 'predicted' and 'predicted_in'")
+    if meta.planner is None or meta.planner.schedule is None:
+        raise fail(f"'schedule_report.predicted_in' names {PREDICTED_IN!r}, which the plan does not hold")
+    kept = {k: v for k, v in report.items() if k != "predicted_in"}
+    return dataclasses.replace(meta, schedule_report={**kept, "predicted": meta.planner.schedule})
 
 
 _PLAIN = (str, int, float, type(None))  # bool is an int
+_LEAF_TYPES = frozenset({str, int, float, bool, type(None)})  # exactly these types: a leaf as it is
 
 
 def _encode(value: Any) -> Any:
     # the leaves first: a plan's JSON values (alternatives, schedules, segment costs) are ~20,000 numbers and
-    # strings on a 64-layer model, each of which was asked whether it is a dataclass before anything else
+    # strings on a 64-layer model, each of which was asked whether it is a dataclass before anything else; inside
+    # a list or dict a leaf of a plain type is taken as it is, without a call of its own (~12,000 calls a plan)
     if isinstance(value, _PLAIN):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if isinstance(value, SamplingConfig):
             return value.to_json()
-        return {f.name: _encode(v) for f in dataclasses.fields(value)
+        return {f.name: v if type(v) in _LEAF_TYPES else _encode(v) for f in dataclasses.fields(value)
                 if (v := getattr(value, f.name)) != _default(f)}
     if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
+        return [v if type(v) in _LEAF_TYPES else _encode(v) for v in value]
     if isinstance(value, dict):
-        return {k: _encode(v) for k, v in value.items()}
+        return {k: v if type(v) in _LEAF_TYPES else _encode(v) for k, v in value.items()}
     return value
 
 
