@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from gnnc.graph import CSR, Graph, GraphView, sorted_unique
+from gnnc.plan.distances import part_distances
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.strategies import STRATEGIES
 
@@ -179,30 +180,38 @@ class RowSets:
     orders: dict[int, np.ndarray]  # segment start -> its row order; key -1: the owned rows
 
 
+def _neighbourhood(specs: list[LayerSpec], start: int, end: int) -> bool:
+    """Whether every layer of the segment [start, end) holds every in-neighbour (depcache): its C^l are then the
+    vertices within end - l in-hops of the owned ones, read off gnnc.plan.distances' table."""
+    return all(STRATEGIES[specs[lyr].strategy].rows == "neighbourhood" for lyr in range(start, end))
+
+
 def rank_row_sets(graph: Graph, parts: np.ndarray, rank: int, specs: list[LayerSpec],
-                  cached: dict[int, np.ndarray] | None = None) -> RowSets:
-    """C^l, output rows and H^l of worker `rank`; `cached[l]` are the hybrid selection's R_l (global ids)."""
+                  cached: dict[int, np.ndarray] | None = None, distance: np.ndarray | None = None) -> RowSets:
+    """C^l, output rows and H^l of worker `rank`; `cached[l]` are the hybrid selection's R_l (global ids).
+    `distance`: every vertex's in-distance from the rank's owned ones (-1 beyond; a column of
+    gnnc.plan.distances' table, at least as deep as the longest depcache segment): a depcache segment's sets are
+    read off it, not walked."""
     owned = parts == rank
     held_in = [owned] * len(specs)
     held_out = [owned] * len(specs)
     entries: dict[int, np.ndarray] = {}
     orders: dict[int, np.ndarray] = {-1: np.nonzero(owned)[0]}
     sources = _Sources(graph)
+    off_table: set[int] = set()  # layers whose sets were read off `distance`
     for start, end in segments(specs):
-        depth = np.where(owned, end - start, -1).astype(np.int32)
-        for lyr in reversed(range(start, end)):
-            view = specs[lyr].view
-            out = held_out[lyr]
-            if STRATEGIES[specs[lyr].strategy].rows == "neighbourhood":  # every in-neighbour: no halo rows
-                cur = out | sources(view, out)
-            else:
-                cur = out | sources(view, out & ~owned)
-                if cached and lyr in cached:
-                    cur[np.asarray(cached[lyr], dtype=np.int64)] = True
-            held_in[lyr] = cur
-            depth[cur & (depth < 0)] = lyr - start
-            if lyr > start:
-                held_out[lyr - 1] = cur
+        if distance is not None and _neighbourhood(specs, start, end):
+            off_table.update(range(start, end))
+            # C^l = {v: dist(v) <= end - l}; a vertex's depth in the segment's order is the last layer l - start
+            # whose C^l holds it, end - start - dist(v): what the walk below assigns, level by level
+            reached = distance >= 0
+            for lyr in range(start, end):
+                held_in[lyr] = reached & (distance <= end - lyr)
+                if lyr > start:
+                    held_out[lyr - 1] = held_in[lyr]
+            depth = np.where(held_in[start], (end - start) - distance.astype(np.int32), -1).astype(np.int32)
+        else:
+            depth = _walk_segment(specs, start, end, owned, held_in, held_out, sources, cached)
         held = np.nonzero(depth >= 0)[0]
         orders[start] = held[np.lexsort((held, -depth[held]))]
         if start > 0:
@@ -213,16 +222,51 @@ def rank_row_sets(graph: Graph, parts: np.ndarray, rank: int, specs: list[LayerS
         if not STRATEGIES[s.strategy].halo:
             halos.append(None)
             continue
+        if lyr in off_table:  # C^l holds every in-neighbour of C^{l+1} (it is the next level): nothing to fetch
+            halos.append(np.zeros(0, dtype=np.intp))
+            continue
         need = (sources(s.view, held_out[lyr]) | held_out[lyr]) & ~held_in[lyr]
         h = np.nonzero(need)[0]
         halos.append(h[np.lexsort((h, parts[h]))])
     return RowSets(held_in, held_out, halos, entries, orders)
 
 
+def _walk_segment(specs: list[LayerSpec], start: int, end: int, owned: np.ndarray, held_in: list[np.ndarray],
+                  held_out: list[np.ndarray], sources: _Sources, cached: dict[int, np.ndarray] | None
+                  ) -> np.ndarray:
+    """The segment [start, end)'s C^l (into held_in, held_out) by walking the in-edges layer by layer towards its
+    start; each held row's depth in the segment's order (-1: not held)."""
+    depth = np.where(owned, end - start, -1).astype(np.int32)
+    for lyr in reversed(range(start, end)):
+        view = specs[lyr].view
+        out = held_out[lyr]
+        if STRATEGIES[specs[lyr].strategy].rows == "neighbourhood":  # every in-neighbour: no halo rows
+            cur = out | sources(view, out)
+        else:
+            cur = out | sources(view, out & ~owned)
+            if cached and lyr in cached:
+                cur[np.asarray(cached[lyr], dtype=np.int64)] = True
+        held_in[lyr] = cur
+        depth[cur & (depth < 0)] = lyr - start
+        if lyr > start:
+            held_out[lyr - 1] = cur
+    return depth
+
+
 def all_row_sets(graph: Graph, parts: np.ndarray, world: int, specs: list[LayerSpec],
                  cached: dict[int, list[np.ndarray]] | None = None) -> list[RowSets]:
-    """Every worker's row sets (the send side of a halo needs the receivers')."""
-    return [rank_row_sets(graph, parts, r, specs, {k: v[r] for k, v in (cached or {}).items()})
+    """Every worker's row sets (the send side of a halo needs the receivers').
+
+    A depcache segment's sets are read off the in-distance table of every part (gnnc.plan.distances: computed
+    once for all ranks, or the one the statistics pass computed for this assignment), not walked rank by rank:
+    each rank's walk read most of the graph's in-edges for a deep segment."""
+    table = None
+    if any(_neighbourhood(specs, start, end) for start, end in segments(specs)):
+        # as deep as the graph layers and over the statistics' view: the table that pass asked for (and cached)
+        view = "self_loops" if any(s.view == "self_loops" for s in specs) else "plain"
+        table = part_distances(graph, parts, world, len(specs), view)
+    return [rank_row_sets(graph, parts, r, specs, {k: v[r] for k, v in (cached or {}).items()},
+                          None if table is None else table[:, r])
             for r in range(world)]
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from gnnc.passes.partition.core import Partition
-from gnnc.graph import sorted_unique
+from gnnc.passes.partition.core import Partition, row_blocks
 from gnnc.graph import Graph
+from gnnc.plan.distances import part_distances
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,53 +117,78 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     if layers < 0:
         raise ValueError(f"layers must be >= 0, got {layers}")
     n = graph.num_nodes
-    src, dst = (np.asarray(a, dtype=np.int64) for a in graph.edges(view))
     csr = graph.csr(view)
-    # each edge's two parts gathered once, as int32 (half the bytes of int64), and the in-degrees read off the CSR:
-    # the parts were gathered per edge five times over, a third of this pass at products' size
+    indptr, indices = csr.indptr.numpy(), csr.indices.numpy()
+    in_degree = np.diff(indptr)
     small = part.astype(np.int32) if parts < 2**31 else part
-    part_src, part_dst = small[src], small[dst]
     vertices = np.bincount(part, minlength=parts)
-    edges = np.bincount(part_dst, minlength=parts)
-    in_degree = np.diff(csr.indptr.numpy())
+    edges = _sum_by(part, in_degree, parts)
 
-    # remote dependencies: distinct (receiving part, source) pairs across parts
-    cross = part_src != part_dst
-    edge_cut = int(np.count_nonzero(cross))
-    receiving = part_dst[cross].astype(np.int64)
-    keys = sorted_unique(receiving * n + src[cross])
-    receiver, dep = keys // n, keys % n
+    # per destination, its in-edges from another part, read off the in-CSR block of rows by block (a row's part is
+    # its destination's, repeated; the sources' parts gathered): the per-edge arrays of the edge list (its two
+    # parts, the cut mask, the cut edges' keys) were ~25 bytes per edge of the compile's peak, and every count
+    # below but the cut is a sum over vertices
+    cross_in = np.zeros(n, dtype=np.int64)
+    marked = np.zeros((parts, n), dtype=bool) if layers == 0 else None
+    for lo, hi in row_blocks(indptr):
+        first, last = int(indptr[lo]), int(indptr[hi])
+        sources = indices[first:last]
+        cut = small[sources] != np.repeat(small[lo:hi], in_degree[lo:hi])
+        rows = np.flatnonzero(in_degree[lo:hi]) + lo
+        if len(rows):
+            cross_in[rows] = np.add.reduceat(cut, indptr[rows] - first, dtype=np.int64)
+        if marked is not None:
+            marked[np.repeat(small[lo:hi], in_degree[lo:hi])[cut], sources[cut]] = True
+    edge_cut = int(cross_in.sum())
+    remote_edges = _sum_by(part, cross_in, parts)
+    boundary = cross_in > 0
+    inner_edges = _sum_by(part[~boundary], in_degree[~boundary], parts)
+
+    # remote dependencies: distinct (receiving part, source) pairs across parts, by (receiver, source): the
+    # vertices at in-distance 1 from each part, a level of the table the L-hop counts below read (a sort of the
+    # cut edges' int64 keys took a fifth of this pass); without levels, marked in a [part, vertex] table above
+    depth = part_distances(graph, part, parts, layers, view)
+    keys = np.flatnonzero((depth == 1).T if marked is None else marked)
+    del marked
+    receiver, dep = np.divmod(keys, n)
     owner = part[dep]
     remote = np.bincount(receiver, minlength=parts)
-    remote_edges = np.bincount(receiving, minlength=parts)
-    boundary = np.zeros(n, dtype=bool)
-    boundary[dst[cross]] = True
-    inner_edges = np.bincount(part_dst[~boundary[dst]], minlength=parts)
     max_in_degree = np.zeros(parts, dtype=np.int64)
     np.maximum.at(max_in_degree, part, in_degree)
     send_matrix = np.bincount(owner * parts + receiver, minlength=parts * parts).reshape(parts, parts)
-    order = np.lexsort((dep, owner, receiver))
+    # (receiver, owner, id): the keys are in (receiver, id) order already, so a stable sort by (receiver, owner),
+    # a counting sort on a small key, gives it (np.lexsort of three int64 columns did)
+    pair = receiver * parts + owner
+    order = np.argsort(pair.astype(np.uint16) if parts * parts <= 2**16 else pair, kind="stable")
     dep_ids = dep[order]
     dep_ptr = np.zeros(parts + 1, dtype=np.int64)
     np.cumsum(remote, out=dep_ptr[1:])
 
-    # unfolded in-trees: walks[j][u] = in-walks of length j ending at u; edges at depth k = sum_{j<=k} walks[j]
-    # the graph's in-CSR (rows: destinations) as it is: a matrix built from the edge list sorted the edges again
-    # (a third of this pass at products' size); duplicates stay separate entries, the same integer sums
-    in_adj = sp.csr_matrix((np.ones(csr.nnz, dtype=np.float64), csr.indices.numpy(), csr.indptr.numpy()),
-                           shape=(n, n))
+    # unfolded in-trees: walks[j][u] = in-walks of length j ending at u; edges at depth k = sum_{j<=k} walks[j].
+    # walks[1] is the in-degree (the sums of ones, exactly). A level whose sums are all below 2**53 (the largest
+    # walk count times the edges bounds every partial sum) is exact in any order, so it is summed block by block
+    # off the in-CSR; above, a float64 sum depends on its order, so scipy's product over the in-CSR as it is (the
+    # matrix built once: an int32 copy of its indices and a float64 one per edge) sums in the order it always did
     tree_edges = np.zeros((n, max(layers, 0)), dtype=np.float64)
-    walks = np.ones(n, dtype=np.float64)
+    walks = in_degree.astype(np.float64)
+    in_adj = None
     for k in range(1, layers):
-        walks = in_adj @ walks
+        if k > 1:
+            if float(walks.max(initial=0.0)) * max(csr.nnz, 1) < 2.0**53:
+                walks = _in_sums(indptr, indices, walks)
+            else:
+                if in_adj is None:
+                    in_adj = sp.csr_matrix((np.ones(csr.nnz, dtype=np.float64), indices, indptr), shape=(n, n))
+                walks = in_adj @ walks
         tree_edges[:, k] = tree_edges[:, k - 1] + walks
+    del in_adj
     dep_subtree_edges = tree_edges[dep_ids]
     dep_subtree_vertices = dep_subtree_edges + 1.0
 
-    lhop_vertices, lhop_edges = _lhop(in_adj, part, parts, layers, in_degree)
+    lhop_vertices, lhop_edges = _lhop(depth, layers, in_degree)
     mean = float(vertices.mean())
     return PartStats(
-        parts=parts, layers=layers, view=view, num_nodes=n, num_edges=len(src),
+        parts=parts, layers=layers, view=view, num_nodes=n, num_edges=csr.nnz,
         vertices=vertices, edges=edges, remote=remote, send=send_matrix.sum(axis=1), send_matrix=send_matrix,
         remote_edges=remote_edges, inner_edges=inner_edges, max_in_degree=max_in_degree,
         lhop_vertices=lhop_vertices, lhop_edges=lhop_edges, dep_ptr=dep_ptr, dep_ids=dep_ids,
@@ -176,36 +201,40 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     )
 
 
-def _lhop(in_adj: sp.csr_matrix, part: np.ndarray, parts: int, layers: int, in_degree: np.ndarray
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """Vertices and in-edges per BFS level of every part's in-neighbourhood, all parts at once.
+def _lhop(depth: np.ndarray, layers: int, in_degree: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices and in-edges per BFS level of every part's in-neighbourhood, from depth[v, i], v's in-distance
+    from V_i (-1 beyond L; gnnc.plan.distances, whose table the row sets of a depcache segment read too).
 
-    depth[v, i] is v's in-distance from V_i (-1 beyond L); one sparse product
-    per level moves the frontier of every part to its in-neighbours, until no part's frontier is left: the
-    levels beyond are empty. A deep model on a small-world graph reaches every vertex within a few hops (GCNII
-    x32 on the 89,000-vertex SBM: 6 products, where one per layer made 32, most of this pass).
-    """
-    n = len(part)
-    depth = np.full((n, parts), -1, dtype=np.int16)
-    depth[np.arange(n), part] = 0
-    out_adj = in_adj.T.tocsr()  # row u: the vertices u sends to
-    frontier = (depth == 0).astype(np.float32)
-    for level in range(1, layers + 1):
-        reached = out_adj @ frontier > 0  # u reaches the frontier through one of its out-edges
-        new = reached & (depth < 0)
-        if not new.any():
-            break  # nothing new at this level, so nothing at any later one
-        depth[new] = level
-        frontier = new.astype(np.float32)
-    # per (part, level) in one pass over depth, not one comparison of the whole table per level
-    cell = np.flatnonzero(depth.reshape(-1) >= 0)
-    vertex, column = np.divmod(cell, parts)
-    key = column * (layers + 1) + depth.reshape(-1)[cell]
-    size = parts * (layers + 1)
-    lhop_vertices = np.bincount(key, minlength=size).reshape(parts, layers + 1).astype(np.int64)
-    # integer sums in float64 weights: exact below 2**53 edges
-    lhop_edges = np.bincount(key, weights=in_degree[vertex], minlength=size).reshape(parts, layers + 1)
-    return lhop_vertices, lhop_edges.astype(np.int64)
+    One bincount per part over its column (levels shifted by one, so -1 counts in bin 0, dropped): the whole
+    table's cells as int64 positions were 24 bytes per (vertex, part) of this pass's peak."""
+    parts = depth.shape[1]
+    lhop_vertices = np.zeros((parts, layers + 1), dtype=np.int64)
+    lhop_edges = np.zeros((parts, layers + 1), dtype=np.int64)
+    weights = in_degree.astype(np.float64)
+    for i in range(parts):
+        level = depth[:, i].astype(np.intp) + 1
+        lhop_vertices[i] = np.bincount(level, minlength=layers + 2)[1:]
+        # integer sums in float64 weights: exact below 2**53 edges
+        lhop_edges[i] = np.bincount(level, weights=weights, minlength=layers + 2)[1:].astype(np.int64)
+    return lhop_vertices, lhop_edges
+
+
+def _in_sums(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """float64 [n]: per CSR row, the sum of `values` over its entries' columns, block of rows by block."""
+    out = np.zeros(len(indptr) - 1, dtype=np.float64)
+    degree = np.diff(indptr)
+    for lo, hi in row_blocks(indptr):
+        first, last = int(indptr[lo]), int(indptr[hi])
+        rows = np.flatnonzero(degree[lo:hi]) + lo
+        if len(rows):
+            out[rows] = np.add.reduceat(values[indices[first:last]], indptr[rows] - first)
+    return out
+
+
+def _sum_by(part: np.ndarray, values: np.ndarray, parts: int) -> np.ndarray:
+    """int64 [parts]: the sum of `values` (integers) over each part's vertices (float64 weights: exact below
+    2**53, an edge count)."""
+    return np.bincount(part, weights=values, minlength=parts).astype(np.int64)
 
 
 def _max_over_mean(a: np.ndarray) -> float:
