@@ -170,7 +170,9 @@ def _load_file(spec: str, cache_dir: str | os.PathLike | None, use_cache: bool) 
         raise GraphInputError(f"graph '{spec}': no such file or directory, and not a known spec "
                               f"(planetoid:NAME, rmat:..., sbm:...; see `gnnc datasets`)")
     if path.is_dir() and is_store(path):
-        return open_store(path)  # memory-mapped: nothing to convert or cache
+        # memory-mapped: nothing to convert or cache; checked whole once, then stamped in the cache's folder
+        return open_store(path, stamps=(Path(cache_dir) if cache_dir is not None else default_cache_dir())
+                          if use_cache else None)
     if path.is_dir():
         files = ogb_files(path)
         key = _hash_files(files, path, "ogb")

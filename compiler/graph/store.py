@@ -20,6 +20,18 @@ The manifest records, for every array, its file, dtype, shape, size and sha256, 
 and stand-ins. Opening checks each file against it (missing, truncated, altered or of another shape: a
 GraphInputError naming the file, exit 2) and then the structure (indptr monotone from 0 to E, every index and
 label in range), in blocks, so the check holds one block at a time. Nothing is unpickled (allow_pickle=False).
+
+Verified once (`open_store(path, stamps=DIR)`, what `--graph DIR` passes: the graph cache's folder): after a
+whole check passes, a stamp in DIR (a folder only this user can change, gnnc.files.private_dir) records the
+manifest's sha256 and each file's identity (device, inode, size, modification and change time, in ns). A later
+open whose files all have the identity stamped skips the sha256 and the structure checks: reading every byte of
+the store was ~8 CPU s of each compile at ogbn-products' size (issue 34). What it trusts: that a file whose
+inode, size and change time are those it had when checked holds the bytes checked. Every write, truncate,
+rename over or utime sets the change time to the clock, and no user call sets it back; so it does not catch
+what bypasses the file system (a damaged disk, a write to the block device, the clock set back by root), which
+the checksum read from the page cache would not catch reliably either. A file changed in the clock tick of
+its check could keep its times, so a file changed less than `STAMP_SETTLE_S` before the check is not stamped
+(git's "racily clean" rule). Without `stamps` (open_store's default) every open checks everything.
 Each array and the manifest are written atomically, the manifest last (and removed first when a store is
 written over): a directory whose manifest is there holds a whole store.
 """
@@ -32,6 +44,7 @@ import math
 import mmap
 import os
 import re
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +54,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError, GraphInputError, write_failure
-from gnnc.files import atomic_writer, file_sha256, read_text_input
+from gnnc.files import atomic_writer, fd_path, file_sha256, private_dir, read_text_input
 from gnnc.graph import CSR, Graph, edge_data
 from gnnc.graph.storage import RELEASE_PAGES, UNLABELLED
 
@@ -55,6 +68,9 @@ _DTYPES = ("int32", "int64", "float32", "bool")  # every dtype a store's array m
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 _MAPS = "store.maps"  # Graph._views key of a store's mappings (release_pages)
+STAMP_SETTLE_S = 2.0  # a file changed this recently before its check is not stamped (module docstring)
+_STAMP_FORMAT = 1
+WORK = {"sha256": 0, "checked": 0}  # files hashed and stores structure-checked, read by the tests
 
 
 def is_store(path: Path) -> bool:
@@ -239,10 +255,13 @@ def write_store(graph: Graph, out_dir: str | os.PathLike) -> dict[str, Any]:
 # --- reading ----------------------------------------------------------------------------------------
 
 
-def _manifest(root: Path) -> dict[str, Any]:
+def _manifest(root: Path) -> tuple[dict[str, Any], str]:
+    """The manifest and the sha256 of the text it was parsed from (what a verification stamp names)."""
     path = root / MANIFEST
     try:
-        manifest = json.loads(read_text_input(path, str(path)))
+        text = read_text_input(path, str(path))
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        manifest = json.loads(text)
     except json.JSONDecodeError as err:
         raise GraphInputError(f"{path}: not a graph store manifest ({err})") from None
     except GnncError as err:
@@ -274,19 +293,75 @@ def _manifest(root: Path) -> dict[str, Any]:
             # a file is named by the array's name, never by a path from the manifest (`../x`, `/etc/...`)
             raise GraphInputError(f"{path}: arrays: the entry of {str(name)[:40]!r} must hold file NAME.npy, a dtype "
                                   f"of {', '.join(_DTYPES)}, a shape, its size in bytes and its sha256")
-    return manifest
+    return manifest, digest
 
 
-def _open_array(root: Path, name: str, entry: dict[str, Any], maps: list[mmap.mmap]) -> np.ndarray:
+def _identity(path: Path) -> list[int]:
+    """What a change of the file's bytes changes: device, inode, size, modification and change time (ns)."""
+    st = os.stat(path, follow_symlinks=False)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _stamp_name(root: Path) -> str:
+    return f"store-verified-{hashlib.sha256(os.fsencode(os.path.realpath(root))).hexdigest()[:32]}.json"
+
+
+def _stamped(stamps: Path | None, root: Path, digest: str, files: dict[str, Path]) -> bool:
+    """Whether `stamps` holds a stamp of this store's manifest (sha256 `digest`) whose every file's identity is
+    the file's now (an unreadable or foreign stamp, or a cache folder others could write to: False)."""
+    if stamps is None:
+        return False
+    try:
+        with private_dir(stamps) as fd:
+            with open(fd_path(fd, _stamp_name(root)), "rb") as f:
+                stamp = json.loads(f.read())
+        if not (isinstance(stamp, dict) and stamp.get("format") == _STAMP_FORMAT and stamp.get("manifest") == digest
+                and stamp.get("store") == os.path.realpath(root)):
+            return False
+        held = stamp.get("files")
+        return isinstance(held, dict) and held.keys() == files.keys() and all(
+            held[k] == _identity(p) for k, p in files.items())
+    except (OSError, ValueError):
+        return False
+
+
+def _stamp(stamps: Path | None, root: Path, digest: str, seen: dict[str, list[int]], files: dict[str, Path],
+           began_ns: int) -> None:
+    """Record the check that just passed: each file's identity as it was before it was read, when it is still
+    that and its times are older than STAMP_SETTLE_S before the check began. Not written on any error: a store
+    not stamped is checked again next time, nothing else."""
+    if stamps is None:
+        return
+    settled = began_ns - int(STAMP_SETTLE_S * 1e9)
+    try:
+        if any(_identity(p) != seen[k] or max(seen[k][3:]) > settled for k, p in files.items()):
+            return
+        with private_dir(stamps) as fd:
+            with atomic_writer(fd_path(fd, _stamp_name(root))) as f:
+                f.write(json.dumps({"format": _STAMP_FORMAT, "store": os.path.realpath(root), "manifest": digest,
+                                    "files": seen}, sort_keys=True).encode())
+    except OSError:
+        pass  # a read-only or foreign cache folder: the store is checked whole at each open, as without stamps
+
+
+def _open_array(root: Path, name: str, entry: dict[str, Any], maps: list[mmap.mmap], verified: bool = False,
+                seen: dict[str, list[int]] | None = None) -> np.ndarray:
     """The array `name`, memory-mapped read-only, after its file matched the manifest's size and checksum and
-    its header the manifest's dtype and shape."""
+    its header the manifest's dtype and shape (`verified`: a stamp vouches for its checksum, not read again;
+    `seen[name]`: its identity, taken before it is read)."""
     path = root / entry["file"]
     if path.is_symlink() or not path.is_file():
         raise GraphInputError(f"{path}: {name}: missing from the graph store (or not a regular file)")
+    if seen is not None:
+        seen[name] = _identity(path)
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise GraphInputError(f"{path}: {name}: {size} bytes, the manifest says {entry['bytes']}: truncated or altered")
-    digest = file_sha256(path)
+    if verified:
+        digest = entry["sha256"]
+    else:
+        WORK["sha256"] += 1
+        digest = file_sha256(path)
     if digest != entry["sha256"]:
         raise GraphInputError(f"{path}: {name}: does not match its checksum (sha256 {digest[:12]}..., the manifest "
                               f"says {entry['sha256'][:12]}...)")
@@ -370,10 +445,13 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
-def open_store(path: str | os.PathLike) -> Graph:
-    """The graph a store holds, its arrays memory-mapped; GraphInputError naming the file at the first problem."""
+def open_store(path: str | os.PathLike, stamps: str | os.PathLike | None = None) -> Graph:
+    """The graph a store holds, its arrays memory-mapped; GraphInputError naming the file at the first problem.
+    `stamps`: the folder of verification stamps (module docstring); None checks every byte at every open."""
     root = Path(path)
-    manifest = _manifest(root)
+    began = time.time_ns()
+    folder = None if stamps is None else Path(stamps)
+    manifest, digest = _manifest(root)
     where = root / MANIFEST
     entries = manifest["arrays"]
     fixed = ("src", "dst", "in.indptr", "in.indices", "in.eids", "out.indptr", "out.indices", "out.eids",
@@ -385,10 +463,15 @@ def open_store(path: str | os.PathLike) -> Graph:
     if extra:
         raise GraphInputError(f"{where}: arrays: unknown array {extra[0]!r}")
     maps: list[mmap.mmap] = []
-    a = {name: _open_array(root, name, entry, maps) for name, entry in entries.items()}
+    file = {name: root / entry["file"] for name, entry in entries.items()}
+    identities = {**file, MANIFEST: root / MANIFEST}
+    verified = _stamped(folder, root, digest, identities)
+    seen: dict[str, list[int]] = {} if folder is not None else None  # type: ignore[assignment]
+    if seen is not None:
+        seen[MANIFEST] = _identity(root / MANIFEST)
+    a = {name: _open_array(root, name, entry, maps, verified, seen) for name, entry in entries.items()}
     mapped = dict(zip(entries, maps))  # _open_array appends each array's mapping in this order
     n, e = manifest["num_nodes"], manifest["num_edges"]
-    file = {name: root / entry["file"] for name, entry in entries.items()}
     if n == 0 or e == 0:
         raise GraphInputError(f"{where}: empty graph ({n} vertices, {e} edges)")
     for name in ("src", "dst", "in.indices", "in.eids", "out.indices", "out.eids", "out.perm", "in.indptr",
@@ -399,20 +482,25 @@ def open_store(path: str | os.PathLike) -> Graph:
             raise GraphInputError(f"{file[name]}: {name}: expected {' or '.join(allowed)}, got {a[name].dtype}")
     # each array's pages are let go as it is checked, block by block: the check reads every index (48 bytes per
     # edge in all), and RSS counts a mapping's resident pages, so a process that only opened a papers100M-sized
-    # store held them all
+    # store held them all. A stamped store's values were checked when it was stamped: shapes only
+    if not verified:
+        WORK["checked"] += 1
     for name in ("src", "dst", "in.indices", "in.eids", "out.indices", "out.eids", "out.perm"):
         _check_shape(file[name], name, a[name], (e,))
-        _check_range(file[name], name, a[name], 0, e if name.endswith(("eids", "perm")) else n, mapped[name])
+        if not verified:
+            _check_range(file[name], name, a[name], 0, e if name.endswith(("eids", "perm")) else n, mapped[name])
     for name in ("in.indptr", "out.indptr"):
         _check_shape(file[name], name, a[name], (n + 1,))
-        _check_indptr(file[name], name, a[name], e, mapped[name])
+        if not verified:
+            _check_indptr(file[name], name, a[name], e, mapped[name])
     _check_shape(file["x"], "x", a["x"], (n, None))
     if a["x"].dtype != np.float32 or a["x"].shape[1] == 0:
         raise GraphInputError(f"{file['x']}: x: expected float32 [N, F] with F > 0")
     y = a["y"]
     if y.ndim == 1 and y.dtype == np.int64:
         _check_shape(file["y"], "y", y, (n,))
-        _check_range(file["y"], "y", y, UNLABELLED, 2**31, mapped["y"])
+        if not verified:
+            _check_range(file["y"], "y", y, UNLABELLED, 2**31, mapped["y"])
     elif not (y.ndim == 2 and y.dtype == np.float32 and y.shape[0] == n):
         raise GraphInputError(f"{file['y']}: y: expected int64 [{n}] or float32 [{n}, T], got {y.dtype} "
                               f"{list(y.shape)}")
@@ -438,4 +526,6 @@ def open_store(path: str | os.PathLike) -> Graph:
     csr._cache[RELEASE_PAGES] = lambda: _let_go(maps)
     graph._views[("csr", "plain")] = csr  # the stored CSR: Graph.csr would sort every edge again
     graph._views[_MAPS] = maps
+    if not verified:
+        _stamp(folder, root, digest, seen, identities, began)
     return graph
