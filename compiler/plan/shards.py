@@ -31,6 +31,7 @@ checksum) fails with PlanError, exit 2.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -51,6 +52,7 @@ from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, all_row_
 from gnnc.plan.shard_files import ShardWriter, load_npz, pack_arrays, read_manifest, unpack_arrays, write_manifest
 
 FEATURES = "features"  # the shared input features' file, features.npy
+BUILD_AHEAD = 1  # ranks whose shard arrays are built on a thread while the one before is written (write_plan_shards)
 
 
 @dataclass
@@ -193,10 +195,22 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     norm = any(e.op == "edata" and e.attr("name") == "gcn_norm" for layer in program.layers for e in layer.eqns)
     shared = shared_feature_ranks(graph, specs, sets, world)
     features = write_features(out, graph) if shared else None
-    with ShardWriter() as writer:
+
+    def build(rank: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm, narrow=True)
+
+    # the next BUILD_AHEAD ranks are built on as many threads while this one writes the rank before them, in rank
+    # order (the same files): numpy's gathers, zlib's CRC and sha256 let go of the GIL, so another core builds
+    # the next rank's structures (each rank gathers most of the graph's edges under a deep DepCache segment: the
+    # compile's largest phase at products' size, issue 34); memory: BUILD_AHEAD more ranks' arrays at once
+    with ShardWriter() as writer, ThreadPoolExecutor(max_workers=max(BUILD_AHEAD, 1),
+                                                     thread_name_prefix="gnnc-rank") as builder:
+        ahead: dict[int, Future] = {}
         for rank in range(world):
-            arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm,
-                                         narrow=True)
+            for r in range(rank, min(rank + 1 + BUILD_AHEAD, world)):
+                if r not in ahead:
+                    ahead[r] = builder.submit(build, r)
+            arrays, layout = ahead.pop(rank).result()
             x_bytes = layout["x"]["rows"] * graph.num_features * graph.x.element_size() if rank in shared else 0
             write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout, x_bytes, ids_kept,
                          narrowed(arrays))
