@@ -23,15 +23,18 @@ COSTS = UnitCosts(t_v=np.array([1.0, 2.0]), t_e=np.array([0.1, 0.2]), t_c=np.arr
                   row_bytes=np.array([4.0, 2.0, 1.0]), edge_bytes=1.0)
 
 
+def deps_of(layer, vertex, walks, owner=None) -> Dependencies:
+    """Dependencies with one row of walks (w_0, w_1, ...) each."""
+    return Dependencies(np.asarray(layer), np.asarray(vertex), np.asarray(walks, np.float64),
+                        np.arange(len(layer)), owner=owner)
+
+
 def hand_deps() -> Dependencies:
     # d0: layer 0, v's input row only            t_r = 0            memory 4
     # d1: layer 1, v + 4 in-edges, 4 inputs      t_r = 1 + 0.4 = 1.4 memory 16 + 2 + 4 = 22
     # d2: layer 1, v + 20 in-edges, 20 inputs    t_r = 1 + 2.0 = 3.0 (= t_c: communicated) memory 102
     # d3: layer 1, v + 10 in-edges, 10 inputs    t_r = 1 + 1.0 = 2.0 memory 40 + 2 + 10 = 52
-    return Dependencies(layer=np.array([0, 1, 1, 1]), vertex=np.array([10, 11, 12, 13]),
-                        sub_rows=np.array([[0, 0], [1, 0], [1, 0], [1, 0]]),
-                        sub_edges=np.array([[0, 0], [4, 0], [20, 0], [10, 0]]),
-                        sub_inputs=np.array([1, 4, 20, 10]))
+    return deps_of([0, 1, 1, 1], [10, 11, 12, 13], [[1, 0], [1, 4], [1, 20], [1, 10]])
 
 
 def test_unit_costs_per_dependency_by_hand() -> None:
@@ -72,11 +75,9 @@ def test_memory_cap_is_shared_by_layers_and_stops_the_queue() -> None:
     roomy = select([deps], COSTS, zero, memory_cap=4 + 22 + 52)
     assert roomy.cached[0].tolist() == [True, True, False, True]
     # the first dependency that does not fit stops its layer, even if a later one would fit
-    big_first = Dependencies(layer=np.array([1, 1]), vertex=np.array([1, 2]), sub_rows=np.array([[1, 0], [1, 0]]),
-                             sub_edges=np.array([[0, 0], [5, 0]]), sub_inputs=np.array([30, 1]))
-    costs = UnitCosts(np.array([1.0, 1.0]), np.array([0.01, 0.0]), np.array([9.0, 9.0]), 0.0,
-                      np.array([1.0, 1.0, 1.0]), 1.0)
-    # queue order: vertex 1 (t_r 1.0, 31 bytes), vertex 2 (t_r 1.05, 7 bytes); budget 10
+    big_first = deps_of([1, 1], [1, 2], [[1, 30], [1, 1]])
+    costs = UnitCosts(np.array([1.0, 1.0]), np.zeros(2), np.array([9.0, 9.0]), 0.0, np.array([1.0, 1.0, 1.0]), 1.0)
+    # queue order: vertex 1 (t_r 1.0, 30 + 1 + 30 bytes), vertex 2 (t_r 1.0: ties by vertex; 3 bytes); budget 10
     assert select([big_first], costs, np.zeros((1, 2)), memory_cap=10).cached[0].tolist() == [False, False]
     assert select([hand_deps()], COSTS, zero, memory_cap=0).cached[0].tolist() == [False] * 4
 
@@ -91,12 +92,9 @@ def test_predict_overlaps_communication_with_recompute() -> None:
 
 
 def test_rows_sent_follow_the_owners() -> None:
-    a = Dependencies(np.array([0, 0, 1]), np.array([5, 6, 5]), np.zeros((3, 2)), np.zeros((3, 2)), np.ones(3),
-                     owner=np.array([1, 2, 1]))
-    b = Dependencies(np.array([1]), np.array([0]), np.zeros((1, 2)), np.zeros((1, 2)), np.ones(1),
-                     owner=np.array([0]))
-    c = Dependencies(np.zeros(0, int), np.zeros(0, int), np.zeros((0, 2)), np.zeros((0, 2)), np.zeros(0),
-                     owner=np.zeros(0, int))
+    a = deps_of([0, 0, 1], [5, 6, 5], np.ones((3, 2)), owner=np.array([1, 2, 1]))
+    b = deps_of([1], [0], np.ones((1, 2)), owner=np.array([0]))
+    c = deps_of(np.zeros(0, int), np.zeros(0, int), np.zeros((0, 2)), owner=np.zeros(0, int))
     masks = [np.zeros(3, bool), np.zeros(1, bool), np.zeros(0, bool)]
     r = predict([a, b, c], COSTS, np.zeros((3, 2)), masks)
     assert r.comm_received.tolist() == [[2, 1], [0, 1], [0, 0]]
@@ -108,8 +106,8 @@ def test_choose_guards_against_a_greedy_that_lengthens_another_workers_layer() -
     """Worker 0 moves 9 s of work to layer 0 to save 10 s at layer 1, but worker 1 already makes
     layer 1 last 10 s: per layer the greedy predicts 9 + 10, communicating everything 0 + 10."""
     costs = UnitCosts(np.array([9.0, 0.0]), np.zeros(2), np.array([100.0, 10.0]), 0.0, np.ones(3), 0.0)
-    dep = Dependencies(np.array([1]), np.array([7]), np.array([[1, 0]]), np.zeros((1, 2)), np.zeros(1))
-    none = Dependencies(np.zeros(0, int), np.zeros(0, int), np.zeros((0, 2)), np.zeros((0, 2)), np.zeros(0))
+    dep = deps_of([1], [7], [[1, 0]])  # v itself at layer 0, no edge, no input row
+    none = deps_of(np.zeros(0, int), np.zeros(0, int), np.zeros((0, 2)))
     own = np.array([[0.0, 0.0], [0.0, 10.0]])
     greedy = select([dep, none], costs, own, 1e9)
     assert greedy.cached[0].tolist() == [True] and greedy.time == pytest.approx(19.0)
@@ -137,12 +135,10 @@ def reference_worker(t_r, t_c, memory, layer, vertex, budget, layers) -> np.ndar
 
 
 def random_deps(rng: np.random.Generator, n: int, layers: int, workers: int) -> Dependencies:
-    layer = rng.integers(0, layers, n)
-    rows = rng.integers(0, 4, (n, layers)) * (np.arange(layers)[None, :] < layer[:, None])
-    rows[np.arange(n), np.maximum(layer - 1, 0)] += layer > 0  # v itself, one level below its layer
-    edges = rng.integers(0, 30, (n, layers)) * (np.arange(layers)[None, :] < layer[:, None])
+    layer = np.sort(rng.integers(0, layers, n))
+    walks = np.concatenate([np.ones((n, 1)), rng.integers(0, 30, (n, layers - 1))], axis=1)
     vertex = rng.permutation(10 * n)[:n]
-    return Dependencies(layer, vertex, rows, edges, rng.integers(1, 20, n), owner=rng.integers(0, workers, n))
+    return deps_of(layer, vertex, walks, owner=rng.integers(0, workers, n))
 
 
 def random_costs(rng: np.random.Generator, layers: int) -> UnitCosts:
@@ -221,15 +217,20 @@ def test_dependencies_from_graph_stats_unfold_the_in_trees() -> None:
         assert len(deps) == 3 * len(ids)
         np.testing.assert_array_equal(deps.owner, parts[deps.vertex])
         assert set(deps.vertex.tolist()) == set(ids.tolist())
+        for j in range(3):
+            np.testing.assert_allclose(deps.walks[deps.walk, j], walks[j][deps.vertex])
         for m in range(3):  # caching h^m_v: layer k computes distance m-1-k, from w_m input rows
             sel = deps.layer == m
             v = deps.vertex[sel]
             np.testing.assert_allclose(deps.sub_inputs[sel], walks[m][v])
-            for k in range(3):
+            for k in range(3):  # the tables' column k, read through the unit costs of row k alone and edge k alone
+                unit = np.eye(3)[k]
                 want_rows = walks[m - 1 - k][v] if k < m else 0
                 want_edges = walks[m - k][v] if k < m else 0
-                np.testing.assert_allclose(deps.sub_rows[sel, k], want_rows)
-                np.testing.assert_allclose(deps.sub_edges[sel, k], want_edges)
+                rows = recompute_cost(deps, UnitCosts(unit, np.zeros(3), np.zeros(3), 0.0, np.zeros(4), 0.0))
+                edges = recompute_cost(deps, UnitCosts(np.zeros(3), unit, np.zeros(3), 0.0, np.zeros(4), 0.0))
+                np.testing.assert_allclose(rows[sel], want_rows)
+                np.testing.assert_allclose(edges[sel], want_edges)
     with pytest.raises(ValueError, match="at least 4 layers"):
         dependencies_from_stats(stats, 0, 4)
 
@@ -247,9 +248,13 @@ def test_a_million_dependencies_in_seconds() -> None:
 
 def test_inconsistent_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="one entry per dependency"):
-        Dependencies(np.array([0, 1]), np.array([1]), np.zeros((2, 2)), np.zeros((2, 2)), np.ones(2))
-    with pytest.raises(ValueError, match="sub_rows and sub_edges"):
-        Dependencies(np.array([0]), np.array([1]), np.zeros((1, 2)), np.zeros((1, 3)), np.ones(1))
+        Dependencies(np.array([0, 1]), np.array([1]), np.ones((2, 2)), np.arange(2))
+    with pytest.raises(ValueError, match="layer by layer"):
+        deps_of([1, 0], [1, 2], np.ones((2, 2)))
+    with pytest.raises(ValueError, match="layers 0..1"):
+        deps_of([0, 2], [1, 2], np.ones((2, 2)))
+    with pytest.raises(ValueError, match="rows of walks"):
+        Dependencies(np.array([0]), np.array([1]), np.ones((1, 2)), np.array([1]))
     with pytest.raises(ValueError, match="workers"):
         predict([hand_deps()], COSTS, np.zeros((2, 2)), [np.zeros(4, bool)])
     assert greedy_worker(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, int), np.zeros(0, int), 5.0, 2).size == 0

@@ -53,8 +53,7 @@ def test_a_vertex_replicated_for_one_subtree_is_not_counted_again() -> None:
     # the worker fetches nothing at layer 0 either: they count as cached
     assert cached[0] and cached[1]
     # the walks rule costs 2's tree alone (1.0 + its 2 in-walks x 1 = 3.0) and counts 3 in both trees
-    walks = hg.Dependencies(LAYER, VERTEX, np.array([[0, 0], [0, 0], [1, 0], [1, 0]]),
-                            np.array([[0, 0], [0, 0], [1, 0], [2, 0]]), np.array([1, 1, 1, 2]))
+    walks = hg.Dependencies(LAYER, VERTEX, np.array([[1.0, 1.0], [1.0, 2.0]]), np.array([0, 1, 0, 1]))  # w_0, w_1
     assert hg.recompute_cost(walks, costs)[2:].sum() == pytest.approx(1.75 + 3.0)
 
 
@@ -78,8 +77,7 @@ def test_the_memory_stop_ends_the_algorithm_not_the_layer() -> None:
     cached, rep = greedy_paper_worker(alone, LAYER, VERTEX, costs, budget=15.0, layers=2)
     assert cached.tolist() == [True, False, False, False]
     assert rep.memory == 10.0 and rep.rows.tolist() == [1, 0, 0]
-    deps = hg.Dependencies(LAYER, VERTEX, np.array([[0, 0], [0, 0], [1, 0], [1, 0]]), np.zeros((4, 2)),
-                           np.array([1, 1, 0, 0]))
+    deps = hg.Dependencies(LAYER, VERTEX, np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([0, 1, 0, 1]))  # no in-edges
     walks = greedy_worker(hg.recompute_cost(deps, costs), hg.communicate_cost(deps, costs),
                           hg.cache_memory(deps, costs), LAYER, VERTEX, 15.0, 2)
     assert walks.tolist() == [True, False, True, True]

@@ -250,29 +250,6 @@ def test_equal_dims_are_compared_without_sympy_algebra(monkeypatch) -> None:
     assert len(expanded) == 2
 
 
-def test_the_planners_algorithm_4_builds_no_subtree_tables(monkeypatch) -> None:
-    """The planner's Algorithm 4 runs and row counts read each dependency's layer and vertex only: its
-    dependencies carry no [layers x n, layers] subtree tables (145 MB per worker for GCNII x32 on the
-    89,000-vertex SBM), which select-hybrid's selection, the one that reads them, still builds."""
-    from gnnc.passes.planner import hybrid_greedy
-
-    built = []
-    real = hybrid_greedy.dependencies_from_stats
-
-    def recorded(*args, **kwargs):
-        deps = real(*args, **kwargs)
-        built.append(deps.sub_rows is not None)
-        return deps
-
-    monkeypatch.setattr(hybrid_greedy, "dependencies_from_stats", recorded)
-    graph = random_graph(n=300, e=1800, f=16, c=4)
-    plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=4), graph, workers=4, cluster="gnnpipe")
-    assert plan.meta.planner is not None
-    assert built.count(False) == 4, built  # the planner's: one per worker, without tables
-    if "hybrid" in plan.meta.planner.strategies:  # select-hybrid's, with them
-        assert built[4:] == [True] * 4, built
-
-
 def test_algorithm_4_measures_no_level_below_an_ended_subtree(monkeypatch) -> None:
     """Line 6's measure of a layer's subtrees stops at the first level where none is left to expand: below it
     a level adds no cost and no element. The 64-layer GCNII example on Cora x4 expanded nothing in 7,153 of its

@@ -237,7 +237,7 @@ def _algorithm_4_inputs(layers: int, t_x: float):
 
     graph = random_graph(n=300, e=1800, f=8, c=3)
     parts = np.random.default_rng(1).integers(0, 4, graph.num_nodes)
-    deps = hg.dependencies_from_stats(compute_stats(graph, parts, layers), 0, layers, subtrees=False)
+    deps = hg.dependencies_from_stats(compute_stats(graph, parts, layers), 0, layers)
     costs = hg.UnitCosts(np.ones(layers), np.zeros(layers), np.full(layers, 3.5), t_x, np.ones(layers + 1), 1.0)
     return hg.in_trees(graph, "plain", parts, 0), deps, costs
 

@@ -48,7 +48,7 @@ fast for millions of dependencies.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,66 +59,128 @@ from gnnc.graph import sorted_unique
 
 @dataclass(frozen=True)
 class Dependencies:
-    """The remote dependencies of one worker in a segment of L layers: one entry per (layer, vertex).
+    """The remote dependencies of one worker in a segment of L layers: one entry per (layer, vertex), layer by
+    layer (`layer` non-decreasing: a shorter segment's are the first entries, `dependencies_prefix`).
 
     layer[d]: the segment layer (0..L-1) that reads the remote row.
     vertex[d]: the row's global vertex id (orders ties in the queue).
-    sub_rows[d, k]: rows of h^{k+1} to compute at layer k if d is cached
-        (zero for k >= layer[d]; at k = layer[d]-1 it counts v itself).
-    sub_edges[d, k]: edges to aggregate at layer k if d is cached.
-    sub_inputs[d]: rows of the segment's input h^0 the subtree needs (for a
-        layer-0 dependency: v's own input row).
+    walks[j, i]: the in-walks of length i (0..L-1) ending at a vertex, w_0 = 1 (PartStats' unfolded in-trees
+        level by level); walk[d]: the row of `walks` that is vertex[d]'s.
     owner[d]: the worker owning v, to count the rows each worker sends for
         the communicated dependencies; None when unknown (sends are then
         taken equal to receives).
-    sub_rows and sub_edges are None where only the layers and vertices are read (the planner's Algorithm 4 runs
-    and row counts: `dependencies_from_stats(..., subtrees=False)`); `span` then holds the segment's layers.
+
+    Caching d = (m, v) computes v's unfolded in-tree of depth m level by level: at layer k < m the
+    w_{m-1-k} rows at distance m-1-k from v (k = m-1: v itself), aggregating the w_{m-k} edges into them, from
+    w_m rows of the segment's input. So a subtree is a row of `walks`, read backwards: `subtree_tables` gives
+    those counts as [dependencies, L] tables (sub_rows[d, k], sub_edges[d, k], zero for k >= layer[d]) a block
+    of dependencies at a time, `sub_inputs` the inputs. They are not held whole: L x n x L each, 145 MB per
+    worker for GCNII x32 on the 89,000-vertex SBM, whose select-hybrid spent 3.8 s building and zeroing them.
     """
 
     layer: np.ndarray
     vertex: np.ndarray
-    sub_rows: np.ndarray | None
-    sub_edges: np.ndarray | None
-    sub_inputs: np.ndarray
+    walks: np.ndarray
+    walk: np.ndarray
     owner: np.ndarray | None = None
-    span: int = 0  # the segment's layers, when sub_rows is None
 
     def __post_init__(self) -> None:
         n = len(self.layer)
-        if np.shape(self.vertex) != (n,) or np.shape(self.sub_inputs) != (n,):
-            raise ValueError("Dependencies: layer, vertex and sub_inputs need one entry per dependency")
-        if self.sub_rows is None:
-            if self.sub_edges is not None or self.span < 1:
-                raise ValueError("Dependencies without sub_rows have no sub_edges either, and a span of layers")
-        elif np.ndim(self.sub_rows) != 2 or np.shape(self.sub_rows)[0] != n or \
-                np.shape(self.sub_edges) != np.shape(self.sub_rows):
-            raise ValueError("Dependencies: sub_rows and sub_edges must both be [dependencies, layers]")
+        if np.shape(self.vertex) != (n,) or np.shape(self.walk) != (n,):
+            raise ValueError("Dependencies: layer, vertex and walk need one entry per dependency")
+        if np.ndim(self.walks) != 2 or np.shape(self.walks)[1] < 1:
+            raise ValueError("Dependencies: walks must be [vertices, layers], w_0 .. w_{L-1}")
+        if n and (np.any(np.diff(self.layer) < 0) or int(np.min(self.layer)) < 0 or
+                  int(np.max(self.layer)) >= self.layers):
+            raise ValueError(f"Dependencies: layers 0..{self.layers - 1}, layer by layer")
+        if n and (int(np.min(self.walk)) < 0 or int(np.max(self.walk)) >= len(self.walks)):
+            raise ValueError(f"Dependencies: walk indexes the {len(self.walks)} rows of walks")
         if self.owner is not None and np.shape(self.owner) != (n,):
             raise ValueError("Dependencies: owner needs one entry per dependency")
 
     @property
     def layers(self) -> int:
-        return self.span if self.sub_rows is None else int(np.shape(self.sub_rows)[1])
+        return int(np.shape(self.walks)[1])
+
+    @property
+    def sub_inputs(self) -> np.ndarray:
+        """Rows of the segment's input h^0 each subtree needs, w_m (a layer-0 dependency: v's own input row)."""
+        return np.asarray(self.walks, np.float64)[self.walk, self.layer]
 
     def __len__(self) -> int:
         return len(self.layer)
 
 
-def dependencies_from_stats(stats: Any, part: int, layers: int, subtrees: bool = True) -> Dependencies:
+# Elements of a block of `subtree_tables` at most (2 MB: 8,192 rows of 32 layers): OpenBLAS computes a gemv of
+# this size on one thread; a larger one on two, which wait for each other on a loaded machine (load 4 on 2 cores:
+# a [17,700 x 32] product 17 ms on two threads, 0.2 ms on one).
+TABLE_ELEMENTS = 1 << 18
+
+
+def subtree_tables(deps: Dependencies) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
+    """The subtree tables of `deps` (see Dependencies), a block of consecutive dependencies at a time: (lo, hi,
+    sub_rows[lo:hi], sub_edges[lo:hi], sub_inputs[lo:hi]), read-only, valid until the next block is asked for.
+
+    Every block starts at a multiple of 64 rows and the last ends at the end, so that a block's product with a
+    vector rounds each row as one product of the whole table does: OpenBLAS's gemv takes a call's rows 4 at a
+    time, and its last rows beyond a multiple of 4 by another kernel, which rounds otherwise. A row's t_r and
+    memory are then the floats the whole tables gave (tests/test_hybrid_greedy_walks.py), and with them the
+    queue's order and ties. Where a layer's dependencies read consecutive rows of `walks`
+    (`dependencies_from_stats`'), a block is a view, not a copy: with each row of walks reversed and followed by
+    zeros, a layer-m subtree's rows and edges are L consecutive columns of it (the rows' from L - m on).
+    """
+    layers, n = deps.layers, len(deps)
+    if not n:
+        return
+    walks = np.asarray(deps.walks, np.float64)
+    layer, walk = np.asarray(deps.layer, np.int64), np.asarray(deps.walk, np.int64)
+    # row j: w_{L-1} .. w_0, then L zeros: a layer-m dependency's sub_rows are its columns L-m .. 2L-m-1
+    # (w_{m-1} .. w_0, zeros), its sub_inputs column L-1-m (w_m); of edges_of (w_{L-1} .. w_1, zeros), its
+    # sub_edges columns L-1-m .. 2L-2-m (w_m .. w_1, zeros)
+    rows_of = np.zeros((len(walks), 2 * layers))
+    rows_of[:, :layers] = walks[:, ::-1]
+    edges_of = np.zeros((len(walks), 2 * layers))
+    edges_of[:, :layers - 1] = walks[:, :0:-1]
+    rows_of.flags.writeable = edges_of.flags.writeable = False  # the blocks are views of them
+
+    def of(m: int, j: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (rows_of[j, layers - m:2 * layers - m], edges_of[j, layers - 1 - m:2 * layers - 1 - m],
+                rows_of[j, layers - 1 - m])
+
+    bounds = np.searchsorted(layer, np.arange(layers + 1))  # layer m's dependencies: bounds[m]..bounds[m + 1]
+    step = max(64, TABLE_ELEMENTS // layers // 64 * 64)
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    lo = 0
+    while lo < n:
+        m = int(layer[lo])
+        end = int(bounds[m + 1])
+        hi = min(end if end == n else lo + (end - lo) // 64 * 64, lo + step)
+        if hi > lo and bool(np.all(np.diff(walk[lo:hi]) == 1)):  # layer m's run, to a multiple of 64 rows (or
+            # to the end), on consecutive rows of walks: a view
+            yield (lo, hi, *of(m, slice(int(walk[lo]), int(walk[lo]) + hi - lo)))
+        else:  # copied: the 64 rows across the end of a run, or `step` rows of runs that are not views
+            hi = min(n, lo + (64 if hi == lo else step))
+            if buffers is None:
+                buffers = (np.empty((step, layers)), np.empty((step, layers)), np.empty(step))
+            for k in range(m, int(layer[hi - 1]) + 1):
+                a, b = max(lo, int(bounds[k])), min(hi, int(bounds[k + 1]))
+                for buffer, part in zip(buffers, of(k, walk[a:b])):
+                    buffer[a - lo:b - lo] = part
+            yield (lo, hi, *(buffer[:hi - lo] for buffer in buffers))
+        lo = hi
+
+
+def dependencies_from_stats(stats: Any, part: int, layers: int) -> Dependencies:
     """Part `part`'s dependencies for a segment of `layers` layers, from `partition.stats.PartStats`.
 
     Every remote in-neighbour v of the part is a dependency at each layer m
     of the segment (m = 0..layers-1, relative to the segment's first layer).
     PartStats gives, per dependency, the edges of v's unfolded in-tree of
     depth k (`dep_subtree_edges[:, k]`, walks of length 1..k ending at v), so
-    the walks of length exactly j are its differences, w_0 = 1. Caching
-    (m, v) computes the tree level by level: at layer k < m the rows at
-    distance m-1-k from v (w_{m-1-k}), aggregating the edges into them
-    (w_{m-k}), from w_m input rows. Owners follow PartStats' order (by owner,
-    then id), so they are read off `send_matrix[:, part]`. Like PartStats'
-    trees, rows the part owns anyway are counted too. `subtrees=False`: without sub_rows and sub_edges, which
-    the planner's Algorithm 4 runs and row counts never read ([layers x n, layers] each: 145 MB per worker for
-    GCNII x32 on the 89,000-vertex SBM).
+    the walks of length exactly j are its differences, w_0 = 1: one row of
+    `Dependencies.walks` per vertex, shared by its entries at every layer. Owners follow PartStats' order (by
+    owner, then id), so they are read off `send_matrix[:, part]`. Like PartStats' trees, rows the part owns
+    anyway are counted too.
     """
     lo, hi = int(stats.dep_ptr[part]), int(stats.dep_ptr[part + 1])
     ids = np.asarray(stats.dep_ids[lo:hi], dtype=np.int64)
@@ -131,36 +193,22 @@ def dependencies_from_stats(stats: Any, part: int, layers: int, subtrees: bool =
     walks[:, 1:] = np.diff(tree[:, :layers], axis=1)
     owner_counts = np.asarray(stats.send_matrix, dtype=np.int64)[:, part]
     owners = np.repeat(np.arange(len(owner_counts)), owner_counts)
-    layer = np.repeat(np.arange(layers), n)
     owner = np.tile(owners, layers) if len(owners) == n else None
-    if not subtrees:
-        return Dependencies(layer, np.tile(ids, layers), None, None, walks.T.reshape(-1), owner=owner,
-                            span=layers)
-    rows = np.zeros((layers * n, layers))
-    edges = np.zeros((layers * n, layers))
-    inputs = np.zeros(layers * n)
-    for m in range(layers):  # block m, column k < m: w_{m-1-k} rows, w_{m-k} edges (row by row, not column by column)
-        block = slice(m * n, (m + 1) * n)
-        if m:
-            rows[block, :m] = walks[:, m - 1::-1]
-            edges[block, :m] = walks[:, m:0:-1]
-        inputs[block] = walks[:, m]
-    return Dependencies(layer, np.tile(ids, layers), rows, edges, inputs, owner=owner)
+    walk = np.tile(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), layers)  # int32: 4 bytes per dependency
+    return Dependencies(np.repeat(np.arange(layers), n), np.tile(ids, layers), walks, walk, owner=owner)
 
 
 def dependencies_prefix(deps: Dependencies, layers: int) -> Dependencies:
     """The dependencies of a segment's first `layers` layers out of `dependencies_from_stats`' for a longer one
     from the same start: its entries are layer by layer and a layer's subtree does not depend on the layers
-    above, so the shorter segment's are the first entries, their first `layers` columns. Views of `deps`, not
-    copies: the planner reads a span's layers, vertices and owners, and copying a deep model's subtree columns
-    per span was most of its compile (GCNII x32 on an 89,000-vertex SBM: 22 of 92 s)."""
+    above, so the shorter segment's are the first entries and the first `layers` walks. Views of `deps`, not
+    copies (copying a deep model's subtree columns per span was most of its compile: GCNII x32 on an
+    89,000-vertex SBM, 22 of 92 s)."""
     if layers == deps.layers:
         return deps
     n = int(np.searchsorted(deps.layer, layers))
-    whole = deps.sub_rows is not None
-    return Dependencies(deps.layer[:n], deps.vertex[:n], deps.sub_rows[:n, :layers] if whole else None,
-                        deps.sub_edges[:n, :layers] if whole else None, deps.sub_inputs[:n],
-                        owner=None if deps.owner is None else deps.owner[:n], span=0 if whole else layers)
+    return Dependencies(deps.layer[:n], deps.vertex[:n], deps.walks[:, :layers], deps.walk[:n],
+                        owner=None if deps.owner is None else deps.owner[:n])
 
 
 @dataclass(frozen=True)
@@ -184,10 +232,11 @@ class UnitCosts:
 
 def recompute_cost(deps: Dependencies, costs: UnitCosts) -> np.ndarray:
     """t_r of every dependency: its subtree's rows and edges at their layers' unit costs, plus its inputs."""
-    rows = np.asarray(deps.sub_rows, np.float64)
-    edges = np.asarray(deps.sub_edges, np.float64)
-    return rows @ np.asarray(costs.t_v, np.float64) + edges @ np.asarray(costs.t_e, np.float64) \
-        + np.asarray(deps.sub_inputs, np.float64) * costs.t_x
+    t_v, t_e = np.asarray(costs.t_v, np.float64), np.asarray(costs.t_e, np.float64)
+    out = np.empty(len(deps))
+    for lo, hi, rows, edges, inputs in subtree_tables(deps):
+        out[lo:hi] = rows @ t_v + edges @ t_e + inputs * costs.t_x
+    return out
 
 
 def communicate_cost(deps: Dependencies, costs: UnitCosts) -> np.ndarray:
@@ -198,9 +247,24 @@ def communicate_cost(deps: Dependencies, costs: UnitCosts) -> np.ndarray:
 def cache_memory(deps: Dependencies, costs: UnitCosts) -> np.ndarray:
     """Bytes caching each dependency takes: its input rows, computed rows and edges."""
     row_bytes = np.asarray(costs.row_bytes, np.float64)
-    return (np.asarray(deps.sub_inputs, np.float64) * row_bytes[0]
-            + np.asarray(deps.sub_rows, np.float64) @ row_bytes[1:deps.layers + 1]
-            + np.asarray(deps.sub_edges, np.float64).sum(axis=1) * costs.edge_bytes)
+    out = np.empty(len(deps))
+    for lo, hi, rows, edges, inputs in subtree_tables(deps):
+        out[lo:hi] = inputs * row_bytes[0] + rows @ row_bytes[1:deps.layers + 1] + edges.sum(axis=1) * costs.edge_bytes
+    return out
+
+
+def subtree_sums(deps: Dependencies, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sub_rows and sub_edges (Dependencies) summed over the dependencies `mask` selects, per layer: in the
+    dependencies' order, each block's rows added on to the sum so far (numpy sums a table's rows one after
+    another), so the sums are the same floats as one sum of the whole tables' masked rows."""
+    mask = np.asarray(mask, dtype=bool)
+    rows_sum, edges_sum = np.zeros(deps.layers), np.zeros(deps.layers)
+    for lo, hi, rows, edges, _ in subtree_tables(deps):
+        sel = mask[lo:hi]
+        if sel.any():
+            rows_sum = np.concatenate((rows_sum[None], rows[sel])).sum(axis=0)
+            edges_sum = np.concatenate((edges_sum[None], edges[sel])).sum(axis=0)
+    return rows_sum, edges_sum
 
 
 def greedy_worker(t_r: np.ndarray, t_c: np.ndarray, memory: np.ndarray, layer: np.ndarray,
@@ -295,9 +359,8 @@ def predict(deps: Sequence[Dependencies], costs: UnitCosts, own_time: np.ndarray
         comm_t[i] = received[i] * t_c
         if not mask.any():  # nothing cached: no recompute, no memory (the zeros the sums below would give)
             continue
-        rec_rows[i] = np.asarray(dep.sub_rows, np.float64)[mask].sum(axis=0)
-        rec_edges[i] = np.asarray(dep.sub_edges, np.float64)[mask].sum(axis=0)
-        replicated[i] = float(np.asarray(dep.sub_inputs, np.float64)[mask].sum())
+        rec_rows[i], rec_edges[i] = subtree_sums(dep, mask)
+        replicated[i] = float(dep.sub_inputs[mask].sum())
         rec_t[i] = rec_rows[i] * t_v + rec_edges[i] * t_e
         rec_t[i, 0] += replicated[i] * costs.t_x
         memory[i] = float(cache_memory(dep, costs)[mask].sum())
