@@ -25,6 +25,8 @@ inserted.
 """
 from __future__ import annotations
 
+import operator
+
 from gnnc.ir import Eqn, Program
 from gnnc.ir.ops import op_def
 from gnnc.passes.manager import PassContext, register_pass
@@ -45,13 +47,18 @@ def hoist(program: Program, ctx: PassContext) -> Program:
     layers = []
     for layer in program.layers:
         eqns = []
-        for e in layer.eqns:
-            e = _without_mark(e)
+        for given in layer.eqns:
+            e = _without_mark(given)
             inputs_static = all(v.name in static for v in e.ins)
             if inputs_static and not op_def(e.op).varies_per_step:
                 static.update(o.name for o in e.outs)
                 if e.ins:  # a constant or edge data alone is not worth a cache entry
                     e = e.with_attrs(**{ATTR: True})
-            eqns.append(e)
-        layers.append(layer.replace(eqns=tuple(eqns)))
+            # an equation marked as it was is kept, and so is a layer of such, and a program of such (the pass
+            # runs twice in a compile: records equal to the given ones made the IR verified again for nothing)
+            eqns.append(given if e is given or e == given else e)
+        kept = all(map(operator.is_, eqns, layer.eqns))
+        layers.append(layer if kept else layer.replace(eqns=tuple(eqns)))
+    if all(map(operator.is_, layers, program.layers)):
+        return program
     return program.replace(layers=tuple(layers))

@@ -59,6 +59,7 @@ member's chunks: `ctx.results.pipeline_bytes`.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,8 @@ def predict(program: Program, graph, parts: np.ndarray, world: int,
                 totals["allreduce"] += fwd + bwd
                 e = e.with_attrs(bytes_fwd=fwd, bytes_bwd=bwd)
             eqns.append(e)
-        layers.append(layer.replace(eqns=tuple(eqns)))
+        # a layer with no exchange keeps its record (a new one, equal, made the IR verified again for nothing)
+        layers.append(layer if all(map(operator.is_, eqns, layer.eqns)) else layer.replace(eqns=tuple(eqns)))
     split = split_weights(program)
     numel = sum(_width(p.value.type.shape, config) for p in program.params() if p.value.name not in split)
     totals["allreduce"] += 2 * (world - 1) * numel * GRAD_BYTES

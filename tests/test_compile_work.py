@@ -146,6 +146,24 @@ def test_a_program_of_the_verified_programs_own_parts_is_not_verified_again(monk
     assert per_call.count(0) >= 2, per_call  # (was none: each verification checked every equation)
 
 
+def test_passes_that_change_nothing_keep_the_records_they_were_given(graph) -> None:
+    """hoist (run twice) and predict-bytes rebuilt every layer, equal to the given ones, when they had nothing to
+    mark: the IR was then verified again whole. Now an unchanged equation, layer and program is the given record
+    (hoist returns the program it was given: not verified again; predict-bytes keeps every layer without an
+    exchange). The 64-layer example on Cora x4: 11 verifications, 8 checking equations at f7ba317 -> 9, 5."""
+    seen = []
+    gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=8), graph, workers=4, strategy="depcache",
+                 after=lambda name, program: seen.append((name, program)))
+    names = [name for name, _ in seen]
+    assert names.count("hoist") == 2 and "predict-bytes" in names
+    for k, (name, program) in enumerate(seen):
+        if name == "hoist":
+            assert program is seen[k - 1][1], name  # GCNII hoists nothing
+        if name == "predict-bytes":
+            kept = [a is b for a, b in zip(seen[k - 1][1].layers, program.layers)]
+            assert kept and all(kept), kept  # (DepCache: no exchange inside its layers)
+
+
 def test_the_verifier_still_names_a_use_of_another_type(graph) -> None:
     """The shortcut above skips only a use that is its definition's value: a use of the same name with another
     type is still refused, naming both."""
