@@ -58,3 +58,48 @@ def test_depcomm_pays_the_same_buffers_beside_its_rows_moved_and_depcache_none()
     assert _copy_share(cost.stages[-1], fixed, T_copy_b) == pytest.approx(1e-9 * 2 * rows * width, rel=1e-6)
     # DepCache has no halo inside a segment: no copy at all
     assert T_copy_f not in depcache(0, 2, [LayerShape(gemm_first=False, input_grad=False), shape]).free_symbols
+
+
+def test_a_cache_all_hybrid_is_depcache_with_its_empty_halo() -> None:
+    """Hybrid caching every dependency runs DepCache's rows and each layer's halo, empty (session 25): priced as
+    DepCache plus `halo_buffers` over the rows each layer computes (HV_{k-1-m}); the old model priced it as
+    DepCache exactly (the difference below was 0), and on the extended grid it measured slower than DepCache in
+    11 of 12 pairs (benchmarks/RESULTS-planner-extended.md, "Session 25 (PRICE)")."""
+    from gnnc.passes.cost.symbols import hop_vertices
+
+    shapes = [LayerShape(gemm_first=False, input_grad=False), LayerShape(gemm_first=False)]
+    plain, with_halo = depcache(0, 2, shapes), depcache(0, 2, shapes, halo=True)
+    rows = {hop_vertices(1): 3000.0, hop_vertices(0): 1000.0, d(0): 32.0, d(1): 16.0}  # HV_0: the owned rows
+    # layer 0 (reads x: no gradient back) forward over its HV_1 output rows, layer 1 forward and backward over V
+    fwd = _copy_share(with_halo.stages[0], rows, T_copy_f) - _copy_share(plain.stages[0], rows, T_copy_f)
+    bwd = _copy_share(with_halo.stages[1], rows, T_copy_b) - _copy_share(plain.stages[1], rows, T_copy_b)
+    assert fwd == pytest.approx(1e-9 * (3000.0 * 32.0 + 1000.0 * 16.0), rel=1e-4)
+    assert bwd == pytest.approx(1e-9 * 2 * 1000.0 * 16.0, rel=1e-4)  # a difference of sums: rounding
+
+
+def test_the_planner_and_the_schedule_price_a_cache_all_selection_with_its_halo() -> None:
+    """hybrid.select's cache-all candidate (its value, `DepcacheSpans(halo=True)`, and its formula) and the schedule
+    pass's formula of such a segment (scheduled.segment_formula) are `depcache(halo=True)`, above DepCache's."""
+    import numpy as np
+
+    from conftest import EXAMPLES, random_graph
+    from gnnc import api
+    from gnnc.cluster import preset
+    from gnnc.passes.cost.evaluation import compile_cost
+    from gnnc.passes.cost.inputs import planning_inputs
+    from gnnc.passes.cost.neutronstar import DepcacheSpans
+    from gnnc.passes.cost.registry import segment_cost
+    from gnnc.passes.cost.scheduled import CACHE_ALL, Segment, segment_formula
+    from gnnc.passes.planner.hybrid import Selection
+
+    graph = random_graph(300, 2400, f=32, c=4, seed=2)
+    program = api.compile(api.load_model(EXAMPLES / "gcn.gnn", hidden=16), graph).program
+    parts = np.arange(graph.num_nodes) % 2
+    _, inputs, shapes = planning_inputs(program, graph, parts, preset("neutronstar-ecs"), 2)
+    plain, with_halo = DepcacheSpans(inputs, shapes).value(0, 2), DepcacheSpans(inputs, shapes, halo=True).value(0, 2)
+    assert with_halo.time > plain.time
+    formula = segment_cost("depcache", 0, 2, shapes, halo=True)
+    assert compile_cost(formula)(inputs).time == pytest.approx(with_halo.time, rel=1e-9)
+    sel = Selection(None, "cache-all", None, with_halo.time, np.zeros((2, 2)), with_halo, 0, 2, tuple(shapes))
+    assert sel.formula == formula
+    assert segment_formula(program, Segment(0, 2, "hybrid"), shapes, CACHE_ALL) == formula

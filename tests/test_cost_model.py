@@ -35,7 +35,7 @@ from gnnc.passes.partition.stats import compute_stats
 from gnnc.plan.rows import LayerSpec, all_row_sets, build_local_graph
 
 
-OTHER_OPS = ("Tin_", "Tout_", "Tedge_", "Tcall_", "Tcopy_", "Topt")
+OTHER_OPS = ("Tin_", "Tout_", "Tedge_", "Tcall_", "Tcopy_", "Topt", "Tdense_in_", "Tdense_out_")
 KERNEL_FACTORS = ("Kgemm_", "Kspmm_")
 
 

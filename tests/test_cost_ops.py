@@ -167,6 +167,9 @@ def test_depcomm_charges_the_other_ops_on_its_rows_edges_and_copies() -> None:
               op_time(0, "in", "f"): 1e-7, op_time(0, "out", "f"): 2e-7, op_time(0, "edge", "f"): 3e-8,
               op_time(0, "call", "f"): 1e-4, op_time(0, "in", "b"): 0.0, op_time(0, "out", "b"): 4e-7,
               op_time(0, "edge", "b"): 5e-8, op_time(0, "call", "b"): 2e-4,
+              # the dense layers' maps, per input row (the one before layer 0) and output row (the one after it)
+              op_time(0, "dense_in", "f"): 3e-6, op_time(0, "dense_out", "f"): 5e-6,
+              op_time(0, "dense_in", "b"): 7e-6, op_time(0, "dense_out", "b"): 1.1e-5,
               **{kernel_factor(0, k): 1.0 for k in KERNELS}}
     bare = {**values, **{k: 0 for k in values if k.name.startswith("T")}}
     c = depcomm(0, LayerShape(gemm_first=True, input_grad=False), overlap=False)
@@ -174,10 +177,11 @@ def test_depcomm_charges_the_other_ops_on_its_rows_edges_and_copies() -> None:
     # the halo's rows packed and assembled (B + S), and the layer's V output rows summed part by part into one
     # zero-filled buffer (compute.halo_buffers), both at the forward copy rate
     assert fwd == pytest.approx(100 * 1e-7 + 100 * 2e-7 + 600 * 3e-8 + 1e-4 + (30 + 40) * 16 * 1e-9
-                                + 100 * 16 * 1e-9)
+                                + 100 * 16 * 1e-9 + 100 * (3e-6 + 5e-6))
     bwd = float(c.stages[1].subs(values)) - float(c.stages[1].subs(bare))
     # backward: the halo's gradient for the V held rows zero-filled, then added to their other gradient (2 passes)
-    assert bwd == pytest.approx(100 * 4e-7 + 600 * 5e-8 + 2e-4 + (30 + 40) * 16 * 2e-9 + 2 * 100 * 16 * 2e-9)
+    assert bwd == pytest.approx(100 * 4e-7 + 600 * 5e-8 + 2e-4 + (30 + 40) * 16 * 2e-9 + 2 * 100 * 16 * 2e-9
+                                + 100 * (7e-6 + 1.1e-5))
 
 
 def test_the_evaluation_pass_is_the_forward_again_without_dropout() -> None:
@@ -185,7 +189,7 @@ def test_the_evaluation_pass_is_the_forward_again_without_dropout() -> None:
     priced = with_evaluation(c, 1, 2)
     assert priced.evaluation == 1 and priced.training_stages == c.stages
     (ev,) = priced.evaluation_stages
-    swap = {op_time(1, s, "f"): op_time(1, s, "e") for s in ("in", "out", "edge", "call")}
+    swap = {op_time(1, s, "f"): op_time(1, s, "e") for s in ("in", "out", "edge", "call", "dense_in", "dense_out")}
     assert ev == c.stages[0].xreplace({**swap, R_gemm: R_gemm_e, R_spmm: R_spmm_e})  # kernels at forward rates
     # no training-forward op left; the kernels keep their forward width factors (the same products run)
     assert not any(s.name.startswith("T") and s.name.endswith("_f_1") for s in ev.free_symbols)

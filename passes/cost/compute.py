@@ -75,10 +75,17 @@ def _times(x: sympy.Expr, k: float) -> sympy.Expr:
     return x if k == 1 else x * k
 
 
-def row_ops(layer: int, in_rows: sympy.Expr, out_rows: sympy.Expr, phase: str = "f") -> sympy.Expr:
+def row_ops(layer: int, in_rows: sympy.Expr, out_rows: sympy.Expr, phase: str = "f",
+            dense_maps: bool = True) -> sympy.Expr:
     """The layer's other vertex ops (gnnc.passes.cost.ops): those before its aggregation on `in_rows`,
-    those after it and the dense layer after it on `out_rows`. Phase f, b or e (`op_time`)."""
-    return in_rows * op_time(layer, "in", phase) + out_rows * op_time(layer, "out", phase)
+    those after it and the dense layer after it on `out_rows`. Phase f, b or e (`op_time`). With `dense_maps`,
+    the dense layers' dense maps too (sides dense_in, dense_out: the dense layer before layer 0 maps the input
+    features on every row the layer reads, DepCache's HV_k; GCNII's 512 -> 32 there was priced by no formula);
+    False for a formula that prices them itself (GNNPipe's DF_s)."""
+    t = in_rows * op_time(layer, "in", phase) + out_rows * op_time(layer, "out", phase)
+    if dense_maps:
+        t += in_rows * op_time(layer, "dense_in", phase) + out_rows * op_time(layer, "dense_out", phase)
+    return t
 
 
 def edge_ops(layer: int, edges: sympy.Expr, phase: str = "f") -> sympy.Expr:

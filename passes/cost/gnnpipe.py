@@ -137,9 +137,10 @@ def pipeline(start: int, end: int, shapes: Sequence[LayerShape], split: Sequence
             shape = shapes[layer - start]
             w = shape.width(layer)
             # the layer's other ops (gnnc.passes.cost.ops) on the member's rows, dispatched once per chunk
-            fwd.append(compute_forward(layer, shape, rows, edges) + row_ops(layer, rows, rows, "f")
+            # (the dense layers' maps are DF_s and DB_s: row_ops leaves them out here)
+            fwd.append(compute_forward(layer, shape, rows, edges) + row_ops(layer, rows, rows, "f", dense_maps=False)
                        + edge_ops(layer, edges, "f") + K * call_ops(layer, "f"))
-            bwd.append(compute_backward(layer, shape, rows, edges) + row_ops(layer, rows, rows, "b")
+            bwd.append(compute_backward(layer, shape, rows, edges) + row_ops(layer, rows, rows, "b", dense_maps=False)
                        + edge_ops(layer, edges, "b") + K * call_ops(layer, "b"))
             mem.append(layer_memory(layer, shape, rows, GR + HR / G, rows, edges) + b * N * w)
             if G > 1:

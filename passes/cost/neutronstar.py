@@ -137,7 +137,7 @@ def _fetch_rows(rows: sympy.Expr, width: sympy.Expr, with_grad: bool,
 
 @cost_formula("depcache")
 def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bool | None = None,
-             bins: int = 1) -> Cost:
+             bins: int = 1, halo: bool = False) -> Cost:
     """DepCache (NeutronStar): replicate the (end-start)-hop in-neighbourhood and recompute it.
 
     With k = end - start layers, layer start+m computes the rows within
@@ -156,6 +156,13 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
     once with the partition, and cost nothing per epoch. `fetch_input`
     overrides that rule. With `bins` > 1 (G3's bins, gnnc.plan.schedule_attrs) backward
     first recomputes each bin's forward.
+
+    `halo`: a Hybrid segment whose selection caches every dependency (gnnc.passes.planner.hybrid's cache-all):
+    DepCache's rows, but its plan still runs each layer's halo, empty, and the aggregation split around it, so
+    each layer also pays `compute.halo_buffers` over the rows it computes, as the Hybrid formula charges a
+    halo's layer. Measured: on the extended grid every such plan beside DepCache (same bytes) measured slower in
+    11 of 12 pairs (+0 to +13%, median +6%; RESULTS-planner-extended.md, "Session 25 (PRICE)"), where the two were
+    priced alike.
     """
     k = end - start
     if k < 1 or len(shapes) != k:
@@ -164,7 +171,7 @@ def depcache(start: int, end: int, shapes: Sequence[LayerShape], fetch_input: bo
     for m, shape in enumerate(shapes):
         layer = start + m
         rows = {_IN: hop_vertices(k - m), _OUT: hop_vertices(k - 1 - m), _EDGES: hop_edges(k - 1 - m)}
-        fwd, bwd, memory, _ = _depcache_layer(layer, shape)
+        fwd, bwd, memory, _ = _depcache_layer(layer, shape, halo)
         fwd_terms.append(fwd.xreplace(rows))
         bwd_terms.append(bwd.xreplace(rows))
         if bins > 1:
@@ -185,12 +192,18 @@ _HOP = Symbol("_depcache_hop_rows", nonnegative=True)  # HV_k of a k-layer segme
 
 
 @functools.lru_cache(maxsize=4096)
-def _depcache_layer(layer: int, shape: LayerShape) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+def _depcache_layer(layer: int, shape: LayerShape,
+                    halo: bool = False) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
     """One layer of a DepCache segment on the placeholder rows `_IN`, `_OUT`, `_EDGES`: its forward and backward
-    time, its memory, and its forward as the evaluation pass runs it (gnnc.passes.cost.epoch)."""
+    time, its memory, and its forward as the evaluation pass runs it (gnnc.passes.cost.epoch). `halo`: with an
+    empty halo's buffers over its computed rows (`depcache`'s cache-all Hybrid)."""
     gemm_rows = _IN if shape.gemm_first else _OUT
     fwd = compute_forward(layer, shape, gemm_rows, _EDGES) + layer_ops(layer, _IN, _OUT, _EDGES, "f")
     bwd = compute_backward(layer, shape, gemm_rows, _EDGES) + layer_ops(layer, _IN, _OUT, _EDGES, "b")
+    if halo:
+        xw = sympy.Add(*shape.exchanged_widths(layer))
+        fwd += per_epoch(shape, halo_buffers(_OUT, xw, shape.exchange_grad, "f"))
+        bwd += per_epoch(shape, halo_buffers(_OUT, xw, shape.exchange_grad, "b"))
     memory = layer_memory(layer, shape, _IN, ZERO, _OUT, _EDGES)
     [evaluation] = evaluation_of((fwd,), range(layer, layer + 1))
     return fwd, bwd, memory, evaluation
@@ -208,8 +221,8 @@ class DepcacheSpans:
     another order (equal to rounding: tests/test_planner_speed.py).
     """
 
-    def __init__(self, inputs: CostInputs, shapes: Sequence[LayerShape]):
-        self.inputs, self.shapes = inputs, tuple(shapes)
+    def __init__(self, inputs: CostInputs, shapes: Sequence[LayerShape], halo: bool = False):
+        self.inputs, self.shapes, self.halo = inputs, tuple(shapes), halo  # halo: `depcache`'s (cache-all Hybrid)
         self.table = inputs.table.by_name
         hv, he = np.asarray(inputs.hop_vertices, np.float64), np.asarray(inputs.hop_edges, np.float64)
         self.hops = hv.shape[1] - 1  # a segment of at most this many layers has its rows counted
@@ -223,7 +236,7 @@ class DepcacheSpans:
         terms = self._terms.get(layer)
         if terms is None:
             p, h = self.inputs.workers, self.hops
-            exprs = _depcache_layer(layer, self.shapes[layer])
+            exprs = _depcache_layer(layer, self.shapes[layer], self.halo)
             cols = [np.broadcast_to(np.asarray(numeric_function(e)[0](self._grid), np.float64), (p, h)) for e in exprs]
             terms = self._terms[layer] = np.ascontiguousarray(np.stack(cols).transpose(2, 0, 1))
         return terms
@@ -318,9 +331,13 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
     """
     w = shape.width(layer)
     cr, cs, rv, re = comm_rows(layer), comm_sent(layer), recompute_rows(layer), recompute_edges(layer)
-    # a dense map that runs before the aggregation runs on the recomputed rows' inputs: the rows
-    # recomputed one layer down, or the replicated input rows at the segment's first layer
-    rg = (RX if first else recompute_rows(layer - 1)) if shape.gemm_first else rv
+    # the recomputed rows' inputs: the rows recomputed one layer down, or the replicated input rows at the segment's
+    # first layer; a dense map that runs before the aggregation runs on them, as do the ops before the aggregation
+    # (side "in": at layer 0 the dense layer before it, GCNII's dropout and 512 -> 32 map of x, on every replicated
+    # row: priced on the output rows RV, 0 for a selection replicating only x, the gcnii/sbm x4 Hybrid measured
+    # 1.2-1.55x its prediction, session 25)
+    r_in = RX if first else recompute_rows(layer - 1)
+    rg = r_in if shape.gemm_first else rv
     xw = sympy.Add(*shape.exchanged_widths(layer))  # with attention, its scores' exchange too
     # a worker that moves no row at this layer starts no message (its ring posts nothing)
     exch = per_epoch(shape, sympy.Add(*(all_to_all_time(cs * x * b, cr * x * b, (P - 1) * any_moved(cs + cr))
@@ -331,7 +348,7 @@ def _hybrid_layer(layer: int, shape: LayerShape, first: bool, overlap: bool = Tr
 
     def recompute(phase: str) -> sympy.Expr:  # the cached dependencies' rows: kernels and other ops
         kernels = compute_forward(layer, shape, rg, re) if phase == "f" else compute_backward(layer, shape, rg, re)
-        return kernels + row_ops(layer, rg, rv, phase) + edge_ops(layer, re, phase)
+        return kernels + row_ops(layer, r_in, rv, phase) + edge_ops(layer, re, phase)
 
     def window(exchange: sympy.Expr, local: sympy.Expr, remote: sympy.Expr, phase: str) -> sympy.Expr:
         if not overlap:

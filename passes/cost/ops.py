@@ -37,6 +37,13 @@ other op densifies them first (an elementwise write of the whole width). A
 dense map reading them is a sparse-dense product (`sparse_values`, which
 choose-strategy counts into LayerShape.sparse_gemms).
 
+Dense layers' dense maps: a `linear` outside a graph layer (GCNII's input map before its first graph layer, its
+classifier after the last) is no strategy's to price (they price the graph layers' own), so it is counted here
+too, as (side, d_in, d_out, sparse input, input gradient) in `LayerOpWork.dense_maps`, and priced at the GEMM rate
+per row of its side (`op_time` sides dense_in, dense_out): a strategy computing more rows than it owns runs it on
+all of them (DepCache's HV_k; session 25: unpriced, GCNII's 512 -> 32 map put DepCache at 1.37-1.60x its
+prediction on the extended grid's SBM x4).
+
 Backward: an op whose result depends on a parameter has one (autograd skips
 the others, such as the dropout of the input features). Exchanges are not
 counted at all, their dispatch included (each formula's message start-ups,
@@ -134,8 +141,8 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
     graph_layers = program.graph_layers()
     if not graph_layers:
         return []
-    work: list[dict] = [{"forward": [], "backward": [], "calls_f": 0, "calls_b": 0, "parts_f": 0, "parts_b": 0}
-                        for _ in graph_layers]
+    work: list[dict] = [{"forward": [], "backward": [], "calls_f": 0, "calls_b": 0, "parts_f": 0, "parts_b": 0,
+                         "maps": []} for _ in graph_layers]
     index = -1  # the graph layer the next dense layer's ops belong to (-1: before the first one)
     for layer in program.layers:
         graph = layer.kind == "graph"
@@ -168,6 +175,9 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
                 into["forward"].append(entry)
                 if backward:
                     into["backward"].append(entry)
+            if not graph and e.op == "linear":  # a dense layer's map: no strategy's formula prices it
+                into["maps"].append((side, _elements(e.ins[0], config), _elements(e.outs[0], config),
+                                     input_density if reads_sparse else None, e.ins[0].name in needs_grad))
             cls = op_class(e)
             if cls in (None, "free"):
                 continue
@@ -186,7 +196,7 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
             if backward:
                 into["backward"] += entries
     return [LayerOpWork(_merged(w["forward"]), _merged(w["backward"]), w["calls_f"], w["calls_b"], w["parts_f"],
-                        w["parts_b"]) for w in work]
+                        w["parts_b"], dense_maps=tuple(w["maps"])) for w in work]
 
 
 def _on_edges(v) -> bool:

@@ -82,7 +82,8 @@ CACHE_ALL = object()  # a Hybrid selection that caches every dependency (it has 
 
 def priced_as(seg: Segment, extra: Any) -> str:
     """The strategy whose formula prices a segment: a Hybrid segment whose selection caches every dependency
-    runs DepCache's rows with an empty halo, and is priced as DepCache (gnnc.passes.planner.hybrid.select)."""
+    runs DepCache's rows with an empty halo, and is priced as DepCache with that halo's buffers
+    (`depcache(halo=True)`, gnnc.passes.planner.hybrid.select)."""
     return "depcache" if seg.strategy == "hybrid" and extra is CACHE_ALL else seg.strategy
 
 
@@ -98,6 +99,8 @@ def segment_formula(program: Program, seg: Segment, shapes: Sequence[Any], extra
         return planner_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end])
     taken = {k: v for k, v in options.items()
              if k in schedule_options(strategy) or (strategy == "depcomm" and k in PIPELINE_OPTIONS)}
+    if strategy != seg.strategy:  # a cache-all Hybrid: DepCache's rows, its empty halo run all the same
+        taken["halo"] = True
     return segment_cost(strategy, seg.start, seg.end, shapes[seg.start:seg.end], **taken)
 
 

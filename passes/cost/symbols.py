@@ -153,7 +153,8 @@ T_opt = Symbol("Topt", nonnegative=True)
 T_opt_call = Symbol("Toptcall", nonnegative=True)
 T_call_f = Symbol("Tcall_f", nonnegative=True)  # one equation's dispatch, forward (the probe's "call" rate)
 T_call_b = Symbol("Tcall_b", nonnegative=True)  # and backward
-OP_SIDES = ("in", "out", "edge", "call", "part")
+# "dense_in", "dense_out": the dense maps (linear) of the dense layers charged to the layer's input and output rows
+OP_SIDES = ("in", "out", "edge", "call", "part", "dense_in", "dense_out")
 PHASES = {"f": "forward", "b": "backward", "e": "evaluation"}
 
 
@@ -165,7 +166,10 @@ def op_time(layer: int, side: str, phase: str) -> Symbol:
     per row of its output ("out": ops after it, and the dense layer after the layer), per edge ("edge"),
     once per call ("call": every op's dispatch), and once per source part of a split exchange ("part": the
     dispatch of the equations that run per part, gnnc.runtime.parts). Phase f: training forward, b: backward,
-    e: evaluation forward (no dropout, no backward)."""
+    e: evaluation forward (no dropout, no backward). Sides "dense_in" and "dense_out": per row of the input
+    (output), the dense maps (`linear`) of the dense layers "in" ("out") counts the other ops of, at the GEMM
+    rate (`LayerOpWork.dense_maps`): no strategy's formula prices a dense layer's map, and a strategy that
+    computes more rows than it owns (DepCache's L-hop neighbourhood) runs it on all of them."""
     if side not in OP_SIDES or phase not in PHASES:
         raise ValueError(f"op_time side must be one of {OP_SIDES} and phase one of {tuple(PHASES)}")
     return Symbol(f"T{side}_{phase}_{layer}", nonnegative=True)
@@ -194,10 +198,17 @@ class LayerOpWork:
     # them `split`: those on edges and the readers of the exchanged rows, which read them through the edges)
     part_calls_forward: int = 0
     part_calls_backward: int = 0
+    # the dense layers' dense maps (`linear` outside a graph layer): (side "in" or "out", d_in, d_out, the nonzero
+    # fraction of its input when it reads the input features stored sparse (else None), whether its input needs a
+    # gradient), one per map
+    dense_maps: tuple[tuple[str, float, float, float | None, bool], ...] = ()
 
-    def seconds(self, profile: Any, side: str, phase: str) -> float:
+    def seconds(self, profile: Any, side: str, phase: str, precision: str = DEFAULT_PRECISION) -> float:
         """The value of `op_time(layer, side, phase)` on the rates of `profile` (a ClusterProfile, or anything
-        with its `op_rate(op, direction)`)."""
+        with its `op_rate(op, direction)`; the dense sides read its `rates_at`, `forward_rates_at` and
+        `kernel_slowdown` at `precision`)."""
+        if side in ("dense_in", "dense_out"):
+            return self.dense_seconds(profile, side[len("dense_"):], phase, precision)
         if side in ("call", "part"):
             if side == "part":
                 calls = self.part_calls_backward if phase == "b" else self.part_calls_forward
@@ -208,6 +219,27 @@ class LayerOpWork:
         direction = "backward" if phase == "b" else "forward"
         return float(sum(n * profile.op_rate(cls, direction) for s, cls, n in entries  # evaluation: no dropout
                          if s == side and not (phase == "e" and cls in ("dropout", "dropout_row"))))
+
+    def dense_seconds(self, profile: Any, side: str, phase: str, precision: str = DEFAULT_PRECISION) -> float:
+        """Seconds per row of the dense maps on `side` ("in", "out") in `phase`, priced as a graph layer's
+        (compute.dense_map_time): 2·d_in·d_out FLOP per product at the GEMM rate slowed by the profile's
+        `kernel_slowdown` at those widths, forward x W, backward the weight gradient x^T g and, when the input
+        needs one, the input gradient g W^T; a map reading the input features stored sparse as the sparse-dense
+        product it runs (rho·d_in·d_out multiply-adds at the SpMM rate; its input has no gradient). Evaluation:
+        forward at the rates measured forward alone."""
+        if not self.dense_maps:
+            return 0.0
+        gemm, spmm = profile.forward_rates_at(precision) if phase == "e" else profile.rates_at(precision)
+        t = 0.0
+        for s, k, n, density, grad in self.dense_maps:
+            if s != side:
+                continue
+            kernels = ("gemm_dw", "gemm_dx") if phase == "b" and grad else ("gemm_dw",) if phase == "b" else ("gemm_f",)
+            if density is not None:
+                t += density * k * n / spmm  # one product forward or backward (dW), as dense_map_time's
+            else:
+                t += sum(2.0 * k * n / gemm * profile.kernel_slowdown(kernel, k, n) for kernel in kernels)
+        return t
 
 
 @dataclass(frozen=True)
@@ -432,7 +464,7 @@ class CostInputs:
             work = self.op_work[layer] if layer < len(self.op_work) else LayerOpWork()
             for side in OP_SIDES:
                 for phase in PHASES:
-                    out[op_time(layer, side, phase)] = work.seconds(prof, side, phase)
+                    out[op_time(layer, side, phase)] = work.seconds(prof, side, phase, self.precision)
         out.update(kernel_factors(self.shapes, self.dims, self.heads, prof.kernel_slowdown))
         return out
 

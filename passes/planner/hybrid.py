@@ -40,10 +40,14 @@ class Selection:
 
     @property
     def formula(self) -> Any:
-        """The Cost that priced it: the hybrid formula, or depcache's for cache-all (built when read: the
-        planner prices a selection numerically, gnnc.passes.cost.neutronstar.hybrid_value)."""
-        name = "depcache" if self.source == "cache-all" else "hybrid"
-        return (planner_cost if name == "depcache" else segment_cost)(name, self.start, self.end, self.shapes)
+        """The Cost that priced it: the hybrid formula, or depcache's with its empty halo for cache-all (a user's
+        DepCache formula as it is; built when read: the planner prices a selection numerically,
+        gnnc.passes.cost.neutronstar.hybrid_value)."""
+        if self.source != "cache-all":
+            return segment_cost("hybrid", self.start, self.end, self.shapes)
+        if user_cost("depcache"):
+            return planner_cost("depcache", self.start, self.end, self.shapes)
+        return segment_cost("depcache", self.start, self.end, self.shapes, halo=True)
 
 
 @dataclass
@@ -81,7 +85,9 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     Each candidate is priced as the runtime will execute it, so the segment
     the planner prices is the one that runs: Algorithm 4's selection and
     communicate-all (exactly depcomm there) by the planner's own
-    `cost.neutronstar.hybrid` formula; cache-all by DepCache's formula,
+    `cost.neutronstar.hybrid` formula; cache-all by DepCache's formula with its
+    empty halo's buffers (`depcache(halo=True)`: the plan still runs each layer's
+    halo and split aggregation, and measured slower than DepCache),
     because caching every dependency gives each worker DepCache's rows (the
     nested L-hop neighbourhood, gnnc.plan.rows) and an empty halo, and the
     per-dependency subtrees `hybrid_greedy.predict` sums for it count a row
@@ -89,8 +95,9 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     own selection under the rule "paper" counts V_rep's rows once). Hence a
     Hybrid segment never predicts more than DepComm, nor than DepCache where
     DepCache fits `memory_cap` (issue 16). Ties keep the
-    greedy's. `cache_all_value`: DepCache's value on [start, end) when the caller has priced it already (the
-    planner prices each segment once). The selections are priced numerically (`hybrid_values_of`), without
+    greedy's. `cache_all_value`: cache-all's value on [start, end) when the caller has priced it already
+    (`depcache(halo=True)`'s, or a user's DepCache formula's). The selections are priced numerically
+    (`hybrid_values_of`), without
     building the segment's formula (`Selection.formula` builds it when read).
     `rule` (hybrid_greedy.RULES): "paper", Algorithm 4 as NeutronStar writes it (V_rep excluded from later
     subtrees, so a row shared by two cached subtrees is counted once, as the runtime computes it; the memory
@@ -186,8 +193,8 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
                     if user_cost("depcache"):
                         cache_all_values[start, end] = compile_cost(
                             planner_cost("depcache", start, end, shapes[start:end]))(inputs)
-                    else:
-                        depcache = depcache or DepcacheSpans(inputs, shapes)
+                    else:  # DepCache's rows with the empty halo's buffers (neutronstar.depcache's `halo`)
+                        depcache = depcache or DepcacheSpans(inputs, shapes, halo=True)
                         cache_all_values[start, end] = depcache.value(start, end)
                 continue
             values = hybrid_values(start, cand.comm_received, cand.comm_sent, cand.recompute_rows,

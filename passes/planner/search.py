@@ -115,7 +115,9 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             spans = [(i, i + 1) for i in range(L)]
         selected = []
         if sd.rows == "selected" and user_cost(s) is None:  # priced with the selections select-hybrid makes
-            known = {k[:2]: v for k, v in values.items() if k[2] == "depcache"}
+            # cache-all is DepCache's rows with its empty halo (hybrid.select), DepCache's value only for a user's
+            # DepCache formula (which prices it as it is)
+            known = {k[:2]: v for k, v in values.items() if k[2] == "depcache"} if user_cost("depcache") else {}
             selected = select_spans(stats, inputs, shapes, profile.memory_per_worker, spans, known, graph=graph,
                                     parts=parts)
         for n, (start, end) in enumerate(spans):
