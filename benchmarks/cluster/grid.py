@@ -229,7 +229,10 @@ def run_grid(cases: Sequence[GridCase], epochs: int, log=print, passes: int = PA
                                      "latency_s": measured["latency"], "seconds": time.monotonic() - t0,
                                      "gemm_flops": 2.0 / measured["t_v"] if measured.get("t_v") else None,
                                      "spmm_rate": 1.0 / measured["t_e"] if measured.get("t_e") else None,
-                                     "call_s": calls.get("call")})
+                                     "call_s": calls.get("call"),
+                                     # the whole profile: a later cost model re-predicts the same cases on it
+                                     # (the temporary file goes with the run)
+                                     "profile": measured})
                     log(f"x{workers} {bandwidth}: link {measured['inter_bandwidth'] * 8 / 1e9:.2f} Gb/s, latency "
                         f"{measured['latency'] * 1e6:.0f} us ({time.monotonic() - t0:.0f} s to measure)")
                     for case in (c for c in mine if c.bandwidth == bandwidth):
