@@ -230,13 +230,17 @@ class UnitCosts:
     edge_bytes: float
 
 
-def recompute_cost(deps: Dependencies, costs: UnitCosts) -> np.ndarray:
-    """t_r of every dependency: its subtree's rows and edges at their layers' unit costs, plus its inputs."""
+def recompute_cost(deps: Dependencies, costs: UnitCosts, where: np.ndarray | None = None) -> np.ndarray:
+    """t_r of every dependency: its subtree's rows and edges at their layers' unit costs, plus its inputs. With
+    `where` (a mask), t_r of those dependencies only, in order: the blocks holding none are not computed
+    (select_paper's mu reads the cached ones', 6% of GCNII x32's on the SBM, all in its first 3 layers)."""
     t_v, t_e = np.asarray(costs.t_v, np.float64), np.asarray(costs.t_e, np.float64)
-    out = np.empty(len(deps))
+    where = None if where is None else np.asarray(where, dtype=bool)
+    out = np.zeros(len(deps))
     for lo, hi, rows, edges, inputs in subtree_tables(deps):
-        out[lo:hi] = rows @ t_v + edges @ t_e + inputs * costs.t_x
-    return out
+        if where is None or where[lo:hi].any():
+            out[lo:hi] = rows @ t_v + edges @ t_e + inputs * costs.t_x
+    return out if where is None else out[where]
 
 
 def communicate_cost(deps: Dependencies, costs: UnitCosts) -> np.ndarray:
@@ -797,7 +801,7 @@ def select_paper(deps: Sequence[Dependencies], trees: Sequence[InTrees], costs: 
             sent += np.bincount(owner * layers + lyr, minlength=p * layers)[:p * layers].reshape(p, layers)
     if not owners_known:
         sent = received.copy()
-    per_dep = [float(recompute_cost(dep, costs)[mask].sum()) for dep, mask in zip(deps, masks)]
+    per_dep = [float(recompute_cost(dep, costs, where=mask).sum()) for dep, mask in zip(deps, masks)]
     mu = np.array([min(1.0, r.time / s) if s > 0 else 1.0 for r, s in zip(reps, per_dep)])
     return _paper_result(tuple(masks), reps, received, sent, costs, own, overlap, mu)
 
