@@ -4,5 +4,5 @@
 Below the passes and the runtime, which both read graphs: it imports only
 the IR's names (`gnnc.ir`) and gnnc's errors.
 """
-from gnnc.graph.storage import (CSR, Graph, GraphView, index_dtype, input_density, sorted_unique,  # noqa: F401
-                                sparse_if_sparse)
+from gnnc.graph.storage import (CSR, Graph, GraphView, index_dtype, input_density, row_blocks,  # noqa: F401
+                                sorted_unique, sparse_if_sparse)

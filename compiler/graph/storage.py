@@ -12,7 +12,7 @@ each view. Views and their CSRs are built once per graph and cached.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +36,18 @@ def sorted_unique(keys: np.ndarray) -> np.ndarray:
     first[0] = True
     np.not_equal(keys[1:], keys[:-1], out=first[1:])
     return keys[first]
+
+
+def row_blocks(indptr: np.ndarray, block: int) -> Iterator[tuple[int, int]]:
+    """[lo, hi) row ranges of a CSR (its `indptr`, or any row-entry prefix sum) holding at most `block` entries
+    each (one row more where a single row holds more): the passes over a whole graph (partitioning, statistics,
+    part distances) hold a block's temporaries, not the edges'."""
+    n = len(indptr) - 1
+    lo = 0
+    while lo < n:
+        hi = min(max(int(np.searchsorted(indptr, indptr[lo] + block, side="right")) - 1, lo + 1), n)
+        yield lo, hi
+        lo = hi
 
 
 def index_dtype(n: int) -> np.dtype:

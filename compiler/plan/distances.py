@@ -22,7 +22,7 @@ import hashlib
 
 import numpy as np
 
-from gnnc.graph import CSR, Graph
+from gnnc.graph import CSR, Graph, row_blocks
 
 _KEY = "part_distances"  # Graph._views key prefix of the cached table
 BLOCK_ENTRIES = 1 << 23  # out-CSR entries gathered at once (their bit words: a temporary of this many words)
@@ -95,7 +95,7 @@ def _compute(graph: Graph, parts: np.ndarray, num_parts: int, levels: int, view:
     csr = graph.csr(view) if out is None else None
     for level in range(1, levels + 1):
         WORK["levels"] += 1
-        reached = _step(out, csr, front, n)
+        reached = _step(out, csr, front)
         new = reached & ~seen
         if not new.any():
             return table, True  # nothing new at this level, so nothing at any later one
@@ -119,22 +119,18 @@ def _unpack(bits: np.ndarray, num_parts: int) -> np.ndarray:
     return np.unpackbits(raw, axis=1, count=num_parts, bitorder="little").view(bool)
 
 
-def _step(out: CSR | None, csr: CSR | None, front: np.ndarray, n: int) -> np.ndarray:
+def _step(out: CSR | None, csr: CSR | None, front: np.ndarray) -> np.ndarray:
     """reached[u]: OR of front[w] over the out-edges u -> w, every vertex at once."""
     reached = np.zeros_like(front)
     if out is not None:  # a segmented OR of the out-neighbours' words, row block by row block
         indptr, indices = out.indptr.numpy(), out.indices.numpy()
         degree = np.diff(indptr)
-        lo = 0
-        while lo < n:
-            hi = min(int(np.searchsorted(indptr, indptr[lo] + BLOCK_ENTRIES, side="right")), n)
-            hi = max(hi, lo + 1)
+        for lo, hi in row_blocks(indptr, BLOCK_ENTRIES):
             first, last = int(indptr[lo]), int(indptr[hi])
             rows = np.flatnonzero(degree[lo:hi]) + lo
             if len(rows):
                 words = front[indices[first:last]]
                 reached[rows] = np.bitwise_or.reduceat(words, indptr[rows] - first, axis=0)
-            lo = hi
         return reached
     # no transpose held: each in-edge u -> v ORs front[v] into reached[u] (an unbuffered scatter, ~5x the gather's
     # time, still below a sort of every edge to build the transpose)

@@ -17,13 +17,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from gnnc.errors import GnncError
-from gnnc.graph import CSR, Graph, sorted_unique
+from gnnc.graph import CSR, Graph, row_blocks, sorted_unique
 from gnnc.graph.store import release_pages
 from gnnc.plan.shard_files import read_assignment
 from gnnc.passes.partition.methods import METHODS, Method  # noqa: F401  (re-exported)
@@ -85,17 +85,6 @@ class PartitionInput:
 
 
 EDGE_BLOCK = 1 << 21  # adjacency entries per block of the passes over a whole graph here and in metis (~40 bytes each)
-
-
-def row_blocks(indptr: np.ndarray, block: int = EDGE_BLOCK) -> Iterator[tuple[int, int]]:
-    """[lo, hi) row ranges of a CSR (its `indptr`, or any row-entry prefix sum) holding about `block` entries each,
-    at least one row: the passes over a whole graph hold a block's temporaries, not the edges'."""
-    n = len(indptr) - 1
-    lo = 0
-    while lo < n:
-        hi = min(max(int(np.searchsorted(indptr, indptr[lo] + block, side="right")) - 1, lo + 1), n)
-        yield lo, hi
-        lo = hi
 
 
 def undirected_adjacency(graph: Graph, block: int = EDGE_BLOCK) -> tuple[np.ndarray, np.ndarray]:

@@ -24,8 +24,8 @@ import numpy as np
 
 from gnnc.errors import GnncError
 from gnnc.graph.store import release_pages
-from gnnc.passes.partition.core import EDGE_BLOCK, PartitionInput, row_blocks
-from gnnc.graph import sorted_unique
+from gnnc.graph import row_blocks, sorted_unique
+from gnnc.passes.partition.core import EDGE_BLOCK, PartitionInput
 
 OBJECTIVES = ("cut", "vol")
 CONSTRAINTS = ("vertices", "vertices+degree")

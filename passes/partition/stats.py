@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from gnnc.passes.partition.core import Partition, row_blocks
-from gnnc.graph import Graph
+from gnnc.graph import Graph, row_blocks
+from gnnc.passes.partition.core import EDGE_BLOCK, Partition
 from gnnc.plan.distances import part_distances
 
 
@@ -130,7 +130,7 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     # below but the cut is a sum over vertices
     cross_in = np.zeros(n, dtype=np.int64)
     marked = np.zeros((parts, n), dtype=bool) if layers == 0 else None
-    for lo, hi in row_blocks(indptr):
+    for lo, hi in row_blocks(indptr, EDGE_BLOCK):
         first, last = int(indptr[lo]), int(indptr[hi])
         sources = indices[first:last]
         cut = small[sources] != np.repeat(small[lo:hi], in_degree[lo:hi])
@@ -223,7 +223,7 @@ def _in_sums(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray) -> np.
     """float64 [n]: per CSR row, the sum of `values` over its entries' columns, block of rows by block."""
     out = np.zeros(len(indptr) - 1, dtype=np.float64)
     degree = np.diff(indptr)
-    for lo, hi in row_blocks(indptr):
+    for lo, hi in row_blocks(indptr, EDGE_BLOCK):
         first, last = int(indptr[lo]), int(indptr[hi])
         rows = np.flatnonzero(degree[lo:hi]) + lo
         if len(rows):
