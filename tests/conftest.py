@@ -85,6 +85,20 @@ def random_graph(n: int = 40, e: int = 160, f: int = 12, c: int = 4, seed: int =
     return Graph(n, src.astype(np.int64), dst.astype(np.int64), x, y, train, val, test, f"random{seed}")
 
 
+def count_calls(monkeypatch, owner, name: str) -> dict[str, int]:
+    """Replaces `owner.<name>` by a wrapper counting its calls into the returned {"n": ...} (reset it freely): the
+    work-counting tests' one way to count (a method counts as well, the wrapper bound like the function)."""
+    calls = {"n": 0}
+    real = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def process_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     try:

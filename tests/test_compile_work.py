@@ -17,7 +17,7 @@ import pytest
 import sympy
 
 import gnnc
-from conftest import EXAMPLES, random_graph
+from conftest import EXAMPLES, count_calls, random_graph
 from gnnc.errors import PlanError
 from gnnc.ir import Type
 from gnnc.ir.verify import VerifyError, verify
@@ -97,14 +97,7 @@ def test_a_hybrid_drawing_makes_each_segments_symbol_table_once(monkeypatch, gra
                                np.zeros((p, k)), np.zeros((p, k)), np.zeros(p))
         priced = dataclasses.replace(priced, extras={**priced.extras, (seg.start, seg.end, seg.strategy): values})
         hybrid = [seg]
-    made = {"n": 0}
-    real = evaluation.per_worker
-
-    def counted(*args, **kwargs):
-        made["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(evaluation, "per_worker", counted)
+    made = count_calls(monkeypatch, evaluation, "per_worker")
     drawn = predicted_schedule(segments, priced)
     pieces = sum(len(s["pieces"]) for s in drawn["stages"] if s["strategy"] == "hybrid")
     assert pieces > len(hybrid) and made["n"] <= len(hybrid), (made["n"], pieces, len(hybrid))
@@ -117,14 +110,7 @@ def test_the_verifier_compares_no_type_of_a_value_used_as_defined(monkeypatch, g
     plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=8), graph, workers=4)
     checked: dict = {}
     verify(plan.program, typed=True, checked=checked)  # (the type rules re-run once: not counted)
-    compared = {"n": 0}
-    real = Type.__eq__
-
-    def counted(self, other):
-        compared["n"] += 1
-        return real(self, other)
-
-    monkeypatch.setattr(Type, "__eq__", counted)
+    compared = count_calls(monkeypatch, Type, "__eq__")
     verify(plan.program, typed=True, checked=checked)
     assert compared["n"] == 0, compared["n"]
 
@@ -200,15 +186,8 @@ def test_the_ir_printer_prints_each_dim_once(monkeypatch, graph) -> None:
     program = gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=8), graph, workers=4).program
     dims = {d for layer in program.layers for e in layer.eqns for v in (*e.ins, *e.outs) if v.type
             for d in v.type.shape}
-    printed = {"n": 0}
     from sympy.printing import str as sympy_str
-    real = sympy_str.sstr
-
-    def counted(*args, **kwargs):
-        printed["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sympy_str, "sstr", counted)
+    printed = count_calls(monkeypatch, sympy_str, "sstr")
     text = str(program)
     text_again = str(program)
     assert text == text_again
@@ -282,14 +261,7 @@ def test_plan_json_encodes_a_plain_leaf_without_a_call(monkeypatch, saved) -> No
     GCNII x4 on 4 workers: 1,680 calls for 368 containers (two copies of the schedule) at f7ba317, one per
     container now."""
     plan, _path = saved
-    calls = {"n": 0}
-    real = plan_meta._encode
-
-    def counted(value):
-        calls["n"] += 1
-        return real(value)
-
-    monkeypatch.setattr(plan_meta, "_encode", counted)
+    calls = count_calls(monkeypatch, plan_meta, "_encode")
     data = plan.meta.to_json()
     monkeypatch.undo()
     graph_layers = len(plan.program.graph_layers())

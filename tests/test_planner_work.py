@@ -12,7 +12,7 @@ import pytest
 import sympy
 
 import gnnc
-from conftest import EXAMPLES, random_graph
+from conftest import EXAMPLES, count_calls, random_graph
 from gnnc.passes.cost import neutronstar
 from gnnc.passes.cost import schedule as cost_schedule
 from gnnc.passes.planner import segment_dp
@@ -24,19 +24,6 @@ verify_module = importlib.import_module("gnnc.ir.verify")  # the module (gnnc.ir
 @pytest.fixture(scope="module")
 def graph():
     return random_graph(n=300, e=1800, f=16, c=4)
-
-
-def _count_calls(monkeypatch, owner, name: str) -> dict[str, int]:
-    """Replaces `owner.<name>` by a wrapper counting its calls into the returned {"n": ...} (reset it freely)."""
-    calls = {"n": 0}
-    real = getattr(owner, name)
-
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, counted)
-    return calls
 
 
 def _numpy_calls_inside_hybrid_values_of(monkeypatch, name: str) -> dict[str, int]:
@@ -66,7 +53,7 @@ def _numpy_calls_inside_hybrid_values_of(monkeypatch, name: str) -> dict[str, in
 @pytest.fixture
 def stage_splits(monkeypatch) -> dict[str, int]:
     """{"n": how many times a stage was split into pieces (cost.schedule._stage_items) since the test began}."""
-    return _count_calls(monkeypatch, cost_schedule, "_stage_items")
+    return count_calls(monkeypatch, cost_schedule, "_stage_items")
 
 
 def _equations(program) -> int:
@@ -90,7 +77,7 @@ def test_a_memory_cap_that_drops_no_label_fills_the_dp_table_once(monkeypatch) -
     example on Cora: 508,064 label comparisons before, 254,032 now). Same result as without a cap."""
     layers = 16
     seg_cost = random_segment_costs(layers, 1)
-    counted = _count_calls(monkeypatch, segment_dp, "_dominates")
+    counted = count_calls(monkeypatch, segment_dp, "_dominates")
     free = segment_dp.solve(layers, ["depcomm", "depcache"], seg_cost)
     without = counted["n"]
     counted["n"] = 0
@@ -418,7 +405,7 @@ def test_ir_records_are_replaced_without_walking_their_fields_each_time(monkeypa
     per replace; 5,241 for the 64-layer example on Cora x4), a handful now."""
     import dataclasses
 
-    calls = _count_calls(monkeypatch, dataclasses, "fields")
+    calls = count_calls(monkeypatch, dataclasses, "fields")
     gnnc.compile(gnnc.load_model(EXAMPLES / "gcnii.gnn", layers=8), graph, workers=4)
     assert calls["n"] <= 20, calls["n"]
     from gnnc.ir import Value
