@@ -13,7 +13,7 @@ import gnnc
 from conftest import EXAMPLES, random_graph
 from gnnc.passes.cost import compute, registry
 from gnnc.passes.cost.inputs import planning_inputs
-from gnnc.passes.cost.symbols import R_gemm, R_spmm, V, alpha, bw, d, kernel_factor
+from gnnc.passes.cost.symbols import R_gemm, R_spmm, V, alpha, bw, d, kernel_factor, square_factor
 from gnnc.passes.manager import DEFAULT_PIPELINE, DISTRIBUTED_PIPELINE
 
 
@@ -42,5 +42,7 @@ def test_a_hoisted_aggregation_and_its_exchange_cost_nothing_per_epoch() -> None
 def test_an_mlps_later_dense_maps_read_the_output_width() -> None:
     _, second = _gin_shapes()  # linear(hidden -> classes), relu, linear(classes -> classes)
     assert second.gemms == 2 and second.square_gemms == 1
-    want = (2 * V * d(1) * d(2) / R_gemm + 2 * V * d(2) * d(2) / R_gemm) * kernel_factor(1, "gemm_f")
+    # the later map at its own shape's slowdown (square_factor: classes x classes), the first at the layer's
+    want = (2 * V * d(1) * d(2) / R_gemm * kernel_factor(1, "gemm_f")
+            + 2 * V * d(2) * d(2) / R_gemm * square_factor(1, "gemm_f"))
     assert sympy.expand(compute.dense_map_time(1, second, V) - want) == 0

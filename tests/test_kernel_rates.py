@@ -14,7 +14,8 @@ from gnnc.cluster import KERNELS, ClusterProfile, KernelRate, preset
 from gnnc.errors import GnncError
 from gnnc.passes.cost.compute import compute_backward, compute_forward, dense_map_time, spmm_time
 from gnnc.passes.cost.fit import fit_profile, per_unit_work
-from gnnc.passes.cost.symbols import R_gemm, R_spmm, LayerShape, d, heads, kernel_factor, kernel_factors
+from gnnc.passes.cost.symbols import (R_gemm, R_spmm, LayerShape, d, heads, kernel_factor, kernel_factors,
+                                      square_factor)
 
 
 def _grid(rate) -> list[KernelRate]:
@@ -112,7 +113,7 @@ def test_each_kernel_is_priced_at_its_layers_widths() -> None:
         5000 * 64 / 1e9)  # edge values without a gradient (GCN's): the transpose product alone
     # a layer the inputs give no shape for is priced at the one rate
     assert kernel_factors([], (64.0, 8.0), (1.0,), PROFILE.kernel_slowdown) == {
-        kernel_factor(0, k): 1.0 for k in KERNELS}
+        **{kernel_factor(0, k): 1.0 for k in KERNELS}, **{square_factor(0, k): 1.0 for k in KERNELS if k[:4] == "gemm"}}
 
 
 def test_the_planner_values_every_layers_factors_from_the_profile() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sympy
 
 from gnnc.passes.cost.symbols import (b, b_idx, R_gemm, R_spmm, T_copy_b, T_copy_f, d, kernel_factor, op_time,
-                                      rho, LayerShape, ZERO)
+                                      rho, square_factor, LayerShape, ZERO)
 
 
 def gemm_time(rows: sympy.Expr, d_in: sympy.Expr, d_out: sympy.Expr, gemms: int = 1) -> sympy.Expr:
@@ -32,19 +32,30 @@ def dense_map_time(layer: int, shape: LayerShape, rows: sympy.Expr, d_in: sympy.
     d_in = d(layer) if d_in is None else d_in
     out = shape.out_width(layer)
     dense = gemm_time(rows, d_in, out, shape.gemms - shape.sparse_gemms - shape.square_gemms)
-    if shape.square_gemms:  # an MLP's later maps read the output width
-        dense += gemm_time(rows, out, out, shape.square_gemms)
     dense *= kernel_factor(layer, kernel)
+    if shape.square_gemms:  # an MLP's later maps read the output width: their rate is that shape's
+        dense += square_map_time(layer, shape, rows, kernel)
     if not shape.sparse_gemms:
         return dense
     return dense + shape.sparse_gemms * rows * rho * d_in * shape.out_width(layer) / R_spmm
 
 
+def square_map_time(layer: int, shape: LayerShape, rows: sympy.Expr, kernel: str = "gemm_f") -> sympy.Expr:
+    """The layer's later dense maps (`shape.square_gemms`: an MLP's out x out maps, GIN's second Linear) on
+    `rows` rows, one of their products, at the GEMM rate slowed by their own shape's `square_factor` (out, out)."""
+    out = shape.out_width(layer)
+    return gemm_time(rows, out, out, shape.square_gemms) * square_factor(layer, kernel)
+
+
 def dense_backward_time(layer: int, shape: LayerShape, rows: sympy.Expr, d_in: sympy.Expr | None = None) -> sympy.Expr:
     """The dense maps' backward: the weight gradient x^T g always, the input gradient g W^T when the input
-    needs one."""
+    needs one. An MLP's later maps (`square_gemms`) read the first map's output, which has a gradient whatever
+    the layer's input: their g W^T runs always (GIN's first layer reads x, and its 512 x 512 map's input
+    gradient, which the first map's weight gradient needs, was priced by nothing)."""
     t = dense_map_time(layer, shape, rows, d_in, "gemm_dw")
-    return t + dense_map_time(layer, shape, rows, d_in, "gemm_dx") if shape.input_grad else t
+    if shape.input_grad:
+        return t + dense_map_time(layer, shape, rows, d_in, "gemm_dx")
+    return t + square_map_time(layer, shape, rows, "gemm_dx") if shape.square_gemms else t
 
 
 def spmm_time(layer: int, nnz: sympy.Expr, width: sympy.Expr, phase: str = "f") -> sympy.Expr:

@@ -530,12 +530,21 @@ def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShap
 
     Returns t_v, t_e, t_c per layer of the segment (seconds per recomputed
     row, per recomputed edge, per communicated row; forward plus backward),
-    t_x (seconds per replicated input row: 0 at layer 0, whose input is
-    static), row_bytes per level (bytes of one cached row of h^start ..
-    h^end) and edge_bytes, plus own_time [workers, layers]: each worker's
-    work on its own rows. When the profile carries measured T_v, T_e, T_c
-    they enter through its effective rates. `cache`: a dict kept across the segments of one model and inputs
-    (a layer's unit costs are the same in every span holding it).
+    t_x (seconds per replicated input row), row_bytes per level (bytes of one
+    cached row of h^start .. h^end) and edge_bytes, plus own_time [workers,
+    layers]: each worker's work on its own rows. When the profile carries
+    measured T_v, T_e, T_c they enter through its effective rates. `cache`: a dict kept across the segments of
+    one model and inputs (a layer's unit costs are the same in every span holding it).
+
+    Deviation from the paper (its Eq. 1 sums the recomputed layers k >= 1 only: a replicated row of h^0 is
+    fetched once and costs nothing per epoch): t_x is the first layer's work per input row, what `hybrid`'s
+    formula charges on RX, the rows of h^start replicated: the ops before its aggregation (side "in"; at layer
+    0 the dense layer before it, GCNII's dropout of x and its 512 -> 32 map, which the paper's models do not
+    have) and a dense map that runs before the aggregation; plus, for a segment after layer 0, the fetch of the
+    row and of its gradient. That work is taken off the first layer's t_v, which priced it per recomputed row
+    (RV), where the formula does not. With t_x = 0 at layer 0 the greedy replicated every input row its
+    dependencies reach as if free (gcnii/sbm x4: all ~6,900 per worker, 116-138 ms an epoch that the formula
+    prices and the run measured, session 25).
     """
     values = inputs.table
     cache = {} if cache is None else cache
@@ -552,10 +561,15 @@ def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShap
 
     layers = [of(start + m, shape) for m, shape in enumerate(shapes)]
     fetch = fetch_input if fetch_input is not None else start > 0
-    t_x = layers[0][4] if fetch else 0.0
+    if ("input", start, shapes[0]) not in cache:
+        cache["input", start, shapes[0]] = scalar(_input_row_work(start, shapes[0]))
+    on_input = cache["input", start, shapes[0]]
+    t_x = (layers[0][4] if fetch else 0.0) + on_input
+    t_v = np.array([u[0] for u in layers])
+    t_v[0] -= on_input  # its share on the input rows is t_x's (the docstring's deviation)
     row_bytes = [scalar(_input_row(start))] + [u[5] for u in layers]
     edge_bytes = float(inputs.index_bytes + inputs.bytes_per_element)
-    return {"t_v": np.array([u[0] for u in layers]), "t_e": np.array([u[1] for u in layers]),
+    return {"t_v": t_v, "t_e": np.array([u[1] for u in layers]),
             "t_c": np.array([u[2] for u in layers]), "t_x": t_x, "row_bytes": np.array(row_bytes),
             "edge_bytes": edge_bytes, "own_time": np.stack([u[3] for u in layers], axis=1)}
 
@@ -564,6 +578,16 @@ def hybrid_unit_costs(inputs: CostInputs, start: int, shapes: Sequence[LayerShap
 def _input_row(layer: int) -> sympy.Expr:
     """Bytes of one row of h^layer."""
     return d(layer) * b
+
+
+@functools.lru_cache(maxsize=4096)
+def _input_row_work(layer: int, shape: LayerShape) -> sympy.Expr:
+    """Seconds of a segment's first layer per row of its input (forward plus backward), the part of
+    `_unit_formulas`' per recomputed row that `hybrid` charges on the replicated input rows RX instead: the ops
+    before the aggregation (with the dense layer before layer 0) and a dense map that runs first."""
+    kernels = (compute_forward(layer, shape, 1, 0) + compute_backward(layer, shape, 1, 0)
+               if shape.gemm_first else ZERO)
+    return kernels + row_ops(layer, 1, 0, "f") + row_ops(layer, 1, 0, "b")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -185,6 +185,17 @@ def kernel_factor(layer: int, kernel: str) -> Symbol:
     return Symbol(f"K{kernel}_{layer}", positive=True)
 
 
+@functools.lru_cache(maxsize=None)
+def square_factor(layer: int, kernel: str) -> Symbol:
+    """K<kernel>sq_l: `kernel_factor` of graph layer l's later dense maps, those reading its output width (an
+    MLP's out x out maps: `LayerShape.square_gemms`, GIN's second Linear), at (out, out), not the layer's
+    (d_l, out): GIN 32 -> 512's 512 x 512 map ran at 35 GFLOP/s alone (one thread, 8,000 rows), the table's
+    fastest rate, where the 32 x 512 map's slowdown (1.65 on the extended grid's 2-worker profiles) priced it."""
+    if not kernel.startswith("gemm"):
+        raise ValueError(f"only a dense map's kernels have a square factor, not {kernel!r}")
+    return Symbol(f"K{kernel}sq_{layer}", positive=True)
+
+
 @dataclass(frozen=True)
 class LayerOpWork:
     """What gnnc.passes.cost.ops counted of one graph layer's other ops: (side, op class, elements per row or
@@ -472,12 +483,18 @@ class CostInputs:
 def kernel_factors(shapes: Sequence[LayerShape], dims: Sequence[float], n_heads: Sequence[float],
                    slowdown: Callable[[str, float, float], float]) -> dict[Symbol, float]:
     """Every graph layer's `kernel_factor` values: `slowdown(kernel, k, n)` (a profile's `kernel_slowdown`) at
-    the layer's widths; 1 for a layer whose shape is not given (len(dims) - 1 layers in all)."""
+    the layer's widths, and its `square_factor` values at (out, out); 1 for a layer whose shape is not given
+    (len(dims) - 1 layers in all)."""
     out: dict[Symbol, float] = {}
     for layer in range(max(len(dims) - 1, len(shapes))):
         widths = shapes[layer].kernel_widths(layer, dims, n_heads) if layer < len(shapes) else {}
         for kernel in KERNELS:
             out[kernel_factor(layer, kernel)] = slowdown(kernel, *widths[kernel]) if kernel in widths else 1.0
+            if kernel in widths and kernel.startswith("gemm"):
+                n = widths[kernel][1]
+                out[square_factor(layer, kernel)] = slowdown(kernel, n, n)
+            elif kernel.startswith("gemm"):
+                out[square_factor(layer, kernel)] = 1.0
     return out
 
 
