@@ -5,6 +5,11 @@ launcher's result files all go through here. The temporary file lives in
 the destination's directory (os.replace is atomic only within one file
 system) and is fsynced before the rename; the directory is fsynced after it,
 so the rename itself survives a power cut.
+
+Inside a `fresh_directory` (a plan being written: a new hidden directory that
+is swapped in whole when complete) a file is written under its own name and
+fsynced, and each directory that received files is fsynced once at the end
+(`fresh_directory`'s docstring says why that is as atomic and as durable).
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import hashlib
 import os
 import stat
 import tempfile
+import threading
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -25,11 +31,79 @@ from gnnc.errors import GnncError
 MAX_TEXT_INPUT_BYTES = 16 << 20
 
 
+# fresh directories being filled (absolute paths) -> the directories in them that received a file, to fsync at the
+# end; shared by threads (the plan shards' writer puts its files in place on a thread of its own)
+_FRESH: dict[str, set[str]] = {}
+_FRESH_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def fresh_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """`with fresh_directory(d): ...` the files `atomic_writer` (and `temporary_for`/`into_place`) write under the
+    new, empty directory `d` are written under their own names, each fsynced, and every directory under `d` that
+    received one (and `d`) is fsynced once when the block ends without an error. `d` must be a directory this
+    process has just made under a name no reader opens (`Plan.save`'s hidden `.NAME.new-*`), and the caller must
+    make it visible in one rename after the block, then fsync that rename's directory (`Plan.save`'s swap).
+
+    Why that is as atomic and as durable as a temporary file and a rename per file (one fsync of each file, one of
+    each directory, where each file took a file fsync, a rename and a directory fsync: 17 fsyncs for the 64-layer
+    example's plan on 4 workers, 11 now):
+    - atomic: no reader looks inside `d` before the swap, so a file there is never seen half-written; a crash or
+      an error leaves a half-filled hidden directory, never the plan (`Plan.save` removes it on an error);
+    - durable: a file's fsync puts its data and inode on the disk, a directory's fsync the entries made in it (the
+      files' names, and a subdirectory's), all of them before the swap's rename is issued; the swap's own fsync of
+      the parent then makes the rename durable. After a power cut the plan is the old one, or the new one whole,
+      as with a rename per file. A file fsynced before its directory's entry is durable is not lost: the
+      directory's fsync follows before anything can name it.
+    A file that exists already (only possible if something else wrote into `d`) is written the usual way."""
+    key = os.path.abspath(path)
+    with _FRESH_LOCK:
+        if key in _FRESH:
+            raise ValueError(f"{key} is being filled already")
+        _FRESH[key] = {key}
+    ok = False
+    try:
+        yield Path(path)
+        ok = True
+    finally:
+        with _FRESH_LOCK:
+            touched = _FRESH.pop(key)
+        if ok:
+            for directory in sorted(touched, key=len, reverse=True):  # the deepest first; any order would do
+                _fsync_dir(Path(directory))
+
+
+def _in_fresh(directory: Path) -> bool:
+    """Whether `directory` is (in) a `fresh_directory` being filled; if so it is noted for that one's fsync."""
+    if not _FRESH:
+        return False
+    here = os.path.abspath(directory)
+    with _FRESH_LOCK:
+        for root, touched in _FRESH.items():
+            if here == root or here.startswith(root + os.sep):
+                touched.add(here)
+                return True
+    return False
+
+
+def temporary_for(path: Path) -> tuple[int, str]:
+    """(an open descriptor, its path) of a new file to write `path` through, which `into_place` then puts in place:
+    a temporary beside `path` (made as tempfile.mkstemp makes it: mode 0600), or `path` itself inside a
+    `fresh_directory` (with the same mode, refusing to open what is there already)."""
+    if _in_fresh(path.parent):
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600), str(path)
+        except FileExistsError:
+            pass  # not ours: through a temporary file, as anywhere else
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike) -> Iterator[IO[bytes]]:
-    """`with atomic_writer(p) as f: ...` writes `p` atomically (nothing is left on an error)."""
+    """`with atomic_writer(p) as f: ...` writes `p` atomically (nothing is left on an error; in a
+    `fresh_directory`, the file itself is written)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temporary_for(path)
     f = os.fdopen(fd, "wb")
     try:
         yield f
@@ -43,16 +117,19 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[IO[bytes]]:
 def into_place(f: IO[bytes], tmp: str, path: Path) -> None:
     """Make the written temporary file `tmp` (open as `f`, closed here) be `path` durably: fsync, rename, the
     directory's fsync; `tmp` is removed if that fails. atomic_writer's last step, and the plan shards' writer's,
-    which runs it on its own thread."""
+    which runs it on its own thread. `tmp` is `path` itself in a `fresh_directory` (`temporary_for`): fsynced, not
+    renamed, its directory fsynced once by the `fresh_directory`."""
     try:
         with f:
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if tmp != str(path):
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    if tmp != str(path) or not _in_fresh(path.parent):
+        _fsync_dir(path.parent)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:

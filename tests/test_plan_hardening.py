@@ -9,9 +9,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -156,16 +154,17 @@ def test_a_missing_parent_directory_is_named(compiled, tmp_path, capsys) -> None
 
 
 def _full_disk(monkeypatch, after: int) -> None:
-    """The shard writer's temporary files fail with ENOSPC from the `after`-th on, as on a full disk."""
-    real = shard_files.tempfile.mkstemp
+    """The shard writer's new files (temporary ones, or in a plan being written the shards themselves:
+    gnnc.files.temporary_for) fail with ENOSPC from the `after`-th on, as on a full disk."""
+    real = shard_files.temporary_for
     calls = []
 
-    def made(*args, dir=None, **kwargs):
-        calls.append(dir)
+    def made(path):
+        calls.append(path)
         if len(calls) > after:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dir))
-        return real(*args, dir=dir, **kwargs)
-    monkeypatch.setattr(shard_files, "tempfile", SimpleNamespace(mkstemp=made, gettempdir=tempfile.gettempdir))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path)
+    monkeypatch.setattr(shard_files, "temporary_for", made)
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:

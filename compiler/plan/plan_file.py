@@ -24,7 +24,7 @@ import numpy as np
 
 from gnnc.errors import GnncError, PlanError, write_failure
 from gnnc.graph.sampling import SamplingConfig
-from gnnc.files import atomic_write
+from gnnc.files import atomic_write, fresh_directory
 from gnnc.ir import Program
 from gnnc.ir.text import parse_ir
 from gnnc.plan.pipeline import is_pipeline
@@ -115,7 +115,10 @@ class Plan:
         try:
             new = _sibling(d, "new")
             try:
-                self._write(new, progress)
+                # the new directory is private until the swap: its files are written in place and each directory
+                # is fsynced once, before the swap (gnnc.files.fresh_directory says why that is atomic and durable)
+                with fresh_directory(new):
+                    self._write(new, progress)
                 _swap_in(new, d)
             except BaseException:
                 shutil.rmtree(new, ignore_errors=True)

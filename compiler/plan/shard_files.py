@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.files import atomic_writer, file_sha256, into_place
+from gnnc.files import atomic_writer, file_sha256, into_place, temporary_for
 from gnnc.errors import PlanError, write_failure
 from gnnc.graph import Graph
 from gnnc.graph.store import release_pages
@@ -234,7 +234,7 @@ class ShardWriter:
         if len(self._written) >= self._PENDING:
             self._written[-self._PENDING][1].result()
         try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            fd, tmp = temporary_for(path)  # (in a plan being written: the file itself, gnnc.files)
         except OSError as err:
             raise _write_error(path, err) from err
         f = os.fdopen(fd, "wb")
