@@ -154,6 +154,26 @@ class Overlay(dict):
         return self.base[name]
 
 
+class Columns(dict):
+    """A table by name (what `numeric_function`'s functions read) whose values are the base's per-worker rows as
+    [workers, 1] columns, each made when first read, with `entries` (placeholders' [workers, n] grids) over them:
+    a formula evaluated on it gives [workers, n] values (one column per hop count, selection, ...).
+
+    Why: the inputs hold every symbol of a deep model (some 2,000 for the 64-layer GCNII example), and reshaping
+    them all for each grid (DepCache's spans, the Hybrid selections) cost more than the formulas that read a few
+    dozen of them. The values are the base's, so what is computed on them is unchanged."""
+
+    def __init__(self, base: Mapping[str, np.ndarray], workers: int, entries: Mapping[str, Any] = ()):
+        super().__init__(entries)
+        self.base, self.workers = base, workers
+
+    def __missing__(self, name: str) -> np.ndarray:
+        # the base's rows are [workers] already (`per_worker`: a scalar's is a broadcast view): a reshape is a view
+        # (np.broadcast_to costs more than the formulas' own operations on such small arrays)
+        column = self[name] = self.base[name].reshape(self.workers, 1)
+        return column
+
+
 def table(inputs: CostInputs, extra: Values | None) -> Mapping[Symbol, Any]:
     """Every symbol's value per worker: the inputs' (`CostInputs.table`, shared, read-only), then `extra`'s."""
     if not extra:

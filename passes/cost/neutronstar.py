@@ -21,7 +21,7 @@ from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_
                                       layer_memory, call_ops, copy_time, edge_ops, halo_buffers, layer_ops, part_calls,
                                       per_epoch, row_ops)
 from gnnc.passes.cost.epoch import evaluation_of
-from gnnc.passes.cost.evaluation import CostValue, Overlay, compile_expr, numeric_function, table
+from gnnc.passes.cost.evaluation import CostValue, Columns, Overlay, compile_expr, numeric_function, table
 from gnnc.passes.cost.overlap import overlap_window, pipeline_dispatch, pipelined_window
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, hop_vertices, hop_edges,
@@ -227,25 +227,41 @@ class DepcacheSpans:
         hv, he = np.asarray(inputs.hop_vertices, np.float64), np.asarray(inputs.hop_edges, np.float64)
         self.hops = hv.shape[1] - 1  # a segment of at most this many layers has its rows counted
         p = inputs.workers
-        # every symbol as a column, the placeholders as [workers, hop counts]: one call per layer term
-        self._grid = {**{n: np.broadcast_to(v, (p,)).reshape(p, 1) for n, v in self.table.items()},
-                      _IN.name: hv[:, 1:], _OUT.name: hv[:, :-1], _EDGES.name: he[:, :-1]}
+        # every symbol as a column (made when a term reads it), the placeholders as [workers, hop counts]: one call
+        # per layer term
+        self._grid = Columns(self.table, p, {_IN.name: hv[:, 1:], _OUT.name: hv[:, :-1], _EDGES.name: he[:, :-1]})
         self._terms: dict[int, np.ndarray] = {}  # layer -> [hop count h, term (fwd, bwd, memory, eval), worker]
+        # start -> (its spans' layer sums [span length - 1, term, worker], how many of its layers are added)
+        self._sums: dict[int, tuple[np.ndarray, int]] = {}
 
     def _layer(self, layer: int) -> np.ndarray:
         terms = self._terms.get(layer)
         if terms is None:
             p, h = self.inputs.workers, self.hops
             exprs = _depcache_layer(layer, self.shapes[layer], self.halo)
-            cols = [np.broadcast_to(np.asarray(numeric_function(e)[0](self._grid), np.float64), (p, h)) for e in exprs]
+            cols = [_on_grid(numeric_function(e)[0](self._grid), (p, h)) for e in exprs]
             terms = self._terms[layer] = np.ascontiguousarray(np.stack(cols).transpose(2, 0, 1))
         return terms
+
+    def _summed(self, start: int, k: int) -> np.ndarray:
+        """The terms of the span of `k` layers from `start` summed over its layers, first to last: layer l adds its
+        terms at hop count start + k - 1 - l. Every span from `start` is summed at once, a layer at a time (one
+        numpy addition per layer for all of them, where a span's sum was one per layer and span: O(L²) calls for
+        a deep model); each span's sum adds the same terms in the same order from 0, so it is the same floats."""
+        sums, added = self._sums.get(start) or (None, 0)
+        if sums is None:
+            sums = np.zeros((min(self.hops, len(self.shapes) - start), 4, self.inputs.workers))
+        longest = len(sums)
+        for j in range(added, k):  # layer start + j into every span holding it (lengths j + 1 .. longest)
+            sums[j:] += self._layer(start + j)[:longest - j]
+        self._sums[start] = (sums, max(added, k))
+        return sums[k - 1]
 
     def value(self, start: int, end: int) -> CostValue:
         k = end - start
         if not 1 <= k <= self.hops:
             raise KeyError(f"no value for {hop_vertices(k)} (depcache[{start}:{end}])")
-        fwd, bwd, memory, evaluation = sum(self._layer(layer)[end - 1 - layer] for layer in range(start, end))
+        fwd, bwd, memory, evaluation = self._summed(start, k).copy()
         nbytes = np.zeros(self.inputs.workers)
         if start > 0:
             t_f, t_b, fetched = _fetch_terms(start, self.shapes[start].input_grad)
@@ -254,6 +270,13 @@ class DepcacheSpans:
                                                 (self.inputs.workers,)) for e in (t_f, t_b, fetched))
             fwd, bwd, evaluation = t_f + fwd, bwd + t_b, t_f + evaluation
         return _value(f"depcache[{start}:{end}]", np.stack([fwd, bwd, evaluation]), nbytes, memory)
+
+
+def _on_grid(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A formula's value on a grid as float64 of `shape`: as it comes when it has that shape, else broadcast (a term
+    constant along the grid); np.broadcast_to costs more than the formula's own few operations on small grids."""
+    value = np.asarray(value, np.float64)
+    return value if value.shape == shape else np.broadcast_to(value, shape)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -411,7 +434,7 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
     every selection holding the layer, its values side by side as columns; a selection's stages are its
     layers' columns (the formula's values, its sums in another order)."""
     p, n = inputs.workers, len(selections)
-    base = {name: v.reshape(p, 1) for name, v in inputs.table.by_name.items()}  # each one float64 per worker
+    base = Columns(inputs.table.by_name, p)  # each one float64 per worker, as a column when a formula reads it
     # [selection, layer, worker]: a group of selections' layer written at once, not one (selection, layer) entry
     # at a time (O(L²) of them for a deep model's spans)
     top = max((end for _, end, _ in selections), default=0)
@@ -446,7 +469,7 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
                               for name in names})
 
     def run(expr: sympy.Expr, grid: Mapping[str, Any], cols: int) -> np.ndarray:
-        return np.broadcast_to(np.asarray(numeric_function(expr)[0](grid), np.float64), (p, cols))
+        return _on_grid(numeric_function(expr)[0](grid), (p, cols))
 
     groups: dict[tuple[int, bool], list[int]] = {}
     for i, (start, end, _) in enumerate(selections):

@@ -1,0 +1,56 @@
+"""DepCache's spans priced without repeated work (issue 36: the 64-layer GCNII example on Cora within 1 s).
+
+gnnc.passes.cost.neutronstar.DepcacheSpans sums the spans from one start together, one numpy addition per layer
+into all of them (a sum per span read every one of its layers: L(L+1)/2 reads for a model's spans from layer 0),
+and reads the inputs' symbols as [workers, 1] columns made when a formula reads one (evaluation.Columns), where
+every one of the inputs' symbols (~2,000 for the 64-layer example) was broadcast and reshaped per instance. The
+values are the same floats as the per-span sums.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLES, count_calls, random_graph
+from gnnc import api
+from gnnc.cluster import preset
+from gnnc.passes.cost import neutronstar
+from gnnc.passes.cost.inputs import planning_inputs
+
+LAYERS = 16
+
+
+@pytest.fixture(scope="module")
+def priced():
+    graph = random_graph(400, 3200, f=32, c=4, seed=3)
+    program = api.compile(api.load_model(EXAMPLES / "gcnii.gnn", layers=LAYERS, hidden=16), graph).program
+    parts = np.arange(graph.num_nodes) % 4
+    _, inputs, shapes = planning_inputs(program, graph, parts, preset("neutronstar-ecs"), 4)
+    return inputs, shapes
+
+
+@pytest.mark.parametrize("halo", [False, True])
+def test_every_span_from_a_start_reads_each_layer_once(priced, monkeypatch, halo) -> None:
+    inputs, shapes = priced
+    spans = neutronstar.DepcacheSpans(inputs, shapes, halo=halo)
+    reads = count_calls(monkeypatch, neutronstar.DepcacheSpans, "_layer")
+    ends = range(1, min(spans.hops, len(shapes)) + 1)
+    values = [spans.value(0, end) for end in ends]
+    assert reads["n"] == len(ends)  # one read per layer (136 for the 16 spans of 16 layers, per-span sums)
+    monkeypatch.undo()
+    for end, value in zip(ends, values):  # the per-span sums, each span's layers added first to last from 0
+        fwd, bwd, memory, evaluation = sum(spans._layer(layer)[end - 1 - layer] for layer in range(end))
+        assert np.array_equal(value.stage_times, np.stack([fwd, bwd, evaluation]))
+        assert np.array_equal(value.worker_memory, memory)
+    later = neutronstar.DepcacheSpans(inputs, shapes, halo=halo)  # the spans asked for in any order: the same
+    assert [later.value(0, end).time for end in reversed(ends)] == [v.time for v in reversed(values)]
+
+
+def test_the_inputs_are_not_broadcast_symbol_by_symbol(priced, monkeypatch) -> None:
+    inputs, shapes = priced
+    inputs.table  # made once per compile, before (not counted)
+    broadcasts = count_calls(monkeypatch, np, "broadcast_to")
+    spans = neutronstar.DepcacheSpans(inputs, shapes)
+    spans.value(0, 2)
+    # every one of the inputs' symbols was broadcast when the spans were set up (len(inputs.table) calls)
+    assert broadcasts["n"] <= 4 * 2 < len(inputs.table.by_name), broadcasts["n"]
