@@ -64,7 +64,7 @@ def part_distances(graph: Graph, parts: np.ndarray, num_parts: int, levels: int,
     return table
 
 
-def _out_csr(graph: Graph) -> CSR | None:
+def held_out_csr(graph: Graph) -> CSR | None:
     """The transpose of the plain in-CSR (rows: sources, entries: their out-neighbours) where the graph holds one
     already (a store maps it), else None: building one sorts every edge, the cost this module avoids."""
     csr = graph._views.get(("csr", "plain"))
@@ -91,7 +91,7 @@ def _compute(graph: Graph, parts: np.ndarray, num_parts: int, levels: int, view:
     # front[v]: the parts whose frontier v is on, one bit each ([n, words] uint64 beyond 64 parts)
     seen = _bits(parts, num_parts, wdt, words)
     front = seen
-    out = _out_csr(graph)
+    out = held_out_csr(graph)
     csr = graph.csr(view) if out is None else None
     for level in range(1, levels + 1):
         WORK["levels"] += 1
