@@ -54,3 +54,35 @@ def test_the_inputs_are_not_broadcast_symbol_by_symbol(priced, monkeypatch) -> N
     spans.value(0, 2)
     # every one of the inputs' symbols was broadcast when the spans were set up (len(inputs.table) calls)
     assert broadcasts["n"] <= 4 * 2 < len(inputs.table.by_name), broadcasts["n"]
+
+
+def test_alike_formulas_are_evaluated_together_to_the_same_floats(priced, monkeypatch) -> None:
+    """The per-layer strategies' formulas of every layer (evaluation.evaluate_costs, as plan_costs prices them) and
+    DepCache's layer terms are evaluated a group of alike formulas at a time: the same floats as one by one."""
+    from gnnc.passes.cost import evaluation
+    from gnnc.passes.cost.registry import planner_cost
+
+    inputs, shapes = priced
+    for strategy in ("depcomm", "bcast1d"):
+        costs = [planner_cost(strategy, i, i + 1, shapes[i:i + 1]) for i in range(len(shapes))]
+        exprs = [e for c in costs for e in (*c.stages, c.bytes, c.memory)]
+        assert len({evaluation.alike(e)[0] for e in exprs}) <= len(exprs) // 8  # layers share their formulas' shape
+        together = evaluation.evaluate_costs(costs, inputs)
+        for cost, value in zip(costs, together):
+            alone = evaluation.evaluate_cost(cost, inputs)
+            assert (value.time, value.bytes, value.memory, value.evaluation_time) == (
+                alone.time, alone.bytes, alone.memory, alone.evaluation_time)
+            assert np.array_equal(value.stage_times, alone.stage_times)
+            assert np.array_equal(value.worker_bytes, alone.worker_bytes)
+            assert np.array_equal(value.worker_memory, alone.worker_memory)
+    calls = count_calls(monkeypatch, neutronstar, "evaluate_alike")
+    spans = neutronstar.DepcacheSpans(inputs, shapes)
+    for end in range(1, LAYERS + 1):
+        spans.value(0, end)
+    assert calls["n"] == 1  # every layer's terms at once (one evaluation per layer and term before)
+    monkeypatch.undo()
+    for layer in range(LAYERS):  # each layer's terms as its own numeric functions give them
+        grid = spans._grid
+        for term, expr in enumerate(neutronstar._depcache_layer(layer, shapes[layer], False)):
+            alone = np.broadcast_to(evaluation.numeric_function(expr)[0](grid), (inputs.workers, spans.hops))
+            assert np.array_equal(spans._terms[layer][:, term, :], alone.T)

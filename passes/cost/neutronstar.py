@@ -21,7 +21,8 @@ from gnnc.passes.cost.compute import (aggregation_time, dense_map_time, compute_
                                       layer_memory, call_ops, copy_time, edge_ops, halo_buffers, layer_ops, part_calls,
                                       per_epoch, row_ops)
 from gnnc.passes.cost.epoch import evaluation_of
-from gnnc.passes.cost.evaluation import CostValue, Columns, Overlay, compile_expr, numeric_function, table
+from gnnc.passes.cost.evaluation import (CostValue, Columns, Overlay, compile_expr, evaluate_alike, numeric_function,
+                                        table)
 from gnnc.passes.cost.overlap import overlap_window, pipeline_dispatch, pipelined_window
 from gnnc.passes.cost.registry import cost_formula
 from gnnc.passes.cost.symbols import (Max, P, b, bw, V, E, B, S, E_r, E_in, d, hop_vertices, hop_edges,
@@ -237,11 +238,20 @@ class DepcacheSpans:
     def _layer(self, layer: int) -> np.ndarray:
         terms = self._terms.get(layer)
         if terms is None:
-            p, h = self.inputs.workers, self.hops
-            exprs = _depcache_layer(layer, self.shapes[layer], self.halo)
-            cols = [_on_grid(numeric_function(e)[0](self._grid), (p, h)) for e in exprs]
-            terms = self._terms[layer] = np.ascontiguousarray(np.stack(cols).transpose(2, 0, 1))
+            self._evaluate([layer])
+            terms = self._terms[layer]
         return terms
+
+    def _evaluate(self, layers: Sequence[int]) -> None:
+        """The terms of `layers` (those not done yet), evaluated together: a deep model's layers' terms are alike
+        (gnnc.passes.cost.evaluation.evaluate_alike: one numpy call per operation for all of them)."""
+        layers = [layer for layer in layers if layer not in self._terms]
+        if not layers:
+            return
+        exprs = [e for layer in layers for e in _depcache_layer(layer, self.shapes[layer], self.halo)]
+        cols = evaluate_alike(exprs, self._grid, (self.inputs.workers, self.hops))
+        for n, layer in enumerate(layers):
+            self._terms[layer] = np.ascontiguousarray(np.stack(cols[4 * n:4 * n + 4]).transpose(2, 0, 1))
 
     def _summed(self, start: int, k: int) -> np.ndarray:
         """The terms of the span of `k` layers from `start` summed over its layers, first to last: layer l adds its
@@ -252,6 +262,7 @@ class DepcacheSpans:
         if sums is None:
             sums = np.zeros((min(self.hops, len(self.shapes) - start), 4, self.inputs.workers))
         longest = len(sums)
+        self._evaluate(range(start + added, start + longest))  # every layer the spans from `start` may read, at once
         for j in range(added, k):  # layer start + j into every span holding it (lengths j + 1 .. longest)
             sums[j:] += self._layer(start + j)[:longest - j]
         self._sums[start] = (sums, max(added, k))

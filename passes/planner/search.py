@@ -29,7 +29,7 @@ from gnnc.passes.analysis.legality import pushpull_blocker, segment_can_start_at
 from gnnc.passes.cost.collectives import grad_allreduce
 from gnnc.passes.cost.crossovers import crossover
 from gnnc.passes.cost.epoch import epoch_costs
-from gnnc.passes.cost.evaluation import evaluate_cost
+from gnnc.passes.cost.evaluation import evaluate_cost, evaluate_costs
 from gnnc.passes.cost.inputs import PlanningInputs, planning_inputs
 from gnnc.passes.cost.layouts import boundary
 from gnnc.passes.cost.memory import OPTIMIZER_COPIES, WARN_FRACTION, parameter_sizes
@@ -120,6 +120,10 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             known = {k[:2]: v for k, v in values.items() if k[2] == "depcache"} if user_cost("depcache") else {}
             selected = select_spans(stats, inputs, shapes, profile.memory_per_worker, spans, known, graph=graph,
                                     parts=parts)
+        built: list[Any] = []  # the spans' formulas, built and evaluated together (a deep model's layers: alike)
+        if not selected and not (s == "depcache" and user_cost(s) is None):
+            built = [planner_cost(s, start, end, shapes[start:end]) for start, end in spans]
+            built = list(zip(built, evaluate_costs(built, inputs)))
         for n, (start, end) in enumerate(spans):
             key = (start, end, s)
             extra = None
@@ -131,8 +135,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
                 value = depcache.value(start, end)
                 formulas[key] = functools.partial(planner_cost, s, start, end, shapes[start:end])
             else:  # its formula, built and evaluated
-                cost = planner_cost(s, start, end, shapes[start:end])
-                formulas[key], value = cost, evaluate_cost(cost, inputs)
+                formulas[key], value = built[n]
             saved = split_allreduce_saving(program, inputs, allreduce)[0] if sd.layout_in == "feature" else 0.0
             seg_cost[key] = (value.time - saved, value.memory)
             values[key] = value
