@@ -14,11 +14,19 @@ on stderr. Workers of a torchrun job are not checked (they share machines
 this process cannot see).
 
 A sampled run (`--fanout`, `--batch-size`) holds one minibatch's blocks at a
-time, not the whole graph's rows: its activations are priced on the largest
-batch the fan-outs allow (`sampled_layers`: the batch's seeds, and at each
-layer outward every destination's fan-out of sources, bounded by the graph),
-its graph term is what each rank loads (the whole graph in one process, its
-sampled shard in N).
+time, not the whole graph's rows (issue 34): its activations are priced on the
+largest blocks of a dry run of the sampler (the first training batches of
+epoch 0 and the first evaluation batches, `dry_run_layers`, times a margin and
+a measured factor, within the fan-outs' bound `sampled_layers`), each process's
+peak the larger of its training step's and its evaluation's. Its graph term is
+what it holds in memory: a graph in memory's arrays and the CSR the sampler
+builds; from a memory-mapped store (one process) or a rank's mapped shards only
+what the sampler allocates per vertex, a rank's loaded shard arrays, and one
+gather's window of the mapped files (`GATHER_WINDOW_BYTES`), not the feature
+matrix or the edge list, which stay on disk. At papers100M/10 the whole-graph
+count predicted 9.89 GB for a run that peaked at 2.22 GB (the peak itself the
+check's own reading of the edge list, now counted a block at a time:
+`non_loop_edges`); benchmarks/RESULTS-scale.md has the measured table.
 
 On CUDA (`device="cuda"`) the tensors live on the GPUs: each process's parameters, optimizer state, activations
 and graph are compared with what its GPU has free (`torch.cuda.mem_get_info` of GPU `local rank`, the one
@@ -39,8 +47,8 @@ import numpy as np
 from gnnc.errors import GnncError
 from gnnc.graph import Graph
 from gnnc.graph.generators import parse_spec
-from gnnc.graph.sampling import FULL, SamplingConfig, reads_edge_ids
-from gnnc.graph.store import MANIFEST, is_store
+from gnnc.graph.sampling import FULL, REGION_BYTES, SamplingConfig, reads_edge_ids
+from gnnc.graph.store import _MAPS, MANIFEST, is_store, release_pages
 from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
 from gnnc.ir import Program
 from gnnc.passes.analysis.layers import layer_dims, param_dependent
@@ -48,8 +56,8 @@ from gnnc.passes.cost.memory import WARN_FRACTION, LayerRows, MemoryEstimate, Pr
 from gnnc.passes.cost.symbols import layer_shape
 from gnnc.plan.plan_file import Plan
 from gnnc.plan.schedule_attrs import layer_schedule, split_exchange
-from gnnc.plan.sampled_shards import features_bytes
 from gnnc.plan.shard_files import read_manifest
+from gnnc.plan.strategies import STRATEGIES
 
 
 
@@ -61,19 +69,18 @@ def estimate_run_memory(plan: Plan, graph: Graph | None = None,
     dims, heads = layer_dims(program)
     needs = param_dependent(program)
     shapes = [layer_shape(layer, needs) for layer in program.graph_layers()]
-    if shard_dir is not None:
-        manifest = read_manifest(shard_dir)
-        if plan.sampling is not None:
-            layers = sampled_layers(program, plan.sampling, int(manifest["num_nodes"]),
-                                    {"plain": int(manifest["num_edges"]),
-                                     "self_loops": int(manifest["num_edges"]) + int(manifest["num_nodes"])})
-            # a rank maps its features' file (gnnc.plan.sampled_shards): the pages an epoch reads count in its RSS
-            processes = [ProcessCounts(layers, float(entry["bytes"] + features_bytes(entry)))
-                         for entry in manifest["shards"]]
+    if plan.sampling is not None:  # each process's training step or its evaluation, the larger
+        if shard_dir is not None:
+            pairs = sampled_rank_counts(program, plan.sampling, shard_dir, read_manifest(shard_dir))
+        elif graph is not None:
+            pairs = [sampled_process_counts(program, graph, plan.sampling)]
         else:
-            processes = shard_counts(program, manifest)
+            raise ValueError("estimate_run_memory needs the graph (one process) or the shards (several)")
+        return sampled_estimate(program, dims, heads, shapes, pairs, fused=shard_dir is None)
+    if shard_dir is not None:
+        processes = shard_counts(program, read_manifest(shard_dir))
     elif graph is not None:
-        processes = [single_process_counts(program, graph, plan.sampling)]
+        processes = [single_process_counts(program, graph)]
     else:
         raise ValueError("estimate_run_memory needs the graph (one process) or the shards (several)")
     # a rank runs no fused chain (gnnc.runtime.fusion): its attention holds per-edge values one process does not
@@ -87,18 +94,209 @@ def first_layer_in_blocks(program: Program) -> bool:
     return recompute.first_layer(program, fusion.find_chains(program)) is not None
 
 
-def single_process_counts(program, graph: Graph, sampling: SamplingConfig | None = None) -> ProcessCounts:
-    """One process holds the whole graph, and every row and edge of every layer (or, sampled, one batch's)."""
+def single_process_counts(program, graph: Graph) -> ProcessCounts:
+    """One process training full-graph steps holds the whole graph, and every row and edge of every layer."""
     n = graph.num_nodes
-    edges = {"plain": graph.num_edges,
-             "self_loops": int(np.count_nonzero(np.asarray(graph.src) != np.asarray(graph.dst))) + n}
-    if sampling is None:
-        layers = tuple(LayerRows(n, 0, n, edges[layer.edges]) for layer in program.graph_layers())
-    else:
-        layers = sampled_layers(program, sampling, n, edges)
+    edges = {"plain": graph.num_edges, "self_loops": non_loop_edges(graph) + n}
+    layers = tuple(LayerRows(n, 0, n, edges[layer.edges]) for layer in program.graph_layers())
+    return ProcessCounts(layers, float(graph_arrays_bytes(graph)))
+
+
+def graph_arrays_bytes(graph: Graph) -> int:
+    """The bytes of a graph's arrays: features, labels, masks, edge data and the edge list."""
     arrays = [graph.x, graph.y, graph.train_mask, graph.val_mask, graph.test_mask, *graph.edge_data.values()]
-    held = sum(t.numel() * t.element_size() for t in arrays) + np.asarray(graph.src).nbytes * 2
-    return ProcessCounts(layers, float(held))
+    return sum(t.numel() * t.element_size() for t in arrays) + np.asarray(graph.src).nbytes * 2
+
+
+# edges compared at a time when counting self-loops: the comparison of a whole edge list at once held a bool per
+# edge and, from a store, every page of src and dst (8 bytes per edge: 1.29 GB at papers100M/10, resident until the
+# run's first minibatch let the pages go, the largest part of that run's measured peak, issue 34)
+LOOP_COUNT_EDGES = 1 << 22
+
+
+def non_loop_edges(graph: Graph) -> int:
+    """The edges whose source is not their destination, counted a block at a time; a store's pages let go after
+    each block (release_pages)."""
+    src, dst = np.asarray(graph.src), np.asarray(graph.dst)
+    count = 0
+    for lo in range(0, len(src), LOOP_COUNT_EDGES):
+        count += int(np.count_nonzero(src[lo:lo + LOOP_COUNT_EDGES] != dst[lo:lo + LOOP_COUNT_EDGES]))
+        release_pages(graph)
+    return count
+
+
+# --- sampled runs (issue 34): what a sampled process holds, measured on the papers100M-like R-MAT stores of
+# benchmarks/scale.py (GraphSAGE 3 x 256, fan-out 15,10,5, batch 1024): the check priced the whole feature matrix
+# and edge list resident (7.1 GB of its 9.89 at papers100M/10, where the store maps them and a minibatch reads its
+# rows a region at a time, gnnc.graph.sampling.take) and every layer at the fan-outs' bound (a first block of
+# 1.08M rows, where R-MAT's many low in-degrees and shared neighbours gave 60-135K at 0.01)
+
+# training and evaluation batches the check samples (the first of epoch 0's, as the run draws them; the first of
+# the evaluation's, the lowest ids: an R-MAT's hubs): their largest blocks price the activations
+DRY_TRAIN_BATCHES = 4
+DRY_EVAL_BATCHES = 2
+# the largest dry-run block's rows and edges times this: batches differ (at 0.01, batch 1024, the first 6 training
+# batches' first blocks were 58.7-62.1K rows, the first 3 evaluation batches' 65.9-90.9K)
+DRY_RUN_MARGIN = 1.15
+# what a sampled step holds per row and edge beyond `layer_memory`'s values, as a factor on them (they are linear in
+# the rows and edges): the dropouts' outputs and masks, the activations' outputs, both linear maps' products and
+# autograd's saved inputs, the block's structures, and the block cache's and the heap's kept blocks. Fitted on the
+# measured peaks (benchmarks/RESULTS-scale.md, "The memory check on sampled runs"): a training step needed 2.5-2.9
+# (batch 64-4096, 0.001-0.01), an evaluation batch (no autograd) 1.1-1.8 where it set the peak (0.01-0.1); with
+# DRY_RUN_MARGIN above, 3.3 and 1.7 on the dry run's largest blocks
+TRAIN_ACTIVATION_FACTOR = 2.9
+EVAL_ACTIVATION_FACTOR = 1.5
+# bytes per vertex the sampler and a sampled worker hold whatever the batch: the sampler's scratch of local ids
+# (int64), per edge view its candidates' degrees (int64) and deg^-1/2 (float64) (gnnc.graph.sampling), 24 bytes for
+# one view; measured 48 per vertex at papers100M/10 (507 MB over the interpreter once the first minibatch let the
+# mapped pages go, 11.1M vertices): the temporaries of deg^-1/2 and the evaluation's label union, freed to a heap
+# that keeps them (gnnc.runtime.memory's mmap threshold), are the rest, priced as a second view's
+SAMPLER_SCRATCH_BYTES = 8 + 16
+SAMPLER_VIEW_BYTES = 16
+# a rank's own arrays beside its shard's (gnnc.runtime.minibatch_dist): the local row of every vertex (int64), and
+# per vertex it owns its id (int64), label (int64) and three mask entries
+RANK_VERTEX_BYTES = 8
+RANK_OWNED_BYTES = 8 + 8 + 3
+# the mapped pages a minibatch's gathers hold at once: a region of x or of the CSR (gnnc.graph.sampling.take reads one
+# at a time and lets it go); at most the mapped features and CSR. Measured at 0.01: the gather rose 85-115 MiB over
+# the step, 53-57 MiB of it beside the gathered rows
+GATHER_WINDOW_BYTES = REGION_BYTES
+
+
+def is_mapped(graph: Graph) -> bool:
+    """Whether `graph`'s arrays are memory-mapped (a store's, a rank's shards'): resident only as far as read."""
+    return bool(graph._views.get(_MAPS))
+
+
+def sampler_bytes(graph: Graph, views: set[str], non_loop: int) -> int:
+    """What the sampler allocates on `graph` (gnnc.graph.sampling.NeighbourSampler): its scratch, each view's
+    degrees, and a `self_loops` view of a graph with self-loops its own copy of the CSR without them."""
+    n = graph.num_nodes
+    total = SAMPLER_SCRATCH_BYTES * n + SAMPLER_VIEW_BYTES * n * len(views)
+    if "self_loops" in views:
+        if non_loop < graph.num_edges:  # the non-loop entries' indptr, indices and eids, and the mask of them
+            total += 8 * (n + 1) + (8 + 8 + 1) * graph.num_edges
+    return total
+
+
+def sampled_process_counts(program, graph: Graph,
+                           sampling: SamplingConfig) -> tuple[ProcessCounts, ProcessCounts]:
+    """One process training sampled minibatches of `graph`, in its training steps and in its evaluation: the
+    activations on the largest blocks a dry run of the sampler draws (`dry_run_layers`), the graph's arrays where
+    they are in memory (a mapped store's only as far as its gathers read them: `GATHER_WINDOW_BYTES`) and what the
+    sampler allocates per vertex."""
+    n = graph.num_nodes
+    edges = {"plain": graph.num_edges, "self_loops": non_loop_edges(graph) + n}
+    views = {layer.edges for layer in program.graph_layers()}
+    train, evaluation = dry_run_layers(program, graph, sampling, edges, {0: train_and_eval_seeds(graph)})[0]
+    held = min(GATHER_WINDOW_BYTES, graph.x.numel() * graph.x.element_size() + csr_bytes(graph)) if is_mapped(graph) \
+        else graph_arrays_bytes(graph) + csr_bytes(graph)
+    held += sampler_bytes(graph, views, edges["self_loops"] - n)
+    return ProcessCounts(train, float(held)), ProcessCounts(evaluation, float(held))
+
+
+def csr_bytes(graph: Graph) -> int:
+    """The in-edge CSR a graph in memory builds for the sampler (int64 indptr, indices and edge ids)."""
+    return 8 * (graph.num_nodes + 1) + 16 * graph.num_edges
+
+
+def train_and_eval_seeds(graph: Graph, parts: np.ndarray | None = None, rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The training seeds and the evaluated vertices of a process (of rank `rank` under `parts`)."""
+    from gnnc.runtime.minibatch import labelled_ids  # deferred: torch's runtime, which `gnnc check` does not load
+
+    train = np.nonzero(graph.train_mask.numpy())[0]
+    labelled = labelled_ids(graph.train_mask, graph.val_mask, graph.test_mask)
+    if parts is not None:
+        labelled = labelled[parts[labelled] == rank]
+    return train, labelled
+
+
+def dry_run_layers(program, graph: Graph, sampling: SamplingConfig, edges: dict[str, int],
+                   seeds: dict[int, tuple[np.ndarray, np.ndarray]], parts: np.ndarray | None = None,
+                   seed: int = 0) -> dict[int, tuple[tuple[LayerRows, ...], tuple[LayerRows, ...]]]:
+    """Per process (a rank, or 0), the rows and edges of each graph layer priced for its training steps and for its
+    evaluation: the largest blocks of the first `DRY_TRAIN_BATCHES` training batches of epoch 0 (a rank samples its
+    own seeds of each global batch, as the run does) and of the first `DRY_EVAL_BATCHES` evaluation batches, times
+    `DRY_RUN_MARGIN` and times `TRAIN_ACTIVATION_FACTOR` or `EVAL_ACTIVATION_FACTOR` (module comment), within the
+    fan-outs' bound (`sampled_layers`). The sampler's pages read are let go after each batch."""
+    from gnnc.graph.sampling import NeighbourSampler  # deferred, as above
+    from gnnc.runtime.minibatch import eval_batch_size
+
+    graph_layers = program.graph_layers()
+    bound = sampled_layers(program, sampling, graph.num_nodes, edges)
+    size = eval_batch_size(sampling)
+    eval_bound = sampled_layers(program, SamplingConfig(sampling.fanouts, size), graph.num_nodes, edges)
+    sampler = NeighbourSampler(graph, [layer.edges for layer in graph_layers],
+                               sampling.layer_fanouts(len(graph_layers)), seed)
+    first = graph_layers[0].attr("strategy")
+    merged_first = parts is not None and first in STRATEGIES and STRATEGIES[first].layout_in == "feature"
+
+    def sizes(batches: list[np.ndarray], index0: int = 0) -> np.ndarray:
+        """[batch, layer, (sources, destinations, edges)] of `batches` sampled."""
+        out = np.zeros((max(len(batches), 1), len(graph_layers), 3))
+        for index, batch in enumerate(batches):
+            if len(batch):
+                mb = sampler.sample(batch, 0, index0 + index)
+                release_pages(graph)
+                out[index] = [(b.n_src, b.n_dst, b.nnz) for b in mb.blocks]
+        return out
+
+    def priced(most: np.ndarray, factor: float, bound: tuple[LayerRows, ...]) -> tuple[LayerRows, ...]:
+        return tuple(LayerRows(min(src * DRY_RUN_MARGIN, b.in_rows) * factor, 0,
+                               min(dst * DRY_RUN_MARGIN, b.out_rows) * factor,
+                               min(nnz * DRY_RUN_MARGIN, b.edges) * factor) for (src, dst, nnz), b in zip(most, bound))
+
+    ranks = sorted(seeds)
+    batches = sampler.epoch_batches(0, seeds[ranks[0]][0], sampling.batch_size)[:DRY_TRAIN_BATCHES]
+    # [rank, batch, layer, 3]: each rank samples its own seeds of each global batch
+    train = np.stack([sizes([b if parts is None else b[parts[b] == rank] for b in batches]) for rank in ranks])
+    if merged_first:  # push-pull: every rank runs all ranks' first blocks at once (merge_blocks)
+        train[:, :, 0] = train[:, :, 0].sum(axis=0)
+    out = {}
+    for k, rank in enumerate(ranks):
+        labelled = seeds[rank][1]
+        evaluated = sizes([labelled[lo:lo + size] for lo in range(0, len(labelled), size)][:DRY_EVAL_BATCHES],
+                          len(batches))
+        if merged_first:  # the other ranks' evaluation batches are pushed alike: priced as this rank's, times them
+            evaluated[:, 0] *= len(ranks)
+        out[rank] = (priced(train[k].max(axis=0), TRAIN_ACTIVATION_FACTOR, bound),
+                     priced(evaluated.max(axis=0), EVAL_ACTIVATION_FACTOR, eval_bound))
+    return out
+
+
+def sampled_estimate(program, dims, heads, shapes, pairs: list[tuple[ProcessCounts, ProcessCounts]],
+                     fused: bool) -> MemoryEstimate:
+    """Each process's peak as the larger of its training step's and its evaluation's (`pairs`)."""
+    est = run_memory(program, dims, heads, shapes, [p for pair in pairs for p in pair], fused=fused)
+    per = tuple(max(est.per_process[2 * k], est.per_process[2 * k + 1]) for k in range(len(pairs)))
+    return MemoryEstimate(per, est.terms, est.parameters)  # the terms: the largest of them all, the peak's
+
+
+def sampled_rank_counts(program, sampling: SamplingConfig, shard_dir: str | Path,
+                        manifest: dict[str, Any]) -> list[tuple[ProcessCounts, ProcessCounts]]:
+    """Each rank of a sampled run on several processes (gnnc.plan.sampled_shards): its shard's arrays (loaded),
+    its own per-vertex arrays and the sampler's, a gather's window of its mapped structure and features (not the
+    whole features' file: a minibatch reads its rows a region at a time), and its activations on the largest blocks
+    of a dry run of its own seeds, from the shards' structure (as rank 0 opens it)."""
+    from gnnc.plan.sampled_shards import features_bytes, load_sampled_rank  # deferred: torch
+
+    world = len(manifest["shards"])
+    data = load_sampled_rank(shard_dir, 0, world)
+    graph, parts = data.graph, data.parts
+    n = graph.num_nodes
+    edges = {"plain": graph.num_edges, "self_loops": non_loop_edges(graph) + n}
+    views = {layer.edges for layer in program.graph_layers()}
+    seeds = {rank: train_and_eval_seeds(graph, parts, rank) for rank in range(world)}
+    layers = dry_run_layers(program, graph, sampling, edges, seeds, parts)
+    per_vertex = sampler_bytes(graph, views, edges["self_loops"] - n) + RANK_VERTEX_BYTES * n
+    window = min(GATHER_WINDOW_BYTES, max(features_bytes(entry) for entry in manifest["shards"]) + csr_bytes(graph))
+    release_pages(graph)
+    owned = np.bincount(parts, minlength=world)
+    out = []
+    for rank, entry in enumerate(manifest["shards"]):
+        held = float(entry["bytes"] + per_vertex + RANK_OWNED_BYTES * int(owned[rank]) + window)
+        out.append((ProcessCounts(layers[rank][0], held), ProcessCounts(layers[rank][1], held)))
+    return out
 
 
 def sampled_layers(program, sampling: SamplingConfig, num_nodes: int,
