@@ -86,3 +86,30 @@ def test_alike_formulas_are_evaluated_together_to_the_same_floats(priced, monkey
         for term, expr in enumerate(neutronstar._depcache_layer(layer, shapes[layer], False)):
             alone = np.broadcast_to(evaluation.numeric_function(expr)[0](grid), (inputs.workers, spans.hops))
             assert np.array_equal(spans._terms[layer][:, term, :], alone.T)
+
+
+def test_hybrid_selections_of_every_layer_are_priced_together_to_the_same_floats(priced, monkeypatch) -> None:
+    """hybrid_values_of evaluates every layer's five formulas at once (the layers' selections' columns widened to
+    the widest layer's): each selection's value is bit for bit its value priced alone (`hybrid_value`), spans
+    from several starts included (a first layer of each)."""
+    from gnnc.passes.cost import evaluation
+
+    inputs, shapes = priced
+    rng = np.random.default_rng(5)
+    p = inputs.workers
+    spans = [(0, end) for end in range(1, LAYERS + 1)] + [(3, 9), (3, 4), (7, LAYERS)]
+    selections = []
+    for start, end in spans:
+        k = end - start
+        rows = [rng.integers(0, 300, (p, k)).astype(np.float64) for _ in range(4)]
+        selections.append((start, end, neutronstar.hybrid_values(start, *rows, rng.integers(0, 50, p))))
+    calls = count_calls(monkeypatch, neutronstar, "evaluate_alike")
+    together = neutronstar.hybrid_values_of(inputs, shapes, selections)
+    assert calls["n"] == 1  # every layer's formulas in one call (one evaluation per layer and formula before)
+    monkeypatch.undo()
+    assert len({evaluation.alike(e)[0] for layer in range(1, LAYERS)
+                for e in neutronstar._hybrid_layer(layer, shapes[layer], False)}) <= 12  # of 60: alike
+    for (start, end, extra), value in zip(selections, together):
+        alone = neutronstar.hybrid_value(start, end, shapes[start:end], inputs, extra)
+        assert (value.time, value.bytes, value.memory) == (alone.time, alone.bytes, alone.memory)
+        assert np.array_equal(value.stage_times, alone.stage_times)

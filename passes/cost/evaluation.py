@@ -272,16 +272,18 @@ def alike(expr: sympy.Expr) -> tuple[int | None, tuple[str, ...]]:
     return (_SHAPES.setdefault(key, len(_SHAPES)) if plain else None), tuple(names)
 
 
-def evaluate_alike(exprs: Sequence[sympy.Expr], values: Mapping[str, np.ndarray],
+def evaluate_alike(exprs: Sequence[sympy.Expr], values: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
                    shape: tuple[int, ...]) -> list[np.ndarray]:
     """Each of `exprs` on `values` (a table by name whose arrays all have len(shape) dimensions, broadcasting to
-    `shape`), as its numeric function computes it, broadcast to `shape` (a new float64 array each).
+    `shape`; or one such table per expression), as its numeric function computes it, broadcast to `shape` (a new
+    float64 array each).
 
     Expressions `alike` are evaluated in one call of the first one's function, their symbols' values side by side
     along a last axis: the same operations on the same numbers, element by element, so the same floats, in one
     numpy call per operation where each expression made its own (a deep model's per-layer formulas: one call
     for all 64 layers of the GCNII example instead of 64)."""
     out: list[np.ndarray | None] = [None] * len(exprs)
+    tables = values if isinstance(values, Sequence) else [values] * len(exprs)
     groups: dict[Any, list[int]] = {}
     for i, e in enumerate(exprs):
         number, _ = alike(e)
@@ -289,18 +291,19 @@ def evaluate_alike(exprs: Sequence[sympy.Expr], values: Mapping[str, np.ndarray]
     for members in groups.values():
         if len(members) == 1:
             [i] = members
-            value = np.asarray(numeric_function(exprs[i])[0](values), np.float64)
+            value = np.asarray(numeric_function(exprs[i])[0](tables[i]), np.float64)
             out[i] = value.copy() if value.shape == shape else np.array(np.broadcast_to(value, shape))
             continue
         first = alike(exprs[members[0]])[1]
         names = [alike(exprs[i])[1] for i in members]
+        shared = all(tables[i] is tables[members[0]] for i in members)  # one table: a name is one value
         batch = {}
         for k, name in enumerate(first):
             column = [n[k] for n in names]
-            if all(n == name for n in column):
-                batch[name] = values[name][..., None]
+            if shared and all(n == name for n in column):
+                batch[name] = tables[members[0]][name][..., None]
             else:
-                arrays = [values[n] for n in column]
+                arrays = [tables[i][n] for i, n in zip(members, column)]
                 if any(a.shape != arrays[0].shape for a in arrays):  # (np.broadcast_to is slow: only if needed)
                     arrays = [np.broadcast_to(a, shape) for a in arrays]
                 batch[name] = np.stack(arrays, axis=-1)

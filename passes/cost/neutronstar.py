@@ -486,13 +486,26 @@ def hybrid_values_of(inputs: CostInputs, shapes: Mapping[int, LayerShape] | Sequ
     for i, (start, end, _) in enumerate(selections):
         for layer in range(start, end):
             groups.setdefault((layer, layer == start), []).append(i)
-    for (layer, first), which in groups.items():
-        fwd, bwd, layer_bytes, layer_mem = _hybrid_layer(layer, shapes[layer], first)
-        evaluation = _hybrid_layer_evaluation(layer, shapes[layer], first)
-        grid, cols = columns(which, (fwd, bwd, layer_bytes, layer_mem, evaluation)), len(which)
-        f, bk, e = run(fwd, grid, cols), run(bwd, grid, cols), run(evaluation, grid, cols)
-        nbytes[:, which] += run(layer_bytes, grid, cols)
-        memory[:, which] += run(layer_mem, grid, cols)
+    # every layer's five formulas evaluated together (evaluation.evaluate_alike: a deep model's layers are alike),
+    # each layer's selections' columns widened to the widest layer's by repeating its last one (values computed
+    # and dropped: no operation a real column does not make), then each layer's own columns taken back
+    items = list(groups.items())
+    width = max((len(which) for _, which in items), default=0)
+    exprs: list[sympy.Expr] = []
+    tables: list[Mapping[str, Any]] = []
+    for (layer, first), which in items:
+        five = (*_hybrid_layer(layer, shapes[layer], first), _hybrid_layer_evaluation(layer, shapes[layer], first))
+        grid = columns(which, five)
+        widen = np.minimum(np.arange(width), len(which) - 1)  # its columns, then its last one again
+        wide = Overlay(base, {name: v[:, widen] for name, v in dict(grid).items()})
+        exprs.extend(five)
+        tables.extend([wide] * 5)
+    got = evaluate_alike(exprs, tables, (p, width))
+    for n, ((layer, first), which) in enumerate(items):
+        cols = len(which)
+        f, bk, layer_bytes, layer_mem, e = (got[5 * n + j][:, :cols] for j in range(5))
+        nbytes[:, which] += layer_bytes
+        memory[:, which] += layer_mem
         stages_f[which, layer], stages_b[which, layer], stages_e[which, layer] = f.T, bk.T, e.T
     entries: dict[tuple[int, bool], list[int]] = {}
     for i, (start, _, _) in enumerate(selections):
