@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from gnnc.graph import sorted_unique
 from gnnc.plan.distances import held_out_csr
@@ -452,6 +453,8 @@ def in_trees(graph: Any, view: str, parts: np.ndarray, part: int) -> InTrees:
     """`part`'s InTrees on `graph`'s edge view `view` (gnnc.graph.Graph.csr)."""
     csr = graph.csr(view)
     out = held_out_csr(graph) if view == "plain" else None  # the store's transpose is of the plain view's CSR
+    if out is not None and (out.indptr.dtype != torch.int64 or out.indices.dtype != torch.int64):
+        out = None  # read as it is mapped, never copied to int64 per worker (8 copies of the edges)
     return InTrees(np.asarray(csr.indptr, dtype=np.int64), np.asarray(csr.indices, dtype=np.int64),
                    np.asarray(parts) == part, None if out is None else np.asarray(out.indptr, dtype=np.int64),
                    None if out is None else np.asarray(out.indices, dtype=np.int64))
