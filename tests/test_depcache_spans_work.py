@@ -67,6 +67,9 @@ def test_alike_formulas_are_evaluated_together_to_the_same_floats(priced, monkey
         costs = [planner_cost(strategy, i, i + 1, shapes[i:i + 1]) for i in range(len(shapes))]
         exprs = [e for c in costs for e in (*c.stages, c.bytes, c.memory)]
         assert len({evaluation.alike(e)[0] for e in exprs}) <= len(exprs) // 8  # layers share their formulas' shape
+        # the shapes are kept as text: no object for the garbage collector to walk (nested tuples of types were
+        # ~20,000 for the 64-layer example and moved a full collection into the next compile's elaborate)
+        assert all(type(key) is str for key in evaluation._SHAPES)
         together = evaluation.evaluate_costs(costs, inputs)
         for cost, value in zip(costs, together):
             alone = evaluation.evaluate_cost(cost, inputs)

@@ -241,7 +241,7 @@ def compile_cost(cost: Cost) -> CompiledCost:
     return CompiledCost(cost)
 
 
-_SHAPES: dict[Any, int] = {}  # an expression's shape (`alike`) -> its number
+_SHAPES: dict[str, int] = {}  # an expression's shape (`alike`) -> its number
 
 
 @functools.lru_cache(maxsize=32768)
@@ -256,17 +256,21 @@ def alike(expr: sympy.Expr) -> tuple[int | None, tuple[str, ...]]:
     names: dict[str, int] = {}
     plain = True
 
-    def shape(e: sympy.Basic) -> Any:
+    # The shape is written as text (a string is no object the garbage collector tracks; nested tuples of types
+    # were ~20,000 more for the 64-layer example, and made a full collection fall inside the next compile):
+    # s<k> the k-th symbol, n<hex> a number (hex: -0.0 and 0.0 apart, a NaN equal to itself), Kind(args) an
+    # operation `_numeric` evaluates (class names of _NARY, _UNARY and Pow: no two alike); parsed one way only.
+    def shape(e: sympy.Basic) -> str:
         nonlocal plain
         if e.is_Symbol:
-            return names.setdefault(e.name, len(names))
+            return f"s{names.setdefault(e.name, len(names))}"
         if e.is_Number:
-            return ("n", float(e).hex())  # hex: -0.0 and 0.0 apart, a NaN equal to itself
+            return f"n{float(e).hex()}"
         kind = type(e)
         if kind in _NARY or kind is sympy.Pow or (kind in _UNARY and len(e.args) == 1):
-            return (kind, tuple(shape(a) for a in e.args))
+            return f"{kind.__name__}({','.join(shape(a) for a in e.args)})"
         plain = False  # sympy compiles it (`_numeric`): not evaluated with another's symbols
-        return ("other", e)
+        return "?"
 
     key = shape(as_expr(expr))
     return (_SHAPES.setdefault(key, len(_SHAPES)) if plain else None), tuple(names)
