@@ -173,6 +173,20 @@ def test_each_choice_is_priced_and_the_cheaper_taken(cora) -> None:
     assert segments[1]["options"] == {"staged": True}
 
 
+@pytest.mark.parametrize("name", ["gcn", "sage", "gin", "gat"])
+def test_a_segment_runs_and_is_priced_with_the_options_chosen(cora, name: str) -> None:
+    """Every segment's options read back from the annotated IR are its cheapest alternative's, and priced as
+    that one: a hoisted exchange (never split) does not turn a segment's later halos' overlap off in the price.
+    GIN's Hybrid segment from layer 0 hoists the input features' halo; the schedule priced the segment without
+    overlap although it chose, and the runtime runs, layer 1's halo split (session 26)."""
+    _, plan = scheduled(cora, name, "hybrid", workers=4)
+    for seg, entry in zip(program_segments(plan.program), plan.meta.schedule_report["segments"]):
+        best = min(entry["alternatives"], key=lambda a: a["time_s"])
+        layers = plan.program.graph_layers()[seg.start:seg.end]
+        assert segment_options(layers, seg.strategy) == entry["options"] == best["options"]
+        assert entry["time_s"] == best["time_s"]
+
+
 def test_the_prediction_follows_the_annotations(cora) -> None:
     """The predicted epoch is drawn from what the IR says: overlap off costs more, and the segments'
     options read back from the IR are the ones the report priced."""
