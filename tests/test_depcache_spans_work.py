@@ -116,3 +116,22 @@ def test_hybrid_selections_of_every_layer_are_priced_together_to_the_same_floats
         alone = neutronstar.hybrid_value(start, end, shapes[start:end], inputs, extra)
         assert (value.time, value.bytes, value.memory) == (alone.time, alone.bytes, alone.memory)
         assert np.array_equal(value.stage_times, alone.stage_times)
+
+
+def test_the_inputs_table_broadcasts_its_scalars_in_one_call(priced, monkeypatch) -> None:
+    """symbols.per_worker makes every scalar's row a read-only view of one broadcast (one np.broadcast_to per scalar
+    before: ~2,200 for the 64-layer example, 0.028 CPU s of each compile), each the same values as before."""
+    from gnnc.passes.cost import symbols
+
+    inputs, _ = priced
+    values = inputs.values()
+    broadcasts = count_calls(monkeypatch, np, "broadcast_to")
+    rows = symbols.per_worker(values, inputs.workers)
+    assert broadcasts["n"] == 1
+    monkeypatch.undo()
+    assert list(rows) == list(values)
+    for key, value in values.items():
+        row = rows[key]
+        assert row.shape == (inputs.workers,) and row.dtype == np.float64
+        assert np.array_equal(row, np.broadcast_to(np.asarray(value, np.float64), (inputs.workers,)))
+        assert not row.flags.writeable or np.ndim(value) > 0  # a scalar's row is shared: read-only
