@@ -220,7 +220,7 @@ def dry_run_layers(program, graph: Graph, sampling: SamplingConfig, edges: dict[
     `DRY_RUN_MARGIN` and times `TRAIN_ACTIVATION_FACTOR` or `EVAL_ACTIVATION_FACTOR` (module comment), within the
     fan-outs' bound (`sampled_layers`). The sampler's pages read are let go after each batch."""
     from gnnc.graph.sampling import NeighbourSampler  # deferred, as above
-    from gnnc.runtime.minibatch import eval_batch_size
+    from gnnc.runtime.minibatch import eval_batch_size  # deferred: torch's runtime, as above
 
     graph_layers = program.graph_layers()
     bound = sampled_layers(program, sampling, graph.num_nodes, edges)
