@@ -137,13 +137,23 @@ def test_expand_equals_the_reference(seed) -> None:
     indptr, indices = _csr(n, 8000, seed)
     rng = np.random.default_rng(seed)
     trees = hg.InTrees(indptr, indices, rng.random(n) < 0.25)
-    for share in (0.02, 0.3, 0.9):
+    _expand_matches_the_reference(trees, rng, (0.02, 0.3, 0.9), (0.0, 0.5, 0.97), empty=True)
+
+
+def _expand_matches_the_reference(trees, rng: np.random.Generator, shares: tuple[float, ...],
+                                  excluded_shares: tuple[float, ...], empty: bool) -> None:
+    """`_expand` equals `_expand_reference` for pairs of distinct, repeated (and, with `empty`, no) vertices taking
+    each of `shares` of the vertices, with each of `excluded_shares` of the vertices (and the owned) excluded."""
+    from gnnc.passes.planner import hybrid_greedy as hg
+
+    n = trees.num_nodes
+    for share in shares:
         distinct = np.flatnonzero(rng.random(n) < share)
         rng.shuffle(distinct)
         repeated = rng.choice(distinct, 2 * len(distinct)) if len(distinct) else distinct
-        for vtx in (distinct, repeated, np.zeros(0, np.int64)):
+        for vtx in (distinct, repeated) + ((np.zeros(0, np.int64),) if empty else ()):
             dep = np.sort(rng.integers(0, max(len(vtx), 1), len(vtx))).astype(np.int64)
-            for p_excluded in (0.0, 0.5, 0.97):
+            for p_excluded in excluded_shares:
                 excluded = (rng.random(n) < p_excluded) | trees.owned
                 want = _expand_reference(trees, dep, vtx, excluded)
                 got = hg._expand(trees, dep, vtx, excluded)
@@ -214,17 +224,7 @@ def test_expand_from_the_sources_equals_the_reference(seed) -> None:
     indptr, indices = _csr(n, 8000, seed)
     rng = np.random.default_rng(50 + seed)
     trees = _with_transpose(hg.InTrees(indptr, indices, rng.random(n) < 0.25))
-    for share in (0.05, 0.4, 0.95):
-        distinct = np.flatnonzero(rng.random(n) < share)
-        rng.shuffle(distinct)
-        repeated = rng.choice(distinct, 2 * len(distinct)) if len(distinct) else distinct
-        for vtx in (distinct, repeated):
-            dep = np.sort(rng.integers(0, max(len(vtx), 1), len(vtx))).astype(np.int64)
-            for p_excluded in (0.0, 0.6, 0.98):
-                excluded = (rng.random(n) < p_excluded) | trees.owned
-                want = _expand_reference(trees, dep, vtx, excluded)
-                got = hg._expand(trees, dep, vtx, excluded)
-                assert got.dtype == want.dtype and np.array_equal(got, want), (share, p_excluded)
+    _expand_matches_the_reference(trees, rng, (0.05, 0.4, 0.95), (0.0, 0.6, 0.98), empty=False)
 
 
 def test_expand_from_the_sources_reads_their_few_edges() -> None:
