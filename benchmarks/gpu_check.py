@@ -15,6 +15,7 @@ whether it was met. Nothing here is tuned to a target: a miss is written down as
 
     python benchmarks/gpu_check.py -o benchmarks/RESULTS-gpu.md
     python benchmarks/gpu_check.py --quick -o /tmp/r.md     # small graphs: checks the script, not the targets
+    python benchmarks/gpu_check.py --sections 2,3            # the epochs only (a short device lease)
 """
 from __future__ import annotations
 
@@ -125,8 +126,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", default=str(HERE / "RESULTS-gpu.md"))
     ap.add_argument("--quick", action="store_true", help="small graphs and few epochs: checks the script only")
+    ap.add_argument("--sections", default="1,2,3", help="which of the three sections to run (default: all)")
     add_device_argument(ap, default="cuda")
     args = ap.parse_args()
+    sections = {int(x) for x in args.sections.split(",")}
     device = resolve_device_or_exit(args.device)  # cpu: the same tables on the CPU (to check this script)
     import torch
 
@@ -134,7 +137,8 @@ def main() -> None:
     if args.quick:
         small, products = {"n": 20_000, "m": 200_000}, {"n": 50_000, "m": 500_000}
     epochs = ["--epochs", "3", "--warmup", "1"] if args.quick else ["--epochs", "10", "--warmup", "3"]
-    flags = (" --quick" if args.quick else "") + ("" if device == "cuda" else f" --device {device}")
+    flags = (" --quick" if args.quick else "") + ("" if device == "cuda" else f" --device {device}") + (
+        f" --sections {args.sections}" if sections != {1, 2, 3} else "")
     lines = ["# gnnc on a GPU: issue 15's benchmarks", "",
              f"Written by `make gpu-check` (benchmarks/gpu_check.py{flags}) on "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]
@@ -158,25 +162,34 @@ def main() -> None:
         out.write_text("\n".join(lines) + "\n")
 
     lines += ["## 1. SpMM", ""]
-    wins: dict[str, list[bool]] = {}
-    spmm_section(device, "uniform", small, args.quick, True, lines, wins)
-    save()
-    spmm_section(device, "products scale", products, args.quick, False, lines, wins)  # PyG's [nnz, F] rows: too big
-    faster = sorted(op for op, w in wins.items() if w and all(w))
-    lines += [f"Triton faster than torch's path at every size measured: {', '.join(faster) or 'no op'} "
-              f"(gnnc.runtime.kernels.TRITON_OPS should name {'these' if faster else 'none'}; it names "
-              f"{sorted(_triton_ops()) or 'none'}).", ""]
+    if 1 in sections:
+        wins: dict[str, list[bool]] = {}
+        spmm_section(device, "uniform", small, args.quick, True, lines, wins)
+        save()
+        spmm_section(device, "products scale", products, args.quick, False, lines, wins)  # PyG's [nnz, F]: too big
+        faster = sorted(op for op, w in wins.items() if w and all(w))
+        lines += [f"Triton faster than torch's path at every size measured: {', '.join(faster) or 'no op'} "
+                  f"(gnnc.runtime.kernels.TRITON_OPS should name {'these' if faster else 'none'}; it names "
+                  f"{sorted(_triton_ops()) or 'none'}).", ""]
+    else:
+        lines += ["Not run (--sections).", ""]
     save()
     lines += ["## 2. Epochs against PyG", ""]
     g = ["--n", str(small["n"]), "--m", str(small["m"]), "--features", "128", "--hidden", "128", "--heads", "8"]
-    epoch_section(device, f"{small['n']:,} vertices, {small['m']:,} edges, F=128, hidden 128", g + epochs,
-                  {"gcn": 4.0, "sage": 4.0, "gat": 3.0}, None, lines)
+    if 2 in sections:
+        epoch_section(device, f"{small['n']:,} vertices, {small['m']:,} edges, F=128, hidden 128", g + epochs,
+                      {"gcn": 4.0, "sage": 4.0, "gat": 3.0}, None, lines)
+    else:
+        lines += ["Not run (--sections).", ""]
     save()
     p = ["--n", str(products["n"]), "--m", str(products["m"]), "--features", "100", "--hidden", "256",
          "--classes", "47", "--heads", "8"]
     lines += ["## 3. Products scale, full graph", ""]
-    epoch_section(device, f"{products['n']:,} vertices, {products['m']:,} edges, F=100, hidden 256, 47 classes",
-                  p + epochs, None, 0.070, lines)
+    if 3 in sections:
+        epoch_section(device, f"{products['n']:,} vertices, {products['m']:,} edges, F=100, hidden 256, 47 classes",
+                      p + epochs, None, 0.070, lines)
+    else:
+        lines += ["Not run (--sections).", ""]
     save()
     print(f"wrote {args.output}")
 

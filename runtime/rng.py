@@ -107,13 +107,13 @@ def keep_mask(key: int, rows: torch.Tensor, width: int, p: float, col_offset: in
     """
     keep = torch.empty(len(rows), width, dtype=torch.bool, device=rows.device)
     thresh = threshold(p)
-    for b in _blocks(len(rows), width):
+    for b in _blocks(len(rows), width, rows.device):
         torch.ge(draws16(key, rows[b], width, col_offset), thresh, out=keep[b])
     return keep
 
 
-def _blocks(n: int, width: int) -> list[slice]:
-    step = max(1, MASK_BLOCK // max(width, 1))
+def _blocks(n: int, width: int, device: torch.device) -> list[slice]:
+    step = max(1, (MASK_BLOCK if device.type == "cpu" else DEVICE_MASK_BLOCK) // max(width, 1))
     return [slice(i, i + step) for i in range(0, n, step)]
 
 
@@ -249,7 +249,7 @@ def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Te
     out = torch.empty_like(x)
     width = math.prod(x.shape[1:])  # not reshape(n, -1): a rank may hold no row (an empty part)
     x2, k2, o2 = x.reshape(len(x), width), keep.reshape(len(x), width), out.view(len(x), width)
-    for b in _blocks(len(x), width):
+    for b in _blocks(len(x), width, x.device):
         torch.mul(x2[b], k2[b], out=o2[b])
         o2[b].mul_(scale)
     return out
@@ -273,6 +273,10 @@ class _Dropout(torch.autograd.Function):
 # threshold of runtime/memory.py. With 1 MiB blocks each temporary was mmapped and page-faulted anew,
 # and dropout took 60% of a GCN epoch on a 100,000-vertex graph (477 ms; 269 ms with these blocks).
 MASK_BLOCK = 1 << 17
+# On a GPU a block costs its kernel launches, not its pages: the hash is about 30 elementwise kernels per block, and
+# with the CPU's blocks a GCN epoch on 200,000 vertices x 128 features (benchmarks/vs_pyg.py) drew 588 blocks, 0.40 s
+# of its 0.45 s on an H200 (PyG's epoch: 0.018 s). Blocks of 2^24 elements keep each int32 temporary at 64 MiB.
+DEVICE_MASK_BLOCK = 1 << 24
 
 
 def dropout_stream(e: Eqn) -> int:

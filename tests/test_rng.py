@@ -51,6 +51,21 @@ def test_dropout_mask_drawn_in_blocks_equals_one_draw(monkeypatch) -> None:
     assert torch.equal(whole.reshape(300, 21), keep.float() / 0.6)
 
 
+def test_a_mask_off_the_cpu_is_drawn_in_few_blocks(monkeypatch) -> None:
+    """Off the CPU a block costs its ~30 kernel launches, so a mask of 200,000 x 128 is drawn in 2 blocks, not the
+    CPU's 196 (each of 2^17 elements, sized for the allocator's mmap threshold); the meta device stands in for a
+    GPU: shapes only, the same code path."""
+    calls = []
+    real = rng.draws16
+    monkeypatch.setattr(rng, "draws16", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k))
+    keep = rng.keep_mask(7, torch.arange(200_000, device="meta"), 128, 0.5)
+    assert keep.shape == (200_000, 128) and keep.device.type == "meta"
+    assert calls == [131_072, 68_928]
+    calls.clear()
+    rng.keep_mask(7, torch.arange(200_000), 128, 0.5)
+    assert len(calls) == 196 and max(calls) == 1024
+
+
 def test_dropout_equals_x_times_its_mask_forward_and_backward() -> None:
     x = torch.randn(257, 5, 3, dtype=torch.float32, requires_grad=True)
     rows = torch.arange(1000, 1257)
