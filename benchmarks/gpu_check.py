@@ -75,7 +75,7 @@ def spmm_section(device: str, name: str, size: dict, quick: bool, with_pyg: bool
     lines += ["| width | gnnc fwd+bwd s | torch.sparse fwd+bwd s | gnnc-triton fwd+bwd s | PyG fwd+bwd s | "
               "gnnc no slower than torch.sparse |", "|---|---|---|---|---|---|"]
     for row in data["rows"][device]:
-        if row["width"] in ("sddmm dot", "edge_softmax"):
+        if row["width"] in ("sddmm dot", "edge_softmax", "dropout"):
             triton_wins.setdefault(row["width"].split()[0], []).append(row["triton fwd+bwd"] < row["torch fwd+bwd"])
             continue
         ours, torch_s = row.get("gnnc fwd+bwd"), row.get("torch.sparse fwd+bwd")
@@ -85,9 +85,9 @@ def spmm_section(device: str, name: str, size: dict, quick: bool, with_pyg: bool
         ok = None if torch_s is None else (ours <= torch_s and row["gnnc fwd"] <= row["torch.sparse fwd"])
         fmt = lambda t: "-" if t is None else f"{t:.4f}"  # noqa: E731
         lines.append(f"| {row['width']} | {fmt(ours)} | {fmt(torch_s)} | {fmt(tri)} | {fmt(pyg)} | {verdict(ok)} |")
-    attention = [r for r in data["rows"][device] if r["width"] in ("sddmm dot", "edge_softmax")]
+    attention = [r for r in data["rows"][device] if r["width"] in ("sddmm dot", "edge_softmax", "dropout")]
     if attention:
-        lines += ["", "| GAT edge kernel (8x16) | torch fwd+bwd s | triton fwd+bwd s |", "|---|---|---|"]
+        lines += ["", "| kernel (GAT's: 8x16; dropout: [n, 128]) | torch fwd+bwd s | triton fwd+bwd s |", "|---|---|---|"]
         lines += [f"| {r['width']} | {r['torch fwd+bwd']:.4f} | {r['triton fwd+bwd']:.4f} |" for r in attention]
     lines.append("")
 

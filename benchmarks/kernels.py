@@ -19,7 +19,8 @@ PyG / gnnc and torch.sparse / gnnc (above 1: gnnc is faster).
 On CUDA, gnnc's default path is cuSPARSE (through torch's CSR ops); a
 `gnnc-triton` column times the optional Triton kernels beside it, and a
 second table times the GAT layer's other two kernels (SDDMM-dot, edge
-softmax) both ways: what `gnnc.runtime.kernels.TRITON_OPS` is decided on.
+softmax) and dropout of [n, 128] (gnnc.runtime.rng's counter-based mask) both
+ways: what `gnnc.runtime.kernels.TRITON_OPS` is decided on.
 
     python benchmarks/kernels.py                       # CPU; CUDA too where present
     python benchmarks/kernels.py --n 20000 --m 200000  # a quick look
@@ -135,7 +136,9 @@ def bench_device(device: torch.device, args: argparse.Namespace) -> list[dict]:
 
 def bench_attention(csr, device: torch.device, args: argparse.Namespace, tk, gen: torch.Generator,
                     sync: Callable[[], None]) -> list[dict]:
-    """GAT's SDDMM-dot and edge softmax, torch's path against the Triton kernels (8 heads of 16)."""
+    """GAT's SDDMM-dot and edge softmax (8 heads of 16) and dropout (p = 0.5, [n, 128]), torch's path against the
+    Triton kernels."""
+    from gnnc.runtime import rng
     from gnnc.runtime.kernels import cpu
 
     heads, depth = 8, 16
@@ -143,14 +146,22 @@ def bench_attention(csr, device: torch.device, args: argparse.Namespace, tk, gen
     b = torch.randn(args.n, heads, depth, generator=gen).to(device).requires_grad_(True)
     e = torch.randn(csr.nnz, heads, generator=gen).to(device).requires_grad_(True)
     grad = torch.randn(csr.nnz, heads, generator=gen).to(device)
-    cases = {"sddmm dot": {"torch": lambda: cpu.sddmm(csr, a, b, "dot"), "triton": lambda: tk.sddmm(csr, a, b, "dot")},
-             "edge_softmax": {"torch": lambda: cpu.edge_softmax(csr, e), "triton": lambda: tk.edge_softmax(csr, e)}}
+    x = torch.randn(args.n, 128, generator=gen).to(device).requires_grad_(True)
+    ids = torch.arange(args.n, device=device)
+    key, keep = rng.stream_key(0, 1), rng.threshold(0.5)
+    cases = {"sddmm dot": ({"torch": lambda: cpu.sddmm(csr, a, b, "dot"),
+                            "triton": lambda: tk.sddmm(csr, a, b, "dot")}, grad),
+             "edge_softmax": ({"torch": lambda: cpu.edge_softmax(csr, e),
+                               "triton": lambda: tk.edge_softmax(csr, e)}, grad),
+             "dropout": ({"torch": lambda: x * rng.dropout_mask(key, ids, (128,), 0.5),
+                          "triton": lambda: tk.dropout(x, ids, key, keep, 2.0, 0)}, torch.randn_like(x))}
     rows = []
-    print(f"\nGAT's edge kernels on {device} ({heads} heads of {depth}): seconds, median (fwd+bwd)", flush=True)
-    for op, systems in cases.items():
+    print(f"\nGAT's edge kernels ({heads} heads of {depth}) and dropout ([n, 128]) on {device}: seconds, median "
+          "(fwd+bwd)", flush=True)
+    for op, (systems, g) in cases.items():
         row = {"width": op}
         for name, forward in systems.items():
-            row[f"{name} fwd"], row[f"{name} fwd+bwd"] = time_fwd_bwd(forward, grad, args.repeat, True, sync)
+            row[f"{name} fwd"], row[f"{name} fwd+bwd"] = time_fwd_bwd(forward, g, args.repeat, True, sync)
         print(f"{op:>14} torch {row['torch fwd+bwd']:.4f}  triton {row['triton fwd+bwd']:.4f}  "
               f"({row['torch fwd+bwd'] / row['triton fwd+bwd']:.2f}x)", flush=True)
         rows.append(row)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from gnnc.ir import Eqn
+from gnnc.runtime import kernels
 from gnnc.runtime.kernels import native
 
 _M32 = 0xFFFFFFFF
@@ -127,14 +128,15 @@ def dropout_mask(key: int, rows: torch.Tensor, shape: tuple[int, ...], p: float,
 def dropout(x: torch.Tensor, key: int, rows: torch.Tensor, p: float, col_offset: int = 0) -> torch.Tensor:
     """x times its dropout mask (row r's draws keyed by rows[r]); equal to `x * dropout_mask(...)`.
 
-    Compiled (native.c) on the CPU; elsewhere the mask is kept as bool (a
-    quarter of a float mask) and only when x needs a gradient, and the product
-    is formed block by block, so dropping out a large input costs its output
-    and little else.
+    Compiled (native.c) on the CPU, one Triton kernel for float32 on CUDA (kernels.TRITON_OPS); elsewhere the
+    mask is kept as bool (a quarter of a float mask) and only when x needs a gradient, and the product is formed
+    block by block, so dropping out a large input costs its output and little else.
     """
     scale = 1.0 / (1.0 - p)
     if native.usable(x) is not None and len(x) and x[0].numel():
         out = _NativeDropout.apply(x, native.int64(rows), key, threshold(p), scale, col_offset)
+    elif (fused := kernels.dropout_backend(x)) is not None:
+        out = fused.dropout(x, rows, key, threshold(p), scale, col_offset)
     else:
         keep = keep_mask(key, rows, x[0].numel() if len(x) else 0, p, col_offset).reshape(x.shape)
         out = _Dropout.apply(x, keep, scale)

@@ -10,6 +10,8 @@ bf16 and fp16 train Cora's GCN to within a point of fp32.
 """
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -175,3 +177,23 @@ def test_triton_kernels_on_cuda_against_float64(op: str) -> None:
     else:
         e = torch.randn(csr.nnz, 3, generator=gen).cuda() * 10
         compare(lambda e: tk.edge_softmax(csr, e), lambda e: ref.edge_softmax(csr, e), [e])
+
+
+def test_dropout_on_cuda_draws_the_cpus_mask() -> None:
+    """rng.dropout on CUDA (the Triton kernel where triton imports, else torch's integer ops) applies the bits the
+    CPU's compiled dropout applies, forward and backward: a distributed run on GPUs drops what one CPU process
+    drops."""
+    from gnnc.runtime import kernels, rng
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3000, 77, generator=gen)
+    rows = torch.randperm(100_000, generator=gen)[:3000]
+    g = torch.randn(3000, 77, generator=gen)
+    expect = rng.dropout(x, 1234, rows, 0.35, col_offset=3)
+    xc = x.cuda().requires_grad_(True)
+    out = rng.dropout(xc, 1234, rows.cuda(), 0.35, col_offset=3)
+    out.backward(g.cuda())
+    assert torch.equal(out.detach().cpu(), expect)
+    assert torch.equal(xc.grad.cpu(), g * rng.dropout_mask(1234, rows, (77,), 0.35, col_offset=3))
+    if importlib.util.find_spec("triton") is not None:
+        assert kernels.dropout_backend(xc) is not None  # the fused kernel is what ran

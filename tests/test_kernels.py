@@ -497,3 +497,26 @@ def test_cuda_launchers_write_every_row(device: str) -> None:
     s = _poisoned((csr.nnz, 3), torch.float32, device)
     tk.launch_softmax(csr.indptr.to(device), e.to(device), out=s)
     torch.testing.assert_close(s.cpu().double(), ref.edge_softmax(csr, e), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,width,col_offset,p", [(37, 1, 0, 0.5), (50, 19, 3, 0.3), (1, 130, 0, 0.9), (0, 8, 1, 0.5),
+                                                  (200, 64, 5, 0.1)])
+def test_interp_dropout_draws_rngs_mask(interpreted, n: int, width: int, col_offset: int, p: float) -> None:
+    """The fused dropout applies exactly rng's counter-based mask (x * rng.dropout_mask, the CPU's compiled dropout
+    too), forward and backward, on random row ids and column offsets: the same bits, not a close mask."""
+    from gnnc.runtime import rng
+
+    gen = torch.Generator().manual_seed(n + width)
+    x = torch.randn(n, width, generator=gen)
+    rows = torch.randperm(10 * n + 1, generator=gen)[:n]
+    key = rng.stream_key(3, n, width)
+    mask = rng.dropout_mask(key, rows, (width,), p, col_offset)
+    out = _poisoned((n, width), torch.float32)
+    interpreted.launch_dropout(x, rows, key, rng.threshold(p), 1.0 / (1.0 - p), col_offset, out=out)
+    assert torch.equal(out, x * mask)
+    assert torch.equal(out, rng.dropout(x, key, rows, p, col_offset))  # the CPU's compiled kernel
+    xg = x.clone().requires_grad_(True)
+    y = interpreted.dropout(xg, rows, key, rng.threshold(p), 1.0 / (1.0 - p), col_offset)
+    g = torch.randn(n, width, generator=gen)
+    y.backward(g)
+    assert torch.equal(y.detach(), out) and torch.equal(xg.grad, g * mask)

@@ -42,10 +42,12 @@ __all__ = ["spmm", "spmm_add_", "sddmm", "edge_softmax", "REDUCES", "SDDMM_OPS"]
 # The reducers the Triton SpMM implements (triton_kernels.SpMM: sum, and mean as scaled weights).
 _TRITON_REDUCES = ("sum", "mean")
 
-# The ops whose Triton kernel runs on CUDA instead of torch's path. Empty until a GPU benchmark shows one
-# faster (benchmarks/kernels.py --device cuda prints both side by side, into benchmarks/RESULTS-gpu.md):
-# no GPU has measured them yet, so cuSPARSE and torch's segment ops are the default everywhere.
-TRITON_OPS: frozenset[str] = frozenset()
+# The ops whose Triton kernel runs on CUDA instead of torch's path, each because a GPU measured it faster at every
+# size it was timed (benchmarks/RESULTS-gpu.md, `make gpu-check` on an H200): edge_softmax (fwd+bwd 0.0008 s against
+# torch's 0.0046 at 200K vertices / 2M edges x 8 heads, 0.0070 against 0.1236 at 2.4M / 62M) and dropout (rng's mask
+# drawn and applied in one pass, against torch's ~30 integer passes; its figures are in RESULTS-gpu.md). SpMM and
+# SDDMM stay on cuSPARSE and torch's segment ops, which were faster or mixed.
+TRITON_OPS: frozenset[str] = frozenset({"dropout", "edge_softmax"})
 
 
 def _triton_for(op: str, *tensors: torch.Tensor) -> ModuleType | None:
@@ -61,6 +63,11 @@ def _triton_for(op: str, *tensors: torch.Tensor) -> ModuleType | None:
     except ImportError:
         return None
     return triton_kernels
+
+
+def dropout_backend(x: torch.Tensor) -> ModuleType | None:
+    """The Triton dropout (`triton_kernels.dropout`, rng.dropout's bits) for a float32 CUDA x; None otherwise."""
+    return _triton_for("dropout", x) if x.dtype == torch.float32 else None
 
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:

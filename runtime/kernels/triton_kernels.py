@@ -13,6 +13,10 @@ every output row is written exactly once, without atomics, and deterministic:
 * `edge_softmax`: one program per destination computes the row max and sum
   online in one pass and writes the normalised scores in a second; the
   backward is fused the same way.
+* `dropout`: gnnc.runtime.rng's counter-based mask (the same bits) drawn,
+  tested and applied in one pass over x; its backward is the same pass over
+  the gradient (nothing saved), as the CPU's compiled dropout does. torch's
+  integer ops draw it in about 30 passes over int32 temporaries.
 
 This module imports `triton` at the top; `gnnc.runtime.kernels` imports it only
 for CUDA tensors, so the package works without triton. Run with
@@ -176,6 +180,35 @@ def _softmax_bwd(indptr_ptr, s_ptr, g_ptr, out_ptr, H, IS_F64: tl.constexpr, BLO
 # Launchers: plain tensors in, `out` written (allocated when not given)
 # ---------------------------------------------------------------------------
 
+@triton.jit
+def _lowbias32(x):
+    """rng._mix64: lowbias32 on uint32 values held in int64 (products wrap; the mask keeps the low 32 bits)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _dropout(x_ptr, rows_ptr, out_ptr, N, W, key, col_offset, thresh, scale,
+             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """out[r, c] = x[r, c] * scale where rng.draws16(key, rows, W, col_offset)[r, c] >= thresh, else 0."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rmask = r < N
+    m2 = rmask[:, None] & (c < W)[None, :]
+    row = tl.load(rows_ptr + r, mask=rmask, other=0).to(tl.int64)
+    rk = _lowbias32(((row * 0x9E3779B1) ^ key) & 0xFFFFFFFF)
+    col = c.to(tl.int64) + col_offset
+    ck = _lowbias32(((col // 2) * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF)
+    h = _lowbias32(rk[:, None] ^ ck[None, :])
+    keep = ((h >> ((col % 2) * 16)[None, :]) & 0xFFFF) >= thresh
+    off = r[:, None].to(tl.int64) * W + c[None, :]
+    v = tl.load(x_ptr + off, mask=m2, other=0.0)
+    tl.store(out_ptr + off, tl.where(keep, v * scale, 0.0), mask=m2)
+
+
 def _pow2(n: int, cap: int) -> int:
     return max(1, min(cap, triton.next_power_of_2(max(int(n), 1))))
 
@@ -251,6 +284,22 @@ def launch_softmax_backward(indptr: torch.Tensor, s: torch.Tensor, g: torch.Tens
         return out
     _softmax_bwd[(rows,)](indptr, s, g, out, heads, IS_F64=_check_dtype(s), BLOCK_E=32,
                           BLOCK_H=_pow2(heads, 1024))
+    return out
+
+
+def launch_dropout(x: torch.Tensor, rows: torch.Tensor, key: int, thresh: int, scale: float, col_offset: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [n, W] float32, rows [n] int64 -> x with rng's dropout mask (key, rows, col_offset) applied and scaled."""
+    if x.dtype != torch.float32:  # the scale is a float32 argument: float64 would be scaled off by its rounding
+        raise TypeError(f"the Triton dropout takes float32, got {x.dtype}")
+    n, width = x.shape
+    if out is None:
+        out = torch.empty_like(x)
+    if n == 0 or width == 0:
+        return out
+    block_c = _pow2(width, 128)
+    _dropout[(triton.cdiv(n, 16), triton.cdiv(width, block_c))](
+        x, rows, out, n, width, key, col_offset, thresh, scale, BLOCK_R=16, BLOCK_C=block_c)
     return out
 
 
@@ -381,6 +430,31 @@ class EdgeSoftmax(torch.autograd.Function):
         csr: CSR = ctx.csr
         g2 = grad.reshape(s2.shape).contiguous()
         return None, launch_softmax_backward(structure(csr, "indptr", s2.device), s2, g2).view(grad.shape)
+
+
+class Dropout(torch.autograd.Function):
+    """Fused dropout; its backward draws the mask again over the gradient (rows are ids, not activations)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, rows: torch.Tensor, key: int, thresh: int, scale: float,
+                col_offset: int) -> torch.Tensor:
+        ctx.args = (key, thresh, scale, col_offset)
+        ctx.save_for_backward(rows)
+        return launch_dropout(_rows(x, len(x)), rows, *ctx.args).view(x.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (rows,) = ctx.saved_tensors
+        g = grad.contiguous()
+        return launch_dropout(_rows(g, len(g)), rows, *ctx.args).view(grad.shape), None, None, None, None, None
+
+
+def dropout(x: torch.Tensor, rows: torch.Tensor, key: int, thresh: int, scale: float,
+            col_offset: int) -> torch.Tensor:
+    """rng.dropout's result for a float32 x (see gnnc.runtime.rng.dropout)."""
+    return Dropout.apply(x.contiguous(), rows.to(device=x.device, dtype=torch.int64).contiguous(), key, thresh,
+                         scale, col_offset)
 
 
 def spmm(csr: CSR, x: torch.Tensor, weight: torch.Tensor | None = None, reduce: str = "sum") -> torch.Tensor:
