@@ -75,7 +75,7 @@ from gnnc.runtime.minibatch import train_minibatch
 from gnnc.runtime.minibatch_dist import SampledJob, sampled_worker
 from gnnc.runtime.probe import (PROBE_MODEL, PROBE_OPS_MODEL, PROBE_OPS_WIDTHS, PROBE_WIDTHS, across_ranks,
                                 kernel_rate_samples, machine_fields, probe as probe_machine, probe_layer_samples,
-                                probe_op_samples, timing_together)
+                                probe_op_samples, size_rate_samples, timing_together)
 from gnnc.runtime.probe_network import links_then_machines, network_probe, profile_fields
 from gnnc.runtime.pair_exchange import LinkJob, link_worker
 from gnnc.runtime.rank_worker import worker
@@ -371,14 +371,14 @@ def _machine_samples(threads: int, device: str = "cpu", together: Callable[[], N
         program, samples, forward = probe_layer_samples(lambda graph: compile(model, graph).program, threads,
                                                         device=device)
     return {"ops": ops, "program": program, "layers": samples, "forward": forward,
-            "kernels": kernel_rate_samples(threads, device)}
+            "kernels": kernel_rate_samples(threads, device), "sizes": size_rate_samples(threads, device)}
 
 
 def _fit_samples(timed: dict, bandwidth: float) -> dict:
     """The cost model's rates fitted to `_machine_samples`' timings, the links at `bandwidth` (ClusterProfile
-    fields): op_rates, kernel_rates, NeutronStar's unit costs and t_v, t_e, t_c."""
+    fields): op_rates, kernel_rates, size_rates, NeutronStar's unit costs and t_v, t_e, t_c."""
     return fit_profile(timed["program"], timed["layers"], PROBE_WIDTHS, bandwidth, fit_op_rates(timed["ops"]),
-                       timed["forward"], [KernelRate(**r) for r in timed["kernels"]])
+                       timed["forward"], [KernelRate(**r) for r in timed["kernels"]], timed.get("sizes", ()))
 
 
 def _probe_network(output: str | os.PathLike | None, threads: int, base: str | os.PathLike | None,

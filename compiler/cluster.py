@@ -31,7 +31,9 @@ the same way. `gnnc probe` also writes `op_rates` (`OpRate`: seconds per element
 IR's other ops, forward and backward), optional likewise; a profile without them prices those ops from
 its memory bandwidth (`ClusterProfile.op_rate`). It also writes `kernel_rates` (`KernelRate`: the dense map's
 three products and the aggregation forward and backward, timed alone at several widths), optional likewise; a
-profile without them prices every width at the one rate (`ClusterProfile.kernel_slowdown`).
+profile without them prices every width at the one rate (`ClusterProfile.kernel_slowdown`). It also writes
+`size_rates` (`SizeRate`: elementwise ops and the aggregation timed at several working-set sizes), optional
+likewise; a profile without them prices every size at the one rate (`ClusterProfile.size_factor` is 1).
 """
 from __future__ import annotations
 
@@ -164,6 +166,30 @@ class KernelRate:
     rate: float
 
 
+# What `size_rates` times at several working-set sizes (gnnc.runtime.probe.size_rate_samples): the elementwise
+# ops forward and backward ("elementwise.forward", "elementwise.backward": seconds per element, the class's
+# OpRate) and the aggregation's kernels ("spmm_f", "spmm_b": KERNELS' rates at one value per edge).
+SIZED = ("elementwise.forward", "elementwise.backward", "spmm_f", "spmm_b")
+
+
+@dataclass(frozen=True)
+class SizeRate:
+    """One op's or kernel's time per unit of work at one working set, as `gnnc probe` timed it alone: `kind`
+    (SIZED) on `rows` rows of `width` fp32 elements (its working set: rows * width * 4 bytes; an aggregation's
+    source rows, on an R-MAT graph of `rows` vertices at the probe's degree), `factor` times its time per unit of
+    work at the probe's reference size (the largest timed, factor 1: the size the rest of the profile's rates,
+    OpRate and KernelRate, were measured at)."""
+
+    kind: str
+    rows: int
+    width: int
+    factor: float
+
+    @property
+    def bytes(self) -> float:
+        return 4.0 * self.rows * self.width
+
+
 @dataclass(frozen=True)
 class ClusterProfile:
     """The machines a plan runs on.
@@ -206,6 +232,8 @@ class ClusterProfile:
     kernel_rates: the dense map's products and the aggregation timed alone at several widths
         (`KernelRate`); what `kernel_slowdown` scales the fitted rates by at a layer's widths. Empty: every
         width runs at the one rate.
+    size_rates: elementwise ops and the aggregation timed at several working sets (`SizeRate`); what
+        `size_factor` scales their rates by at an op's own working set. Empty: every size at the one rate.
     """
 
     name: str
@@ -233,6 +261,7 @@ class ClusterProfile:
     gemm_rate_fp16: float | None = None
     spmm_rate_16: float | None = None
     kernel_rates: tuple[KernelRate, ...] = ()
+    size_rates: tuple[SizeRate, ...] = ()
 
     def __post_init__(self) -> None:
         _validate({f.name: getattr(self, f.name) for f in fields(self)}, f"cluster profile '{self.name}'")
@@ -340,9 +369,24 @@ class ClusterProfile:
         """
         return kernel_slowdown(self.kernel_rates, kernel, k, n)
 
+    def size_factor(self, kind: str, working_set: float, reference: float | None = None) -> float:
+        """How many times its reference time per unit of work `kind` (SIZED) takes on a working set of
+        `working_set` bytes, by `size_rates`; over its factor at `reference` bytes when given (an aggregation's
+        width table was timed on the probe's graph at each width: the size term then moves the rate from the
+        probe's rows to the layer's at the same width, not from one width to another). 1.0 without `size_rates`
+        for `kind` (a profile probed before them prices every size as before).
+
+        The form: log factor linear in log bytes between the sizes timed, held at the smallest and the largest
+        (the reference, 1). Why: an op's time per element is flat while its working set fits a cache level and
+        flat again once it streams from memory; between the sizes timed the share of accesses that hit falls
+        as the set outgrows each level, which no two points pin down further, and a log-linear blend is
+        monotone and exact at every size timed, as `kernel_slowdown` interpolates in log width. Held at the
+        largest: the probe's other rates were measured there, and above it nothing was timed."""
+        return size_factor(self.size_rates, kind, working_set, reference)
+
     def to_dict(self) -> dict[str, Any]:
         data = {"version": PROFILE_VERSION, **asdict(self)}
-        for key in ("unit_costs", "links", "collectives", "op_rates", "kernel_rates"):
+        for key in ("unit_costs", "links", "collectives", "op_rates", "kernel_rates", "size_rates"):
             data[key] = [dict(u) for u in data[key]]
             if not data[key]:
                 del data[key]  # optional: a profile without a fit or a network probe reads as it always did
@@ -385,6 +429,7 @@ class ClusterProfile:
         values["collectives"] = _records_from_json(values["collectives"], CollectiveMeasurement, "collectives", where)
         values["op_rates"] = _records_from_json(values["op_rates"], OpRate, "op_rates", where)
         values["kernel_rates"] = _records_from_json(values["kernel_rates"], KernelRate, "kernel_rates", where)
+        values["size_rates"] = _records_from_json(values["size_rates"], SizeRate, "size_rates", where)
         _validate(values, where)  # with the caller's `where` (the file), before __post_init__ repeats it
         # JSON integers in float fields (e.g. "latency": 0) become floats, so equal profiles compare equal
         return cls(**{k: float(v) if _FIELD_KIND[k].startswith("float") and v is not None else v
@@ -406,6 +451,27 @@ def kernel_slowdown(rates: Sequence[KernelRate], kernel: str, k: float, n: float
     forward = kernel.split("_")[0] + "_f"  # the fastest of its kind: a dense map's or an aggregation's forward
     fastest = max(r.rate for r in rates if r.kernel == forward)
     return fastest / _interpolate_rate(table, k, n)
+
+
+def size_factor(rates: Sequence[SizeRate], kind: str, working_set: float, reference: float | None = None) -> float:
+    """`ClusterProfile.size_factor` on these `rates`."""
+    table = sorted((r.bytes, r.factor) for r in rates if r.kind == kind)
+    if not table:
+        return 1.0
+    at = _log_linear(table, working_set)
+    return at / _log_linear(table, reference) if reference is not None else at
+
+
+def _log_linear(table: list[tuple[float, float]], x: float) -> float:
+    """y at x from (x, y) points sorted by x: log y linear in log x between them, held beyond the ends."""
+    if x <= table[0][0]:
+        return table[0][1]
+    if x >= table[-1][0]:
+        return table[-1][1]
+    hi = next(i for i, (xi, _) in enumerate(table) if xi >= x)
+    (x0, y0), (x1, y1) = table[hi - 1], table[hi]
+    f = math.log(x / x0) / math.log(x1 / x0)
+    return math.exp(math.log(y0) * (1 - f) + math.log(y1) * f)
 
 
 def _interpolate_rate(table: dict[tuple[int, int], float], k: float, n: float) -> float:
@@ -440,7 +506,7 @@ _FIELD_KIND = MappingProxyType({
     "t_e": "float?", "t_c": "float?", "t_v_forward": "float?", "t_e_forward": "float?", "description": "str",
     "unit_costs": "unit_costs", "links": "links", "collectives": "collectives", "op_rates": "op_rates",
     "gemm_rate_bf16": "float?", "gemm_rate_fp16": "float?", "spmm_rate_16": "float?",
-    "kernel_rates": "kernel_rates",
+    "kernel_rates": "kernel_rates", "size_rates": "size_rates",
 })
 _OPTIONAL_RATES = ("t_v_forward", "t_e_forward", "gemm_rate_bf16", "gemm_rate_fp16", "spmm_rate_16")
 _UNITS = MappingProxyType({
@@ -554,6 +620,28 @@ def _check_kernel_rates(value: Any, where: str) -> None:
         seen.add((u.kernel, u.k, u.n))
 
 
+def _check_size_rates(value: Any, where: str) -> None:
+    """Each entry: a known kind, positive integer rows and width, a finite positive factor, each size once."""
+    if not isinstance(value, tuple) or not all(isinstance(u, SizeRate) for u in value):
+        raise GnncError(f"{where}: field 'size_rates' must be a tuple of SizeRate, got {value!r}")
+    seen: set[tuple[str, float]] = set()
+    for i, u in enumerate(value):
+        if u.kind not in SIZED:
+            raise GnncError(f"{where}: field 'size_rates' entry {i}: 'kind' must be one of {', '.join(SIZED)}, "
+                            f"got {u.kind!r}")
+        for name in ("rows", "width"):
+            v = getattr(u, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise GnncError(f"{where}: field 'size_rates' entry {i}: '{name}' must be a positive integer, got {v!r}")
+        if not (isinstance(u.factor, (int, float)) and not isinstance(u.factor, bool) and math.isfinite(u.factor)
+                and u.factor > 0):
+            raise GnncError(f"{where}: field 'size_rates' entry {i}: 'factor' must be a positive number, "
+                            f"got {u.factor!r}")
+        if (u.kind, u.bytes) in seen:
+            raise GnncError(f"{where}: field 'size_rates' entry {i}: {u.kind} at {u.bytes:.0f} bytes is listed twice")
+        seen.add((u.kind, u.bytes))
+
+
 def _check_types(data: dict[str, Any], where: str) -> None:
     for key, value in data.items():
         kind = _FIELD_KIND[key]
@@ -565,6 +653,9 @@ def _check_types(data: dict[str, Any], where: str) -> None:
             continue
         if kind == "kernel_rates":
             _check_kernel_rates(value, where)
+            continue
+        if kind == "size_rates":
+            _check_size_rates(value, where)
             continue
         if kind in ("links", "collectives"):
             _check_measurements(value, LinkMeasurement if kind == "links" else CollectiveMeasurement, kind, where)

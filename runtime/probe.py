@@ -34,7 +34,10 @@ and Adam steps of several sizes; the fit turns them into seconds per element
 of each op class and per op dispatched (gnnc.cluster.OpRate). The dense
 map's products and the aggregation are also timed alone at several widths
 (`kernel_rate_samples`): their rates move with the widths, and the fit
-prices each layer's kernels at its own (gnnc.cluster.KernelRate). This module
+prices each layer's kernels at its own (gnnc.cluster.KernelRate). Elementwise ops and the aggregation
+are timed again at several working-set sizes (`size_rate_samples`): on rows that fit a cache they run
+several times faster per element than at the sizes above, and the fit prices each op at its own working set
+(gnnc.cluster.SizeRate). This module
 only measures; the fit lives beside the cost model (gnnc.passes.cost.fit),
 and `gnnc probe` (gnnc.cli) runs one, then the other.
 """
@@ -196,6 +199,70 @@ def kernel_rate_samples(threads: int, device: str = "cpu", widths: Sequence[int]
         out += [{"kernel": "spmm_f", "k": heads, "n": n, "rate": work / forward},
                 {"kernel": "spmm_b", "k": heads, "n": n, "rate": work / backward},
                 {"kernel": "spmm_dw", "k": heads, "n": n, "rate": work / edge_grad}]
+    return out
+
+
+# The working sets `size_rate_samples` times at: rows of SIZE_WIDTH fp32 elements (elementwise ops), and R-MAT
+# graphs of as many vertices at KERNEL_GRAPH's degree (the aggregation's source rows of SIZE_WIDTH). The largest
+# is the reference, KERNEL_GRAPH's vertex count (the graph the width table and the op fit's first graph have):
+# 7.7 MB at 64 wide, about this machine's last-level cache (8 MiB); 2,048 rows (0.5 MB) fit a core's L2 (1 MiB)
+# as a Cora-sized worker's rows do; 8,192 (2 MB) lie between. Timed side by side in one run, so that their
+# ratios are the machine's and not the load's between two runs.
+SIZE_ROWS = (2048, 8192, KERNEL_GRAPH[0])
+SIZE_WIDTH = 64
+
+
+def size_rate_samples(threads: int, device: str = "cpu", rows: Sequence[int] = SIZE_ROWS, width: int = SIZE_WIDTH,
+                      degree: float = KERNEL_GRAPH[1], repeats: int = 5) -> list[dict]:
+    """Seconds per unit of work of elementwise ops and of the aggregation at several working sets, as
+    `size_rates` samples ({"kind", "rows", "width", "seconds"}; gnnc.passes.cost.fit.fit_size_rates makes them
+    factors): "elementwise.forward", the mean per element of a relu, an add and a scale of [rows, width] (each
+    less its dispatch, the same op on one row); "elementwise.backward", of relu's and the scale's backward; "spmm_f"
+    and "spmm_b", seconds per edge-feature multiply-add of gnnc's aggregation forward and its transpose on an
+    R-MAT graph of `rows` vertices (one value per edge, `width`-wide rows).
+
+    Why: the probe's op rates and kernel rates are measured at one size (KERNEL_GRAPH's, OPS_GRAPHS'), where
+    the rows no longer fit the caches, and the grid's small graphs ran the same ops 1.5-5x faster (issue 36:
+    Cora-sized rows 0.2-1.3 ns per element against 1.0-3.1; the dense R-MAT's 8,000 vertices 2.4-3.6 G/s
+    against 1.2-2.1)."""
+    torch.set_num_threads(threads)
+    dev = torch.device(device if device != "cuda" else "cuda:0")
+    sync = _sync_for(dev)
+    out: list[dict] = []
+
+    def per_element(make: Callable[[int], Callable[[], object]], n: int) -> float:
+        one = _median_time(make(1), repeats, sync=sync)  # the op's dispatch: the same op on one row
+        return max(_median_time(make(n), repeats, sync=sync) - one, 0.0) / (n * width)
+
+    def forward_ops(n: int) -> list[Callable[[], object]]:
+        x, y = torch.randn(n, width, device=dev), torch.randn(n, width, device=dev)
+        return [lambda: torch.relu(x), lambda: x + y, lambda: x * 0.5]
+
+    def backward_ops(n: int) -> list[Callable[[], object]]:
+        x = torch.randn(n, width, device=dev, requires_grad=True)
+        g = torch.randn(n, width, device=dev)
+        relu, scaled = torch.relu(x), x * 0.5
+        return [lambda: torch.autograd.grad(relu, x, g, retain_graph=True),
+                lambda: torch.autograd.grad(scaled, x, g, retain_graph=True)]
+
+    for kind, ops in (("elementwise.forward", forward_ops), ("elementwise.backward", backward_ops)):
+        for n in rows:
+            times = [per_element(lambda m, i=i: ops(m)[i], n) for i in range(len(ops(1)))]
+            out.append({"kind": kind, "rows": n, "width": width, "seconds": statistics.fmean(times)})
+    for seed, n in enumerate(rows):
+        csr = place(rmat(n, degree, features=1, classes=1, seed=seed).csr("plain"), dev)
+        weight = torch.rand(csr.nnz, device=dev)
+        x = torch.randn(csr.n_src, width, device=dev, requires_grad=True)
+        y = spmm(csr, x, weight)
+        g = torch.randn_like(y)
+        work = float(csr.nnz * width)
+        # warm-up calls first: the first aggregation of a process is several times slower (its one warm-up
+        # call then made the sample a single call: the smallest graph, timed first, at 1.15 ns a multiply-add
+        # against 0.50 timed after others)
+        forward = _median_time(lambda: spmm(csr, x.detach(), weight), repeats, warmup=3, sync=sync)
+        backward = _median_time(lambda: torch.autograd.grad(y, x, g, retain_graph=True), repeats, warmup=3, sync=sync)
+        out += [{"kind": "spmm_f", "rows": n, "width": width, "seconds": forward / work},
+                {"kind": "spmm_b", "rows": n, "width": width, "seconds": backward / work}]
     return out
 
 
@@ -474,7 +541,7 @@ def probe_op_samples(compile_program: Callable[[object], object], threads: int,
 def across_ranks(every: Sequence[dict]) -> dict:
     """One machine's timings from every rank's (`gnnc probe --network`: each rank of the job ran the same probe):
     each timing of the probe's layers ("layers", "forward") the slowest rank's, every other timing ("ops",
-    "kernels") the median over the ranks.
+    "kernels", "sizes") the median over the ranks.
 
     Why: a job's ranks compute each layer at once and wait for each other at its exchanges, so a step pays
     for each layer what its slowest rank takes, and the layers were timed on every rank at the same moment
@@ -504,7 +571,10 @@ def across_ranks(every: Sequence[dict]) -> dict:
 
     ops = [r["ops"] for r in every]
     kernels = [[(k["kernel"], k["k"], k["n"], k["rate"]) for k in r["kernels"]] for r in every]
+    sizes = [[(z["kind"], z["rows"], z["width"], z["seconds"]) for z in r.get("sizes", ())] for r in every]
     return {**every[0], "layers": layers("layers"), "forward": layers("forward"),
+            "sizes": [{"kind": kind, "rows": n, "width": width, "seconds": seconds}
+                      for kind, n, width, seconds in medians(sizes, 3, "working sets")],
             "ops": {"dispatch": medians([o["dispatch"] for o in ops], 4, "ops"),
                     "eqns": medians([o["eqns"] for o in ops], 4, "ops"),
                     "copies": medians([o["copies"] for o in ops], 1, "row copies"),

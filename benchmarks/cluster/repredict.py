@@ -1,6 +1,7 @@
 """Re-predict a grid run's assignments with today's cost model, on the profiles the run measured.
 
     python benchmarks/cluster/repredict.py RUN.jsonl [RUN2.jsonl ...] [--cases GLOB] [--no-choice] [--json OUT.jsonl]
+        [--size-rates PROFILE.json]
 
 Why this exists: a grid run takes an hour of the emulated cluster; a change to the cost model is judged against
 runs already measured by compiling the same assignments (each row's strategies, forced) with the profile measured
@@ -15,6 +16,11 @@ are then printed as measured (old) and as re-estimated on the same measurements 
 choice was measured and within 10%, B those whose new choice was measured and predicted within 25% of it, C those
 whose every re-compiled assignment predicts the bytes measured; a new choice that was not measured is listed apart
 (neither counted nor a miss: it needs a run).
+
+--size-rates: a profile (`gnnc probe`'s) whose `size_rates` (gnnc.cluster.SizeRate: the working-set factors) are
+set into every recorded profile, which keeps its other figures: runs recorded before the probe measured them
+re-predicted with the size term (indicative only: the factors were measured on another occasion, and by one process
+where the grid's probe times every rank at once).
 
 Each file's rows are re-predicted on that file's own profiles: two parts of one grid (`--merge`'s inputs) each
 probed the machines again, so the same worker count and link speed has a profile per part.
@@ -85,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="*", help="comma-separated globs of case names")
     ap.add_argument("--no-choice", action="store_true", help="do not make the planner's choice again")
     ap.add_argument("--json", help="write each run with its new prediction as one JSON line")
+    ap.add_argument("--size-rates", help="a profile whose size_rates replace every recorded profile's")
     args = ap.parse_args(argv)
+    sizes = json.loads(Path(args.size_rates).read_text())["size_rates"] if args.size_rates else None
     from gnnc import api  # deferred: --help needs no gnnc
     from gnnc.cluster import ClusterProfile
     from gnnc.inspect_plan import predicted_epoch
@@ -116,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                           "kept it)", file=sys.stderr)
                     continue
                 path = Path(tmp) / f"p{part}-x{workers}-{case['bandwidth']}.json"
+                if sizes is not None:
+                    measured = {**measured, "size_rates": sizes}
                 ClusterProfile.from_dict(measured).save(path)
                 if case["graph"] not in graphs:
                     graphs[case["graph"]] = api.load_graph(case["graph"])

@@ -18,6 +18,11 @@ cost per op, from every equation the probe timed alone; row copies and
 Adam steps likewise. The layer timings hold some of those ops (a bias, each
 op's dispatch), so their modelled time is taken off the timings before
 t_v and t_e are fitted: nothing is counted twice.
+
+Elementwise ops and the aggregation timed at several working sets (`fit_size_rates`) become factors of their
+time per unit of work over the largest size's (the reference, where the other rates were measured): the
+cost model prices each op at its own working set (gnnc.cluster.ClusterProfile.size_factor). The layer
+timings are taken at or above the reference size, so t_v and t_e are fitted as before.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from gnnc.cluster import OP_CLASSES, KernelRate, OpRate, kernel_slowdown
+from gnnc.cluster import OP_CLASSES, KernelRate, OpRate, SizeRate, kernel_slowdown
 from gnnc.ir import Program
 from gnnc.passes.analysis.layers import layer_dims, param_dependent
 from gnnc.passes.cost.compute import compute_backward, compute_forward
@@ -203,6 +208,23 @@ def fit_op_rates(samples: dict) -> list[OpRate]:
     return out
 
 
+def fit_size_rates(samples: Sequence[dict]) -> list[SizeRate]:
+    """`size_rates` from `gnnc.runtime.probe.size_rate_samples`' timings: per kind, each size's seconds per unit
+    of work over the largest size's (factor 1 there, the reference). A kind whose reference took no time
+    (nothing measurable) is left out: every size is then priced at the one rate."""
+    by_kind: dict[str, list[dict]] = {}
+    for sample in samples:
+        by_kind.setdefault(sample["kind"], []).append(sample)
+    out = []
+    for kind, timed in by_kind.items():
+        reference = max(timed, key=lambda z: z["rows"] * z["width"])
+        if reference["seconds"] <= 0:
+            continue
+        out += [SizeRate(kind, int(z["rows"]), int(z["width"]), max(z["seconds"], 1e-3 * reference["seconds"])
+                         / reference["seconds"]) for z in sorted(timed, key=lambda z: z["rows"] * z["width"])]
+    return out
+
+
 def _without_other_ops(program: Program, samples: Sequence[Sample], rates: Sequence[OpRate],
                        phases: tuple[str, ...]) -> list[Sample]:
     other = other_ops_seconds(program, samples, rates, phases)
@@ -212,14 +234,15 @@ def _without_other_ops(program: Program, samples: Sequence[Sample], rates: Seque
 
 def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[int], bandwidth: float,
                 op_rates: Sequence[OpRate] = (), forward: Sequence[Sample] = (),
-                kernel_rates: Sequence[KernelRate] = ()) -> dict:
+                kernel_rates: Sequence[KernelRate] = (), sizes: Sequence[dict] = ()) -> dict:
     """NeutronStar's T_v, T_e, T_c per layer width (`unit_costs`) and the cost model's t_v, t_e, t_c, as
     ClusterProfile fields, from the probe's layer timings of `program` (widths: d_0..d_L). With `op_rates`
     (`fit_op_rates`), the layers' other ops are taken off the timings first, and the rates join the fields.
     With `forward` (the same layers' forward alone, as the evaluation runs it), t_v_forward and t_e_forward
     are fitted to them likewise, through the model's forward work. With `kernel_rates` (the kernels timed
     alone at several widths), t_v and t_e are the rates at the fastest widths (`per_unit_work`) in the ratio
-    of the kernels' fastest rates (`joint_rates`), and the table joins the fields."""
+    of the kernels' fastest rates (`joint_rates`), and the table joins the fields. With `sizes`
+    (`size_rate_samples`), their factors (`fit_size_rates`) join the fields as `size_rates`."""
     if op_rates:
         samples = _without_other_ops(program, samples, op_rates, ("f", "b"))
         forward = _without_other_ops(program, forward, op_rates, ("e",)) if forward else forward
@@ -239,6 +262,8 @@ def fit_profile(program: Program, samples: Sequence[Sample], widths: Sequence[in
         fields["op_rates"] = [{"op": r.op, "forward": r.forward, "backward": r.backward} for r in op_rates]
     if kernel_rates:
         fields["kernel_rates"] = [asdict(r) for r in kernel_rates]
+    if sizes:
+        fields["size_rates"] = [asdict(r) for r in fit_size_rates(sizes)]
     return fields
 
 

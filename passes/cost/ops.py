@@ -196,7 +196,20 @@ def program_op_work(program: Program, dense: bool = True, input_density: float =
             if backward:
                 into["backward"] += entries
     return [LayerOpWork(_merged(w["forward"]), _merged(w["backward"]), w["calls_f"], w["calls_b"], w["parts_f"],
-                        w["parts_b"], dense_maps=tuple(w["maps"])) for w in work]
+                        w["parts_b"], dense_maps=tuple(w["maps"]), op_elements=_op_elements(w["forward"]))
+            for w in work]
+
+
+def _op_elements(entries: list[tuple[str, str, float]]) -> tuple[tuple[str, float], ...]:
+    """Per side, the elements per row (edge) of one elementwise op, weighted by its work (sum n^2 / sum n): the
+    width its working set is priced at (LayerOpWork.op_elements), not the side's summed elements."""
+    sums: dict[str, list[float]] = {}
+    for side, cls, n in entries:
+        if cls == "elementwise" and n > 0:
+            acc = sums.setdefault(side, [0.0, 0.0])
+            acc[0] += n * n
+            acc[1] += n
+    return tuple((side, sq / total) for side, (sq, total) in sorted(sums.items()))
 
 
 def _on_edges(v) -> bool:

@@ -41,6 +41,11 @@ graph layer's kernels carry a `kernel_factor` symbol per kernel (forward,
 weight and input gradient of the dense map; the aggregation's forward,
 backward and edge-value gradient, at its head count), valued from the profile's `kernel_rates` at the layer's widths
 (`ClusterProfile.kernel_slowdown`; 1 without them).
+
+Their rates also depend on the working set (ops on rows that fit a cache run several times faster per
+element than on rows streamed from memory): the elementwise ops' `op_time` values and the aggregation's
+`kernel_factor` are scaled by the profile's `size_factor` at the op's working set on a worker's mean rows
+(`CostInputs.values`; 1 without `size_rates`). Numbers, not symbols: the formulas keep their shape.
 """
 from __future__ import annotations
 
@@ -213,11 +218,18 @@ class LayerOpWork:
     # fraction of its input when it reads the input features stored sparse (else None), whether its input needs a
     # gradient), one per map
     dense_maps: tuple[tuple[str, float, float, float | None, bool], ...] = ()
+    # per side, the elements per row (edge) of one elementwise op (gnnc.passes.cost.ops: the work-weighted mean
+    # over the side's ops): its working set is a worker's rows times these, not times the side's summed elements
+    op_elements: tuple[tuple[str, float], ...] = ()
 
-    def seconds(self, profile: Any, side: str, phase: str, precision: str = DEFAULT_PRECISION) -> float:
+    def seconds(self, profile: Any, side: str, phase: str, precision: str = DEFAULT_PRECISION,
+                rows: float | None = None) -> float:
         """The value of `op_time(layer, side, phase)` on the rates of `profile` (a ClusterProfile, or anything
         with its `op_rate(op, direction)`; the dense sides read its `rates_at`, `forward_rates_at` and
-        `kernel_slowdown` at `precision`)."""
+        `kernel_slowdown` at `precision`). `rows`: the rows (side "edge": the edges) a worker runs the ops on;
+        with it, an elementwise op is priced at its own working set, its rows times one op's elements per row
+        (`op_elements`; without them the side's) at `precision`'s bytes (`ClusterProfile.size_factor`; the
+        profile then needs it); None: at the one rate."""
         if side in ("dense_in", "dense_out"):
             return self.dense_seconds(profile, side[len("dense_"):], phase, precision)
         if side in ("call", "part"):
@@ -228,7 +240,16 @@ class LayerOpWork:
             return calls * profile.op_rate("call", "backward" if phase == "b" else "forward")
         entries = self.backward if phase == "b" else self.forward
         direction = "backward" if phase == "b" else "forward"
-        return float(sum(n * profile.op_rate(cls, direction) for s, cls, n in entries  # evaluation: no dropout
+        size_bytes = element_bytes(precision)
+
+        def rate(cls: str, n: float) -> float:
+            if rows is None or cls != "elementwise":
+                return profile.op_rate(cls, direction)
+            per_row = dict(self.op_elements).get(side, n)
+            return profile.op_rate(cls, direction) * profile.size_factor(f"{cls}.{direction}",
+                                                                         rows * per_row * size_bytes)
+
+        return float(sum(n * rate(cls, n) for s, cls, n in entries  # evaluation: no dropout
                          if s == side and not (phase == "e" and cls in ("dropout", "dropout_row"))))
 
     def dense_seconds(self, profile: Any, side: str, phase: str, precision: str = DEFAULT_PRECISION) -> float:
@@ -471,13 +492,43 @@ class CostInputs:
         out.update({T_copy_f: prof.op_rate("copy", "forward"), T_copy_b: prof.op_rate("copy", "backward"),
                     T_opt: prof.op_rate("optimizer", "forward"), T_opt_call: prof.op_rate("optimizer_call", "forward"),
                     T_call_f: prof.op_rate("call", "forward"), T_call_b: prof.op_rate("call", "backward")})
+        # the working sets the elementwise ops and the aggregations are priced at: a worker's mean rows (edges)
+        sized = bool(prof.size_rates)
+        rows = {"in": float(vertices.mean()), "out": float(vertices.mean()), "edge": float(edges.mean())}
         for layer in range(max(len(self.dims) - 1, len(self.op_work))):
             work = self.op_work[layer] if layer < len(self.op_work) else LayerOpWork()
             for side in OP_SIDES:
                 for phase in PHASES:
-                    out[op_time(layer, side, phase)] = work.seconds(prof, side, phase, self.precision)
+                    out[op_time(layer, side, phase)] = work.seconds(prof, side, phase, self.precision,
+                                                                    rows.get(side) if sized else None)
         out.update(kernel_factors(self.shapes, self.dims, self.heads, prof.kernel_slowdown))
+        if sized:
+            source_rows = float((vertices + np.asarray(self.remote, np.float64)).mean())
+            out.update(aggregation_size_factors(self.shapes, self.dims, self.heads, prof, source_rows,
+                                                self.bytes_per_element, out))
         return out
+
+
+def aggregation_size_factors(shapes: Sequence[LayerShape], dims: Sequence[float], n_heads: Sequence[float],
+                             profile: ClusterProfile, source_rows: float, element_size: int,
+                             factors: Mapping[Symbol, float]) -> dict[Symbol, float]:
+    """Each graph layer's aggregation `kernel_factor` values (`factors`: `kernel_factors`' values) times the
+    profile's `size_factor` of its kernel at the layer's working set, `source_rows` rows (a worker's own and
+    received rows, which its gathers read) of the aggregated width at `element_size` bytes, relative to the
+    same width on the graph the width table was timed on (the largest size timed: the table's rates hold
+    there). The edge values' gradient (spmm_dw) reads the same rows: at the backward's factor."""
+    out: dict[Symbol, float] = {}
+    for layer, shape in enumerate(shapes):
+        per_head, width = shape.kernel_widths(layer, dims, n_heads)["spmm_f"]
+        elements = width * max(per_head, 1.0)
+        for kernel in ("spmm_f", "spmm_b", "spmm_dw"):
+            kind = "spmm_b" if kernel == "spmm_dw" else kernel
+            timed = [r.rows for r in profile.size_rates if r.kind == kind]
+            if not timed:
+                continue
+            scale = profile.size_factor(kind, source_rows * elements * element_size, 4.0 * max(timed) * elements)
+            out[kernel_factor(layer, kernel)] = factors[kernel_factor(layer, kernel)] * scale
+    return out
 
 
 def kernel_factors(shapes: Sequence[LayerShape], dims: Sequence[float], n_heads: Sequence[float],
