@@ -117,3 +117,33 @@ def test_the_probe_times_every_kind_at_every_size() -> None:
         (kind, n) for kind in ("elementwise.forward", "elementwise.backward", "spmm_f", "spmm_b") for n in (64, 256))
     assert all(z["seconds"] >= 0 and z["width"] == 8 for z in got)
     replace(preset("g3"), size_rates=tuple(fit_size_rates(got)))  # a valid profile field
+
+
+def test_a_jobs_probe_takes_the_median_of_every_ranks_sizes_and_fits_them() -> None:
+    """`gnnc probe --network` (the grid's profiles): each rank times the sizes at its own moment, the fit takes
+    their median per kind and size, and the profile it writes holds size_rates; a rank's timings without them
+    (a probe before them) give none."""
+    from gnnc.passes.cost.fit import fit_profile
+    from gnnc.runtime.probe import PROBE_MODEL, PROBE_WIDTHS, across_ranks
+
+    def rank(scale: float, with_sizes: bool = True) -> dict:
+        timings = {"layers": [(30000, [150000, 150000], [1e-2, 2e-2]), (30000, [510000, 510000], [3e-2, 4e-2]),
+                              (90000, [450000, 450000], [5e-2, 6e-2])],
+                   "forward": [(30000, [150000, 150000], [5e-3, 1e-2]), (30000, [510000, 510000], [1e-2, 2e-2]),
+                               (90000, [450000, 450000], [2e-2, 3e-2])],
+                   "ops": {"dispatch": [], "eqns": [], "copies": [], "adam": []}, "kernels": []}
+        if with_sizes:
+            timings["sizes"] = [{**z, "seconds": z["seconds"] * (scale if z["rows"] == SMALL else 1.0)}
+                                for z in _samples()]
+        return timings
+
+    got = across_ranks([rank(1.0), rank(3.0), rank(2.0)])
+    assert got["sizes"] == [{**z, "seconds": z["seconds"] * (2.0 if z["rows"] == SMALL else 1.0)} for z in _samples()]
+    assert across_ranks([rank(1.0, False), rank(2.0, False)])["sizes"] == []
+    features, hidden, classes = PROBE_WIDTHS
+    model = api.load_model_source(PROBE_MODEL, "<probe>", features=features, hidden=hidden, classes=classes)
+    program = api.compile(model, random_graph(50, 200, f=features, c=classes, seed=0)).program
+    fitted = fit_profile(program, got["layers"], PROBE_WIDTHS, 1e9, forward=got["forward"], sizes=got["sizes"])
+    factors = {(r["kind"], r["rows"]): r["factor"] for r in fitted["size_rates"]}
+    assert factors[("elementwise.forward", SMALL)] == pytest.approx(2 * IN_CACHE / OUT_OF_CACHE)
+    assert "size_rates" not in fit_profile(program, got["layers"], PROBE_WIDTHS, 1e9, forward=got["forward"])

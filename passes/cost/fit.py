@@ -296,6 +296,11 @@ def describe_unit_costs(profile) -> str:
                                  ("spmm_dw", 8, "its coefficients' gradient")):
             factors = " / ".join(f"{profile.kernel_slowdown(kernel, k, n):.2f}" for n in widths)
             lines.append(f"    {label:>34s} {factors}")
+    if profile.size_rates:
+        lines.append("  by working set, times the reference size's seconds per unit of work (rows x width):")
+        for kind in sorted({r.kind for r in profile.size_rates}):
+            timed = sorted((r for r in profile.size_rates if r.kind == kind), key=lambda r: r.bytes)
+            lines.append(f"    {kind:>20s} " + " / ".join(f"{r.factor:.2f} at {r.rows}x{r.width}" for r in timed))
     if profile.op_rates:
         lines.append("  other ops (ns per element forward / backward; call: us per op; optimizer_call: us per tensor):")
         for r in profile.op_rates:
