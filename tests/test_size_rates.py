@@ -56,6 +56,13 @@ def test_the_fit_recovers_a_known_two_size_rate() -> None:
     assert preset("g3").size_factor("elementwise.forward", small) == 1.0  # no table: one rate for every size
 
 
+def test_a_smaller_size_is_never_fitted_slower_than_a_larger_one() -> None:
+    """An interrupted sample (a smaller size timed slower than a larger one) is held at the larger's factor."""
+    timed = [{"kind": "elementwise.backward", "rows": n, "width": WIDTH, "seconds": t}
+             for n, t in ((SMALL, 0.3e-9), (8192, 1.5e-9), (LARGE, 1.2e-9))]
+    assert [r.factor for r in fit_size_rates(timed)] == pytest.approx([0.25, 1.0, 1.0])
+
+
 def test_a_profile_with_size_rates_round_trips_and_checks_its_entries() -> None:
     p = _sized(preset("g3"))
     data = json.loads(p.to_json())
