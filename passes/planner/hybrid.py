@@ -124,7 +124,7 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
     if rule == "paper" and (graph is None or parts is None):
         raise ValueError("Algorithm 4 as written measures the subtrees on the graph: pass graph and parts")
     world = inputs.workers
-    trees = [hg.in_trees(graph, stats.view, parts, r) for r in range(world)] if rule == "paper" else None
+    trees = hg.workers_trees(graph, stats.view, parts, world) if rule == "paper" else None
     # Algorithm 4 decides layer after layer: a span's selection is the first layers of the longest span from its
     # start, so each start runs once per worker (hybrid_greedy.PaperRun)
     longest = {a: max(b for a2, b in spans if a2 == a) for a, _ in spans}

@@ -440,6 +440,8 @@ class InTrees:
     # reads a hop from the sources' side when they hold fewer edges; None: by destination only
     out_indptr: np.ndarray | None = None
     out_indices: np.ndarray | None = None
+    # `in_degree` given, read-only: the workers of one graph share one array (`workers_trees`)
+    degrees: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_nodes(self) -> int:
@@ -447,22 +449,32 @@ class InTrees:
 
     @cached_property
     def in_degree(self) -> np.ndarray:
-        """Read-only, made once per worker: every measure and run read it (np.diff of the whole CSR each time was
+        """Read-only, made once (or given): every measure and run read it (np.diff of the whole CSR each time was
         ~3% of the products compile's passes, issue 34)."""
+        if self.degrees is not None:
+            return self.degrees
         deg = np.diff(self.indptr)
         deg.flags.writeable = False
         return deg
 
 
-def in_trees(graph: Any, view: str, parts: np.ndarray, part: int) -> InTrees:
-    """`part`'s InTrees on `graph`'s edge view `view` (gnnc.graph.Graph.csr)."""
+def workers_trees(graph: Any, view: str, parts: np.ndarray, world: int) -> list[InTrees]:
+    """Every worker's `in_trees`, all reading one in-degree array (one per worker was 8 x N int64 beside the
+    passes' peak: +0.1 GiB at ogbn-products' size)."""
+    trees = [in_trees(graph, view, parts, 0)] if world else []
+    return trees + [in_trees(graph, view, parts, r, trees[0].in_degree) for r in range(1, world)]
+
+
+def in_trees(graph: Any, view: str, parts: np.ndarray, part: int, degrees: np.ndarray | None = None) -> InTrees:
+    """`part`'s InTrees on `graph`'s edge view `view` (gnnc.graph.Graph.csr); `degrees`: its in-degrees, read-only,
+    when another worker's InTrees of the same view made them."""
     csr = graph.csr(view)
     out = held_out_csr(graph) if view == "plain" else None  # the store's transpose is of the plain view's CSR
     if out is not None and (out.indptr.dtype != torch.int64 or out.indices.dtype != torch.int64):
         out = None  # read as it is mapped, never copied to int64 per worker (8 copies of the edges)
     return InTrees(np.asarray(csr.indptr, dtype=np.int64), np.asarray(csr.indices, dtype=np.int64),
                    np.asarray(parts) == part, None if out is None else np.asarray(out.indptr, dtype=np.int64),
-                   None if out is None else np.asarray(out.indices, dtype=np.int64))
+                   None if out is None else np.asarray(out.indices, dtype=np.int64), degrees)
 
 
 @dataclass(frozen=True)
