@@ -213,13 +213,15 @@ SIZE_WIDTH = 64
 
 
 def size_rate_samples(threads: int, device: str = "cpu", rows: Sequence[int] = SIZE_ROWS, width: int = SIZE_WIDTH,
-                      degree: float = KERNEL_GRAPH[1], repeats: int = 5) -> list[dict]:
+                      degree: float = KERNEL_GRAPH[1], repeats: int = 3, rounds: int = 3) -> list[dict]:
     """Seconds per unit of work of elementwise ops and of the aggregation at several working sets, as
     `size_rates` samples ({"kind", "rows", "width", "seconds"}; gnnc.passes.cost.fit.fit_size_rates makes them
     factors): "elementwise.forward", the mean per element of a relu, an add and a scale of [rows, width] (each
     less its dispatch, the same op on one row); "elementwise.backward", of relu's and the scale's backward; "spmm_f"
     and "spmm_b", seconds per edge-feature multiply-add of gnnc's aggregation forward and its transpose on an
-    R-MAT graph of `rows` vertices (one value per edge, `width`-wide rows).
+    R-MAT graph of `rows` vertices (one value per edge, `width`-wide rows). Each the median of `rounds` rounds,
+    each round timing every size in turn: a change of the load between sizes then moves every size's timing, not
+    one size's (the factors are ratios of sizes).
 
     Why: the probe's op rates and kernel rates are measured at one size (KERNEL_GRAPH's, OPS_GRAPHS'), where
     the rows no longer fit the caches, and the grid's small graphs ran the same ops 1.5-5x faster (issue 36:
@@ -245,25 +247,29 @@ def size_rate_samples(threads: int, device: str = "cpu", rows: Sequence[int] = S
         return [lambda: torch.autograd.grad(relu, x, g, retain_graph=True),
                 lambda: torch.autograd.grad(scaled, x, g, retain_graph=True)]
 
-    for kind, ops in (("elementwise.forward", forward_ops), ("elementwise.backward", backward_ops)):
-        for n in rows:
-            times = [per_element(lambda m, i=i: ops(m)[i], n) for i in range(len(ops(1)))]
-            out.append({"kind": kind, "rows": n, "width": width, "seconds": statistics.fmean(times)})
-    for seed, n in enumerate(rows):
-        csr = place(rmat(n, degree, features=1, classes=1, seed=seed).csr("plain"), dev)
-        weight = torch.rand(csr.nnz, device=dev)
-        x = torch.randn(csr.n_src, width, device=dev, requires_grad=True)
-        y = spmm(csr, x, weight)
-        g = torch.randn_like(y)
-        work = float(csr.nnz * width)
-        # warm-up calls first: the first aggregation of a process is several times slower (its one warm-up
-        # call then made the sample a single call: the smallest graph, timed first, at 1.15 ns a multiply-add
-        # against 0.50 timed after others)
-        forward = _median_time(lambda: spmm(csr, x.detach(), weight), repeats, warmup=3, sync=sync)
-        backward = _median_time(lambda: torch.autograd.grad(y, x, g, retain_graph=True), repeats, warmup=3, sync=sync)
-        out += [{"kind": "spmm_f", "rows": n, "width": width, "seconds": forward / work},
-                {"kind": "spmm_b", "rows": n, "width": width, "seconds": backward / work}]
-    return out
+    graphs = [place(rmat(n, degree, features=1, classes=1, seed=seed).csr("plain"), dev) for seed, n in enumerate(rows)]
+    timed: dict[tuple[str, int], list[float]] = {}
+    for _ in range(rounds):
+        for kind, ops in (("elementwise.forward", forward_ops), ("elementwise.backward", backward_ops)):
+            for n in rows:
+                times = [per_element(lambda m, i=i: ops(m)[i], n) for i in range(len(ops(1)))]
+                timed.setdefault((kind, n), []).append(statistics.fmean(times))
+        for n, csr in zip(rows, graphs):
+            weight = torch.rand(csr.nnz, device=dev)
+            x = torch.randn(csr.n_src, width, device=dev, requires_grad=True)
+            y = spmm(csr, x, weight)
+            g = torch.randn_like(y)
+            work = float(csr.nnz * width)
+            # warm-up calls first: the first aggregation of a process is several times slower (its one warm-up
+            # call then made the sample a single call: the smallest graph, timed first, at 1.15 ns a multiply-add
+            # against 0.50 timed after others)
+            forward = _median_time(lambda: spmm(csr, x.detach(), weight), repeats, warmup=3, sync=sync)
+            backward = _median_time(lambda: torch.autograd.grad(y, x, g, retain_graph=True), repeats, warmup=3,
+                                    sync=sync)
+            timed.setdefault(("spmm_f", n), []).append(forward / work)
+            timed.setdefault(("spmm_b", n), []).append(backward / work)
+    return [{"kind": kind, "rows": n, "width": width, "seconds": statistics.median(seconds)}
+            for (kind, n), seconds in timed.items()]
 
 
 def memory_bandwidth(threads: int, mib: int = 256, device: torch.device = CPU) -> float:
