@@ -632,7 +632,8 @@ def _check_size_rates(value: Any, where: str) -> None:
         for name in ("rows", "width"):
             v = getattr(u, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise GnncError(f"{where}: field 'size_rates' entry {i}: '{name}' must be a positive integer, got {v!r}")
+                raise GnncError(f"{where}: field 'size_rates' entry {i}: '{name}' must be a positive integer, "
+                                f"got {v!r}")
         if not (isinstance(u.factor, (int, float)) and not isinstance(u.factor, bool) and math.isfinite(u.factor)
                 and u.factor > 0):
             raise GnncError(f"{where}: field 'size_rates' entry {i}: 'factor' must be a positive number, "
