@@ -538,6 +538,11 @@ def _records_from_json(value: Any, kind: type, name: str, where: str,
     return tuple(out)
 
 
+def _finite(v: Any) -> bool:
+    """A finite int or float read from a profile (a bool is not a number here)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _check_measurements(value: Any, kind: type, name: str, where: str) -> None:
     """Each `links`/`collectives` entry: integer ranks and bytes, a known op, finite positive times and rates."""
     if not isinstance(value, tuple) or not all(isinstance(u, kind) for u in value):
@@ -552,7 +557,7 @@ def _check_measurements(value: Any, kind: type, name: str, where: str) -> None:
             elif f.name == "op":
                 ok = v in ("all_reduce", "all_to_all")
             else:
-                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+                ok = _finite(v) and (
                     v >= 0 if f.name == "latency" else v > 0)
             if not ok:
                 raise GnncError(f"{where}: field '{name}' entry {i}: '{f.name}' is not valid, got {v!r}")
@@ -570,7 +575,7 @@ def _check_unit_costs(value: Any, where: str) -> None:
                                 f"got {v!r}")
         for name in ("T_v", "T_e", "T_c", "const"):
             v = getattr(u, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+            ok = _finite(v) and (
                 v > 0 if name == "T_c" else v >= 0)
             if not ok:
                 raise GnncError(f"{where}: field 'unit_costs' entry {i}: '{name}' must be a "
@@ -589,7 +594,7 @@ def _check_op_rates(value: Any, where: str) -> None:
         seen.add(u.op)
         for name in ("forward", "backward"):
             v = getattr(u, name)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+            if not (_finite(v) and v >= 0):
                 raise GnncError(f"{where}: field 'op_rates' entry {i}: '{name}' must be a non-negative number "
                                 f"(seconds), got {v!r}")
 
@@ -611,8 +616,7 @@ def _check_kernel_rates(value: Any, where: str) -> None:
                     and (v >= 1 if (name == "n" or dense) else v >= 0)):
                 want = "a positive integer" if (name == "n" or dense) else "0 or a head count for an aggregation"
                 raise GnncError(f"{where}: field 'kernel_rates' entry {i}: '{name}' must be {want}, got {v!r}")
-        if not (isinstance(u.rate, (int, float)) and not isinstance(u.rate, bool) and math.isfinite(u.rate)
-                and u.rate > 0):
+        if not (_finite(u.rate) and u.rate > 0):
             raise GnncError(f"{where}: field 'kernel_rates' entry {i}: 'rate' must be a positive number, "
                             f"got {u.rate!r}")
         if (u.kernel, u.k, u.n) in seen:
@@ -634,8 +638,7 @@ def _check_size_rates(value: Any, where: str) -> None:
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise GnncError(f"{where}: field 'size_rates' entry {i}: '{name}' must be a positive integer, "
                                 f"got {v!r}")
-        if not (isinstance(u.factor, (int, float)) and not isinstance(u.factor, bool) and math.isfinite(u.factor)
-                and u.factor > 0):
+        if not (_finite(u.factor) and u.factor > 0):
             raise GnncError(f"{where}: field 'size_rates' entry {i}: 'factor' must be a positive number, "
                             f"got {u.factor!r}")
         if (u.kind, u.bytes) in seen:
