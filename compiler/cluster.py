@@ -538,6 +538,12 @@ def _records_from_json(value: Any, kind: type, name: str, where: str,
     return tuple(out)
 
 
+def _tuple_of(value: Any, kind: type, name: str, where: str) -> None:
+    """A profile's record field holds a tuple of `kind` records, or its error names the field."""
+    if not isinstance(value, tuple) or not all(isinstance(u, kind) for u in value):
+        raise GnncError(f"{where}: field '{name}' must be a tuple of {kind.__name__}, got {value!r}")
+
+
 def _finite(v: Any) -> bool:
     """A finite int or float read from a profile (a bool is not a number here)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -545,8 +551,7 @@ def _finite(v: Any) -> bool:
 
 def _check_measurements(value: Any, kind: type, name: str, where: str) -> None:
     """Each `links`/`collectives` entry: integer ranks and bytes, a known op, finite positive times and rates."""
-    if not isinstance(value, tuple) or not all(isinstance(u, kind) for u in value):
-        raise GnncError(f"{where}: field '{name}' must be a tuple of {kind.__name__}, got {value!r}")
+    _tuple_of(value, kind, name, where)
     for i, u in enumerate(value):
         for f in fields(kind):
             v = getattr(u, f.name)
@@ -565,8 +570,7 @@ def _check_measurements(value: Any, kind: type, name: str, where: str) -> None:
 
 def _check_unit_costs(value: Any, where: str) -> None:
     """Each entry: positive integer widths, non-negative finite T_v, T_e and const, positive T_c."""
-    if not isinstance(value, tuple) or not all(isinstance(u, LayerUnitCosts) for u in value):
-        raise GnncError(f"{where}: field 'unit_costs' must be a tuple of LayerUnitCosts, got {value!r}")
+    _tuple_of(value, LayerUnitCosts, "unit_costs", where)
     for i, u in enumerate(value):
         for name in ("d_in", "d_out", "row_width"):
             v = getattr(u, name)
@@ -584,8 +588,7 @@ def _check_unit_costs(value: Any, where: str) -> None:
 
 def _check_op_rates(value: Any, where: str) -> None:
     """Each entry: a known class, once, with finite non-negative seconds."""
-    if not isinstance(value, tuple) or not all(isinstance(u, OpRate) for u in value):
-        raise GnncError(f"{where}: field 'op_rates' must be a tuple of OpRate, got {value!r}")
+    _tuple_of(value, OpRate, "op_rates", where)
     seen: set[str] = set()
     for i, u in enumerate(value):
         if u.op not in OP_CLASSES or u.op in seen:
@@ -602,8 +605,7 @@ def _check_op_rates(value: Any, where: str) -> None:
 def _check_kernel_rates(value: Any, where: str) -> None:
     """Each entry: a known kernel, integer widths (k positive for a dense map, 0 or a head count for an
     aggregation; n positive), a finite positive rate, each shape once."""
-    if not isinstance(value, tuple) or not all(isinstance(u, KernelRate) for u in value):
-        raise GnncError(f"{where}: field 'kernel_rates' must be a tuple of KernelRate, got {value!r}")
+    _tuple_of(value, KernelRate, "kernel_rates", where)
     seen: set[tuple[str, int, int]] = set()
     for i, u in enumerate(value):
         if u.kernel not in KERNELS:
@@ -626,8 +628,7 @@ def _check_kernel_rates(value: Any, where: str) -> None:
 
 def _check_size_rates(value: Any, where: str) -> None:
     """Each entry: a known kind, positive integer rows and width, a finite positive factor, each size once."""
-    if not isinstance(value, tuple) or not all(isinstance(u, SizeRate) for u in value):
-        raise GnncError(f"{where}: field 'size_rates' must be a tuple of SizeRate, got {value!r}")
+    _tuple_of(value, SizeRate, "size_rates", where)
     seen: set[tuple[str, float]] = set()
     for i, u in enumerate(value):
         if u.kind not in SIZED:

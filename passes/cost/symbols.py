@@ -241,13 +241,13 @@ class LayerOpWork:
         entries = self.backward if phase == "b" else self.forward
         direction = "backward" if phase == "b" else "forward"
         size_bytes = element_bytes(precision)
+        per_row = dict(self.op_elements).get(side)  # one op's elements per row; None: each entry's own
 
         def rate(cls: str, n: float) -> float:
             if rows is None or cls != "elementwise":
                 return profile.op_rate(cls, direction)
-            per_row = dict(self.op_elements).get(side, n)
-            return profile.op_rate(cls, direction) * profile.size_factor(f"{cls}.{direction}",
-                                                                         rows * per_row * size_bytes)
+            return profile.op_rate(cls, direction) * profile.size_factor(
+                f"{cls}.{direction}", rows * (n if per_row is None else per_row) * size_bytes)
 
         return float(sum(n * rate(cls, n) for s, cls, n in entries  # evaluation: no dropout
                          if s == side and not (phase == "e" and cls in ("dropout", "dropout_row"))))
