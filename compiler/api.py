@@ -101,7 +101,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
             sampling: SamplingConfig | None = None, schedule: str | None = None, approximate: bool = False,
             memory_cap: int | None = None, pipeline_groups: int = 0, precision: str = DEFAULT_PRECISION,
             device: str = "cpu", explain: bool = False,
-            partition_from: str | os.PathLike | None = None) -> Plan:
+            partition_from: str | os.PathLike | None = None, threads: int | None = None) -> Plan:
     """Elaborate and run the pass pipeline; `after(name, program)` sees each pass's output.
 
     With `workers > 1` the layers get their strategies (`strategy`, one name
@@ -124,6 +124,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     of the plan uses it. `device` picks which of this machine's probes
     (`gnnc probe --device`) the `local` cluster is. `explain` finds the planner's crossovers (where its choice
     flips) and keeps them in the plan (`--explain`; not otherwise: they cost more than the choice).
+    `threads` (`--threads`): the processes the compile splits its per-worker steps over (gnnc.parallel), and
+    the plan's `save` after it; None: the CPUs this process may use (gnnc.host.choose_threads).
     """
     check_precision(precision)
     if sampling is not None and precision != DEFAULT_PRECISION:
@@ -170,7 +172,7 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
         pipeline = _with_compile_options(pipeline, strategy=strategy, allow=allow, memory_cap=memory_cap,
                                          pipeline_groups=pipeline_groups)
     ctx = PassContext(graph=graph, workers=workers, hybrid_cached=hybrid_cached, sampling=sampling, seed=seed,
-                      approximate=approximate, precision=precision)
+                      approximate=approximate, precision=precision, threads=choose_threads(threads).threads)
     partitioned = None
     if workers > 1:
         if graph is None:
@@ -219,7 +221,8 @@ def compile(model: Model, graph: Any = None, workers: int | str = 1, passes: lis
     if report is not None and report.memory_warning:
         warnings.warn(GnncWarning(report.memory_warning), stacklevel=2)
     return Plan(program, model.source(), graph_spec, [str(spec) for spec in pipeline], workers, meta, parts,
-                results.hybrid_cached, graph if workers > 1 else None, row_sets=results.row_sets)
+                results.hybrid_cached, graph if workers > 1 else None, row_sets=results.row_sets,
+                threads=ctx.threads)
 
 
 def _predict_link_bytes(program: Program, split: Any, parts: Any, workers: int, precision: str, results: Any) -> None:

@@ -83,7 +83,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     plan = api.compile(model, graph, workers=args.workers, passes=names, graph_spec=args.graph, after=after,
                        strategy=args.strategy, partition=args.partition, cluster=args.cluster, allow=allow,
                        memory_cap=args.memory_cap, precision=args.precision, device=device, explain=args.explain,
-                       partition_from=args.partition_from, **_sampled_options(args))
+                       partition_from=args.partition_from, threads=args.threads, **_sampled_options(args))
     if args.explain:
         print(inspect_plan.explain(plan), end="")
     if args.output:
@@ -94,7 +94,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         meta, planner = plan.meta, plan.meta.planner
         predicted_bytes = meta.predicted_bytes_per_epoch or meta.predicted_bytes_per_step
         _emit_json({"strategies": [layer.attr("strategy", "local") for layer in plan.program.graph_layers()],
-                    "workers": plan.workers, "exact": not meta.approximations,
+                    "workers": plan.workers, "threads": plan.threads, "exact": not meta.approximations,
                     "approximations": list(meta.approximations), "passes": plan.passes,
                     "partition": meta.partition.to_json() if meta.partition else None, "schedule": meta.schedule,
                     "predicted": {**inspect_plan.predicted_epoch(plan),
@@ -384,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bytes predicted per exchanged element and the rates priced (fp32: 4 bytes, bf16/fp16: 2)")
     _add_sampled_flags(c)
     c.add_argument("--json", action="store_true")
+    c.add_argument("--threads", type=THREADS, metavar="N",
+                   help="processes the compile splits its per-worker steps over (default: the CPUs this process may "
+                        "use, by its affinity mask and cgroup CPU quota)")
     c.set_defaults(fn=cmd_compile)
 
     c = sub.add_parser("inspect", help="show a plan")

@@ -109,6 +109,8 @@ class PassContext:
     approximate: the planner may choose approximate strategies and schedules (`--approximate`).
     precision: the run's precision (gnnc.plan.precision): the bytes of each exchanged element
         (predict-bytes) and the rates and bytes the cost model prices.
+    threads: the processes the compile may keep busy at once (decided once by the caller: `--threads`, else the
+        CPUs this process may use): what a pass splits its per-worker steps over (gnnc.parallel).
     """
 
     graph: Any = None  # a Graph (its module moves below passes and runtime; no import here)
@@ -120,6 +122,7 @@ class PassContext:
     seed: int = 0
     approximate: bool = False
     precision: str = DEFAULT_PRECISION
+    threads: int = 1
     results: PassResults = field(default_factory=PassResults)
     analyses: AnalysisCache = field(init=False, repr=False)
 

@@ -3,7 +3,8 @@
     gnnc (api, cli, inspect, testing)        may import anything
     gnnc.passes        gnnc.runtime          never each other
     gnnc.frontend, gnnc.grammar              the front end: .gnn text to IR
-    gnnc.plan > gnnc.graph > gnnc.ir         the core, plus gnnc.errors, gnnc.files, gnnc.cluster, gnnc.host
+    gnnc.plan > gnnc.graph > gnnc.ir         the core, plus gnnc.errors, gnnc.files, gnnc.cluster, gnnc.host,
+                                             gnnc.parallel
 
 Within the core, `ir` imports neither `graph` nor `plan`, and `graph` does
 not import `plan`. Within gnnc.passes, four sub-layers, bottom up:
@@ -31,7 +32,7 @@ import pytest
 
 from conftest import ROOT
 
-CORE_BASE = ("gnnc.errors", "gnnc.files", "gnnc.cluster", "gnnc.host")
+CORE_BASE = ("gnnc.errors", "gnnc.files", "gnnc.cluster", "gnnc.host", "gnnc.parallel")
 # layer name -> module prefixes in it (a module is in the layer of its longest matching prefix)
 LAYERS: dict[str, tuple[str, ...]] = {
     "base": CORE_BASE,

@@ -68,6 +68,7 @@ class Plan:
     # (layer specs, every rank's row sets) compile's predict-bytes built, for writing the shards (not saved)
     row_sets: Any = field(default=None, repr=False, compare=False)
     shard_dir: Path | None = None  # per-rank shards, once written (`save`) or found (`load`)
+    threads: int = field(default=1, compare=False)  # processes `save` may write shards with (compile's; not saved)
 
     @property
     def sampling(self) -> SamplingConfig | None:
