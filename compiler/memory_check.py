@@ -48,7 +48,7 @@ from gnnc.errors import GnncError
 from gnnc.graph import Graph
 from gnnc.graph.generators import parse_spec
 from gnnc.graph.sampling import FULL, REGION_BYTES, SamplingConfig, reads_edge_ids
-from gnnc.graph.store import _MAPS, MANIFEST, is_store, release_pages
+from gnnc.graph.store import MANIFEST, is_store, mapped_files, release_pages
 from gnnc.host import AvailableMemory, available_memory, format_bytes, resident_bytes
 from gnnc.ir import Program
 from gnnc.passes.analysis.layers import layer_dims, param_dependent
@@ -165,7 +165,7 @@ GATHER_WINDOW_BYTES = REGION_BYTES
 
 def is_mapped(graph: Graph) -> bool:
     """Whether `graph`'s arrays are memory-mapped (a store's, a rank's shards'): resident only as far as read."""
-    return bool(graph._views.get(_MAPS))
+    return bool(mapped_files(graph))
 
 
 def sampler_bytes(graph: Graph, views: set[str], non_loop: int) -> int:

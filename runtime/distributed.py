@@ -67,12 +67,9 @@ def let_go_of_graph(graph: Any) -> None:
     gcn_norm, cached in `Graph._views`, rebuilt if read again) dropped and a store's pages released. The ranks
     read their shards; kept, these and the allocator's blocks they freed were 440 MiB of the launcher's 524 at
     products 0.05 (about 9 GiB at full size) beside the ranks for the whole run (issue 35)."""
-    from gnnc.graph.store import _MAPS, release_pages  # deferred: what only the launcher calls
+    from gnnc.graph.store import forget_derived, release_pages  # deferred: what only the launcher calls
 
-    # a store's mappings and the CSR it stored (read from them, not derived: sorting the edges again might order a
-    # row's entries otherwise) stay
-    kept = (_MAPS, ("csr", "plain")) if _MAPS in graph._views else ()
-    graph._views = {k: v for k, v in graph._views.items() if k in kept}
+    forget_derived(graph)
     release_pages(graph)
     block_cache.empty()  # the blocks just freed (and those partitioning freed) go back to the system, not kept
 

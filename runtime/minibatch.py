@@ -46,7 +46,7 @@ import torch
 from gnnc.errors import GnncError
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import view_edge_data
-from gnnc.graph.store import _MAPS, release_pages
+from gnnc.graph.store import mapped_files, release_pages
 from gnnc.graph.sampling import Block, MiniBatch, NeighbourSampler, SamplingConfig, SamplingView, take
 from gnnc.ir import Program
 from gnnc.plan.comm_ops import exchange_of
@@ -440,7 +440,7 @@ def gather_rows(x: torch.Tensor, ids: np.ndarray, graph: Graph) -> torch.Tensor:
     the graph's, gnnc.graph.store.release_pages) is read a region at a time, each region's pages let go once its
     rows are copied (gnnc.graph.sampling.take says why: a minibatch's plain gather of a few hundred thousand rows
     held the whole matrix resident, 5.7 GB at papers100M/10)."""
-    maps = graph._views.get(_MAPS, ())
+    maps = mapped_files(graph)
     if not maps or x.is_sparse or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu":
         return x[torch.from_numpy(ids)]
     return torch.from_numpy(take(x.numpy(), ids, maps))

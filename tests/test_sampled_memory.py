@@ -17,7 +17,7 @@ from gnnc.graph import CSR, Graph
 from gnnc.graph import sampling
 from gnnc.graph.sampling import NeighbourSampler, SamplingConfig, SamplingView
 from gnnc.graph.storage import UNLABELLED
-from gnnc.graph.store import _MAPS, write_store
+from gnnc.graph.store import mapped_files, write_store
 from gnnc.plan import sampled_shards
 from gnnc.plan.sampled_shards import load_sampled_rank
 from gnnc.runtime.executor import init_params
@@ -75,7 +75,7 @@ def test_a_sampled_rank_samples_from_its_shards_mapped_csr_the_edges_one_process
         assert {"src", "dst"}.isdisjoint(npz.files)
     rank = load_sampled_rank(tmp_path, 1, 2).graph
     csr = rank.csr("plain")
-    spans = [(a, a + len(m)) for m in rank._views[_MAPS] for a in [np.frombuffer(m, np.uint8).ctypes.data]]
+    spans = [(a, a + len(m)) for m in mapped_files(rank) for a in [np.frombuffer(m, np.uint8).ctypes.data]]
     for t in (csr.indptr, csr.indices, csr.eids, torch.from_numpy(rank.src), torch.from_numpy(rank.dst)):
         assert any(lo <= t.data_ptr() < hi for lo, hi in spans)  # over a mapped file, not a copy in memory
     seeds = np.arange(0, 87, 3)
@@ -144,7 +144,7 @@ def _status(key: str) -> int:
 
 def _peak_from_here(graph: Graph) -> int:
     """VmRSS, with the store's pages let go and VmHWM reset: what a step grows VmHWM by is then its own peak."""
-    for pages in graph._views[_MAPS]:
+    for pages in mapped_files(graph):
         pages.madvise(mmap.MADV_DONTNEED)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")

@@ -50,7 +50,7 @@ import numpy as np
 
 from gnnc.errors import GnncError
 from gnnc.graph.storage import Graph, index_dtype, sorted_unique
-from gnnc.graph.store import _MAPS
+from gnnc.graph.store import mapped_files
 
 FULL = -1  # a fan-out that keeps the whole in-neighbourhood
 
@@ -226,7 +226,7 @@ class SamplingView:
                 indices, eids = indices[keep], eids[keep]
                 eids = eids - np.searchsorted(np.sort(csr.eids.numpy()[loop]), eids)
         self.indptr, self.indices, self.eids = indptr, indices, eids
-        self.maps = tuple(graph._views.get(_MAPS, ()))  # a store's or a rank's shards' mapped files (`take`)
+        self.maps = mapped_files(graph)  # a store's or a rank's shards' mapped files (`take`)
         self.degree = np.diff(indptr)  # candidate in-edges per vertex
         # deg^-1/2 of the view's in-degree (its self-loop included), as Graph.gcn_norm computes it
         view_degree = (self.degree + (1 if self.add_loops else 0)).astype(np.float64)

@@ -387,14 +387,33 @@ def _open_array(root: Path, name: str, entry: dict[str, Any], maps: list[mmap.mm
     return np.frombuffer(pages, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
 
 
+def mapped_files(graph: Graph) -> tuple[mmap.mmap, ...]:
+    """The file mappings a store's graph (or a rank's sampled shards') reads its arrays from; () for a graph held
+    in memory. What `release_pages` lets go, and what gnnc.graph.sampling.take reads a region at a time."""
+    return tuple(graph._views.get(_MAPS, ()))
+
+
+def keep_mapped_files(graph: Graph, maps: list[mmap.mmap]) -> None:
+    """Record `maps` as the mappings `graph`'s arrays were read from (`mapped_files`, `release_pages`)."""
+    graph._views[_MAPS] = maps
+
+
+def forget_derived(graph: Graph) -> None:
+    """Drop what `graph` derived and cached (CSRs, self-loop edges, gcn_norm: rebuilt if read again), keeping a
+    store's mappings and the CSR it stored (read from them, not derived: sorting the edges again might order a
+    row's entries otherwise)."""
+    kept = (_MAPS, ("csr", "plain")) if _MAPS in graph._views else ()
+    graph._views = {k: v for k, v in graph._views.items() if k in kept}
+
+
 def release_pages(graph: Graph) -> None:
     """Let go of the pages a store's graph has read so far (they stay in the page cache; a later read maps
     them again). A shard writer calls it after each rank's rows: those were gathered and written, and the
     process's resident set would otherwise grow to the whole feature matrix over the ranks."""
-    _let_go(graph._views.get(_MAPS, ()))
+    _let_go(mapped_files(graph))
 
 
-def _let_go(maps: list[mmap.mmap]) -> None:
+def _let_go(maps: tuple[mmap.mmap, ...] | list[mmap.mmap]) -> None:
     for pages in maps:
         pages.madvise(mmap.MADV_DONTNEED)
 
@@ -525,7 +544,7 @@ def open_store(path: str | os.PathLike, stamps: str | os.PathLike | None = None)
     # after the kernels' copies (CSR.release_pages); the mappings, not the graph: a cycle would keep them mapped
     csr._cache[RELEASE_PAGES] = lambda: _let_go(maps)
     graph._views[("csr", "plain")] = csr  # the stored CSR: Graph.csr would sort every edge again
-    graph._views[_MAPS] = maps
+    keep_mapped_files(graph, maps)
     if not verified:
         _stamp(folder, root, digest, seen, identities, began)
     return graph

@@ -41,8 +41,8 @@ from gnnc.errors import GnncError, PlanError
 from gnnc.graph import CSR, Graph
 from gnnc.graph.storage import index_dtype
 from gnnc.graph.sampling import take
-from gnnc.graph.store import (_MAPS, BLOCK_BYTES, _check_indptr, _check_range, _npy_writer, _open_array, _tensor,
-                              release_pages)
+from gnnc.graph.store import (BLOCK_BYTES, _check_indptr, _check_range, _npy_writer, _open_array, _tensor,
+                              keep_mapped_files, mapped_files, release_pages)
 from gnnc.plan.shard_files import load_npz, read_manifest, write_manifest, write_npz
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
@@ -93,7 +93,7 @@ def write_sampled_shards(program, graph: Graph, parts: np.ndarray, world: int,
         structure[name] = _save_blocks(out, _structure_name(name), dtype, arr.shape, graph,
                                        (np.asarray(arr[lo:lo + step], dtype=dtype) for lo in range(0, len(arr), step)))
     x = graph.x.numpy()
-    maps = graph._views.get(_MAPS, ())
+    maps = mapped_files(graph)
     step = _rows_per_block(x)
     entries = []
     for rank in range(world):
@@ -235,6 +235,6 @@ def load_sampled_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> Sa
                   name=str(manifest["graph"]))
     # the shards' CSR, as open_store sets a store's: Graph.csr would sort every edge again
     graph._views[("csr", "plain")] = CSR(*(_tensor(s[k]) for k in ("in.indptr", "in.indices", "in.eids")), n, n)
-    graph._views[_MAPS] = maps  # release_pages(graph): the pages read of the structure and of the features
+    keep_mapped_files(graph, maps)  # release_pages(graph): the pages read of the structure and of the features
     return SampledRankData(graph, _tensor(x), str(manifest["layout"]), a["parts"], cols,
                            int(manifest["num_features"]))
