@@ -45,6 +45,7 @@ import io
 import json
 import math
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -294,21 +295,31 @@ def compile_child(spec: dict[str, Any]) -> dict[str, Any]:
     shard_files.ShardWriter.write = timed("shard files", shard_files.ShardWriter.write)
     shard_files.ShardWriter.entries = timed("checksums (wait)", shard_files.ShardWriter.entries)
     w0, c0 = time.perf_counter(), time.process_time()
+    children0 = _children_cpu()  # the compile's forked processes (gnnc.parallel): their CPU is not this process's
     graph = timed("load", api.load_graph)(spec["graph"])
     model = api.load_model(spec["model"])
     plan = timed("passes", api.compile)(model, graph, workers=8, graph_spec=spec["graph"],
                                         partition_from=spec["split"], strategy=spec.get("strategy"))
     timed("save", plan.save)(spec["out"])
     total_wall, total_cpu = time.perf_counter() - w0, time.process_time() - c0
+    children_cpu = _children_cpu() - children0
     for inner, outer in (("statistics", "passes"), ("row sets", "passes"), ("structures", "save"),
                          ("shard files", "save"), ("checksums (wait)", "save")):
         for k in ("wall_s", "cpu_s"):  # each phase once: the passes and the save without their parts
             phases[outer][k] -= phases.get(inner, {}).get(k, 0.0)
     order = ("load", "statistics", "row sets", "passes", "structures", "shard files", "checksums (wait)", "save")
+    # a phase run in child processes counts only what its parent did; total_cpu_s counts the children too
     return {"phases": {k: phases[k] for k in order if k in phases}, "total_wall_s": total_wall,
-            "total_cpu_s": total_cpu, "strategies": [layer.attr("strategy", "local") for layer in
+            "total_cpu_s": total_cpu + children_cpu, "children_cpu_s": children_cpu, "threads": plan.threads,
+            "strategies": [layer.attr("strategy", "local") for layer in
                                                      plan.program.graph_layers()],
             "plan_bytes": sum(p.stat().st_size for p in Path(spec["out"]).rglob("*") if p.is_file())}
+
+
+def _children_cpu() -> float:
+    """User and system CPU seconds of this process's children that have ended and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _cut(graph: Any, assignment: np.ndarray) -> int:
