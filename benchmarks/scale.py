@@ -260,8 +260,8 @@ def child(args: argparse.Namespace) -> None:
 
 def compile_child(spec: dict[str, Any]) -> dict[str, Any]:
     """`gnnc compile --workers 8 --partition-from SPLIT -o OUT` (`strategy`: --strategy S, else the planner's
-    choice), as the CLI runs it, timed by phase: wall and
-    process CPU (the shard writer thread's included) of loading the graph, the planner's statistics, the row sets,
+    choice; `threads`: --threads N, else the CPUs this process may use), as the CLI runs it, timed by phase: wall
+    and process CPU (the shard writer thread's included) of loading the graph, the planner's statistics, the row sets,
     the rest of the passes, each rank's structures, writing the shards (hashed as they are written) and waiting
     for the last to reach the disk ("checksums (wait)", the name older results use)."""
     from gnnc import api
@@ -299,7 +299,8 @@ def compile_child(spec: dict[str, Any]) -> dict[str, Any]:
     graph = timed("load", api.load_graph)(spec["graph"])
     model = api.load_model(spec["model"])
     plan = timed("passes", api.compile)(model, graph, workers=8, graph_spec=spec["graph"],
-                                        partition_from=spec["split"], strategy=spec.get("strategy"))
+                                        partition_from=spec["split"], strategy=spec.get("strategy"),
+                                        threads=spec.get("threads"))
     timed("save", plan.save)(spec["out"])
     total_wall, total_cpu = time.perf_counter() - w0, time.process_time() - c0
     children_cpu = _children_cpu() - children0
