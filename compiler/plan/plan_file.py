@@ -163,7 +163,7 @@ class Plan:
             write_pipeline_shards(self.program, self.graph, self.parts, self.workers, directory, progress)
             return Path(directory)
         write_plan_shards(self.program, self.graph, self.parts, self.workers, directory,
-                          self.cached, progress, self.row_sets)
+                          self.cached, progress, self.row_sets, processes=self.threads)
         return Path(directory)
 
     @staticmethod

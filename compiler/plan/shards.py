@@ -31,7 +31,6 @@ checksum) fails with PlanError, exit 2.
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError, PlanError
+from gnnc.parallel import map_processes
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import check_class_labels
 from gnnc.graph.sampling import reads_edge_ids, take
@@ -52,7 +52,11 @@ from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, all_row_
 from gnnc.plan.shard_files import ShardWriter, load_npz, pack_arrays, read_manifest, unpack_arrays, write_manifest
 
 FEATURES = "features"  # the shared input features' file, features.npy
-BUILD_AHEAD = 1  # ranks whose shard arrays are built on a thread while the one before is written (write_plan_shards)
+# the structure edges of all ranks together (`rank_edges`) from which `write_plan_shards` spreads the ranks over
+# processes. Measured LOADED (load 5.4, 2 cores): gnnc.parallel's two children for nothing cost 0.05-0.10 s of
+# wall, and a plan's shards ~50 ns per structure edge (R-MAT x8 depcache: 5.2M edges 0.29-0.39 s, 13.9M 0.45-0.77 s
+# in one process), so below ~8M edges two processes save less than their start costs
+PROCESS_EDGES = 8_000_000
 
 
 @dataclass
@@ -180,10 +184,13 @@ def _plan_from(arrays: dict[str, np.ndarray], prefix: str, world: int) -> HaloPl
 def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_dir: str | os.PathLike,
                       cached: dict[int, list[np.ndarray]] | None = None,
                       progress: Callable[[int], None] | None = None,
-                      row_sets: tuple[list[LayerSpec], list[RowSets]] | None = None) -> dict[str, Any]:
+                      row_sets: tuple[list[LayerSpec], list[RowSets]] | None = None,
+                      processes: int = 1) -> dict[str, Any]:
     """Every rank's shard of `program` (strategies annotated) on `graph` split by `parts`; the manifest.
     `row_sets`: (specs, every rank's row sets) that compile's predict-bytes built, taken when `program`'s
-    specs are those (the same graph, parts and cache: the plan's), else built here."""
+    specs are those (the same graph, parts and cache: the plan's), else built here. `processes`: how many
+    processes may build and write the shards (the compile's thread count, `Plan.threads`); `shard_processes`
+    decides how many do."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     specs = layer_specs(program)
@@ -195,31 +202,64 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     norm = any(e.op == "edata" and e.attr("name") == "gcn_norm" for layer in program.layers for e in layer.eqns)
     shared = shared_feature_ranks(graph, specs, sets, world)
     features = write_features(out, graph) if shared else None
+    edges = rank_edges(graph, specs, sets, world)
+    count = shard_processes(processes, edges)
 
-    def build(rank: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm, narrow=True)
+    def write_ranks(ranks: list[int]) -> list[dict[str, Any]]:
+        """The shards of `ranks`, each built and written (packed, checksummed) in turn; their manifest entries.
+        One writer for them all: a shard reaches the disk (fsync) on its thread while the next is built."""
+        with ShardWriter() as writer:
+            for rank in ranks:
+                arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm,
+                                             narrow=True)
+                x_bytes = layout["x"]["rows"] * graph.num_features * graph.x.element_size() if rank in shared else 0
+                write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout, x_bytes, ids_kept,
+                             narrowed(arrays))
+                del arrays
+                release_pages(graph)  # a store's graph: this rank's rows are written, the next rank reads its own
+                if progress is not None and count <= 1:
+                    progress(rank)
+            return writer.entries()
 
-    # the next BUILD_AHEAD ranks are built on as many threads while this one writes the rank before them, in rank
-    # order (the same files): numpy's gathers, zlib's CRC and sha256 let go of the GIL, so another core builds
-    # the next rank's structures (each rank gathers most of the graph's edges under a deep DepCache segment: the
-    # compile's largest phase at products' size, issue 34); memory: BUILD_AHEAD more ranks' arrays at once
-    with ShardWriter() as writer, ThreadPoolExecutor(max_workers=max(BUILD_AHEAD, 1),
-                                                     thread_name_prefix="gnnc-rank") as builder:
-        ahead: dict[int, Future] = {}
+    # each process builds and writes its group of ranks (forked: the graph, the row sets and this closure are the
+    # parent's memory, nothing pickled but the small manifest entries coming back); one process: the same groups'
+    # calls here, in rank order. Each rank gathers most of the graph's edges under a deep DepCache segment, and the
+    # structures and shard files were a third of the products compile, on one of its cores (issue 34)
+    entries = [e for group in map_processes(write_ranks, rank_groups(edges, count), count) for e in group]
+    entries.sort(key=lambda e: e["part"])
+    if progress is not None and count > 1:
         for rank in range(world):
-            for r in range(rank, min(rank + 1 + BUILD_AHEAD, world)):
-                if r not in ahead:
-                    ahead[r] = builder.submit(build, r)
-            arrays, layout = ahead.pop(rank).result()
-            x_bytes = layout["x"]["rows"] * graph.num_features * graph.x.element_size() if rank in shared else 0
-            write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout, x_bytes, ids_kept,
-                         narrowed(arrays))
-            del arrays
-            release_pages(graph)  # a store's graph: this rank's rows are written, the next rank reads its own
-            if progress is not None:
-                progress(rank)
-        entries = writer.entries()
+            progress(rank)
     return write_plan_manifest(out, graph, world, entries, features)
+
+
+def rank_edges(graph: Graph, specs: list[LayerSpec], sets: list[RowSets], world: int) -> list[int]:
+    """Each rank's structure edges, the measure of its shard's work: the in-edges of the most rows any of its
+    layers computes (a depcache segment's first layer; deeper layers read prefixes of it)."""
+    degrees = {v: np.diff(graph.csr(v).indptr.numpy()) for v in {s.view for s in specs}}
+    return [max((int(degrees[s.view][sets[r].held_out[k]].sum()) for k, s in enumerate(specs)), default=0)
+            for r in range(world)]
+
+
+def shard_processes(processes: int, edges: list[int]) -> int:
+    """How many processes write a plan's shards: `processes` (the compile's threads) up to one per rank where
+    the ranks' structures hold `PROCESS_EDGES` edges together, else one (a fork, a child's start and its result's
+    trip cost more than a small graph's shards)."""
+    if processes <= 1 or sum(edges) < PROCESS_EDGES:
+        return 1
+    return max(1, min(processes, len(edges)))
+
+
+def rank_groups(edges: list[int], count: int) -> list[list[int]]:
+    """The ranks split into `count` groups of about equal edges (the largest rank first into the lightest group),
+    each group in rank order: one process writes a group."""
+    groups: list[list[int]] = [[] for _ in range(max(count, 1))]
+    load = [0] * len(groups)
+    for r in sorted(range(len(edges)), key=lambda r: (-edges[r], r)):
+        g = min(range(len(groups)), key=lambda g: (load[g], g))
+        groups[g].append(r)
+        load[g] += edges[r]
+    return [sorted(g) for g in groups if g]
 
 
 def narrowed(arrays: dict[str, np.ndarray]) -> set[str]:
