@@ -64,7 +64,7 @@ def choose_strategy(program: Program, ctx: PassContext, opts: ChooseStrategyOpti
         return program
     planned = ctx.analyses.get(PlanningInputs, program)
     report = choose(program, ctx.graph, ctx.parts, ctx.cluster, list(opts.allow) or None, planned,
-                    ctx.approximate, opts.pipeline_groups)
+                    ctx.approximate, opts.pipeline_groups, ctx.threads)
     ctx.results.strategy = ",".join(report.strategies)
     ctx.results.segments = report.segments
     ctx.results.planner = report

@@ -67,7 +67,7 @@ def select_hybrid(program: Program, ctx: PassContext) -> Program:
     values = {}
     for start, end in spans:
         sel = select(planned.stats, planned.inputs, planned.shapes, ctx.cluster.memory_per_worker, start, end,
-                     graph=ctx.graph, parts=ctx.parts)
+                     graph=ctx.graph, parts=ctx.parts, processes=ctx.threads)
         cached.update(sel.cached)
         values[(start, end)] = sel.values
         report.append({"layers": [start, end], "source": sel.source, "predicted_time_s": sel.time,

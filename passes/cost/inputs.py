@@ -25,15 +25,16 @@ from gnnc.passes.partition.stats import compute_stats
 
 
 def planning_inputs(program: Program, graph, parts: np.ndarray, profile, workers: int | None = None,
-                    precision: str = "fp32"):
+                    precision: str = "fp32", processes: int = 1):
     """What every cost formula is evaluated on: partition statistics, cost inputs (at the run's
     precision), each graph layer's shape.
 
     `workers`: the plan's worker count, when its last parts may be empty (the largest part id + 1 otherwise).
+    `processes`: what the statistics' passes over the edges may spread over (compute_stats; `ctx.threads`).
     """
     layers = program.graph_layers()
     view = "self_loops" if any(layer.edges == "self_loops" for layer in layers) else "plain"
-    stats = compute_stats(graph, parts, len(layers), view, num_parts=workers)
+    stats = compute_stats(graph, parts, len(layers), view, num_parts=workers, processes=processes)
     dims, heads = layer_dims(program)
     density = input_density(graph.x)
     needs_grad = param_dependent(program)
@@ -55,4 +56,5 @@ class PlanningInputs:
 
     @classmethod
     def compute(cls, program: Program, ctx: PassContext) -> "PlanningInputs":
-        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers, ctx.precision))
+        return cls(*planning_inputs(program, ctx.graph, ctx.parts, ctx.cluster, ctx.workers, ctx.precision,
+                                    ctx.threads))

@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from gnnc.graph import Graph, row_blocks
+from gnnc.parallel import map_processes
 from gnnc.passes.partition.core import EDGE_BLOCK, Partition
 from gnnc.plan.distances import part_distances
 
@@ -102,12 +103,20 @@ class PartStats:
         }
 
 
+# In-edges of the graph from which `compute_stats` splits its passes over the edges by row range over processes
+# (gnnc.parallel.map_processes): below, a fork and the pieces sent back cost more than the second core saves.
+# Measured: see docs/design.md (the statistics, processes).
+PARALLEL_EDGES = 8_000_000
+
+
 def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, view: str = "plain",
-                  num_parts: int | None = None) -> PartStats:
+                  num_parts: int | None = None, processes: int = 1) -> PartStats:
     """The statistics of `partition` on `graph` for an L-layer model (see PartStats).
 
     `num_parts` counts the parts of an assignment array whose last parts are empty (the
-    largest part id + 1 otherwise).
+    largest part id + 1 otherwise). `processes`: the passes over every in-edge (per destination its cut in-edges;
+    the walks of length 2+ while exact) split by row range over up to this many processes where the graph has
+    PARALLEL_EDGES in-edges or more: per row the same sums, so the same statistics.
     """
     if isinstance(partition, Partition):
         part, parts = np.asarray(partition.assignment, dtype=np.int64), partition.parts
@@ -128,17 +137,10 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     # its destination's, repeated; the sources' parts gathered): the per-edge arrays of the edge list (its two
     # parts, the cut mask, the cut edges' keys) were ~25 bytes per edge of the compile's peak, and every count
     # below but the cut is a sum over vertices
-    cross_in = np.zeros(n, dtype=np.int64)
     marked = np.zeros((parts, n), dtype=bool) if layers == 0 else None
-    for lo, hi in row_blocks(indptr, EDGE_BLOCK):
-        first, last = int(indptr[lo]), int(indptr[hi])
-        sources = indices[first:last]
-        cut = small[sources] != np.repeat(small[lo:hi], in_degree[lo:hi])
-        rows = np.flatnonzero(in_degree[lo:hi]) + lo
-        if len(rows):
-            cross_in[rows] = np.add.reduceat(cut, indptr[rows] - first, dtype=np.int64)
-        if marked is not None:
-            marked[np.repeat(small[lo:hi], in_degree[lo:hi])[cut], sources[cut]] = True
+    ranges = _row_ranges(indptr, 1 if marked is not None or csr.nnz < PARALLEL_EDGES else processes)
+    cross_in = np.concatenate(map_processes(lambda r: _cross_in(indptr, indices, small, r[0], r[1], marked),
+                                            ranges, processes))
     edge_cut = int(cross_in.sum())
     remote_edges = _sum_by(part, cross_in, parts)
     boundary = cross_in > 0
@@ -175,7 +177,9 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     for k in range(1, layers):
         if k > 1:
             if float(walks.max(initial=0.0)) * max(csr.nnz, 1) < 2.0**53:
-                walks = _in_sums(indptr, indices, walks)
+                values = walks
+                walks = np.concatenate(map_processes(lambda r: _in_sums(indptr, indices, values, *r), ranges,
+                                                     processes))
             else:
                 if in_adj is None:
                     in_adj = sp.csr_matrix((np.ones(csr.nnz, dtype=np.float64), indices, indptr), shape=(n, n))
@@ -219,15 +223,48 @@ def _lhop(depth: np.ndarray, layers: int, in_degree: np.ndarray) -> tuple[np.nda
     return lhop_vertices, lhop_edges
 
 
-def _in_sums(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """float64 [n]: per CSR row, the sum of `values` over its entries' columns, block of rows by block."""
-    out = np.zeros(len(indptr) - 1, dtype=np.float64)
-    degree = np.diff(indptr)
-    for lo, hi in row_blocks(indptr, EDGE_BLOCK):
-        first, last = int(indptr[lo]), int(indptr[hi])
-        rows = np.flatnonzero(degree[lo:hi]) + lo
+def _row_ranges(indptr: np.ndarray, pieces: int) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges of a CSR, `pieces` of them (fewer where rows are few) holding about as many entries
+    each: what `compute_stats` hands each process."""
+    n = len(indptr) - 1
+    if pieces <= 1 or n < 2:
+        return [(0, n)]
+    cuts = np.searchsorted(indptr, np.linspace(0, int(indptr[-1]), pieces + 1)[1:-1], side="right") - 1
+    bounds = np.unique(np.concatenate(([0], np.clip(cuts, 0, n), [n])))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _cross_in(indptr: np.ndarray, indices: np.ndarray, part: np.ndarray, lo: int, hi: int,
+              marked: np.ndarray | None = None) -> np.ndarray:
+    """int64 [hi - lo]: per destination of rows lo..hi-1, its in-edges from another part, read off the in-CSR
+    block of rows by block (a row's part is its destination's, repeated; the sources' parts gathered). `marked`
+    ([part, vertex] bool): each (destination's part, cut source) pair set True as well."""
+    cross_in = np.zeros(hi - lo, dtype=np.int64)
+    degree = np.diff(indptr[lo:hi + 1])
+    for a, b in row_blocks(indptr[lo:hi + 1], EDGE_BLOCK):
+        first, last = int(indptr[lo + a]), int(indptr[lo + b])
+        sources = indices[first:last]
+        cut = part[sources] != np.repeat(part[lo + a:lo + b], degree[a:b])
+        rows = np.flatnonzero(degree[a:b]) + a
         if len(rows):
-            out[rows] = np.add.reduceat(values[indices[first:last]], indptr[rows] - first)
+            cross_in[rows] = np.add.reduceat(cut, indptr[lo + rows] - first, dtype=np.int64)
+        if marked is not None:
+            marked[np.repeat(part[lo + a:lo + b], degree[a:b])[cut], sources[cut]] = True
+    return cross_in
+
+
+def _in_sums(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, lo: int = 0,
+             hi: int | None = None) -> np.ndarray:
+    """float64 [hi - lo]: per CSR row of lo..hi-1 (every row by default), the sum of `values` over its entries'
+    columns, block of rows by block (each row's sum of its own entries in their order, whatever the range)."""
+    hi = len(indptr) - 1 if hi is None else hi
+    out = np.zeros(hi - lo, dtype=np.float64)
+    degree = np.diff(indptr[lo:hi + 1])
+    for a, b in row_blocks(indptr[lo:hi + 1], EDGE_BLOCK):
+        first, last = int(indptr[lo + a]), int(indptr[lo + b])
+        rows = np.flatnonzero(degree[a:b]) + a
+        if len(rows):
+            out[rows] = np.add.reduceat(values[indices[first:last]], indptr[lo + rows] - first)
     return out
 
 

@@ -79,7 +79,7 @@ _last_runs: list[_StartRuns] = []  # the last start select_spans ran (at most on
 
 
 def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int,
-           cache_all_value=None, graph=None, parts=None, rule: str | None = None) -> Selection:
+           cache_all_value=None, graph=None, parts=None, rule: str | None = None, processes: int = 1) -> Selection:
     """Algorithm 4 over graph layers [start, end), unless communicating or caching everything predicts less.
 
     Each candidate is priced as the runtime will execute it, so the segment
@@ -104,20 +104,24 @@ def select(stats, inputs, shapes, memory_cap: float | None, start: int, end: int
     stop ending the algorithm), its subtrees measured on `graph` split by `parts`; "walks", the earlier
     reading (each dependency's unfolded tree alone, a layer ended at its first refusal), kept to measure the
     two (benchmarks/RESULTS-seeds.md, "NeutronStar Algorithm 4"); None: hybrid_greedy.DEFAULT_RULE.
+    `processes`: the workers' runs of Algorithm 4 spread over up to this many processes (hybrid_greedy.paper_runs:
+    the same runs; the compile's `ctx.threads`).
     """
     known = {} if cache_all_value is None else {(start, end): cache_all_value}
     [best] = select_spans(stats, inputs, shapes, memory_cap, [(start, end)], known, with_ids=True, graph=graph,
-                          parts=parts, rule=rule)
+                          parts=parts, rule=rule, processes=processes)
     return best
 
 
 def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequence[tuple[int, int]],
                  cache_all_values: Mapping[tuple[int, int], Any] | None = None,
-                 with_ids: bool = False, graph=None, parts=None, rule: str | None = None) -> list[Selection]:
+                 with_ids: bool = False, graph=None, parts=None, rule: str | None = None,
+                 processes: int = 1) -> list[Selection]:
     """`select` on each of `spans` ((start, end) over the model's layers, `shapes` every layer's), the selections
     of every span priced together (`hybrid_values_of`: one numpy call per layer, not per span and layer).
     `with_ids`: keep each selection's cached ids (`Selection.cached`, what select-hybrid writes); the planner
-    needs only the values (None there: a deep model's spans would hold their dependencies all at once)."""
+    needs only the values (None there: a deep model's spans would hold their dependencies all at once).
+    `processes`: as `select`'s."""
     rule = rule or hg.DEFAULT_RULE
     if rule not in hg.RULES:
         raise ValueError(f"hybrid rule {rule!r}: one of {', '.join(hg.RULES)}")
@@ -128,6 +132,9 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
     # Algorithm 4 decides layer after layer: a span's selection is the first layers of the longest span from its
     # start, so each start runs once per worker (hybrid_greedy.PaperRun)
     longest = {a: max(b for a2, b in spans if a2 == a) for a, _ in spans}
+    # the dependencies of the longest span of any start, per worker: (its layers, [Dependencies]); built at the
+    # first start, deepest first when the spans' longest comes first (the segment DP's spans do)
+    deepest: tuple[int, list[hg.Dependencies]] | None = None
     runs: dict[int, list[hg.PaperRun]] = {}
     longest_deps: dict[int, list[hg.Dependencies]] = {}
     traffic: dict[int, hg.StartTraffic] = {}
@@ -149,13 +156,16 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
                 full_costs = hg.UnitCosts(full["t_v"], full["t_e"], full["t_c"], full["t_x"], full["row_bytes"],
                                           full["edge_bytes"])
                 layers = longest[start] - start
-                longest_deps[start] = [hg.dependencies_from_stats(stats, r, layers) for r in range(world)]
+                # a start's dependencies depend on its span's length only: a shorter one's are the first entries
+                # of the deepest's (dependencies_prefix, views), built once per worker for every start
+                if deepest is None or deepest[0] < layers:
+                    deepest = (layers, [hg.dependencies_from_stats(stats, r, layers) for r in range(world)])
+                longest_deps[start] = [hg.dependencies_prefix(d, layers) for d in deepest[1]]
                 if _last_runs and _last_runs[0].serves(stats, graph, parts, start, cap, full_costs):
                     runs[start] = _last_runs[0].runs
                 else:
                     _last_runs.clear()
-                    runs[start] = [hg.paper_run(trees[r], d.layer, d.vertex, full_costs, cap, layers)
-                                   for r, d in enumerate(longest_deps[start])]
+                    runs[start] = hg.paper_runs(trees, longest_deps[start], full_costs, cap, layers, processes)
                     _last_runs.append(_StartRuns((weakref.ref(stats), weakref.ref(graph), weakref.ref(parts)),
                                                  start, cap, full_costs, runs[start]))
             if with_ids:  # a span's dependencies are the first of its start's longest span's (built once per start)

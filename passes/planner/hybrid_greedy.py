@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from gnnc.graph import sorted_unique
+from gnnc.parallel import map_processes
 from gnnc.plan.distances import held_out_csr
 from gnnc.plan.rows import MASK_WALK
 
@@ -726,6 +727,49 @@ class PaperRun:
         edges = self.added_edges[:m].sum(axis=0)[:m + 1]
         time = float(rows[1:] @ self.t_v[:m] + edges[1:] @ self.t_e[:m] + rows[0] * self.t_x) if m else 0.0
         return Replicated(rows, edges, float(self.used_after[m - 1]) if m else 0.0, time)
+
+    def packed(self) -> tuple[Any, ...]:
+        """The run as a child process sends it back (`paper_runs`): rep_when's entries below L (V_rep: the
+        products compile's start-0 runs hold 1.5-3.3M of 9.8M entries, the later starts' none), not the table;
+        `unpacked` rebuilds the same arrays."""
+        never = self.rep_when.shape[0] - 1
+        flat = self.rep_when.reshape(-1)
+        where = np.flatnonzero(flat != never)
+        where = where.astype(np.int32) if flat.size < 2**31 else where
+        return (self.rep_when.shape, self.rep_when.dtype.str, where, flat[where], self.added_rows, self.added_edges,
+                self.used_after, self.t_v, self.t_e, self.t_x)
+
+    @classmethod
+    def unpacked(cls, packed: tuple[Any, ...]) -> "PaperRun":
+        """The PaperRun `packed` was made from, bit for bit."""
+        shape, dtype, where, when, *rest = packed
+        rep_when = np.full(shape, shape[0] - 1, dtype=np.dtype(dtype))
+        rep_when.reshape(-1)[where] = when
+        return cls(rep_when, *rest)
+
+
+# Dependency entries (summed over the workers) of one start's runs from which `paper_runs` spreads them over
+# processes: below, forking, sending the runs back and rebuilding them cost more than the second core saves.
+# Measured (tests/test_ppass_processes.py's graphs and the products compile, LOADED): see docs/design.md.
+PARALLEL_ENTRIES = 1_000_000
+
+
+def paper_runs(trees: Sequence[InTrees], deps: Sequence[Any], costs: UnitCosts, budget: float, layers: int,
+               processes: int = 1) -> list[PaperRun]:
+    """`paper_run` of every worker (its InTrees, its dependencies' `layer` and `vertex` from `deps`) for one start,
+    in up to `processes` child processes (gnnc.parallel.map_processes) where the start's dependency entries reach
+    PARALLEL_ENTRIES, else here, worker after worker. A worker's run reads only its own trees and dependencies and
+    the shared graph (Algorithm 4 is per worker: its V_rep, budget S and queue are its own; NeutronStar runs the
+    workers' selections each on its own machine), so the runs are the same whichever process makes them; each
+    comes back `packed`."""
+
+    def run(r: int) -> PaperRun:
+        return paper_run(trees[r], deps[r].layer, deps[r].vertex, costs, budget, layers)
+
+    entries = sum(len(d.layer) for d in deps)
+    if processes <= 1 or len(deps) < 2 or entries < PARALLEL_ENTRIES:
+        return [run(r) for r in range(len(deps))]
+    return [PaperRun.unpacked(p) for p in map_processes(lambda r: run(r).packed(), range(len(deps)), processes)]
 
 
 def paper_run(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: UnitCosts, budget: float,

@@ -66,12 +66,13 @@ def candidates(program: Program, allow: list[str] | None, approximate: bool = Fa
 
 def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
                planned: PlanningInputs | None = None, approximate: bool = False,
-               pipeline_groups: int = 0) -> PricedPlan:
+               pipeline_groups: int = 0, processes: int = 1) -> PricedPlan:
     """Segment costs (time, memory) for the DP, and the compiled formulas behind them.
 
     `planned`: the planning inputs when the caller has them already (the pass's analysis cache).
     `approximate`: price the approximate strategies too; `pipeline_groups`: the pipeline's group
-    size when the user fixed it (0: every size, the cheapest kept).
+    size when the user fixed it (0: every size, the cheapest kept). `processes`: what Algorithm 4's per-worker
+    runs may spread over (hybrid.select_spans; the compile's `ctx.threads`).
 
     The DP's table holds every assignment's time before the all-reduce of replicated weights,
     which `choose` adds to each; a pipeline replicates no weight across its stages (its groups
@@ -119,7 +120,7 @@ def plan_costs(program: Program, graph, parts: np.ndarray, profile, allow: list[
             # DepCache formula (which prices it as it is)
             known = {k[:2]: v for k, v in values.items() if k[2] == "depcache"} if user_cost("depcache") else {}
             selected = select_spans(stats, inputs, shapes, profile.memory_per_worker, spans, known, graph=graph,
-                                    parts=parts)
+                                    parts=parts, processes=processes)
         built: list[Any] = []  # the spans' formulas, built and evaluated together (a deep model's layers: alike)
         if not selected and not (s == "depcache" and user_cost(s) is None):
             built = [planner_cost(s, start, end, shapes[start:end]) for start, end in spans]
@@ -188,8 +189,8 @@ def _shape(param, program: Program) -> list[int]:
 
 def choose(program: Program, graph, parts: np.ndarray, profile, allow: list[str] | None,
            planned: PlanningInputs | None = None, approximate: bool = False,
-           pipeline_groups: int = 0) -> PlannerReport:
-    priced = plan_costs(program, graph, parts, profile, allow, planned, approximate, pipeline_groups)
+           pipeline_groups: int = 0, processes: int = 1) -> PlannerReport:
+    priced = plan_costs(program, graph, parts, profile, allow, planned, approximate, pipeline_groups, processes)
     formulas, values, inputs, allreduce, allowed = (priced.formulas, priced.values, priced.inputs, priced.allreduce,
                                                     priced.allowed)
     fixed = allreduce.time + priced.epoch.time  # what every assignment pays besides its segments
