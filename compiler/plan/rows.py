@@ -107,6 +107,7 @@ def _entries(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return at
 
 
+GATHER_BLOCK = 1 << 18  # entries `_view` gathers a masked run by at a time (2 MB of int64 sources: in cache)
 MASK_WALK = 0.15  # `_sources` and `_entry_pieces` read every edge's entry through a mask above this share of the edges
 
 
@@ -478,15 +479,24 @@ def _view(graph: Graph, view: str, out_rows: np.ndarray, computed: np.ndarray, c
     local_src = np.empty(nnz, dtype=cols.dtype)
     global_eids = np.empty(nnz, dtype=g_eids.dtype) if edge_positions or "eids" not in unread else None
     gathered = {k: np.empty((nnz, *v.shape[1:]), dtype=v.dtype) for k, v in data.items()}
-    for lo, hi, at in _entry_pieces(g_indptr, out_rows):  # the rows' entries, a run of rows at a time
-        # take's "wrap" mode: no bounds check of its own (the CSR's sources are vertex ids) and no buffer,
-        # ~half the CPU of indexing here
-        np.take(cols, g_src[:len(at)][at] if at.dtype == bool else g_src[at], mode="wrap", out=local_src[lo:hi])
-        if global_eids is not None:
-            global_eids[lo:hi] = g_eids[:len(at)][at] if at.dtype == bool else g_eids[at]
-        for k, v in data.items():
-            gathered[k][lo:hi] = v[:len(at)][at] if at.dtype == bool else v[at]
-        del at
+    for lo, _, at in _entry_pieces(g_indptr, out_rows):  # the rows' entries, a run of rows at a time
+        # a run read through a mask over every entry goes GATHER_BLOCK entries at a time: each block's selected
+        # sources go from the cache to the take, where the whole run's were a temporary of most of the graph's
+        # edges (0.76 GB of int64 for a products rank, its pages faulted in and zeroed per rank, then read back)
+        blocks = [(s, at[s:s + GATHER_BLOCK]) for s in range(0, len(at), GATHER_BLOCK)] if at.dtype == bool \
+            else [(None, at)]
+        for s, sel in blocks:
+            hi = lo + (int(np.count_nonzero(sel)) if s is not None else len(sel))
+            # take's "wrap" mode: no bounds check of its own (the CSR's sources are vertex ids) and no buffer,
+            # ~half the CPU of indexing here
+            np.take(cols, g_src[s:s + len(sel)][sel] if s is not None else g_src[sel], mode="wrap",
+                    out=local_src[lo:hi])
+            if global_eids is not None:
+                global_eids[lo:hi] = g_eids[s:s + len(sel)][sel] if s is not None else g_eids[sel]
+            for k, v in data.items():
+                gathered[k][lo:hi] = v[s:s + len(sel)][sel] if s is not None else v[sel]
+            lo = hi
+        del at, blocks
     edge_data = {k: torch.from_numpy(v) for k, v in gathered.items()}
     if len(local_src) and local_src.min() < 0:
         raise AssertionError(f"view {view}: an in-neighbour of a computed row is neither held nor fetched")
