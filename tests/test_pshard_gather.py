@@ -53,8 +53,13 @@ def test_every_block_size_gathers_the_same_structures(model: str, strategy: str,
     monkeypatch.setattr(rows_mod, "MASK_WALK", 0.0)
     pieces = rows_mod._entry_pieces
     masks: list[int] = []
-    monkeypatch.setattr(rows_mod, "_entry_pieces", lambda indptr, rows: [
-        masks.append(len(at)) or (lo, hi, at) if at.dtype == bool else (lo, hi, at) for lo, hi, at in pieces(indptr, rows)])
+
+    def noted(indptr, rows):
+        out = pieces(indptr, rows)
+        masks.extend(len(at) for _, _, at in out if at.dtype == bool)
+        return out
+
+    monkeypatch.setattr(rows_mod, "_entry_pieces", noted)
     want = _structures(plan, graph, world)
     assert masks and min(masks) > 1000  # masked runs, of more entries than the blocks below
     for size in (1, 7, 1000):

@@ -115,11 +115,17 @@ def test_a_failing_child_fails_the_save_and_leaves_nothing(how: str, tmp_path: P
 
 def test_small_graphs_fork_nothing() -> None:
     """`shard_processes`: one process below `PROCESS_EDGES` structure edges or with one thread; else up to one
-    per rank. A small plan's save (Cora for 4 workers) stays in this process with any thread count."""
+    per rank and as many as the memory available holds. A small plan's save (Cora for 4 workers) stays in this
+    process with any thread count."""
     assert shards.shard_processes(2, [shards.PROCESS_EDGES // 8] * 4) == 1
     assert shards.shard_processes(1, [shards.PROCESS_EDGES] * 4) == 1
     assert shards.shard_processes(2, [shards.PROCESS_EDGES] * 4) == 2
     assert shards.shard_processes(16, [shards.PROCESS_EDGES] * 4) == 4
+    # memory: each process beyond the first holds one rank's arrays, RANK_BYTES_PER_EDGE per edge of the largest
+    rank = shards.RANK_BYTES_PER_EDGE * shards.PROCESS_EDGES
+    assert shards.shard_processes(16, [shards.PROCESS_EDGES] * 4, available=2 * rank) == 3
+    assert shards.shard_processes(16, [shards.PROCESS_EDGES] * 4, available=rank - 1) == 1
+    assert shards.shard_processes(2, [shards.PROCESS_EDGES] * 4, available=100 * rank) == 2
     graph = load_graph("planetoid:cora")
     plan = api.compile(api.load_model(EXAMPLES / "sage.gnn"), graph, workers=4, strategy="depcache", threads=2)
     specs, sets = plan.row_sets

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError, PlanError
+from gnnc.host import available_memory
 from gnnc.parallel import map_processes
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import check_class_labels
@@ -57,6 +58,10 @@ FEATURES = "features"  # the shared input features' file, features.npy
 # wall, and a plan's shards ~50 ns per structure edge (R-MAT x8 depcache: 5.2M edges 0.29-0.39 s, 13.9M 0.45-0.77 s
 # in one process), so below ~8M edges two processes save less than their start costs
 PROCESS_EDGES = 8_000_000
+# bytes a process building and writing one rank's shard holds per edge of the rank's structure, at most: an
+# ogbn-products rank's child (123.7M edges) peaked at 2.43 GiB VmHWM, ~1 GiB of it the store's mapped pages (shared
+# page cache), so ~12 bytes per edge of its own (int32 columns, a mask byte per entry, the packed copies); 16 rounds up
+RANK_BYTES_PER_EDGE = 16
 
 
 @dataclass
@@ -203,7 +208,8 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     shared = shared_feature_ranks(graph, specs, sets, world)
     features = write_features(out, graph) if shared else None
     edges = rank_edges(graph, specs, sets, world)
-    count = shard_processes(processes, edges)
+    room = available_memory() if processes > 1 else None
+    count = shard_processes(processes, edges, None if room is None else room.bytes)
 
     def write_ranks(ranks: list[int]) -> list[dict[str, Any]]:
         """The shards of `ranks`, each built and written (packed, checksummed) in turn; their manifest entries.
@@ -234,20 +240,31 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
 
 
 def rank_edges(graph: Graph, specs: list[LayerSpec], sets: list[RowSets], world: int) -> list[int]:
-    """Each rank's structure edges, the measure of its shard's work: the in-edges of the most rows any of its
-    layers computes (a depcache segment's first layer; deeper layers read prefixes of it)."""
+    """Each rank's structure edges, the measure of its shard's work: the in-edges of the rows of its layer that
+    computes the most (a depcache segment's first layer; deeper layers read prefixes of it), counted for that
+    layer only (each count a pass over every vertex)."""
+    if not specs:
+        return [0] * world
     degrees = {v: np.diff(graph.csr(v).indptr.numpy()) for v in {s.view for s in specs}}
-    return [max((int(degrees[s.view][sets[r].held_out[k]].sum()) for k, s in enumerate(specs)), default=0)
-            for r in range(world)]
+    out = []
+    for r in range(world):
+        k = max(range(len(specs)), key=lambda k: int(np.count_nonzero(sets[r].held_out[k])))
+        out.append(int(degrees[specs[k].view][sets[r].held_out[k]].sum()))
+    return out
 
 
-def shard_processes(processes: int, edges: list[int]) -> int:
+def shard_processes(processes: int, edges: list[int], available: int | None = None) -> int:
     """How many processes write a plan's shards: `processes` (the compile's threads) up to one per rank where
     the ranks' structures hold `PROCESS_EDGES` edges together, else one (a fork, a child's start and its result's
-    trip cost more than a small graph's shards)."""
+    trip cost more than a small graph's shards); and no more than `available` bytes (gnnc.host.available_memory)
+    hold with `RANK_BYTES_PER_EDGE` per edge of the largest rank for each process beyond the first (each
+    holds one rank's arrays at a time)."""
     if processes <= 1 or sum(edges) < PROCESS_EDGES:
         return 1
-    return max(1, min(processes, len(edges)))
+    count = min(processes, len(edges))
+    if available is not None and edges:
+        count = min(count, 1 + available // max(RANK_BYTES_PER_EDGE * max(edges), 1))
+    return max(1, count)
 
 
 def rank_groups(edges: list[int], count: int) -> list[list[int]]:
