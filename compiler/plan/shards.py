@@ -62,6 +62,9 @@ PROCESS_EDGES = 8_000_000
 # ogbn-products rank's child (123.7M edges) peaked at 2.43 GiB VmHWM, ~1 GiB of it the store's mapped pages (shared
 # page cache), so ~12 bytes per edge of its own (int32 columns, a mask byte per entry, the packed copies); 16 rounds up
 RANK_BYTES_PER_EDGE = 16
+# bytes of the shared features' file that cost about what one structure edge of a rank's shard costs (products:
+# the 0.98 GB file 2.5 CPU s to read, hash and write; a rank of 123.7M edges ~3.2 CPU s), for balancing the jobs
+FEATURE_BYTES_PER_EDGE = 8
 
 
 @dataclass
@@ -206,16 +209,23 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     ids_kept = any(reads_edge_ids(layer) for layer in program.graph_layers())
     norm = any(e.op == "edata" and e.attr("name") == "gcn_norm" for layer in program.layers for e in layer.eqns)
     shared = shared_feature_ranks(graph, specs, sets, world)
-    features = write_features(out, graph) if shared else None
     edges = rank_edges(graph, specs, sets, world)
     room = available_memory() if processes > 1 else None
     count = shard_processes(processes, edges, None if room is None else room.bytes)
+    # the jobs: rank r's shard is job r; the shared features' file, where the ranks read one, is job `world`,
+    # weighed as FEATURE_BYTES_PER_EDGE of its bytes per structure edge
+    weights = edges + ([graph.x.numel() * graph.x.element_size() // FEATURE_BYTES_PER_EDGE] if shared else [])
 
-    def write_ranks(ranks: list[int]) -> list[dict[str, Any]]:
-        """The shards of `ranks`, each built and written (packed, checksummed) in turn; their manifest entries.
-        One writer for them all: a shard reaches the disk (fsync) on its thread while the next is built."""
+    def write_jobs(jobs: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """The shards of the ranks in `jobs`, each built and written (packed, checksummed) in turn, and the
+        features' file where `jobs` holds `world`; their manifest entries. One writer for the shards: each
+        reaches the disk (fsync) on its thread while the next is built."""
+        features = None
         with ShardWriter() as writer:
-            for rank in ranks:
+            for rank in jobs:
+                if rank == world:
+                    features = write_features(out, graph)
+                    continue
                 arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm,
                                              narrow=True)
                 x_bytes = layout["x"]["rows"] * graph.num_features * graph.x.element_size() if rank in shared else 0
@@ -225,14 +235,17 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
                 release_pages(graph)  # a store's graph: this rank's rows are written, the next rank reads its own
                 if progress is not None and count <= 1:
                     progress(rank)
-            return writer.entries()
+            return writer.entries(), features
 
-    # each process builds and writes its group of ranks (forked: the graph, the row sets and this closure are the
-    # parent's memory, nothing pickled but the small manifest entries coming back); one process: the same groups'
-    # calls here, in rank order. Each rank gathers most of the graph's edges under a deep DepCache segment, and the
-    # structures and shard files were a third of the products compile, on one of its cores (issue 34)
-    entries = [e for group in map_processes(write_ranks, rank_groups(edges, count), count) for e in group]
-    entries.sort(key=lambda e: e["part"])
+    # each process builds and writes its group of jobs (forked: the graph, the row sets and this closure are the
+    # parent's memory, nothing pickled but the small manifest entries coming back); one process: the same jobs
+    # here, the features first, then the ranks in order. Each rank gathers most of the graph's edges under a deep
+    # DepCache segment, and the structures, shard files and features were a third of the products compile, on one
+    # of its cores (issue 34)
+    groups = [sorted(g, key=lambda j: (j != world, j)) for g in rank_groups(weights, count)]
+    done = map_processes(write_jobs, groups, count)
+    entries = sorted((e for shards, _ in done for e in shards), key=lambda e: e["part"])
+    features = next((f for _, f in done if f is not None), None)
     if progress is not None and count > 1:
         for rank in range(world):
             progress(rank)
@@ -268,8 +281,8 @@ def shard_processes(processes: int, edges: list[int], available: int | None = No
 
 
 def rank_groups(edges: list[int], count: int) -> list[list[int]]:
-    """The ranks split into `count` groups of about equal edges (the largest rank first into the lightest group),
-    each group in rank order: one process writes a group."""
+    """The jobs (ranks, and the features' file: `write_plan_shards`) split into `count` groups of about equal
+    edges (the largest first into the lightest group), each group in order: one process writes a group."""
     groups: list[list[int]] = [[] for _ in range(max(count, 1))]
     load = [0] * len(groups)
     for r in sorted(range(len(edges)), key=lambda r: (-edges[r], r)):
