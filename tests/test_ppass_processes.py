@@ -163,7 +163,8 @@ def test_a_child_killed_raises_an_internal_error(monkeypatch) -> None:
                                                        (3, 500, 5000, 5, 1, "plain")])
 def test_statistics_in_processes_equal_the_statistics_here(monkeypatch, seed, n, e, parts, layers, view) -> None:
     """Every field of PartStats, with the edge passes split by row range over 2 and 3 processes, equals the one
-    computed here (each row's sums are of its own edges in their order, whatever the range)."""
+    computed here (each row's sums are of its own edges in their order, whatever the range). One fork for the cut
+    counts and the walks of length 2 together (forking costs ~0.1 s LOADED), one more per longer walk."""
     graph = random_graph(n, e, seed=seed)
     assign = np.random.default_rng(seed).integers(0, parts, graph.num_nodes)
     want = st.compute_stats(graph, assign, layers, view, num_parts=parts)
@@ -174,7 +175,7 @@ def test_statistics_in_processes_equal_the_statistics_here(monkeypatch, seed, n,
             a, b = getattr(got, f), getattr(want, f)
             assert (np.array_equal(a, b) and np.asarray(a).dtype == np.asarray(b).dtype) if isinstance(b, np.ndarray) \
                 else a == b, f
-    assert forks and all(k == 2 for k in forks[:len(forks) // 2])
+    assert forks == [2] * max(1, layers - 2) + [3] * max(1, layers - 2)
 
 
 def test_row_ranges_cover_the_rows_once() -> None:

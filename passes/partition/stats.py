@@ -106,7 +106,7 @@ class PartStats:
 # In-edges of the graph from which `compute_stats` splits its passes over the edges by row range over processes
 # (gnnc.parallel.map_processes): below, a fork and the pieces sent back cost more than the second core saves.
 # Measured: see docs/design.md (the statistics, processes).
-PARALLEL_EDGES = 8_000_000
+PARALLEL_EDGES = 16_000_000
 
 
 def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, view: str = "plain",
@@ -137,10 +137,21 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     # its destination's, repeated; the sources' parts gathered): the per-edge arrays of the edge list (its two
     # parts, the cut mask, the cut edges' keys) were ~25 bytes per edge of the compile's peak, and every count
     # below but the cut is a sum over vertices
+    # below, the walks of length 2 (the in-degrees summed over each row's sources) in the same pass over the rows,
+    # where they are exact (< 2**53) and a level needs them: one fork for both where processes split the rows
     marked = np.zeros((parts, n), dtype=bool) if layers == 0 else None
     ranges = _row_ranges(indptr, 1 if marked is not None or csr.nnz < PARALLEL_EDGES else processes)
-    cross_in = np.concatenate(map_processes(lambda r: _cross_in(indptr, indices, small, r[0], r[1], marked),
-                                            ranges, processes))
+    degrees = in_degree.astype(np.float64)
+    second = layers > 2 and float(degrees.max(initial=0.0)) * max(csr.nnz, 1) < 2.0**53
+
+    def rows_pass(r: tuple[int, int]) -> tuple[np.ndarray, np.ndarray | None]:
+        return (_cross_in(indptr, indices, small, r[0], r[1], marked),
+                _in_sums(indptr, indices, degrees, *r) if second else None)
+
+    pieces = map_processes(rows_pass, ranges, processes)
+    cross_in = np.concatenate([c for c, _ in pieces])
+    walks_2 = np.concatenate([w for _, w in pieces]) if second else None
+    del pieces
     edge_cut = int(cross_in.sum())
     remote_edges = _sum_by(part, cross_in, parts)
     boundary = cross_in > 0
@@ -172,11 +183,13 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     # off the in-CSR; above, a float64 sum depends on its order, so scipy's product over the in-CSR as it is (the
     # matrix built once: an int32 copy of its indices and a float64 one per edge) sums in the order it always did
     tree_edges = np.zeros((n, max(layers, 0)), dtype=np.float64)
-    walks = in_degree.astype(np.float64)
+    walks = degrees
     in_adj = None
     for k in range(1, layers):
         if k > 1:
-            if float(walks.max(initial=0.0)) * max(csr.nnz, 1) < 2.0**53:
+            if k == 2 and walks_2 is not None:
+                walks = walks_2  # summed in the pass above
+            elif float(walks.max(initial=0.0)) * max(csr.nnz, 1) < 2.0**53:
                 values = walks
                 walks = np.concatenate(map_processes(lambda r: _in_sums(indptr, indices, values, *r), ranges,
                                                      processes))

@@ -751,7 +751,7 @@ class PaperRun:
 # Dependency entries (summed over the workers) of one start's runs from which `paper_runs` spreads them over
 # processes: below, forking, sending the runs back and rebuilding them cost more than the second core saves.
 # Measured (tests/test_ppass_processes.py's graphs and the products compile, LOADED): see docs/design.md.
-PARALLEL_ENTRIES = 1_000_000
+PARALLEL_ENTRIES = 250_000
 
 
 def paper_runs(trees: Sequence[InTrees], deps: Sequence[Any], costs: UnitCosts, budget: float, layers: int,
