@@ -270,9 +270,10 @@ def compile_child(spec: dict[str, Any]) -> dict[str, Any]:
     from gnnc.plan import shard_files, shards
 
     phases: dict[str, dict[str, float]] = {}
-    # the phases inside another run on threads of their own at once (a rank's structures are built while the one
-    # before is written: gnnc.plan.shards.BUILD_AHEAD), so each counts its own thread's CPU; the outer ones (load,
-    # passes, save) the whole process's, and what is left of them once their parts are taken off is the rest
+    # the phases inside another may run beside threads of their own (a shard's fsync), so each counts its own
+    # thread's CPU; the outer ones (load, passes, save) the whole process's, and what is left of them once their
+    # parts are taken off is the rest. A part run in the compile's forked processes (gnnc.parallel: the shards,
+    # Algorithm 4's runs) is timed there and not seen here: its wall is in its outer phase, its CPU in children_cpu_s
     inner = ("statistics", "row sets", "structures", "shard files", "checksums (wait)")
 
     def timed(name: str, fn: Any) -> Any:
