@@ -147,10 +147,13 @@ def _stop(children: list[tuple[Any, Any]], finished: bool) -> None:
 
 
 def _portable(err: BaseException) -> BaseException | None:
-    """`err` where it comes back whole from pickling (an exception whose constructor takes other arguments than
-    its `args` does not), else None: the parent then raises its traceback's text."""
+    """`err` where it comes back whole through the pipe, else None (the parent then raises its traceback's text):
+    an exception travels as its class called again with its `args` (BaseException.__reduce__), which fails for one
+    whose constructor takes other arguments; that call is made here, where a failure is still ours to catch."""
     try:
-        pickle.loads(pickle.dumps(err))
+        rebuild, args = err.__reduce__()[:2]
+        rebuild(*args)
+        pickle.dumps(err)
     except Exception:
         return None
     return err
