@@ -15,27 +15,38 @@ from conftest import EXAMPLES, random_graph
 from gnnc.passes.planner import hybrid_greedy as hg
 
 
-def _worker(n: int, e: int, parts: int, seed: int, layers: int
-            ) -> tuple[hg.InTrees, np.ndarray, np.ndarray, hg.UnitCosts]:
-    """Worker 0's InTrees, dependencies (every remote in-neighbour of its vertices at each layer) and unit costs
-    with t_c near the middle of the measures, on a random graph (R-MAT-like hubs for odd seeds)."""
+def random_split(n: int, e: int, parts: int, seed: int
+                 ) -> tuple[np.random.Generator, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A random graph (R-MAT-like hubs for odd seeds) split at random into `parts`: (its generator, to draw on
+    from, src, dst, the in-CSR's indptr and indices, each vertex's part)."""
     rng = np.random.default_rng(seed)
     dst = np.minimum(rng.zipf(1.7, e) - 1, n - 1) if seed % 2 else rng.integers(0, n, e)
     src = rng.integers(0, n, e)
     order = np.lexsort((src, dst))
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    part = rng.integers(0, parts, n)
+    return rng, src, dst, indptr, src[order].astype(np.int64), rng.integers(0, parts, n)
+
+
+def random_costs(rng: np.random.Generator, n: int, e: int, layers: int) -> hg.UnitCosts:
+    """Unit costs with t_c near the middle of the measures on a graph of n vertices and e edges."""
+    deg = float(e) / n
+    return hg.UnitCosts(t_v=rng.uniform(0.5, 1.5, layers), t_e=rng.uniform(0.05, 0.2, layers),
+                        t_c=rng.uniform(1.0, 4.0 + deg, layers), t_x=float(rng.uniform(0.2, 1.0)),
+                        row_bytes=rng.integers(4, 512, layers + 1).astype(np.float64), edge_bytes=12.0)
+
+
+def _worker(n: int, e: int, parts: int, seed: int, layers: int
+            ) -> tuple[hg.InTrees, np.ndarray, np.ndarray, hg.UnitCosts]:
+    """Worker 0's InTrees, dependencies (every remote in-neighbour of its vertices at each layer) and unit costs
+    on `random_split`'s graph."""
+    rng, src, dst, indptr, indices, part = random_split(n, e, parts, seed)
     owned = part == 0
-    trees = hg.InTrees(indptr, src[order].astype(np.int64), owned)
+    trees = hg.InTrees(indptr, indices, owned)
     remote = np.unique(src[owned[dst] & ~owned[src]])
     layer = np.repeat(np.arange(layers), len(remote))
     vertex = np.tile(remote, layers)
-    deg = float(e) / n
-    costs = hg.UnitCosts(t_v=rng.uniform(0.5, 1.5, layers), t_e=rng.uniform(0.05, 0.2, layers),
-                         t_c=rng.uniform(1.0, 4.0 + deg, layers), t_x=float(rng.uniform(0.2, 1.0)),
-                         row_bytes=rng.integers(4, 512, layers + 1).astype(np.float64), edge_bytes=12.0)
-    return trees, layer, vertex, costs
+    return trees, layer, vertex, random_costs(rng, n, e, layers)
 
 
 def _same_runs(a: hg.PaperRun, b: hg.PaperRun) -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES, random_graph
+from test_pcomp2_algorithm4 import random_costs, random_split
 from gnnc.errors import InternalError
 from gnnc.passes.partition import stats as st
 from gnnc.passes.planner import hybrid as hy
@@ -31,27 +32,16 @@ class _Deps:
 
 def _workers(n: int, e: int, world: int, seed: int, layers: int
              ) -> tuple[list[hg.InTrees], list[_Deps], hg.UnitCosts]:
-    """Every worker's InTrees and dependencies (each remote in-neighbour at each layer) on a random graph (hubs for
-    odd seeds), and unit costs with t_c near the middle of the measures (tests/test_pcomp2_algorithm4.py's)."""
-    rng = np.random.default_rng(seed)
-    dst = np.minimum(rng.zipf(1.7, e) - 1, n - 1) if seed % 2 else rng.integers(0, n, e)
-    src = rng.integers(0, n, e)
-    order = np.lexsort((src, dst))
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    indices = src[order].astype(np.int64)
-    part = rng.integers(0, world, n)
+    """Every worker's InTrees and dependencies (each remote in-neighbour at each layer) and unit costs on
+    tests/test_pcomp2_algorithm4.py's random graph."""
+    rng, src, dst, indptr, indices, part = random_split(n, e, world, seed)
     trees, deps = [], []
     for r in range(world):
         owned = part == r
         trees.append(hg.InTrees(indptr, indices, owned))
         remote = np.unique(src[owned[dst] & ~owned[src]])
         deps.append(_Deps(np.repeat(np.arange(layers), len(remote)), np.tile(remote, layers)))
-    deg = float(e) / n
-    costs = hg.UnitCosts(t_v=rng.uniform(0.5, 1.5, layers), t_e=rng.uniform(0.05, 0.2, layers),
-                         t_c=rng.uniform(1.0, 4.0 + deg, layers), t_x=float(rng.uniform(0.2, 1.0)),
-                         row_bytes=rng.integers(4, 512, layers + 1).astype(np.float64), edge_bytes=12.0)
-    return trees, deps, costs
+    return trees, deps, random_costs(rng, n, e, layers)
 
 
 def _same_run(a: hg.PaperRun, b: hg.PaperRun) -> bool:
