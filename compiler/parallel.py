@@ -38,6 +38,7 @@ R = TypeVar("R")
 
 # the job a forked child runs: set in the parent just before the fork, read by the child from its copy of memory
 _JOB: tuple[Callable[[Any], Any], list[Any], int] | None = None
+_IN_CHILD = False  # set in a child: a map_processes call inside one of its items runs in that child
 
 
 class ChildTraceback(Exception):
@@ -49,10 +50,12 @@ class ChildTraceback(Exception):
 
 def map_processes(fn: Callable[[T], R], items: Iterable[T], processes: int, threads_each: int = 1) -> list[R]:
     """`[fn(x) for x in items]`, computed in up to `processes` forked child processes (see the module's
-    docstring); in this process when `processes <= 1` or there are fewer than two items."""
+    docstring); in this process when `processes <= 1`, there are fewer than two items, or this is itself one
+    of the children (a step nested in another's item: the cores are taken already, and a daemonic child may
+    not start processes of its own)."""
     items = list(items)
     count = min(processes, len(items))
-    if count <= 1:
+    if count <= 1 or _IN_CHILD:
         return [fn(x) for x in items]
     global _JOB
     _JOB = (fn, items, threads_each)
@@ -162,6 +165,8 @@ def _portable(err: BaseException) -> BaseException | None:
 def _child(conn: Any) -> None:
     """A child's loop: an item's index in, (True, result) or (False, (exception, traceback text)) out."""
     assert _JOB is not None
+    global _IN_CHILD
+    _IN_CHILD = True
     fn, items, threads = _JOB
     # the parent's interrupt handler would raise KeyboardInterrupt here too: the parent decides, and stops us
     signal.signal(signal.SIGINT, signal.SIG_IGN)

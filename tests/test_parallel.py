@@ -47,6 +47,15 @@ def test_children_are_other_processes_and_one_item_is_not_forked():
     assert map_processes(lambda _: os.getpid(), [], processes=4) == []
 
 
+def test_a_call_nested_in_a_childs_item_runs_in_that_child():
+    def inner(_: int) -> list[int]:
+        return map_processes(lambda _: os.getpid(), range(3), processes=2)
+
+    for inner_pids in map_processes(inner, range(2), processes=2):  # each item's inner calls in its own child
+        assert len(set(inner_pids)) == 1 and inner_pids[0] != os.getpid()
+    assert _no_children_left()
+
+
 def test_children_run_torch_with_the_threads_given():
     import torch
 
