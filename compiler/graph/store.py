@@ -68,6 +68,7 @@ _DTYPES = ("int32", "int64", "float32", "bool")  # every dtype a store's array m
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 _MAPS = "store.maps"  # Graph._views key of a store's mappings (release_pages)
+_SOURCES = "store.sources"  # Graph._views key: each array's file, manifest entry, identity and address (array_file)
 STAMP_SETTLE_S = 2.0  # a file changed this recently before its check is not stamped (module docstring)
 _STAMP_FORMAT = 1
 WORK = {"sha256": 0, "checked": 0}  # files hashed and stores structure-checked, read by the tests
@@ -393,6 +394,25 @@ def mapped_files(graph: Graph) -> tuple[mmap.mmap, ...]:
     return tuple(graph._views.get(_MAPS, ()))
 
 
+def array_file(graph: Graph, name: str, tensor: torch.Tensor) -> tuple[Path, dict[str, Any]] | None:
+    """The store file `tensor`, the graph's array `name` (x: the features), is mapped from, with its manifest
+    entry (size, dtype, shape, sha256), while the tensor is still the whole array mapped from it and the file has
+    the identity it had when `open_store` checked it; None otherwise (a graph held in memory, an array replaced
+    since, a file changed since). What lets a plan link a store's features rather than read, hash and write them
+    again (gnnc.plan.shards.write_features)."""
+    held = graph._views.get(_SOURCES, {}).get(name)
+    if held is None:
+        return None
+    path, entry, identity, address = held
+    if tensor.data_ptr() != address or list(tensor.shape) != entry["shape"] or not tensor.is_contiguous():
+        return None
+    try:
+        same = _identity(path) == identity
+    except OSError:
+        return None
+    return (path, dict(entry)) if same else None
+
+
 def keep_mapped_files(graph: Graph, maps: list[mmap.mmap]) -> None:
     """Record `maps` as the mappings `graph`'s arrays were read from (`mapped_files`, `release_pages`)."""
     graph._views[_MAPS] = maps
@@ -402,7 +422,7 @@ def forget_derived(graph: Graph) -> None:
     """Drop what `graph` derived and cached (CSRs, self-loop edges, gcn_norm: rebuilt if read again), keeping a
     store's mappings and the CSR it stored (read from them, not derived: sorting the edges again might order a
     row's entries otherwise)."""
-    kept = (_MAPS, ("csr", "plain")) if _MAPS in graph._views else ()
+    kept = (_MAPS, _SOURCES, ("csr", "plain")) if _MAPS in graph._views else ()
     graph._views = {k: v for k, v in graph._views.items() if k in kept}
 
 
@@ -489,6 +509,9 @@ def open_store(path: str | os.PathLike, stamps: str | os.PathLike | None = None)
     if seen is not None:
         seen[MANIFEST] = _identity(root / MANIFEST)
     a = {name: _open_array(root, name, entry, maps, verified, seen) for name, entry in entries.items()}
+    # each file's identity once checked, what array_file compares later (a file replaced during the check differs
+    # from the bytes checked: what then relies on the manifest's checksum, a plan's features, is checked by its reader)
+    checked = {name: _identity(path) for name, path in file.items()}
     mapped = dict(zip(entries, maps))  # _open_array appends each array's mapping in this order
     n, e = manifest["num_nodes"], manifest["num_edges"]
     if n == 0 or e == 0:
@@ -545,6 +568,8 @@ def open_store(path: str | os.PathLike, stamps: str | os.PathLike | None = None)
     csr._cache[RELEASE_PAGES] = lambda: _let_go(maps)
     graph._views[("csr", "plain")] = csr  # the stored CSR: Graph.csr would sort every edge again
     keep_mapped_files(graph, maps)
+    graph._views[_SOURCES] = {name: (file[name], dict(entries[name]), checked[name], a[name].ctypes.data)
+                              for name in entries}
     if not verified:
         _stamp(folder, root, digest, seen, identities, began)
     return graph

@@ -39,12 +39,13 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError, PlanError
+from gnnc.files import place_file
 from gnnc.host import available_memory
 from gnnc.parallel import map_processes
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import check_class_labels
 from gnnc.graph.sampling import reads_edge_ids, take
-from gnnc.graph.store import BLOCK_BYTES, _npy_writer, _open_array, release_pages
+from gnnc.graph.store import BLOCK_BYTES, _npy_writer, _open_array, array_file, release_pages
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
@@ -212,9 +213,12 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     edges = rank_edges(graph, specs, sets, world)
     room = available_memory() if processes > 1 else None
     count = shard_processes(processes, edges, None if room is None else room.bytes)
-    # the jobs: rank r's shard is job r; the shared features' file, where the ranks read one, is job `world`,
-    # weighed as FEATURE_BYTES_PER_EDGE of its bytes per structure edge
-    weights = edges + ([graph.x.numel() * graph.x.element_size() // FEATURE_BYTES_PER_EDGE] if shared else [])
+    # the jobs: rank r's shard is job r; the shared features' file, where the ranks read one and it is not a
+    # store's file linked here (linked_features), is job `world`, weighed as FEATURE_BYTES_PER_EDGE of its bytes per
+    # structure edge
+    linked = linked_features(out, graph) if shared else None
+    weights = edges + ([graph.x.numel() * graph.x.element_size() // FEATURE_BYTES_PER_EDGE]
+                       if shared and linked is None else [])
 
     def write_jobs(jobs: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The shards of the ranks in `jobs`, each built and written (packed, checksummed) in turn, and the
@@ -251,7 +255,7 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     groups = [sorted(g, key=lambda j: (j != world, j)) for g in rank_groups(weights, count)]
     done = map_processes(write_jobs, groups, count)
     entries = sorted((e for shards, _ in done for e in shards), key=lambda e: e["part"])
-    features = next((f for _, f in done if f is not None), None)
+    features = linked or next((f for _, f in done if f is not None), None)
     if progress is not None and count > 1:
         for rank in range(world):
             progress(rank)
@@ -332,9 +336,25 @@ def shared_feature_ranks(graph: Graph, specs: list[LayerSpec], sets, world: int)
     return wide if 2 * sum(rows[r] for r in wide) >= 3 * n else set()
 
 
+def linked_features(out: Path, graph: Graph) -> dict[str, Any] | None:
+    """`features.npy` as the graph store's x file, where the graph's x is that file as checked when the store was
+    opened (gnnc.graph.store.array_file): the same bytes, so linked (or copied by the kernel: gnnc.files.place_file)
+    with the store's checksum, not read, hashed and written again (2.5 CPU s and a GB written to the disk at
+    ogbn-products' size); its manifest entry. None otherwise (nothing written)."""
+    source = array_file(graph, "x", graph.x)
+    if source is None:
+        return None
+    path, entry = source
+    place_file(path, out / f"{FEATURES}.npy")
+    return {**entry, "file": f"{FEATURES}.npy"}
+
+
 def write_features(out: Path, graph: Graph) -> dict[str, Any]:
-    """The graph's x as `features.npy` (written block by block, a store's pages let go after each); its manifest
-    entry (file, dtype, shape, bytes, sha256)."""
+    """The graph's x as `features.npy` (`linked_features` where it can, else written block by block, a store's
+    pages let go after each); its manifest entry (file, dtype, shape, bytes, sha256)."""
+    linked = linked_features(out, graph)
+    if linked is not None:
+        return linked
     x = graph.x.numpy()
     step = max(BLOCK_BYTES // max(x[:1].nbytes, 1), 1)
     with _npy_writer(out, FEATURES, x.dtype, x.shape) as w:
