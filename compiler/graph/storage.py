@@ -50,6 +50,17 @@ def row_blocks(indptr: np.ndarray, block: int) -> Iterator[tuple[int, int]]:
         lo = hi
 
 
+def row_ranges(indptr: np.ndarray, pieces: int) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges of a CSR, `pieces` of them (fewer where rows are few) holding about as many entries
+    each: what a pass over every row hands each process (gnnc.parallel.map_processes) when it splits by rows."""
+    n = len(indptr) - 1
+    if pieces <= 1 or n < 2:
+        return [(0, n)]
+    cuts = np.searchsorted(indptr, np.linspace(0, int(indptr[-1]), pieces + 1)[1:-1], side="right") - 1
+    bounds = np.unique(np.concatenate(([0], np.clip(cuts, 0, n), [n])))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def index_dtype(n: int) -> np.dtype:
     """int32 where every index fits, else int64."""
     return np.dtype(np.int32) if n < 2**31 - 1 else np.dtype(np.int64)

@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from gnnc.graph import Graph, row_blocks
+from gnnc.graph.storage import row_ranges as _row_ranges
 from gnnc.parallel import map_processes
 from gnnc.passes.partition.core import EDGE_BLOCK, Partition
 from gnnc.plan.distances import part_distances
@@ -157,32 +158,28 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     boundary = cross_in > 0
     inner_edges = _sum_by(part[~boundary], in_degree[~boundary], parts)
 
-    # remote dependencies: distinct (receiving part, source) pairs across parts, by (receiver, source): the
-    # vertices at in-distance 1 from each part, a level of the table the L-hop counts below read (a sort of the
-    # cut edges' int64 keys took a fifth of this pass); without levels, marked in a [part, vertex] table above
-    depth = part_distances(graph, part, parts, layers, view)
-    keys = np.flatnonzero((depth == 1).T if marked is None else marked)
-    del marked
-    receiver, dep = np.divmod(keys, n)
-    owner = part[dep]
-    remote = np.bincount(receiver, minlength=parts)
+    # remote dependencies: distinct (receiving part, source) pairs across parts, by (receiver, owner, source): the
+    # vertices at in-distance 1 from each part, a level of the table the L-hop counts read (a sort of the cut
+    # edges' int64 keys took a fifth of this pass); without levels, marked in a [part, vertex] table above
+    depth = part_distances(graph, part, parts, layers, view, processes)
     max_in_degree = np.zeros(parts, dtype=np.int64)
     np.maximum.at(max_in_degree, part, in_degree)
-    send_matrix = np.bincount(owner * parts + receiver, minlength=parts * parts).reshape(parts, parts)
-    # (receiver, owner, id): the keys are in (receiver, id) order already, so a stable sort by (receiver, owner),
-    # a counting sort on a small key, gives it (np.lexsort of three int64 columns did)
-    pair = receiver * parts + owner
-    order = np.argsort(pair.astype(np.uint16) if parts * parts <= 2**16 else pair, kind="stable")
-    dep_ids = dep[order]
+    remote, send_matrix, dep_ids, lhop_vertices, lhop_edges = _by_receiver(depth, marked, part, parts, layers,
+                                                                           degrees)
+    del marked
     dep_ptr = np.zeros(parts + 1, dtype=np.int64)
     np.cumsum(remote, out=dep_ptr[1:])
 
-    # unfolded in-trees: walks[j][u] = in-walks of length j ending at u; edges at depth k = sum_{j<=k} walks[j].
-    # walks[1] is the in-degree (the sums of ones, exactly). A level whose sums are all below 2**53 (the largest
-    # walk count times the edges bounds every partial sum) is exact in any order, so it is summed block by block
-    # off the in-CSR; above, a float64 sum depends on its order, so scipy's product over the in-CSR as it is (the
-    # matrix built once: an int32 copy of its indices and a float64 one per edge) sums in the order it always did
-    tree_edges = np.zeros((n, max(layers, 0)), dtype=np.float64)
+    # unfolded in-trees: walks[j][u] = in-walks of length j ending at u; edges at depth k = sum_{j<=k} walks[j],
+    # read at the dependencies only (column k: column k - 1 plus walks[k] gathered, the same additions as a
+    # [vertex, depth] table gathered after: no n x L table built). walks[1] is the in-degree (the sums of ones,
+    # exactly). A level whose sums are all below 2**53 (the largest walk count times the edges bounds every
+    # partial sum) is exact in any order, so it is summed block by block off the in-CSR; above, a float64 sum
+    # depends on its order, so scipy's product over the in-CSR as it is (the matrix built once: an int32 copy of
+    # its indices and a float64 one per edge) sums in the order it always did
+    dep_subtree_edges = np.empty((len(dep_ids), max(layers, 0)), dtype=np.float64)
+    if layers > 0:
+        dep_subtree_edges[:, 0] = 0.0
     walks = degrees
     in_adj = None
     for k in range(1, layers):
@@ -197,12 +194,10 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
                 if in_adj is None:
                     in_adj = sp.csr_matrix((np.ones(csr.nnz, dtype=np.float64), indices, indptr), shape=(n, n))
                 walks = in_adj @ walks
-        tree_edges[:, k] = tree_edges[:, k - 1] + walks
+        dep_subtree_edges[:, k] = dep_subtree_edges[:, k - 1] + walks[dep_ids]
     del in_adj
-    dep_subtree_edges = tree_edges[dep_ids]
     dep_subtree_vertices = dep_subtree_edges + 1.0
 
-    lhop_vertices, lhop_edges = _lhop(depth, layers, in_degree)
     mean = float(vertices.mean())
     return PartStats(
         parts=parts, layers=layers, view=view, num_nodes=n, num_edges=csr.nnz,
@@ -218,33 +213,36 @@ def compute_stats(graph: Graph, partition: Partition | np.ndarray, layers: int, 
     )
 
 
-def _lhop(depth: np.ndarray, layers: int, in_degree: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Vertices and in-edges per BFS level of every part's in-neighbourhood, from depth[v, i], v's in-distance
-    from V_i (-1 beyond L; gnnc.plan.distances, whose table the row sets of a depcache segment read too).
+def _by_receiver(depth: np.ndarray, marked: np.ndarray | None, part: np.ndarray, parts: int, layers: int,
+                 degrees: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(remote, send_matrix, dep_ids, lhop_vertices, lhop_edges) of PartStats, part by receiving part from its
+    column of depth[v, i], v's in-distance from V_i (-1 beyond L; gnnc.plan.distances, whose table the row sets of
+    a depcache segment read too), or its row of `marked` without levels.
 
-    One bincount per part over its column (levels shifted by one, so -1 counts in bin 0, dropped): the whole
-    table's cells as int64 positions were 24 bytes per (vertex, part) of this pass's peak."""
-    parts = depth.shape[1]
+    Part i's dependencies are its column's vertices at distance 1 in id order, stably sorted by owner: (owner, id)
+    within the receiver, as a stable sort of every pair by (receiver, owner) gave (the int64 keys of every pair,
+    their divmod and that sort were a third of this step at ogbn-products' size). L-hop counts: one bincount per
+    column (levels shifted by one, so -1 counts in bin 0, dropped); edges summed in float64 weights, exact below
+    2**53 edges."""
+    columns = np.ascontiguousarray(depth.T)  # a part's column read once per count below, contiguous
+    owners = part.astype(np.uint8 if parts <= 2**8 else np.uint16 if parts <= 2**16 else np.int64)
+    remote = np.zeros(parts, dtype=np.int64)
+    send_matrix = np.zeros((parts, parts), dtype=np.int64)
     lhop_vertices = np.zeros((parts, layers + 1), dtype=np.int64)
     lhop_edges = np.zeros((parts, layers + 1), dtype=np.int64)
-    weights = in_degree.astype(np.float64)
+    ids: list[np.ndarray] = []
     for i in range(parts):
-        level = depth[:, i].astype(np.intp) + 1
+        column = columns[i]
+        dep = np.flatnonzero(column == 1 if marked is None else marked[i])
+        owner = owners[dep]
+        ids.append(dep[np.argsort(owner, kind="stable")])
+        remote[i] = len(dep)
+        send_matrix[:, i] = np.bincount(owner, minlength=parts)
+        level = column.astype(np.intp) + 1
         lhop_vertices[i] = np.bincount(level, minlength=layers + 2)[1:]
-        # integer sums in float64 weights: exact below 2**53 edges
-        lhop_edges[i] = np.bincount(level, weights=weights, minlength=layers + 2)[1:].astype(np.int64)
-    return lhop_vertices, lhop_edges
-
-
-def _row_ranges(indptr: np.ndarray, pieces: int) -> list[tuple[int, int]]:
-    """[lo, hi) row ranges of a CSR, `pieces` of them (fewer where rows are few) holding about as many entries
-    each: what `compute_stats` hands each process."""
-    n = len(indptr) - 1
-    if pieces <= 1 or n < 2:
-        return [(0, n)]
-    cuts = np.searchsorted(indptr, np.linspace(0, int(indptr[-1]), pieces + 1)[1:-1], side="right") - 1
-    bounds = np.unique(np.concatenate(([0], np.clip(cuts, 0, n), [n])))
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        lhop_edges[i] = np.bincount(level, weights=degrees, minlength=layers + 2)[1:].astype(np.int64)
+    dep_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.intp)
+    return remote, send_matrix, dep_ids, lhop_vertices, lhop_edges
 
 
 def _cross_in(indptr: np.ndarray, indices: np.ndarray, part: np.ndarray, lo: int, hi: int,
