@@ -129,19 +129,16 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
         raise ValueError("Algorithm 4 as written measures the subtrees on the graph: pass graph and parts")
     world = inputs.workers
     trees = hg.workers_trees(graph, stats.view, parts, world) if rule == "paper" else None
-    # Algorithm 4 decides layer after layer: a span's selection is the first layers of the longest span from its
-    # start, so each start runs once per worker (hybrid_greedy.PaperRun)
-    longest = {a: max(b for a2, b in spans if a2 == a) for a, _ in spans}
-    # the dependencies of the longest span of any start, per worker: (its layers, [Dependencies]); built at the
-    # first start, deepest first when the spans' longest comes first (the segment DP's spans do)
-    deepest: tuple[int, list[hg.Dependencies]] | None = None
-    runs: dict[int, list[hg.PaperRun]] = {}
+    cap = memory_cap if memory_cap else float("inf")
+    units: dict[Any, Any] = {}  # each layer's unit costs, shared by the spans holding it
+    runs: dict[int, list[Any]] = {}  # per start, its workers' runs: PaperRun with `with_ids`, else RunTotals
     longest_deps: dict[int, list[hg.Dependencies]] = {}
     traffic: dict[int, hg.StartTraffic] = {}
-    cap = memory_cap if memory_cap else float("inf")
+    if trees is not None:
+        _start_runs(stats, inputs, shapes, spans, graph, parts, trees, cap, with_ids, processes, units, runs,
+                    longest_deps, traffic)
     cache_all_values = dict(cache_all_values or {})
     depcache = None
-    units: dict[Any, Any] = {}  # each layer's unit costs, shared by the spans holding it
     requests: list[tuple[int, int, dict[Any, np.ndarray]]] = []
     found = []  # per span: [(source, values or None, request index or None, comm_received, cached ids or None, mu)]
     for start, end in spans:
@@ -149,34 +146,12 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
         costs = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"],
                              unit["edge_bytes"])
         if trees is not None:
-            if start not in runs:
-                runs.clear()  # one start's runs at a time: each holds a level x vertex table per worker
-                longest_deps.clear()
-                full = hybrid_unit_costs(inputs, start, shapes[start:longest[start]], cache=units)
-                full_costs = hg.UnitCosts(full["t_v"], full["t_e"], full["t_c"], full["t_x"], full["row_bytes"],
-                                          full["edge_bytes"])
-                layers = longest[start] - start
-                # a start's dependencies depend on its span's length only: a shorter one's are the first entries
-                # of the deepest's (dependencies_prefix, views), built once per worker for every start
-                if deepest is None or deepest[0] < layers:
-                    deepest = (layers, [hg.dependencies_from_stats(stats, r, layers) for r in range(world)])
-                longest_deps[start] = [hg.dependencies_prefix(d, layers) for d in deepest[1]]
-                if _last_runs and _last_runs[0].serves(stats, graph, parts, start, cap, full_costs):
-                    runs[start] = _last_runs[0].runs
-                else:
-                    _last_runs.clear()
-                    runs[start] = hg.paper_runs(trees, longest_deps[start], full_costs, cap, layers, processes)
-                    _last_runs.append(_StartRuns((weakref.ref(stats), weakref.ref(graph), weakref.ref(parts)),
-                                                 start, cap, full_costs, runs[start]))
             if with_ids:  # a span's dependencies are the first of its start's longest span's (built once per start)
                 deps = [hg.dependencies_prefix(d, end - start) for d in longest_deps[start]]
                 greedy = hg.select_paper(deps, trees, costs, unit["own_time"], cap, runs=runs[start])
                 everything = hg.predict(deps, costs, unit["own_time"], [np.zeros(len(d), bool) for d in deps],
                                         source="communicate-all")
             else:  # the planner's spans: their rows counted off the start's (hybrid_greedy.StartTraffic)
-                if start not in traffic:
-                    traffic.clear()
-                    traffic[start] = hg.start_traffic(longest_deps[start], runs[start])
                 greedy = hg.select_paper_prefix(traffic[start], runs[start], costs, unit["own_time"])
                 everything = hg.communicate_all(traffic[start], costs, unit["own_time"])
         else:
@@ -226,3 +201,48 @@ def select_spans(stats, inputs, shapes, memory_cap: float | None, spans: Sequenc
         assert best is not None
         out.append(best)
     return out
+
+
+def _start_runs(stats, inputs, shapes, spans: Sequence[tuple[int, int]], graph, parts, trees: list[hg.InTrees],
+                cap: float, with_ids: bool, processes: int, units: dict[Any, Any], runs: dict[int, list[Any]],
+                longest_deps: dict[int, list[hg.Dependencies]], traffic: dict[int, hg.StartTraffic]) -> None:
+    """Algorithm 4's runs of every start of `spans`, into `runs`, `longest_deps` and (without `with_ids`) `traffic`.
+
+    Algorithm 4 decides layer after layer: a span's selection is the first layers of the longest span from its
+    start, so each start runs once per worker (hybrid_greedy.PaperRun), over its longest span. Every start's runs
+    are made by one `hybrid_greedy.starts_runs` call (one fork for all of them where they fork: no core waits
+    between starts). Without `with_ids` (the planner's spans) a start's runs come back as their totals and its
+    StartTraffic is counted where each run is made, so this process holds no rep_when table but the last start's,
+    kept whole for the next select (`_last_runs`, what select-hybrid reads); with `with_ids` they come back whole
+    (select-hybrid's masks read rep_when: one start, its span's)."""
+    starts = list(dict.fromkeys(a for a, _ in spans))  # in the order the spans first name them
+    longest = {a: max(b for a2, b in spans if a2 == a) for a in starts}
+    # a start's dependencies depend on its span's length only: a shorter one's are the first entries of the
+    # deepest's (dependencies_prefix, views), built once per worker for every start
+    deepest = max(longest[a] - a for a in starts)
+    built = [hg.dependencies_from_stats(stats, r, deepest) for r in range(len(trees))]
+    full = {}
+    for a in starts:
+        unit = hybrid_unit_costs(inputs, a, shapes[a:longest[a]], cache=units)
+        full[a] = hg.UnitCosts(unit["t_v"], unit["t_e"], unit["t_c"], unit["t_x"], unit["row_bytes"],
+                               unit["edge_bytes"])
+        longest_deps[a] = [hg.dependencies_prefix(d, longest[a] - a) for d in built]
+    # the runs the last select made serve its start again (the first start only: a start run here replaces them)
+    served = starts[0] if _last_runs and _last_runs[0].serves(stats, graph, parts, starts[0], cap,
+                                                                full[starts[0]]) else None
+    if served is not None:
+        runs[served] = _last_runs[0].runs
+        if not with_ids:
+            traffic[served] = hg.start_traffic(longest_deps[served], runs[served])
+    todo = [a for a in starts if a != served]
+    if not todo:
+        return
+    jobs = [hg.StartJob(longest_deps[a], full[a], cap, longest[a] - a, whole=with_ids or a == todo[-1],
+                        traffic=not with_ids) for a in todo]
+    for a, (made, counted) in zip(todo, hg.starts_runs(trees, jobs, processes)):
+        runs[a] = made
+        if counted is not None:
+            traffic[a] = counted
+    _last_runs.clear()  # the last start run here, whole (one start's tables per worker at most)
+    _last_runs.append(_StartRuns((weakref.ref(stats), weakref.ref(graph), weakref.ref(parts)), todo[-1], cap,
+                                 full[todo[-1]], runs[todo[-1]]))

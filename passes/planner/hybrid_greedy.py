@@ -723,10 +723,11 @@ class PaperRun:
 
     def replicated(self, m: int) -> Replicated:
         """V_rep after the first m layers."""
-        rows = self.added_rows[:m].sum(axis=0)[:m + 1]
-        edges = self.added_edges[:m].sum(axis=0)[:m + 1]
-        time = float(rows[1:] @ self.t_v[:m] + edges[1:] @ self.t_e[:m] + rows[0] * self.t_x) if m else 0.0
-        return Replicated(rows, edges, float(self.used_after[m - 1]) if m else 0.0, time)
+        return self.totals().replicated(m)
+
+    def totals(self) -> RunTotals:
+        """The run without rep_when: what the planner's prices of its spans read (`select_paper_prefix`)."""
+        return RunTotals(self.added_rows, self.added_edges, self.used_after, self.t_v, self.t_e, self.t_x)
 
     def packed(self) -> tuple[Any, ...]:
         """The run as a child process sends it back (`paper_runs`): rep_when's entries below L (V_rep: the
@@ -748,28 +749,113 @@ class PaperRun:
         return cls(rep_when, *rest)
 
 
-# Dependency entries (summed over the workers) of one start's runs from which `paper_runs` spreads them over
-# processes: below, forking, sending the runs back and rebuilding them cost more than the second core saves.
-# Measured (tests/test_ppass_processes.py's graphs and the products compile, LOADED): see docs/design.md.
+@dataclass(frozen=True)
+class RunTotals:
+    """A PaperRun's sizes per layer without its rep_when table ((L + 1) x N entries per worker): V_rep's rows, edges,
+    bytes and time after any first m layers, which is all the planner's prices of a start's spans read of a run
+    beside the start's StartTraffic (`select_paper_prefix`)."""
+
+    added_rows: np.ndarray
+    added_edges: np.ndarray
+    used_after: np.ndarray
+    t_v: np.ndarray
+    t_e: np.ndarray
+    t_x: float
+
+    def replicated(self, m: int) -> Replicated:
+        """V_rep after the first m layers."""
+        rows = self.added_rows[:m].sum(axis=0)[:m + 1]
+        edges = self.added_edges[:m].sum(axis=0)[:m + 1]
+        time = float(rows[1:] @ self.t_v[:m] + edges[1:] @ self.t_e[:m] + rows[0] * self.t_x) if m else 0.0
+        return Replicated(rows, edges, float(self.used_after[m - 1]) if m else 0.0, time)
+
+
+# Dependency entries (summed over the workers and the starts) of the runs one `starts_runs` call makes from which it
+# spreads them over processes: below, forking, sending the runs back and rebuilding them cost more than the second
+# core saves. Measured on one start's runs (tests/test_ppass_processes.py's graphs and the products compile,
+# LOADED): see docs/design.md; one call now makes every start's, so one fork serves them all.
 PARALLEL_ENTRIES = 250_000
+
+
+@dataclass(frozen=True)
+class StartJob:
+    """One span start's Algorithm 4 runs for `starts_runs` to make: every worker's dependencies of the start's longest
+    span (their `layer` and `vertex`; `owner` too with `traffic`), its unit costs over those `layers`, the budget S.
+    `whole`: the runs come back as PaperRuns (select-hybrid's masks read rep_when), else as their RunTotals (the
+    planner's prices: the parent then never holds the start's rep_when tables). `traffic`: the start's StartTraffic
+    counted beside each worker's run, where the run is made."""
+
+    deps: Sequence[Any]
+    costs: UnitCosts
+    budget: float
+    layers: int
+    whole: bool = True
+    traffic: bool = False
 
 
 def paper_runs(trees: Sequence[InTrees], deps: Sequence[Any], costs: UnitCosts, budget: float, layers: int,
                processes: int = 1) -> list[PaperRun]:
-    """`paper_run` of every worker (its InTrees, its dependencies' `layer` and `vertex` from `deps`) for one start,
-    in up to `processes` child processes (gnnc.parallel.map_processes) where the start's dependency entries reach
-    PARALLEL_ENTRIES, else here, worker after worker. A worker's run reads only its own trees and dependencies and
-    the shared graph (Algorithm 4 is per worker: its V_rep, budget S and queue are its own; NeutronStar runs the
-    workers' selections each on its own machine), so the runs are the same whichever process makes them; each
-    comes back `packed`."""
+    """`paper_run` of every worker (its InTrees, its dependencies' `layer` and `vertex` from `deps`) for one start:
+    `starts_runs` of that one start."""
+    [(runs, _)] = starts_runs(trees, [StartJob(deps, costs, budget, layers)], processes)
+    return runs  # type: ignore[return-value]
 
-    def run(r: int) -> PaperRun:
-        return paper_run(trees[r], deps[r].layer, deps[r].vertex, costs, budget, layers)
 
-    entries = sum(len(d.layer) for d in deps)
-    if processes <= 1 or len(deps) < 2 or entries < PARALLEL_ENTRIES:
-        return [run(r) for r in range(len(deps))]
-    return [PaperRun.unpacked(p) for p in map_processes(lambda r: run(r).packed(), range(len(deps)), processes)]
+def starts_runs(trees: Sequence[InTrees], jobs: Sequence[StartJob], processes: int = 1
+                ) -> list[tuple[list[PaperRun | RunTotals], StartTraffic | None]]:
+    """Every worker's `paper_run` for every start of `jobs`, and each start's StartTraffic where its job asks: per
+    job, (its runs in worker order, whole or totals as `StartJob.whole` says; the traffic or None).
+
+    All the starts' runs go to one `gnnc.parallel.map_processes` call of up to `processes` child processes where
+    their dependency entries together reach PARALLEL_ENTRIES, else they are made here, one after another. A worker's
+    run reads only its own trees and dependencies and the shared graph (Algorithm 4 is per worker: its V_rep, budget
+    S and queue are its own; NeutronStar runs the workers' selections each on its own machine), and the starts'
+    runs are independent of one another, so the runs are the same whichever process makes them and in whatever
+    order. One call for all the starts, not one per start, so that no core waits at the end of a start for the
+    other's last run (the products compile: start 0's 8 runs of 2.1-2.7 CPU s on two processes left one idle
+    for ~1 s, and each later start forked again); the longest runs are handed out first (`_longest_first`).
+    A run comes back `packed`, or as its totals; a start's traffic as each worker's counts (`_worker_traffic`),
+    summed here: integers, the same whatever process counted them."""
+    items = [(j, r) for j, job in enumerate(jobs) for r in range(len(job.deps))]
+    owners = [job.traffic and all(d.owner is not None for d in job.deps) for job in jobs]
+
+    def made(item: tuple[int, int]) -> tuple[PaperRun | RunTotals, Any]:
+        j, r = item
+        job = jobs[j]
+        run = paper_run(trees[r], job.deps[r].layer, job.deps[r].vertex, job.costs, job.budget, job.layers)
+        counts = _worker_traffic(job.deps[r], run, len(job.deps), job.layers, owners[j]) if job.traffic else None
+        return run if job.whole else run.totals(), counts
+
+    entries = sum(len(d.layer) for job in jobs for d in job.deps)
+    if processes <= 1 or len(items) < 2 or entries < PARALLEL_ENTRIES:
+        done = [made(item) for item in items]
+    else:
+        order = _longest_first(jobs, items)
+
+        def sent_back(i: int) -> tuple[Any, Any]:
+            run, counts = made(items[i])
+            return (run.packed() if isinstance(run, PaperRun) else run), counts
+
+        done = [None] * len(items)  # type: ignore[list-item]
+        for i, (run, counts) in zip(order, map_processes(sent_back, order, processes)):
+            done[i] = (PaperRun.unpacked(run) if isinstance(run, tuple) else run), counts
+    out: list[tuple[list[PaperRun | RunTotals], StartTraffic | None]] = []
+    at = 0
+    for j, job in enumerate(jobs):
+        mine = done[at:at + len(job.deps)]
+        at += len(job.deps)
+        out.append(([run for run, _ in mine], _traffic_of([c for _, c in mine], owners[j]) if job.traffic else None))
+    return out
+
+
+def _longest_first(jobs: Sequence[StartJob], items: Sequence[tuple[int, int]]) -> list[int]:
+    """The items' indices, the runs predicted longest first (longest-processing-time-first dispatch: the last runs
+    handed out are short, so the processes end together). The prediction, cheap and only an order: a run's layers
+    first (a layer-m measure expands its subtrees m hops: the products compile's runs took 2.1-2.7 CPU s over 3
+    layers, 0.29-1.67 over 2, 0.015-0.078 over 1), then its dependency entries (rank correlation with the run's CPU
+    within those layers 0.81 and 0.90 for 2 and 1, but -0.90 for 3: a guess there), ties in the items' order."""
+    return sorted(range(len(items)), key=lambda i: (-jobs[items[i][0]].layers,
+                                                    -len(jobs[items[i][0]].deps[items[i][1]].layer), i))
 
 
 def paper_run(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: UnitCosts, budget: float,
@@ -1021,24 +1107,42 @@ def start_traffic(deps: Sequence[Dependencies], runs: Sequence[PaperRun]) -> Sta
     or more)."""
     p = len(deps)
     layers = deps[0].layers if p else 0
-    top = runs[0].rep_when.shape[0] if p else 1  # rep_when's values: 0 .. the runs' layers
     owners_known = all(dep.owner is not None for dep in deps)
-    fetched = np.zeros((p, layers, top), np.int64)
-    sent = np.zeros((p, layers, top), np.int64) if owners_known else None
-    for i, (dep, run) in enumerate(zip(deps, runs)):
-        lyr = np.asarray(dep.layer, np.int64)
-        key = lyr * top + run.rep_when[lyr, np.asarray(dep.vertex, np.int64)]
-        fetched[i] = np.bincount(key, minlength=layers * top).reshape(layers, top)
+    return _traffic_of([_worker_traffic(dep, run, p, layers, owners_known) for dep, run in zip(deps, runs)],
+                       owners_known)
+
+
+def _worker_traffic(dep: Dependencies, run: PaperRun, p: int, layers: int, owners_known: bool
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    """One worker's part of its start's StartTraffic before the sums from the top: [layers, top] its dependencies
+    per layer and rep_when (top: the run's layers + 1), and with `owners_known` [p, layers, top] the same by owner."""
+    top = run.rep_when.shape[0]  # rep_when's values: 0 .. the run's layers
+    lyr = np.asarray(dep.layer, np.int64)
+    key = lyr * top + run.rep_when[lyr, np.asarray(dep.vertex, np.int64)]
+    fetched = np.bincount(key, minlength=layers * top).reshape(layers, top)
+    if not owners_known:
+        return fetched, None
+    owned = np.asarray(dep.owner, np.int64) * (layers * top) + key
+    return fetched, np.bincount(owned, minlength=p * layers * top).reshape(p, layers, top)
+
+
+def _traffic_of(counts: Sequence[tuple[np.ndarray, np.ndarray | None]], owners_known: bool) -> StartTraffic:
+    """StartTraffic from every worker's `_worker_traffic` in worker order (int64 counts: their sum is exact)."""
+    p = len(counts)
+    shape = counts[0][0].shape if p else (0, 1)
+    fetched = np.zeros((p, *shape), np.int64)
+    sent = np.zeros((p, *shape), np.int64) if owners_known else None
+    for i, (mine, by_owner) in enumerate(counts):
+        fetched[i] = mine
         if sent is not None:
-            owned = np.asarray(dep.owner, np.int64) * (layers * top) + key
-            sent += np.bincount(owned, minlength=p * layers * top).reshape(p, layers, top)
+            sent += by_owner
     # from the top: [..., t] counts the rows with rep_when >= t
     fetched = np.cumsum(fetched[..., ::-1], axis=-1)[..., ::-1]
     return StartTraffic(fetched, None if sent is None else np.cumsum(sent[..., ::-1], axis=-1)[..., ::-1])
 
 
-def select_paper_prefix(traffic: StartTraffic, runs: Sequence[PaperRun], costs: UnitCosts, own_time: np.ndarray,
-                        overlap: bool = True) -> HybridResult:
+def select_paper_prefix(traffic: StartTraffic, runs: Sequence[PaperRun | RunTotals], costs: UnitCosts,
+                        own_time: np.ndarray, overlap: bool = True) -> HybridResult:
     """`select_paper` of the span of the first `own_time.shape[1]` layers from the start `traffic` and `runs`
     were made for, counted off them: the same prediction, without the per-dependency masks (`cached` is empty)
     or mu (None), which only select-hybrid's record reads."""
