@@ -343,14 +343,17 @@ def view_edge_data(graph: Graph, view: str, eids: torch.Tensor) -> dict[str, tor
 SPARSE_INPUT_DENSITY = 0.05  # below this, input features are kept sparse (dropout at nonzeros, sparse matmul)
 
 
-def input_density(x: torch.Tensor) -> float:
+def input_density(x: torch.Tensor, nonzeros: int | None = None) -> float:
     """The nonzero fraction of input features `sparse_if_sparse` keeps sparse, 1.0 for features it keeps dense:
-    what the cost model prices the ops reading them with (a sparse product does work per nonzero)."""
+    what the cost model prices the ops reading them with (a sparse product does work per nonzero).
+
+    `nonzeros`: x's nonzero values where known without reading x (a store's manifest: gnnc.graph.store.x_nonzeros;
+    counted over x otherwise): the same fraction either way."""
     if x.is_sparse:
         return x._nnz() / max(x.numel(), 1)
     if x.dim() != 2 or x.numel() == 0:
         return 1.0
-    density = int(torch.count_nonzero(x)) / x.numel()
+    density = (int(torch.count_nonzero(x)) if nonzeros is None else nonzeros) / x.numel()
     return density if density <= SPARSE_INPUT_DENSITY else 1.0
 
 
