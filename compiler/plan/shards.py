@@ -346,7 +346,7 @@ def linked_features(out: Path, graph: Graph) -> dict[str, Any] | None:
         return None
     path, entry = source
     place_file(path, out / f"{FEATURES}.npy")
-    return {**entry, "file": f"{FEATURES}.npy"}
+    return {"file": f"{FEATURES}.npy", **{k: entry[k] for k in ("bytes", "dtype", "sha256", "shape")}}
 
 
 def write_features(out: Path, graph: Graph) -> dict[str, Any]:
