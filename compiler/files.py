@@ -132,40 +132,31 @@ def into_place(f: IO[bytes], tmp: str, path: Path) -> None:
         _fsync_dir(path.parent)
 
 
-def place_file(src: str | os.PathLike, path: str | os.PathLike) -> bool:
-    """Make `path` hold the bytes of the file `src` as atomically and durably as `atomic_writer` writes: a hard
-    link where both are on one file system (not a byte read or written: a plan's shared features are its graph
-    store's x, 1 GB at ogbn-products' size, 57 GB at papers100M's), else a copy the kernel makes (os.sendfile: the
-    bytes never pass through this process). True when linked.
-
-    A link is the file itself, not a pointer to a path: it stays whole when `src` is removed or replaced (gnnc's
-    writers replace files by rename, never in place); a write in place into either would show in both, which the
-    sha256 their readers check catches."""
-    path = Path(path)
-    fresh = _in_fresh(path.parent)
-    target = path if fresh else path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp"
-    try:
-        os.link(src, target, follow_symlinks=False)
-    except OSError as err:
-        if err.errno not in (errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        # another file system, or one (or a policy: fs.protected_hardlinks) refusing the link: copied
-        with open(src, "rb") as s, atomic_writer(path) as f:
-            size, done = os.fstat(s.fileno()).st_size, 0
-            while done < size:
-                sent = os.sendfile(f.fileno(), s.fileno(), done, min(size - done, 1 << 30))
-                if sent == 0:
-                    raise OSError(errno.EIO, f"{src}: ended at byte {done} of {size} while copied")
-                done += sent
-        return False
-    if not fresh:  # a fresh directory's entries are fsynced with it (fresh_directory)
-        try:
-            os.replace(target, path)
-        except BaseException:
-            target.unlink(missing_ok=True)
-            raise
-        _fsync_dir(path.parent)
-    return True
+def copy_into(src: str | os.PathLike, f: IO[bytes]) -> int:
+    """Copy the bytes of the file `src` into the open, empty file `f` by the kernel (copy_file_range, which file
+    systems that share extents may make a reflink; sendfile where it is refused): the bytes never pass through
+    this process, and `src` is only read (a hard link would change its inode's change time, which a graph
+    store's verification stamp holds). Returns the bytes copied."""
+    with open(src, "rb") as s:
+        size, done = os.fstat(s.fileno()).st_size, 0
+        ranged = True
+        while done < size:
+            count = min(size - done, 1 << 30)
+            if ranged:
+                try:
+                    sent = os.copy_file_range(s.fileno(), f.fileno(), count, done, done)
+                except OSError as err:  # another file system (before Linux 5.3), or one that has no such call
+                    if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+                        raise
+                    ranged = False
+                    os.lseek(f.fileno(), done, os.SEEK_SET)  # sendfile writes at the file's position
+                    continue
+            else:
+                sent = os.sendfile(f.fileno(), s.fileno(), done, count)
+            if sent == 0:
+                raise OSError(errno.EIO, f"{src}: ended at byte {done} of {size} while copied")
+            done += sent
+    return done
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.files import atomic_writer, file_sha256, into_place, temporary_for
+from gnnc.files import atomic_writer, copy_into, file_sha256, into_place, temporary_for
 from gnnc.errors import PlanError, write_failure
 from gnnc.graph import Graph
 from gnnc.graph.store import release_pages
@@ -227,10 +227,23 @@ class ShardWriter:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnnc-shard-sync")
-        self._written: list[tuple[dict[str, Any], Future[None], Any, str]] = []
+        self._written: list[tuple[dict[str, Any] | None, Future[None], Any, str]] = []
 
     def write(self, path: Path, part: int, arrays: dict[str, np.ndarray], **extra: Any) -> None:
         """Write one shard; its manifest entry (size, sha256 and `extra`) comes from `entries()`."""
+        self._fill(path, lambda f: _savez(f, arrays),
+                   lambda written: {"part": part, "file": path.name, "bytes": written[1], "sha256": written[0], **extra})
+
+    def copy(self, path: Path, src: Path) -> None:
+        """Put a copy of the file `src` at `path` as `write` puts a shard, the copy made by the kernel
+        (gnnc.files.copy_into); no manifest entry (the caller holds the source's)."""
+        self._fill(path, lambda f: copy_into(src, f))
+
+    def _fill(self, path: Path, fill: Callable[[Any], Any],
+              entry: Callable[[Any], dict[str, Any]] | None = None) -> None:
+        """`fill` the new file `path` (through gnnc.files' temporary), then hand it to the thread that puts it in
+        place, listed with its manifest entry (`entry` of `fill`'s result; none without). Nothing is left of it on
+        an error."""
         if len(self._written) >= self._PENDING:
             self._written[-self._PENDING][1].result()
         try:
@@ -239,21 +252,21 @@ class ShardWriter:
             raise _write_error(path, err) from err
         f = os.fdopen(fd, "wb")
         try:
-            digest, size = _savez(f, arrays)
+            out = fill(f)
         except BaseException as err:
             f.close()
             Path(tmp).unlink(missing_ok=True)
             if isinstance(err, OSError):
                 raise _write_error(path, err) from err
             raise
-        entry = {"part": part, "file": path.name, "bytes": size, "sha256": digest, **extra}
-        self._written.append((entry, self._pool.submit(_into_place, f, tmp, path), f, tmp))
+        self._written.append((None if entry is None else entry(out), self._pool.submit(_into_place, f, tmp, path), f,
+                              tmp))
 
     def entries(self) -> list[dict[str, Any]]:
-        """Every written shard's manifest entry, in writing order, once each is in place."""
+        """Every written shard's manifest entry, in writing order, once each (and each copy) is in place."""
         for _, placed, _, _ in self._written:
             placed.result()
-        return [entry for entry, _, _, _ in self._written]
+        return [entry for entry, _, _, _ in self._written if entry is not None]
 
     def __enter__(self) -> "ShardWriter":
         return self

@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 from gnnc.errors import GnncError, PlanError
-from gnnc.files import place_file
 from gnnc.host import available_memory
 from gnnc.parallel import map_processes
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
@@ -66,6 +65,8 @@ RANK_BYTES_PER_EDGE = 16
 # bytes of the shared features' file that cost about what one structure edge of a rank's shard costs (products:
 # the 0.98 GB file 2.5 CPU s to read, hash and write; a rank of 123.7M edges ~3.2 CPU s), for balancing the jobs
 FEATURE_BYTES_PER_EDGE = 8
+# the same for a store's features copied by the kernel (write_features): 0.98 GB in 0.49 CPU s (sys), LOADED (load 4.6)
+COPIED_BYTES_PER_EDGE = 50
 
 
 @dataclass
@@ -213,12 +214,11 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     edges = rank_edges(graph, specs, sets, world)
     room = available_memory() if processes > 1 else None
     count = shard_processes(processes, edges, None if room is None else room.bytes)
-    # the jobs: rank r's shard is job r; the shared features' file, where the ranks read one and it is not a
-    # store's file linked here (linked_features), is job `world`, weighed as FEATURE_BYTES_PER_EDGE of its bytes per
-    # structure edge
-    linked = linked_features(out, graph) if shared else None
-    weights = edges + ([graph.x.numel() * graph.x.element_size() // FEATURE_BYTES_PER_EDGE]
-                       if shared and linked is None else [])
+    # the jobs: rank r's shard is job r; the shared features' file, where the ranks read one, is job `world`,
+    # weighed as FEATURE_BYTES_PER_EDGE of its bytes per structure edge (COPIED_BYTES_PER_EDGE where it is a store's
+    # file copied by the kernel: write_features)
+    per_edge = COPIED_BYTES_PER_EDGE if array_file(graph, "x", graph.x) is not None else FEATURE_BYTES_PER_EDGE
+    weights = edges + ([graph.x.numel() * graph.x.element_size() // per_edge] if shared else [])
 
     def write_jobs(jobs: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The shards of the ranks in `jobs`, each built and written (packed, checksummed) in turn, and the
@@ -228,7 +228,7 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
         with ShardWriter() as writer:
             for rank in jobs:
                 if rank == world:
-                    features = write_features(out, graph)
+                    features = write_features(out, graph, writer)
                     continue
                 arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm,
                                              narrow=True)
@@ -255,7 +255,7 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     groups = [sorted(g, key=lambda j: (j != world, j)) for g in rank_groups(weights, count)]
     done = map_processes(write_jobs, groups, count)
     entries = sorted((e for shards, _ in done for e in shards), key=lambda e: e["part"])
-    features = linked or next((f for _, f in done if f is not None), None)
+    features = next((f for _, f in done if f is not None), None)
     if progress is not None and count > 1:
         for rank in range(world):
             progress(rank)
@@ -336,25 +336,17 @@ def shared_feature_ranks(graph: Graph, specs: list[LayerSpec], sets, world: int)
     return wide if 2 * sum(rows[r] for r in wide) >= 3 * n else set()
 
 
-def linked_features(out: Path, graph: Graph) -> dict[str, Any] | None:
-    """`features.npy` as the graph store's x file, where the graph's x is that file as checked when the store was
-    opened (gnnc.graph.store.array_file): the same bytes, so linked (or copied by the kernel: gnnc.files.place_file)
-    with the store's checksum, not read, hashed and written again (2.5 CPU s and a GB written to the disk at
-    ogbn-products' size); its manifest entry. None otherwise (nothing written)."""
+def write_features(out: Path, graph: Graph, writer: ShardWriter) -> dict[str, Any]:
+    """The graph's x as `features.npy`; its manifest entry (file, dtype, shape, bytes, sha256). A store's x that is
+    the file checked when the store was opened (gnnc.graph.store.array_file) is copied by the kernel through
+    `writer` (ShardWriter.copy: on the disk and in place once its `entries()` return) with the store's checksum,
+    not read, hashed and written again (ogbn-products' 0.98 GB: 0.5 CPU s of the kernel's against 2.5); else x is
+    written block by block, a store's pages let go after each."""
     source = array_file(graph, "x", graph.x)
-    if source is None:
-        return None
-    path, entry = source
-    place_file(path, out / f"{FEATURES}.npy")
-    return {"file": f"{FEATURES}.npy", **{k: entry[k] for k in ("bytes", "dtype", "sha256", "shape")}}
-
-
-def write_features(out: Path, graph: Graph) -> dict[str, Any]:
-    """The graph's x as `features.npy` (`linked_features` where it can, else written block by block, a store's
-    pages let go after each); its manifest entry (file, dtype, shape, bytes, sha256)."""
-    linked = linked_features(out, graph)
-    if linked is not None:
-        return linked
+    if source is not None:
+        path, entry = source
+        writer.copy(out / f"{FEATURES}.npy", path)
+        return {"file": f"{FEATURES}.npy", **{k: entry[k] for k in ("bytes", "dtype", "sha256", "shape")}}
     x = graph.x.numpy()
     step = max(BLOCK_BYTES // max(x[:1].nbytes, 1), 1)
     with _npy_writer(out, FEATURES, x.dtype, x.shape) as w:
