@@ -196,3 +196,12 @@ def test_small_starts_together_do_not_fork(monkeypatch) -> None:
     assert sum(len(d.layer) for job in jobs for d in job.deps) < hg.PARALLEL_ENTRIES
     got = hg.starts_runs(trees, jobs, 8)
     assert [len(runs) for runs, _ in got] == [4, 4, 4]
+
+
+def test_no_spans_select_nothing(tmp_path) -> None:
+    """select_spans of no span runs nothing and selects nothing (as before: the starts are found from the spans)."""
+    graph, parts, profile, stats, inputs, shapes = _planning(3, 4, tmp_path)
+    hy._last_runs.clear()
+    assert hy.select_spans(stats, inputs, shapes, profile.memory_per_worker, [], graph=graph, parts=parts,
+                           processes=2) == []
+    assert hy._last_runs == []

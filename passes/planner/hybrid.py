@@ -216,6 +216,8 @@ def _start_runs(stats, inputs, shapes, spans: Sequence[tuple[int, int]], graph, 
     kept whole for the next select (`_last_runs`, what select-hybrid reads); with `with_ids` they come back whole
     (select-hybrid's masks read rep_when: one start, its span's)."""
     starts = list(dict.fromkeys(a for a, _ in spans))  # in the order the spans first name them
+    if not starts:
+        return
     longest = {a: max(b for a2, b in spans if a2 == a) for a in starts}
     # a start's dependencies depend on its span's length only: a shorter one's are the first entries of the
     # deepest's (dependencies_prefix, views), built once per worker for every start
