@@ -410,8 +410,8 @@ def array_file(graph: Graph, name: str, tensor: torch.Tensor) -> tuple[Path, dic
     """The store file `tensor`, the graph's array `name` (x: the features), is mapped from, with its manifest
     entry (size, dtype, shape, sha256), while the tensor is still the whole array mapped from it and the file has
     the identity it had when `open_store` checked it; None otherwise (a graph held in memory, an array replaced
-    since, a file changed since). What lets a plan link a store's features rather than read, hash and write them
-    again (gnnc.plan.shards.write_features)."""
+    since, a file changed since). What lets a plan copy a store's features by the kernel, with the store's checksum,
+    rather than read, hash and write them again (gnnc.plan.shards.write_features)."""
     held = graph._views.get(_SOURCES, {}).get(name)
     if held is None:
         return None
