@@ -99,6 +99,25 @@ def count_calls(monkeypatch, owner, name: str) -> dict[str, int]:
     return calls
 
 
+def fork_spy(monkeypatch, *owners) -> list[int]:
+    """Each owner module's `map_processes` recorded: the item count of every call that forks (more than one
+    process and item), appended to the list returned; the calls themselves run as they would."""
+    import gnnc.parallel as par
+
+    real = par.map_processes
+    forks: list[int] = []
+
+    def spy(fn, items, processes, threads_each=1):
+        items = list(items)
+        if processes > 1 and len(items) > 1:
+            forks.append(len(items))
+        return real(fn, items, processes, threads_each)
+
+    for owner in owners:
+        monkeypatch.setattr(owner, "map_processes", spy)
+    return forks
+
+
 def process_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     try:

@@ -15,7 +15,7 @@ import signal
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, random_graph
+from conftest import EXAMPLES, fork_spy, random_graph
 from test_pcomp2_algorithm4 import random_costs, random_split
 from gnnc.errors import InternalError
 from gnnc.passes.partition import stats as st
@@ -52,22 +52,9 @@ def _same_run(a: hg.PaperRun, b: hg.PaperRun) -> bool:
 def _forked(monkeypatch) -> list[int]:
     """Every threshold at 0 (small graphs take the processes' path); returns the list each map's item count is
     appended to where it forks."""
-    import gnnc.parallel as par
-
     monkeypatch.setattr(hg, "PARALLEL_ENTRIES", 0)
     monkeypatch.setattr(st, "PARALLEL_EDGES", 0)
-    forks: list[int] = []
-    real = par.map_processes
-
-    def spy(fn, items, processes, threads_each=1):
-        items = list(items)
-        if processes > 1 and len(items) > 1:
-            forks.append(len(items))
-        return real(fn, items, processes, threads_each)
-
-    monkeypatch.setattr(hg, "map_processes", spy)
-    monkeypatch.setattr(st, "map_processes", spy)
-    return forks
+    return fork_spy(monkeypatch, hg, st)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import random_graph
+from conftest import fork_spy, random_graph
 from test_part_distances import _graph, _reference
 from gnnc.graph.store import open_store, write_store
 from gnnc.passes.partition import stats as st
@@ -29,17 +29,7 @@ def _stored(tmp_path: Path, n: int = 600, seed: int = 0):
 
 def _spy(monkeypatch) -> list[int]:
     """distances' map_processes recorded: the item count of each call that forks."""
-    real = distances.map_processes
-    forks: list[int] = []
-
-    def spy(fn, items, processes, threads_each=1):
-        items = list(items)
-        if processes > 1 and len(items) > 1:
-            forks.append(len(items))
-        return real(fn, items, processes, threads_each)
-
-    monkeypatch.setattr(distances, "map_processes", spy)
-    return forks
+    return fork_spy(monkeypatch, distances)
 
 
 @pytest.mark.parametrize("num_parts", [1, 3, 8, 13, 70])
