@@ -138,6 +138,7 @@ def test_traffic_counted_beside_each_run_equals_the_start_s(monkeypatch, tmp_pat
             assert np.array_equal(traffic.fetched, want.fetched) and traffic.fetched.dtype == want.fetched.dtype
             assert np.array_equal(traffic.sent, want.sent)
             assert all(isinstance(t, hg.RunTotals) for t in totals)
+            assert not any(isinstance(t, hg.PaperRun) for t in totals)  # no rep_when table sent back or held
             for t, run in zip(totals, runs):
                 assert t.t_x == run.t_x and all(np.array_equal(getattr(t, f), getattr(run, f)) for f in
                                                 ("added_rows", "added_edges", "used_after", "t_v", "t_e"))

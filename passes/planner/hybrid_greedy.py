@@ -49,7 +49,7 @@ fast for millions of dependencies.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -699,60 +699,6 @@ def _measure(trees: InTrees, roots: np.ndarray, m: int, rep: np.ndarray, costs: 
 
 
 @dataclass(frozen=True)
-class PaperRun:
-    """One worker's Algorithm 4 over L layers, kept so that every shorter segment from the same start reads its
-    result off it: the algorithm decides layer after layer, so a segment of m layers is its first m layers
-    (the same dependencies, unit costs and budget). rep_when[k, v]: the layer during which v's h^k entered
-    V_rep (L: never); added_rows / added_edges[m, k]: what layer m added at level k; used_after[m]: line 14's
-    size after layer m."""
-
-    rep_when: np.ndarray
-    added_rows: np.ndarray
-    added_edges: np.ndarray
-    used_after: np.ndarray
-    t_v: np.ndarray
-    t_e: np.ndarray
-    t_x: float
-
-    def prefix(self, m: int, layer: np.ndarray, vertex: np.ndarray) -> tuple[np.ndarray, Replicated]:
-        """The cached mask over the dependencies of the first m layers (`layer` < m), and V_rep after them.
-
-        A dependency is cached when its row is in V_rep at its level (line 13 puts a cached dependency's
-        own row there). That includes, beyond the paper's lines, a dependency refused at its layer whose row
-        a later layer's subtree replicated: the worker then holds that row and fetches nothing for it."""
-        layer, vertex = np.asarray(layer, np.int64), np.asarray(vertex, np.int64)
-        cached = self.rep_when[np.minimum(layer, m), vertex] < m if len(layer) else np.zeros(0, dtype=bool)
-        return cached, self.replicated(m)
-
-    def replicated(self, m: int) -> Replicated:
-        """V_rep after the first m layers."""
-        return self.totals().replicated(m)
-
-    def totals(self) -> RunTotals:
-        """The run without rep_when: what the planner's prices of its spans read (`select_paper_prefix`)."""
-        return RunTotals(self.added_rows, self.added_edges, self.used_after, self.t_v, self.t_e, self.t_x)
-
-    def packed(self) -> tuple[Any, ...]:
-        """The run as a child process sends it back (`paper_runs`): rep_when's entries below L (V_rep: the
-        products compile's start-0 runs hold 1.5-3.3M of 9.8M entries, the later starts' none), not the table;
-        `unpacked` rebuilds the same arrays."""
-        never = self.rep_when.shape[0] - 1
-        flat = self.rep_when.reshape(-1)
-        where = np.flatnonzero(flat != never)
-        where = where.astype(np.int32) if flat.size < 2**31 else where
-        return (self.rep_when.shape, self.rep_when.dtype.str, where, flat[where], self.added_rows, self.added_edges,
-                self.used_after, self.t_v, self.t_e, self.t_x)
-
-    @classmethod
-    def unpacked(cls, packed: tuple[Any, ...]) -> "PaperRun":
-        """The PaperRun `packed` was made from, bit for bit."""
-        shape, dtype, where, when, *rest = packed
-        rep_when = np.full(shape, shape[0] - 1, dtype=np.dtype(dtype))
-        rep_when.reshape(-1)[where] = when
-        return cls(rep_when, *rest)
-
-
-@dataclass(frozen=True)
 class RunTotals:
     """A PaperRun's sizes per layer without its rep_when table ((L + 1) x N entries per worker): V_rep's rows, edges,
     bytes and time after any first m layers, which is all the planner's prices of a start's spans read of a run
@@ -771,6 +717,50 @@ class RunTotals:
         edges = self.added_edges[:m].sum(axis=0)[:m + 1]
         time = float(rows[1:] @ self.t_v[:m] + edges[1:] @ self.t_e[:m] + rows[0] * self.t_x) if m else 0.0
         return Replicated(rows, edges, float(self.used_after[m - 1]) if m else 0.0, time)
+
+
+@dataclass(frozen=True)
+class PaperRun(RunTotals):
+    """One worker's Algorithm 4 over L layers, kept so that every shorter segment from the same start reads its
+    result off it: the algorithm decides layer after layer, so a segment of m layers is its first m layers
+    (the same dependencies, unit costs and budget). rep_when[k, v]: the layer during which v's h^k entered
+    V_rep (L: never); added_rows / added_edges[m, k]: what layer m added at level k; used_after[m]: line 14's
+    size after layer m (RunTotals' fields)."""
+
+    rep_when: np.ndarray
+
+    def prefix(self, m: int, layer: np.ndarray, vertex: np.ndarray) -> tuple[np.ndarray, Replicated]:
+        """The cached mask over the dependencies of the first m layers (`layer` < m), and V_rep after them.
+
+        A dependency is cached when its row is in V_rep at its level (line 13 puts a cached dependency's
+        own row there). That includes, beyond the paper's lines, a dependency refused at its layer whose row
+        a later layer's subtree replicated: the worker then holds that row and fetches nothing for it."""
+        layer, vertex = np.asarray(layer, np.int64), np.asarray(vertex, np.int64)
+        cached = self.rep_when[np.minimum(layer, m), vertex] < m if len(layer) else np.zeros(0, dtype=bool)
+        return cached, self.replicated(m)
+
+    def totals(self) -> RunTotals:
+        """The run without rep_when: what the planner's prices of its spans read (`select_paper_prefix`)."""
+        return RunTotals(*(getattr(self, f.name) for f in fields(RunTotals)))
+
+    def packed(self) -> tuple[Any, ...]:
+        """The run as a child process sends it back (`paper_runs`): rep_when's entries below L (V_rep: the
+        products compile's start-0 runs hold 1.5-3.3M of 9.8M entries, the later starts' none), not the table;
+        `unpacked` rebuilds the same arrays."""
+        never = self.rep_when.shape[0] - 1
+        flat = self.rep_when.reshape(-1)
+        where = np.flatnonzero(flat != never)
+        where = where.astype(np.int32) if flat.size < 2**31 else where
+        return (self.rep_when.shape, self.rep_when.dtype.str, where, flat[where],
+                *(getattr(self, f.name) for f in fields(RunTotals)))
+
+    @classmethod
+    def unpacked(cls, packed: tuple[Any, ...]) -> "PaperRun":
+        """The PaperRun `packed` was made from, bit for bit."""
+        shape, dtype, where, when, *rest = packed
+        rep_when = np.full(shape, shape[0] - 1, dtype=np.dtype(dtype))
+        rep_when.reshape(-1)[where] = when
+        return cls(*rest, rep_when=rep_when)
 
 
 # Dependency entries (summed over the workers and the starts) of the runs one `starts_runs` call makes from which it
@@ -984,8 +974,8 @@ def paper_run(trees: InTrees, layer: np.ndarray, vertex: np.ndarray, costs: Unit
             # else t_r >= t_c: communicated (line 16), and the next pop
             pos = run_end
         used_after[m] = used
-    return PaperRun(rep_when, added_rows, added_edges, used_after, np.asarray(costs.t_v, np.float64),
-                    np.asarray(costs.t_e, np.float64), float(costs.t_x))
+    return PaperRun(added_rows, added_edges, used_after, np.asarray(costs.t_v, np.float64),
+                    np.asarray(costs.t_e, np.float64), float(costs.t_x), rep_when=rep_when)
 
 
 class _FirstPoppers:
