@@ -100,6 +100,7 @@ def test_an_x_that_is_not_the_mapped_file_is_not_copied(stored) -> None:
     assert store.array_file(graph, "x", graph.x) == (stored / "x.npy", _x_entry(stored))
     assert store.array_file(graph, "x", graph.x.clone()) is None  # the same values, not the file's pages
     assert store.array_file(graph, "x", graph.x[1:]) is None
+    assert store.array_file(graph, "x", graph.x.to_sparse()) is None  # features made sparse after the open
     assert store.array_file(gnnc.load_graph("planetoid:cora"), "x", graph.x) is None  # a graph held in memory
 
 

@@ -416,7 +416,8 @@ def array_file(graph: Graph, name: str, tensor: torch.Tensor) -> tuple[Path, dic
     if held is None:
         return None
     path, entry, identity, address = held
-    if tensor.data_ptr() != address or list(tensor.shape) != entry["shape"] or not tensor.is_contiguous():
+    if tensor.layout != torch.strided or tensor.data_ptr() != address or list(tensor.shape) != entry["shape"] or \
+            not tensor.is_contiguous():  # (a sparse tensor has no data pointer: not the file's pages)
         return None
     try:
         same = _identity(path) == identity
