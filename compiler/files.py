@@ -132,33 +132,6 @@ def into_place(f: IO[bytes], tmp: str, path: Path) -> None:
         _fsync_dir(path.parent)
 
 
-def copy_into(src: str | os.PathLike, f: IO[bytes]) -> int:
-    """Copy the bytes of the file `src` into the open, empty file `f` by the kernel (copy_file_range, which file
-    systems that share extents may make a reflink; sendfile where it is refused): the bytes never pass through
-    this process, and `src` is only read (a hard link would change its inode's change time, which a graph
-    store's verification stamp holds). Returns the bytes copied."""
-    with open(src, "rb") as s:
-        size, done = os.fstat(s.fileno()).st_size, 0
-        ranged = True
-        while done < size:
-            count = min(size - done, 1 << 30)
-            if ranged:
-                try:
-                    sent = os.copy_file_range(s.fileno(), f.fileno(), count, done, done)
-                except OSError as err:  # another file system (before Linux 5.3), or one that has no such call
-                    if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
-                        raise
-                    ranged = False
-                    os.lseek(f.fileno(), done, os.SEEK_SET)  # sendfile writes at the file's position
-                    continue
-            else:
-                sent = os.sendfile(f.fileno(), s.fileno(), done, count)
-            if sent == 0:
-                raise OSError(errno.EIO, f"{src}: ended at byte {done} of {size} while copied")
-            done += sent
-    return done
-
-
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Replace `path` with `data` atomically (written with os.write in 1 MiB chunks)."""
     with atomic_writer(path) as f:

@@ -233,7 +233,7 @@ def test_a_stores_graph_keeps_the_csr_it_stored_when_the_launcher_lets_go(tmp_pa
     might order a row's entries otherwise), with the mappings it reads."""
     from conftest import random_graph
     from gnnc import api
-    from gnnc.graph.store import array_file, mapped_files, write_store
+    from gnnc.graph.store import array_file, mapped_files, stored_structure, write_store
     from gnnc.runtime.distributed import let_go_of_graph
 
     write_store(random_graph(n=300, e=4000, f=4, c=3, seed=4), tmp_path / "g")
@@ -241,9 +241,10 @@ def test_a_stores_graph_keeps_the_csr_it_stored_when_the_launcher_lets_go(tmp_pa
     stored = graph.csr("plain")
     graph.gcn_norm("self_loops")
     let_go_of_graph(graph)
-    # the maps, the files they map (array_file: what a plan's features are copied from) and the CSR
-    assert mapped_files(graph) and len(graph._views) == 3 and graph.csr("plain") is stored
-    assert array_file(graph, "x", graph.x) is not None
+    # the maps, the files they map (array_file), the store's directory and the CSR: what a plan's ranks build their
+    # structures and read their features from (gnnc.plan.shards.store_source)
+    assert mapped_files(graph) and len(graph._views) == 4 and graph.csr("plain") is stored
+    assert array_file(graph, "x", graph.x) is not None and stored_structure(graph) is not None
 
 
 def test_the_precheck_prices_a_ranks_part_columns_at_int32(tmp_path, monkeypatch) -> None:

@@ -44,8 +44,8 @@ def _writers(monkeypatch: pytest.MonkeyPatch, marks: Path) -> None:
 
     monkeypatch.setattr(shards, "rank_arrays", marked)
     features = shards.write_features
-    monkeypatch.setattr(shards, "write_features", lambda out, graph, writer: (marks / f"x-{os.getpid()}").touch() or
-                        features(out, graph, writer))
+    monkeypatch.setattr(shards, "write_features", lambda out, graph: (marks / f"x-{os.getpid()}").touch() or
+                        features(out, graph))
 
 
 CASES = [("sage", "depcache", 0), ("sage", "depcache", 5), ("gcn", "hybrid", 1), ("gcn", "hybrid", 7),

@@ -73,6 +73,7 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 _MAPS = "store.maps"  # Graph._views key of a store's mappings (release_pages)
 _SOURCES = "store.sources"  # Graph._views key: each array's file, manifest entry, identity and address (array_file)
+_ROOT = "store.root"  # Graph._views key: the store's directory and its manifest's sha256 (stored_structure)
 STAMP_SETTLE_S = 2.0  # a file changed this recently before its check is not stamped (module docstring)
 _STAMP_FORMAT = 1
 WORK = {"sha256": 0, "checked": 0}  # files hashed and stores structure-checked, read by the tests
@@ -426,6 +427,20 @@ def array_file(graph: Graph, name: str, tensor: torch.Tensor) -> tuple[Path, dic
     return (path, dict(entry)) if same else None
 
 
+def stored_structure(graph: Graph) -> tuple[Path, str] | None:
+    """The store `graph` was opened from (its directory, absolute, and its manifest's sha256) while the graph's
+    in-edge CSR and edge data are still the store's files, unchanged since the open (`array_file`): what a rank
+    that opens the same store reads the same edges from (gnnc.plan.shards: a plan's structures built by its ranks).
+    None for a graph held in memory or one whose structure was replaced."""
+    root = graph._views.get(_ROOT)
+    csr = graph._views.get(("csr", "plain"))
+    if root is None or csr is None:
+        return None
+    arrays = [("in.indptr", csr.indptr), ("in.indices", csr.indices), ("in.eids", csr.eids),
+              *((edge_data.PREFIX + k, v) for k, v in graph.edge_data.items())]
+    return root if all(array_file(graph, name, t) is not None for name, t in arrays) else None
+
+
 def keep_mapped_files(graph: Graph, maps: list[mmap.mmap]) -> None:
     """Record `maps` as the mappings `graph`'s arrays were read from (`mapped_files`, `release_pages`)."""
     graph._views[_MAPS] = maps
@@ -435,7 +450,7 @@ def forget_derived(graph: Graph) -> None:
     """Drop what `graph` derived and cached (CSRs, self-loop edges, gcn_norm: rebuilt if read again), keeping a
     store's mappings and the CSR it stored (read from them, not derived: sorting the edges again might order a
     row's entries otherwise)."""
-    kept = (_MAPS, _SOURCES, ("csr", "plain")) if _MAPS in graph._views else ()
+    kept = (_MAPS, _SOURCES, _ROOT, ("csr", "plain")) if _MAPS in graph._views else ()
     graph._views = {k: v for k, v in graph._views.items() if k in kept}
 
 
@@ -600,6 +615,7 @@ def open_store(path: str | os.PathLike, stamps: str | os.PathLike | None = None)
     keep_mapped_files(graph, maps)
     graph._views[_SOURCES] = {name: (file[name], dict(entries[name]), checked[name], a[name].ctypes.data)
                               for name in entries}
+    graph._views[_ROOT] = (root.resolve(), digest)
     if not verified:
         _stamp(folder, root, digest, seen, identities, began)
     return graph

@@ -572,16 +572,43 @@ def _same_rows_key(sets: list[RowSets], rank: int, lyr: int, s: LayerSpec) -> tu
             np.packbits(mine.held_out[lyr]).tobytes(), halos)
 
 
+@dataclass(eq=False)
+class ViewRecipe:
+    """What `_view` would build, left for the rank to build from the graph's store (`build_local_graph`'s
+    `store_views`; gnnc.plan.shards writes it and builds it on load): the in-edges of the layer's first `n_out`
+    rows (its ids' prefix), their sources numbered by `cols`: "held", the layer's first n_in rows then `halo`
+    (global ids) after them, or "blocks", every row in block order. `of`: the recipe whose first `n_out` rows these
+    are (a deeper depcache layer's, `_prefix_view`), built once."""
+
+    view: str
+    n_out: int
+    n_src: int
+    nnz: int
+    cols: str
+    halo: np.ndarray | None = None
+    of: "ViewRecipe | None" = None
+
+
+def _recipe(graph: Graph, view: str, out_rows: np.ndarray, n_src: int, cols: str,
+            halo: np.ndarray | None = None) -> ViewRecipe:
+    indptr = graph.csr(view).indptr.numpy()
+    nnz = int((indptr[out_rows + 1] - indptr[out_rows]).sum())
+    return ViewRecipe(view, len(out_rows), n_src, nnz, cols, halo)
+
+
 def _same_structure(lg: LayerGraph) -> LayerGraph:
     """Another layer's LayerGraph over the same tensors: its own object, as each nested layer had when built
     apiece (a plan's shards give each such layer its own structure; the runtime keeps per-layer state on it)."""
-    views = {k: GraphView(v.csr, v.src, v.dst_given, v.edge_ids, dict(v.edge_data), v.deg) for k, v in lg.views.items()}
+    views = {k: v if isinstance(v, ViewRecipe) else GraphView(v.csr, v.src, v.dst_given, v.edge_ids,
+                                                              dict(v.edge_data), v.deg)
+             for k, v in lg.views.items()}
     return LayerGraph(lg.n_in, lg.n_out, views, lg.halo, lg.blocks, ids=lg.ids)
 
 
 def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec],
                       sets: list[RowSets], edge_positions: bool = True,
-                      unread: frozenset[str] = frozenset(), narrow: bool = False) -> LocalGraph:
+                      unread: frozenset[str] = frozenset(), narrow: bool = False,
+                      store_views: bool = False) -> LocalGraph:
     """Worker `rank`'s LocalGraph from every worker's row sets.
 
     `edge_positions=False` leaves out each CSR's `eids` (its edges' positions among its rows' in-edges; reading them
@@ -590,7 +617,9 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
     names per-edge arrays no layer of the program reads ("eids": the edges' global ids, "gcn_norm"), which the
     shard writer does not store: not gathered (with `edge_positions=False` only), the ids -1 of each view's length.
     `narrow` (the shard writer's): each CSR's columns int32 where they fit, as the shard stores them, and its
-    destinations not expanded (`_view`): the runtime's structures keep int64.
+    destinations not expanded (`_view`): the runtime's structures keep int64. `store_views` (the shard writer's,
+    for a graph whose stored CSR a rank can read: gnnc.plan.shards.store_source): each view on the "plain" edges
+    that `_view` or `_prefix_view` would build is a ViewRecipe, built by the rank from the store.
 
     Each distinct structure is built once: layers of a per-layer strategy on one view share one LayerGraph;
     layers of a depcache/hybrid segment with equal row sets (`_same_rows_key`) get their own LayerGraph
@@ -631,8 +660,8 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if block_col is None:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
-            views = {s.view: _view(graph, s.view, out_rows, computed, block_col, n, edge_positions, unread,
-                                   narrow)}
+            views = {s.view: _recipe(graph, s.view, out_rows, n, "blocks") if store_views and s.view == "plain"
+                     else _view(graph, s.view, out_rows, computed, block_col, n, edge_positions, unread, narrow)}
             lg = LayerGraph(n_in, n_out, views, None, True, ids=ids)
         else:
             col = np.where(mine.held_in[lyr], pos, -1)
@@ -646,8 +675,17 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             # computes a prefix of the rows the segment's first such layer computes (`_prefix_view`)
             whole = rows == "neighbourhood" and (h is None or len(h) == 0) and seg >= 0
             widest = prefix_of.get((seg, s.view)) if whole else None
+            recipe = store_views and s.view == "plain"
+            # the rank numbers the held rows by their place in the layer's ids (the order's prefix, RowSets)
+            if recipe and n_in and int(pos[mine.held_in[lyr]].max()) >= n_in:
+                raise AssertionError(f"layer {s.name}: its held rows are not the first {n_in} of its order")
             if widest is not None and widest.n_out >= n_out:
-                view = _prefix_view(graph, s.view, widest.views[s.view], n_out, computed, n_src, edge_positions)
+                of = widest.views[s.view]
+                view = ViewRecipe(s.view, n_out, n_src, _recipe(graph, s.view, out_rows, n_src, "held").nnz, "held",
+                                  of=of) if recipe else \
+                    _prefix_view(graph, s.view, of, n_out, computed, n_src, edge_positions)
+            elif recipe:
+                view = _recipe(graph, s.view, out_rows, n_src, "held", h if h is not None and len(h) else None)
             else:
                 view = _view(graph, s.view, out_rows, computed, col, n_src, edge_positions, unread, narrow)
             lg = LayerGraph(n_in, n_out, {s.view: view}, halo, ids=ids)

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnnc.files import atomic_writer, copy_into, file_sha256, into_place, temporary_for
+from gnnc.files import atomic_writer, file_sha256, into_place, temporary_for
 from gnnc.errors import PlanError, write_failure
 from gnnc.graph import Graph
 from gnnc.graph.store import release_pages
@@ -233,11 +233,6 @@ class ShardWriter:
         """Write one shard; its manifest entry (size, sha256 and `extra`) comes from `entries()`."""
         self._fill(path, lambda f: _savez(f, arrays),
                    lambda written: {"part": part, "file": path.name, "bytes": written[1], "sha256": written[0], **extra})
-
-    def copy(self, path: Path, src: Path) -> None:
-        """Put a copy of the file `src` at `path` as `write` puts a shard, the copy made by the kernel
-        (gnnc.files.copy_into); no manifest entry (the caller holds the source's)."""
-        self._fill(path, lambda f: copy_into(src, f))
 
     def _fill(self, path: Path, fill: Callable[[Any], Any],
               entry: Callable[[Any], dict[str, Any]] | None = None) -> None:

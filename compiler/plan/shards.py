@@ -9,12 +9,13 @@ last and atomically):
 
   rows, n_owned            global ids of the held rows in prefix order
   x                        input features of C^0 (pushpull: every row, this rank's feature slice), unless the
-                           rank reads them from the shared `features.npy` (below)
+                           rank reads them from the shared `features.npy` or the graph's store (below)
   y, train, val, test      labels and split masks of the owned rows
   g<k>.indptr/indices/eids/norm    local CSR of distinct layer structure k (global edge ids and gcn_norm,
                            each only where a layer reads it)
   g<k>.edata.<NAME>        the graph's edge data `edge.NAME` on those edges, halo edges included
   g<k>.ids                 global ids of its rows, in its segment's order
+  g<k>.halo_ids            a structure the rank builds from the store: the global ids of its halo rows
   g<k>.send_ptr/send_idx/recv      its halo plan, when it has one
   g<k>.entry.*             the rows fetched on entering a depcache/hybrid segment after layer 0
   full.<view>.*, block_order       pushpull: the whole first-layer structure and the owners' block order
@@ -25,8 +26,10 @@ the first rows of another is stored once, int64 ids that fit as int32). Ranks th
 the vertices' input rows (a deep depcache or hybrid segment reaches most of the graph) read them from one
 `features.npy` beside the shards, the graph's x written once (its size and sha256 in the manifest's
 `features`), instead of a copy in each shard: the features were 165 MB of each 200 MB shard of GCNII x32 on
-an 89,000-vertex SBM, 8 copies of 178 MB. Everything a rank checks before a collective (manifest, size,
-checksum) fails with PlanError, exit 2.
+an 89,000-vertex SBM, 8 copies of 178 MB. A graph opened from a store has neither copy: the manifest names the
+store, each rank builds its structures on the stored edges from it and reads its input rows there
+(`store_source`). Everything a rank checks before a collective (manifest, size, checksum, the store's identity)
+fails with PlanError, exit 2.
 """
 from __future__ import annotations
 
@@ -44,12 +47,13 @@ from gnnc.parallel import map_processes
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
 from gnnc.graph.storage import check_class_labels
 from gnnc.graph.sampling import reads_edge_ids, take
-from gnnc.graph.store import BLOCK_BYTES, _npy_writer, _open_array, array_file, release_pages
+from gnnc.graph.store import (BLOCK_BYTES, _npy_writer, _open_array, array_file, open_store, release_pages,
+                              stored_structure)
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
-from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, all_row_sets, build_local_graph,
-                                      layer_specs)
+from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, ViewRecipe, _view, all_row_sets,
+                            build_local_graph, layer_specs)
 from gnnc.plan.shard_files import ShardWriter, load_npz, pack_arrays, read_manifest, unpack_arrays, write_manifest
 
 FEATURES = "features"  # the shared input features' file, features.npy
@@ -65,8 +69,6 @@ RANK_BYTES_PER_EDGE = 16
 # bytes of the shared features' file that cost about what one structure edge of a rank's shard costs (products:
 # the 0.98 GB file 2.5 CPU s to read, hash and write; a rank of 123.7M edges ~3.2 CPU s), for balancing the jobs
 FEATURE_BYTES_PER_EDGE = 8
-# the same for a store's features copied by the kernel (write_features): 0.98 GB in 0.49 CPU s (sys), LOADED (load 4.6)
-COPIED_BYTES_PER_EDGE = 50
 
 
 @dataclass
@@ -116,7 +118,8 @@ def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphV
 
 def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets,
                 shared_x: bool = False, edge_ids: bool = True, norm: bool = True,
-                narrow: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                narrow: bool = False, store: bool = False,
+                store_x: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """One rank's shard arrays (unpacked) and its layout (the manifest entry's extra fields); `shared_x`: its
     input rows are read from the shared features file, not stored; `edge_ids`: its structures' edges' global
     ids are stored (a graph layer reads them: gnnc.graph.sampling.reads_edge_ids; without, a rank lets go of
@@ -127,30 +130,47 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
     # a shard holds no CSR eids, and neither global edge ids nor gcn_norm where no layer reads them: not gathered
     unread = frozenset(k for k, kept in (("eids", edge_ids), ("gcn_norm", norm)) if not kept)
     lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False, unread=unread,
-                           narrow=narrow)
+                           narrow=narrow, store_views=store)
     rows = lg.rows.numpy()
     owned = rows[: lg.n_owned]
     arrays: dict[str, np.ndarray] = {"rows": rows, "n_owned": np.array(lg.n_owned)}
     layout: dict[str, Any] = {"layers": {}, "block_rows": lg.block_rows, "n_owned": lg.n_owned}
     ids: dict[int, int] = {}
+    homes: dict[int, int] = {}  # a recipe -> the structure that builds it (the others read its rows)
+    built = 0
     for s in specs:
         g = lg.layers[s.name]
         k = ids.setdefault(id(g), len(ids))
+        v = g.views.get(s.view)
+        recipe = None
+        if isinstance(v, ViewRecipe):
+            base = v.of if v.of is not None else v if id(v) in homes else None
+            recipe = {"rows": v.n_out, "cols": v.cols, "of": None if base is None else homes[id(base)]}
+            homes.setdefault(id(v), k)
         if f"g{k}.ids" not in arrays:
             arrays[f"g{k}.ids"] = g.ids.numpy()
-            if s.view in g.views:
-                arrays.update(_csr_arrays(f"g{k}", g.views[s.view], edge_ids, norm))
+            if recipe is not None and recipe["of"] is None:
+                built += _built_bytes(graph, v, edge_ids, norm)
+                if v.halo is not None:
+                    arrays[f"g{k}.halo_ids"] = v.halo
+                if v.cols == "blocks":
+                    arrays["block_order"] = np.argsort(parts, kind="stable").astype(np.int64)
+            elif recipe is None and v is not None:
+                arrays.update(_csr_arrays(f"g{k}", v, edge_ids, norm))
             if g.halo is not None:
                 arrays.update(_plan_arrays(f"g{k}", g.halo))
             if g.entry is not None:
                 arrays.update(_plan_arrays(f"g{k}.entry", g.entry))
                 arrays[f"g{k}.entry.perm"] = g.entry_perm.numpy()
-        layout["layers"][s.name] = {"structure": k, "view": s.view, "n_in": g.n_in, "n_out": g.n_out,
-                                    "n_src": g.views[s.view].csr.n_src if s.view in g.views else None,
-                                    "nnz": g.views[s.view].csr.nnz if s.view in g.views else 0,
-                                    "halo": g.halo is not None, "entry": g.entry is not None, "blocks": g.blocks,
-                                    # what the row sets were made for: checked against the IR on load
-                                    "strategy": s.strategy, "segment": s.segment}
+        info = {"structure": k, "view": s.view, "n_in": g.n_in, "n_out": g.n_out,
+                "n_src": None if v is None else v.n_src if recipe is not None else v.csr.n_src,
+                "nnz": 0 if v is None else v.nnz if recipe is not None else v.csr.nnz,
+                "halo": g.halo is not None, "entry": g.entry is not None, "blocks": g.blocks,
+                # what the row sets were made for: checked against the IR on load
+                "strategy": s.strategy, "segment": s.segment}
+        layout["layers"][s.name] = info if recipe is None else {**info, "store": recipe}
+    if homes:  # what the rank gathers with the structures it builds (`unread`, `_csr_arrays`)
+        layout["edges"] = {"eids": edge_ids, "norm": norm}
     first = specs[0] if specs else None
     if first is not None and STRATEGIES[first.strategy].layout_in == "feature":  # P3's first layer
         lo, hi = feature_slices(graph.num_features, world)[rank]
@@ -159,6 +179,9 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
         arrays.update(_csr_arrays(f"full.{first.view}", full, edge_ids, norm))
         arrays["block_order"] = np.argsort(parts, kind="stable").astype(np.int64)
         layout["pushpull"] = {"view": first.view, "cols": [lo, hi], "nnz": full.csr.nnz}
+    elif store_x:
+        layout["x"] = {"store": True, "rows": lg.layers[first.name].n_in if first is not None else lg.n_owned}
+        built += layout["x"]["rows"] * graph.num_features * graph.x.element_size()
     elif shared_x:
         layout["x"] = {"file": f"{FEATURES}.npy", "rows": lg.layers[first.name].n_in}
     else:
@@ -167,7 +190,22 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
     arrays["y"] = graph.y[torch.as_tensor(owned)].numpy()
     for name, mask in (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask)):
         arrays[name] = mask[torch.as_tensor(owned)].numpy()
+    # the recipes' halo ids and block order are read to build the structures, and let go (the block order is kept
+    # by P3's first layer only)
+    built -= sum(a.nbytes for k, a in arrays.items() if k.endswith(".halo_ids")
+                 or k == "block_order" and "pushpull" not in layout)
+    if built:
+        layout["built_bytes"] = built
     return arrays, layout
+
+
+def _built_bytes(graph: Graph, recipe: ViewRecipe, edge_ids: bool, norm: bool) -> int:
+    """What the structure a rank builds from `recipe` takes once built (`load_rank`: int64 row pointers and
+    columns, the edges' global ids where kept, gcn_norm where read, the graph's edge data): the bytes its arrays
+    would have taken, loaded from the shard."""
+    per_edge = 8 + (8 if edge_ids else 0) + (4 if norm else 0) + sum(
+        v[:1].numel() * v.element_size() for v in graph.edge_values(recipe.view).values())
+    return 8 * (recipe.n_out + 1) + per_edge * recipe.nnz
 
 
 def take_rows(t: torch.Tensor, rows: np.ndarray) -> np.ndarray:
@@ -210,15 +248,17 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
         sets = all_row_sets(graph, parts, world, specs, cached)
     ids_kept = any(reads_edge_ids(layer) for layer in program.graph_layers())
     norm = any(e.op == "edata" and e.attr("name") == "gcn_norm" for layer in program.layers for e in layer.eqns)
-    shared = shared_feature_ranks(graph, specs, sets, world)
-    edges = rank_edges(graph, specs, sets, world)
+    # a store's graph: its ranks build the structures on its stored edges and read their input rows from it
+    # (`store_source`); the shards hold their rows, halo plans and labels
+    source = store_source(graph)
+    store_x = source is not None and array_file(graph, "x", graph.x) is not None
+    shared = set() if store_x else shared_feature_ranks(graph, specs, sets, world)
+    edges = rank_edges(graph, specs, sets, world, built=source is not None)
     room = available_memory() if processes > 1 else None
     count = shard_processes(processes, edges, None if room is None else room.bytes)
     # the jobs: rank r's shard is job r; the shared features' file, where the ranks read one, is job `world`,
-    # weighed as FEATURE_BYTES_PER_EDGE of its bytes per structure edge (COPIED_BYTES_PER_EDGE where it is a store's
-    # file copied by the kernel: write_features)
-    per_edge = COPIED_BYTES_PER_EDGE if array_file(graph, "x", graph.x) is not None else FEATURE_BYTES_PER_EDGE
-    weights = edges + ([graph.x.numel() * graph.x.element_size() // per_edge] if shared else [])
+    # weighed as FEATURE_BYTES_PER_EDGE of its bytes per structure edge
+    weights = edges + ([graph.x.numel() * graph.x.element_size() // FEATURE_BYTES_PER_EDGE] if shared else [])
 
     def write_jobs(jobs: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The shards of the ranks in `jobs`, each built and written (packed, checksummed) in turn, and the
@@ -228,13 +268,13 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
         with ShardWriter() as writer:
             for rank in jobs:
                 if rank == world:
-                    features = write_features(out, graph, writer)
+                    features = write_features(out, graph)
                     continue
                 arrays, layout = rank_arrays(graph, parts, rank, world, specs, sets, rank in shared, ids_kept, norm,
-                                             narrow=True)
+                                             narrow=True, store=source is not None, store_x=store_x)
                 x_bytes = layout["x"]["rows"] * graph.num_features * graph.x.element_size() if rank in shared else 0
-                write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout, x_bytes, ids_kept,
-                             narrowed(arrays))
+                write_packed(writer, out / f"rank-{rank:05d}.npz", rank, arrays, layout,
+                             x_bytes + layout.get("built_bytes", 0), ids_kept, narrowed(arrays))
                 del arrays
                 if rank not in shared:
                     # a store's graph: this rank's input rows are written, the next rank reads its own. A rank that
@@ -259,19 +299,36 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     if progress is not None and count > 1:
         for rank in range(world):
             progress(rank)
-    return write_plan_manifest(out, graph, world, entries, features)
+    return write_plan_manifest(out, graph, world, entries, features, source)
 
 
-def rank_edges(graph: Graph, specs: list[LayerSpec], sets: list[RowSets], world: int) -> list[int]:
+def store_source(graph: Graph) -> dict[str, str] | None:
+    """The manifest's "store" (the store's directory and its manifest's sha256) for a graph whose stored edges a
+    rank can read (gnnc.graph.store.stored_structure), None otherwise.
+
+    A plan of a store's graph does not copy its structure: a deep DepCache segment's rank holds most of the
+    graph's edges, so each shard was a relabelled copy of nearly all of them (ogbn-products for 8 workers: 5.1 GB
+    written, 8 x 124M edges gathered and renumbered, the largest part of the compile, issue 34). Its ranks open the
+    store (mapped, checked against the sha256) and build their structures from its CSR, each the same arrays
+    `rows._view` builds for the shard (`load_rank`); the shards keep the rows, halo plans and labels. The
+    store must stay where it was, unchanged, while the plan is used (a rank refuses it otherwise)."""
+    held = stored_structure(graph)
+    return None if held is None else {"path": str(held[0]), "sha256": held[1]}
+
+
+def rank_edges(graph: Graph, specs: list[LayerSpec], sets: list[RowSets], world: int,
+               built: bool = False) -> list[int]:
     """Each rank's structure edges, the measure of its shard's work: the in-edges of the rows of its layer that
     computes the most (a depcache segment's first layer; deeper layers read prefixes of it), counted for that
-    layer only (each count a pass over every vertex)."""
-    if not specs:
+    layer only (each count a pass over every vertex). `built`: layers on the stored edges are built by the ranks
+    (`store_source`), not counted."""
+    layers = [k for k, s in enumerate(specs) if not (built and s.view == "plain")]
+    if not layers:
         return [0] * world
-    degrees = {v: np.diff(graph.csr(v).indptr.numpy()) for v in {s.view for s in specs}}
+    degrees = {v: np.diff(graph.csr(v).indptr.numpy()) for v in {specs[k].view for k in layers}}
     out = []
     for r in range(world):
-        k = max(range(len(specs)), key=lambda k: int(np.count_nonzero(sets[r].held_out[k])))
+        k = max(layers, key=lambda k: int(np.count_nonzero(sets[r].held_out[k])))
         out.append(int(degrees[specs[k].view][sets[r].held_out[k]].sum()))
     return out
 
@@ -336,17 +393,10 @@ def shared_feature_ranks(graph: Graph, specs: list[LayerSpec], sets, world: int)
     return wide if 2 * sum(rows[r] for r in wide) >= 3 * n else set()
 
 
-def write_features(out: Path, graph: Graph, writer: ShardWriter) -> dict[str, Any]:
-    """The graph's x as `features.npy`; its manifest entry (file, dtype, shape, bytes, sha256). A store's x that is
-    the file checked when the store was opened (gnnc.graph.store.array_file) is copied by the kernel through
-    `writer` (ShardWriter.copy: on the disk and in place once its `entries()` return) with the store's checksum,
-    not read, hashed and written again (ogbn-products' 0.98 GB: 0.5 CPU s of the kernel's against 2.5); else x is
-    written block by block, a store's pages let go after each."""
-    source = array_file(graph, "x", graph.x)
-    if source is not None:
-        path, entry = source
-        writer.copy(out / f"{FEATURES}.npy", path)
-        return {"file": f"{FEATURES}.npy", **{k: entry[k] for k in ("bytes", "dtype", "sha256", "shape")}}
+def write_features(out: Path, graph: Graph) -> dict[str, Any]:
+    """The graph's x as `features.npy`, written block by block (a store's pages let go after each); its manifest
+    entry (file, dtype, shape, bytes, sha256). A store's graph has none: its ranks read their rows from the store
+    (`store_source`)."""
     x = graph.x.numpy()
     step = max(BLOCK_BYTES // max(x[:1].nbytes, 1), 1)
     with _npy_writer(out, FEATURES, x.dtype, x.shape) as w:
@@ -382,13 +432,14 @@ def _read_features(shard_dir: str | os.PathLike, manifest: dict[str, Any], rows:
 
 
 def write_plan_manifest(out: Path, graph: Graph, world: int, entries: list[dict[str, Any]],
-                        features: dict[str, Any] | None = None) -> dict[str, Any]:
+                        features: dict[str, Any] | None = None, store: dict[str, str] | None = None) -> dict[str, Any]:
     """A plan's shard manifest (written last, after every rank's shard and the shared features); returns it as
-    read back."""
+    read back. `store`: the graph store its ranks build their structures from (`store_source`)."""
     write_manifest(out, {"kind": "plan", "graph": graph.name, "num_nodes": graph.num_nodes,
                          "num_edges": graph.num_edges, "num_features": graph.num_features,
                          "num_classes": graph.num_classes, "train_count": int(graph.train_mask.sum()),
-                         "parts": world, "shards": entries, **({"features": features} if features else {})})
+                         "parts": world, "shards": entries, **({"features": features} if features else {}),
+                         **({"store": store} if store else {})})
     return read_manifest(out)
 
 
@@ -413,6 +464,70 @@ def check_shards_match(manifest: dict[str, Any], program, where: str) -> None:
                                 f"{got.get('segment')}): the IR was edited after compiling; compile the plan again")
 
 
+def _open_plan_store(shard_dir: str | os.PathLike, manifest: dict[str, Any], rank: int) -> Graph:
+    """The graph store a plan's rank builds its structures from (`store_source`): the one the manifest names,
+    opened as `--graph DIR` opens it (its verification stamps in gnnc's cache folder), refused (PlanError) where it
+    is missing, unreadable or no longer the store the plan was compiled from (its manifest's sha256)."""
+    from gnnc.graph.loaders import default_cache_dir
+
+    entry = manifest.get("store")
+    if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("sha256"), str)):
+        raise PlanError(f"{shard_dir}: rank {rank} builds its structures from the graph store the plan was compiled "
+                        f"from, but the manifest does not name it (path and sha256): compile the plan again")
+    where = entry["path"]
+    try:
+        graph = open_store(where, stamps=default_cache_dir())
+    except GnncError as err:
+        raise PlanError(f"{shard_dir}: rank {rank} builds its structures from the graph store {where}, which the "
+                        f"plan was compiled from: {err}") from None
+    held = stored_structure(graph)
+    if held is None or held[1] != entry["sha256"]:
+        raise PlanError(f"{shard_dir}: the graph store {where} is not the one the plan was compiled from (its "
+                        f"manifest changed since): compile the plan again")
+    return graph
+
+
+VIEW_ARRAYS = ("indptr", "indices", "eids", "norm")  # with "edata.NAME": a structure's arrays (`_csr_arrays`)
+
+
+def _build_from_store(graph: Graph, info: dict[str, Any], arrays: dict[str, np.ndarray], k: int,
+                      edges: dict[str, bool]) -> None:
+    """Structure k's arrays (`_csr_arrays`' names, in `arrays`), built from the store's CSR by the recipe the
+    compiler left (gnnc.plan.rows.ViewRecipe: `info["store"]`) with the function it builds a shard's with
+    (gnnc.plan.rows._view), columns int64 as a shard's load widens them; a recipe that reads the first rows of
+    another structure's (`of`: a deeper DepCache layer's) takes views of that one's arrays, as unpacking a shard's
+    references does."""
+    recipe = info["store"]
+    name = f"g{k}"
+    n_out = int(recipe["rows"])
+    if recipe["of"] is not None:
+        base = f"g{int(recipe['of'])}."
+        nnz = int(arrays[base + "indptr"][n_out])
+        for key in [key for key in arrays if key.startswith(base)]:
+            suffix = key[len(base):]
+            if suffix in VIEW_ARRAYS or suffix.startswith("edata."):
+                arrays[f"{name}.{suffix}"] = arrays[key][:n_out + 1] if suffix == "indptr" else arrays[key][:nnz]
+        return
+    ids = np.asarray(arrays[f"{name}.ids"], dtype=np.int64)
+    n = graph.num_nodes
+    col = np.full(n, -1, dtype=np.int64)
+    if recipe["cols"] == "blocks":
+        col[np.asarray(arrays["block_order"], dtype=np.int64)] = np.arange(n)
+    else:
+        n_in = int(info["n_in"])
+        col[ids[:n_in]] = np.arange(n_in)
+        halo = arrays.get(f"{name}.halo_ids")
+        if halo is not None:
+            col[np.asarray(halo, dtype=np.int64)] = n_in + np.arange(len(halo))
+    ids_kept, norm = bool(edges.get("eids", True)), bool(edges.get("norm", True))
+    unread = frozenset(key for key, kept in (("eids", ids_kept), ("gcn_norm", norm)) if not kept)
+    view = _view(graph, info["view"], ids[:n_out], None, col, int(info["n_src"]), edge_positions=False,
+                 unread=unread, narrow=True)
+    built = _csr_arrays(name, view, ids_kept, norm)
+    built[f"{name}.indices"] = built[f"{name}.indices"].astype(np.int64, copy=False)
+    arrays.update(built)
+
+
 def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
     """Rank `rank`'s shard, checked against the manifest before anything is read."""
     manifest = read_manifest(shard_dir)
@@ -423,14 +538,25 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
     layout = manifest["shards"][rank]["layout"]
     arrays = unpack_arrays(load_npz(shard_dir, manifest, rank), layout.get("packing", {}),
                            f"{shard_dir}: rank {rank}'s shard")
-    if isinstance(layout.get("x"), dict):  # its input rows: the first of its rows, from the shared features
-        arrays["x"] = _read_features(shard_dir, manifest, arrays["rows"][:int(layout["x"]["rows"])])
+    x_from = layout.get("x")
+    store = None
+    if any("store" in info for info in layout["layers"].values()) or isinstance(x_from, dict) and x_from.get("store"):
+        store = _open_plan_store(shard_dir, manifest, rank)
+    if isinstance(x_from, dict):  # its input rows: the first of its rows, from the store or the shared features
+        rows = arrays["rows"][:int(x_from["rows"])]
+        if store is not None and x_from.get("store"):
+            arrays["x"] = take_rows(store.x, rows)
+            release_pages(store)  # x's pages, read: not beside the in-edges' while the structures are built
+        else:
+            arrays["x"] = _read_features(shard_dir, manifest, rows)
     structures: dict[int, LayerGraph] = {}
     layers: dict[str, LayerGraph] = {}
     for name, info in layout["layers"].items():
         k = int(info["structure"])
         if k not in structures:
             halo = _plan_from(arrays, f"g{k}", world) if info["halo"] else None
+            if "store" in info:
+                _build_from_store(store, info, arrays, k, layout.get("edges") or {})
             views = {} if info["n_src"] is None else {info["view"]: _view_from(arrays, f"g{k}", int(info["n_src"]))}
             g = LayerGraph(int(info["n_in"]), int(info["n_out"]), views, halo, bool(info["blocks"]),
                            ids=torch.from_numpy(arrays[f"g{k}.ids"]))
@@ -439,6 +565,9 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
                 g.entry_perm = torch.from_numpy(arrays[f"g{k}.entry.perm"])
             structures[k] = g
         layers[name] = structures[k]
+    if store is not None:
+        release_pages(store)  # the store's pages read: this rank holds what it built, not the mapped graph
+        del store
     check_class_labels(torch.from_numpy(arrays["y"]), str(manifest["graph"]))
     n_owned = int(arrays["n_owned"])
     lg = LocalGraph(torch.from_numpy(arrays["rows"].astype(np.int64)), n_owned, layers, layout.get("block_rows"))
