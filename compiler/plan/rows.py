@@ -548,12 +548,19 @@ def _edge_data_in_csr_order(graph: Graph, view: str, unread: frozenset[str] = fr
     gcn_norm of a GraphSAGE plan's view was a pass over every edge (degrees, norms) and a gather per edge for
     nothing (0.35 of the 1.56 CPU s of the structures on the products-like R-MAT at 0.05)."""
     held = graph._views.setdefault(("edge_data in csr order", view), {})
-    values = graph.edge_values(view)
-    names = [k for k in ("gcn_norm", *values) if k not in unread]
-    missing = [k for k in names if k not in held]
-    for k in missing:
-        held[k] = _csr_ordered(graph, view, graph.gcn_norm(view) if k == "gcn_norm" else values[k])
+    names = [k for k in ("gcn_norm", *graph.edge_data) if k not in unread]  # every view has the graph's names
+    for k in names:
+        if k not in held:
+            held[k] = _csr_ordered(graph, view, graph.gcn_norm(view) if k == "gcn_norm" else graph.edge_values(view)[k])
     return {k: held[k] for k in names}
+
+
+def hold_view(graph: Graph, view: str, csr: CSR, edge_data: dict[str, np.ndarray]) -> None:
+    """Give `graph` the CSR of `view` and its per-edge arrays in that CSR's order (gcn_norm, the edge data), as
+    `_view` reads them: a plan's rank that builds its structures from a store holds the views the store does not
+    (the self-loops view) as the compiler wrote them (gnnc.plan.shards.write_views), not rebuilt from every edge."""
+    graph._views[("csr", view)] = csr
+    graph._views[("edge_data in csr order", view)] = dict(edge_data)
 
 
 def _csr_ordered(graph: Graph, view: str, values: torch.Tensor) -> np.ndarray:
@@ -618,8 +625,9 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
     shard writer does not store: not gathered (with `edge_positions=False` only), the ids -1 of each view's length.
     `narrow` (the shard writer's): each CSR's columns int32 where they fit, as the shard stores them, and its
     destinations not expanded (`_view`): the runtime's structures keep int64. `store_views` (the shard writer's,
-    for a graph whose stored CSR a rank can read: gnnc.plan.shards.store_source): each view on the "plain" edges
-    that `_view` or `_prefix_view` would build is a ViewRecipe, built by the rank from the store.
+    for a graph whose stored CSR a rank can read: gnnc.plan.shards.store_source): each view that `_view` or
+    `_prefix_view` would build is a ViewRecipe, built by the rank from the store (or, for a view the store does
+    not hold, from the plan's one copy of it).
 
     Each distinct structure is built once: layers of a per-layer strategy on one view share one LayerGraph;
     layers of a depcache/hybrid segment with equal row sets (`_same_rows_key`) get their own LayerGraph
@@ -660,7 +668,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             if block_col is None:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
-            views = {s.view: _recipe(graph, s.view, out_rows, n, "blocks") if store_views and s.view == "plain"
+            views = {s.view: _recipe(graph, s.view, out_rows, n, "blocks") if store_views
                      else _view(graph, s.view, out_rows, computed, block_col, n, edge_positions, unread, narrow)}
             lg = LayerGraph(n_in, n_out, views, None, True, ids=ids)
         else:
@@ -675,7 +683,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             # computes a prefix of the rows the segment's first such layer computes (`_prefix_view`)
             whole = rows == "neighbourhood" and (h is None or len(h) == 0) and seg >= 0
             widest = prefix_of.get((seg, s.view)) if whole else None
-            recipe = store_views and s.view == "plain"
+            recipe = store_views
             # the rank numbers the held rows by their place in the layer's ids (the order's prefix, RowSets)
             if recipe and n_in and int(pos[mine.held_in[lyr]].max()) >= n_in:
                 raise AssertionError(f"layer {s.name}: its held rows are not the first {n_in} of its order")

@@ -45,15 +45,16 @@ from gnnc.errors import GnncError, PlanError
 from gnnc.host import available_memory
 from gnnc.parallel import map_processes
 from gnnc.graph import CSR, Graph, GraphView, sparse_if_sparse
+from gnnc.graph.loaders import default_cache_dir
 from gnnc.graph.storage import check_class_labels
 from gnnc.graph.sampling import reads_edge_ids, take
-from gnnc.graph.store import (BLOCK_BYTES, _npy_writer, _open_array, array_file, open_store, release_pages,
-                              stored_structure)
+from gnnc.graph.store import (BLOCK_BYTES, _npy_writer, _open_array, _tensor, array_file, open_store,
+                              release_pages, stored_structure)
 from gnnc.plan.halo import HaloPlan
 from gnnc.plan.slices import feature_slices
 from gnnc.plan.strategies import STRATEGIES
-from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, ViewRecipe, _view, all_row_sets,
-                            build_local_graph, layer_specs)
+from gnnc.plan.rows import (LayerGraph, LayerSpec, LocalGraph, RowSets, ViewRecipe, _edge_data_in_csr_order, _view,
+                            all_row_sets, build_local_graph, hold_view, layer_specs)
 from gnnc.plan.shard_files import ShardWriter, load_npz, pack_arrays, read_manifest, unpack_arrays, write_manifest
 
 FEATURES = "features"  # the shared input features' file, features.npy
@@ -204,7 +205,7 @@ def _built_bytes(graph: Graph, recipe: ViewRecipe, edge_ids: bool, norm: bool) -
     columns, the edges' global ids where kept, gcn_norm where read, the graph's edge data): the bytes its arrays
     would have taken, loaded from the shard."""
     per_edge = 8 + (8 if edge_ids else 0) + (4 if norm else 0) + sum(
-        v[:1].numel() * v.element_size() for v in graph.edge_values(recipe.view).values())
+        v[:1].numel() * v.element_size() for v in graph.edge_data.values())  # (every view: the graph's names)
     return 8 * (recipe.n_out + 1) + per_edge * recipe.nnz
 
 
@@ -254,6 +255,8 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     store_x = source is not None and array_file(graph, "x", graph.x) is not None
     shared = set() if store_x else shared_feature_ranks(graph, specs, sets, world)
     edges = rank_edges(graph, specs, sets, world, built=source is not None)
+    views = write_views(out, graph, {s.view for s in specs if STRATEGIES[s.strategy].rows != "all"}, ids_kept, norm) \
+        if source is not None else {}
     room = available_memory() if processes > 1 else None
     count = shard_processes(processes, edges, None if room is None else room.bytes)
     # the jobs: rank r's shard is job r; the shared features' file, where the ranks read one, is job `world`,
@@ -299,7 +302,7 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     if progress is not None and count > 1:
         for rank in range(world):
             progress(rank)
-    return write_plan_manifest(out, graph, world, entries, features, source)
+    return write_plan_manifest(out, graph, world, entries, features, source and {**source, "views": views})
 
 
 def store_source(graph: Graph) -> dict[str, str] | None:
@@ -314,6 +317,63 @@ def store_source(graph: Graph) -> dict[str, str] | None:
     store must stay where it was, unchanged, while the plan is used (a rank refuses it otherwise)."""
     held = stored_structure(graph)
     return None if held is None else {"path": str(held[0]), "sha256": held[1]}
+
+
+def write_views(out: Path, graph: Graph, views: set[str], edge_ids: bool, norm: bool) -> dict[str, dict[str, Any]]:
+    """What the ranks of a store's plan read beside the store, written once for all of them: the CSR of each view
+    the store does not hold (the self-loops view: its columns int32 where they fit, its edges' global ids where a
+    layer reads them), and each view's per-edge arrays in its CSR's order that a layer reads (gcn_norm, the graph's
+    edge data: `rows._edge_data_in_csr_order`, a gather over every edge a rank would otherwise make). Each file
+    `view.<view>.<name>.npy`; their manifest entries (dtype, shape, size, sha256) by view and name."""
+    unread = frozenset(k for k, kept in (("eids", edge_ids), ("gcn_norm", norm)) if not kept)
+    written: dict[str, dict[str, Any]] = {}
+    for view in sorted(views):
+        arrays: dict[str, np.ndarray] = {}
+        if view != "plain":
+            csr = graph.csr(view)
+            arrays["indptr"] = csr.indptr.numpy()
+            indices = csr.indices.numpy()
+            arrays["indices"] = indices.astype(np.int32) if graph.num_nodes < 2**31 else indices
+            if edge_ids:
+                arrays["eids"] = csr.eids.numpy()
+        arrays.update((f"data.{k}", v) for k, v in _edge_data_in_csr_order(graph, view, unread).items())
+        entries = {}
+        for name, a in arrays.items():
+            with _npy_writer(out, f"view.{view}.{name}", a.dtype, a.shape) as w:
+                w.write(a)
+            entries[name] = w.entry
+        if entries:
+            written[view] = entries
+    return written
+
+
+def _held_views(graph: Graph, shard_dir: str | os.PathLike, manifest: dict[str, Any], views: set[str],
+                maps: list) -> None:
+    """The views `views` as the compiler wrote them (`write_views`), checked (size, sha256, dtype, shape) and held
+    by the store's `graph` where `rows._view` reads them (`rows.hold_view`); a view the manifest does not list is
+    the store's own CSR with no per-edge array read."""
+    listed = manifest["store"].get("views", {})
+    names = ("indptr", "indices", "eids", *(f"data.{k}" for k in ("gcn_norm", *graph.edge_data)))
+    for view in sorted(views):
+        entries = listed.get(view, {}) if isinstance(listed, dict) else None
+        if not isinstance(entries, dict) or view != "plain" and "indptr" not in entries:
+            raise PlanError(f"{shard_dir}: the manifest does not describe the {view} structure its ranks build: "
+                            f"compile the plan again")
+        arrays = {}
+        for name, entry in entries.items():
+            file = f"view.{view}.{name}"
+            if not (isinstance(entry, dict) and entry.get("file") == f"{file}.npy" and name in names):
+                raise PlanError(f"{shard_dir}: the manifest's {view} structure lists {str(name)[:60]!r}, which no "
+                                f"plan writes: compile the plan again")
+            try:
+                arrays[name] = _open_array(Path(shard_dir), file, entry, maps)
+            except GnncError as err:  # missing, truncated or altered: the plan is damaged
+                raise PlanError(str(err)) from None
+        n = graph.num_nodes
+        csr = graph.csr("plain") if view == "plain" else \
+            CSR(_tensor(arrays["indptr"]), _tensor(arrays["indices"]),
+                _tensor(arrays["eids"]) if "eids" in arrays else torch.zeros(0, dtype=torch.int64), n, n)
+        hold_view(graph, view, csr, {k[len("data."):]: v for k, v in arrays.items() if k.startswith("data.")})
 
 
 def rank_edges(graph: Graph, specs: list[LayerSpec], sets: list[RowSets], world: int,
@@ -468,8 +528,6 @@ def _open_plan_store(shard_dir: str | os.PathLike, manifest: dict[str, Any], ran
     """The graph store a plan's rank builds its structures from (`store_source`): the one the manifest names,
     opened as `--graph DIR` opens it (its verification stamps in gnnc's cache folder), refused (PlanError) where it
     is missing, unreadable or no longer the store the plan was compiled from (its manifest's sha256)."""
-    from gnnc.graph.loaders import default_cache_dir
-
     entry = manifest.get("store")
     if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("sha256"), str)):
         raise PlanError(f"{shard_dir}: rank {rank} builds its structures from the graph store the plan was compiled "
@@ -549,6 +607,10 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
             release_pages(store)  # x's pages, read: not beside the in-edges' while the structures are built
         else:
             arrays["x"] = _read_features(shard_dir, manifest, rows)
+    maps: list = []  # the plan's view files, mapped while the structures are built
+    built = {info["view"] for info in layout["layers"].values() if "store" in info and info["store"]["of"] is None}
+    if built:
+        _held_views(store, shard_dir, manifest, built, maps)
     structures: dict[int, LayerGraph] = {}
     layers: dict[str, LayerGraph] = {}
     for name, info in layout["layers"].items():
@@ -568,6 +630,11 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
     if store is not None:
         release_pages(store)  # the store's pages read: this rank holds what it built, not the mapped graph
         del store
+    for pages in maps:
+        try:
+            pages.close()
+        except BufferError:  # an array over it still held: unmapped when the last goes
+            pass
     check_class_labels(torch.from_numpy(arrays["y"]), str(manifest["graph"]))
     n_owned = int(arrays["n_owned"])
     lg = LocalGraph(torch.from_numpy(arrays["rows"].astype(np.int64)), n_owned, layers, layout.get("block_rows"))
