@@ -260,14 +260,51 @@ class Graph:
         key = ("gcn_norm", view)
         if key not in self._views:
             s, d = self.edges(view)
-            weight = self.edge_values(view).get(_edge_data.WEIGHT)
-            w = np.ones(len(s)) if weight is None else weight.numpy().astype(np.float64)
-            deg = np.bincount(d, weights=w, minlength=self.num_nodes)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                inv = deg ** -0.5
-            inv[np.isinf(inv)] = 0.0
-            self._views[key] = torch.as_tensor(inv[s] * w * inv[d], dtype=torch.float32)
+            w = self._edge_weight(view)
+            inv = _inverse_sqrt(np.bincount(d, weights=w, minlength=self.num_nodes).astype(np.float64))
+            # (times a weight of 1 where there is none: the same float64 products)
+            self._views[key] = torch.as_tensor(inv[s] * inv[d] if w is None else inv[s] * w * inv[d],
+                                               dtype=torch.float32)
         return self._views[key]
+
+    def gcn_norm_in_csr_order(self, view: str = "self_loops") -> np.ndarray:
+        """`gcn_norm(view)` in the order of `csr(view)`'s entries, bit for bit its values gathered by the CSR's eids,
+        computed a block of rows at a time from the CSR (each entry's source and row; its weight gathered only where
+        the graph has one): a plan's shards and views want it so, and the gather by edge id over every edge was 7.6 of
+        19.3 s at ogbn-products' size (self-loops view), the norm in edge order 11.8 more."""
+        csr = self.csr(view)
+        indptr, indices = csr.indptr.numpy(), csr.indices.numpy()
+        w = self._edge_weight(view)
+        # the in-degree: a row's entries (integers, exact in float64) or the weights summed in edge order, as gcn_norm
+        inv = _inverse_sqrt(np.diff(indptr).astype(np.float64) if w is None else
+                            np.bincount(self.edges(view)[1], weights=w, minlength=self.num_nodes))
+        out = np.empty(int(indptr[-1]), dtype=np.float32)
+        eids = None if w is None else csr.eids.numpy()
+        for lo in range(0, self.num_nodes, NORM_BLOCK_ROWS):
+            hi = min(lo + NORM_BLOCK_ROWS, self.num_nodes)
+            a, b = int(indptr[lo]), int(indptr[hi])
+            block = inv[indices[a:b]]
+            if eids is not None:
+                block *= w[eids[a:b]]
+            block *= np.repeat(inv[lo:hi], np.diff(indptr[lo:hi + 1]))
+            out[a:b] = block
+        return out
+
+    def _edge_weight(self, view: str) -> np.ndarray | None:
+        """The view's edge weights as float64 (gcn_norm's w), None without an `edge_weight`."""
+        weight = self.edge_values(view).get(_edge_data.WEIGHT)
+        return None if weight is None else weight.numpy().astype(np.float64)
+
+
+NORM_BLOCK_ROWS = 1 << 16  # gcn_norm_in_csr_order's rows at a time: its float64 temporaries a few of a block's entries
+
+
+def _inverse_sqrt(deg: np.ndarray) -> np.ndarray:
+    """deg^-1/2, 0 where the degree is 0 (PyG's inf -> 0; a negative degree gives NaN, as there)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = deg ** -0.5
+    inv[np.isinf(inv)] = 0.0
+    return inv
 
 
 def check_class_labels(y: torch.Tensor, name: str, loss: str | None = None) -> None:

@@ -551,7 +551,8 @@ def _edge_data_in_csr_order(graph: Graph, view: str, unread: frozenset[str] = fr
     names = [k for k in ("gcn_norm", *graph.edge_data) if k not in unread]  # every view has the graph's names
     for k in names:
         if k not in held:
-            held[k] = _csr_ordered(graph, view, graph.gcn_norm(view) if k == "gcn_norm" else graph.edge_values(view)[k])
+            held[k] = graph.gcn_norm_in_csr_order(view) if k == "gcn_norm" else \
+                _csr_ordered(graph, view, graph.edge_values(view)[k])
     return {k: held[k] for k in names}
 
 

@@ -380,9 +380,9 @@ def rank_edges(graph: Graph, specs: list[LayerSpec], sets: list[RowSets], world:
                built: bool = False) -> list[int]:
     """Each rank's structure edges, the measure of its shard's work: the in-edges of the rows of its layer that
     computes the most (a depcache segment's first layer; deeper layers read prefixes of it), counted for that
-    layer only (each count a pass over every vertex). `built`: layers on the stored edges are built by the ranks
-    (`store_source`), not counted."""
-    layers = [k for k, s in enumerate(specs) if not (built and s.view == "plain")]
+    layer only (each count a pass over every vertex). `built`: the ranks build their structures (`store_source`):
+    none counted."""
+    layers = [] if built else list(range(len(specs)))
     if not layers:
         return [0] * world
     degrees = {v: np.diff(graph.csr(v).indptr.numpy()) for v in {specs[k].view for k in layers}}
