@@ -100,8 +100,13 @@ def _csr_arrays(prefix: str, view: GraphView, edge_ids: bool = True, norm: bool 
     return out
 
 
-def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphView:
-    # no copy of an int64 array: layers whose structures are one array's rows share it, as they did when compiled
+def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int,
+               positions: torch.Tensor | None = None) -> GraphView:
+    """A loaded structure's view. No copy of an int64 array: layers whose structures are one array's rows share it,
+    as they did when compiled; its CSR numbers its edges 0..nnz-1 (the first of `positions`, where given: one
+    arange for every structure of the rank), and its destinations are built when first read (GraphView.dst: the kernels'
+    products never read them; built for each structure on load they were 8 bytes per edge, 2.7 GB and 4.5 s of an
+    ogbn-products rank's load under a deep DepCache segment)."""
     indptr = torch.from_numpy(np.asarray(arrays[f"{prefix}.indptr"], dtype=np.int64))
     indices = torch.from_numpy(np.asarray(arrays[f"{prefix}.indices"], dtype=np.int64))
     named = arrays.get(f"{prefix}.eids")
@@ -109,12 +114,13 @@ def _view_from(arrays: dict[str, np.ndarray], prefix: str, n_src: int) -> GraphV
     # gnnc.runtime.distributed.forget_edge_ids leaves them
     eids = torch.full((), -1, dtype=torch.int64).expand(len(indices)) if named is None else \
         torch.from_numpy(np.asarray(named, dtype=np.int64))
-    csr = CSR(indptr, indices, torch.arange(len(indices)), len(indptr) - 1, n_src)
+    csr = CSR(indptr, indices, torch.arange(len(indices)) if positions is None else positions[:len(indices)],
+              len(indptr) - 1, n_src)
     norm = arrays.get(f"{prefix}.norm")  # absent where no layer reads edge.gcn_norm
     data = {} if norm is None else {"gcn_norm": torch.from_numpy(norm)}
     named = f"{prefix}.edata."
     data.update((k[len(named):], torch.from_numpy(v)) for k, v in arrays.items() if k.startswith(named))
-    return GraphView(csr, csr.indices, csr.dst_index(), eids, data, csr.in_degree().to(torch.float32))
+    return GraphView(csr, csr.indices, None, eids, data, csr.in_degree().to(torch.float32))
 
 
 def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: list[LayerSpec], sets,
@@ -611,6 +617,9 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
     built = {info["view"] for info in layout["layers"].values() if "store" in info and info["store"]["of"] is None}
     if built:
         _held_views(store, shard_dir, manifest, built, maps)
+    pp = layout.get("pushpull")
+    positions = torch.arange(max([int(info["nnz"]) for info in layout["layers"].values()] +
+                                 [int(pp["nnz"]) if pp is not None else 0]))
     structures: dict[int, LayerGraph] = {}
     layers: dict[str, LayerGraph] = {}
     for name, info in layout["layers"].items():
@@ -619,7 +628,8 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
             halo = _plan_from(arrays, f"g{k}", world) if info["halo"] else None
             if "store" in info:
                 _build_from_store(store, info, arrays, k, layout.get("edges") or {})
-            views = {} if info["n_src"] is None else {info["view"]: _view_from(arrays, f"g{k}", int(info["n_src"]))}
+            views = {} if info["n_src"] is None else \
+                {info["view"]: _view_from(arrays, f"g{k}", int(info["n_src"]), positions)}
             g = LayerGraph(int(info["n_in"]), int(info["n_out"]), views, halo, bool(info["blocks"]),
                            ids=torch.from_numpy(arrays[f"g{k}.ids"]))
             if info["entry"]:
@@ -643,10 +653,9 @@ def load_rank(shard_dir: str | os.PathLike, rank: int, world: int) -> RankData:
               "test": torch.from_numpy(arrays["test"])}
     data = RankData(lg, inputs, int(manifest["num_nodes"]), int(manifest["num_features"]),
                     int(manifest["num_classes"]), float(max(manifest["train_count"], 1)), str(manifest["graph"]))
-    pp = layout.get("pushpull")
     if pp is not None:
         n = data.num_nodes
-        data.full_views = {pp["view"]: _view_from(arrays, f"full.{pp['view']}", n)}
+        data.full_views = {pp["view"]: _view_from(arrays, f"full.{pp['view']}", n, positions)}
         data.block_order = torch.from_numpy(arrays["block_order"])
         data.cols = (int(pp["cols"][0]), int(pp["cols"][1]))
     return data
