@@ -65,20 +65,22 @@ def test_edge_data_is_gathered_by_numpy_not_torch_indexing() -> None:
 
 
 def test_edge_data_is_gathered_by_edge_id_once_per_view_not_per_rank_and_layer(tmp_path, monkeypatch) -> None:
-    """Each rank's structures take gcn_norm by CSR position from one gather per view: by edge id per rank and
-    layer it was a random gather over most of the graph's edges each time (a third of a depcache plan's
-    structures at products' size)."""
+    """Each rank's structures take gcn_norm by CSR position from one array per view, computed in the CSR's order
+    (Graph.gcn_norm_in_csr_order), with no gather by edge id: by edge id per rank and layer it was a random gather
+    over most of the graph's edges each time (a third of a depcache plan's structures at products' size)."""
     import gnnc
     from conftest import EXAMPLES
+    from gnnc.graph import Graph
     from gnnc.plan import rows
 
-    gathers = []
-    gather = rows._csr_ordered
+    gathers, norms = [], []
+    gather, norm = rows._csr_ordered, Graph.gcn_norm_in_csr_order
     monkeypatch.setattr(rows, "_csr_ordered", lambda g, view, values: gathers.append(view) or gather(g, view, values))
+    monkeypatch.setattr(Graph, "gcn_norm_in_csr_order", lambda g, view: norms.append(view) or norm(g, view))
     graph = gnnc.load_graph("planetoid:cora")
     plan = gnnc.compile(gnnc.load_model(EXAMPLES / "gcn.gnn"), graph, workers=4, strategy="depcache")
     plan.save(tmp_path / "plan")
-    assert sorted(gathers) == ["self_loops"], gathers  # gcn's one view, once for 4 ranks x 2 layers
+    assert norms == ["self_loops"] and gathers == [], (norms, gathers)  # gcn's one view, once for 4 ranks x 2 layers
 
 
 def test_statistics_gather_each_edges_parts_once_as_int32(monkeypatch) -> None:

@@ -666,7 +666,7 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
         if rows == "all":  # runs on the whole first-layer structure (the shard's full views, gnnc.plan.shards)
             lg = LayerGraph(n_in, n_out, {}, None, ids=ids)
         elif rows == "blocks":
-            if block_col is None:
+            if block_col is None and not store_views:
                 block_col = np.empty(n, dtype=np.int64)
                 block_col[np.argsort(parts, kind="stable")] = np.arange(n)
             views = {s.view: _recipe(graph, s.view, out_rows, n, "blocks") if store_views
@@ -684,16 +684,15 @@ def build_local_graph(graph: Graph, parts: np.ndarray, rank: int, world: int, sp
             # computes a prefix of the rows the segment's first such layer computes (`_prefix_view`)
             whole = rows == "neighbourhood" and (h is None or len(h) == 0) and seg >= 0
             widest = prefix_of.get((seg, s.view)) if whole else None
-            recipe = store_views
             # the rank numbers the held rows by their place in the layer's ids (the order's prefix, RowSets)
-            if recipe and n_in and int(pos[mine.held_in[lyr]].max()) >= n_in:
+            if store_views and n_in and int(pos[mine.held_in[lyr]].max()) >= n_in:
                 raise AssertionError(f"layer {s.name}: its held rows are not the first {n_in} of its order")
             if widest is not None and widest.n_out >= n_out:
                 of = widest.views[s.view]
                 view = ViewRecipe(s.view, n_out, n_src, _recipe(graph, s.view, out_rows, n_src, "held").nnz, "held",
-                                  of=of) if recipe else \
+                                  of=of) if store_views else \
                     _prefix_view(graph, s.view, of, n_out, computed, n_src, edge_positions)
-            elif recipe:
+            elif store_views:
                 view = _recipe(graph, s.view, out_rows, n_src, "held", h if h is not None and len(h) else None)
             else:
                 view = _view(graph, s.view, out_rows, computed, col, n_src, edge_positions, unread, narrow)
