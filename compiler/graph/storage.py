@@ -321,15 +321,19 @@ def _with_self_loops(plain: CSR, n: int) -> CSR:
     kept[last] = False
     out_indices = np.empty(len(kept), dtype=np.int64)
     out_indices[last] = np.arange(n)
-    out_indices[kept] = indices[~loop]
-    # an edge's id among the edges that are not loops: its id less the loops before it
-    is_loop = np.zeros(len(eids), dtype=bool)
-    is_loop[eids[loop]] = True
-    before = np.cumsum(is_loop, dtype=np.int32 if len(eids) < 2**31 else np.int64)
     out_eids = np.empty(len(kept), dtype=np.int64)
-    out_eids[last] = len(eids) - int(before[-1] if len(before) else 0) + np.arange(n)
-    others = eids[~loop]
-    out_eids[kept] = others - before[others]
+    if loops.any():
+        out_indices[kept] = indices[~loop]
+        # an edge's id among the edges that are not loops: its id less the loops before it
+        is_loop = np.zeros(len(eids), dtype=bool)
+        is_loop[eids[loop]] = True
+        before = np.cumsum(is_loop, dtype=np.int32 if len(eids) < 2**31 else np.int64)
+        others = eids[~loop]
+        out_eids[kept] = others - before[others]
+    else:  # no loop to drop (ogbn-products has none): every edge keeps its id
+        out_indices[kept] = indices
+        out_eids[kept] = eids
+    out_eids[last] = len(eids) - int(loops.sum()) + np.arange(n)
     return CSR(torch.from_numpy(out_indptr), torch.from_numpy(out_indices), torch.from_numpy(out_eids), n, n)
 
 
