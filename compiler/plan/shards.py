@@ -88,6 +88,12 @@ class RankData:
     cols: tuple[int, int] | None = None  # pushpull: this rank's feature slice
 
 
+def _unread(edge_ids: bool, norm: bool) -> frozenset[str]:
+    """The per-edge arrays a plan's structures neither gather nor store (rows.build_local_graph's `unread`): the
+    edges' global ids where no graph layer reads them, gcn_norm where no layer reads edge.gcn_norm."""
+    return frozenset(k for k, kept in (("eids", edge_ids), ("gcn_norm", norm)) if not kept)
+
+
 def _csr_arrays(prefix: str, view: GraphView, edge_ids: bool = True, norm: bool = True) -> dict[str, np.ndarray]:
     """A view's arrays; its edges' global ids only where `edge_ids`, their gcn_norm only where `norm`
     (`rank_arrays`)."""
@@ -135,9 +141,8 @@ def rank_arrays(graph: Graph, parts: np.ndarray, rank: int, world: int, specs: l
     columns are gathered as int32 where they fit (`narrowed` names them: the int64 arrays they stand for, which
     `write_packed` packs byte for byte as it packs those)."""
     # a shard holds no CSR eids, and neither global edge ids nor gcn_norm where no layer reads them: not gathered
-    unread = frozenset(k for k, kept in (("eids", edge_ids), ("gcn_norm", norm)) if not kept)
-    lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False, unread=unread,
-                           narrow=narrow, store_views=store)
+    lg = build_local_graph(graph, parts, rank, world, specs, sets, edge_positions=False,
+                           unread=_unread(edge_ids, norm), narrow=narrow, store_views=store)
     rows = lg.rows.numpy()
     owned = rows[: lg.n_owned]
     arrays: dict[str, np.ndarray] = {"rows": rows, "n_owned": np.array(lg.n_owned)}
@@ -260,7 +265,8 @@ def write_plan_shards(program, graph: Graph, parts: np.ndarray, world: int, out_
     source = store_source(graph)
     store_x = source is not None and array_file(graph, "x", graph.x) is not None
     shared = set() if store_x else shared_feature_ranks(graph, specs, sets, world)
-    edges = rank_edges(graph, specs, sets, world, built=source is not None)
+    # (a store's ranks build their structures: nothing heavy per rank is left to spread over processes)
+    edges = [0] * world if source is not None else rank_edges(graph, specs, sets, world)
     views = write_views(out, graph, {s.view for s in specs if STRATEGIES[s.strategy].rows != "all"}, ids_kept, norm) \
         if source is not None else {}
     room = available_memory() if processes > 1 else None
@@ -331,7 +337,6 @@ def write_views(out: Path, graph: Graph, views: set[str], edge_ids: bool, norm: 
     layer reads them), and each view's per-edge arrays in its CSR's order that a layer reads (gcn_norm, the graph's
     edge data: `rows._edge_data_in_csr_order`, a gather over every edge a rank would otherwise make). Each file
     `view.<view>.<name>.npy`; their manifest entries (dtype, shape, size, sha256) by view and name."""
-    unread = frozenset(k for k, kept in (("eids", edge_ids), ("gcn_norm", norm)) if not kept)
     written: dict[str, dict[str, Any]] = {}
     for view in sorted(views):
         arrays: dict[str, np.ndarray] = {}
@@ -342,7 +347,8 @@ def write_views(out: Path, graph: Graph, views: set[str], edge_ids: bool, norm: 
             arrays["indices"] = indices.astype(np.int32) if graph.num_nodes < 2**31 else indices
             if edge_ids:
                 arrays["eids"] = csr.eids.numpy()
-        arrays.update((f"data.{k}", v) for k, v in _edge_data_in_csr_order(graph, view, unread).items())
+        per_edge = _edge_data_in_csr_order(graph, view, _unread(edge_ids, norm))
+        arrays.update((f"data.{k}", v) for k, v in per_edge.items())
         entries = {}
         for name, a in arrays.items():
             with _npy_writer(out, f"view.{view}.{name}", a.dtype, a.shape) as w:
@@ -371,10 +377,7 @@ def _held_views(graph: Graph, shard_dir: str | os.PathLike, manifest: dict[str, 
             if not (isinstance(entry, dict) and entry.get("file") == f"{file}.npy" and name in names):
                 raise PlanError(f"{shard_dir}: the manifest's {view} structure lists {str(name)[:60]!r}, which no "
                                 f"plan writes: compile the plan again")
-            try:
-                arrays[name] = _open_array(Path(shard_dir), file, entry, maps)
-            except GnncError as err:  # missing, truncated or altered: the plan is damaged
-                raise PlanError(str(err)) from None
+            arrays[name] = _plan_array(shard_dir, file, entry, maps)
         n = graph.num_nodes
         csr = graph.csr("plain") if view == "plain" else \
             CSR(_tensor(arrays["indptr"]), _tensor(arrays["indices"]),
@@ -382,19 +385,16 @@ def _held_views(graph: Graph, shard_dir: str | os.PathLike, manifest: dict[str, 
         hold_view(graph, view, csr, {k[len("data."):]: v for k, v in arrays.items() if k.startswith("data.")})
 
 
-def rank_edges(graph: Graph, specs: list[LayerSpec], sets: list[RowSets], world: int,
-               built: bool = False) -> list[int]:
+def rank_edges(graph: Graph, specs: list[LayerSpec], sets: list[RowSets], world: int) -> list[int]:
     """Each rank's structure edges, the measure of its shard's work: the in-edges of the rows of its layer that
     computes the most (a depcache segment's first layer; deeper layers read prefixes of it), counted for that
-    layer only (each count a pass over every vertex). `built`: the ranks build their structures (`store_source`):
-    none counted."""
-    layers = [] if built else list(range(len(specs)))
-    if not layers:
+    layer only (each count a pass over every vertex)."""
+    if not specs:
         return [0] * world
-    degrees = {v: np.diff(graph.csr(v).indptr.numpy()) for v in {specs[k].view for k in layers}}
+    degrees = {v: np.diff(graph.csr(v).indptr.numpy()) for v in {s.view for s in specs}}
     out = []
     for r in range(world):
-        k = max(layers, key=lambda k: int(np.count_nonzero(sets[r].held_out[k])))
+        k = max(range(len(specs)), key=lambda k: int(np.count_nonzero(sets[r].held_out[k])))
         out.append(int(degrees[specs[k].view][sets[r].held_out[k]].sum()))
     return out
 
@@ -472,6 +472,15 @@ def write_features(out: Path, graph: Graph) -> dict[str, Any]:
     return w.entry
 
 
+def _plan_array(shard_dir: str | os.PathLike, name: str, entry: dict[str, Any], maps: list) -> np.ndarray:
+    """`name`.npy beside a plan's shards, mapped once its size, checksum, dtype and shape match `entry`
+    (gnnc.graph.store's check); PlanError where it is missing, truncated or altered: the plan is damaged."""
+    try:
+        return _open_array(Path(shard_dir), name, entry, maps)
+    except GnncError as err:
+        raise PlanError(str(err)) from None
+
+
 def _read_features(shard_dir: str | os.PathLike, manifest: dict[str, Any], rows: np.ndarray) -> np.ndarray:
     """Rows `rows` of the shared features, read once the file matches the manifest's size, checksum, dtype and
     shape (gnnc.graph.store's check, its pages let go region by region); the file is features.npy, never a path
@@ -484,10 +493,7 @@ def _read_features(shard_dir: str | os.PathLike, manifest: dict[str, Any], rows:
         raise PlanError(f"{shard_dir}: a rank reads the shared features, but the manifest does not describe them as "
                         f"{FEATURES}.npy ({shape}, dtype, size and sha256): compile the plan again")
     maps: list = []
-    try:
-        x = _open_array(Path(shard_dir), FEATURES, entry, maps)
-    except GnncError as err:  # missing, truncated or altered: the plan's shards are damaged
-        raise PlanError(str(err)) from None
+    x = _plan_array(shard_dir, FEATURES, entry, maps)
     if len(rows) and (rows.min() < 0 or rows.max() >= shape[0]):
         raise PlanError(f"{shard_dir}: a rank's rows are out of the features' range")
     out = take(x, rows, maps)
@@ -584,9 +590,8 @@ def _build_from_store(graph: Graph, info: dict[str, Any], arrays: dict[str, np.n
         if halo is not None:
             col[np.asarray(halo, dtype=np.int64)] = n_in + np.arange(len(halo))
     ids_kept, norm = bool(edges.get("eids", True)), bool(edges.get("norm", True))
-    unread = frozenset(key for key, kept in (("eids", ids_kept), ("gcn_norm", norm)) if not kept)
     view = _view(graph, info["view"], ids[:n_out], None, col, int(info["n_src"]), edge_positions=False,
-                 unread=unread, narrow=True)
+                 unread=_unread(ids_kept, norm), narrow=True)
     built = _csr_arrays(name, view, ids_kept, norm)
     built[f"{name}.indices"] = built[f"{name}.indices"].astype(np.int64, copy=False)
     arrays.update(built)
